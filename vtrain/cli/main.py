@@ -1,0 +1,21 @@
+"""Entry point of the `vtrain` console script."""
+
+from __future__ import annotations
+
+import typer
+
+from vtrain.cli import ingest, tables
+
+app = typer.Typer(
+    name="vtrain",
+    help="Trace-driven simulator and validator for 3D-parallel LLM training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("ingest")(ingest.ingest_command)
+app.command("tables")(tables.tables_command)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,73 @@
+"""The one naming scheme for the spans that `vtrain record` writes and `vtrain simulate` predicts.
+
+Every span the validators align is a ``torch.profiler.record_function`` whose name is::
+
+    vtrain/<kind> key=value key=value ...
+
+``kind`` is one of :data:`SPAN_KINDS`; keys appear in the fixed order of :data:`FIELD_ORDER` and values
+contain no spaces. Examples::
+
+    vtrain/forward stage=0 mb=3                     # one micro-batch's forward pass on a pipeline stage
+    vtrain/layer phase=backward stage=1 mb=0 layer=5
+    vtrain/comm purpose=tp op=all_reduce phase=forward stage=0 mb=2 layer=1
+    vtrain/comm purpose=pp op=send phase=forward stage=0 mb=2 peer=1
+    vtrain/comm purpose=dp op=all_reduce stage=0 bucket=0
+    vtrain/optimizer stage=0
+
+Iterations are the profiler's own ``ProfilerStep#N`` spans.
+"""
+
+from __future__ import annotations
+
+SPAN_PREFIX = "vtrain/"
+
+#: kinds of span: phases (forward, backward, recompute, optimizer), model blocks (embedding, layer, head =
+#: final norm + logits + loss) and communication (comm).
+SPAN_KINDS = ("forward", "backward", "recompute", "optimizer", "embedding", "layer", "head", "comm")
+
+#: the order in which fields are written; ``purpose`` is tp, pp or dp; ``op`` is the collective
+#: (all_reduce, all_gather, reduce_scatter, broadcast, send, recv).
+FIELD_ORDER = ("purpose", "op", "phase", "stage", "chunk", "mb", "layer", "peer", "bucket")
+
+PHASES = ("forward", "backward", "recompute", "optimizer")
+COMM_PURPOSES = ("tp", "pp", "dp")
+
+ITERATION_PREFIX = "ProfilerStep#"
+
+
+def span_name(kind: str, **fields: object) -> str:
+    """Build a span name, e.g. ``span_name("layer", phase="forward", stage=0, mb=1, layer=3)``."""
+    if kind not in SPAN_KINDS:
+        raise ValueError(f"unknown span kind {kind!r}; expected one of {', '.join(SPAN_KINDS)}")
+    unknown = set(fields) - set(FIELD_ORDER)
+    if unknown:
+        raise ValueError(f"unknown span fields {sorted(unknown)}")
+    parts = [f"{SPAN_PREFIX}{kind}"]
+    parts += [f"{key}={fields[key]}" for key in FIELD_ORDER if fields.get(key) is not None]
+    return " ".join(parts)
+
+
+def parse_span_name(name: str) -> tuple[str, dict[str, str]] | None:
+    """Split a span name into its kind and fields; ``None`` if the name is not a vtrain span."""
+    if not name.startswith(SPAN_PREFIX):
+        return None
+    head, *pairs = name.split(" ")
+    kind = head[len(SPAN_PREFIX):]
+    if kind not in SPAN_KINDS:
+        return None
+    fields: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            return None
+        fields[key] = value
+    return kind, fields
+
+
+def iteration_id(name: str) -> int | None:
+    """The iteration number of a ``ProfilerStep#N`` span, else ``None``."""
+    if name.startswith(ITERATION_PREFIX):
+        tail = name[len(ITERATION_PREFIX):]
+        if tail.isdigit():
+            return int(tail)
+    return None

@@ -1,0 +1,73 @@
+"""Schemas of the tables in a profile folder (one Parquet file each). Times are microseconds, bytes are bytes.
+
+``kernels``       one row per device activity (GPU kernel, memcpy, memset)
+``cpu_ops``       one row per CPU operator or user annotation (record_function span)
+``collectives``   one row per collective call (from the NCCL kernel, or the CPU op for gloo/CPU runs)
+``op_latency``    one row per operator signature (op + input dims + dtypes + device type)
+``nccl_latency``  one row per collective x group size x message bytes
+
+Input dims and dtypes are kept as their JSON text (``"[[8, 64], [64, 192]]"``), which is also the signature key.
+``device_type`` is ``"cuda"`` when the latency comes from device kernels and ``"cpu"`` when the trace has no
+device activity (CPU runs), where an operator's latency is its own CPU duration.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+KERNELS = {
+    "rank": pl.Int32, "device": pl.Int32, "stream": pl.Int64, "name": pl.String,
+    "kind": pl.String,  # kernel | memcpy | memset
+    "memory_kind": pl.String,  # e.g. "DtoD (Device -> Device)" for memcpy, "Device" for memset, else null
+    "kernel_class": pl.String,  # HTA's classification: computation | communication | memory
+    "ts": pl.Float64, "dur": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64,
+    "cpu_op": pl.String, "input_dims": pl.String, "input_types": pl.String,
+    "iteration": pl.Int64,
+}
+
+CPU_OPS = {
+    "rank": pl.Int32, "tid": pl.Int64, "cat": pl.String, "name": pl.String,
+    "ts": pl.Float64, "dur": pl.Float64, "external_id": pl.Int64,
+    "input_dims": pl.String, "input_types": pl.String, "iteration": pl.Int64,
+}
+
+COLLECTIVES = {
+    "rank": pl.Int32,
+    "collective": pl.String,  # all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all | send | recv | send_recv | barrier
+    "process_group": pl.String, "group_ranks": pl.String, "group_size": pl.Int32,
+    "dtype": pl.String, "elements": pl.Int64, "bytes": pl.Int64,
+    "algorithm": pl.String, "protocol": pl.String,  # from the NCCL kernel name (RING/TREE, LL/LL128/SIMPLE)
+    "device_type": pl.String, "stream": pl.Int64, "ts": pl.Float64, "dur": pl.Float64,
+    "metadata_source": pl.String,  # kernel_args | record_param_comms | annotation
+    "iteration": pl.Int64,
+}
+
+OP_LATENCY = {
+    "op": pl.String, "input_dims": pl.String, "input_types": pl.String, "device_type": pl.String,
+    "kernels": pl.String,  # the kernel names launched by one call, in order, joined by " ; "
+    "n_kernels": pl.Int32, "count": pl.Int64,
+    "median_us": pl.Float64, "p10_us": pl.Float64, "p90_us": pl.Float64, "mean_us": pl.Float64,
+}
+
+NCCL_LATENCY = {
+    "collective": pl.String, "group_size": pl.Int32, "bytes": pl.Int64, "device_type": pl.String,
+    "count": pl.Int64, "median_us": pl.Float64, "p10_us": pl.Float64, "p90_us": pl.Float64,
+    "algorithm": pl.String,
+    "algbw_gbps": pl.Float64,  # bytes / time, GB/s (1e9), as nccl-tests
+    "busbw_gbps": pl.Float64,  # algbw x nccl-tests' factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, else 1)
+}
+
+TABLES = {
+    "kernels": KERNELS, "cpu_ops": CPU_OPS, "collectives": COLLECTIVES,
+    "op_latency": OP_LATENCY, "nccl_latency": NCCL_LATENCY,
+}
+
+
+def bus_bandwidth_factor(collective: str, group_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth."""
+    n = max(group_size, 1)
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
