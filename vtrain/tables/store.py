@@ -49,6 +49,8 @@ def empty_table(name: str) -> pl.DataFrame:
 def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
     """Select and cast ``frame``'s columns to the schema of table ``name`` (missing columns become null)."""
     schema = TABLES[name]
+    if frame.width == 0:
+        return empty_table(name)
     return frame.select([
         (pl.col(col) if col in frame.columns else pl.lit(None)).cast(dtype).alias(col)
         for col, dtype in schema.items()

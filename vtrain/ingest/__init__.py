@@ -1,0 +1,1 @@
+"""Ingest: Kineto (PyTorch profiler) traces -> polars tables of kernels, CPU ops and collectives."""

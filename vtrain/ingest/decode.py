@@ -1,0 +1,148 @@
+"""Reading one Kineto (Chrome JSON) trace file into typed events.
+
+The top level is decoded with ``traceEvents`` kept as raw JSON slices (no Python object per field), then the
+events are decoded in batches into small typed structs holding only the fields vtrain keeps. Memory therefore
+grows with the kept fields, not with the JSON text, and every error names the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from vtrain.errors import InputError
+
+BATCH_EVENTS = 200_000
+READ_CHUNK = 16 << 20
+
+
+class EventArgs(msgspec.Struct, gc=False):
+    """The ``args`` of an event, restricted to the keys vtrain reads (all optional: schemas differ)."""
+
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    correlation: int | None = None
+    stream: int | None = None
+    device: int | None = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    collective_name: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    dtype: str | None = None
+    pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
+    pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
+
+
+class TraceEvent(msgspec.Struct, gc=False):
+    """One Chrome-trace event; ``pid``/``tid`` are ints in Kineto but strings on its own span rows."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: EventArgs | None = None
+
+
+class TraceHeader(msgspec.Struct):
+    """The top level of a Kineto trace; ``traceEvents`` stays raw until decoded in batches."""
+
+    traceEvents: list[msgspec.Raw]
+    schemaVersion: int | None = None
+    distributedInfo: dict[str, Any] | None = None
+    deviceProperties: list[dict[str, Any]] | None = None
+    baseTimeNanoseconds: int | None = None
+    displayTimeUnit: str | None = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    cupti_version: Any = None
+    pytorch_version: Any = None
+    record_shapes: Any = None
+
+
+_HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
+_BATCH_DECODER = msgspec.json.Decoder(list[TraceEvent])
+
+
+def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> bytes:
+    """The file's JSON text, gunzipped if it is gzip; errors name the file (empty, not gzip, truncated)."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(2)
+            if not head:
+                raise InputError("file is empty", path)
+            handle.seek(0)
+            is_gzip = head == b"\x1f\x8b"
+            if path.suffix == ".gz" and not is_gzip:
+                raise InputError("not a gzip file (the name ends in .gz)", path)
+            if not is_gzip:
+                data = handle.read()
+                if progress:
+                    progress(len(data))
+                return data
+            return _gunzip(handle, path, progress)
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
+
+
+def _gunzip(handle: Any, path: Path, progress: Callable[[int], None] | None) -> bytes:
+    inflater = zlib.decompressobj(wbits=31)
+    parts: list[bytes] = []
+    while chunk := handle.read(READ_CHUNK):
+        try:
+            parts.append(inflater.decompress(chunk))
+        except zlib.error as exc:
+            raise InputError(f"corrupt gzip data: {exc}", path) from None
+        if progress:
+            progress(len(chunk))
+    if not inflater.eof:
+        raise InputError("truncated gzip file (the compressed stream ends early)", path)
+    parts.append(inflater.flush())
+    data = b"".join(parts)
+    if not data:
+        raise InputError("file is empty (gzip holds no data)", path)
+    return data
+
+
+def decode_header(data: bytes, path: Path) -> TraceHeader:
+    """Decode the top level of a trace; the events stay raw."""
+    try:
+        return _HEADER_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"not a Kineto trace: {_describe_validation(exc)}", path) from None
+    except msgspec.DecodeError as exc:
+        raise InputError(f"invalid JSON: {_describe_decode(exc, len(data))}", path) from None
+
+
+def iter_event_batches(header: TraceHeader, path: Path) -> Iterator[list[TraceEvent]]:
+    """Decode ``traceEvents`` in batches of :data:`BATCH_EVENTS` typed events."""
+    raw = header.traceEvents
+    for start in range(0, len(raw), BATCH_EVENTS):
+        chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
+        try:
+            yield _BATCH_DECODER.decode(chunk)
+        except msgspec.ValidationError as exc:
+            raise InputError(f"malformed trace event: {_describe_validation(exc)}", path) from None
+
+
+def _describe_validation(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    if "missing required field `traceEvents`" in text:
+        return "no traceEvents list"
+    if text.startswith("Expected `object`") and "$" not in text:
+        return "the top level is not a JSON object"
+    return text
+
+
+def _describe_decode(exc: msgspec.DecodeError, size: int) -> str:
+    text = str(exc)
+    if "truncated" in text.lower() or "end of" in text.lower():
+        return f"truncated JSON (the text ends early, after {size} bytes)"
+    return text

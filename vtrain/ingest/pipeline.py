@@ -1,0 +1,196 @@
+"""`vtrain ingest`: a folder of per-rank Kineto traces -> a profile (tables + metadata)."""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+import vtrain
+from vtrain.errors import InputError
+from vtrain.ingest.assemble import RankTables, assemble_rank
+from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
+from vtrain.ingest.decode import TraceHeader, decode_header, iter_event_batches, read_bytes
+from vtrain.ingest.discover import find_trace_files, rank_from_file_name
+from vtrain.ingest.extract import extract_rank_events
+from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
+from vtrain.tables.store import Profile
+
+Warn = Callable[[str], None]
+Progress = Callable[[int], None]
+
+
+@dataclass
+class RankSource:
+    """One rank's trace file and what its header says."""
+
+    path: Path
+    rank: int
+    world_size: int | None
+    header: TraceHeader
+
+
+def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
+                  progress: Progress | None = None) -> Profile:
+    """Read every rank file of ``trace_dir`` and build the profile tables and metadata."""
+    files = find_trace_files(trace_dir)
+    started = time.time()
+    ranks: list[RankTables] = []
+    sources: list[RankSource] = []
+    hashes: dict[Path, str] = {}
+    for path in files:
+        data = read_bytes(path, progress)
+        hashes[path] = _sha256(path)
+        header = decode_header(data, path)
+        source = _rank_source(path, header)
+        _check_against(source, sources)
+        sources.append(source)
+        events = extract_rank_events(iter_event_batches(header, path))
+        del data
+        source.header.traceEvents = []
+        tables = assemble_rank(source.rank, events, header.distributedInfo)
+        if tables.dropped:
+            warn(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
+        ranks.append(tables)
+    world_size = _world_size(sources)
+    missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
+    if missing:
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        warn(f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})")
+    profile = _build_profile(ranks)
+    profile.metadata = _metadata(Path(trace_dir), sources, ranks, hashes, world_size, missing, started)
+    return profile
+
+
+def _rank_source(path: Path, header: TraceHeader) -> RankSource:
+    info = header.distributedInfo or {}
+    rank = info.get("rank")
+    if rank is None:
+        rank = rank_from_file_name(path)
+    if rank is None:
+        raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
+                         "file name (name it rank-N.json.gz)", path)
+    world = info.get("world_size")
+    return RankSource(path=path, rank=int(rank), world_size=None if world is None else int(world), header=header)
+
+
+def _check_against(source: RankSource, earlier: list[RankSource]) -> None:
+    for other in earlier:
+        if other.rank == source.rank:
+            raise InputError(f"rank {source.rank} is claimed by both {other.path.name} and {source.path.name}",
+                             source.path)
+        if other.world_size and source.world_size and other.world_size != source.world_size:
+            raise InputError(f"world size {source.world_size} here but {other.world_size} in "
+                             f"{other.path.name}: the files come from different jobs", source.path)
+    if source.world_size and source.rank >= source.world_size:
+        raise InputError(f"rank {source.rank} is outside the world size {source.world_size}", source.path)
+
+
+def _world_size(sources: list[RankSource]) -> int | None:
+    sizes = {s.world_size for s in sources if s.world_size}
+    return sizes.pop() if sizes else None
+
+
+def _build_profile(ranks: list[RankTables]) -> Profile:
+    kernels = pl.concat([r.kernels for r in ranks])
+    cpu_ops = pl.concat([r.cpu_ops for r in ranks])
+    collectives = pl.concat([r.collectives for r in ranks])
+    gpu_ranks = set(kernels["rank"].unique().to_list())
+    cpu_only = cpu_ops.filter(~pl.col("rank").is_in(list(gpu_ranks)))
+    calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
+    return Profile(tables={
+        "kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
+        "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives),
+    })
+
+
+_CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables], hashes: dict[Path, str],
+              world_size: int | None, missing: list[int], started: float) -> dict[str, Any]:
+    device = _device_properties(sources, ranks)
+    first_info = next((s.header.distributedInfo for s in sources if s.header.distributedInfo), {}) or {}
+    headers = [s.header for s in sources]
+    return {
+        "kind": "profile",
+        "vtrain_version": vtrain.__version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "ingest_seconds": round(time.time() - started, 3),
+        "parent": None,
+        "source_dir": str(trace_dir),
+        "device": device,
+        "software": {
+            "pytorch": _first(h.pytorch_version for h in headers),
+            "cuda_runtime": _first(h.cuda_runtime_version for h in headers),
+            "cuda_driver": _first(h.cuda_driver_version for h in headers),
+            "cupti": _first(h.cupti_version for h in headers),
+            "nccl": first_info.get("nccl_version"),
+            "distributed_backend": first_info.get("backend"),
+            "trace_schema_version": _first(h.schemaVersion for h in headers),
+            "ingest_python": platform.python_version(),
+        },
+        "world_size": world_size,
+        "ranks": sorted(s.rank for s in sources),
+        "ranks_missing": missing,
+        "iterations": sorted({i for r in ranks for i in r.iterations}),
+        "dropped_events": sum(r.dropped for r in ranks),
+        "sources": [
+            {"file": s.path.name, "rank": s.rank, "bytes": s.path.stat().st_size, "sha256": hashes[s.path],
+             "base_time_ns": s.header.baseTimeNanoseconds}
+            for s in sources
+        ],
+    }
+
+
+def _first(values: Any) -> Any:
+    return next((v for v in values if v not in (None, "")), None)
+
+
+def _device_properties(sources: list[RankSource], ranks: list[RankTables]) -> dict[str, Any]:
+    """The device of the first rank that lists deviceProperties; for traces without them, only the type."""
+    for source in sources:
+        for props in source.header.deviceProperties or []:
+            if props.get("name"):
+                return {
+                    "name": props["name"],
+                    "compute_capability": f"{props.get('computeMajor')}.{props.get('computeMinor')}",
+                    "memory_bytes": props.get("totalGlobalMem"),
+                    "sm_count": props.get("numSms"),
+                    "type": "cuda",
+                }
+    return {"name": None, "compute_capability": None, "memory_bytes": None, "sm_count": None,
+            "type": "cuda" if any(not r.kernels.is_empty() for r in ranks) else "cpu"}
+
+
+def rank_summary(profile: Profile) -> dict[str, Any]:
+    """Per-rank kernel counts and time per HTA kernel class (over the whole trace), plus iteration counts."""
+    kernels = profile["kernels"]
+    per_rank: dict[str, Any] = {}
+    for rank in profile.metadata.get("ranks", []):
+        mine = kernels.filter(pl.col("rank") == rank)
+        by_class = dict(mine.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
+        iterations = profile["cpu_ops"].filter(
+            (pl.col("rank") == rank) & pl.col("name").str.starts_with("ProfilerStep#")).height
+        per_rank[str(rank)] = {
+            "kernels": mine.height,
+            "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
+            "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
+            "memory_us": round(by_class.get(MEMORY, 0.0), 3),
+            "iterations": iterations,
+        }
+    return per_rank
