@@ -1,0 +1,61 @@
+"""`vtrain record ... -o traces/NAME`: train a GPT with real 3D parallelism and record one Kineto trace per rank."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.record.launcher import RankFailure, record
+from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
+
+EXIT_RANK_FAILED = 1
+
+
+@user_errors
+def record_command(
+    layers: int = typer.Option(..., "--layers", help="Transformer layers."),
+    hidden: int = typer.Option(..., "--hidden", help="Hidden size."),
+    heads: int = typer.Option(..., "--heads", help="Attention heads."),
+    seq: int = typer.Option(..., "--seq", help="Sequence length."),
+    vocab: int = typer.Option(..., "--vocab", help="Vocabulary size (divisible by --tp)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
+    micro_batch: int = typer.Option(..., "--micro-batch", help="Sequences per micro-batch."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Sequences per iteration, all replicas."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b, gpipe or interleaved."),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks per stage (interleaved)."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none or full."),
+    dp_overlap: bool = typer.Option(False, "--dp-overlap/--no-dp-overlap",
+                                    help="Overlap the gradient all-reduce with the last backward."),
+    dp_bucket_mb: float = typer.Option(25.0, "--dp-bucket-mb", help="Gradient all-reduce bucket size (MB)."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (auto: cuda when available)."),
+    steps: int = typer.Option(3, "--steps", help="Profiled iterations."),
+    warmup: int = typer.Option(1, "--warmup", help="Iterations run under the profiler before recording."),
+    seed: int = typer.Option(1234, "--seed", help="Seed of the weights and the synthetic data."),
+    output: Path = typer.Option(..., "-o", "--output", help="Trace folder to write (rank-N.json.gz, run.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
+) -> None:
+    """Train a GPT with real tensor, pipeline and data parallelism and record one Kineto trace per rank."""
+    config = RunConfig(
+        model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
+        parallelism=ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
+                                   schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
+                                   dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),
+        precision=precision,
+    )
+    try:
+        result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force)
+    except RankFailure as exc:
+        print(f"error: {output}: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_RANK_FAILED) from None
+    if result is None:  # a torchrun rank other than 0
+        return
+    hw = result.config.hardware
+    loss = " -> ".join(f"{x:.4f}" for x in (result.losses[0], result.losses[-1])) if result.losses else "n/a"
+    print(f"{result.path}: {hw.device_count} rank(s) on {hw.device} ({hw.cores} cores), "
+          f"{steps} profiled step(s) after {warmup} warm-up, loss {loss}, {result.seconds:.1f} s")

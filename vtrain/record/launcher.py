@@ -1,0 +1,212 @@
+"""Starting a recording: check the request, run the ranks, and publish the trace folder atomically.
+
+The ranks write into a hidden staging folder next to the target (``.NAME.partial-XXXX``); only when every rank
+has finished, every trace carries its ``distributedInfo`` and ``run.yaml`` is written is the folder renamed to
+the target. A rank that fails makes the whole recording fail with :class:`RankFailure` (the other ranks are
+stopped), and the staging folder is removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+import vtrain
+from vtrain.errors import InputError
+from vtrain.record.worker import LEARNING_RATE, RankJob, loss_name, run_rank, trace_name
+from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class RankFailure(Exception):
+    """A rank of the recording died; the message is one line naming the rank and its error."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A finished recording: where it is, its run config, the loss per iteration and the wall time."""
+
+    path: Path
+    config: RunConfig
+    losses: list[float]
+    seconds: float
+
+
+def resolve_device(requested: str) -> str:
+    """``cpu`` or ``cuda`` for a ``--device`` value (``auto`` picks CUDA when available)."""
+    if requested not in DEVICES:
+        raise InputError(f"--device must be one of {', '.join(DEVICES)} (got {requested!r})")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available to this torch build")
+    return requested
+
+
+def describe_run(config: RunConfig, device: str, steps: int, warmup: int, seed: int,
+                 gpus_per_node: int | None = None) -> RunConfig:
+    """``config`` with hardware, software and recording filled in for this machine."""
+    world = config.parallelism.world_size
+    cuda = device == "cuda"
+    hardware = HardwareConfig(
+        device=torch.cuda.get_device_name(0) if cuda else "cpu",
+        device_count=world,
+        gpus_per_node=gpus_per_node or (torch.cuda.device_count() if cuda else world),
+        cores=os.cpu_count(),
+    )
+    software = {
+        "vtrain": vtrain.__version__,
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "backend": "nccl" if cuda else "gloo",
+    }
+    recording = {"steps": steps, "warmup": warmup, "seed": seed, "optimizer": "adam", "lr": LEARNING_RATE}
+    return replace(config, hardware=hardware, software=software, recording=recording)
+
+
+def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) -> None:
+    """Raise :class:`InputError` for anything the recorder cannot run."""
+    config.validate()
+    m, p = config.model, config.parallelism
+    if m.vocab % p.tp:
+        raise InputError(f"vocab ({m.vocab}) is not divisible by tp ({p.tp}); the vocabulary-parallel "
+                         f"embedding and logits split it evenly (Megatron pads 50257 to 50304)")
+    if p.schedule == "interleaved" and (p.pp < 2 or p.virtual_stages < 2):
+        raise InputError(f"schedule interleaved needs pp >= 2 and --virtual-stages >= 2 "
+                         f"(got pp={p.pp}, virtual stages={p.virtual_stages})")
+    if config.precision == "fp16":
+        raise InputError("precision fp16 needs loss scaling, which the recorder does not do; use fp32 or bf16")
+    if steps < 1:
+        raise InputError(f"--steps must be >= 1 (got {steps})")
+    if warmup < 1:
+        raise InputError(f"--warmup must be >= 1: the profiler needs a warm-up iteration (got {warmup})")
+    if device == "cuda" and not _under_torchrun() and torch.cuda.device_count() < p.world_size:
+        raise InputError(f"tp*pp*dp = {p.world_size} ranks need as many GPUs; this machine has "
+                         f"{torch.cuda.device_count()} (run through torchrun for several nodes)")
+
+
+def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 1234,
+           device: str = "auto", force: bool = False, timeout_s: float = 600.0) -> Recording | None:
+    """Record ``config`` into the folder ``out``: one ``rank-N.json.gz`` per rank plus ``run.yaml``.
+
+    Starts one process per rank, or, when this process was started by torchrun, runs as its rank (then only
+    rank 0 publishes the folder and gets a :class:`Recording`; other ranks get ``None``).
+    """
+    started = time.perf_counter()
+    device = resolve_device(device)
+    world = config.parallelism.world_size
+    config = replace(config, hardware=replace(config.hardware, device_count=world))
+    check_recordable(config, steps, warmup, device)
+    out = Path(out)
+    if out.exists() and not force:
+        raise InputError("output folder already exists (pass --force to replace it)", out)
+    threads = max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
+    if _under_torchrun():
+        return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        with tempfile.TemporaryDirectory(prefix="vtrain-rendezvous-") as rendezvous:
+            job = RankJob(config=config, staging=str(staging), init_method=f"file://{rendezvous}/store",
+                          device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
+                          timeout_s=timeout_s, log_dir=rendezvous)
+            _spawn(job, world)
+        described = describe_run(config, device, steps, warmup, seed)
+        return _publish(staging, out, described, world, force, started)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _spawn(job: RankJob, world: int) -> None:
+    try:
+        mp.spawn(run_rank, args=(job,), nprocs=world, join=True)
+    except mp.ProcessRaisedException as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        raise RankFailure(f"rank {exc.error_index} failed: {lines[-1].strip()}") from None
+    except mp.ProcessExitedException as exc:
+        how = f"signal {exc.signal_name}" if exc.signal_name else f"exit code {exc.exit_code}"
+        raise RankFailure(f"rank {exc.error_index} died ({how})") from None
+
+
+def _publish(staging: Path, out: Path, config: RunConfig, world: int, force: bool,
+             started: float) -> Recording:
+    """Check the traces, gather the losses, write run.yaml and move the folder into place."""
+    for rank in range(world):
+        _check_trace(staging / trace_name(rank), rank, world)
+    per_rank = []
+    for path in sorted(staging.glob(".loss-*.json")):
+        per_rank.append(json.loads(path.read_text())["losses"])
+        path.unlink()
+    losses = [sum(step) / len(step) for step in zip(*per_rank)] if per_rank else []
+    config = replace(config, recording={**config.recording, "loss": [round(x, 6) for x in losses]})
+    save_run_config(config, staging / "run.yaml")
+    if out.exists() and force:
+        old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out)
+    return Recording(path=out, config=config, losses=losses, seconds=time.perf_counter() - started)
+
+
+def _check_trace(path: Path, rank: int, world: int) -> None:
+    if not path.exists():
+        raise RankFailure(f"rank {rank} wrote no trace ({path.name})")
+    with gzip.open(path, "rt") as handle:
+        trace = json.load(handle)
+    info = trace.get("distributedInfo") or {}
+    if info.get("rank") != rank or info.get("world_size") != world:
+        raise RankFailure(f"{path.name}: distributedInfo says rank {info.get('rank')} of "
+                          f"{info.get('world_size')}, expected rank {rank} of {world}")
+    if not any(str(event.get("name", "")).startswith("ProfilerStep#") for event in trace.get("traceEvents", [])):
+        raise RankFailure(f"{path.name}: no ProfilerStep#N spans in the trace")
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def _ranks_on_this_machine(world: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) if _under_torchrun() else world
+
+
+def _record_as_torchrun_rank(config: RunConfig, out: Path, steps: int, warmup: int, seed: int, device: str,
+                             threads: int, timeout_s: float, started: float) -> Recording | None:
+    """Run as the rank torchrun gave us; rank 0 publishes the folder once every rank has written its trace."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.parallelism.world_size:
+        raise InputError(f"torchrun started {world} ranks but tp*pp*dp = {config.parallelism.world_size}")
+    staging = out.parent / f".{out.name}.partial-{os.environ['TORCHELASTIC_RUN_ID']}"
+    staging.mkdir(parents=True, exist_ok=True)
+    job = RankJob(config=config, staging=str(staging), init_method="env://", device=device, steps=steps,
+                  warmup=warmup, seed=seed, threads=threads, timeout_s=timeout_s)
+    try:
+        run_rank(rank, job)
+    except Exception:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if rank != 0:
+        return None
+    try:
+        described = describe_run(config, device, steps, warmup, seed,
+                                 gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        return _publish(staging, out, described, world, force=True, started=started)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
