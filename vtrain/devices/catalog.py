@@ -1,0 +1,101 @@
+"""Datasheet device models (SXM parts, dense tensor-core peaks) and the lookup by device name.
+
+Values marked ``datasheet`` are typed from NVIDIA's published specifications; values marked ``assumed`` are
+round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style NICs) that
+calibration is expected to replace with fitted ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vtrain.devices.cpu import measured_cpu
+from vtrain.devices.model import DeviceModel, Link
+from vtrain.errors import InputError
+from vtrain.runconfig import RunConfig
+
+TERA = 1e12
+GB = 1e9
+
+_ASSUMED = ("launch_overhead_us", "gemm_efficiency", "memory_efficiency", "intra_node.alpha_us",
+            "inter_node.alpha_us", "inter_node.bandwidth_gbps")
+_DATASHEET = ("peak_flops", "memory_bandwidth", "intra_node.bandwidth_gbps", "memory_bytes")
+_PROVENANCE = {**{key: "datasheet" for key in _DATASHEET}, **{key: "assumed" for key in _ASSUMED}}
+
+
+def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs: float, nvlink_gbs: float,
+         nic_gbits: float, memory_gb: int) -> DeviceModel:
+    peaks = {"float": fp32_tflops * TERA, "c10::Half": fp16_tflops * TERA}
+    if bf16:
+        peaks["c10::BFloat16"] = fp16_tflops * TERA
+    return DeviceModel(
+        name=name, peak_flops=peaks, memory_bandwidth=mem_gbs * GB, launch_overhead_us=4.0,
+        gemm_efficiency=0.7, memory_efficiency=0.8,
+        intra_node=Link(alpha_us=2.0, bandwidth_gbps=nvlink_gbs),  # NVLink, per direction
+        inter_node=Link(alpha_us=6.0, bandwidth_gbps=nic_gbits / 8.0),  # one NIC per GPU
+        memory_bytes=memory_gb * 2**30, provenance=dict(_PROVENANCE),
+    )
+
+
+#: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure).
+DATASHEET_DEVICES: dict[str, DeviceModel] = {
+    "V100": _gpu("V100", fp16_tflops=125, fp32_tflops=15.7, bf16=False, mem_gbs=900, nvlink_gbs=150,
+                 nic_gbits=100, memory_gb=32),
+    "A100-40GB": _gpu("A100-40GB", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1555, nvlink_gbs=300,
+                      nic_gbits=200, memory_gb=40),
+    "A100-80GB": _gpu("A100-80GB", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=2039, nvlink_gbs=300,
+                      nic_gbits=200, memory_gb=80),
+    "H100": _gpu("H100", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=3350, nvlink_gbs=450,
+                 nic_gbits=400, memory_gb=80),
+    "H200": _gpu("H200", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4800, nvlink_gbs=450,
+                 nic_gbits=400, memory_gb=141),
+}
+
+KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)
+
+
+def canonical_device_name(name: str) -> str | None:
+    """Map a device string (``A100``, ``NVIDIA A100-SXM4-80GB``, ``h200``, ``cpu`` ...) to a catalog key."""
+    key = name.lower().replace(" ", "").replace("_", "-")
+    if key in ("cpu", "host"):
+        return "cpu"
+    if "h200" in key:
+        return "H200"
+    if "h100" in key:
+        return "H100"
+    if "a100" in key:
+        return "A100-80GB" if "80g" in key else "A100-40GB"
+    if "v100" in key:
+        return "V100"
+    return None
+
+
+def device_model(name: str, source: str | None = None) -> DeviceModel:
+    """The device model for ``name``: a datasheet GPU, or the host CPU measured on this machine.
+
+    Raises :class:`InputError` (naming ``source``) for an unknown device rather than guessing one.
+    """
+    key = canonical_device_name(name)
+    if key is None:
+        raise InputError(f"unknown device {name!r} (known: {', '.join(KNOWN_DEVICES)})", source)
+    if key == "cpu":
+        return measured_cpu()
+    return DATASHEET_DEVICES[key]
+
+
+def device_for_config(config: RunConfig, source: str | None = None) -> DeviceModel:
+    """The device model of a run config, with the config's link bandwidths (if given) replacing the defaults.
+
+    ``intra_node_gbps`` is GB/s and ``inter_node_gbps`` Gbit/s, as in vTrain's config.
+    """
+    device = device_model(config.hardware.device, source)
+    hardware = config.hardware
+    provenance = dict(device.provenance)
+    intra, inter = device.intra_node, device.inter_node
+    if hardware.intra_node_gbps is not None:
+        intra = replace(intra, bandwidth_gbps=float(hardware.intra_node_gbps))
+        provenance["intra_node.bandwidth_gbps"] = "config"
+    if hardware.inter_node_gbps is not None:
+        inter = replace(inter, bandwidth_gbps=float(hardware.inter_node_gbps) / 8.0)
+        provenance["inter_node.bandwidth_gbps"] = "config"
+    return replace(device, intra_node=intra, inter_node=inter, provenance=provenance)

@@ -1,0 +1,174 @@
+"""The execution graph of one training iteration, for one representative rank per pipeline stage.
+
+Tensor- and data-parallel replicas of a stage run the same tasks at the same times, so the graph has one compute
+stream per stage, whatever the number of GPUs. Nodes are tasks, sequential on one stream:
+
+* ``forward`` / ``backward``: one pass of one micro-batch through one model chunk of a stage (tensor-parallel
+  all-reduces block the compute stream, as in Megatron, so they are folded into the pass). With overlapped
+  data-parallel all-reduce, the last micro-batch's backward is split per block so each gradient bucket can start
+  as soon as its block is done;
+* ``pp``: one activation (forward) or activation gradient (backward) sent to the adjacent stage, on a
+  first-come-first-served stream per sending stage and direction;
+* ``dp``: a data-parallel gradient all-reduce (per bucket, or one per stage after the backward passes), on a
+  first-come-first-served stream per stage;
+* ``optimizer``: the optimizer step of a stage, after its gradients are reduced.
+
+Edges are data dependencies. The order of each stage's compute stream (given by the schedule) is kept beside
+the graph in :attr:`ExecutionGraph.stream_order`; communication streams have no fixed order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from vtrain.graph.schedules import FORWARD, stage_order
+from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
+from vtrain.runconfig import RunConfig
+
+COMPUTE_KINDS = ("forward", "backward", "optimizer")
+COMM_KINDS = ("pp", "dp")
+
+
+@dataclass(slots=True)
+class Task:
+    """One node of the execution graph."""
+
+    kind: str  # forward | backward | optimizer | pp | dp
+    stage: int  # the stage whose stream runs it (the sender, for pp)
+    chunk: int
+    mb: int  # micro-batch, -1 for optimizer and dp
+    duration_us: float
+    compute_us: float  # operator time (compute tasks)
+    tp_us: float  # tensor-parallel collective time (compute tasks)
+    stream: int
+    work: PhaseWork | BlockWork | CommWork
+    peer: int = -1  # pp: the receiving stage
+    phase: str = ""  # pp: forward | backward
+    bucket: int = -1  # dp: bucket index within the stage
+    block: int = -1  # split backward: index of the block within the pass
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A sequential resource: a stage's compute stream, or a communication stream."""
+
+    name: str  # compute | pp-forward | pp-backward | dp
+    stage: int
+    ordered: bool  # True: tasks run in the order given by the graph; False: first come, first served
+
+
+@dataclass
+class ExecutionGraph:
+    """Tasks, their streams and the dependency graph (node ``i`` is ``tasks[i]``)."""
+
+    graph: nx.DiGraph  # data dependencies
+    tasks: list[Task]
+    streams: list[Stream]
+    stream_order: dict[int, list[int]]  # ordered stream -> its tasks in execution order
+    stages: int
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+        self.edges: list[tuple[int, int]] = []
+        self.streams: list[Stream] = []
+        self.stream_order: dict[int, list[int]] = {}
+        self._stream_ids: dict[tuple[str, int], int] = {}
+
+    def stream(self, name: str, stage: int, ordered: bool) -> int:
+        key = (name, stage)
+        if key not in self._stream_ids:
+            self._stream_ids[key] = len(self.streams)
+            self.streams.append(Stream(name, stage, ordered))
+        return self._stream_ids[key]
+
+    def add(self, task: Task) -> int:
+        self.tasks.append(task)
+        if self.streams[task.stream].ordered:
+            self.stream_order.setdefault(task.stream, []).append(len(self.tasks) - 1)
+        return len(self.tasks) - 1
+
+    def pass_task(self, kind: str, stage: int, chunk: int, mb: int, work: PhaseWork | BlockWork,
+                  block: int = -1) -> int:
+        return self.add(Task(kind, stage, chunk, mb, work.duration_us, work.compute_us, work.tp_us,
+                             self.stream("compute", stage, True), work, block=block))
+
+    def comm_task(self, kind: str, stage: int, comm: CommWork, stream: int, *, chunk: int = 0, mb: int = -1,
+                  peer: int = -1, phase: str = "", bucket: int = -1) -> int:
+        return self.add(Task(kind, stage, chunk, mb, comm.latency_us, 0.0, 0.0, stream, comm, peer=peer,
+                             phase=phase, bucket=bucket))
+
+
+def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
+    """Build the iteration's execution graph for a consistent ``config`` from resolved work."""
+    par = config.parallelism
+    p, v, m, d = par.pp, par.virtual_stages, par.micro_batches, par.dp
+    virtual = p * v
+    split_last = par.dp_overlap and d > 1 and bool(inputs.dp_buckets)
+    b = _Builder()
+    forward: dict[tuple[int, int], int] = {}  # (virtual stage, mb) -> task
+    backward_first: dict[tuple[int, int], int] = {}
+    backward_last: dict[tuple[int, int], int] = {}
+    split_blocks: dict[tuple[int, int], list[int]] = {}  # (stage, chunk) -> last mb's per-block tasks
+    stage_last: list[int] = []
+
+    for stage in range(p):
+        for phase, chunk, mb in stage_order(par.schedule, p, m, stage, v):
+            key = (chunk * p + stage, mb)
+            if phase == FORWARD:
+                ids = [b.pass_task("forward", stage, chunk, mb, inputs.forward[(stage, chunk)])]
+                forward[key] = ids[0]
+            else:
+                work = inputs.backward[(stage, chunk, mb > 0)]
+                if split_last and mb == m - 1:
+                    ids = [b.pass_task("backward", stage, chunk, mb, block, block=i)
+                           for i, block in enumerate(work.blocks)]
+                    split_blocks[(stage, chunk)] = ids
+                else:
+                    ids = [b.pass_task("backward", stage, chunk, mb, work)]
+                backward_first[key], backward_last[key] = ids[0], ids[-1]
+        stage_last.append(b.stream_order[b.stream("compute", stage, True)][-1])
+
+    def connect(src: int, dst: int, src_stage: int, dst_stage: int, phase: str, chunk: int, mb: int) -> None:
+        if src_stage == dst_stage or inputs.pp_transfer is None:
+            b.edges.append((src, dst))
+            return
+        stream = b.stream(f"pp-{phase}", src_stage, False)
+        transfer = b.comm_task("pp", src_stage, inputs.pp_transfer, stream, chunk=chunk, mb=mb, peer=dst_stage,
+                               phase=phase)
+        b.edges += [(src, transfer), (transfer, dst)]
+
+    for mb in range(m):
+        for k in range(1, virtual):
+            connect(forward[(k - 1, mb)], forward[(k, mb)], (k - 1) % p, k % p, "forward", (k - 1) // p, mb)
+        for k in range(virtual - 1):
+            connect(backward_last[(k + 1, mb)], backward_first[(k, mb)], (k + 1) % p, k % p, "backward",
+                    (k + 1) // p, mb)
+        b.edges.append((forward[(virtual - 1, mb)], backward_first[(virtual - 1, mb)]))
+
+    for stage in range(p):
+        reduced: list[int] = []
+        if d > 1:
+            stream = b.stream("dp", stage, False)
+            if split_last:
+                for chunk in range(v):
+                    blocks = split_blocks[(stage, chunk)]
+                    for bucket in inputs.dp_buckets[(stage, chunk)]:
+                        task = b.comm_task("dp", stage, bucket.comm, stream, chunk=chunk, bucket=len(reduced))
+                        b.edges.append((blocks[bucket.after_block], task))
+                        reduced.append(task)
+            else:
+                task = b.comm_task("dp", stage, inputs.dp_all_reduce[stage], stream, bucket=0)
+                b.edges.append((stage_last[stage], task))
+                reduced.append(task)
+        optimizer = b.pass_task("optimizer", stage, 0, -1, inputs.optimizer[stage])
+        b.edges.append((stage_last[stage], optimizer))
+        b.edges += [(task, optimizer) for task in reduced]
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(b.tasks)))
+    graph.add_edges_from(b.edges)
+    return ExecutionGraph(graph=graph, tasks=b.tasks, streams=b.streams, stream_order=b.stream_order, stages=p)

@@ -1,0 +1,78 @@
+"""What the graph builder is given: resolved durations of every kind of task, computed once per distinct block.
+
+The simulator resolves each block's steps (see :mod:`vtrain.simulate.workload`) and hands the graph builder a
+:class:`GraphInputs`. The graph keeps references to these objects on its tasks, so the Chrome-trace writer can
+expand a task back into its ops without resolving anything again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class BlockWork:
+    """One block (embedding, layer, head, optimizer) in one phase, with its resolved steps."""
+
+    kind: str  # embedding | layer | head | optimizer
+    phase: str  # forward | recompute | backward | optimizer
+    layer: int | None
+    steps: tuple[object, ...]  # resolved steps, opaque to the graph (used by the trace writer)
+    compute_us: float  # time of the operators
+    tp_us: float  # time of tensor-parallel collectives (they block the compute stream)
+
+    @property
+    def duration_us(self) -> float:
+        return self.compute_us + self.tp_us
+
+
+@dataclass(frozen=True)
+class PhaseWork:
+    """The blocks one pass runs, in execution order."""
+
+    blocks: tuple[BlockWork, ...]
+
+    @cached_property
+    def compute_us(self) -> float:
+        return sum(b.compute_us for b in self.blocks)
+
+    @cached_property
+    def tp_us(self) -> float:
+        return sum(b.tp_us for b in self.blocks)
+
+    @cached_property
+    def duration_us(self) -> float:
+        return self.compute_us + self.tp_us
+
+
+@dataclass(frozen=True)
+class CommWork:
+    """One pipeline transfer or data-parallel all-reduce."""
+
+    op: str  # send | all_reduce
+    bytes: int
+    group_size: int
+    latency_us: float
+    resolution: object  # how the latency was obtained (opaque to the graph)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A data-parallel gradient bucket: all-reduced once the backward of block ``after_block`` (an index into
+    the chunk's backward blocks) has produced its last gradient."""
+
+    after_block: int
+    comm: CommWork
+
+
+@dataclass
+class GraphInputs:
+    """Resolved work for every task kind of one run."""
+
+    forward: dict[tuple[int, int], PhaseWork]  # (stage, chunk) -> forward pass
+    backward: dict[tuple[int, int, bool], PhaseWork]  # (stage, chunk, accumulate) -> backward pass
+    optimizer: dict[int, PhaseWork]  # stage -> optimizer step
+    pp_transfer: CommWork | None  # one activation (or its gradient) between adjacent stages
+    dp_buckets: dict[tuple[int, int], list[Bucket]] = field(default_factory=dict)  # overlapped all-reduce
+    dp_all_reduce: dict[int, CommWork] = field(default_factory=dict)  # all-reduce after backward

@@ -1,0 +1,351 @@
+"""The ops of the reference GPT model on one tensor-parallel rank, as ``torch.profiler`` records them.
+
+Each block (one transformer layer, the embedding, the head = final norm + logits + loss) is a list of steps in
+execution order: launching operators (:class:`~vtrain.model.ops.Op`, keyed by the exact aten signature torch
+2.13 records) and tensor-parallel collectives (:class:`~vtrain.model.ops.Collective`). Only operators that do
+work appear (those that launch a kernel on a GPU); views, allocations and scalar conversions do not.
+
+The sequences were taken from profiling the reference layer (see ``tests/test_model_signatures.py``, which
+re-profiles it and checks every signature). Notation: b micro-batch, s sequence, h hidden, a heads, t tensor
+parallel, d = h/a, N = b·s tokens, f = 4h/t, Vt = vocabulary rows per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op, Step, make_op
+from vtrain.runconfig import RunConfig
+
+LONG = "long int"
+
+
+@dataclass(frozen=True)
+class GptShape:
+    """The shapes one tensor-parallel rank sees for one micro-batch."""
+
+    b: int  # micro-batch size
+    s: int  # sequence length
+    h: int  # hidden size
+    a: int  # attention heads
+    t: int  # tensor-parallel size
+    vocab: int  # vocabulary size (unpadded)
+    dtype: str = "float"  # trace dtype string of activations and weights
+    device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
+
+    @property
+    def d(self) -> int:
+        return self.h // self.a
+
+    @property
+    def tokens(self) -> int:
+        return self.b * self.s
+
+    @property
+    def ffn(self) -> int:
+        """Feed-forward width per rank (4h/t)."""
+        return 4 * self.h // self.t
+
+    @property
+    def vocab_per_rank(self) -> int:
+        """Vocabulary rows per rank; padded as Megatron does (to a multiple of 128·t) when V % t != 0."""
+        if self.vocab % self.t == 0:
+            return self.vocab // self.t
+        multiple = 128 * self.t
+        return math.ceil(self.vocab / multiple) * multiple // self.t
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one [b, s, h] activation (the payload of TP all-reduces and pipeline transfers)."""
+        return self.tokens * self.h * self.element_bytes
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> GptShape:
+        m, p = config.model, config.parallelism
+        device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
+        return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
+                   dtype=PRECISION_DTYPE[config.precision], device_type=device_type)
+
+
+def _tp_all_reduce(shape: GptShape, nbytes: int) -> list[Step]:
+    """A tensor-parallel all-reduce, absent when t = 1 (Megatron skips it)."""
+    if shape.t == 1:
+        return []
+    return [Collective("tp", "all_reduce", nbytes, shape.dtype)]
+
+
+def _bias_copy(shape: GptShape, rows: int, cols: int) -> list[Step]:
+    """CPU ``addmm`` first copies the broadcast bias into the output (cuBLASLt fuses it on GPUs)."""
+    if shape.device_type != "cpu":
+        return []
+    x = shape.dtype
+    return [make_op("aten::copy_", [[rows, cols], [rows, cols], []], [x, x, "Scalar"])]
+
+
+def _layer_norm(shape: GptShape) -> Op:
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    return make_op("aten::native_layer_norm", [[b, s, h], [], [h], [h], []], [x, "ScalarList", x, x, "Scalar"])
+
+
+def _layer_norm_backward(shape: GptShape) -> Op:
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    return make_op("aten::native_layer_norm_backward",
+                   [[b, s, h], [b, s, h], [], [b, s, 1], [b, s, 1], [h], [h], []],
+                   [x, x, "ScalarList", x, x, x, x, "ScalarList"])
+
+
+def _mm(shape: GptShape, m: int, k: int, n: int) -> Op:
+    return make_op("aten::mm", [[m, k], [k, n]], [shape.dtype, shape.dtype])
+
+
+def _bmm(shape: GptShape, batch: int, m: int, k: int, n: int) -> Op:
+    return make_op("aten::bmm", [[batch, m, k], [batch, k, n]], [shape.dtype, shape.dtype])
+
+
+def _sum_rows(shape: GptShape, dims: list[int]) -> Op:
+    """``aten::sum`` over leading dims (bias gradients)."""
+    return make_op("aten::sum", [dims, [], [], []], [shape.dtype, "ScalarList", "Scalar", ""])
+
+
+def _accumulate(shape: GptShape, param: tuple[int, ...], accumulate: bool) -> list[Step]:
+    """Gradient accumulation into ``.grad`` (micro-batches after the first)."""
+    if not accumulate:
+        return []
+    x = shape.dtype
+    return [make_op("aten::add_", [list(param), list(param), []], [x, x, "Scalar"])]
+
+
+def _mask_target(shape: GptShape) -> list[Step]:
+    """Megatron's vocabulary-range mask of token ids: ``(ids < start) | (ids >= end)``, then ``ids - start``
+    with out-of-range ids set to 0."""
+    b, s = shape.b, shape.s
+    return [
+        make_op("aten::lt", [[b, s], []], [LONG, "Scalar"]),
+        make_op("aten::ge", [[b, s], []], [LONG, "Scalar"]),
+        make_op("aten::bitwise_or", [[b, s], [b, s]], ["bool", "bool"]),
+        make_op("aten::copy_", [[b, s], [b, s], []], [LONG, LONG, "Scalar"]),
+        make_op("aten::sub", [[b, s], [], []], [LONG, LONG, "Scalar"]),
+        make_op("aten::masked_fill_", [[b, s], [b, s], []], [LONG, "bool", "Scalar"]),
+    ]
+
+
+# --------------------------------------------------------------------------------------------- transformer layer
+
+def layer_parameters(shape: GptShape) -> list[tuple[int, ...]]:
+    """Parameter shapes of one layer on one TP rank, in registration order."""
+    h, t, f = shape.h, shape.t, shape.ffn
+    return [(h,), (h,), (3 * h // t, h), (3 * h // t,), (h, h // t), (h,),
+            (h,), (h,), (f, h), (f,), (h, f), (h,)]
+
+
+def layer_forward(shape: GptShape) -> list[Step]:
+    """One transformer layer's forward on one TP rank (2 TP all-reduces)."""
+    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
+    heads = b * ap
+    steps: list[Step] = [_layer_norm(shape)]
+    steps += _bias_copy(shape, n, 3 * hp)
+    steps += [make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"])]
+    steps += [make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"])] * 3
+    steps += [
+        _bmm(shape, heads, s, d, s),
+        make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
+        make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
+        make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
+        make_op("aten::_softmax", [[heads, s, s], [], []], [x, "Scalar", "Scalar"]),
+        _bmm(shape, heads, s, s, d),
+        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
+        _mm(shape, n, hp, h),
+    ]
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [
+        make_op("aten::add", [[b, s, h], [h], []], [x, x, "Scalar"]),
+        make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
+        _layer_norm(shape),
+    ]
+    steps += _bias_copy(shape, n, f)
+    steps += [
+        make_op("aten::addmm", [[f], [n, h], [h, f], [], []], [x, x, x, "Scalar", "Scalar"]),
+        make_op("aten::gelu", [[b, s, f], []], [x, ""]),
+        _mm(shape, n, f, h),
+    ]
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [
+        make_op("aten::add", [[b, s, h], [h], []], [x, x, "Scalar"]),
+        make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
+    ]
+    return steps
+
+
+def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
+    """One transformer layer's backward on one TP rank (2 TP all-reduces of input gradients).
+
+    ``accumulate`` adds the ``.grad`` accumulation of micro-batches after the first.
+    """
+    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
+    heads = b * ap
+    w = layer_parameters(shape)
+    acc = lambda i: _accumulate(shape, w[i], accumulate)  # noqa: E731 - index into the parameter list
+    steps: list[Step] = [_sum_rows(shape, [b, s, h]), *acc(11)]  # fc2 bias
+    steps += [_mm(shape, h, n, f), _mm(shape, n, h, f), *acc(10)]  # fc2 weight, fc2 input
+    steps += [make_op("aten::gelu_backward", [[b, s, f], [b, s, f], []], [x, x, ""])]
+    steps += [_mm(shape, n, f, h), _mm(shape, f, n, h), _sum_rows(shape, [n, f]), *acc(9), *acc(8)]  # fc1
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape),
+              make_op("aten::add_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(7), *acc(6)]
+    steps += [_sum_rows(shape, [b, s, h]), *acc(5)]  # attention output bias
+    steps += [_mm(shape, h, n, hp), _mm(shape, n, h, hp), *acc(4)]  # attention output projection
+    steps += [
+        make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"]),
+        _bmm(shape, heads, s, s, d),  # grad v
+        _bmm(shape, heads, s, d, s),  # grad probs
+        make_op("aten::_softmax_backward_data", [[heads, s, s], [heads, s, s], [], []],
+                [x, x, "Scalar", "Scalar"]),
+        make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
+        make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
+        make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
+        _bmm(shape, heads, d, s, s),  # grad k
+        _bmm(shape, heads, s, s, d),  # grad q
+        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
+        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
+        make_op("aten::cat", [[[b, s, hp], [b, s, hp], [b, s, hp]], []], ["TensorList", "Scalar"]),
+        _mm(shape, n, 3 * hp, h), _mm(shape, 3 * hp, n, h), _sum_rows(shape, [n, 3 * hp]), *acc(3), *acc(2),
+    ]
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape),
+              make_op("aten::add_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(1), *acc(0)]
+    return steps
+
+
+# --------------------------------------------------------------------------------------------- embedding
+
+def embedding_parameters(shape: GptShape) -> list[tuple[int, ...]]:
+    """Token embedding rows of this rank and the position embedding."""
+    return [(shape.vocab_per_rank, shape.h), (shape.s, shape.h)]
+
+
+def embedding_forward(shape: GptShape) -> list[Step]:
+    """Vocabulary-parallel token embedding (masked lookup, TP all-reduce) plus the position embedding."""
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    steps: list[Step] = _mask_target(shape) if shape.t > 1 else []
+    steps += [make_op("aten::index_select", [[shape.vocab_per_rank, h], [], [shape.tokens]],
+                      [x, "Scalar", LONG])]
+    if shape.t > 1:
+        steps += [make_op("aten::masked_fill_", [[b, s, h], [b, s, 1], []], [x, "bool", "Scalar"])]
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [make_op("aten::add", [[b, s, h], [s, h], []], [x, x, "Scalar"])]
+    return steps
+
+
+def embedding_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
+    """Gradients of the position and token embeddings."""
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    w = embedding_parameters(shape)
+    steps: list[Step] = [_sum_rows(shape, [b, s, h]), *_accumulate(shape, w[1], accumulate)]
+    if shape.t > 1:
+        steps += [make_op("aten::copy_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
+                  make_op("aten::masked_fill_", [[b, s, h], [b, s, 1], []], [x, "bool", "Scalar"])]
+    steps += [make_op("aten::embedding_dense_backward", [[b, s, h], [b, s], [], [], []],
+                      [x, LONG, "Scalar", "Scalar", "Scalar"]),
+              *_accumulate(shape, w[0], accumulate)]
+    return steps
+
+
+# --------------------------------------------------------------------------------------------- head
+
+def head_parameters(shape: GptShape) -> list[tuple[int, ...]]:
+    """Final LayerNorm and the (untied) vocabulary-parallel output projection."""
+    return [(shape.h,), (shape.h,), (shape.vocab_per_rank, shape.h)]
+
+
+def head_forward(shape: GptShape) -> list[Step]:
+    """Final LayerNorm, vocabulary-parallel logits and Megatron's vocabulary-parallel cross-entropy."""
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    n, vt = shape.tokens, shape.vocab_per_rank
+    small = n * shape.element_bytes
+    steps: list[Step] = [_layer_norm(shape), _mm(shape, n, h, vt),
+                         make_op("aten::max", [[b, s, vt], [], []], [x, "Scalar", "Scalar"])]
+    steps += _tp_all_reduce(shape, small)  # max over the vocabulary shards
+    steps += [make_op("aten::sub", [[b, s, vt], [b, s, 1], []], [x, x, "Scalar"])]
+    steps += _mask_target(shape)
+    steps += [
+        make_op("aten::index", [[n, vt], []], [x, ""]),
+        make_op("aten::copy_", [[n], [n], []], [x, x, "Scalar"]),
+        make_op("aten::masked_fill_", [[b, s], [b, s], []], [x, "bool", "Scalar"]),
+    ]
+    steps += _tp_all_reduce(shape, small)  # predicted (target) logits
+    steps += [
+        make_op("aten::exp", [[b, s, vt], [b, s, vt]], [x, x]),
+        make_op("aten::sum", [[b, s, vt], [], [], []], [x, "ScalarList", "Scalar", ""]),
+    ]
+    steps += _tp_all_reduce(shape, small)  # sum of exp
+    steps += [
+        make_op("aten::log", [[b, s]], [x]),
+        make_op("aten::sub", [[b, s], [b, s], []], [x, x, "Scalar"]),
+        make_op("aten::div_", [[b, s, vt], [b, s, 1]], [x, x]),
+        make_op("aten::sum", [[b, s], [], [], [], []], [x, "ScalarList", "Scalar", "Scalar", x]),  # mean
+    ]
+    return steps
+
+
+def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
+    """Cross-entropy backward (softmax minus one-hot), logits GEMMs, final LayerNorm backward."""
+    b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    n, vt = shape.tokens, shape.vocab_per_rank
+    w = head_parameters(shape)
+    steps: list[Step] = [
+        make_op("aten::div", [[b, s], []], [x, LONG]),  # mean backward
+        make_op("aten::copy_", [[n], [n], []], [x, "bool", "Scalar"]),
+        make_op("aten::sub", [[], [n], []], ["double", x, "Scalar"]),
+        make_op("aten::index", [[n, vt], []], [x, ""]),
+        make_op("aten::sub_", [[n], [n], []], [x, x, "Scalar"]),
+        make_op("aten::_index_put_impl_", [[n, vt], [], [n], [], []], [x, "", x, "Scalar", "Scalar"]),
+        make_op("aten::mul_", [[b, s, vt], [b, s, 1]], [x, x]),
+        _mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate),
+    ]
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape), *_accumulate(shape, w[1], accumulate),
+              *_accumulate(shape, w[0], accumulate)]
+    return steps
+
+
+# --------------------------------------------------------------------------------------------- optimizer
+
+def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
+    """``torch.optim.Adam.step`` over this rank's parameter shards.
+
+    CPU tensors take Adam's per-tensor loop; CUDA tensors take its default ``foreach`` path (one multi-tensor
+    operator per update over the whole list).
+    """
+    x = shape.dtype
+    if shape.device_type == "cpu":
+        steps: list[Step] = []
+        for p in params:
+            dims = list(p)
+            steps += [
+                make_op("aten::lerp_", [dims, dims, []], [x, x, "Scalar"]),
+                make_op("aten::mul_", [dims, []], [x, "double"]),
+                make_op("aten::addcmul_", [dims, dims, dims, []], [x, x, x, "Scalar"]),
+                make_op("aten::sqrt", [dims], [x]),
+                make_op("aten::div", [dims, []], [x, "double"]),
+                make_op("aten::add_", [dims, [], []], [x, "double", "Scalar"]),
+                make_op("aten::addcdiv_", [dims, dims, dims, []], [x, x, x, "Scalar"]),
+            ]
+        return steps
+    tl = [list(p) for p in params]
+    return [
+        make_op("aten::_foreach_lerp_", [tl, tl, []], ["TensorList", "TensorList", "Scalar"]),
+        make_op("aten::_foreach_mul_", [tl, []], ["TensorList", "Scalar"]),
+        make_op("aten::_foreach_addcmul_", [tl, tl, tl, []], ["TensorList", "TensorList", "TensorList", "Scalar"]),
+        make_op("aten::_foreach_sqrt", [tl], ["TensorList"]),
+        make_op("aten::_foreach_div_", [tl, []], ["TensorList", "ScalarList"]),
+        make_op("aten::_foreach_add_", [tl, []], ["TensorList", "Scalar"]),
+        make_op("aten::_foreach_addcdiv_", [tl, tl, tl, []],
+                ["TensorList", "TensorList", "TensorList", "ScalarList"]),
+    ]

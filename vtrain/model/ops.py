@@ -1,0 +1,112 @@
+"""Workload steps: operators (keyed by the signature the profiler records) and collectives.
+
+An :class:`Op` is one launching operator as ``torch.profiler`` records it with ``record_shapes=True``: the aten
+name, the input dims and the input dtypes, both as the JSON text that is also the key of the ``op_latency``
+table. Its cost (FLOPs and bytes moved) is derived from the signature alone by :func:`op_cost`, so the same
+function sizes both the workload's ops and any row of a measured profile (needed to scale one into the other).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Union
+
+#: bytes per element of the dtype strings the profiler writes
+DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1,
+}
+
+#: the trace's dtype string for each run precision
+PRECISION_DTYPE = {"fp32": "float", "fp16": "c10::Half", "bf16": "c10::BFloat16"}
+
+#: matrix-multiply operators: cost is FLOPs, scaled by GEMM efficiency
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                      "aten::_scaled_mm", "aten::addbmm"})
+
+#: operators that write their first input in place without reading it (copy/fill style)
+_WRITE_ONLY_FIRST = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::masked_fill_",
+                               "aten::index_put_", "aten::_index_put_impl_"})
+
+
+@dataclass(frozen=True)
+class Op:
+    """One launching operator of the workload, keyed as the ``op_latency`` table keys it."""
+
+    name: str
+    input_dims: str  # JSON text, e.g. "[[256, 64], [64, 192]]"
+    input_types: str  # JSON text, e.g. '["float", "float"]'
+    flops: float
+    bytes: float
+
+    @property
+    def is_gemm(self) -> bool:
+        return self.name in GEMM_OPS
+
+    @property
+    def signature(self) -> tuple[str, str, str]:
+        return (self.name, self.input_dims, self.input_types)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective (or point-to-point transfer) inside a block, e.g. a tensor-parallel all-reduce."""
+
+    purpose: str  # tp | pp | dp
+    op: str  # all_reduce | send | recv | ...
+    bytes: int
+    dtype: str  # trace dtype string of the payload
+
+
+Step = Union[Op, Collective]
+
+
+def make_op(name: str, dims: list[Any], types: list[str]) -> Op:
+    """Build an :class:`Op` from python dims/types lists (serialised exactly as the profiler's JSON text)."""
+    flops, nbytes = op_cost(name, dims, types)
+    return Op(name, json.dumps(dims), json.dumps(types), flops, nbytes)
+
+
+def op_cost(name: str, dims: list[Any], types: list[str]) -> tuple[float, float]:
+    """FLOPs and bytes moved by one call of operator ``name`` with these input dims and dtypes.
+
+    GEMMs count 2·M·N·K FLOPs (per batch); every operator counts the bytes of its tensor inputs plus one
+    output the size of its largest input (in-place copy/fill style operators do not re-read their target).
+    """
+    flops = _gemm_flops(name, dims)
+    tensors = [(shape, dtype) for shape, dtype in zip(dims, types) if _is_tensor(shape, dtype)]
+    sizes = [_tensor_bytes(shape, dtype) for shape, dtype in tensors]
+    if not sizes:
+        return flops, 0.0
+    reads = sum(sizes)
+    if name in _WRITE_ONLY_FIRST:
+        reads -= sizes[0]
+    return flops, float(reads + max(sizes))
+
+
+def _gemm_flops(name: str, dims: list[Any]) -> float:
+    if name not in GEMM_OPS:
+        return 0.0
+    mats = [d for d in dims if isinstance(d, list) and len(d) >= 2 and all(isinstance(x, int) for x in d)]
+    if len(mats) < 2:
+        return 0.0
+    a, b = mats[-2], mats[-1]
+    if name in ("aten::addmm",) or len(a) == 2 and len(b) == 2:
+        return 2.0 * a[-2] * a[-1] * b[-1]
+    batch = math.prod(a[:-2]) if len(a) > 2 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def _is_tensor(shape: Any, dtype: str) -> bool:
+    return dtype in DTYPE_BYTES or dtype == "TensorList" or (isinstance(shape, list) and shape != []
+                                                             and dtype not in ("Scalar", "ScalarList", ""))
+
+
+def _tensor_bytes(shape: Any, dtype: str) -> int:
+    if dtype == "TensorList":  # a list of shapes; element size unknown in the signature: assume 4 bytes
+        return sum(4 * math.prod(s) for s in shape if isinstance(s, list))
+    if not isinstance(shape, list):
+        return 0
+    return DTYPE_BYTES.get(dtype, 4) * math.prod(shape)

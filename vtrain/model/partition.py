@@ -1,0 +1,50 @@
+"""Which blocks each pipeline stage (and, for interleaved 1F1B, each model chunk) holds.
+
+Layers are split evenly. Virtual stage ``k = chunk·p + stage`` holds layers ``[k·L/(p·v), (k+1)·L/(p·v))``, as in
+Megatron's interleaved schedule; the embedding sits on virtual stage 0 and the head on the last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vtrain.runconfig import RunConfig
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The blocks of one model chunk on one pipeline stage."""
+
+    stage: int
+    chunk: int
+    virtual_stage: int
+    first_layer: int
+    layers: int
+    has_embedding: bool
+    has_head: bool
+
+    @property
+    def layer_ids(self) -> range:
+        return range(self.first_layer, self.first_layer + self.layers)
+
+    def forward_blocks(self) -> list[tuple[str, int | None]]:
+        """Blocks in forward order: ``("embedding", None)``, ``("layer", i)`` ..., ``("head", None)``."""
+        blocks: list[tuple[str, int | None]] = [("embedding", None)] if self.has_embedding else []
+        blocks += [("layer", i) for i in self.layer_ids]
+        if self.has_head:
+            blocks.append(("head", None))
+        return blocks
+
+
+def partition(config: RunConfig) -> list[list[Chunk]]:
+    """``chunks[stage][chunk]`` for a consistent config."""
+    p, v = config.parallelism.pp, config.parallelism.virtual_stages
+    per_chunk = config.model.layers // (p * v)
+    last = p * v - 1
+    return [
+        [Chunk(stage=stage, chunk=chunk, virtual_stage=chunk * p + stage,
+               first_layer=(chunk * p + stage) * per_chunk, layers=per_chunk,
+               has_embedding=chunk * p + stage == 0, has_head=chunk * p + stage == last)
+         for chunk in range(v)]
+        for stage in range(p)
+    ]

@@ -1,0 +1,123 @@
+"""Operator latencies from a profile, in a fixed order of preference, each tagged with where it came from.
+
+1. ``measured``: the exact signature (op, input dims, input dtypes, device type) is in ``op_latency``;
+2. ``interpolated``: the same op with the same dtypes was measured at other shapes: GEMMs are scaled by FLOPs
+   at the efficiency (FLOP/s) of the nearest measured shapes, other ops by bytes at their effective bandwidth;
+3. ``modelled``: the analytical device model (peak FLOP/s and memory bandwidth).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+
+from vtrain.devices.model import DeviceModel
+from vtrain.model.ops import Op, op_cost
+from vtrain.tables.store import Profile
+
+MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
+SOURCES = (MEASURED, INTERPOLATED, MODELLED)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The latency of one step and its provenance."""
+
+    latency_us: float
+    source: str  # measured | interpolated | modelled
+    detail: str  # how it was obtained, for reports
+    kernels: tuple[str, ...] = ()  # kernel names the measured op launched (for the predicted trace)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """One measured signature of an op: its cost (FLOPs or bytes) and median latency."""
+
+    cost: float
+    latency_us: float
+    dims: str
+    kernels: tuple[str, ...]
+
+
+class OpLatencyResolver:
+    """Resolves :class:`~vtrain.model.ops.Op` latencies against one profile and one device model."""
+
+    def __init__(self, profile: Profile | None, device: DeviceModel, device_type: str) -> None:
+        self.device = device
+        self.device_type = device_type
+        self._exact: dict[tuple[str, str, str], tuple[float, tuple[str, ...]]] = {}
+        self._by_op: dict[tuple[str, str, bool], list[_Sample]] = {}
+        self._cache: dict[tuple[str, str, str], Resolution] = {}
+        if profile is not None:
+            self._index(profile)
+
+    def _index(self, profile: Profile) -> None:
+        table = profile.op_latency
+        rows = table.filter(table["device_type"] == self.device_type).select(
+            "op", "input_dims", "input_types", "median_us", "kernels").rows()
+        groups: dict[tuple[str, str, bool], list[_Sample]] = {}
+        for name, dims, types, median, kernels in rows:
+            if median is None:
+                continue
+            names = tuple(k for k in (kernels or "").split(" ; ") if k)
+            self._exact[(name, dims, types)] = (float(median), names)
+            try:
+                flops, nbytes = op_cost(name, json.loads(dims), json.loads(types))
+            except (ValueError, TypeError):
+                continue
+            is_gemm = flops > 0
+            groups.setdefault((name, types, is_gemm), []).append(
+                _Sample(flops if is_gemm else nbytes, float(median), dims, names))
+        for key, samples in groups.items():
+            self._by_op[key] = sorted((s for s in samples if s.cost > 0), key=lambda s: s.cost)
+
+    def resolve(self, op: Op) -> Resolution:
+        """The latency of one call of ``op`` (cached per signature)."""
+        key = op.signature
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._resolve(op)
+        return cached
+
+    def resolved(self) -> list[Resolution]:
+        """Every distinct resolution made so far."""
+        return list(self._cache.values())
+
+    def _resolve(self, op: Op) -> Resolution:
+        exact = self._exact.get(op.signature)
+        if exact is not None:
+            return Resolution(exact[0], MEASURED, "exact signature", exact[1])
+        is_gemm = op.is_gemm and op.flops > 0
+        samples = self._by_op.get((op.name, op.input_types, is_gemm))
+        cost = op.flops if is_gemm else op.bytes
+        if samples and cost > 0:
+            return self._scale(op, samples, cost, is_gemm)
+        modelled = self.device.op_latency_us(op)
+        return Resolution(modelled, MODELLED, f"device model {self.device.name}")
+
+    @staticmethod
+    def _scale(op: Op, samples: list[_Sample], cost: float, is_gemm: bool) -> Resolution:
+        """Scale by cost at the rate (cost per µs) of the nearest measured shapes, interpolating the rate in
+        log(cost) between the two neighbours that bracket ``cost``."""
+        costs = [s.cost for s in samples]
+        i = bisect.bisect_left(costs, cost)
+        if 0 < i < len(samples):
+            lo, hi = samples[i - 1], samples[i]
+            weight = (math.log(cost) - math.log(lo.cost)) / (math.log(hi.cost) - math.log(lo.cost)) \
+                if hi.cost > lo.cost else 0.0
+            nearest = lo if weight < 0.5 else hi
+            rate_lo, rate_hi = _rate(lo), _rate(hi)
+            rate = rate_lo + weight * (rate_hi - rate_lo) if math.isfinite(rate_lo + rate_hi) else _rate(nearest)
+        else:
+            nearest = samples[0] if i == 0 else samples[-1]
+            rate = _rate(nearest)
+        unit = "FLOPs" if is_gemm else "bytes"
+        latency = cost / rate if rate > 0 else 0.0
+        return Resolution(latency, INTERPOLATED, f"scaled by {unit} from {op.name} {nearest.dims}", nearest.kernels)
+
+
+def _rate(sample: _Sample) -> float:
+    """Cost per microsecond (FLOPs/µs or bytes/µs); a zero-latency sample has an unbounded rate."""
+    return sample.cost / sample.latency_us if sample.latency_us > 0 else math.inf

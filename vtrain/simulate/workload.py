@@ -1,0 +1,145 @@
+"""Resolving the workload model into the graph builder's inputs: every distinct block's steps are resolved once
+(all layers of a stage share one resolution) and wrapped into :class:`~vtrain.graph.work.BlockWork`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
+from vtrain.model import gpt
+from vtrain.model.gpt import GptShape
+from vtrain.model.memory import block_parameters, stage_parameters
+from vtrain.model.ops import Collective, Op, Step
+from vtrain.model.partition import Chunk
+from vtrain.runconfig import RunConfig
+from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.latency import OpLatencyResolver, Resolution
+
+_FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward}
+_BACKWARD_STEPS = {"embedding": gpt.embedding_backward, "layer": gpt.layer_backward, "head": gpt.head_backward}
+_PARAMETERS = {"embedding": gpt.embedding_parameters, "layer": gpt.layer_parameters, "head": gpt.head_parameters}
+
+
+@dataclass(frozen=True)
+class ResolvedStep:
+    """One op or collective with its resolved latency."""
+
+    step: Step
+    resolution: Resolution
+
+    @property
+    def latency_us(self) -> float:
+        return self.resolution.latency_us
+
+
+class WorkloadResolver:
+    """Turns a run config into :class:`GraphInputs` using the op and collective resolvers."""
+
+    def __init__(self, config: RunConfig, ops: OpLatencyResolver, collectives: CollectiveResolver) -> None:
+        self.config = config
+        self.shape = GptShape.from_config(config)
+        self.ops = ops
+        self.collectives = collectives
+        self._steps: dict[tuple[str, str, bool], tuple[tuple[ResolvedStep, ...], float, float]] = {}
+
+    def resolve_step(self, step: Step) -> ResolvedStep:
+        """Resolve one op (profile or device model) or collective (NCCL table or α-β)."""
+        if isinstance(step, Op):
+            return ResolvedStep(step, self.ops.resolve(step))
+        group, stride = self._group(step.purpose)
+        return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
+
+    def _group(self, purpose: str) -> tuple[int, int]:
+        """Group size and rank stride of a tp/dp/pp group (tp ranks adjacent, then dp, then pp)."""
+        p = self.config.parallelism
+        return {"tp": (p.tp, 1), "dp": (p.dp, p.tp), "pp": (2, p.tp * p.dp)}[purpose]
+
+    def _block(self, kind: str, phase: str, layer: int | None, accumulate: bool = False) -> BlockWork:
+        key = (kind, phase, accumulate)
+        if key not in self._steps:
+            if phase == "backward":
+                steps = _BACKWARD_STEPS[kind](self.shape, accumulate)
+            else:  # forward or recompute
+                steps = _FORWARD_STEPS[kind](self.shape)
+            resolved = tuple(self.resolve_step(s) for s in steps)
+            compute = sum(r.latency_us for r in resolved if isinstance(r.step, Op))
+            tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
+            self._steps[key] = (resolved, compute, tp)
+        resolved, compute, tp = self._steps[key]
+        return BlockWork(kind, phase, layer, resolved, compute, tp)
+
+    def forward(self, chunk: Chunk) -> PhaseWork:
+        """One micro-batch's forward pass through a chunk."""
+        return PhaseWork(tuple(self._block(kind, "forward", layer) for kind, layer in chunk.forward_blocks()))
+
+    def backward(self, chunk: Chunk, accumulate: bool) -> PhaseWork:
+        """One micro-batch's backward pass through a chunk, blocks in reverse order; with full recomputation
+        each layer's forward is re-run just before its backward."""
+        recompute = self.config.parallelism.recompute == "full"
+        blocks: list[BlockWork] = []
+        for kind, layer in reversed(chunk.forward_blocks()):
+            if recompute and kind == "layer":
+                blocks.append(self._block(kind, "recompute", layer))
+            blocks.append(self._block(kind, "backward", layer, accumulate))
+        return PhaseWork(tuple(blocks))
+
+    def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
+        """Adam over the parameter shards of a stage."""
+        steps = gpt.optimizer_step(self.shape, stage_parameters(self.shape, chunks))
+        resolved = tuple(self.resolve_step(s) for s in steps)
+        compute = sum(r.latency_us for r in resolved)
+        return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0),))
+
+    def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
+        """A pipeline transfer or data-parallel all-reduce of ``nbytes``."""
+        group, stride = self._group(purpose)
+        resolution = self.collectives.resolve(op, group, nbytes, stride)
+        return CommWork(op, nbytes, group, resolution.latency_us, resolution)
+
+    def buckets(self, chunk: Chunk, backward: PhaseWork) -> list[Bucket]:
+        """Gradient buckets of a chunk: blocks' gradients in backward order, a bucket closing once it holds
+        ``dp_bucket_mb`` (as Megatron's DDP fills buckets in reverse parameter order)."""
+        limit = self.config.parallelism.dp_bucket_mb * 1e6
+        element = self.shape.element_bytes
+        buckets: list[Bucket] = []
+        filled = 0
+        last = 0
+        for index, block in enumerate(backward.blocks):
+            if block.phase != "backward":
+                continue
+            filled += sum(_numel(p) for p in _PARAMETERS[block.kind](self.shape)) * element
+            last = index
+            if filled >= limit:
+                buckets.append(Bucket(index, self.comm("dp", "all_reduce", filled)))
+                filled = 0
+        if filled:
+            buckets.append(Bucket(last, self.comm("dp", "all_reduce", filled)))
+        return buckets
+
+    def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
+        """Resolved work for every (stage, chunk) of the partition."""
+        par = self.config.parallelism
+        inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
+        if par.pp > 1:
+            inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)
+        for stage_chunks in chunks:
+            for chunk in stage_chunks:
+                key = (chunk.stage, chunk.chunk)
+                inputs.forward[key] = self.forward(chunk)
+                for accumulate in (False, True):
+                    inputs.backward[(*key, accumulate)] = self.backward(chunk, accumulate)
+                if par.dp > 1 and par.dp_overlap:
+                    inputs.dp_buckets[key] = self.buckets(chunk, inputs.backward[(*key, par.micro_batches > 1)])
+            stage = stage_chunks[0].stage
+            inputs.optimizer[stage] = self.optimizer(stage_chunks)
+            if par.dp > 1 and not par.dp_overlap:
+                grads = sum(_numel(p) for c in stage_chunks for p in block_parameters(self.shape, c))
+                inputs.dp_all_reduce[stage] = self.comm("dp", "all_reduce", grads * self.shape.element_bytes)
+        return inputs
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
