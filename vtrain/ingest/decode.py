@@ -7,6 +7,7 @@ grows with the kept fields, not with the JSON text, and every error names the fi
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,8 +72,12 @@ _HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
 _BATCH_DECODER = msgspec.json.Decoder(list[TraceEvent])
 
 
-def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> bytes:
-    """The file's JSON text, gunzipped if it is gzip; errors name the file (empty, not gzip, truncated)."""
+def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes, str]:
+    """The file's JSON text (gunzipped if it is gzip) and the sha256 of the file as stored.
+
+    Errors name the file: empty, not gzip although named .gz, truncated or corrupt gzip.
+    """
+    digest = hashlib.sha256()
     try:
         with path.open("rb") as handle:
             head = handle.read(2)
@@ -84,18 +89,20 @@ def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> byt
                 raise InputError("not a gzip file (the name ends in .gz)", path)
             if not is_gzip:
                 data = handle.read()
+                digest.update(data)
                 if progress:
                     progress(len(data))
-                return data
-            return _gunzip(handle, path, progress)
+                return data, digest.hexdigest()
+            return _gunzip(handle, path, progress, digest), digest.hexdigest()
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
 
 
-def _gunzip(handle: Any, path: Path, progress: Callable[[int], None] | None) -> bytes:
+def _gunzip(handle: Any, path: Path, progress: Callable[[int], None] | None, digest: Any) -> bytes:
     inflater = zlib.decompressobj(wbits=31)
     parts: list[bytes] = []
     while chunk := handle.read(READ_CHUNK):
+        digest.update(chunk)
         try:
             parts.append(inflater.decompress(chunk))
         except zlib.error as exc:

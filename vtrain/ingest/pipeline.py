@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import time
 from collections.abc import Callable
@@ -45,8 +44,7 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
     sources: list[RankSource] = []
     hashes: dict[Path, str] = {}
     for path in files:
-        data = read_bytes(path, progress)
-        hashes[path] = _sha256(path)
+        data, hashes[path] = read_bytes(path, progress)
         header = decode_header(data, path)
         source = _rank_source(path, header)
         _check_against(source, sources)
@@ -111,14 +109,6 @@ def _build_profile(ranks: list[RankTables]) -> Profile:
 
 
 _CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables], hashes: dict[Path, str],

@@ -44,19 +44,52 @@ def gpu_op_calls(kernels: pl.DataFrame) -> pl.DataFrame:
 
 
 def cpu_op_calls(cpu_ops: pl.DataFrame) -> pl.DataFrame:
-    """Leaf CPU operators (no CPU op nested inside them on their thread), for ranks without device activity.
+    """The CPU operators that do the work, for ranks without device activity.
 
-    On a CPU run the leaf operators do the work, so their own duration is the operator's latency.
-    Communication ops (``c10d::*``, ``record_param_comms``) are left out.
+    On a CPU run an operator's latency is its own CPU duration. The operator that does the work is the outermost
+    op whose self time (duration minus the ops nested in it) is at least half its duration, so ``aten::addmm``
+    counts rather than its caller ``aten::linear`` or its helpers (``aten::expand``, ``aten::resolve_conj``).
+    Communication ops (``c10d::*``, ``record_param_comms``) and everything inside them are left out.
     """
-    ops = cpu_ops.filter(pl.col("cat") == "cpu_op").sort("rank", "tid", "ts")
-    next_ts = pl.col("ts").shift(-1).over("rank", "tid")
-    return (
-        ops.with_columns(is_leaf=next_ts.is_null() | (next_ts >= pl.col("ts") + pl.col("dur")))
-        .filter(pl.col("is_leaf") & ~pl.col("name").str.contains(r"^(c10d::|record_param_comms)"))
-        .select(op="name", input_dims="input_dims", input_types="input_types", dur="dur",
-                kernels="name", n_kernels=pl.lit(1, dtype=pl.Int32), device_type=pl.lit("cpu"))
-    )
+    ops = cpu_ops.filter(pl.col("cat") == "cpu_op").sort("rank", "tid", "ts", pl.col("dur"), descending=[
+        False, False, False, True])
+    work = work_op_mask(ops["rank"].to_list(), ops["tid"].to_list(), ops["ts"].to_list(), ops["dur"].to_list(),
+                        ops["name"].to_list())
+    return ops.filter(pl.Series(work, dtype=pl.Boolean)).select(
+        op="name", input_dims="input_dims", input_types="input_types", dur="dur",
+        kernels="name", n_kernels=pl.lit(1, dtype=pl.Int32), device_type=pl.lit("cpu"))
+
+
+_COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
+
+
+def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
+                 names: list[str]) -> list[bool]:
+    """For ops sorted by (rank, tid, start, longest first): True for the outermost op doing the work."""
+    n = len(starts)
+    parent = [-1] * n
+    child_time = [0.0] * n
+    stack: list[int] = []
+    for i in range(n):
+        if i and (ranks[i] != ranks[i - 1] or tids[i] != tids[i - 1]):
+            stack = []
+        while stack and starts[stack[-1]] + durations[stack[-1]] <= starts[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            child_time[stack[-1]] += durations[i]
+        stack.append(i)
+    work = [False] * n
+    covered = [False] * n  # a work op or a communication op is at or above this op
+    for i in range(n):
+        above = parent[i] >= 0 and covered[parent[i]]
+        if names[i].startswith(_COMMUNICATION_OP):
+            covered[i] = True
+        elif not above and durations[i] > 0 and durations[i] - child_time[i] >= 0.5 * durations[i]:
+            work[i] = covered[i] = True
+        else:
+            covered[i] = above
+    return work
 
 
 def op_latency(calls: pl.DataFrame) -> pl.DataFrame:

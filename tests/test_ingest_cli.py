@@ -1,0 +1,175 @@
+"""`vtrain ingest` / `vtrain tables` from the command line: good input, schema variants and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import HTA_TRACE_SETS, REPO
+from vtrain.ingest.pipeline import ingest_traces, rank_summary
+
+A100 = next(p for p in HTA_TRACE_SETS if "a100" in p.name)
+
+
+def vtrain(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as handle:
+        return json.load(handle)
+
+
+def test_ingest_writes_tables_and_json_summary(tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    result = vtrain("ingest", A100, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    rank0 = summary["ranks"]["0"]
+    assert set(rank0) >= {"kernels", "computation_us", "communication_us", "memory_us", "iterations"}
+    assert rank0["iterations"] == 3 and rank0["communication_us"] > 0
+    assert "1 of 2 ranks have no trace file" in result.stderr
+    for table in ("kernels", "cpu_ops", "collectives", "op_latency", "nccl_latency"):
+        assert pl.read_parquet(out / f"{table}.parquet").height > 0, table
+    assert json.loads((out / "metadata.json").read_text())["world_size"] == 2
+    shown = vtrain("tables", out, "--top", "3")
+    assert shown.returncode == 0 and "op_latency" in shown.stdout and "nccl_latency" in shown.stdout
+
+
+def test_schema_variants_give_the_same_tables(tmp_path: Path) -> None:
+    """Newer spellings (async_cpu_to_gpu flows, ncclDevKernel names) and no deviceProperties/distributedInfo
+    (rank from the file name) change nothing in the per-class kernel time."""
+    trace = _load(next(A100.glob("*.json.gz")))
+    for event in trace["traceEvents"]:
+        if event.get("cat") == "ac2g":
+            event["cat"] = event["name"] = "async_cpu_to_gpu"
+        if event.get("name", "").startswith("ncclKernel_AllReduce_RING_LL_Sum_float"):
+            event["name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+            for key in ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype"):
+                event["args"].pop(key, None)
+    del trace["deviceProperties"], trace["distributedInfo"]
+    variant = tmp_path / "variant"
+    variant.mkdir()
+    (variant / "trace_rank_0.pt.trace.json").write_text(json.dumps(trace))
+    original = rank_summary(ingest_traces(A100))["0"]
+    changed = ingest_traces(variant)
+    assert rank_summary(changed)["0"] == original
+    all_reduce = changed["collectives"].filter(pl.col("collective") == "all_reduce")
+    assert all_reduce.height > 0 and set(all_reduce["algorithm"]) == {"RING"} and set(all_reduce["protocol"]) == {"LL"}
+
+
+def test_dropped_events_are_counted_in_one_warning(tmp_path: Path) -> None:
+    trace = _load(next(A100.glob("*.json.gz")))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[0]["dur"] = -5
+    del kernels[1]["dur"]
+    folder = tmp_path / "bad-durations"
+    folder.mkdir()
+    (folder / "rank-0.json").write_text(json.dumps(trace))
+    result = vtrain("ingest", folder, "-o", tmp_path / "p", "--json")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "missing or negative" in line]
+    assert warnings == [f"warning: {folder / 'rank-0.json'}: dropped 2 events with a missing or negative duration"]
+    assert json.loads(result.stdout)["ranks"]["0"]["kernels"] == rank_summary(ingest_traces(A100))["0"]["kernels"] - 2
+
+
+def _write(folder: Path, name: str, data: bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
+    good = (next(A100.glob("*.json.gz"))).read_bytes()
+    text = gzip.decompress(good)
+    cases: dict[str, tuple[Path, str]] = {}
+    _write(tmp / "truncated-json", "rank-0.json", text[: len(text) // 2])
+    cases["truncated json"] = (tmp / "truncated-json", "truncated JSON")
+    _write(tmp / "truncated-gzip", "rank-0.json.gz", good[: len(good) // 2])
+    cases["truncated gzip"] = (tmp / "truncated-gzip", "truncated gzip")
+    _write(tmp / "not-gzip", "rank-0.json.gz", text)
+    cases["not gzip"] = (tmp / "not-gzip", "not a gzip file")
+    _write(tmp / "empty", "rank-0.json", b"")
+    cases["empty file"] = (tmp / "empty", "file is empty")
+    _write(tmp / "not-trace", "rank-0.json", b'{"hello": [1, 2, 3]}')
+    cases["json that is not a trace"] = (tmp / "not-trace", "not a Kineto trace")
+    _write(tmp / "array", "rank-0.json", b"[1, 2, 3]")
+    cases["json array"] = (tmp / "array", "not a Kineto trace")
+    (tmp / "no-traces").mkdir(parents=True)
+    (tmp / "no-traces" / "notes.txt").write_text("nothing here")
+    cases["folder with no traces"] = (tmp / "no-traces", "no trace files")
+    cases["missing folder"] = (tmp / "does-not-exist", "no such trace folder")
+    _write(tmp / "same-rank", "a.json.gz", good)
+    _write(tmp / "same-rank", "b.json.gz", good)
+    cases["two files, same rank"] = (tmp / "same-rank", "rank 0 is claimed by both a.json.gz and b.json.gz")
+    other = json.loads(text)
+    other["distributedInfo"]["rank"] = 1
+    other["distributedInfo"]["world_size"] = 4
+    _write(tmp / "two-jobs", "rank-0.json.gz", good)
+    _write(tmp / "two-jobs", "rank-1.json", json.dumps(other).encode())
+    cases["two jobs"] = (tmp / "two-jobs", "world size 4 here but 2 in rank-0.json.gz")
+    anonymous = json.loads(text)
+    del anonymous["distributedInfo"]
+    _write(tmp / "no-rank", "trace.json", json.dumps(anonymous).encode())
+    cases["no rank anywhere"] = (tmp / "no-rank", "cannot tell the rank")
+    return cases
+
+
+def test_bad_input_gives_one_line_exit_2_and_no_profile(tmp_path: Path) -> None:
+    for label, (folder, message) in _bad_inputs(tmp_path / "in").items():
+        out = tmp_path / "out" / label.replace(" ", "-")
+        result = vtrain("ingest", folder, "-o", out)
+        assert result.returncode == 2, (label, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (label, result.stderr)
+        assert message in lines[0], (label, lines[0])
+        assert "Traceback" not in result.stderr
+        assert not out.exists(), label
+        assert not list((tmp_path / "out").glob(".*")) if (tmp_path / "out").exists() else True
+
+
+def test_existing_profile_is_kept_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    assert vtrain("ingest", A100, "-o", out).returncode == 0
+    stamp = (out / "metadata.json").read_text()
+    again = vtrain("ingest", A100, "-o", out)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    assert (out / "metadata.json").read_text() == stamp
+    assert vtrain("ingest", A100, "-o", out, "--force").returncode == 0
+
+
+def test_tables_on_a_folder_that_is_not_a_profile(tmp_path: Path) -> None:
+    result = vtrain("tables", tmp_path)
+    assert result.returncode == 2 and "not a profile folder" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def gloo_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 2-rank gloo job on CPU, profiled with torch.profiler."""
+    folder = tmp_path_factory.mktemp("gloo")
+    script = REPO / "tests" / "data" / "gloo_job.py"
+    subprocess.run([sys.executable, str(script), str(folder)], check=True, timeout=300, capture_output=True)
+    return folder
+
+
+def test_cpu_only_traces_give_cpu_latency_tables(gloo_traces: Path) -> None:
+    profile = ingest_traces(gloo_traces)
+    assert profile["kernels"].is_empty()
+    assert profile.metadata["device"]["type"] == "cpu" and profile.metadata["ranks"] == [0, 1]
+    ops = profile.op_latency
+    assert set(ops["device_type"]) == {"cpu"}
+    assert {"aten::addmm", "aten::gelu", "aten::gelu_backward", "aten::mm"} <= set(ops["op"])
+    addmm = ops.filter(pl.col("op") == "aten::addmm").row(0, named=True)
+    assert addmm["input_dims"] == "[[64], [128, 64], [64, 64], [], []]"
+    nccl = profile.nccl_latency
+    assert set(nccl["collective"]) >= {"all_reduce", "all_gather"}
+    assert nccl.filter(pl.col("collective") == "all_reduce")["bytes"].to_list() == [4000]
+    assert nccl.filter(pl.col("collective") == "all_gather")["bytes"].to_list() == [8000]
+    assert (nccl["group_size"] == 2).all()
