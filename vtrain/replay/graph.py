@@ -1,0 +1,91 @@
+"""The replay graph: every event is two points (start, end); edges say "this point is at least ``delay`` µs
+after that one".
+
+Point ``2*e`` is the start of event ``e`` and ``2*e + 1`` its end (events of all ranks are numbered one after
+the other). A point's replayed time is the latest ``source time + delay`` over its incoming edges; a point
+without incoming edges keeps its measured time (the first event of each thread). Each edge carries a kind, so
+that the report can say what the dependency model is made of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: edge kinds
+WORK = "work"  # an event's own duration (start -> end)
+THREAD = "thread"  # consecutive points of one CPU thread (operator boundaries, measured gaps)
+WAKE = "wake"  # a thread resumes after what it waited for (another thread, a collective, a device activity)
+LAUNCH = "launch"  # runtime launch call -> the device activity it launched
+STREAM = "stream"  # previous activity on the same stream -> the next one
+EVENT = "event"  # cudaEventRecord / cudaStreamWaitEvent between streams, from the trace's cuda_sync records
+INFERRED = "inferred"  # a cross-stream wait inferred from timing (traces without cuda_sync records)
+ISSUE = "issue"  # the CPU call that issued a collective -> the collective's start
+PEER = "peer"  # a peer's arrival at a collective -> this rank's end of the collective
+WAITED = "waited"  # an asynchronous collective's end is when the issuing thread waited for it
+ANCHOR = "anchor"  # an event that does not nest on its thread keeps its offset from the thread's timeline
+
+EDGE_KINDS = (WORK, THREAD, WAKE, LAUNCH, STREAM, EVENT, INFERRED, ISSUE, PEER, WAITED, ANCHOR)
+_KIND_CODE = {kind: code for code, kind in enumerate(EDGE_KINDS)}
+
+
+def start_point(event: int) -> int:
+    """The start point of global event ``event``."""
+    return 2 * event
+
+
+def end_point(event: int) -> int:
+    """The end point of global event ``event``."""
+    return 2 * event + 1
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """The tolerances of the dependency model (microseconds).
+
+    A dependency is accepted as the reason an event started (or a thread resumed) when the event followed it
+    within the tolerance; the measured delay is then kept on that edge. Dependencies that were not the reason
+    keep at most their typical delay, so they only bind when something upstream moves.
+    """
+
+    #: a device activity counts as started by its launch / stream predecessor / awaited activity if it started
+    #: at most this long after the typical delay of that dependency
+    device_slack_us: float = 5.0
+    #: a blocking runtime call (synchronize, memcpy ...) waited for a device activity that ended at most this
+    #: long before the call returned
+    sync_wake_us: float = 100.0
+    #: an idle CPU thread (between operators, inside an annotation) was woken by another thread or a collective
+    #: that finished at most this long before it resumed
+    thread_wake_us: float = 1000.0
+    #: an asynchronous CPU collective that ended this much later than its peers let it is taken to have ended
+    #: when its thread waited for it
+    collective_slack_us: float = 200.0
+
+
+@dataclass
+class EdgeList:
+    """Edges as growing Python lists, frozen to NumPy arrays for the evaluation."""
+
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    delay: list[float] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+
+    def add(self, src: int, dst: int, delay: float, kind: str) -> None:
+        self.src.append(src)
+        self.dst.append(dst)
+        self.delay.append(delay)
+        self.kind.append(_KIND_CODE[kind])
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return (np.asarray(self.src, dtype=np.int64), np.asarray(self.dst, dtype=np.int64),
+                np.asarray(self.delay, dtype=np.float64), np.asarray(self.kind, dtype=np.int8))
+
+
+def kind_name(code: int) -> str:
+    """The edge kind of an integer code."""
+    return EDGE_KINDS[code]
