@@ -91,6 +91,29 @@ def extract_rank_events(batches: Iterable[list[TraceEvent]]) -> RankEvents:
     )
 
 
+#: collective metadata that Kineto puts on NCCL kernels and on ``record_param_comms`` ops
+COLLECTIVE_ARG_SCHEMA = {
+    "arg_collective": pl.String, "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64,
+    "arg_group_size": pl.Int32, "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
+}
+
+
+def _collective_arg_columns(args: list[EventArgs]) -> dict[str, list[object]]:
+    """The collective-metadata columns; all null without a pass per column when no event carries any."""
+    if not any(a.collective_name is not None or a.in_nelems is not None for a in args):
+        nulls: list[object] = [None] * len(args)
+        return dict.fromkeys(COLLECTIVE_ARG_SCHEMA, nulls)
+    return {
+        "arg_collective": [a.collective_name for a in args],
+        "arg_in_nelems": [a.in_nelems for a in args],
+        "arg_out_nelems": [a.out_nelems for a in args],
+        "arg_group_size": [a.group_size for a in args],
+        "arg_dtype": [a.dtype for a in args],
+        "arg_pg_name": [a.pg_name for a in args],
+        "arg_pg_ranks": [a.pg_ranks for a in args],
+    }
+
+
 def _device_frame(events: list[TraceEvent]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     names = [e.name for e in events]
@@ -109,20 +132,12 @@ def _device_frame(events: list[TraceEvent]) -> pl.DataFrame:
             "dur": [e.dur for e in events],
             "correlation": [a.correlation for a in args],
             "external_id": [a.external_id for a in args],
-            "arg_collective": [a.collective_name for a in args],
-            "arg_in_nelems": [a.in_nelems for a in args],
-            "arg_out_nelems": [a.out_nelems for a in args],
-            "arg_group_size": [a.group_size for a in args],
-            "arg_dtype": [a.dtype for a in args],
-            "arg_pg_name": [a.pg_name for a in args],
-            "arg_pg_ranks": [a.pg_ranks for a in args],
+            **_collective_arg_columns(args),
         },
         schema={
             "device": pl.Int32, "stream": pl.Int64, "name": pl.String, "kind": pl.String,
             "memory_kind": pl.String, "kernel_class": pl.String, "ts": pl.Float64, "dur": pl.Float64,
-            "correlation": pl.Int64, "external_id": pl.Int64, "arg_collective": pl.String,
-            "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64, "arg_group_size": pl.Int32,
-            "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
+            "correlation": pl.Int64, "external_id": pl.Int64, **COLLECTIVE_ARG_SCHEMA,
         },
     )
 
@@ -139,20 +154,12 @@ def _cpu_frame(events: list[TraceEvent], json_text: _JsonText) -> pl.DataFrame:
             "external_id": [a.external_id for a in args],
             "input_dims": [json_text(a.input_dims) for a in args],
             "input_types": [json_text(a.input_types) for a in args],
-            "arg_collective": [a.collective_name for a in args],
-            "arg_in_nelems": [a.in_nelems for a in args],
-            "arg_out_nelems": [a.out_nelems for a in args],
-            "arg_group_size": [a.group_size for a in args],
-            "arg_dtype": [a.dtype for a in args],
-            "arg_pg_name": [a.pg_name for a in args],
-            "arg_pg_ranks": [a.pg_ranks for a in args],
+            **_collective_arg_columns(args),
         },
         schema={
             "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
             "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String,
-            "arg_collective": pl.String, "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64,
-            "arg_group_size": pl.Int32, "arg_dtype": pl.String, "arg_pg_name": pl.String,
-            "arg_pg_ranks": pl.String,
+            **COLLECTIVE_ARG_SCHEMA,
         },
     )
 
