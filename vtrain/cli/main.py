@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from vtrain.cli import ingest, record, tables
+from vtrain.cli import ingest, record, simulate, tables
 
 app = typer.Typer(
     name="vtrain",
@@ -17,6 +17,7 @@ app = typer.Typer(
 app.command("ingest")(ingest.ingest_command)
 app.command("tables")(tables.tables_command)
 app.command("record")(record.record_command)
+app.command("simulate")(simulate.simulate_command)
 
 if __name__ == "__main__":
     app()

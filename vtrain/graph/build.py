@@ -9,8 +9,8 @@ stream per stage, whatever the number of GPUs. Nodes are tasks, sequential on on
   as soon as its block is done;
 * ``pp``: one activation (forward) or activation gradient (backward) sent to the adjacent stage, on a
   first-come-first-served stream per sending stage and direction;
-* ``dp``: a data-parallel gradient all-reduce (per bucket, or one per stage after the backward passes), on a
-  first-come-first-served stream per stage;
+* ``dp``: a data-parallel all-reduce of one gradient bucket (during the last backward pass when overlapped, else
+  after the stage's last backward), on a first-come-first-served stream per stage;
 * ``optimizer``: the optimizer step of a stage, after its gradients are reduced.
 
 Edges are data dependencies. The order of each stage's compute stream (given by the schedule) is kept beside
@@ -153,17 +153,12 @@ def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
         reduced: list[int] = []
         if d > 1:
             stream = b.stream("dp", stage, False)
-            if split_last:
-                for chunk in range(v):
-                    blocks = split_blocks[(stage, chunk)]
-                    for bucket in inputs.dp_buckets[(stage, chunk)]:
-                        task = b.comm_task("dp", stage, bucket.comm, stream, chunk=chunk, bucket=len(reduced))
-                        b.edges.append((blocks[bucket.after_block], task))
-                        reduced.append(task)
-            else:
-                task = b.comm_task("dp", stage, inputs.dp_all_reduce[stage], stream, bucket=0)
-                b.edges.append((stage_last[stage], task))
-                reduced.append(task)
+            for chunk in range(v):
+                for index, bucket in enumerate(inputs.dp_buckets[(stage, chunk)]):
+                    task = b.comm_task("dp", stage, bucket.comm, stream, chunk=chunk, bucket=index)
+                    ready = split_blocks[(stage, chunk)][bucket.after_block] if split_last else stage_last[stage]
+                    b.edges.append((ready, task))
+                    reduced.append(task)
         optimizer = b.pass_task("optimizer", stage, 0, -1, inputs.optimizer[stage])
         b.edges.append((stage_last[stage], optimizer))
         b.edges += [(task, optimizer) for task in reduced]

@@ -59,8 +59,9 @@ class CommWork:
 
 @dataclass(frozen=True)
 class Bucket:
-    """A data-parallel gradient bucket: all-reduced once the backward of block ``after_block`` (an index into
-    the chunk's backward blocks) has produced its last gradient."""
+    """A data-parallel gradient bucket. With overlap it is all-reduced once the backward of block ``after_block``
+    (an index into the chunk's backward blocks) has produced its last gradient; without, after the last backward
+    pass of the stage."""
 
     after_block: int
     comm: CommWork
@@ -74,5 +75,4 @@ class GraphInputs:
     backward: dict[tuple[int, int, bool], PhaseWork]  # (stage, chunk, accumulate) -> backward pass
     optimizer: dict[int, PhaseWork]  # stage -> optimizer step
     pp_transfer: CommWork | None  # one activation (or its gradient) between adjacent stages
-    dp_buckets: dict[tuple[int, int], list[Bucket]] = field(default_factory=dict)  # overlapped all-reduce
-    dp_all_reduce: dict[int, CommWork] = field(default_factory=dict)  # all-reduce after backward
+    dp_buckets: dict[tuple[int, int], list[Bucket]] = field(default_factory=dict)  # (stage, chunk) -> buckets

@@ -120,16 +120,16 @@ def _accumulate(shape: GptShape, param: tuple[int, ...], accumulate: bool) -> li
     return [make_op("aten::add_", [list(param), list(param), []], [x, x, "Scalar"])]
 
 
-def _mask_target(shape: GptShape) -> list[Step]:
-    """Megatron's vocabulary-range mask of token ids: ``(ids < start) | (ids >= end)``, then ``ids - start``
-    with out-of-range ids set to 0."""
+def _mask_ids(shape: GptShape) -> list[Step]:
+    """The vocabulary-range mask of token ids: ``outside = (ids < start) | (ids >= end)``, then
+    ``(ids - start).masked_fill(outside, 0)``."""
     b, s = shape.b, shape.s
     return [
         make_op("aten::lt", [[b, s], []], [LONG, "Scalar"]),
         make_op("aten::ge", [[b, s], []], [LONG, "Scalar"]),
         make_op("aten::bitwise_or", [[b, s], [b, s]], ["bool", "bool"]),
-        make_op("aten::copy_", [[b, s], [b, s], []], [LONG, LONG, "Scalar"]),
         make_op("aten::sub", [[b, s], [], []], [LONG, LONG, "Scalar"]),
+        make_op("aten::copy_", [[b, s], [b, s], []], [LONG, LONG, "Scalar"]),
         make_op("aten::masked_fill_", [[b, s], [b, s], []], [LONG, "bool", "Scalar"]),
     ]
 
@@ -191,14 +191,17 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
     heads = b * ap
     w = layer_parameters(shape)
-    acc = lambda i: _accumulate(shape, w[i], accumulate)  # noqa: E731 - index into the parameter list
+
+    def acc(index: int) -> list[Step]:
+        return _accumulate(shape, w[index], accumulate)
+
     steps: list[Step] = [_sum_rows(shape, [b, s, h]), *acc(11)]  # fc2 bias
     steps += [_mm(shape, h, n, f), _mm(shape, n, h, f), *acc(10)]  # fc2 weight, fc2 input
     steps += [make_op("aten::gelu_backward", [[b, s, f], [b, s, f], []], [x, x, ""])]
     steps += [_mm(shape, n, f, h), _mm(shape, f, n, h), _sum_rows(shape, [n, f]), *acc(9), *acc(8)]  # fc1
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [_layer_norm_backward(shape),
-              make_op("aten::add_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(7), *acc(6)]
+              make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(7), *acc(6)]
     steps += [_sum_rows(shape, [b, s, h]), *acc(5)]  # attention output bias
     steps += [_mm(shape, h, n, hp), _mm(shape, n, h, hp), *acc(4)]  # attention output projection
     steps += [
@@ -212,9 +215,7 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
         make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
         _bmm(shape, heads, d, s, s),  # grad k
         _bmm(shape, heads, s, s, d),  # grad q
-        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
-        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
-        make_op("aten::cat", [[[b, s, hp], [b, s, hp], [b, s, hp]], []], ["TensorList", "Scalar"]),
+        make_op("aten::cat", [[[b, s, ap, d]] * 3, []], ["TensorList", "Scalar"]),  # unbind backward
         _mm(shape, n, 3 * hp, h), _mm(shape, 3 * hp, n, h), _sum_rows(shape, [n, 3 * hp]), *acc(3), *acc(2),
     ]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
@@ -233,11 +234,12 @@ def embedding_parameters(shape: GptShape) -> list[tuple[int, ...]]:
 def embedding_forward(shape: GptShape) -> list[Step]:
     """Vocabulary-parallel token embedding (masked lookup, TP all-reduce) plus the position embedding."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
-    steps: list[Step] = _mask_target(shape) if shape.t > 1 else []
+    steps: list[Step] = _mask_ids(shape) if shape.t > 1 else []
     steps += [make_op("aten::index_select", [[shape.vocab_per_rank, h], [], [shape.tokens]],
                       [x, "Scalar", LONG])]
     if shape.t > 1:
-        steps += [make_op("aten::masked_fill_", [[b, s, h], [b, s, 1], []], [x, "bool", "Scalar"])]
+        steps += [make_op("aten::copy_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
+                  make_op("aten::masked_fill_", [[b, s, h], [b, s, 1], []], [x, "bool", "Scalar"])]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [make_op("aten::add", [[b, s, h], [s, h], []], [x, x, "Scalar"])]
     return steps
@@ -247,13 +249,13 @@ def embedding_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     """Gradients of the position and token embeddings."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     w = embedding_parameters(shape)
-    steps: list[Step] = [_sum_rows(shape, [b, s, h]), *_accumulate(shape, w[1], accumulate)]
+    steps: list[Step] = [_sum_rows(shape, [b, s, h])]
     if shape.t > 1:
         steps += [make_op("aten::copy_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
                   make_op("aten::masked_fill_", [[b, s, h], [b, s, 1], []], [x, "bool", "Scalar"])]
     steps += [make_op("aten::embedding_dense_backward", [[b, s, h], [b, s], [], [], []],
                       [x, LONG, "Scalar", "Scalar", "Scalar"]),
-              *_accumulate(shape, w[0], accumulate)]
+              *_accumulate(shape, w[1], accumulate), *_accumulate(shape, w[0], accumulate)]
     return steps
 
 
@@ -265,31 +267,35 @@ def head_parameters(shape: GptShape) -> list[tuple[int, ...]]:
 
 
 def head_forward(shape: GptShape) -> list[Step]:
-    """Final LayerNorm, vocabulary-parallel logits and Megatron's vocabulary-parallel cross-entropy."""
+    """Final LayerNorm, vocabulary-parallel logits and Megatron's vocabulary-parallel cross-entropy (in fp32:
+    half-precision logits are converted first)."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
-    small = n * shape.element_bytes
-    steps: list[Step] = [_layer_norm(shape), _mm(shape, n, h, vt),
-                         make_op("aten::max", [[b, s, vt], [], []], [x, "Scalar", "Scalar"])]
+    f32 = "float"
+    small = n * 4
+    steps: list[Step] = [_layer_norm(shape), _mm(shape, n, h, vt)]
+    if x != f32:
+        steps += [make_op("aten::copy_", [[b, s, vt], [b, s, vt], []], [f32, x, "Scalar"])]
+    steps += [make_op("aten::max", [[b, s, vt], [], []], [f32, "Scalar", "Scalar"])]
     steps += _tp_all_reduce(shape, small)  # max over the vocabulary shards
-    steps += [make_op("aten::sub", [[b, s, vt], [b, s, 1], []], [x, x, "Scalar"])]
-    steps += _mask_target(shape)
+    steps += [make_op("aten::sub", [[b, s, vt], [b, s, 1], []], [f32, f32, "Scalar"])]
+    steps += _mask_ids(shape)
     steps += [
-        make_op("aten::index", [[n, vt], []], [x, ""]),
-        make_op("aten::copy_", [[n], [n], []], [x, x, "Scalar"]),
-        make_op("aten::masked_fill_", [[b, s], [b, s], []], [x, "bool", "Scalar"]),
+        make_op("aten::index", [[n, vt], []], [f32, ""]),
+        make_op("aten::copy_", [[b, s], [b, s], []], [f32, f32, "Scalar"]),
+        make_op("aten::masked_fill_", [[b, s], [b, s], []], [f32, "bool", "Scalar"]),
     ]
-    steps += _tp_all_reduce(shape, small)  # predicted (target) logits
+    steps += _tp_all_reduce(shape, small)  # target logits
     steps += [
-        make_op("aten::exp", [[b, s, vt], [b, s, vt]], [x, x]),
-        make_op("aten::sum", [[b, s, vt], [], [], []], [x, "ScalarList", "Scalar", ""]),
+        make_op("aten::exp_", [[b, s, vt]], [f32]),
+        make_op("aten::sum", [[b, s, vt], [], [], []], [f32, "ScalarList", "Scalar", ""]),
     ]
-    steps += _tp_all_reduce(shape, small)  # sum of exp
+    steps += _tp_all_reduce(shape, small)  # sum of exponentials
     steps += [
-        make_op("aten::log", [[b, s]], [x]),
-        make_op("aten::sub", [[b, s], [b, s], []], [x, x, "Scalar"]),
-        make_op("aten::div_", [[b, s, vt], [b, s, 1]], [x, x]),
-        make_op("aten::sum", [[b, s], [], [], [], []], [x, "ScalarList", "Scalar", "Scalar", x]),  # mean
+        make_op("aten::log", [[b, s]], [f32]),
+        make_op("aten::sub", [[b, s], [b, s], []], [f32, f32, "Scalar"]),
+        make_op("aten::div_", [[b, s, vt], [b, s, 1]], [f32, f32]),
+        make_op("aten::sum", [[b, s], [], [], [], []], [f32, "ScalarList", "Scalar", "Scalar", f32]),  # mean
     ]
     return steps
 
@@ -298,17 +304,20 @@ def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     """Cross-entropy backward (softmax minus one-hot), logits GEMMs, final LayerNorm backward."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
+    f32 = "float"
     w = head_parameters(shape)
     steps: list[Step] = [
-        make_op("aten::div", [[b, s], []], [x, LONG]),  # mean backward
-        make_op("aten::copy_", [[n], [n], []], [x, "bool", "Scalar"]),
-        make_op("aten::sub", [[], [n], []], ["double", x, "Scalar"]),
-        make_op("aten::index", [[n, vt], []], [x, ""]),
-        make_op("aten::sub_", [[n], [n], []], [x, x, "Scalar"]),
-        make_op("aten::_index_put_impl_", [[n, vt], [], [n], [], []], [x, "", x, "Scalar", "Scalar"]),
-        make_op("aten::mul_", [[b, s, vt], [b, s, 1]], [x, x]),
-        _mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate),
+        make_op("aten::div", [[b, s], []], [f32, LONG]),  # mean backward
+        make_op("aten::copy_", [[n], [n], []], [f32, "bool", "Scalar"]),
+        make_op("aten::sub", [[], [n], []], ["double", f32, "Scalar"]),
+        make_op("aten::index", [[n, vt], []], [f32, ""]),
+        make_op("aten::sub_", [[n], [n], []], [f32, f32, "Scalar"]),
+        make_op("aten::_index_put_impl_", [[n, vt], [], [n], [], []], [f32, "", f32, "Scalar", "Scalar"]),
+        make_op("aten::mul_", [[b, s, vt], [b, s, 1]], [f32, f32]),
     ]
+    if x != f32:
+        steps += [make_op("aten::copy_", [[b, s, vt], [b, s, vt], []], [x, f32, "Scalar"])]
+    steps += [_mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate)]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [_layer_norm_backward(shape), *_accumulate(shape, w[1], accumulate),
               *_accumulate(shape, w[0], accumulate)]

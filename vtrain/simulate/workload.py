@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import block_parameters, stage_parameters
+from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
 from vtrain.runconfig import RunConfig
@@ -96,24 +97,26 @@ class WorkloadResolver:
         resolution = self.collectives.resolve(op, group, nbytes, stride)
         return CommWork(op, nbytes, group, resolution.latency_us, resolution)
 
-    def buckets(self, chunk: Chunk, backward: PhaseWork) -> list[Bucket]:
-        """Gradient buckets of a chunk: blocks' gradients in backward order, a bucket closing once it holds
-        ``dp_bucket_mb`` (as Megatron's DDP fills buckets in reverse parameter order)."""
-        limit = self.config.parallelism.dp_bucket_mb * 1e6
+    def buckets(self, backward: PhaseWork) -> list[Bucket]:
+        """Gradient buckets of a chunk, as PyTorch DDP and Megatron fill them: parameters in reverse order of
+        definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
+        backward of the block holding its last parameter is done (an index into ``backward.blocks``)."""
+        limit = self.config.parallelism.dp_bucket_mb * 2**20
         element = self.shape.element_bytes
         buckets: list[Bucket] = []
         filled = 0
-        last = 0
+        last_block = 0
         for index, block in enumerate(backward.blocks):
             if block.phase != "backward":
                 continue
-            filled += sum(_numel(p) for p in _PARAMETERS[block.kind](self.shape)) * element
-            last = index
-            if filled >= limit:
-                buckets.append(Bucket(index, self.comm("dp", "all_reduce", filled)))
-                filled = 0
+            last_block = index
+            for param in reversed(_PARAMETERS[block.kind](self.shape)):
+                filled += math.prod(param) * element
+                if filled >= limit:
+                    buckets.append(Bucket(index, self.comm("dp", "all_reduce", filled)))
+                    filled = 0
         if filled:
-            buckets.append(Bucket(last, self.comm("dp", "all_reduce", filled)))
+            buckets.append(Bucket(last_block, self.comm("dp", "all_reduce", filled)))
         return buckets
 
     def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
@@ -128,18 +131,8 @@ class WorkloadResolver:
                 inputs.forward[key] = self.forward(chunk)
                 for accumulate in (False, True):
                     inputs.backward[(*key, accumulate)] = self.backward(chunk, accumulate)
-                if par.dp > 1 and par.dp_overlap:
-                    inputs.dp_buckets[key] = self.buckets(chunk, inputs.backward[(*key, par.micro_batches > 1)])
+                if par.dp > 1:
+                    inputs.dp_buckets[key] = self.buckets(inputs.backward[(*key, par.micro_batches > 1)])
             stage = stage_chunks[0].stage
             inputs.optimizer[stage] = self.optimizer(stage_chunks)
-            if par.dp > 1 and not par.dp_overlap:
-                grads = sum(_numel(p) for c in stage_chunks for p in block_parameters(self.shape, c))
-                inputs.dp_all_reduce[stage] = self.comm("dp", "all_reduce", grads * self.shape.element_bytes)
         return inputs
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
