@@ -28,6 +28,7 @@ from vtrain.record.worker import LEARNING_RATE, RankJob, loss_name, run_rank, tr
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
 
 DEVICES = ("auto", "cpu", "cuda")
+PRELOAD = ("vtrain.record.worker", "torch._dynamo")
 
 
 class RankFailure(Exception):
@@ -134,8 +135,13 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
 
 
 def _spawn(job: RankJob, world: int) -> None:
+    """Start the ranks from a fork server that has already imported torch (and the dynamo modules that
+    ``torch.optim`` pulls in): each rank then starts in a fraction of a second instead of re-importing."""
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
     try:
-        mp.spawn(run_rank, args=(job,), nprocs=world, join=True)
+        mp.start_processes(run_rank, args=(job,), nprocs=world, join=True, start_method="forkserver")
     except mp.ProcessRaisedException as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         raise RankFailure(f"rank {exc.error_index} failed: {lines[-1].strip()}") from None

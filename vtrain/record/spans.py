@@ -2,9 +2,9 @@
 
 The pipeline executor sets the current :class:`Position` (phase, stage, chunk, micro-batch) with :func:`at`;
 model code reads it to name its spans with :func:`vtrain.naming.span_name`. Spans that must cover work done
-by autograd (a layer's backward, a block's backward) are opened and closed by two identity
-``autograd.Function`` nodes placed at the block's output and inputs (:func:`open_on_backward`,
-:func:`close_on_backward`): backward reaches the output node first and the input nodes last.
+by autograd (a block's backward) are opened by a pre-hook on the node that produced the block's output
+(:func:`open_on_backward`) and closed by hooks on the block's inputs (:func:`close_on_backward`): backward
+reaches the output first and the inputs last. Hooks add no operators to the trace.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def span(kind: str, **fields: Any) -> record_function:
 
 
 class BackwardSpan:
-    """A span over the backward of one block; opened once, closed when all its inputs have their gradients."""
+    """A span over the backward of one block: opened when the gradient of the block's output is ready, closed
+    when the gradients of all its inputs are."""
 
     def __init__(self, name: str, inputs: int) -> None:
         self.name = name
@@ -78,30 +79,6 @@ class BackwardSpan:
             self._span = None
 
 
-class _OpenOnBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tracker: BackwardSpan, x: torch.Tensor) -> torch.Tensor:
-        ctx.tracker = tracker
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        ctx.tracker.open()
-        return None, grad
-
-
-class _CloseOnBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tracker: BackwardSpan, x: torch.Tensor) -> torch.Tensor:
-        ctx.tracker = tracker
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        ctx.tracker.input_done()
-        return None, grad
-
-
 def backward_span(kind: str, inputs: int, **fields: Any) -> BackwardSpan | None:
     """A backward span for a block with ``inputs`` differentiable inputs; ``None`` when autograd is off."""
     if not torch.is_grad_enabled():
@@ -110,10 +87,21 @@ def backward_span(kind: str, inputs: int, **fields: Any) -> BackwardSpan | None:
 
 
 def close_on_backward(tracker: BackwardSpan | None, x: torch.Tensor) -> torch.Tensor:
-    """Mark ``x`` as a block input: the block's backward span ends once the gradient of every input is out."""
-    return x if tracker is None else _CloseOnBackward.apply(tracker, x)
+    """Mark ``x`` as a block input: the block's backward span ends once every input's gradient is computed.
+
+    A tensor hook runs before the node that produced ``x`` (the previous block) starts its backward."""
+    if tracker is not None and x.requires_grad:
+        def done(_grad: torch.Tensor) -> None:
+            handle.remove()
+            tracker.input_done()
+
+        handle = x.register_hook(done)
+    return x
 
 
-def open_on_backward(tracker: BackwardSpan | None, x: torch.Tensor) -> torch.Tensor:
-    """Mark ``x`` as the block output: the block's backward span starts when its gradient arrives."""
-    return x if tracker is None else _OpenOnBackward.apply(tracker, x)
+def open_on_backward(tracker: BackwardSpan | None, y: torch.Tensor) -> torch.Tensor:
+    """Mark ``y`` as the block output: the block's backward span starts when the node that produced ``y`` is
+    about to run (a node pre-hook, which autograd runs after the tensor hooks that close the next block)."""
+    if tracker is not None and y.grad_fn is not None:
+        y.grad_fn.register_prehook(lambda _grads: tracker.open())
+    return y
