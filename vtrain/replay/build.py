@@ -91,6 +91,8 @@ class ReplayGraph:
     measured: np.ndarray  # per point, µs since ``origin``
     origin: float
     matches: list[CollectiveMatch]
+    calls: list[Collective]  # every collective call, matched or not
+    launches: list[dict[int, int | None]]  # per rank: device activity -> its launch call (local indices)
     stats: DependencyStats
 
     @property
@@ -133,7 +135,8 @@ def build_graph(traces: list[RankTrace], config: RunConfig | None = None, option
     stats.collective_calls_unmatched = unmatched
     _collective_edges(builders, collectives, matches, options, edges, stats)
     return ReplayGraph(traces=traces, offsets=offsets, edges=edges, measured=measured, origin=origin,
-                       matches=matches, stats=stats)
+                       matches=matches, calls=collectives, launches=[builders[t.rank].launch for t in traces],
+                       stats=stats)
 
 
 class _RankBuilder:
@@ -150,7 +153,7 @@ class _RankBuilder:
         gpu = trace.has_device_activity
         self.cpu_collectives = [
             i for i, name in enumerate(trace.name)
-            if not gpu and trace.kind[i] == CPU and trace.cat[i] == "user_annotation"
+            if not gpu and trace.kind[i] == CPU and trace.cat[i] in ("user_annotation", "cpu_op")
             and COLLECTIVE_ANNOTATION.match(name)
         ]
         skip = set(self.cpu_collectives)
@@ -471,9 +474,10 @@ class _RankBuilder:
                 origin = i if i in self.host else self.issuer.get(i)
             span = spans.around(trace.lane[origin], trace.ts[origin]) if origin is not None else None
             group, channel, label = resolver.group(kind, trace.pg_ranks[i], trace.pg_name[i], span)
+            purpose = (span or {}).get("purpose") or ("pp" if kind in ("send", "recv") else None)
             calls.append(Collective(rank=trace.rank, event=i, kind=kind, elements=trace.elements[i],
                                     ts=trace.ts[i], dur=trace.dur[i], on_device=trace.kind[i] == DEVICE,
-                                    group=group, channel=channel, label=label))
+                                    group=group, channel=channel, label=label, purpose=purpose))
         return calls
 
 

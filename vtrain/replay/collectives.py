@@ -78,6 +78,8 @@ class Collective:
     group: tuple[int, ...] | None = None
     channel: tuple[int, int] | None = None  # point-to-point: (sender, receiver)
     label: tuple[str, str] | None = None  # point-to-point: (phase, micro-batch) from the vtrain span
+    purpose: str | None = None  # tp | dp | pp from the vtrain span, else pp for send/recv, else None
+    matched: bool = False
 
 
 @dataclass
@@ -210,6 +212,8 @@ def match_collectives(collectives: list[Collective], ranks_present: set[int]) ->
             continue
         for position in range(len(calls[0])):
             group = [c[position] for c in calls]
+            for call in group:
+                call.matched = True
             transfer, by_clock = transfer_times(group)
             matches.append(CollectiveMatch(members=group, transfer_us=transfer, by_clock=by_clock))
     return matches, unmatched

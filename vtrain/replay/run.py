@@ -21,7 +21,9 @@ class Replay:
     """A replayed trace set: every event's measured and replayed start and duration (µs since ``origin``)."""
 
     traces: list[RankTrace]
-    events: pl.DataFrame  # rank, event, kind, cat, name, lane, ts, dur, sim_ts, sim_dur
+    #: rank, event (index in the rank's trace), kind, cat, name, lane, launch (the launching call of a device
+    #: activity), external_id, input_dims, collective / purpose / matched (collective calls), ts, dur, sim_ts, sim_dur
+    events: pl.DataFrame
     origin: float
     stats: DependencyStats
     edge_counts: dict[str, int]
@@ -52,18 +54,26 @@ def replay(traces: list[RankTrace], config: RunConfig | None = None,
 
 
 def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
+    calls = {(c.rank, c.event): c for c in graph.calls}
     frames = []
-    for trace, offset in zip(graph.traces, graph.offsets):
+    for trace, offset, launches in zip(graph.traces, graph.offsets, graph.launches):
         n = len(trace)
         start = times[2 * offset:2 * (offset + n):2]
         stop = times[2 * offset + 1:2 * (offset + n):2]
         ts = graph.measured[2 * offset:2 * (offset + n):2]
         end = graph.measured[2 * offset + 1:2 * (offset + n):2]
+        mine = [calls.get((trace.rank, i)) for i in range(n)]
         frames.append(pl.DataFrame({
             "rank": pl.Series([trace.rank] * n, dtype=pl.Int32),
             "event": pl.Series(range(n), dtype=pl.Int64),
             "kind": trace.kind, "cat": trace.cat, "name": trace.name,
             "lane": pl.Series(trace.lane, dtype=pl.Int64),
+            "launch": pl.Series([launches.get(i) for i in range(n)], dtype=pl.Int64),
+            "external_id": pl.Series(trace.external_id, dtype=pl.Int64),
+            "input_dims": pl.Series(trace.input_dims, dtype=pl.String),
+            "collective": pl.Series([c.kind if c else None for c in mine], dtype=pl.String),
+            "purpose": pl.Series([c.purpose if c else None for c in mine], dtype=pl.String),
+            "matched": pl.Series([c.matched if c else None for c in mine], dtype=pl.Boolean),
             "ts": ts, "dur": end - ts, "sim_ts": start, "sim_dur": stop - start,
         }))
     return pl.concat(frames) if frames else pl.DataFrame()

@@ -91,6 +91,7 @@ class RankTrace:
     elements: list[int | None]
     pg_ranks: list[str | None]
     pg_name: list[str | None]
+    input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
     index: list[int]
     dropped: int = 0
 
@@ -119,7 +120,7 @@ def read_rank_trace(path: Path) -> RankTrace:
                       process_groups=list(info.get("pg_config") or []),
                       kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
                       wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
-                      pg_name=[], index=[])
+                      pg_name=[], input_dims=[], index=[])
     raw = header.traceEvents
     for start in range(0, len(raw), BATCH_EVENTS):
         chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
@@ -166,7 +167,13 @@ def _append(trace: RankTrace, events: list[ReplayEvent], offset: int) -> None:
         trace.elements.append(args.in_nelems or args.out_nelems or (_elements(args.input_dims) if sized else None))
         trace.pg_ranks.append(args.pg_ranks)
         trace.pg_name.append(args.pg_name)
+        trace.input_dims.append(_compact(args.input_dims) if cat == "cpu_op" else None)
         trace.index.append(offset + position)
+
+
+def _compact(raw: msgspec.Raw) -> str | None:
+    """JSON text without spaces (Kineto writes ``[[8, 64]]``, other writers ``[[8,64]]``)."""
+    return bytes(raw).replace(b" ", b"").decode() if raw else None
 
 
 def _elements(raw: msgspec.Raw) -> int | None:

@@ -1,0 +1,171 @@
+"""The diff between a measured and a predicted timeline, once their iterations, spans and operators are aligned.
+
+Every number is a mean per rank and iteration over the iterations under test, in milliseconds; errors are
+``(predicted - measured) / measured`` in percent (negative: the prediction is too fast). Per operator class the
+report gives both the error of the class's total time and the MAPE over its operators
+(``mean(|predicted - measured| / measured)``): the first says how far the class's share of the iteration is
+off, the second how well single operators are predicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+BREAKDOWN = ("compute_us", "bubble_us", "exposed_comm_us", "idle_us")
+PHASES = ("forward", "backward", "recompute", "optimizer")
+_HISTOGRAM_SAMPLE = 20000
+_WORST = 10
+
+
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """``(predicted - measured) / measured`` in percent; ``None`` when either is missing or measured is 0."""
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+@dataclass
+class Comparison:
+    """One prediction (replay or model) against the measurement."""
+
+    name: str
+    measured_ms: float
+    predicted_ms: float
+    iterations: list[dict[str, Any]]
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    classes: list[dict[str, Any]] = field(default_factory=list)
+    worst_ops: list[dict[str, Any]] = field(default_factory=list)
+    one_side_only: list[dict[str, Any]] = field(default_factory=list)
+    breakdown: list[dict[str, Any]] = field(default_factory=list)
+    op_errors_pct: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def error_pct(self) -> float:
+        return error_pct(self.predicted_ms, self.measured_ms) or 0.0
+
+    def summary(self) -> dict[str, float]:
+        """The three numbers ``--json`` prints."""
+        return {"measured_ms": round(self.measured_ms, 4), "predicted_ms": round(self.predicted_ms, 4),
+                "error_pct": round(self.error_pct, 3)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "iterations": self.iterations, "phases": self.phases, "stages": self.stages,
+                "classes": self.classes, "worst_ops": self.worst_ops, "one_side_only": self.one_side_only,
+                "breakdown": self.breakdown, "notes": self.notes, **self.details}
+
+
+def iteration_rows(measured: pl.DataFrame, predicted: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per iteration under test: the job's iteration time (mean over ranks) on both sides."""
+    joined = (
+        measured.group_by("iteration").agg(measured_ms=pl.col("time_us").mean() / 1e3)
+        .join(predicted.group_by("iteration").agg(predicted_ms=pl.col("time_us").mean() / 1e3), on="iteration",
+              how="left")
+        .sort("iteration")
+    )
+    return [{"iteration": it, "measured_ms": m, "predicted_ms": p, "error_pct": error_pct(p, m)}
+            for it, m, p in joined.iter_rows()]
+
+
+def phase_rows(spans: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per phase: the time in its spans per rank and iteration (``spans`` has measured_us / predicted_us)."""
+    phased = spans.filter(pl.col("span_kind").is_in(PHASES))
+    return _grouped(phased, "phase")
+
+
+def stage_rows(spans: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per pipeline stage: the time in its phase spans per rank and iteration."""
+    phased = spans.filter(pl.col("span_kind").is_in(PHASES) & pl.col("stage").is_not_null())
+    return _grouped(phased, "stage")
+
+
+def _grouped(spans: pl.DataFrame, key: str) -> list[dict[str, Any]]:
+    if spans.is_empty():
+        return []
+    per_iteration = (
+        spans.group_by(key, "rank", "iteration")
+        .agg(measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum(),
+             missing=pl.col("predicted_us").is_null().sum())
+        .group_by(key).agg(measured_ms=pl.col("measured").mean() / 1e3, predicted_ms=pl.col("predicted").mean() / 1e3,
+                           unmatched=pl.col("missing").sum())
+        .sort(key)
+    )
+    return [{key: k, "measured_ms": m, "predicted_ms": p, "error_pct": error_pct(p, m), "unmatched_spans": u}
+            for k, m, p, u in per_iteration.iter_rows()]
+
+
+def class_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
+    """Per operator class over matched operators: time per rank and iteration on both sides, the error of the
+    total and the MAPE; ``aligned`` has op_class, measured_us, predicted_us (null on one side only)."""
+    matched = aligned.filter(pl.col("measured_us").is_not_null() & pl.col("predicted_us").is_not_null())
+    if matched.is_empty():
+        return []
+    table = (
+        matched.group_by("op_class")
+        .agg(ops=pl.len(), measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum(),
+             mape=pl.when(pl.col("measured_us") > 0)
+             .then((pl.col("predicted_us") - pl.col("measured_us")).abs() / pl.col("measured_us")).mean())
+        .sort("measured", descending=True)
+    )
+    n = max(rank_iterations, 1)
+    return [{"op_class": c, "ops": ops, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
+             "error_pct": error_pct(p, m), "mape_pct": None if mape is None else 100.0 * mape}
+            for c, ops, m, p, mape in table.iter_rows()]
+
+
+def worst_op_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
+    """The operators (by name and class) whose predicted time is furthest from the measured one."""
+    matched = aligned.filter(pl.col("measured_us").is_not_null() & pl.col("predicted_us").is_not_null())
+    if matched.is_empty():
+        return []
+    n = max(rank_iterations, 1)
+    table = (
+        matched.group_by("op_class", "name")
+        .agg(calls=pl.len(), measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum())
+        .with_columns(gap=(pl.col("predicted") - pl.col("measured")).abs())
+        .sort("gap", descending=True).head(_WORST)
+    )
+    return [{"op": name, "op_class": c, "calls": calls, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
+             "error_pct": error_pct(p, m)}
+            for c, name, calls, m, p, _ in table.iter_rows()]
+
+
+def one_side_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
+    """Operators found on one side only, by side and name."""
+    n = max(rank_iterations, 1)
+    rows = []
+    for side, column in (("measured only", "measured_us"), ("predicted only", "predicted_us")):
+        other = "predicted_us" if column == "measured_us" else "measured_us"
+        table = (
+            aligned.filter(pl.col(other).is_null() & pl.col(column).is_not_null())
+            .group_by("op_class", "name").agg(calls=pl.len(), time=pl.col(column).sum())
+            .sort("time", descending=True).head(_WORST)
+        )
+        rows += [{"side": side, "op": name, "op_class": c, "calls": calls, "ms": t / n / 1e3}
+                 for c, name, calls, t in table.iter_rows()]
+    return rows
+
+
+def op_error_sample(aligned: pl.DataFrame) -> list[float]:
+    """Per-operator errors in percent (operators of at least 1 µs), at most 20 000 of them, for the histogram."""
+    matched = aligned.filter(pl.col("measured_us") >= 1.0).filter(pl.col("predicted_us").is_not_null())
+    if matched.height > _HISTOGRAM_SAMPLE:
+        matched = matched.sample(_HISTOGRAM_SAMPLE, seed=0)
+    errors = ((matched["predicted_us"] - matched["measured_us"]) / matched["measured_us"] * 100.0)
+    return [round(x, 3) for x in errors.to_list()]
+
+
+def breakdown_rows(measured: pl.DataFrame, predicted: pl.DataFrame) -> list[dict[str, Any]]:
+    """Mean per rank and iteration of each breakdown category on both sides."""
+    rows = []
+    for column in ("time_us", *BREAKDOWN):
+        m = measured[column].mean() if measured.height else None
+        p = predicted[column].mean() if predicted.height else None
+        rows.append({"category": column.removesuffix("_us"), "measured_ms": None if m is None else m / 1e3,
+                     "predicted_ms": None if p is None else p / 1e3, "error_pct": error_pct(p, m)})
+    return rows

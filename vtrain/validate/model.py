@@ -1,0 +1,94 @@
+"""The model-driven prediction: ``vtrain simulate`` of the described run, from latency tables that did not see
+the iterations under test.
+
+Unless ``--profile`` is given, the profile is built from the same traces, from the first half of the steady
+iterations only; the other half is what the prediction is compared with. The simulator writes its predicted
+timeline as Chrome traces (one per pipeline stage); they are read back like measured traces, so both sides are
+measured with the same rulers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from vtrain.errors import InputError
+from vtrain.runconfig import RunConfig
+from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
+from vtrain.tables.store import Profile, load_profile
+
+_CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
+
+
+@dataclass
+class Split:
+    """Which steady iterations build the profile and which are under test."""
+
+    profile: list[int]
+    test: list[int]
+    held_out: bool
+
+    def describe(self) -> str:
+        if not self.held_out:
+            return (f"profile and test share iterations {self.test} (too few steady iterations to hold any out)")
+        return f"profile from iterations {self.profile}, tested on iterations {self.test}"
+
+
+def split_iterations(steady: list[int]) -> Split:
+    """First half of the steady iterations for the profile, the rest under test (at least one each when there
+    are two or more)."""
+    if len(steady) < 2:
+        return Split(profile=list(steady), test=list(steady), held_out=False)
+    half = len(steady) // 2
+    return Split(profile=steady[:half], test=steady[half:], held_out=True)
+
+
+def held_out_profile(profile: Profile, iterations: list[int]) -> Profile:
+    """The latency tables of ``profile`` rebuilt from the given iterations only (as `vtrain ingest` builds them)."""
+    keep = pl.col("iteration").is_in(iterations)
+    kernels = profile["kernels"].filter(keep)
+    cpu_ops = profile["cpu_ops"].filter(keep)
+    collectives = profile["collectives"].filter(keep)
+    gpu_ranks = kernels["rank"].unique().to_list()
+    cpu_only = cpu_ops.filter(~pl.col("rank").is_in(gpu_ranks))
+    calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
+    metadata = {**profile.metadata, "iterations": sorted(iterations),
+                "parent": f"{profile.metadata.get('source_dir')} (iterations {sorted(iterations)})"}
+    return Profile(tables={"kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
+                           "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives)},
+                   metadata=metadata, path=profile.path)
+
+
+@dataclass
+class ModelPrediction:
+    """What the simulator predicted and from which latencies."""
+
+    predicted_dir: Path
+    iteration_ms: float
+    breakdown_ms: dict[str, float]
+    coverage: dict[str, float]
+    profile_source: str
+
+
+def predict(config: RunConfig, profile: Profile, out_dir: Path, profile_source: str,
+            config_source: str | Path) -> ModelPrediction:
+    """Simulate ``config`` from ``profile`` and write the predicted traces into ``out_dir``."""
+    from vtrain.simulate import simulate  # imports the model (and torch): only when a run is described
+    from vtrain.simulate.chrome_trace import write_chrome_traces
+
+    simulation = simulate(config, profile, source=str(config_source))
+    write_chrome_traces(simulation, out_dir, overwrite=True)
+    summary = simulation.to_dict()
+    return ModelPrediction(predicted_dir=out_dir, iteration_ms=summary["iteration_time_ms"],
+                           breakdown_ms=summary["breakdown_ms"], coverage=summary["coverage"],
+                           profile_source=profile_source)
+
+
+def load_given_profile(path: Path) -> Profile:
+    """``--profile``: a profile folder from `vtrain ingest`."""
+    profile = load_profile(path)
+    if profile["op_latency"].is_empty():
+        raise InputError("the profile has no operator latencies", path)
+    return profile

@@ -1,0 +1,249 @@
+"""Tables read off a timeline of events, the same way for the measured and the replayed times.
+
+The event frame comes from :func:`vtrain.replay.run.replay` and holds both: the measured ``ts``/``dur`` and
+the replayed ``sim_ts``/``sim_dur`` of every event. :func:`annotate` adds what does not depend on the times
+(iteration, launching operator, operator class); the other functions take a :data:`Side` and read the
+matching columns, so that every definition is literally the same on both sides.
+
+Definitions:
+
+* **iteration**: a ``ProfilerStep#N`` span; CPU events belong to the step that holds their start, device
+  activities to the step that launched them. Its time runs from the step's start to the later of the step's
+  end and the end of the last device activity it launched.
+* **operators**: device activities on GPU ranks; on CPU-only ranks the CPU operators that do the work
+  (:func:`work_ops`) and the collectives.
+* **breakdown** of an iteration: ``compute`` (time covered by non-communication operators), ``bubble``
+  (pipeline transfers not hidden by compute: waiting for the neighbouring stage), ``exposed_comm`` (other
+  collectives not hidden by compute or bubble) and ``idle`` (the rest: framework overhead, launches, gaps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
+from vtrain.validate.opclass import comm_class, op_class
+
+
+@dataclass(frozen=True)
+class Side:
+    """Which columns hold the start and duration of events."""
+
+    name: str
+    start: str
+    dur: str
+
+
+MEASURED = Side("measured", "ts", "dur")
+REPLAYED = Side("replay", "sim_ts", "sim_dur")
+
+_COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
+
+def annotate(events: pl.DataFrame) -> pl.DataFrame:
+    """Add ``iteration``, ``gpu_rank``, ``op`` (launching operator of device activities), ``is_op`` and
+    ``op_class`` to a replay event frame."""
+    gpu_ranks = events.filter(pl.col("kind") == "device")["rank"].unique().to_list()
+    frame = events.with_columns(gpu_rank=pl.col("rank").is_in(gpu_ranks))
+    frame = _with_iteration(frame)
+    launching = (
+        frame.filter((pl.col("kind") == "cpu") & (pl.col("cat") == "cpu_op") & pl.col("external_id").is_not_null())
+        .unique(["rank", "external_id"], keep="first")
+        .select("rank", "external_id", op=pl.col("name"))
+    )
+    frame = frame.join(launching, on=["rank", "external_id"], how="left")
+    frame = frame.with_columns(op=pl.when(pl.col("kind") == "device").then(pl.col("op")).otherwise(pl.col("name")))
+    frame = _with_work_op(frame)
+    is_op = (
+        pl.when(pl.col("gpu_rank")).then(pl.col("kind") == "device")
+        .otherwise(pl.col("collective").is_not_null() | pl.col("work_op"))
+    )
+    frame = frame.with_columns(is_op=is_op.fill_null(False))
+    classes = [
+        comm_class(collective) if collective is not None or (kind == "device" and name.startswith("nccl"))
+        else op_class(op, name if kind == "device" else None)
+        for kind, name, op, collective in frame.select("kind", "name", "op", "collective").iter_rows()
+    ]
+    return frame.with_columns(op_class=pl.Series(classes, dtype=pl.String))
+
+
+def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
+    steps = (
+        frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX))
+        .with_columns(step=pl.col("name").str.strip_prefix(ITERATION_PREFIX).cast(pl.Int64, strict=False))
+        .filter(pl.col("step").is_not_null())
+        .select("rank", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), step="step")
+        .sort("rank", "step_ts")
+    )
+    if steps.is_empty():
+        return frame.with_columns(iteration=pl.lit(None, dtype=pl.Int64))
+    order = frame.with_row_index("_row").sort("ts")
+    placed = (
+        order.join_asof(steps.sort("step_ts"), left_on="ts", right_on="step_ts", by="rank", strategy="backward",
+                        check_sortedness=False)
+        .with_columns(iteration=pl.when(pl.col("ts") < pl.col("step_end")).then(pl.col("step")))
+        .drop("step_ts", "step_end", "step")
+    )
+    launch_iteration = placed.select("rank", launch="event", launch_iteration="iteration")
+    placed = (
+        placed.join(launch_iteration, on=["rank", "launch"], how="left")
+        .with_columns(iteration=pl.when(pl.col("kind") == "device")
+                      .then(pl.coalesce("launch_iteration", "iteration")).otherwise(pl.col("iteration")))
+        .drop("launch_iteration")
+    )
+    return placed.sort("_row").drop("_row")
+
+
+def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
+    """``work_op``: the CPU operators that do the work (see :func:`work_ops`)."""
+    cpu = (frame.filter((pl.col("kind") == "cpu") & (pl.col("cat") == "cpu_op"))
+           .sort("rank", "lane", "ts", pl.col("dur"), descending=[False, False, False, True]))
+    mask = work_ops(cpu["rank"].to_list(), cpu["lane"].to_list(), cpu["ts"].to_list(), cpu["dur"].to_list(),
+                    cpu["name"].to_list())
+    work = cpu.select("rank", "event", work_op=pl.Series(mask, dtype=pl.Boolean))
+    return frame.join(work, on=["rank", "event"], how="left").with_columns(pl.col("work_op").fill_null(False))
+
+
+def work_ops(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
+             names: list[str]) -> list[bool]:
+    """For CPU operators sorted by (rank, thread, start, longest first): True for the operators doing the work.
+
+    As in the latency tables (:func:`vtrain.tables.latency.work_op_mask`), the outermost operator whose self
+    time is at least half its duration, except that an operator holding a collective (``c10d::*``) is never one:
+    its self time is mostly the wait for that collective (e.g. a tensor-parallel ``autograd.Function``), so the
+    search goes on inside it.
+    """
+    n = len(starts)
+    parent = [-1] * n
+    child_time = [0.0] * n
+    stack: list[int] = []
+    for i in range(n):
+        if i and (ranks[i] != ranks[i - 1] or tids[i] != tids[i - 1]):
+            stack = []
+        while stack and starts[stack[-1]] + durations[stack[-1]] <= starts[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            child_time[stack[-1]] += durations[i]
+        stack.append(i)
+    holds_comm = [name.startswith(_COMMUNICATION_OP) for name in names]
+    for i in range(n - 1, -1, -1):
+        if holds_comm[i] and parent[i] >= 0:
+            holds_comm[parent[i]] = True
+    work = [False] * n
+    covered = [False] * n  # a work operator or a collective is at or above this operator
+    for i in range(n):
+        above = parent[i] >= 0 and covered[parent[i]]
+        if names[i].startswith(_COMMUNICATION_OP):
+            covered[i] = True
+        elif (not above and not holds_comm[i] and durations[i] > 0
+              and durations[i] - child_time[i] >= 0.5 * durations[i]):
+            work[i] = covered[i] = True
+        else:
+            covered[i] = above
+    return work
+
+
+def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
+    """One row per rank and iteration: ``start``, ``end`` and ``time_us``."""
+    start, dur = pl.col(side.start), pl.col(side.dur)
+    steps = (
+        frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX)
+                     & pl.col("iteration").is_not_null())
+        .group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max())
+    )
+    device_end = (
+        frame.filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
+        .group_by("rank", "iteration").agg(device_end=(start + dur).max())
+    )
+    return (
+        steps.join(device_end, on=["rank", "iteration"], how="left")
+        .with_columns(end=pl.max_horizontal("step_end", "device_end"))
+        .with_columns(time_us=pl.col("end") - pl.col("start"))
+        .select("rank", "iteration", "start", "end", "time_us")
+        .sort("rank", "iteration")
+    )
+
+
+def spans(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
+    """The ``vtrain/*`` spans with their fields, and which occurrence of that name on the rank and iteration
+    each is (the key that aligns two timelines)."""
+    rows = frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(SPAN_PREFIX)
+                        & pl.col("iteration").is_not_null())
+    table = (
+        rows.sort("rank", "ts")
+        .select("rank", "iteration", "name", start=pl.col(side.start), dur=pl.col(side.dur))
+        .with_columns(occurrence=pl.int_range(pl.len()).over("rank", "iteration", "name"))
+    )
+    fields = table["name"].str.split(" ")
+    kinds = fields.list.first().str.strip_prefix(SPAN_PREFIX)
+    table = table.with_columns(span_kind=kinds)
+    for key in ("phase", "stage", "mb", "purpose", "op"):
+        table = table.with_columns(
+            pl.col("name").str.extract(rf"(?:^| ){key}=(\S+)").alias(key)
+        )
+    return table.with_columns(phase=pl.coalesce(
+        pl.when(pl.col("span_kind").is_in(["forward", "backward", "recompute", "optimizer"]))
+        .then(pl.col("span_kind")), pl.col("phase")))
+
+
+def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
+    """Every operator with its class, signature (name and input dims for CPU operators, kernel name for device
+    activities) and duration, in order per rank."""
+    signature = pl.when(pl.col("input_dims").is_not_null() & (pl.col("kind") == "cpu")).then(
+        pl.concat_str("name", pl.lit(" "), "input_dims")).otherwise(pl.col("name"))
+    return (
+        frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null())
+        .sort("rank", "ts")
+        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched",
+                signature=signature, start=pl.col(side.start), dur=pl.col(side.dur))
+    )
+
+
+def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
+    """Per rank and iteration: ``compute_us``, ``bubble_us``, ``exposed_comm_us``, ``idle_us`` (they add up to
+    ``time_us``)."""
+    windows = iterations(frame, side)
+    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null()).select(
+        "rank", "iteration", start=pl.col(side.start), end=pl.col(side.start) + pl.col(side.dur),
+        part=pl.when(pl.col("op_class").str.starts_with("comm:"))
+        .then(pl.when(pl.col("purpose") == "pp").then(pl.lit("bubble")).otherwise(pl.lit("comm")))
+        .otherwise(pl.lit("compute")),
+    )
+    groups = {key: group for key, group in selected.group_by("rank", "iteration")}
+    rows = []
+    for rank, iteration, start, end, time_us in windows.iter_rows():
+        group = groups.get((rank, iteration))
+        parts = {"compute": [], "bubble": [], "comm": []}
+        if group is not None:
+            for s, e, part in group.select("start", "end", "part").iter_rows():
+                parts[part].append((max(s, start), min(e, end)))
+        compute = _covered(parts["compute"])
+        with_bubble = _covered(parts["compute"] + parts["bubble"])
+        everything = _covered(parts["compute"] + parts["bubble"] + parts["comm"])
+        rows.append({"rank": rank, "iteration": iteration, "time_us": time_us, "compute_us": compute,
+                     "bubble_us": with_bubble - compute, "exposed_comm_us": everything - with_bubble,
+                     "idle_us": max(0.0, time_us - everything)})
+    schema = {"rank": pl.Int32, "iteration": pl.Int64, "time_us": pl.Float64, "compute_us": pl.Float64,
+              "bubble_us": pl.Float64, "exposed_comm_us": pl.Float64, "idle_us": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals."""
+    if not intervals:
+        return 0.0
+    array = np.asarray([(s, e) for s, e in intervals if e > s], dtype=np.float64)
+    if array.size == 0:
+        return 0.0
+    array = array[np.argsort(array[:, 0])]
+    total, current_start, current_end = 0.0, array[0, 0], array[0, 1]
+    for s, e in array[1:]:
+        if s > current_end:
+            total += current_end - current_start
+            current_start, current_end = s, e
+        elif e > current_end:
+            current_end = e
+    return total + current_end - current_start
