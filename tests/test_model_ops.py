@@ -1,0 +1,121 @@
+"""The workload model: operator costs from signatures, the ops of a layer, partition and memory."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from vtrain.model import gpt
+from vtrain.model.gpt import GptShape
+from vtrain.model.memory import stage_memory, stage_parameters
+from vtrain.model.ops import Collective, Op, make_op, op_cost
+from vtrain.model.partition import partition
+from vtrain.runconfig import run_config_from_dict
+
+
+def test_gemm_flops_and_bytes() -> None:
+    assert op_cost("aten::mm", [[256, 64], [64, 192]], ["float", "float"]) == (
+        2 * 256 * 64 * 192, 4 * (256 * 64 + 64 * 192 + 256 * 64))
+    flops, _ = op_cost("aten::addmm", [[192], [256, 64], [64, 192], [], []],
+                       ["float", "float", "float", "Scalar", "Scalar"])
+    assert flops == 2 * 256 * 64 * 192
+    flops, _ = op_cost("aten::bmm", [[8, 128, 32], [8, 32, 128]], ["c10::Half", "c10::Half"])
+    assert flops == 2 * 8 * 128 * 32 * 128
+
+
+def test_memory_bound_bytes() -> None:
+    _, nbytes = op_cost("aten::gelu", [[4, 128, 256], []], ["c10::BFloat16", ""])
+    assert nbytes == 2 * 2 * 4 * 128 * 256  # read and write
+    _, copy = op_cost("aten::copy_", [[64, 96], [64, 96], []], ["float", "float", "Scalar"])
+    assert copy == 2 * 4 * 64 * 96  # the destination is written, not read
+    _, cat = op_cost("aten::cat", [[[2, 4], [2, 4]], []], ["TensorList", "Scalar"])
+    assert cat == 4 * (8 + 8) + 4 * 16
+
+
+def test_make_op_serialises_like_the_profiler() -> None:
+    op = make_op("aten::mm", [[256, 64], [64, 192]], ["float", "float"])
+    assert op.input_dims == "[[256, 64], [64, 192]]" and op.input_types == '["float", "float"]'
+    assert json.loads(op.input_dims) == [[256, 64], [64, 192]]
+
+
+def shape(t: int = 2, device_type: str = "cuda", dtype: str = "c10::Half") -> GptShape:
+    return GptShape(b=2, s=128, h=256, a=8, t=t, vocab=1000, dtype=dtype, device_type=device_type)
+
+
+def collectives(steps: list) -> list[Collective]:
+    return [s for s in steps if isinstance(s, Collective)]
+
+
+def test_layer_has_two_tp_all_reduces_each_way_and_none_without_tp() -> None:
+    for phase in (gpt.layer_forward(shape()), gpt.layer_backward(shape())):
+        reduces = collectives(phase)
+        assert [(c.purpose, c.op, c.bytes) for c in reduces] == [("tp", "all_reduce", 2 * 128 * 256 * 2)] * 2
+    assert not collectives(gpt.layer_forward(shape(t=1))) and not collectives(gpt.layer_backward(shape(t=1)))
+
+
+def test_layer_gemm_flops_match_the_closed_form() -> None:
+    sh = shape()
+    b, s, h, t = sh.b, sh.s, sh.h, sh.t
+    forward = sum(op.flops for op in gpt.layer_forward(sh) if isinstance(op, Op))
+    # QKV, attention output and the two MLP GEMMs: 24bsh^2/t; scores and context: 4bs^2h/t
+    assert forward == 24 * b * s * h * h / t + 4 * b * s * s * h / t
+    backward = sum(op.flops for op in gpt.layer_backward(sh) if isinstance(op, Op))
+    assert backward == 2 * forward
+
+
+def test_vocabulary_is_padded_only_when_not_divisible() -> None:
+    assert shape(t=2).vocab_per_rank == 500
+    assert GptShape(b=1, s=8, h=64, a=4, t=8, vocab=50257).vocab_per_rank == 51200 // 8  # Megatron: 128*t
+
+
+def test_cpu_addmm_copies_the_bias_and_the_head_runs_in_fp32() -> None:
+    cpu = [op.name for op in gpt.layer_forward(shape(device_type="cpu")) if isinstance(op, Op)]
+    gpu = [op.name for op in gpt.layer_forward(shape(device_type="cuda")) if isinstance(op, Op)]
+    assert len(cpu) == len(gpu) + 2 and cpu.count("aten::copy_") == gpu.count("aten::copy_") + 2
+    head = [op for op in gpt.head_forward(shape()) if isinstance(op, Op)]
+    assert json.loads(head[2].input_types)[:2] == ["float", "c10::Half"]  # logits converted to fp32
+    assert all(json.loads(op.input_types)[0] == "float" for op in head[3:] if op.name in ("aten::exp_", "aten::max"))
+
+
+def config(**parallelism: object):
+    par = {"tp": 2, "pp": 2, "dp": 1, "micro_batch": 2, "global_batch": 8, **parallelism}
+    return run_config_from_dict({
+        "model": {"layers": 8, "hidden": 256, "heads": 8, "seq": 128, "vocab": 1000},
+        "parallelism": par, "precision": "bf16", "hardware": {"device": "H100", "device_count": 4}})
+
+
+def test_partition_places_layers_embedding_and_head() -> None:
+    chunks = partition(config(schedule="interleaved", virtual_stages=2))
+    assert [[list(c.layer_ids) for c in stage] for stage in chunks] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    assert chunks[0][0].has_embedding and chunks[1][1].has_head
+    assert sum(c.has_embedding + c.has_head for stage in chunks for c in stage) == 2
+
+
+def test_parameters_sum_to_the_model_size_over_tensor_ranks() -> None:
+    cfg = config(tp=1, pp=1)
+    sh = GptShape.from_config(cfg)
+    params = sum(math.prod(p) for p in stage_parameters(sh, partition(cfg)[0]))
+    h, layers = 256, 8
+    assert params == layers * (12 * h * h + 13 * h) + 2 * 1000 * h + 128 * h + 2 * h
+
+
+def test_recomputation_shrinks_activation_memory() -> None:
+    full = config(recompute="none")
+    sh = GptShape.from_config(full)
+    kept = stage_memory(full, sh, partition(full)[0])
+    recomputed = stage_memory(config(recompute="full"), sh, partition(full)[0])
+    assert recomputed.activation_bytes < kept.activation_bytes
+    assert kept.in_flight == 2  # 1F1B: stage 0 of 2 holds two micro-batches
+    assert kept.optimizer_bytes == 2 * kept.parameter_bytes
+
+
+def test_optimizer_updates_every_parameter() -> None:
+    cpu, cuda = shape(device_type="cpu"), shape(device_type="cuda")
+    params = gpt.layer_parameters(cpu)
+    loop = [op for op in gpt.optimizer_step(cpu, params) if isinstance(op, Op)]
+    assert [json.loads(op.input_dims)[0] for op in loop if op.name == "aten::lerp_"] == [list(p) for p in params]
+    assert len(loop) == 7 * len(params)  # Adam's per-tensor loop on CPU tensors
+    foreach = [op for op in gpt.optimizer_step(cuda, params) if isinstance(op, Op)]
+    assert len(foreach) == 7 and json.loads(foreach[0].input_dims)[0] == [list(p) for p in params]

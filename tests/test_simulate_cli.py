@@ -1,0 +1,74 @@
+"""`vtrain simulate` from the command line: the summary, JSON, overrides, traces and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+MTNLG = REPO / "examples" / "mtnlg-530b.json"
+TINY = REPO / "examples" / "tiny-cpu.yaml"
+
+
+def vtrain(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "simulate", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_vtrain_config_json_summary() -> None:
+    result = vtrain(MTNLG, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["iteration_time_ms"] > 0
+    assert set(summary["breakdown_ms"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer"}
+    assert sum(summary["breakdown_ms"].values()) == pytest.approx(summary["iteration_time_ms"], rel=1e-9)
+    assert summary["coverage"] == {"measured": 0.0, "interpolated": 0.0, "modelled": 1.0}  # no profile given
+    assert (summary["parallelism"]["tp"], summary["parallelism"]["dp"], summary["parallelism"]["pp"]) == (8, 12, 35)
+    assert summary["parallelism"]["micro_batches"] == 160
+    assert len(summary["stages"]) == 35 and summary["stages"][1]["rank"] == 96
+    assert summary["device"]["provenance"]["peak_flops"] == "datasheet"
+    assert summary["critical_path"][0]["task"] == "forward stage=0 mb=0"
+
+
+def test_flags_override_the_config_and_text_summary() -> None:
+    result = vtrain(MTNLG, "--pp", 15, "--dp", 16, "--gpus", 1920, "--schedule", "interleaved",
+                    "--virtual-stages", 7, "--no-dp-overlap")
+    assert result.returncode == 0, result.stderr
+    assert "t=8 d=16 p=15" in result.stdout and "interleaved (v=7)" in result.stdout
+    assert "dp overlap off" in result.stdout
+    assert "modelled 100.0%" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tp", 16], "tp*dp*pp = 16*12*35 = 6720 does not equal the number of devices (3360)"),
+    (["--pp", 10, "--dp", 42], "layers (105) is not divisible by pp*virtual_stages (10*1)"),
+    (["--micro-batch", 7], "global batch (1920) is not divisible by dp*micro_batch (12*7)"),
+    (["--device", "TPUv9"], "unknown device 'TPUv9'"),
+])
+def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:
+    result = vtrain(MTNLG, *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(MTNLG) in lines[0] and message in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_bad_profile_and_missing_config(tmp_path: Path) -> None:
+    result = vtrain(TINY, "--profile", tmp_path / "nope")
+    assert result.returncode == 2 and "no such profile folder" in result.stderr
+    result = vtrain(tmp_path / "missing.yaml")
+    assert result.returncode == 2 and "no such run config" in result.stderr
+
+
+def test_writes_traces_and_refuses_to_clobber(tmp_path: Path) -> None:
+    out = tmp_path / "pred"
+    result = vtrain(TINY, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["rank-0.json.gz", "rank-2.json.gz", "run.yaml"]
+    again = vtrain(TINY, "-o", out)
+    assert again.returncode == 2 and "already exists" in again.stderr

@@ -1,0 +1,133 @@
+"""Latency resolution: exact signature, then the same op at other shapes scaled, then the device model; and
+collectives from the NCCL table or the α-β model."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from vtrain.devices import DATASHEET_DEVICES, Link
+from vtrain.model.ops import make_op
+from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, OpLatencyResolver
+from vtrain.tables.store import Profile, conform, empty_table
+
+A100 = DATASHEET_DEVICES["A100-40GB"]
+F = "float"
+
+
+def profile(op_rows: list[dict[str, object]], nccl_rows: list[dict[str, object]] | None = None) -> Profile:
+    tables = {name: empty_table(name) for name in ("kernels", "cpu_ops", "collectives")}
+    tables["op_latency"] = conform(pl.DataFrame(op_rows), "op_latency")
+    tables["nccl_latency"] = conform(pl.DataFrame(nccl_rows), "nccl_latency") if nccl_rows else \
+        empty_table("nccl_latency")
+    return Profile(tables=tables)
+
+
+def mm(m: int, k: int, n: int, dtype: str = F):
+    return make_op("aten::mm", [[m, k], [k, n]], [dtype, dtype])
+
+
+def gelu(n: int):
+    return make_op("aten::gelu", [[n], []], [F, ""])
+
+
+def row(op, median: float, device_type: str = "cuda", kernels: str = "k") -> dict[str, object]:
+    return {"op": op.name, "input_dims": op.input_dims, "input_types": op.input_types,
+            "device_type": device_type, "median_us": median, "kernels": kernels}
+
+
+def test_exact_signature_is_measured_with_its_kernels() -> None:
+    op = mm(256, 64, 192)
+    resolver = OpLatencyResolver(profile([row(op, 12.5, kernels="ampere_sgemm ; splitK")]), A100, "cuda")
+    resolution = resolver.resolve(op)
+    assert (resolution.latency_us, resolution.source) == (12.5, MEASURED)
+    assert resolution.kernels == ("ampere_sgemm", "splitK")
+
+
+def test_device_type_must_match() -> None:
+    op = mm(256, 64, 192)
+    resolver = OpLatencyResolver(profile([row(op, 12.5, device_type="cpu")]), A100, "cuda")
+    assert resolver.resolve(op).source == MODELLED
+
+
+def test_gemm_is_scaled_by_flops_at_the_nearest_measured_efficiency() -> None:
+    small, large = mm(128, 128, 128), mm(1024, 1024, 1024)
+    resolver = OpLatencyResolver(profile([row(small, 10.0), row(large, 1000.0)]), A100, "cuda")
+    # beyond the largest: the largest shape's FLOP rate
+    bigger = mm(2048, 1024, 1024)
+    assert resolver.resolve(bigger).latency_us == pytest.approx(2000.0)
+    assert resolver.resolve(bigger).source == INTERPOLATED
+    # between: the rate interpolated in log(FLOPs) between the neighbours
+    middle = mm(512, 512, 512)  # 2^28 FLOPs; neighbours at 2^22 and 2^31 FLOPs
+    rate_small, rate_large = small.flops / 10.0, large.flops / 1000.0
+    weight = (28 - 22) / (31 - 22)
+    expected = middle.flops / (rate_small + weight * (rate_large - rate_small))
+    assert resolver.resolve(middle).latency_us == pytest.approx(expected)
+
+
+def test_memory_bound_op_is_scaled_by_bytes() -> None:
+    resolver = OpLatencyResolver(profile([row(gelu(1 << 20), 50.0)]), A100, "cuda")
+    resolution = resolver.resolve(gelu(1 << 22))
+    assert resolution.source == INTERPOLATED
+    assert resolution.latency_us == pytest.approx(200.0)
+
+
+def test_other_dtypes_do_not_count_as_the_same_op() -> None:
+    resolver = OpLatencyResolver(profile([row(mm(128, 128, 128), 10.0)]), A100, "cuda")
+    half = mm(128, 128, 128, "c10::Half")
+    resolution = resolver.resolve(half)
+    assert resolution.source == MODELLED
+    expected = A100.launch_overhead_us + half.flops / (312e12 * A100.gemm_efficiency) * 1e6
+    assert resolution.latency_us == pytest.approx(expected)
+
+
+def test_no_profile_means_modelled() -> None:
+    resolver = OpLatencyResolver(None, A100, "cuda")
+    op = gelu(1 << 20)
+    resolution = resolver.resolve(op)
+    assert resolution.source == MODELLED
+    assert resolution.latency_us == pytest.approx(
+        A100.launch_overhead_us + op.bytes / (A100.memory_bandwidth * A100.memory_efficiency) * 1e6)
+
+
+def nccl(collective: str, group: int, nbytes: int, median: float) -> dict[str, object]:
+    return {"collective": collective, "group_size": group, "bytes": nbytes, "device_type": "cuda",
+            "median_us": median}
+
+
+def test_collectives_interpolate_in_size_per_group_size() -> None:
+    rows = [nccl("all_reduce", 8, 1 << 20, 100.0), nccl("all_reduce", 8, 1 << 22, 250.0),
+            nccl("all_reduce", 2, 1 << 20, 40.0)]
+    resolver = CollectiveResolver(profile([row(mm(1, 1, 1), 1.0)], rows), A100, "cuda", node_size=8)
+    assert resolver.resolve("all_reduce", 8, 1 << 20, 1).source == MEASURED
+    middle = resolver.resolve("all_reduce", 8, (1 << 20) + (3 << 20) // 2, 1)
+    assert (middle.source, middle.latency_us) == (INTERPOLATED, pytest.approx(175.0))
+    beyond = resolver.resolve("all_reduce", 8, 1 << 23, 1)
+    assert beyond.latency_us == pytest.approx(250.0 + 150.0 / (3 << 20) * (1 << 22))
+    assert resolver.resolve("all_reduce", 2, 1 << 21, 1).source == INTERPOLATED
+    assert resolver.resolve("all_reduce", 4, 1 << 20, 1).source == MODELLED  # no curve for 4 ranks
+
+
+def test_alpha_beta_uses_intra_node_links_for_groups_inside_a_node() -> None:
+    resolver = CollectiveResolver(None, A100, "cuda", node_size=8)
+    nbytes = 64 << 20
+    intra = resolver.resolve("all_reduce", 8, nbytes, rank_stride=1)
+    inter = resolver.resolve("all_reduce", 8, nbytes, rank_stride=8)
+    assert intra.source == inter.source == MODELLED
+    assert intra.latency_us == pytest.approx(A100.intra_node.collective_us("all_reduce", 8, nbytes)[0])
+    assert inter.latency_us == pytest.approx(A100.inter_node.collective_us("all_reduce", 8, nbytes)[0])
+    assert inter.latency_us > intra.latency_us
+
+
+def test_ring_and_tree_alpha_beta() -> None:
+    link = Link(alpha_us=5.0, bandwidth_gbps=100.0)
+    ring, algorithm = link.collective_us("all_reduce", 4, 1e9)
+    assert algorithm == "ring"
+    assert ring == pytest.approx(2 * 3 * 5.0 + 1e9 * 1.5 / 100e3)
+    small, algorithm = link.collective_us("all_reduce", 64, 1024)
+    assert algorithm == "tree"  # latency-bound: log steps beat 2(n-1) steps
+    assert small == pytest.approx(2 * 6 * 5.0 + 2 * 1024 / 100e3)
+    assert link.collective_us("all_gather", 4, 1e9)[0] == pytest.approx(3 * 5.0 + 1e9 * 0.75 / 100e3)
+    assert link.collective_us("send", 2, 1e6)[0] == pytest.approx(5.0 + 1e6 / 100e3)
+    assert link.collective_us("all_reduce", 1, 1e6)[0] == 0.0
