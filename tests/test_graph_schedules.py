@@ -9,7 +9,6 @@ from vtrain.graph.schedules import BACKWARD, FORWARD, stage_order
 from vtrain.runconfig import RunConfig, run_config_from_dict
 from vtrain.simulate import simulate
 
-
 CASES = [(schedule, v, p, m) for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3))
          for p, m in ((1, 3), (2, 4), (3, 6), (4, 8)) if schedule != "interleaved" or p > 1]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
-
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_memory, stage_parameters

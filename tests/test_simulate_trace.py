@@ -110,7 +110,9 @@ def test_cpu_runs_have_no_device_events(tmp_path: Path) -> None:
     files = write_chrome_traces(simulate(cfg), tmp_path / "cpu")
     events = load(files[0])["traceEvents"]
     assert not [e for e in events if e.get("cat") in ("kernel", "cuda_runtime", "gpu_user_annotation")]
-    assert [e for e in events if e.get("name") == "gloo:all_reduce"]
+    reduces = [e for e in events if e.get("name") == "gloo:all_reduce"]
+    assert reduces and all(e["args"]["Group size"] == 2 and e["args"]["vtrain source"] == "modelled"
+                           for e in reduces)
     assert load(files[0])["distributedInfo"]["backend"] == "gloo"
 
 

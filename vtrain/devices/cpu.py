@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import time
 
-import torch
-
 from vtrain.devices.model import DeviceModel, Link
 
 _GEMM_SIZE = 512
@@ -26,6 +24,8 @@ def _best_seconds(work, repeats: int) -> float:
 @functools.lru_cache(maxsize=1)
 def measured_cpu() -> DeviceModel:
     """Measure this machine's fp32 GEMM FLOP/s and copy bandwidth (about 0.2 s, once per process)."""
+    import torch  # only CPU runs need it: keep `vtrain simulate` of GPU runs free of the import
+
     n = _GEMM_SIZE
     a, b = torch.randn(n, n), torch.randn(n, n)
     gemm_flops = 2.0 * n**3 / _best_seconds(lambda: torch.mm(a, b), repeats=5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 #: bytes per element of the dtype strings the profiler writes
 DTYPE_BYTES = {
@@ -60,7 +60,7 @@ class Collective:
     dtype: str  # trace dtype string of the payload
 
 
-Step = Union[Op, Collective]
+Step = Op | Collective
 
 
 def make_op(name: str, dims: list[Any], types: list[str]) -> Op:

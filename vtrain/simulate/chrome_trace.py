@@ -16,6 +16,7 @@ of thousands of short kernels; rounding the boundaries once keeps back-to-back k
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ import msgspec
 from vtrain.errors import InputError
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
-from vtrain.model.ops import PRECISION_DTYPE, Collective, Op
+from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op
 from vtrain.naming import span_name
 from vtrain.runconfig import save_run_config
 from vtrain.simulate.latency import Resolution
@@ -48,7 +49,6 @@ _NCCL_KERNEL = {
 }
 _NCCL_DTYPE = {"float": "f32", "c10::Half": "f16", "c10::BFloat16": "bf16"}
 _NCCL_COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv"}
-_ELEMENT_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2}
 
 
 def trace_file_name(rank: int) -> str:
@@ -133,11 +133,12 @@ class _RankTrace:
         self.next_id += 1
         return self.next_id
 
-    def span(self, name: str, start: float, end: float, tid: int = CPU_THREAD, stream: int | None = None) -> None:
+    def span(self, name: str, start: float, end: float, tid: int = CPU_THREAD, stream: int | None = None,
+             args: dict[str, Any] | None = None) -> None:
         """A ``record_function`` span on the CPU and, on GPUs, its projection on ``stream``."""
         ts, dur = _us(start), _us(end) - _us(start)
         self.out.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": self.pid, "tid": tid,
-                         "ts": ts, "dur": dur, "args": {"External id": self._id()}})
+                         "ts": ts, "dur": dur, "args": {"External id": self._id(), **(args or {})}})
         if self.gpu and stream is not None:
             self.out.append({"ph": "X", "cat": "gpu_user_annotation", "name": name, "pid": 0, "tid": stream,
                              "ts": ts, "dur": dur, "args": {"device": 0, "stream": stream}})
@@ -169,17 +170,18 @@ class _RankTrace:
 
     def collective(self, op: str, nbytes: int, dtype: str, group: int, resolution: object, start: float,
                    end: float, tid: int, stream: int) -> None:
-        """A collective's CPU op and NCCL kernel (gloo on CPU runs)."""
-        elements = nbytes // _ELEMENT_BYTES.get(dtype, 4)
+        """A collective as torch records it: a ``nccl:<op>`` (``gloo:<op>`` on CPU runs) annotation and, on
+        GPUs, the ``record_param_comms`` op launching the NCCL kernel."""
+        elements = nbytes // DTYPE_BYTES.get(dtype, 4)
+        sizes = {"Collective name": _NCCL_COLLECTIVE.get(op, op), "In msg nelems": elements,
+                 "Out msg nelems": elements, "Group size": group, "dtype": dtype}
+        source = {**_source_args(resolution), "vtrain bytes": nbytes}
         if not self.gpu:
-            self.launch(f"gloo:{op}", {**_source_args(resolution), "vtrain bytes": nbytes}, [], start, end, tid,
-                        stream)
+            self.span(f"gloo:{op}", start, end, tid, args={**sizes, **source})
             return
+        self.span(f"nccl:{op}", start, end, tid)
         kernel = _NCCL_KERNEL.get(op, _NCCL_KERNEL["all_reduce"]).format(dtype=_NCCL_DTYPE.get(dtype, "f32"))
-        args = {"Collective name": _NCCL_COLLECTIVE.get(op, op), "In msg nelems": elements,
-                "Out msg nelems": elements, "Group size": group, "dtype": dtype}
-        self.launch(f"nccl:{op}", {**_source_args(resolution), "vtrain bytes": nbytes}, [(kernel, args)], start,
-                    end, tid, stream)
+        self.launch("record_param_comms", {**sizes, **source}, [(kernel, sizes)], start, end, tid, stream)
 
     # ------------------------------------------------------------------ tasks
     def events(self) -> list[dict[str, Any]]:
@@ -203,27 +205,23 @@ class _RankTrace:
                 "mb": task.mb}
 
     def _compute(self, order: list[int]) -> None:
+        """The stage's passes in stream order; a backward pass split per block is one group of tasks."""
         tasks, result = self.sim.graph.tasks, self.sim.schedule
-        k = 0
-        while k < len(order):  # split backward passes are consecutive tasks of one pass
-            first = tasks[order[k]]
-            group = [order[k]]
-            while (k + len(group) < len(order) and first.block >= 0
-                   and tasks[order[k + len(group)]].mb == first.mb and tasks[order[k + len(group)]].kind == first.kind
-                   and tasks[order[k + len(group)]].chunk == first.chunk):
-                group.append(order[k + len(group)])
-            k += len(group)
-            start, end = result.start_us[group[0]], result.end_us[group[-1]]
+        for _, group in itertools.groupby(order, key=lambda i: (tasks[i].kind, tasks[i].chunk, tasks[i].mb)):
+            ids = list(group)
+            first = tasks[ids[0]]
+            start, end = result.start_us[ids[0]], result.end_us[ids[-1]]
             if first.kind == "optimizer":
                 self.span(span_name("optimizer", stage=self.stage), start, end, stream=COMPUTE_STREAM)
             else:
                 self.span(span_name(first.kind, **self._fields(first)), start, end, stream=COMPUTE_STREAM)
-            for i in group:
+            for i in ids:
                 work = tasks[i].work
                 blocks = work.blocks if isinstance(work, PhaseWork) else (work,)
                 t = result.start_us[i]
                 for block in blocks:
-                    t = self._block(tasks[i], block, t)  # type: ignore[arg-type]
+                    assert isinstance(block, BlockWork)
+                    t = self._block(tasks[i], block, t)
 
     def _block(self, task: Task, block: BlockWork, t: float) -> float:
         end = t + block.duration_us

@@ -2,8 +2,8 @@
 
 A task becomes ready when all its predecessors (and, on an ordered stream, the task before it on the stream)
 have finished; ready tasks are taken from a heap in order of ready time and start as soon as their stream is
-free. Compute streams run in the schedule's order; communication streams serve tasks first come, first served. The hot loop runs on plain lists built
-once from the networkx graph.
+free. Compute streams run in the schedule's order; communication streams serve tasks first come, first served.
+The hot loop runs on plain lists built once from the networkx graph.
 """
 
 from __future__ import annotations
