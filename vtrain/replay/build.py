@@ -60,6 +60,8 @@ from vtrain.runconfig import RunConfig
 
 _DEFAULT_LAUNCH_US = 5.0
 _DEFAULT_STREAM_GAP_US = 1.0
+#: a gloo:send/recv span starts at most this long after the c10d op that issued it ends
+_ISSUE_SLACK_US = 50.0
 _DEVICE_SYNC_CALL = ("DeviceSynchronize", "CtxSynchronize")
 
 
@@ -170,6 +172,7 @@ class _RankBuilder:
         self.launch = {i: self.runtime_by_correlation.get(trace.correlation[i]) for i in self.device}
         self.issuer: dict[int, int] = {}  # cpu collective -> the operator that issued it
         self.host: dict[int, int] = {}  # cpu collective hosted on a chain thread -> tid
+        self.arrival: dict[int, int] = {}  # hosted cpu collective -> the c10d op that issued it (its arrival)
 
     # -- points ---------------------------------------------------------------------------------------------
 
@@ -420,6 +423,10 @@ class _RankBuilder:
                                                         for a, b in zip(issuing, on_workers))
         issuer_of = dict(zip(on_workers, issuing)) if paired else {}
         issuing_starts = [trace.ts[i] for i in issuing]
+        issuing_on: dict[int, list[int]] = defaultdict(list)  # thread -> its issuing ops (sorted by start)
+        for i in sorted((i for i, name in enumerate(trace.name) if trace.kind[i] == CPU and ISSUING_OP.match(name)),
+                        key=lambda i: trace.ts[i]):
+            issuing_on[trace.lane[i]].append(i)
         last_on_worker: dict[int, int] = {}
         for c in sorted(self.cpu_collectives, key=lambda i: trace.ts[i]):
             tid = trace.lane[c]
@@ -429,6 +436,10 @@ class _RankBuilder:
                 if position >= 0:
                     self.edges.add(chain.points[position], self.start(c), trace.ts[c] - chain.times[position], ISSUE)
                 self.host[c] = tid
+                ops = issuing_on.get(tid, [])
+                position = bisect_right([trace.ts[i] for i in ops], trace.ts[c]) - 1
+                if position >= 0 and self.end[ops[position]] >= trace.ts[c] - _ISSUE_SLACK_US:
+                    self.arrival[c] = ops[position]  # the transfer starts with c10d::send / c10d::recv_
                 continue
             if paired:
                 issuer = issuer_of[c]
@@ -475,8 +486,10 @@ class _RankBuilder:
             span = spans.around(trace.lane[origin], trace.ts[origin]) if origin is not None else None
             group, channel, label = resolver.group(kind, trace.pg_ranks[i], trace.pg_name[i], span)
             purpose = (span or {}).get("purpose") or ("pp" if kind in ("send", "recv") else None)
+            arrival = self.arrival.get(i, i)
             calls.append(Collective(rank=trace.rank, event=i, kind=kind, elements=trace.elements[i],
-                                    ts=trace.ts[i], dur=trace.dur[i], on_device=trace.kind[i] == DEVICE,
+                                    ts=trace.ts[i], dur=trace.dur[i], arrival_event=arrival,
+                                    arrival_ts=trace.ts[arrival], on_device=trace.kind[i] == DEVICE,
                                     group=group, channel=channel, label=label, purpose=purpose))
         return calls
 
@@ -506,11 +519,11 @@ def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective]
                 waited = _waiting_point(builder.chain_of[tid], member.ts + member.dur, options)
             if waited is None:
                 for other in match.members:
-                    edges.add(builders[other.rank].start(other.event), end, transfer, PEER)
+                    edges.add(builders[other.rank].start(other.arrival_event), end, transfer, PEER)
                 stats.collective_ends["peers"] += 1
                 continue
             for other in match.members:
-                edges.add(builders[other.rank].start(other.event), end, shortest, PEER)
+                edges.add(builders[other.rank].start(other.arrival_event), end, shortest, PEER)
             edges.add(waited[0], end, waited[1], WAITED)
             stats.collective_ends["waited"] += 1
     for call in calls:

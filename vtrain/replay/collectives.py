@@ -41,6 +41,7 @@ GROUP_UNKNOWN = "process group unknown"
 PEERS_MISSING = "peers have no trace in the folder"
 SEQUENCE_MISMATCH = "peers issued a different sequence of collectives"
 MATCHING_OFF = "matching across ranks was turned off"
+OUT_OF_ORDER = "a member ended before another arrived (calls cut off by the profiling window)"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class Collective:
     elements: int | None
     ts: float
     dur: float
+    arrival_event: int  # the event whose start is this rank's arrival (the c10d op for a gloo send/recv)
+    arrival_ts: float
     on_device: bool
     group: tuple[int, ...] | None = None
     channel: tuple[int, int] | None = None  # point-to-point: (sender, receiver)
@@ -206,15 +209,18 @@ def match_collectives(collectives: list[Collective], ranks_present: set[int]) ->
     matches: list[CollectiveMatch] = []
     for key, per_rank in buckets.items():
         members = list(key[1])
-        calls = [sorted(per_rank.get(rank, []), key=lambda c: c.ts) for rank in members]
+        calls = [sorted(per_rank.get(rank, []), key=lambda c: c.arrival_ts) for rank in members]
         if len({len(c) for c in calls}) != 1 or not _consistent(key, calls):
             unmatched[SEQUENCE_MISMATCH] += sum(len(c) for c in calls)
             continue
         for position in range(len(calls[0])):
             group = [c[position] for c in calls]
+            transfer, by_clock = transfer_times(group)
+            if not by_clock and not group[0].on_device:  # CPU ranks share a clock: a member ended before
+                unmatched[OUT_OF_ORDER] += len(group)  # another arrived, so these calls are not one collective
+                continue
             for call in group:
                 call.matched = True
-            transfer, by_clock = transfer_times(group)
             matches.append(CollectiveMatch(members=group, transfer_us=transfer, by_clock=by_clock))
     return matches, unmatched
 
@@ -227,7 +233,7 @@ def transfer_times(members: list[Collective]) -> tuple[list[float], bool]:
     busy CPU cores). Otherwise every member gets the shortest member duration (the last to arrive barely
     waited).
     """
-    last_arrival = max(c.ts for c in members)
+    last_arrival = max(c.arrival_ts for c in members)
     ends = [c.ts + c.dur for c in members]
     if all(end >= last_arrival for end in ends):
         return [end - last_arrival for end in ends], True

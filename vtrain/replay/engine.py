@@ -1,20 +1,20 @@
 """Evaluating the replay graph: every point's time is the latest ``source + delay`` over its incoming edges.
 
 Points are visited in a topological order (Kahn's algorithm over all ranks at once, since collectives tie
-ranks together); points without incoming edges keep their measured time.
+ranks together); points without incoming edges keep their measured time. Timestamps rounded to the same value
+can tie dependencies into a cycle; the evaluation then releases the earliest waiting point (by measured time)
+from the edges it still waits on, and counts how often it had to.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 
-class CycleError(ValueError):
-    """The graph has a cycle (a collective matched across ranks in an impossible order)."""
-
-
-def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.ndarray) -> np.ndarray:
-    """Replayed time of every point; raises :class:`CycleError` if some points are never reached."""
+def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, int]:
+    """Replayed time of every point, and how many points had to be released from a dependency cycle."""
     n = len(measured)
     order = np.argsort(src, kind="stable")
     first = np.searchsorted(src[order], np.arange(n + 1)).tolist()
@@ -22,23 +22,38 @@ def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.n
     delays = delay[order].tolist()
     waiting = np.bincount(dst, minlength=n).tolist()
     time = measured.tolist()
+    reached = [False] * n  # has at least one evaluated incoming edge
     stack = [p for p in range(n) if waiting[p] == 0]
-    for p in range(n):
-        if waiting[p]:
-            time[p] = -np.inf
+    done = [False] * n
+    released = 0
+    backlog: list[tuple[float, int]] | None = None
     visited = 0
-    while stack:
+    while visited < n:
+        if not stack:
+            if backlog is None:
+                backlog = [(time[p], p) for p in range(n) if not done[p]]
+                heapq.heapify(backlog)
+            while backlog and done[backlog[0][1]]:
+                heapq.heappop(backlog)
+            _, p = heapq.heappop(backlog)
+            waiting[p] = 0
+            released += 1
+            stack.append(p)
         p = stack.pop()
+        if done[p]:
+            continue
+        done[p] = True
         visited += 1
         here = time[p]
         for k in range(first[p], first[p + 1]):
             q = targets[k]
+            if done[q]:
+                continue
             t = here + delays[k]
-            if t > time[q]:
+            if not reached[q] or t > time[q]:
                 time[q] = t
+                reached[q] = True
             waiting[q] -= 1
             if waiting[q] == 0:
                 stack.append(q)
-    if visited != n:
-        raise CycleError(f"{n - visited} of {n} points are on or after a dependency cycle")
-    return np.asarray(time, dtype=np.float64)
+    return np.asarray(time, dtype=np.float64), released

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.replay.build import DependencyStats, ReplayGraph, build_graph
-from vtrain.replay.engine import CycleError, evaluate
+from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import ReplayOptions, kind_name
 from vtrain.replay.trace import RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig
@@ -40,17 +40,21 @@ def replay(traces: list[RankTrace], config: RunConfig | None = None,
            options: ReplayOptions | None = None) -> Replay:
     """Replay already-read rank traces."""
     graph = build_graph(traces, config, options)
+    times, released = evaluate(graph.measured, *graph.edges.arrays()[:3])
     notes: list[str] = []
-    try:
-        times = evaluate(graph.measured, *graph.edges.arrays()[:3])
-    except CycleError as exc:
-        notes.append(f"matching collectives across ranks gave a dependency cycle ({exc}); every collective is "
-                     f"replayed with its measured duration instead")
-        graph = build_graph(traces, config, options, match_across_ranks=False)
-        times = evaluate(graph.measured, *graph.edges.arrays()[:3])
+    if released:
+        notes.append(f"{released} of {len(times)} event points were released from dependency cycles (events with "
+                     f"equal timestamps, or collectives matched in an impossible order)")
     counts = Counter(graph.edges.kind)
     return Replay(traces=traces, events=_event_frame(graph, times), origin=graph.origin, stats=graph.stats,
                   edge_counts={kind_name(code): n for code, n in sorted(counts.items())}, notes=notes)
+
+
+def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:
+    """The event frame of traces without replaying them (``sim_ts``/``sim_dur`` equal the measured times): for
+    timelines that are predictions already, such as `vtrain simulate`'s traces."""
+    graph = build_graph(traces, match_across_ranks=False)
+    return _event_frame(graph, graph.measured)
 
 
 def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:

@@ -3,12 +3,14 @@
 * Spans (``vtrain/...`` names, see :mod:`vtrain.naming`) are matched by rank, name and occurrence.
 * Operators of a replay are the measured events themselves, matched one to one.
 * Operators of a model prediction are matched per rank and iteration by aligning the two sequences of operator
-  signatures (name and input dims; kernel name on GPUs) in time order (:class:`difflib.SequenceMatcher`, the longest common blocks first); what does not align
-  is reported as found on one side only.
+  signatures (name and input dims; kernel name on GPUs) in time order (:class:`difflib.SequenceMatcher`, the
+  longest common blocks first), then pairing what is left by signature; the rest is reported as found on one
+  side only.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from difflib import SequenceMatcher
 
 import polars as pl
@@ -75,15 +77,28 @@ def align_sequences(measured: pl.DataFrame, predicted: pl.DataFrame, rank_map: d
 
 
 def _aligned_rows(rank: int, iteration: int, measured: pl.DataFrame, predicted: pl.DataFrame) -> list[tuple]:
+    """Longest common blocks first; what is left is paired by signature in order of appearance (operators the
+    two sides run in a different order); the rest is one side only."""
     m_names, m_class, m_dur = (measured[c].to_list() for c in ("signature", "op_class", "dur"))
     p_names, p_class, p_dur = (predicted[c].to_list() for c in ("signature", "op_class", "dur"))
     rows: list[tuple] = []
+    left_m: dict[str, list[int]] = defaultdict(list)
+    left_p: dict[str, list[int]] = defaultdict(list)
     matcher = SequenceMatcher(None, m_names, p_names, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             rows += [(rank, iteration, m_names[i], m_class[i], m_dur[i], p_dur[j])
                      for i, j in zip(range(i1, i2), range(j1, j2))]
             continue
-        rows += [(rank, iteration, m_names[i], m_class[i], m_dur[i], None) for i in range(i1, i2)]
-        rows += [(rank, iteration, p_names[j], p_class[j], None, p_dur[j]) for j in range(j1, j2)]
+        for i in range(i1, i2):
+            left_m[m_names[i]].append(i)
+        for j in range(j1, j2):
+            left_p[p_names[j]].append(j)
+    for name, mine in left_m.items():
+        theirs = left_p.pop(name, [])
+        rows += [(rank, iteration, name, m_class[i], m_dur[i], p_dur[j]) for i, j in zip(mine, theirs)]
+        rows += [(rank, iteration, name, m_class[i], m_dur[i], None) for i in mine[len(theirs):]]
+        rows += [(rank, iteration, name, p_class[j], None, p_dur[j]) for j in theirs[len(mine):]]
+    for name, theirs in left_p.items():
+        rows += [(rank, iteration, name, p_class[j], None, p_dur[j]) for j in theirs]
     return rows

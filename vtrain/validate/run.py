@@ -14,7 +14,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.collectives import Layout
-from vtrain.replay.run import Replay, replay
+from vtrain.replay.run import Replay, read_timeline, replay
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate import compare
@@ -67,10 +67,12 @@ class Validation:
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
-                    profile_dir: str | Path | None = None, warn: Warn = lambda _: None) -> Validation:
+                    profile_dir: str | Path | None = None, with_hta: bool = True,
+                    warn: Warn = lambda _: None) -> Validation:
     """Validate the replay and (when the run is described) the model against the traces in ``trace_dir``.
 
-    Predicted traces are written under ``work_dir`` (``predicted/replay``, ``predicted/model``).
+    Predicted traces are written under ``work_dir`` (``predicted/replay``, ``predicted/model``). ``with_hta``
+    off skips HTA's side-by-side analysis (it parses every trace folder once more).
     """
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
@@ -110,7 +112,8 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         note(f"model-driven prediction skipped: {model_reason}")
 
     device = "cuda" if frame["gpu_rank"].any() else "cpu"
-    hta = _hta(trace_dir, replay_dir, predicted_root / "model" if model_result else None, device)
+    hta = (_hta(trace_dir, replay_dir, predicted_root / "model" if model_result else None, device) if with_hta
+           else {"reason": "skipped (--no-hta)"})
     shown = (model_result.details["test_iterations"][0] if model_result else steady[0])
     timelines = {"measured": _timeline_rows(frame, MEASURED, shown),
                  "replay": _timeline_rows(frame, REPLAYED, shown)}
@@ -242,7 +245,7 @@ def _compare_model(trace_dir: Path, config: RunConfig, config_source: str, profi
     except Exception as exc:  # the simulator is another package: report its failure, never hide it
         return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}", None
     predicted_traces = read_trace_set(out_dir)
-    predicted = annotate(replay(predicted_traces).events)
+    predicted = annotate(read_timeline(predicted_traces))
     layout = Layout.of(config)
     ranks = frame["rank"].unique().to_list()
     rank_map = {rank: layout.rank(layout.coords(rank)[0], 0, 0) for rank in ranks}

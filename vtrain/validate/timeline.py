@@ -15,6 +15,8 @@ Definitions:
 * **breakdown** of an iteration: ``compute`` (time covered by non-communication operators), ``bubble``
   (pipeline transfers not hidden by compute: waiting for the neighbouring stage), ``exposed_comm`` (other
   collectives not hidden by compute or bubble) and ``idle`` (the rest: framework overhead, launches, gaps).
+  On CPU-only ranks sends are left out: a gloo ``isend`` span lasts until the sender waits for it, and the
+  transfer shows up as the receiver's wait.
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """Per rank and iteration: ``compute_us``, ``bubble_us``, ``exposed_comm_us``, ``idle_us`` (they add up to
     ``time_us``)."""
     windows = iterations(frame, side)
-    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null()).select(
+    sends_on_cpu = (~pl.col("gpu_rank") & (pl.col("collective") == "send")).fill_null(False)
+    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~sends_on_cpu).select(
         "rank", "iteration", start=pl.col(side.start), end=pl.col(side.start) + pl.col(side.dur),
         part=pl.when(pl.col("op_class").str.starts_with("comm:"))
         .then(pl.when(pl.col("purpose") == "pp").then(pl.lit("bubble")).otherwise(pl.lit("comm")))

@@ -1,0 +1,96 @@
+"""`vtrain validate TRACE_DIR [--config RUN] [--profile PROFILE_DIR] [-o REPORT_DIR] [--max-error PCT] [--json]`
+and `vtrain validate --suite validators/NAME.yaml`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
+from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
+from vtrain.report.terminal import print_summary
+from vtrain.report.write import staged_folder, write_json, write_report_files
+from vtrain.validate.run import validate_traces
+from vtrain.validate.suite import check, load_suite
+
+EXIT_TOO_FAR = 1
+REPORTS = Path("reports")
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
+
+
+@user_errors
+def validate_command(
+    trace_dir: Path | None = typer.Argument(None, help="Folder with one Kineto trace per rank (and run.yaml when "
+                                                       "recorded by `vtrain record`)."),
+    config: Path | None = typer.Option(None, "--config", help="Run config to simulate (run.yaml, vtrain YAML/JSON "
+                                                              "or vTrain's config JSON); default: TRACE_DIR/run.yaml."),
+    profile: Path | None = typer.Option(None, "--profile", help="Latency tables for the model (a profile folder); "
+                                                                "default: built from the same traces without the "
+                                                                "iterations under test."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default reports/<trace dir "
+                                                                    "name>/, or reports/suite-<name>/)."),
+    max_error: float | None = typer.Option(None, "--max-error", min=0.0, help="Exit 1 when a prediction's "
+                                                                               "iteration-time error is above "
+                                                                               "this many percent."),
+    suite: Path | None = typer.Option(None, "--suite", help="Run a validation suite (validators/NAME.yaml) "
+                                                            "instead of one folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    no_hta: bool = typer.Option(False, "--no-hta", help="Skip HTA's analysis of the measured and predicted traces "
+                                                        "(it parses every trace folder again)."),
+) -> None:
+    """Compare the replay and the model-driven prediction with measured traces; write the report."""
+    if suite is not None:
+        if trace_dir is not None:
+            raise InputError("give either a TRACE_DIR or --suite, not both")
+        _suite(suite, output, max_error, as_json, not no_hta)
+        return
+    if trace_dir is None:
+        raise InputError("give a TRACE_DIR (a folder of traces) or --suite validators/NAME.yaml")
+    target = output or REPORTS / trace_dir.resolve().name
+    with staged_folder(target) as staging:
+        result = validate_traces(trace_dir, staging, config_path=config, profile_dir=profile, with_hta=not no_hta,
+                                 warn=_warn)
+        write_report_files(result, staging)
+    errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
+    passed = all(check(e, max_error) for e in errors)
+    if as_json:
+        print(json.dumps({**result.summary(), "report": str(target), "max_error": max_error, "passed": passed}))
+    else:
+        print_summary(result, str(target))
+    if not passed:
+        if not as_json:
+            print(f"iteration-time error above --max-error {max_error:g} %", file=sys.stderr)
+        raise typer.Exit(EXIT_TOO_FAR)
+
+
+def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bool, with_hta: bool) -> None:
+    loaded = load_suite(path)
+    target = output or REPORTS / f"suite-{loaded.name}"
+    results: list[SetResult] = []
+    with staged_folder(target) as staging:
+        for entry in loaded.entries:
+            folder = staging / entry.name
+            folder.mkdir()
+            result = validate_traces(entry.traces, folder, config_path=entry.config, profile_dir=entry.profile,
+                                     with_hta=with_hta, warn=_warn)
+            write_report_files(result, folder)
+            results.append(SetResult(entry=entry, summary=result.summary()))
+        (staging / "suite.md").write_text(render_suite_markdown(loaded, results))
+        write_json(staging / "metrics.json", {"suite": loaded.name, "sets": [r.to_dict() for r in results],
+                                             "passed": all(r.passed for r in results)})
+    passed = all(r.passed for r in results) and all(
+        check(r.error(p), max_error) for r in results for p in ("replay", "model"))
+    if as_json:
+        print(json.dumps({"suite": loaded.name, "report": str(target), "passed": passed,
+                          "sets": [r.to_dict() for r in results]}))
+    else:
+        print_suite(loaded, results, str(target))
+    if not passed:
+        raise typer.Exit(EXIT_TOO_FAR)

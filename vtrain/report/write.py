@@ -1,0 +1,64 @@
+"""Writing a report folder atomically: everything goes to a hidden staging folder beside the target, which
+replaces the target only once complete."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from vtrain.report.html import render_html
+from vtrain.report.markdown import render_markdown
+from vtrain.validate.run import Validation
+
+
+@contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it replaces ``target``, on any error it is removed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a report folder is an ordinary folder
+    try:
+        yield staging
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{staging.name[-8:]}")
+            target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_report_files(v: Validation, folder: Path) -> None:
+    """``report.md``, ``report.html`` and ``metrics.json`` of one validation."""
+    (folder / "report.md").write_text(render_markdown(v))
+    (folder / "report.html").write_text(render_html(v))
+    write_json(folder / "metrics.json", v.to_dict())
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """JSON with NaN and infinities written as null (they are not JSON)."""
+    path.write_text(json.dumps(_finite(data), indent=2) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
