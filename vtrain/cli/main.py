@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from vtrain.cli import ingest, record, simulate, tables
+from vtrain.cli import validate
 
 app = typer.Typer(
     name="vtrain",
@@ -18,6 +19,7 @@ app.command("ingest")(ingest.ingest_command)
 app.command("tables")(tables.tables_command)
 app.command("record")(record.record_command)
 app.command("simulate")(simulate.simulate_command)
+app.command("validate")(validate.validate_command)
 
 if __name__ == "__main__":
     app()
