@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -137,8 +138,6 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
 def _spawn(job: RankJob, world: int) -> None:
     """Start the ranks from a fork server that has already imported torch (and the dynamo modules that
     ``torch.optim`` pulls in): each rank then starts in a fraction of a second instead of re-importing."""
-    import multiprocessing
-
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
     try:
         mp.start_processes(run_rank, args=(job,), nprocs=world, join=True, start_method="forkserver")

@@ -69,6 +69,7 @@ class Embedding(nn.Module):
         self.position = init.normal("embedding.position", (model.seq, model.hidden))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[b, s]`` to hidden states ``[b, s, h]``."""
         here = current()
         with span("embedding", **here.fields()):
             tracker = backward_span("embedding", 2, **here.fields(phase="backward"))
@@ -102,6 +103,7 @@ class TransformerLayer(nn.Module):
         self.register_buffer("causal_mask", causal, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[b, s, h]`` through attention and MLP, each with its residual."""
         here = current()
         with span("layer", **here.fields(layer=self.index)):
             tracker = backward_span("layer", 1, **here.fields(phase="backward", layer=self.index))
@@ -141,6 +143,7 @@ class Head(nn.Module):
         self.output = init.normal("head.output", (model.vocab, model.hidden), split_dim=0)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean next-token loss of hidden states ``[b, s, h]`` against ``labels`` ``[b, s]``."""
         here = current()
         with span("head", **here.fields()):
             tracker = backward_span("head", 1, **here.fields(phase="backward"))

@@ -29,6 +29,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
+        """Number of ranks, tp * pp * dp."""
         return self.tp * self.pp * self.dp
 
     def coords(self, rank: int) -> tuple[int, int, int]:

@@ -69,10 +69,12 @@ class BackwardSpan:
         self._span: record_function | None = None
 
     def open(self) -> None:
+        """Start the span (the block's output gradient is ready)."""
         self._span = record_function(self.name)
         self._span.__enter__()
 
     def input_done(self) -> None:
+        """One input's gradient is computed; the span ends with the last one."""
         self.waiting -= 1
         if self.waiting == 0 and self._span is not None:
             self._span.__exit__(None, None, None)

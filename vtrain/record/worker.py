@@ -48,6 +48,7 @@ class RankJob:
 
     @property
     def backend(self) -> str:
+        """The torch.distributed backend: nccl on GPUs, gloo on CPUs."""
         return "nccl" if self.device == "cuda" else "gloo"
 
 
