@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The main job on shipped traces: ingest a recorded t=2 p=2 d=2 run, show its tables, validate the simulator on it.
 demo: venv
-	$(VENV)/bin/vtrain ingest traces/hta-a100-2rank-nccl -o profiles/demo --force
+	$(VENV)/bin/vtrain ingest traces/t2p2d2 -o profiles/demo --force
 	$(VENV)/bin/vtrain tables profiles/demo --top 10
+	$(VENV)/bin/vtrain validate traces/t2p2d2 -o reports/demo
 
 test: venv
 	$(PY) -m pytest -q
@@ -27,4 +29,4 @@ bench: venv
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only
 
 clean:
-	rm -rf $(VENV) profiles/demo
+	rm -rf $(VENV) profiles/demo reports/demo
