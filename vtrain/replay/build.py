@@ -192,9 +192,12 @@ class _RankBuilder:
 
     def _thread_edges(self) -> None:
         trace, options = self.trace, self.options
+        # a blocked call's own time: its fastest call, at most the median runtime call (a call that found
+        # nothing to wait for costs about what any runtime call costs)
+        runtime_median = median([d for d, k in zip(trace.dur, trace.kind) if k == RUNTIME] or [0.0])
         fastest: dict[str, float] = {}
         for i in self.blocking:
-            fastest[trace.name[i]] = min(fastest.get(trace.name[i], trace.dur[i]), trace.dur[i])
+            fastest[trace.name[i]] = min(fastest.get(trace.name[i], runtime_median), trace.dur[i])
         collective_ends = sorted((self.end[i], self.stop(i)) for i in self.cpu_collectives)
         self._collective_end_times = [t for t, _ in collective_ends]
         self._collective_end_points = [p for _, p in collective_ends]

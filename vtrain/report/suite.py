@@ -36,14 +36,13 @@ class SetResult:
 
 
 def summary_table(results: list[SetResult]) -> Table:
-    header = ["set", "measured ms", "replay error", "replay bound", "model predicted ms", "model error",
-              "model bound", "passed"]
+    header = ["set", "measured ms", "replay", "bound", "model ms", "model", "bound", "ok"]
     rows = []
     for r in results:
         replay, model = r.summary["replay"], r.summary.get("model")
         rows.append([r.entry.name, ms(replay["measured_ms"]), pct(replay["error_pct"]),
                      _bound(r.entry.max_replay_error_pct), ms(model["predicted_ms"]) if model else "–",
-                     pct(model["error_pct"]) if model else "no run described",
+                     pct(model["error_pct"]) if model else "no run",
                      _bound(r.entry.max_model_error_pct), "yes" if r.passed else "NO"])
     return header, rows
 

@@ -1,0 +1,142 @@
+"""`vtrain validate` from the command line: the report, --json, --max-error, suites, HTA side by side, and bad
+input (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TRACES
+
+PIPELINE = TRACES / "t1p2d1"
+A100 = TRACES / "hta-a100-2rank-nccl"
+V100_1RANK = TRACES / "hta-v100-1rank"
+
+
+def vtrain(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_report_json_and_max_error(tmp_path: Path) -> None:
+    """A recorded pipeline run: both predictions, every report file, and exit 1 above --max-error."""
+    out = tmp_path / "report"
+    result = vtrain("validate", PIPELINE, "-o", out, "--json", "--no-hta", "--max-error", "5")
+    summary = json.loads(result.stdout)
+    assert set(summary["replay"]) == {"measured_ms", "predicted_ms", "error_pct"}
+    assert abs(summary["replay"]["error_pct"]) <= 2.0
+    model = summary["model"]
+    assert model is not None and set(model) == {"measured_ms", "predicted_ms", "error_pct"}
+    expected = 0 if abs(model["error_pct"]) <= 5 else 1
+    assert result.returncode == expected, result.stderr
+    assert summary["passed"] is (expected == 0)
+    report = (out / "report.md").read_text()
+    for section in ("## Iteration time", "### Per phase", "### Per pipeline stage", "### Per operator class",
+                    "### Breakdown", "### Ten worst-predicted operators", "### Where the error comes from",
+                    "### Operators found on one side only", "### Dependency model"):
+        assert section in report, section
+    page = (out / "report.html").read_text()
+    assert "<script" in page and "Timeline of one iteration" in page and "Error per operator class" in page
+    assert "<script src=" not in page and len(page) > 1_000_000  # self-contained: plotly.js inlined
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["model"]["test_iterations"] and metrics["model"]["profile"]
+    assert metrics["replay"]["dependencies"]["collectives_matched"] > 0
+    assert sorted(p.name for p in (out / "predicted" / "replay").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
+    assert any((out / "predicted" / "model").glob("rank-*.json.gz"))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+def test_hta_side_by_side_on_gpu_traces(tmp_path: Path) -> None:
+    out = tmp_path / "a100"
+    result = vtrain("validate", A100, "-o", out, "--max-error", "2")
+    assert result.returncode == 0, result.stderr
+    assert "no run described" in result.stderr  # the missing model is said, never silent
+    hta = json.loads((out / "metrics.json").read_text())["hta"]
+    measured, replayed = hta["measured"]["0"], hta["replay"]["0"]
+    assert measured["idle_pct"] == pytest.approx(replayed["idle_pct"], abs=0.5)
+    assert measured["overlap_pct"] == pytest.approx(replayed["overlap_pct"], abs=0.5)
+    assert "## HTA on the measured and the predicted traces" in (out / "report.md").read_text()
+
+
+def test_suite_runs_every_set_and_checks_its_bounds(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"name: small\nsets:\n  - traces: {V100_1RANK}\n    max_replay_error_pct: 2\n"
+                     f"  - traces: {PIPELINE}\n    name: pipeline\n    max_replay_error_pct: 2\n"
+                     f"    max_model_error_pct: 0.001\n")
+    out = tmp_path / "suite-report"
+    result = vtrain("validate", "--suite", suite, "-o", out, "--json", "--no-hta")
+    assert result.returncode == 1, result.stderr  # the model is not within 0.001 %
+    summary = json.loads(result.stdout)
+    passed = {s["name"]: s["passed"] for s in summary["sets"]}
+    assert passed == {"hta-v100-1rank": True, "pipeline": False}
+    assert (out / "suite.md").exists() and (out / "pipeline" / "report.md").exists()
+    assert (out / "hta-v100-1rank" / "report.html").exists()
+
+
+def test_shipped_suite_lists_every_trace_set() -> None:
+    from vtrain.validate.suite import load_suite
+
+    suite = load_suite(REPO / "validators" / "traces.yaml")
+    listed = {entry.traces.resolve() for entry in suite.entries}
+    shipped = {p.resolve() for p in TRACES.iterdir() if p.is_dir() and any(p.glob("rank-*.json*"))}
+    assert listed == shipped
+    assert all(entry.max_replay_error_pct == 2 for entry in suite.entries)
+
+
+def _truncated(tmp_path: Path) -> Path:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    data = (V100_1RANK / "rank-0.json.gz").read_bytes()
+    (folder / "rank-0.json.gz").write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _no_steps(tmp_path: Path) -> Path:
+    folder = tmp_path / "nosteps"
+    folder.mkdir()
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5}]
+    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events}))
+    return folder
+
+
+def _bad_suite(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text("sets: [unclosed\n")
+    return path
+
+
+@pytest.mark.parametrize(("make_args", "message"), [
+    (lambda tmp: ["validate", tmp / "missing"], "no such trace folder"),
+    (lambda tmp: ["validate", _truncated(tmp)], "truncated gzip"),
+    (lambda tmp: ["validate", _no_steps(tmp)], "no ProfilerStep#N spans"),
+    (lambda tmp: ["validate", V100_1RANK, "--config", tmp / "nope.yaml"], "no such run config"),
+    (lambda tmp: ["validate", PIPELINE, "--profile", tmp], "not a profile folder"),
+    (lambda tmp: ["validate"], "give a TRACE_DIR"),
+    (lambda tmp: ["validate", "--suite", _bad_suite(tmp)], "not valid YAML"),
+    (lambda tmp: ["validate", V100_1RANK, "--suite", _bad_suite(tmp)], "not both"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, make_args, message: str) -> None:
+    out = tmp_path / "out"
+    result = vtrain(*make_args(tmp_path), "-o", out)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_default_report_folder_is_reports_slash_trace_dir_name(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(V100_1RANK, work / "v100")
+    result = vtrain("validate", work / "v100", "--no-hta", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert (work / "reports" / "v100" / "report.md").exists()
+    with gzip.open(work / "reports" / "v100" / "predicted" / "replay" / "rank-0.json.gz", "rt") as handle:
+        assert json.load(handle)["traceEvents"]
