@@ -5,9 +5,10 @@ execution order: launching operators (:class:`~vtrain.model.ops.Op`, keyed by th
 2.13 records) and tensor-parallel collectives (:class:`~vtrain.model.ops.Collective`). Only operators that do
 work appear (those that launch a kernel on a GPU); views, allocations and scalar conversions do not.
 
-The sequences were taken from profiling the reference layer (see ``tests/test_model_signatures.py``, which
-re-profiles it and checks every signature). Notation: b micro-batch, s sequence, h hidden, a heads, t tensor
-parallel, d = h/a, N = b·s tokens, f = 4h/t, Vt = vocabulary rows per rank.
+The sequences follow the reference model that ``vtrain record`` trains (``vtrain/record/model.py``) as torch
+2.13 records it; ``tests/test_model_signatures.py`` records it, ingests the traces and checks that the profile
+has these signatures. Notation: b micro-batch, s sequence, h hidden, a heads, t tensor parallel, d = h/a,
+N = b·s tokens, f = 4h/t, Vt = vocabulary rows per rank.
 """
 
 from __future__ import annotations

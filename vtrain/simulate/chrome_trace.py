@@ -66,7 +66,6 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
         names = []
         for stage in range(sim.graph.stages):
             rank = sim.stages[stage].rank
-            events = _RankTrace(sim, stage).events()
             header = {
                 "schemaVersion": 1,
                 "distributedInfo": {"backend": "nccl" if _on_gpu(sim) else "gloo", "rank": rank,
@@ -76,7 +75,8 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
                 "displayTimeUnit": "ms",
             }
             with gzip.open(staging / trace_file_name(rank), "wb", compresslevel=1) as handle:
-                _write_document(handle, header, events)
+                with _EventWriter(handle, header) as writer:
+                    _RankTrace(sim, stage, writer).write()
             names.append(trace_file_name(rank))
         save_run_config(sim.config, staging / "run.yaml")
         if target.exists():
@@ -88,16 +88,42 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
     return [target / name for name in names]
 
 
-def _write_document(handle: Any, header: dict[str, Any], events: list[dict[str, Any]]) -> None:
-    """Kineto's layout: header keys one per line (``"rank": N`` is how HTA finds a file's rank), then one event
-    per line."""
-    handle.write(b"{\n")
-    for key, value in header.items():
-        handle.write(f"  {json.dumps(key)}: {json.dumps(value)},\n".encode())
-    handle.write(b'  "traceEvents": [\n')
-    encode = msgspec.json.Encoder().encode
-    handle.write(b",\n".join(encode(event) for event in events))
-    handle.write(b"\n  ]\n}\n")
+class _EventWriter:
+    """Writes Kineto's layout as events arrive: header keys one per line (``"rank": N`` on its own line is how
+    HTA finds a file's rank), then one event per line, in batches so a rank's events are never all in memory."""
+
+    BATCH = 20_000
+
+    def __init__(self, handle: Any, header: dict[str, Any]) -> None:
+        self.handle, self.header = handle, header
+        self.pending: list[dict[str, Any]] = []
+        self.first = True
+        self.encode = msgspec.json.Encoder().encode
+
+    def __enter__(self) -> _EventWriter:
+        self.handle.write(b"{\n")
+        for key, value in self.header.items():
+            self.handle.write(f"  {json.dumps(key)}: {json.dumps(value)},\n".encode())
+        self.handle.write(b'  "traceEvents": [\n')
+        return self
+
+    def append(self, event: dict[str, Any]) -> None:
+        self.pending.append(event)
+        if len(self.pending) >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        if not self.first:
+            self.handle.write(b",\n")
+        self.handle.write(b",\n".join(self.encode(event) for event in self.pending))
+        self.first = False
+        self.pending.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+        self.handle.write(b"\n  ]\n}\n")
 
 
 def _on_gpu(sim: Simulation) -> bool:
@@ -118,13 +144,12 @@ def _us(t: float) -> int:
 class _RankTrace:
     """The events of one simulated rank."""
 
-    def __init__(self, sim: Simulation, stage: int) -> None:
-        self.sim, self.stage = sim, stage
+    def __init__(self, sim: Simulation, stage: int, out: _EventWriter) -> None:
+        self.sim, self.stage, self.out = sim, stage, out
         self.gpu = _on_gpu(sim)
         self.interleaved = sim.config.parallelism.virtual_stages > 1
         self.pp = sim.config.parallelism.pp
         self.dtype = PRECISION_DTYPE[sim.config.precision]
-        self.out: list[dict[str, Any]] = []
         self.next_id = 1
         self.pid = CPU_PID_BASE + sim.stages[stage].rank  # GPU events use pid 0 (device 0), as Kineto
 
@@ -184,7 +209,8 @@ class _RankTrace:
         self.launch("record_param_comms", {**sizes, **source}, [(kernel, sizes)], start, end, tid, stream)
 
     # ------------------------------------------------------------------ tasks
-    def events(self) -> list[dict[str, Any]]:
+    def write(self) -> None:
+        """Every event of this rank: iteration, passes with their blocks and ops, transfers, all-reduces."""
         sim = self.sim
         self.out.append({"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                          "args": {"name": f"vtrain simulate rank {self.pid}"}})
@@ -198,7 +224,6 @@ class _RankTrace:
                 self._transfer(task, result.start_us[i], result.end_us[i])
             elif task.kind == "dp" and task.stage == self.stage:
                 self._all_reduce(task, result.start_us[i], result.end_us[i])
-        return self.out
 
     def _fields(self, task: Task, chunk: int | None = None) -> dict[str, Any]:
         return {"stage": self.stage, "chunk": (task.chunk if chunk is None else chunk) if self.interleaved else None,
