@@ -97,12 +97,18 @@ def _truncated(tmp_path: Path) -> Path:
     return folder
 
 
-def _no_steps(tmp_path: Path) -> Path:
-    folder = tmp_path / "nosteps"
+def _not_kineto(tmp_path: Path) -> Path:
+    folder = tmp_path / "notkineto"
     folder.mkdir()
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5}]
-    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events}))
+    (folder / "rank-0.json").write_text(json.dumps({"events": []}))
     return folder
+
+
+def _other_world(tmp_path: Path) -> Path:
+    config = tmp_path / "run.yaml"
+    config.write_text((PIPELINE / "run.yaml").read_text().replace("pp: 2", "pp: 4").replace(
+        "device_count: 2", "device_count: 4"))
+    return config
 
 
 def _bad_suite(tmp_path: Path) -> Path:
@@ -114,7 +120,8 @@ def _bad_suite(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("make_args", "message"), [
     (lambda tmp: ["validate", tmp / "missing"], "no such trace folder"),
     (lambda tmp: ["validate", _truncated(tmp)], "truncated gzip"),
-    (lambda tmp: ["validate", _no_steps(tmp)], "no ProfilerStep#N spans"),
+    (lambda tmp: ["validate", _not_kineto(tmp)], "no traceEvents"),
+    (lambda tmp: ["validate", PIPELINE, "--config", _other_world(tmp)], "the traces come from a job of 2"),
     (lambda tmp: ["validate", V100_1RANK, "--config", tmp / "nope.yaml"], "no such run config"),
     (lambda tmp: ["validate", PIPELINE, "--profile", tmp], "not a profile folder"),
     (lambda tmp: ["validate"], "give a TRACE_DIR"),
@@ -129,6 +136,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, make_ar
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_traces_without_profiler_steps_are_one_iteration(tmp_path: Path) -> None:
+    folder = tmp_path / "nosteps"
+    folder.mkdir()
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]
+    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events}))
+    result = vtrain("validate", folder, "-o", tmp_path / "out", "--json", "--no-hta")
+    assert result.returncode == 0, result.stderr
+    assert "whole trace is taken as one iteration" in result.stderr
+    assert json.loads(result.stdout)["replay"]["measured_ms"] == pytest.approx(0.015)
 
 
 def test_default_report_folder_is_reports_slash_trace_dir_name(tmp_path: Path) -> None:

@@ -122,17 +122,19 @@ def read_rank_trace(path: Path) -> RankTrace:
                       wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
                       pg_name=[], input_dims=[], index=[])
     raw = header.traceEvents
+    strings: dict[str, str] = {}
     for start in range(0, len(raw), BATCH_EVENTS):
         chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
         try:
             events = _BATCH.decode(chunk)
         except msgspec.ValidationError as exc:
             raise InputError(f"malformed trace event: {exc}", path) from None
-        _append(trace, events, start)
+        _append(trace, events, start, strings)
     return trace
 
 
-def _append(trace: RankTrace, events: list[ReplayEvent], offset: int) -> None:
+def _append(trace: RankTrace, events: list[ReplayEvent], offset: int, strings: dict[str, str]) -> None:
+    """Add the events the replay uses; repeated strings (names, categories, dims) are stored once."""
     for position, event in enumerate(events):
         if event.ph != "X":
             continue
@@ -153,8 +155,8 @@ def _append(trace: RankTrace, events: list[ReplayEvent], offset: int) -> None:
             continue
         args = event.args or _NO_ARGS
         trace.kind.append(kind)
-        trace.cat.append(cat)
-        trace.name.append(event.name)
+        trace.cat.append(strings.setdefault(cat, cat))
+        trace.name.append(strings.setdefault(event.name, event.name))
         trace.lane.append(lane)
         trace.ts.append(event.ts)
         trace.dur.append(event.dur)
@@ -167,7 +169,8 @@ def _append(trace: RankTrace, events: list[ReplayEvent], offset: int) -> None:
         trace.elements.append(args.in_nelems or args.out_nelems or (_elements(args.input_dims) if sized else None))
         trace.pg_ranks.append(args.pg_ranks)
         trace.pg_name.append(args.pg_name)
-        trace.input_dims.append(_compact(args.input_dims) if cat == "cpu_op" else None)
+        dims = _compact(args.input_dims) if cat == "cpu_op" else None
+        trace.input_dims.append(dims if dims is None else strings.setdefault(dims, dims))
         trace.index.append(offset + position)
 
 

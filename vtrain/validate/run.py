@@ -12,6 +12,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
+from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.collectives import Layout
 from vtrain.replay.run import Replay, read_timeline, replay
@@ -77,6 +78,7 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
+    _check_world(config, config_source, traces)
     warnings: list[str] = []
 
     def note(line: str) -> None:
@@ -90,9 +92,11 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     measured_iterations = iterations(frame, MEASURED)
     all_iterations = sorted(measured_iterations["iteration"].unique().to_list())
     if not all_iterations:
-        raise InputError("no ProfilerStep#N spans: the traces mark no iteration", trace_dir)
+        raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
     steady = all_iterations[1:] or all_iterations
-    if len(all_iterations) == 1:
+    if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
+        note(f"{trace_dir}: no ProfilerStep#N spans; the whole trace is taken as one iteration")
+    elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
     stage_of = _stage_of(traces, config)
     replay_result = _compare_replay(frame, steady, stage_of, replayed)
@@ -134,6 +138,20 @@ def _run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[RunCon
     if described.exists():
         return load_run_config(described).validate(described), str(described)
     return None, None
+
+
+def _check_world(config: RunConfig | None, source: str | None, traces: list) -> None:
+    """The described run must have as many ranks as the traces' job (and hold every traced rank)."""
+    if config is None:
+        return
+    world = config.parallelism.world_size
+    traced_world = next((t.world_size for t in traces if t.world_size), None)
+    if traced_world is not None and traced_world != world:
+        raise InputError(f"the run config has tp*pp*dp = {world} ranks but the traces come from a job of "
+                         f"{traced_world}", source)
+    outside = [t.rank for t in traces if t.rank >= world]
+    if outside:
+        raise InputError(f"the run config has {world} ranks; the traces include rank {outside[0]}", source)
 
 
 def _stage_of(traces: list, config: RunConfig | None) -> dict[int, int]:

@@ -9,7 +9,8 @@ Definitions:
 
 * **iteration**: a ``ProfilerStep#N`` span; CPU events belong to the step that holds their start, device
   activities to the step that launched them. Its time runs from the step's start to the later of the step's
-  end and the end of the last device activity it launched.
+  end and the end of the last device activity it launched. A trace without ``ProfilerStep#N`` marks is one
+  iteration (number 0) from its first event to its last.
 * **operators**: device activities on GPU ranks; on CPU-only ranks the CPU operators that do the work
   (:func:`work_ops`) and the collectives.
 * **breakdown** of an iteration: ``compute`` (time covered by non-communication operators), ``bubble``
@@ -79,8 +80,8 @@ def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
         .select("rank", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), step="step")
         .sort("rank", "step_ts")
     )
-    if steps.is_empty():
-        return frame.with_columns(iteration=pl.lit(None, dtype=pl.Int64))
+    if steps.is_empty():  # no iteration marks: the whole trace is one iteration
+        return frame.with_columns(iteration=pl.lit(0, dtype=pl.Int64))
     order = frame.with_row_index("_row").sort("ts")
     placed = (
         order.join_asof(steps.sort("step_ts"), left_on="ts", right_on="step_ts", by="rank", strategy="backward",
@@ -151,11 +152,11 @@ def work_ops(ranks: list[int], tids: list[int], starts: list[float], durations: 
 def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """One row per rank and iteration: ``start``, ``end`` and ``time_us``."""
     start, dur = pl.col(side.start), pl.col(side.dur)
-    steps = (
-        frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX)
-                     & pl.col("iteration").is_not_null())
-        .group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max())
-    )
+    marks = frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX)
+                         & pl.col("iteration").is_not_null())
+    if marks.is_empty():  # no iteration marks: the iteration is everything on the rank
+        marks = frame.filter(pl.col("iteration").is_not_null())
+    steps = marks.group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max())
     device_end = (
         frame.filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
         .group_by("rank", "iteration").agg(device_end=(start + dur).max())
