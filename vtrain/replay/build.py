@@ -56,6 +56,7 @@ from vtrain.replay.graph import (
 )
 from vtrain.replay.threads import BLOCKED, IDLE, WORKING, ThreadChain, blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
+from vtrain.naming import iteration_id
 from vtrain.runconfig import RunConfig
 
 _DEFAULT_LAUNCH_US = 5.0
@@ -478,6 +479,9 @@ class _RankBuilder:
         trace = self.trace
         resolver = GroupResolver(trace, layout)
         spans = SpanIndex(trace)
+        steps = sorted((trace.ts[i], self.end[i], iteration_id(name)) for i, name in enumerate(trace.name)
+                       if trace.kind[i] == CPU and iteration_id(name) is not None)
+        step_starts = [start for start, _, _ in steps]
         calls: list[Collective] = []
         device_comm = [i for i in self.device if is_comm_kernel(trace.name[i])]
         for i in device_comm + self.cpu_collectives:
@@ -490,10 +494,14 @@ class _RankBuilder:
             group, channel, label = resolver.group(kind, trace.pg_ranks[i], trace.pg_name[i], span)
             purpose = (span or {}).get("purpose") or ("pp" if kind in ("send", "recv") else None)
             arrival = self.arrival.get(i, i)
+            issued = trace.ts[origin] if origin is not None else trace.ts[arrival]
+            position = bisect_right(step_starts, issued) - 1
+            iteration = steps[position][2] if position >= 0 and issued <= steps[position][1] else None
             calls.append(Collective(rank=trace.rank, event=i, kind=kind, elements=trace.elements[i],
                                     ts=trace.ts[i], dur=trace.dur[i], arrival_event=arrival,
                                     arrival_ts=trace.ts[arrival], on_device=trace.kind[i] == DEVICE,
-                                    group=group, channel=channel, label=label, purpose=purpose))
+                                    group=group, channel=channel, label=label, purpose=purpose,
+                                    iteration=iteration))
         return calls
 
 

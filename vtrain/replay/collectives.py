@@ -5,8 +5,9 @@ A collective ends on every member at about the same time: once the last member h
 transfer time (:func:`transfer_times`). The replay therefore ends each member at ``max(arrival of every
 member) + transfer time``.
 
-Members are found per process group, in issue order (NCCL and gloo run a group's collectives in the order
-they were issued). The group of a call comes, in this order, from:
+Members are found per process group and iteration (``ProfilerStep#N``), in issue order (NCCL and gloo run a
+group's collectives in the order they were issued); a partly profiled iteration at the edge of one rank's
+window therefore spoils only that iteration. The group of a call comes, in this order, from:
 
 1. the trace's own metadata (``Process Group Ranks`` / ``Process Group Name`` on NCCL kernels);
 2. the ``vtrain/comm purpose=tp|dp|pp ...`` span around the call and the run's layout (recorded runs);
@@ -82,6 +83,7 @@ class Collective:
     channel: tuple[int, int] | None = None  # point-to-point: (sender, receiver)
     label: tuple[str, str] | None = None  # point-to-point: (phase, micro-batch) from the vtrain span
     purpose: str | None = None  # tp | dp | pp from the vtrain span, else pp for send/recv, else None
+    iteration: int | None = None  # the ProfilerStep#N it was issued in
     matched: bool = False
 
 
@@ -202,9 +204,9 @@ def match_collectives(collectives: list[Collective], ranks_present: set[int]) ->
             unmatched[PEERS_MISSING] += 1
             continue
         if call.channel is not None:
-            key: tuple = ("p2p", call.channel, call.label)
+            key: tuple = ("p2p", call.channel, call.label, call.iteration)
         else:
-            key = ("group", call.group, call.kind)
+            key = ("group", call.group, call.kind, call.iteration)
         buckets[key][call.rank].append(call)
     matches: list[CollectiveMatch] = []
     for key, per_rank in buckets.items():

@@ -258,10 +258,8 @@ def _compare_model(trace_dir: Path, config: RunConfig, config_source: str, profi
             note(f"{trace_dir}: too few steady iterations to hold some out; the profile saw the tested iteration")
     try:
         prediction = predict(config, profile, out_dir, source, config_source)
-    except InputError:
-        raise
-    except Exception as exc:  # the simulator is another package: report its failure, never hide it
-        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}", None
+    except Exception as exc:  # the simulator is another package: report its failure (never hide it) and keep
+        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}", None  # the replay's results
     predicted_traces = read_trace_set(out_dir)
     predicted = annotate(read_timeline(predicted_traces))
     layout = Layout.of(config)
