@@ -76,9 +76,11 @@ def _prediction(title: str, c: Comparison) -> list[str]:
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in c.notes) + "</ul>")
     parts += ["<h3>Per iteration</h3>", html_table(tables.iterations(c))]
     if c.phases:
-        parts += ["<h3>Per phase</h3>", html_table(tables.grouped(c.phases, "phase", "phase"))]
+        parts += ["<h3>Per phase</h3>", html_table(tables.grouped(c.phases, "phase"))]
     if c.stages:
-        parts += ["<h3>Per pipeline stage</h3>", html_table(tables.grouped(c.stages, "stage", "stage"))]
+        parts += ["<h3>Per pipeline stage</h3>", html_table(tables.grouped(c.stages, "stage"))]
+    if c.micro_batches:
+        parts += ["<h3>Per micro-batch</h3>", html_table(tables.grouped(c.micro_batches, "micro_batch"))]
     parts += ["<h3>Per operator class</h3>", html_table(tables.classes(c)), "<h3>Breakdown</h3>",
               html_table(tables.breakdown(c)), "<h3>Ten worst-predicted operators</h3>", html_table(tables.worst(c))]
     return parts

@@ -62,10 +62,13 @@ def _prediction(title: str, c: Comparison) -> list[str]:
     out += ["", "### Per iteration\n", markdown_table(tables.iterations(c))]
     if c.phases:
         out += ["### Per phase (time in phase spans per rank and iteration)\n",
-                markdown_table(tables.grouped(c.phases, "phase", "phase"))]
+                markdown_table(tables.grouped(c.phases, "phase"))]
     if c.stages:
         out += ["### Per pipeline stage (time in phase spans per rank and iteration)\n",
-                markdown_table(tables.grouped(c.stages, "stage", "stage"))]
+                markdown_table(tables.grouped(c.stages, "stage"))]
+    if c.micro_batches:
+        out += ["### Per micro-batch (time in its passes per rank and iteration)\n",
+                markdown_table(tables.grouped(c.micro_batches, "micro_batch"))]
     out += ["### Per operator class (per rank and iteration)\n", markdown_table(tables.classes(c)),
             "### Breakdown (per rank and iteration)\n", markdown_table(tables.breakdown(c)),
             "### Ten worst-predicted operators\n", markdown_table(tables.worst(c))]

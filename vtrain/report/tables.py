@@ -48,7 +48,8 @@ def iterations(comparison: Comparison) -> Table:
              for r in comparison.iterations])
 
 
-def grouped(rows: list[dict[str, Any]], key: str, label: str) -> Table:
+def grouped(rows: list[dict[str, Any]], key: str) -> Table:
+    label = key.replace("_", "-")
     return ([label, "measured ms", "predicted ms", "error", "unmatched spans"],
             [[str(r[key]), ms(r["measured_ms"]), ms(r["predicted_ms"]), pct(r["error_pct"]),
               str(r["unmatched_spans"])] for r in rows])

@@ -41,10 +41,21 @@ def staged_folder(target: Path) -> Iterator[Path]:
 
 
 def write_report_files(v: Validation, folder: Path) -> None:
-    """``report.md``, ``report.html`` and ``metrics.json`` of one validation."""
+    """``report.md``, ``report.html``, ``metrics.json`` and, under ``tables/``, every aligned operator and span
+    and every iteration as Parquet."""
     (folder / "report.md").write_text(render_markdown(v))
     (folder / "report.html").write_text(render_html(v))
     write_json(folder / "metrics.json", v.to_dict())
+    tables = folder / "tables"
+    tables.mkdir(exist_ok=True)
+    if v.iteration_table is not None:
+        v.iteration_table.write_parquet(tables / "iterations.parquet")
+    for comparison in (v.replay, v.model):
+        if comparison is None:
+            continue
+        for kind, frame in (("ops", comparison.ops_table), ("spans", comparison.spans_table)):
+            if frame is not None:
+                frame.write_parquet(tables / f"{comparison.name}_{kind}.parquet")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

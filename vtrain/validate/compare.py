@@ -37,6 +37,7 @@ class Comparison:
     iterations: list[dict[str, Any]]
     phases: list[dict[str, Any]] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
+    micro_batches: list[dict[str, Any]] = field(default_factory=list)
     classes: list[dict[str, Any]] = field(default_factory=list)
     worst_ops: list[dict[str, Any]] = field(default_factory=list)
     one_side_only: list[dict[str, Any]] = field(default_factory=list)
@@ -44,6 +45,9 @@ class Comparison:
     op_errors_pct: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    #: every aligned operator and span (measured_us / predicted_us), written as Parquet beside the report
+    ops_table: pl.DataFrame | None = None
+    spans_table: pl.DataFrame | None = None
 
     @property
     def error_pct(self) -> float:
@@ -56,6 +60,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "iterations": self.iterations, "phases": self.phases, "stages": self.stages,
+                "micro_batches": self.micro_batches,
                 "classes": self.classes, "worst_ops": self.worst_ops, "one_side_only": self.one_side_only,
                 "breakdown": self.breakdown, "notes": self.notes, **self.details}
 
@@ -74,29 +79,35 @@ def iteration_rows(measured: pl.DataFrame, predicted: pl.DataFrame) -> list[dict
 
 def phase_rows(spans: pl.DataFrame) -> list[dict[str, Any]]:
     """Per phase: the time in its spans per rank and iteration (``spans`` has measured_us / predicted_us)."""
-    phased = spans.filter(pl.col("span_kind").is_in(PHASES))
-    return _grouped(phased, "phase")
+    return _grouped(spans.filter(pl.col("span_kind").is_in(PHASES)), ["phase"])
 
 
 def stage_rows(spans: pl.DataFrame) -> list[dict[str, Any]]:
     """Per pipeline stage: the time in its phase spans per rank and iteration."""
     phased = spans.filter(pl.col("span_kind").is_in(PHASES) & pl.col("stage").is_not_null())
-    return _grouped(phased, "stage")
+    return _grouped(phased.with_columns(pl.col("stage").cast(pl.Int64, strict=False)), ["stage"])
 
 
-def _grouped(spans: pl.DataFrame, key: str) -> list[dict[str, Any]]:
+def micro_batch_rows(spans: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per phase and micro-batch: the time in its passes (``vtrain/forward|backward|recompute ... mb=M``)."""
+    passes = spans.filter(pl.col("span_kind").is_in(PHASES[:3]) & pl.col("mb").is_not_null())
+    rows = _grouped(passes.with_columns(pl.col("mb").cast(pl.Int64, strict=False)), ["phase", "mb"])
+    return [{"micro_batch": f"{row.pop('phase')} mb={row.pop('mb')}", **row} for row in rows]
+
+
+def _grouped(spans: pl.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
     if spans.is_empty():
         return []
-    per_iteration = (
-        spans.group_by(key, "rank", "iteration")
+    table = (
+        spans.group_by(*keys, "rank", "iteration")
         .agg(measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum(),
              missing=pl.col("predicted_us").is_null().sum())
-        .group_by(key).agg(measured_ms=pl.col("measured").mean() / 1e3, predicted_ms=pl.col("predicted").mean() / 1e3,
-                           unmatched=pl.col("missing").sum())
-        .sort(key)
+        .group_by(keys).agg(measured_ms=pl.col("measured").mean() / 1e3, predicted_ms=pl.col("predicted").mean() / 1e3,
+                            unmatched_spans=pl.col("missing").sum())
+        .sort(keys)
     )
-    return [{key: k, "measured_ms": m, "predicted_ms": p, "error_pct": error_pct(p, m), "unmatched_spans": u}
-            for k, m, p, u in per_iteration.iter_rows()]
+    return [{**row, "error_pct": error_pct(row["predicted_ms"], row["measured_ms"])}
+            for row in table.iter_rows(named=True)]
 
 
 def class_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:

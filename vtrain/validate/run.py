@@ -49,6 +49,7 @@ class Validation:
     hta: dict[str, Any]
     timelines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    iteration_table: pl.DataFrame | None = None  # measured and replayed time of every rank and iteration
 
     def summary(self) -> dict[str, Any]:
         """What ``--json`` prints."""
@@ -127,7 +128,10 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         trace_dir=trace_dir, ranks=[t.rank for t in traces], world_size=traces[0].world_size if traces else None,
         device=device, config_source=config_source, iterations=all_iterations, steady=steady,
         measured=_measured_summary(measured_iterations, steady), replay=replay_result, model=model_result,
-        model_reason=model_reason, hta=hta, timelines=timelines, warnings=warnings)
+        model_reason=model_reason, hta=hta, timelines=timelines, warnings=warnings,
+        iteration_table=measured_iterations.join(
+            iterations(frame, REPLAYED).select("rank", "iteration", replay_time_us="time_us"),
+            on=["rank", "iteration"], how="left"))
 
 
 def _run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[RunConfig | None, str | None]:
@@ -224,11 +228,13 @@ def _compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, 
     return Comparison(
         name="replay", measured_ms=_median_job(rows, "measured_ms"), predicted_ms=_median_job(rows, "predicted_ms"),
         iterations=rows, phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
+        micro_batches=compare.micro_batch_rows(aligned_spans),
         classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
         one_side_only=compare.one_side_rows(aligned_ops, n),
         breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested),
                                          breakdown(frame, REPLAYED).filter(tested)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details)
+        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
+        ops_table=aligned_ops, spans_table=aligned_spans)
 
 
 def _median_job(rows: list[dict[str, Any]], key: str) -> float:
@@ -285,10 +291,12 @@ def _compare_model(trace_dir: Path, config: RunConfig, config_source: str, profi
     comparison = Comparison(
         name="model", measured_ms=_median_job(rows, "measured_ms"), predicted_ms=predicted_ms, iterations=rows,
         phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
+        micro_batches=compare.micro_batch_rows(aligned_spans),
         classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
         one_side_only=compare.one_side_rows(aligned_ops, n),
         breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested), breakdown(predicted, MEASURED)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details)
+        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
+        ops_table=aligned_ops, spans_table=aligned_spans)
     return comparison, None, predicted
 
 
