@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.benchmarks.conftest import ProcessCost, run_measured
 from tests.conftest import TRACES
 from vtrain.replay.run import replay
@@ -27,6 +29,8 @@ def test_replay_v100_trace(benchmark) -> None:
 
 
 def test_validate_100mb_whole_process(benchmark, trace_100mb: Path, tmp_path: Path) -> None:
+    if not benchmark.enabled:
+        pytest.skip("a whole-process measurement: runs with `make bench` only")
     benchmark.group = "validate a 127 MB trace (whole process, no HTA)"
     costs: list[ProcessCost] = []
     command = [sys.executable, "-m", "vtrain.cli.main", "validate", str(trace_100mb), "-o", str(tmp_path / "report"),
