@@ -28,9 +28,10 @@ def test_replay_v100_trace(benchmark) -> None:
     benchmark.extra_info["edges"] = sum(result.edge_counts.values())
 
 
-def test_validate_100mb_whole_process(benchmark, trace_100mb: Path, tmp_path: Path) -> None:
+def test_validate_100mb_whole_process(benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if not benchmark.enabled:
         pytest.skip("a whole-process measurement: runs with `make bench` only")
+    trace_100mb: Path = request.getfixturevalue("trace_100mb")
     benchmark.group = "validate a 127 MB trace (whole process, no HTA)"
     costs: list[ProcessCost] = []
     command = [sys.executable, "-m", "vtrain.cli.main", "validate", str(trace_100mb), "-o", str(tmp_path / "report"),
