@@ -218,7 +218,7 @@ class _RankBuilder:
             for k, kind in enumerate(chain.segment):
                 a, b = chain.points[k], chain.points[k + 1]
                 length = chain.times[k + 1] - chain.times[k]
-                if kind == WORKING:
+                if kind == WORKING or length <= 0.0:  # a stretch of no time waited for nothing
                     self.edges.add(a, b, length, THREAD)
                     continue
                 if kind == BLOCKED:

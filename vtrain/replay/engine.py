@@ -3,7 +3,7 @@
 Points are visited in a topological order (Kahn's algorithm over all ranks at once, since collectives tie
 ranks together); points without incoming edges keep their measured time. Timestamps rounded to the same value
 can tie dependencies into a cycle; the evaluation then releases the earliest waiting point (by measured time)
-from the edges it still waits on, and counts how often it had to.
+from the edges it still waits on (it keeps at least its measured time), and counts how often it had to.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.n
     targets = dst[order].tolist()
     delays = delay[order].tolist()
     waiting = np.bincount(dst, minlength=n).tolist()
-    time = measured.tolist()
+    measured_list = measured.tolist()
+    time = list(measured_list)
     reached = [False] * n  # has at least one evaluated incoming edge
     stack = [p for p in range(n) if waiting[p] == 0]
     done = [False] * n
@@ -38,6 +39,7 @@ def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.n
             _, p = heapq.heappop(backlog)
             waiting[p] = 0
             released += 1
+            time[p] = max(time[p], measured_list[p]) if reached[p] else measured_list[p]
             stack.append(p)
         p = stack.pop()
         if done[p]:
