@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from vtrain.replay.build import DependencyStats, ReplayGraph, build_graph
+from vtrain.replay.build import ReplayGraph, build_graph
+from vtrain.replay.context import DependencyStats
 from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import ReplayOptions, kind_name
 from vtrain.replay.trace import RankTrace, read_trace_set
