@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors
-from vtrain.record.launcher import RankFailure, record
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
 
 EXIT_RANK_FAILED = 1
@@ -48,6 +47,8 @@ def record_command(
                                    dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),
         precision=precision,
     )
+    from vtrain.record.launcher import RankFailure, record  # torch is imported only when recording
+
     try:
         result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force)
     except RankFailure as exc:
