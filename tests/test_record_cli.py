@@ -120,12 +120,12 @@ def test_a_failing_rank_stops_the_others_with_one_line(tmp_path: Path) -> None:
 
 def test_cli_reports_a_rank_failure_in_one_line_and_exits_1(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import vtrain.cli.record as cli_record
+    import vtrain.record.launcher as launcher
 
     def failing(*_args: object, **_kwargs: object) -> None:
         raise RankFailure("rank 1 failed: RuntimeError: out of memory")
 
-    monkeypatch.setattr(cli_record, "record", failing)
+    monkeypatch.setattr(launcher, "record", failing)
     out = tmp_path / "t"
     result = CliRunner().invoke(app, ["record", *TINY, "--dp", "2", "-o", str(out)])
     assert result.exit_code == 1
