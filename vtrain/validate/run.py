@@ -11,19 +11,16 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.collectives import Layout
-from vtrain.replay.run import Replay, read_timeline, replay
+from vtrain.replay.run import replay
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
-from vtrain.validate import compare
-from vtrain.validate.align import align_events, align_sequences, align_spans
 from vtrain.validate.compare import Comparison
+from vtrain.validate.comparisons import compare_model, compare_replay
 from vtrain.validate.hta import hta_summary
-from vtrain.validate.model import held_out_profile, load_given_profile, predict, split_iterations
-from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, breakdown, iterations, ops, spans
+from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
 
 Warn = Callable[[str], None]
 
@@ -100,7 +97,7 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
     stage_of = _stage_of(traces, config)
-    replay_result = _compare_replay(frame, steady, stage_of, replayed)
+    replay_result = compare_replay(frame, steady, stage_of, replayed)
     predicted_root = work_dir / "predicted"
     replay_dir = predicted_root / "replay"
     replay_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +108,7 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
                         "to simulate")
     else:
-        model_result, model_reason, model_frame = _compare_model(
+        model_result, model_reason, model_frame = compare_model(
             trace_dir, config, config_source or "", profile_dir, steady, frame, predicted_root / "model", note)
     if model_reason and model_result is None:
         note(f"model-driven prediction skipped: {model_reason}")
@@ -190,118 +187,6 @@ def _spread(values_us: list[float]) -> dict[str, float | int | None]:
 
     return {"count": len(ms), "median": statistics.median(ms), "min": ordered[0], "max": ordered[-1],
             "p10": quantile(0.1), "p90": quantile(0.9), "stdev": statistics.stdev(ms) if len(ms) > 1 else 0.0}
-
-
-def _rank_iterations(table: pl.DataFrame) -> int:
-    return table.select("rank", "iteration").unique().height
-
-
-def _compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, int], replayed: Replay) -> Comparison:
-    tested = pl.col("iteration").is_in(steady)
-    m_it = iterations(frame, MEASURED).filter(tested)
-    p_it = iterations(frame, REPLAYED).filter(tested)
-    rows = compare.iteration_rows(m_it, p_it)
-    m_spans = _with_stage(spans(frame, MEASURED).filter(tested), stage_of)
-    aligned_spans = align_spans(m_spans, spans(frame, REPLAYED).filter(tested))
-    m_ops = ops(frame, MEASURED).filter(tested)
-    aligned_ops = align_events(m_ops, ops(frame, REPLAYED).filter(tested))
-    n = _rank_iterations(m_it)
-    stats = replayed.stats
-    details = {
-        "dependencies": {
-            "device_activities_started_by": dict(stats.device_started_by),
-            "device_unexplained_ms": stats.device_unexplained_us / 1e3,
-            "blocked_runtime_calls": dict(stats.blocked_calls),
-            "thread_waits": stats.thread_waits,
-            "collectives_matched": stats.collectives_matched,
-            "collective_calls_unmatched": dict(stats.collective_calls_unmatched),
-            "collective_ends": dict(stats.collective_ends),
-            "edges": replayed.edge_counts,
-        },
-        "test_iterations": steady,
-    }
-    notes = []
-    unmatched = sum(stats.collective_calls_unmatched.values())
-    if unmatched:
-        reasons = ", ".join(f"{n} {reason}" for reason, n in stats.collective_calls_unmatched.items())
-        notes.append(f"{unmatched} collective call(s) keep their measured duration ({reasons})")
-    return Comparison(
-        name="replay", measured_ms=_median_job(rows, "measured_ms"), predicted_ms=_median_job(rows, "predicted_ms"),
-        iterations=rows, phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
-        micro_batches=compare.micro_batch_rows(aligned_spans),
-        classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
-        one_side_only=compare.one_side_rows(aligned_ops, n),
-        breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested),
-                                         breakdown(frame, REPLAYED).filter(tested)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
-        ops_table=aligned_ops, spans_table=aligned_spans)
-
-
-def _median_job(rows: list[dict[str, Any]], key: str) -> float:
-    values = [row[key] for row in rows if row[key] is not None]
-    return statistics.median(values) if values else 0.0
-
-
-def _with_stage(table: pl.DataFrame, stage_of: dict[int, int]) -> pl.DataFrame:
-    """Spans without a ``stage=`` field get the rank's pipeline stage from the run's layout."""
-    if not stage_of:
-        return table
-    return table.with_columns(stage=pl.coalesce(
-        "stage", pl.col("rank").replace_strict(stage_of, default=None, return_dtype=pl.Int64).cast(pl.String)))
-
-
-def _compare_model(trace_dir: Path, config: RunConfig, config_source: str, profile_dir: str | Path | None,
-                   steady: list[int], frame: pl.DataFrame, out_dir: Path,
-                   note: Warn) -> tuple[Comparison | None, str | None, pl.DataFrame | None]:
-    split = split_iterations(steady)
-    if profile_dir is not None:
-        profile = load_given_profile(Path(profile_dir))
-        test, source = steady, f"--profile {profile_dir}"
-    else:
-        profile = held_out_profile(ingest_traces(trace_dir), split.profile)
-        test, source = split.test, f"{trace_dir}: {split.describe()}"
-        if not split.held_out:
-            note(f"{trace_dir}: too few steady iterations to hold some out; the profile saw the tested iteration")
-    try:
-        prediction = predict(config, profile, out_dir, source, config_source)
-    except Exception as exc:  # the simulator is another package: report its failure (never hide it) and keep
-        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}", None  # the replay's results
-    predicted_traces = read_trace_set(out_dir)
-    predicted = annotate(read_timeline(predicted_traces))
-    layout = Layout.of(config)
-    ranks = frame["rank"].unique().to_list()
-    rank_map = {rank: layout.rank(layout.coords(rank)[0], 0, 0) for rank in ranks}
-    tested = pl.col("iteration").is_in(test)
-    m_it = iterations(frame, MEASURED).filter(tested)
-    p_it = iterations(predicted, MEASURED)
-    predicted_iteration = p_it["iteration"].min() if p_it.height else 0
-    predicted_ms = prediction.iteration_ms
-    job = m_it.group_by("iteration").agg(measured_ms=pl.col("time_us").mean() / 1e3).sort("iteration")
-    rows = [{"iteration": it, "measured_ms": m, "predicted_ms": predicted_ms,
-             "error_pct": compare.error_pct(predicted_ms, m)} for it, m in job.iter_rows()]
-    m_spans = _with_stage(spans(frame, MEASURED).filter(tested), _stage_of_ranks(ranks, layout))
-    aligned_spans = align_spans(m_spans, spans(predicted, MEASURED), rank_map, {it: predicted_iteration for it in test})
-    aligned_ops = align_sequences(ops(frame, MEASURED).filter(tested), ops(predicted, MEASURED), rank_map,
-                                  predicted_iteration)
-    n = _rank_iterations(m_it)
-    details = {"profile": source, "profile_iterations": split.profile if profile_dir is None else None,
-               "test_iterations": test, "coverage": prediction.coverage,
-               "simulated_breakdown_ms": prediction.breakdown_ms}
-    notes = [f"latencies: {share:.1%} {kind}" for kind, share in prediction.coverage.items() if share > 0]
-    comparison = Comparison(
-        name="model", measured_ms=_median_job(rows, "measured_ms"), predicted_ms=predicted_ms, iterations=rows,
-        phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
-        micro_batches=compare.micro_batch_rows(aligned_spans),
-        classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
-        one_side_only=compare.one_side_rows(aligned_ops, n),
-        breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested), breakdown(predicted, MEASURED)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
-        ops_table=aligned_ops, spans_table=aligned_spans)
-    return comparison, None, predicted
-
-
-def _stage_of_ranks(ranks: list[int], layout: Layout) -> dict[int, int]:
-    return {rank: layout.coords(rank)[0] for rank in ranks}
 
 
 def _hta(trace_dir: Path, replay_dir: Path, model_dir: Path | None, device: str) -> dict[str, Any]:

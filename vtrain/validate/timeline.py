@@ -12,7 +12,7 @@ Definitions:
   end and the end of the last device activity it launched. A trace without ``ProfilerStep#N`` marks is one
   iteration (number 0) from its first event to its last.
 * **operators**: device activities on GPU ranks; on CPU-only ranks the CPU operators that do the work
-  (:func:`work_ops`) and the collectives.
+  (:func:`vtrain.tables.latency.work_op_mask`) and the collectives.
 * **breakdown** of an iteration: ``compute`` (time covered by non-communication operators), ``bubble``
   (pipeline transfers not hidden by compute: waiting for the neighbouring stage), ``exposed_comm`` (other
   collectives not hidden by compute or bubble) and ``idle`` (the rest: framework overhead, launches, gaps).
@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
+from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import comm_class, op_class
 
 
@@ -43,7 +44,6 @@ class Side:
 MEASURED = Side("measured", "ts", "dur")
 REPLAYED = Side("replay", "sim_ts", "sim_dur")
 
-_COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
 
 def annotate(events: pl.DataFrame) -> pl.DataFrame:
     """Add ``iteration``, ``gpu_rank``, ``op`` (launching operator of device activities), ``is_op`` and
@@ -100,53 +100,13 @@ def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
-    """``work_op``: the CPU operators that do the work (see :func:`work_ops`)."""
+    """``work_op``: the CPU operators that do the work (:func:`vtrain.tables.latency.work_op_mask`)."""
     cpu = (frame.filter((pl.col("kind") == "cpu") & (pl.col("cat") == "cpu_op"))
            .sort("rank", "lane", "ts", pl.col("dur"), descending=[False, False, False, True]))
-    mask = work_ops(cpu["rank"].to_list(), cpu["lane"].to_list(), cpu["ts"].to_list(), cpu["dur"].to_list(),
+    mask = work_op_mask(cpu["rank"].to_list(), cpu["lane"].to_list(), cpu["ts"].to_list(), cpu["dur"].to_list(),
                     cpu["name"].to_list())
     work = cpu.select("rank", "event", work_op=pl.Series(mask, dtype=pl.Boolean))
     return frame.join(work, on=["rank", "event"], how="left").with_columns(pl.col("work_op").fill_null(False))
-
-
-def work_ops(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
-             names: list[str]) -> list[bool]:
-    """For CPU operators sorted by (rank, thread, start, longest first): True for the operators doing the work.
-
-    As in the latency tables (:func:`vtrain.tables.latency.work_op_mask`), the outermost operator whose self
-    time is at least half its duration, except that an operator holding a collective (``c10d::*``) is never one:
-    its self time is mostly the wait for that collective (e.g. a tensor-parallel ``autograd.Function``), so the
-    search goes on inside it.
-    """
-    n = len(starts)
-    parent = [-1] * n
-    child_time = [0.0] * n
-    stack: list[int] = []
-    for i in range(n):
-        if i and (ranks[i] != ranks[i - 1] or tids[i] != tids[i - 1]):
-            stack = []
-        while stack and starts[stack[-1]] + durations[stack[-1]] <= starts[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-            child_time[stack[-1]] += durations[i]
-        stack.append(i)
-    holds_comm = [name.startswith(_COMMUNICATION_OP) for name in names]
-    for i in range(n - 1, -1, -1):
-        if holds_comm[i] and parent[i] >= 0:
-            holds_comm[parent[i]] = True
-    work = [False] * n
-    covered = [False] * n  # a work operator or a collective is at or above this operator
-    for i in range(n):
-        above = parent[i] >= 0 and covered[parent[i]]
-        if names[i].startswith(_COMMUNICATION_OP):
-            covered[i] = True
-        elif (not above and not holds_comm[i] and durations[i] > 0
-              and durations[i] - child_time[i] >= 0.5 * durations[i]):
-            work[i] = covered[i] = True
-        else:
-            covered[i] = above
-    return work
 
 
 def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
