@@ -19,7 +19,7 @@ from vtrain.validate import compare
 from vtrain.validate.align import align_events, align_sequences, align_spans
 from vtrain.validate.compare import Comparison
 from vtrain.validate.model import held_out_profile, load_given_profile, predict, split_iterations
-from vtrain.validate.timeline import MEASURED, REPLAYED, breakdown, iterations, ops, spans
+from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, breakdown, iterations, ops, spans
 
 Warn = Callable[[str], None]
 
