@@ -56,7 +56,7 @@ class ReplayGraph:
     traces: list[RankTrace]
     offsets: list[int]  # global number of each rank's first event
     edges: EdgeList
-    measured: np.ndarray  # per point, µs since ``origin``
+    measured: np.ndarray  # per point (two per event, then one join per matched collective), µs since ``origin``
     origin: float
     matches: list[CollectiveMatch]
     calls: list[Collective]  # every collective call, matched or not
@@ -97,7 +97,8 @@ def build_graph(traces: list[RankTrace], config: RunConfig | None = None, option
         matches, unmatched = [], Counter({MATCHING_OFF: len(collectives)})
     stats.collectives_matched = len(matches)
     stats.collective_calls_unmatched = unmatched
-    _collective_edges(builders, collectives, matches, options, edges, stats)
+    joins = _collective_edges(builders, collectives, matches, options, edges, stats, first_join=2 * total)
+    measured = np.concatenate([measured, np.asarray(joins, dtype=np.float64) - origin])
     return ReplayGraph(traces=traces, offsets=offsets, edges=edges, measured=measured, origin=origin,
                        matches=matches, calls=collectives,
                        launches=[builders[t.rank].streams.launch for t in traces], stats=stats)
@@ -233,10 +234,22 @@ def _waiting_point(chain: ThreadChain, finished: float, options: ReplayOptions) 
 
 
 def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective], matches: list[CollectiveMatch],
-                      options: ReplayOptions, edges: EdgeList, stats: DependencyStats) -> None:
-    """End edges of every collective call: from all members' arrivals when matched, else its measured duration."""
+                      options: ReplayOptions, edges: EdgeList, stats: DependencyStats,
+                      first_join: int) -> list[float]:
+    """End edges of every collective call: from the last arrival of its members when matched, else its measured
+    duration.
+
+    Each matched collective gets one *join* point (numbered from ``first_join``, after every event point): the
+    latest arrival of its members; each member ends its own transfer time after it. Returns the join points'
+    measured times.
+    """
     matched: set[tuple[int, int]] = set()
+    joins: list[float] = []
     for match in matches:
+        join = first_join + len(joins)
+        joins.append(max(m.arrival_ts for m in match.members))
+        for other in match.members:
+            edges.add(builders[other.rank].ctx.start(other.arrival_event), join, 0.0, PEER)
         shortest = min(match.transfer_us)
         for member, transfer in zip(match.members, match.transfer_us):
             matched.add((member.rank, member.event))
@@ -247,16 +260,15 @@ def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective]
             if tid is not None and match.by_clock and transfer - shortest > options.collective_slack_us:
                 waited = _waiting_point(builder.chain_of[tid], member.ts + member.dur, options)
             if waited is None:
-                for other in match.members:
-                    edges.add(builders[other.rank].ctx.start(other.arrival_event), end, transfer, PEER)
+                edges.add(join, end, transfer, PEER)
                 stats.collective_ends["peers"] += 1
-                continue
-            for other in match.members:
-                edges.add(builders[other.rank].ctx.start(other.arrival_event), end, shortest, PEER)
-            edges.add(waited[0], end, waited[1], WAITED)
-            stats.collective_ends["waited"] += 1
+            else:
+                edges.add(join, end, shortest, PEER)
+                edges.add(waited[0], end, waited[1], WAITED)
+                stats.collective_ends["waited"] += 1
     for call in calls:
         if (call.rank, call.event) not in matched:
             builder = builders[call.rank]
             edges.add(builder.ctx.start(call.event), builder.ctx.stop(call.event), call.dur, WORK)
             stats.collective_ends["measured"] += 1
+    return joins
