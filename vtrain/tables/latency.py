@@ -65,7 +65,13 @@ _COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
 
 def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
                  names: list[str]) -> list[bool]:
-    """For ops sorted by (rank, tid, start, longest first): True for the outermost op doing the work."""
+    """For CPU ops sorted by (rank, thread, start, longest first): True for the ops doing the work.
+
+    The outermost op whose self time is at least half its duration, except that an op holding a collective
+    (``c10d::*``, ``gloo:*``, ...) is never one: its self time is mostly the wait for that collective (e.g. a
+    tensor-parallel ``autograd.Function``), so the search goes on inside it. Collectives and what they hold are
+    never work ops.
+    """
     n = len(starts)
     parent = [-1] * n
     child_time = [0.0] * n
@@ -79,13 +85,18 @@ def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], duratio
             parent[i] = stack[-1]
             child_time[stack[-1]] += durations[i]
         stack.append(i)
+    holds_comm = [name.startswith(_COMMUNICATION_OP) for name in names]
+    for i in range(n - 1, -1, -1):
+        if holds_comm[i] and parent[i] >= 0:
+            holds_comm[parent[i]] = True
     work = [False] * n
-    covered = [False] * n  # a work op or a communication op is at or above this op
+    covered = [False] * n  # a work op or a collective is at or above this op
     for i in range(n):
         above = parent[i] >= 0 and covered[parent[i]]
         if names[i].startswith(_COMMUNICATION_OP):
             covered[i] = True
-        elif not above and durations[i] > 0 and durations[i] - child_time[i] >= 0.5 * durations[i]:
+        elif (not above and not holds_comm[i] and durations[i] > 0
+              and durations[i] - child_time[i] >= 0.5 * durations[i]):
             work[i] = covered[i] = True
         else:
             covered[i] = above
