@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from vtrain.errors import InputError
 
@@ -28,3 +29,16 @@ def rank_from_file_name(path: Path) -> int | None:
     """The rank written in a file name (``rank-3.json.gz``, ``trace_rank_3.pt.trace.json``), else ``None``."""
     match = _RANK_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None
+
+
+def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> tuple[int, int | None]:
+    """The rank (``distributedInfo.rank``, else from the file name) and the world size if the trace says it."""
+    info = distributed_info or {}
+    rank = info.get("rank")
+    if rank is None:
+        rank = rank_from_file_name(path)
+    if rank is None:
+        raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
+                         "file name (name it rank-N.json.gz)", path)
+    world = info.get("world_size")
+    return int(rank), None if world is None else int(world)

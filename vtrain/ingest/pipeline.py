@@ -16,7 +16,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import TraceHeader, decode_header, iter_event_batches, read_bytes
-from vtrain.ingest.discover import find_trace_files, rank_from_file_name
+from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 from vtrain.ingest.extract import extract_rank_events
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile
@@ -67,15 +67,8 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
 
 
 def _rank_source(path: Path, header: TraceHeader) -> RankSource:
-    info = header.distributedInfo or {}
-    rank = info.get("rank")
-    if rank is None:
-        rank = rank_from_file_name(path)
-    if rank is None:
-        raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
-                         "file name (name it rank-N.json.gz)", path)
-    world = info.get("world_size")
-    return RankSource(path=path, rank=int(rank), world_size=None if world is None else int(world), header=header)
+    rank, world_size = rank_and_world_size(path, header.distributedInfo)
+    return RankSource(path=path, rank=rank, world_size=world_size, header=header)
 
 
 def _check_against(source: RankSource, earlier: list[RankSource]) -> None:

@@ -16,7 +16,7 @@ import msgspec
 
 from vtrain.errors import InputError
 from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes
-from vtrain.ingest.discover import find_trace_files, rank_from_file_name
+from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: event categories, as Kineto writes them
 CPU_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
@@ -109,14 +109,8 @@ def read_rank_trace(path: Path) -> RankTrace:
     header = decode_header(data, path)
     del data
     info = header.distributedInfo or {}
-    rank = info.get("rank")
-    if rank is None:
-        rank = rank_from_file_name(path)
-    if rank is None:
-        raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
-                         "file name (name it rank-N.json.gz)", path)
-    world = info.get("world_size")
-    trace = RankTrace(rank=int(rank), path=path, world_size=None if world is None else int(world),
+    rank, world_size = rank_and_world_size(path, info)
+    trace = RankTrace(rank=rank, path=path, world_size=world_size,
                       process_groups=list(info.get("pg_config") or []),
                       kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
                       wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
