@@ -28,6 +28,8 @@ class EventArgs(msgspec.Struct, gc=False):
     correlation: int | None = None
     stream: int | None = None
     device: int | None = None
+    wait_on_stream: int | None = None  # cudaStreamWaitEvent (read by the replay)
+    wait_on_event_record: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     collective_name: str | None = msgspec.field(default=None, name="Collective name")

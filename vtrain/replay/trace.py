@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes
+from vtrain.ingest.decode import BATCH_EVENTS, EventArgs, TraceEvent, decode_header, iter_event_batches, read_bytes
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: event categories, as Kineto writes them
@@ -28,39 +28,7 @@ SYNC_CATEGORY = "cuda_sync"
 CPU, RUNTIME, DEVICE, SYNC = "cpu", "runtime", "device", "sync"
 
 
-class ReplayArgs(msgspec.Struct, gc=False):
-    """The ``args`` keys the replay reads (all optional: schemas differ between PyTorch versions)."""
-
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
-    wait_on_stream: int | None = None
-    wait_on_event_record: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
-    collective_name: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
-    pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-
-
-class ReplayEvent(msgspec.Struct, gc=False):
-    """One Chrome-trace event with the fields the replay reads."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
-    args: ReplayArgs | None = None
-
-
-_BATCH = msgspec.json.Decoder(list[ReplayEvent])
-_NO_ARGS = ReplayArgs()
+_NO_ARGS = EventArgs()
 
 
 @dataclass
@@ -115,19 +83,13 @@ def read_rank_trace(path: Path) -> RankTrace:
                       kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
                       wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
                       pg_name=[], input_dims=[], index=[])
-    raw = header.traceEvents
     strings: dict[str, str] = {}
-    for start in range(0, len(raw), BATCH_EVENTS):
-        chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
-        try:
-            events = _BATCH.decode(chunk)
-        except msgspec.ValidationError as exc:
-            raise InputError(f"malformed trace event: {exc}", path) from None
-        _append(trace, events, start, strings)
+    for batch, events in enumerate(iter_event_batches(header, path)):
+        _append(trace, events, batch * BATCH_EVENTS, strings)
     return trace
 
 
-def _append(trace: RankTrace, events: list[ReplayEvent], offset: int, strings: dict[str, str]) -> None:
+def _append(trace: RankTrace, events: list[TraceEvent], offset: int, strings: dict[str, str]) -> None:
     """Add the events the replay uses; repeated strings (names, categories, dims) are stored once."""
     for position, event in enumerate(events):
         if event.ph != "X":
