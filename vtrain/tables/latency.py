@@ -127,7 +127,7 @@ def nccl_latency(collectives: pl.DataFrame) -> pl.DataFrame:
     table = (
         sized.group_by(keys)
         .agg(*_duration_stats("dur"), algorithm=pl.col("algorithm").drop_nulls().mode().first())
-        .with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3)
+        .with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3, source=pl.lit("trace"))
     )
     factors = [None if g is None else bus_bandwidth_factor(c, g)
                for c, g in zip(table["collective"], table["group_size"])]

@@ -4,7 +4,9 @@
 ``cpu_ops``       one row per CPU operator or user annotation (record_function span)
 ``collectives``   one row per collective call (from the NCCL kernel, or the CPU op for gloo/CPU runs)
 ``op_latency``    one row per operator signature (op + input dims + dtypes + device type)
-``nccl_latency``  one row per collective x group size x message bytes
+``nccl_latency``  one row per collective x group size x message bytes (x nodes, when known)
+``op_benchmarks`` one row per device operation measured outside a trace (imported GEMM / elementwise / attention
+                  benchmarks such as LLMCompass or vidur tables), keyed by its shape rather than an aten signature
 
 Input dims and dtypes are kept as their JSON text (``"[[8, 64], [64, 192]]"``), which is also the signature key.
 ``device_type`` is ``"cuda"`` when the latency comes from device kernels and ``"cpu"`` when the trace has no
@@ -55,12 +57,30 @@ NCCL_LATENCY = {
     "algorithm": pl.String,
     "algbw_gbps": pl.Float64,  # bytes / time, GB/s (1e9), as nccl-tests
     "busbw_gbps": pl.Float64,  # algbw x nccl-tests' factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, else 1)
+    "nodes": pl.Int32,  # nodes the group spans (1 = intra-node); null when the source does not say
+    "source": pl.String,  # where the row was measured: "trace", "nccl-tests", "vidur", ...
+}
+
+OP_BENCHMARKS = {
+    "source": pl.String,  # e.g. "llmcompass", "vidur", "trace"
+    "op_class": pl.String,  # gemm | attention | softmax | layernorm | gelu | elementwise | embedding | other
+    "label": pl.String,  # the source's own name for the op, e.g. "mlp_up_proj" or "QKV GEMM"
+    "batch": pl.Int64, "m": pl.Int64, "k": pl.Int64, "n": pl.Int64,  # GEMM: batch x (m x k) @ (k x n)
+    "elements": pl.Int64,  # elements of the op's main tensor (memory-bound ops)
+    "flops": pl.Float64, "bytes": pl.Float64,  # work of one call
+    "dtype": pl.String,  # trace dtype string, e.g. "c10::Half"
+    "device": pl.String,  # e.g. "A100-80GB"
+    "tp": pl.Int32,  # tensor-parallel degree the shape was sharded for, when the source says
+    "count": pl.Int64, "median_us": pl.Float64, "p10_us": pl.Float64, "p90_us": pl.Float64,
 }
 
 TABLES = {
     "kernels": KERNELS, "cpu_ops": CPU_OPS, "collectives": COLLECTIVES,
-    "op_latency": OP_LATENCY, "nccl_latency": NCCL_LATENCY,
+    "op_latency": OP_LATENCY, "nccl_latency": NCCL_LATENCY, "op_benchmarks": OP_BENCHMARKS,
 }
+
+#: tables a profile may lack (written by older vtrain versions); they load as empty tables
+OPTIONAL_TABLES = ("op_benchmarks",)
 
 
 def bus_bandwidth_factor(collective: str, group_size: int) -> float:

@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.tables.schema import TABLES
+from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
 METADATA_FILE = "metadata.json"
 
@@ -97,10 +97,21 @@ def load_profile(path: str | Path) -> Profile:
     tables: dict[str, pl.DataFrame] = {}
     for name in TABLES:
         file = path / f"{name}.parquet"
+        if not file.exists() and name in OPTIONAL_TABLES:
+            tables[name] = empty_table(name)
+            continue
         if not file.exists():
             raise InputError(f"not a profile folder: {file.name} is missing", path)
         try:
-            tables[name] = pl.read_parquet(file)
+            tables[name] = _with_new_columns(pl.read_parquet(file), name)
         except Exception as exc:  # polars raises several error types for corrupt Parquet
             raise InputError(f"corrupt table: {str(exc).splitlines()[0]}", file) from None
     return Profile(tables=tables, metadata=metadata, path=path)
+
+
+def _with_new_columns(frame: pl.DataFrame, name: str) -> pl.DataFrame:
+    """A table written before a column was added to its schema gets that column as nulls."""
+    missing = [col for col in TABLES[name] if col not in frame.columns]
+    if not missing:
+        return frame
+    return frame.with_columns(pl.lit(None).cast(TABLES[name][col]).alias(col) for col in missing)
