@@ -77,6 +77,23 @@ class DeviceModel:
             work = op.bytes / (self.memory_bandwidth * self.memory_efficiency)
         return self.launch_overhead_us + work * 1e6
 
+    def host_op_us(self) -> float:
+        """Host time to issue one operator, overlapping device work (0 here: this model folds the launch cost
+        into :meth:`op_latency_us`; fitted models separate the two)."""
+        return 0.0
+
+    def host_collective_us(self, group_size: int) -> float:
+        """Host (and synchronisation) time to issue one collective over ``group_size`` ranks (0 here)."""
+        return 0.0
+
+    def collective_us(self, collective: str, group_size: int, nbytes: float, nodes: int) -> tuple[float, str]:
+        """Modelled time of one collective and how it was obtained: the α-β model of the intra-node link when
+        the group fits in one node, else of the inter-node link."""
+        link = self.intra_node if nodes <= 1 else self.inter_node
+        latency, algorithm = link.collective_us(collective, group_size, nbytes)
+        where = "intra-node" if nodes <= 1 else "inter-node"
+        return latency, f"alpha-beta {algorithm} {where} {link.bandwidth_gbps:g} GB/s"
+
     def describe(self) -> str:
         """One line naming the device and where its numbers come from."""
         sources = sorted(set(self.provenance.values())) or ["unspecified"]

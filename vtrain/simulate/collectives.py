@@ -90,8 +90,6 @@ class CollectiveResolver:
             if curve is not None:
                 latency, source = curve.at(nbytes)
                 return Resolution(latency, source, f"nccl_latency {name} n={group_size}")
-        intra = rank_stride * group_size <= self.node_size
-        link = self.device.intra_node if intra else self.device.inter_node
-        latency, algorithm = link.collective_us(collective, group_size, nbytes)
-        where = "intra-node" if intra else "inter-node"
-        return Resolution(latency, MODELLED, f"alpha-beta {algorithm} {where} {link.bandwidth_gbps:g} GB/s")
+        nodes = -(-rank_stride * group_size // self.node_size)
+        latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
+        return Resolution(latency, MODELLED, detail)

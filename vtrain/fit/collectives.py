@@ -1,0 +1,77 @@
+"""Fitting an α-β model per collective, group size and node count to measured collective times.
+
+    time = alpha_us + bytes · busbw_factor(collective, n) / bus_bandwidth
+
+as nccl-tests defines bus bandwidth, so ``bus_gbps`` is directly comparable with nccl-tests' busbw column. The
+two parameters are a linear least-squares fit of relative errors (each row divided by its measured time), so
+small and large messages weigh alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from vtrain.tables.schema import bus_bandwidth_factor
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Fitted latency and bus bandwidth of one collective over ``group_size`` ranks on ``nodes`` nodes."""
+
+    collective: str
+    group_size: int
+    nodes: int
+    alpha_us: float
+    bus_gbps: float  # GB/s (1e9 bytes/s), nccl-tests' bus bandwidth
+    samples: int
+    mape_pct: float
+    sources: tuple[str, ...]
+
+    def time_us(self, nbytes: float) -> float:
+        """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports)."""
+        factor = bus_bandwidth_factor(self.collective, self.group_size)
+        return self.alpha_us + nbytes * factor / (self.bus_gbps * 1e3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "sources": list(self.sources)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AlphaBeta:
+        return cls(**{**data, "sources": tuple(data.get("sources", ()))})
+
+
+def fit_collectives(table: pl.DataFrame) -> list[AlphaBeta]:
+    """One :class:`AlphaBeta` per (collective, group size, nodes) of an ``nccl_latency`` table with at least two
+    message sizes. Rows without a group size are skipped; rows without a node count are taken as one node."""
+    rows = table.filter(pl.col("group_size").is_not_null() & pl.col("median_us").is_not_null()
+                        & (pl.col("median_us") > 0) & (pl.col("bytes") > 0))
+    rows = rows.with_columns(pl.col("nodes").fill_null(1))
+    fits: list[AlphaBeta] = []
+    for (collective, group_size, nodes), group in rows.group_by(["collective", "group_size", "nodes"],
+                                                                 maintain_order=True):
+        if group["bytes"].n_unique() < 2:
+            continue
+        fit = _fit_one(collective, int(group_size), int(nodes), group)
+        if fit is not None:
+            fits.append(fit)
+    return sorted(fits, key=lambda f: (f.collective, f.nodes, f.group_size))
+
+
+def _fit_one(collective: str, group_size: int, nodes: int, group: pl.DataFrame) -> AlphaBeta | None:
+    nbytes = group["bytes"].to_numpy().astype(float)
+    measured = group["median_us"].to_numpy()
+    factor = bus_bandwidth_factor(collective, group_size)
+    design = np.vstack([np.ones_like(nbytes), nbytes * factor]).T / measured[:, None]
+    (alpha, per_byte), *_ = np.linalg.lstsq(design, np.ones_like(measured), rcond=None)
+    if per_byte <= 0:  # latency-bound over the whole range: no bandwidth to speak of
+        return None
+    alpha = max(float(alpha), 0.0)
+    predicted = alpha + nbytes * factor * per_byte
+    sources = tuple(sorted(set(group["source"].drop_nulls().to_list())))
+    return AlphaBeta(collective=collective, group_size=group_size, nodes=nodes, alpha_us=alpha,
+                     bus_gbps=1.0 / per_byte / 1e3, samples=group.height,
+                     mape_pct=float(np.mean(np.abs(predicted / measured - 1.0)) * 100), sources=sources)
