@@ -1,0 +1,108 @@
+"""Reading the importers' text and CSV files: every problem becomes one :class:`InputError` naming the file (and
+the line, where there is one), never a parser traceback."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import polars as pl
+
+from vtrain.errors import InputError
+
+#: the line-number column that :func:`csv_rows` adds (1-based line in the file)
+LINE = "line"
+
+
+def read_text(path: Path) -> str:
+    """The file's text (UTF-8, a byte-order mark dropped); an error for a missing, unreadable or empty file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a file", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the file: {exc.strerror}", path) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not a text file (byte {exc.start} is not UTF-8)", path) from None
+    if not text.strip():
+        raise InputError("empty file", path)
+    return text
+
+
+def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFrame]:
+    """The header names and the data rows of a CSV file, every value a string with its whitespace stripped
+    (null when empty).
+
+    The rows' columns are the header names (a repeated name gets `` #2``, `` #3``...), or ``column 1``,
+    ``column 2``... for a file without a header, plus :data:`LINE`. Blank lines are skipped; a short row is
+    padded with nulls; a row longer than the header and a file with no data rows are errors.
+    """
+    reader = csv.reader(io.StringIO(read_text(path)))
+    try:
+        records = [(reader.line_num, [value.strip() or None for value in fields])
+                   for fields in reader if any(value.strip() for value in fields)]
+    except csv.Error as exc:
+        raise InputError(f"line {reader.line_num}: not CSV ({exc})", path) from None
+    if not records:
+        raise InputError("no values, only separators", path)
+    if header:
+        names = [value or "" for value in records[0][1]]
+        records = records[1:]
+    else:
+        names = [f"column {i}" for i in range(1, len(records[0][1]) + 1)]
+    if not records:
+        raise InputError("no data rows", path)
+    width = len(names)
+    for line, values in records:
+        if len(values) > width:
+            raise InputError(f"line {line}: {len(values)} fields where the {'header' if header else 'first line'} "
+                             f"has {width}", path)
+    columns = list(zip(*(values + [None] * (width - len(values)) for _, values in records), strict=True))
+    frame = pl.DataFrame({name: list(values) for name, values in zip(_unique(names), columns, strict=True)},
+                         schema={name: pl.String for name in _unique(names)})
+    return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name} #{seen[name]}")
+    return unique
+
+
+def require_columns(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
+    """An error naming the columns of ``columns`` that ``rows`` lacks."""
+    missing = [name for name in columns if name not in rows.columns]
+    if missing:
+        raise InputError(f"missing column(s) {', '.join(repr(name) for name in missing)}", path)
+
+
+def numbers(rows: pl.DataFrame, columns: dict[str, type[pl.DataType]], path: Path) -> pl.DataFrame:
+    """``rows`` with the string ``columns`` cast to the given numeric types; an error naming the line of the first
+    missing or non-numeric value (or a missing column)."""
+    require_columns(rows, list(columns), path)
+    for name, dtype in columns.items():
+        cast = pl.col(name).cast(dtype, strict=False)
+        bad = rows.filter(cast.is_null() | (cast.is_nan() if dtype == pl.Float64 else pl.lit(False)))
+        if not bad.is_empty():
+            line, value = bad.row(0, named=True)[LINE], bad.row(0, named=True)[name]
+            kind = "an integer" if dtype in (pl.Int64, pl.Int32) else "a number"
+            problem = "is missing" if value is None else f"is not {kind}: {value!r}"
+            raise InputError(f"line {line}: {name!r} {problem}", path)
+        rows = rows.with_columns(cast)
+    return rows
+
+
+def positive(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
+    """An error naming the line of the first value below 1 in the (numeric) ``columns``."""
+    for name in columns:
+        bad = rows.filter(pl.col(name) < 1)
+        if not bad.is_empty():
+            raise InputError(f"line {bad[LINE][0]}: {name!r} must be at least 1 (got {bad[name][0]})", path)
