@@ -1,0 +1,394 @@
+"""Importers of measurements made by others, on the real A100 files copied in tests/data/a100/."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from vtrain.errors import InputError
+from vtrain.importers import (
+    measurement_config, measurement_errors, read_llmcompass, read_llmcompass_network, read_measurements,
+    read_nccl_tests, read_vidur_compute, read_vidur_network,
+)
+from vtrain.importers.llmcompass import THROUGHPUT_UNIT
+from vtrain.tables.schema import NCCL_LATENCY, OP_BENCHMARKS
+
+DATA = Path(__file__).parent / "data" / "a100"
+NCCL = DATA / "vtrain-a100" / "nccl-tests-allreduce-a100"
+GROUND_TRUTH = DATA / "vtrain-a100" / "ground_truth_single.csv"
+LLMCOMPASS = DATA / "llmcompass-a100"
+VIDUR = DATA / "vidur-a100"
+GIB = 1 << 30
+
+
+def raw_rows(path: Path) -> list[list[str]]:
+    """The file's rows as the csv module reads them (an independent reading to check the importers against)."""
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        return [[value.strip() for value in row] for row in csv.reader(f) if row]
+
+
+def row_where(frame: pl.DataFrame, **values: object) -> dict:
+    rows = frame.filter(**values)
+    assert rows.height == 1, f"{rows.height} rows match {values}"
+    return rows.row(0, named=True)
+
+
+# --- nccl-tests -------------------------------------------------------------------------------------------------
+
+def test_nccl_tests_csv_8gpu_1gib_is_the_files_timings():
+    table = read_nccl_tests(NCCL / "allreduce_8gpu.csv")
+    assert table.schema == pl.Schema(NCCL_LATENCY)
+    assert table.height == 1024  # 1 MiB to 1 GiB in 1 MiB steps
+    assert set(table["collective"]) == {"all_reduce"} and set(table["group_size"]) == {8}
+    assert set(table["nodes"]) == {1} and set(table["source"]) == {"nccl-tests"}
+    assert set(table["device_type"]) == {"cuda"} and set(table["count"]) == {2}
+    gib = row_where(table, bytes=GIB)  # 1073741824,268435456,float,8193000,229.35,8196400,229.25
+    assert gib["median_us"] == pytest.approx(8194.7)
+    assert (gib["p10_us"], gib["p90_us"]) == pytest.approx((8193.0, 8196.4))
+    assert gib["algbw_gbps"] == pytest.approx(GIB / 8194.7e-6 / 1e9)
+    assert gib["busbw_gbps"] == pytest.approx(gib["algbw_gbps"] * 2 * 7 / 8)
+
+
+@pytest.mark.parametrize("gpus", range(2, 9))
+def test_nccl_tests_csv_busbw_recomputed_agrees_with_the_file(gpus):
+    path = NCCL / f"allreduce_{gpus}gpu.csv"
+    table = read_nccl_tests(path).sort("bytes")
+    assert set(table["group_size"]) == {gpus}
+    rows = raw_rows(path)[1:]
+    assert table["bytes"].to_list() == [int(row[0]) for row in rows]
+    for ours, row in zip(table.iter_rows(named=True), rows, strict=True):
+        out_bw, in_bw = float(row[4]), float(row[6])
+        # nccl-tests computed busbw from the unrounded time; the file rounds times to 100 ns and busbw to 0.01
+        slack = 0.005 + max(out_bw, in_bw) * 50 / min(float(row[3]), float(row[5])) + 1e-9
+        # busbw of the median time lies between the two timings' busbw
+        assert min(out_bw, in_bw) - slack <= ours["busbw_gbps"] <= max(out_bw, in_bw) + slack, row
+        if row[3] == row[5]:
+            assert ours["busbw_gbps"] == pytest.approx(out_bw, abs=slack)
+
+
+def test_nccl_tests_group_size_argument_overrides_the_file_name():
+    table = read_nccl_tests(NCCL / "allreduce_4gpu.csv", group_size=2, nodes=2)
+    assert set(table["group_size"]) == {2} and set(table["nodes"]) == {2}
+    first = table.row(0, named=True)
+    assert first["busbw_gbps"] == pytest.approx(first["algbw_gbps"])  # 2(n-1)/n = 1 for two ranks
+
+
+def test_nccl_tests_collective_argument(tmp_path):
+    results = write(tmp_path / "results.csv", ["size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)",
+                                               "8388608,262144,float,100000,73.40,100000,73.40"])
+    table = read_nccl_tests(results, group_size=8, collective="all_gather_perf")
+    assert table.select("collective", "group_size", "bytes", "median_us").row(0) == ("all_gather", 8, 8388608, 100.0)
+    assert table["busbw_gbps"][0] == pytest.approx(8388608 / 100e-6 / 1e9 * 7 / 8)
+    with pytest.raises(InputError, match="unknown collective 'gather'"):
+        read_nccl_tests(results, group_size=8, collective="gather")
+
+
+def perf_output(csv_path: Path, sizes: int, *, ranks: int) -> str:
+    """nccl-tests' all_reduce_perf text for the first ``sizes`` rows of one of vTrain's CSVs (times in µs)."""
+    lines = [
+        "# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 1048576(bytes) warmup iters: 5 iters: 20",
+        "#", "# Using devices",
+        *(f"#  Rank {r:2d} Group  0 Pid  4242 on  dgx-a100 device {r:2d} [0x{r:02x}] NVIDIA A100-SXM4-80GB"
+          for r in range(ranks)),
+        "# Collective test starting: all_reduce_perf",
+        "#                                                              out-of-place                       in-place",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw"
+        " #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+    ]
+    for row in raw_rows(csv_path)[1:sizes + 1]:
+        size, count, dtype, t_out, bw_out, t_in, bw_in = row
+        algbw = [int(size) / float(t) for t in (t_out, t_in)]
+        lines.append(f"{size:>12} {count:>12} {dtype:>8} {'sum':>6} {-1:>6} {float(t_out) / 1e3:8.1f} "
+                     f"{algbw[0]:6.2f} {bw_out:>6} {0:6d} {float(t_in) / 1e3:8.1f} {algbw[1]:6.2f} {bw_in:>6} {0:6d}")
+    lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 80.5", "#"]
+    return "\n".join(lines) + "\n"
+
+
+def test_nccl_tests_stdout_reads_like_the_csv(tmp_path):
+    out = tmp_path / "run.log"
+    out.write_text(perf_output(NCCL / "allreduce_8gpu.csv", 16, ranks=8))
+    from_text = read_nccl_tests(out)
+    from_csv = read_nccl_tests(NCCL / "allreduce_8gpu.csv").head(16)
+    assert from_text.select("collective", "group_size", "bytes", "count").equals(
+        from_csv.select("collective", "group_size", "bytes", "count"))
+    # the text has 0.1 µs resolution where the CSV has 10 ns
+    assert from_text["median_us"].to_list() == pytest.approx(from_csv["median_us"].to_list(), abs=0.05)
+    assert from_text["busbw_gbps"].to_list() == pytest.approx(from_csv["busbw_gbps"].to_list(), rel=1e-3)
+
+
+def test_nccl_tests_stdout_older_layout_all_gather(tmp_path):
+    out = tmp_path / "gather.txt"
+    out.write_text(
+        "$ ./build/all_gather_perf -b 8M -e 16M -f 2 -g 1\n"
+        "# nThread 1 nGpus 1 minBytes 8388608 maxBytes 16777216 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
+        "#        (B)    (elements)                        (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+        "dgx:123:123 [0] NCCL INFO Launch mode Parallel\n"
+        "     8388608      262144     float    none    100.0   83.89   73.40  0e+00    102.0   82.24   71.96  0e+00\n"
+        "    16777216      524288     float    none    180.0   93.21   81.56  0e+00    180.0   93.21   81.56  0e+00\n")
+    table = read_nccl_tests(out, group_size=8)
+    assert set(table["collective"]) == {"all_gather"} and set(table["group_size"]) == {8}
+    big = row_where(table, bytes=16777216)
+    assert big["median_us"] == 180.0
+    assert big["busbw_gbps"] == pytest.approx(81.56, abs=0.005)  # algbw x (n-1)/n, as the file says
+
+
+def test_nccl_tests_stdout_group_size_contradiction(tmp_path):
+    out = tmp_path / "run.log"
+    out.write_text(perf_output(NCCL / "allreduce_8gpu.csv", 2, ranks=8))
+    with pytest.raises(InputError, match="group size 4 was given but the output lists 8 ranks"):
+        read_nccl_tests(out, group_size=4)
+
+
+# --- vidur ------------------------------------------------------------------------------------------------------
+
+def test_vidur_all_reduce():
+    table = read_vidur_network(VIDUR / "network" / "all_reduce.csv")
+    assert table.schema == pl.Schema(NCCL_LATENCY)
+    assert set(table["source"]) == {"vidur"} and set(table["count"]) == {3}
+    groups = set(table.select("group_size", "nodes").iter_rows())
+    assert groups == {(2, 2), (2, 1), (4, 2), (4, 1), (8, 2), (8, 1), (16, 2)}
+    # first data row: 0,0.031,0.077,0.0503,0.043,...,num_workers 2,size 2048,all_reduce,devices_per_node 1
+    first = row_where(table, group_size=2, nodes=2, bytes=2048)
+    assert (first["median_us"], first["p10_us"], first["p90_us"]) == pytest.approx((43.0, 31.0, 77.0))
+    # size is bytes: 64 MiB among 8 NVLink GPUs stays below the A100's ~235 GB/s bus bandwidth
+    nvlink = row_where(table, group_size=8, nodes=1, bytes=64 << 20)
+    assert 150 < nvlink["busbw_gbps"] < 235
+    assert nvlink["busbw_gbps"] == pytest.approx(nvlink["algbw_gbps"] * 2 * 7 / 8)
+
+
+def test_vidur_send_recv():
+    table = read_vidur_network(VIDUR / "network" / "send_recv.csv")
+    assert set(table["collective"]) == {"send_recv"} and set(table["group_size"]) == {2}
+    assert table["busbw_gbps"].to_list() == table["algbw_gbps"].to_list()
+    assert set(table["nodes"]) == {1, 2}
+
+
+def test_vidur_compute_llama2_7b_shapes():
+    table = read_vidur_compute(VIDUR / "compute" / "Llama-2-7b-hf-mlp.csv")
+    assert table.schema == pl.Schema(OP_BENCHMARKS)
+    assert table.height == 1044 * 10
+    assert set(table["dtype"]) == {"c10::Half"} and set(table["device"]) == {"A100-80GB"}
+    gemms = table.filter(op_class="gemm")
+    shapes = {(label, tp): (k, n) for label, tp, k, n in gemms.select("label", "tp", "k", "n").unique().iter_rows()}
+    assert shapes[("attn_pre_proj", 1)] == (4096, 12288)
+    assert shapes[("attn_post_proj", 1)] == (4096, 4096)
+    assert shapes[("mlp_up_proj", 1)] == (4096, 2 * 11008)  # gate and up projections in one GEMM
+    assert shapes[("mlp_down_proj", 1)] == (11008, 4096)
+    assert shapes[("attn_pre_proj", 2)] == (4096, 6144)
+    assert shapes[("mlp_up_proj", 8)] == (4096, 2 * 11008 // 8)
+    assert shapes[("mlp_down_proj", 4)] == (11008 // 4, 4096)
+    assert (gemms["flops"] == 2.0 * gemms["m"] * gemms["k"] * gemms["n"]).all()
+    # first file row: 4096 tokens, tp 1; attn_pre_proj min 1.711, max 1.912, median 1.911 ms
+    qkv = table.filter(label="attn_pre_proj", m=4096, tp=1).row(0, named=True)
+    assert (qkv["median_us"], qkv["p10_us"], qkv["p90_us"]) == pytest.approx((1911.0, 1711.0, 1912.0))
+    assert qkv["bytes"] == 2 * (4096 * 4096 + 4096 * 12288 + 4096 * 12288)
+    act = table.filter(label="mlp_act", elements=4096 * 11008, tp=1)
+    assert set(act["op_class"]) == {"elementwise"} and set(act["bytes"]) == {2 * 3 * 4096 * 11008}
+    assert set(table.filter(label="input_layernorm")["op_class"]) == {"layernorm"}
+    assert set(table.filter(label="emb")["op_class"]) == {"embedding"}
+
+
+def test_vidur_compute_phi2_is_not_gated():
+    table = read_vidur_compute(VIDUR / "compute" / "phi-2-mlp.csv")
+    assert "post_attention_layernorm" not in set(table["label"])
+    assert set(table.filter(label="mlp_up_proj")["n"]) == {10240}
+    assert set(table.filter(label="attn_pre_proj")["n"]) == {3 * 2560}
+    assert set(table.filter(label="mlp_act")["op_class"]) == {"gelu"}
+
+
+# --- LLMCompass -------------------------------------------------------------------------------------------------
+
+def test_llmcompass_matmul_flops_over_time_is_the_files_tflops():
+    table = read_llmcompass(LLMCOMPASS).filter(label="matmul")
+    assert table.schema == pl.Schema(OP_BENCHMARKS)
+    rows = raw_rows(LLMCOMPASS / "matmul_A100.csv")
+    assert table.height == len(rows) == 20
+    for ours, row in zip(table.iter_rows(named=True), rows, strict=True):
+        assert (ours["m"], ours["k"], ours["n"]) == tuple(int(v) for v in row[:3])
+        assert ours["median_us"] == pytest.approx(float(row[3].removesuffix("ms")) * 1e3)
+        tflops = float(row[4].removesuffix("Tflops"))
+        assert ours["flops"] / ours["median_us"] / 1e6 == pytest.approx(tflops, rel=2e-3)  # time has 4 decimals
+
+
+def test_llmcompass_throughput_is_giga_elements_per_second():
+    table = read_llmcompass(LLMCOMPASS)
+    for name, kind in (("softmax", "softmax"), ("layernorm", "layernorm"), ("gelu", "gelu")):
+        ours = table.filter(pl.col("tp").is_null(), label=kind)  # the kernel file, not the GPT-3 layer
+        throughput = [float(row[-1]) for row in raw_rows(LLMCOMPASS / f"{name}_A100.csv")]
+        assert (ours["elements"] / ours["median_us"] * 1e6 / THROUGHPUT_UNIT).to_list() == pytest.approx(throughput)
+    # the layer's GELU (16384 x 12288 elements) runs at the rate gelu_A100.csv gives for that size (360 at 2^27,
+    # 380 at 2^28 elements): read as G elements/s the two files agree
+    gelu = row_where(table, label="GELU")
+    assert gelu["elements"] == 16384 * 12288
+    assert 360 * 0.95 < gelu["elements"] / gelu["median_us"] / 1e3 < 380 * 1.05
+
+
+def test_llmcompass_transformer_layer():
+    table = read_llmcompass(LLMCOMPASS).filter(pl.col("tp") == 4)
+    assert table["label"].to_list() == ["QKV GEMM", "Q×K", "A×V", "output projection", "FFN up", "FFN down",
+                                        "softmax", "layernorm", "layernorm", "GELU"]
+    shapes = {row["label"]: (row["batch"], row["m"], row["k"], row["n"]) for row in table.iter_rows(named=True)}
+    assert shapes["QKV GEMM"] == (1, 16384, 12288, 3 * 12288 // 4)
+    assert shapes["Q×K"] == (8 * 24, 2048, 128, 2048)
+    assert shapes["A×V"] == (8 * 24, 2048, 2048, 128)
+    assert shapes["FFN down"] == (1, 16384, 12288, 12288)
+    assert row_where(table, label="QKV GEMM")["median_us"] == pytest.approx(13721.823692321777)
+    assert row_where(table, label="softmax")["elements"] == 8 * 24 * 2048 * 2048
+
+
+def test_llmcompass_all_reduces():
+    table = read_llmcompass_network(LLMCOMPASS)
+    assert table.schema == pl.Schema(NCCL_LATENCY)
+    row = table.row(0, named=True)
+    assert (row["collective"], row["group_size"], row["bytes"], row["count"]) == ("all_reduce", 4, 402653184, 2)
+    assert row["median_us"] == pytest.approx(2890.9)
+    # vTrain's nccl-tests measured the same 384 MiB all-reduce on 4 A100s within 3 %
+    vtrain = row_where(read_nccl_tests(NCCL / "allreduce_4gpu.csv"), bytes=402653184)
+    assert row["median_us"] == pytest.approx(vtrain["median_us"], rel=0.03)
+
+
+# --- vTrain's measured iteration times --------------------------------------------------------------------------
+
+def test_ground_truth_single():
+    table = read_measurements(GROUND_TRUTH)
+    assert table.height == 1440
+    assert table.row(0, named=True) == {
+        "row": 1, "params_billion": None, "gpus": 2, "global_batch": 16, "micro_batch": 8, "hidden": 1024,
+        "heads": 16, "layers": 24, "seq": 1024, "tp": 1, "dp": 1, "pp": 2, "iteration_ms": 372.160408,
+    }
+    assert table["row"].to_list() == list(range(1, 1441))
+    assert measurement_errors(table).is_empty()
+    config = measurement_config(table.row(1, named=True))
+    assert config.constraint_errors() == []
+    assert (config.precision, config.parallelism.recompute, config.parallelism.schedule) == ("fp16", "full", "1f1b")
+    model, parallelism = config.model, config.parallelism
+    assert (model.vocab, model.hidden, parallelism.tp, parallelism.dp, parallelism.pp) == (50257, 1024, 2, 2, 2)
+    assert (config.hardware.device, config.hardware.device_count) == ("A100-80GB", 8)
+
+
+def test_multi_node_measurements(tmp_path):
+    path = tmp_path / "ground_truth_multi.csv"
+    path.write_text(
+        " Parameters (billion) , # GPUs , global batch,micro batch,hidden size,attention heads,# layers,"
+        "sequence length,tensor parallelism,data parallelism,pipeline parallelism, iteration time (ms) \n"
+        " 1.3 , 16 , 64 , 2 , 2048 , 16 , 24 , 2048 , 2 , 4 , 2 , 812.5 \n"
+        "\n"
+        "6.7,16,64,2,4096,32,32,2048,4,2,1,1500.25\n")
+    table = read_measurements(path)
+    assert table["params_billion"].to_list() == [1.3, 6.7]
+    assert table["row"].to_list() == [1, 2]
+    assert table.row(0, named=True)["iteration_ms"] == 812.5
+    errors = measurement_errors(table)
+    assert errors["row"].to_list() == [2]
+    assert "does not equal the number of devices (16)" in errors["error"][0]
+    config = measurement_config(table.row(0, named=True), gpus_per_node=4, inter_node_gbps=200.0,
+                                intra_node_gbps=300.0)
+    assert config.constraint_errors() == []
+    assert (config.hardware.gpus_per_node, config.hardware.inter_node_gbps, config.hardware.intra_node_gbps) == (
+        4, 200.0, 300.0)
+
+
+# --- bad input --------------------------------------------------------------------------------------------------
+
+def ground_truth_lines() -> list[str]:
+    return GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def bad_ground_truth_value(tmp: Path) -> Path:
+    lines = ground_truth_lines()[:4]
+    lines[2] = lines[2].replace(",1024,", ",abc,", 1)  # hidden size of the second data row (line 3)
+    return write(tmp / "gt.csv", lines)
+
+
+NCCL_CSV_HEADER = "size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)"
+
+
+def bad_vidur_flag(tmp: Path) -> Path:
+    header, first = raw_rows(VIDUR / "compute" / "phi-2-mlp.csv")[:2]
+    return write(tmp / "mlp.csv", [",".join(header), ",".join(first).replace("False", "maybe")])
+
+
+def in_folder(tmp: Path, name: str, lines: list[str]) -> Path:
+    write(tmp / name, lines)
+    return tmp
+
+
+CASES = {
+    "missing file": (lambda tmp: tmp / "nope.csv", read_measurements, "no such file"),
+    "nccl missing file": (lambda tmp: tmp / "allreduce_8gpu.csv", read_nccl_tests, "no such file"),
+    "vidur network missing file": (lambda tmp: tmp / "all_reduce.csv", read_vidur_network, "no such file"),
+    "vidur compute missing file": (lambda tmp: tmp / "mlp.csv", read_vidur_compute, "no such file"),
+    "vidur compute no stats": (lambda tmp: write(tmp / "mlp.csv", [
+        "n_head,n_kv_head,n_embd,n_expanded_embd,use_gated_mlp,num_tokens,num_tensor_parallel_workers",
+        "32,32,4096,11008,True,8,1"]), read_vidur_compute, "no time_stats.<op>.<statistic> columns"),
+    "vidur compute tp does not divide": (lambda tmp: write(tmp / "mlp.csv", [
+        "n_head,n_kv_head,n_embd,n_expanded_embd,use_gated_mlp,num_tokens,num_tensor_parallel_workers",
+        "32,32,4096,11008,True,8,1", "32,32,4096,11008,True,8,3"]), read_vidur_compute, "line 3: n_embd is not"),
+    "empty file": (lambda tmp: write(tmp / "gt.csv", [""]), read_measurements, "empty file"),
+    "header only": (lambda tmp: write(tmp / "gt.csv", ground_truth_lines()[:1]), read_measurements, "no data rows"),
+    "wrong columns": (lambda tmp: write(tmp / "gt.csv", ["a,b", "1,2"]), read_measurements, "expected the columns"),
+    "non-numeric value": (bad_ground_truth_value, read_measurements,
+                          "line 3: 'hidden size' is not an integer: 'abc'"),
+    "ragged row": (lambda tmp: write(tmp / "gt.csv", ground_truth_lines()[:2] + [",".join("123456789012")]),
+                   read_measurements, "line 3: 12 fields where the header has 11"),
+    "not text": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x1f\x8b\x08\x00\xff\xfe"), read_measurements,
+                 "not a text file"),
+    "nccl csv bad time": (
+        lambda tmp: write(tmp / "allreduce_8gpu.csv", [NCCL_CSV_HEADER, "1048576,262144,float,92790,19.78,92150,19.91",
+                                                        "2097152,524288,float,fast,39.36,92970,39.47"]),
+        read_nccl_tests, "line 3: 'time(ns) out-of-place' is not a number: 'fast'"),
+    "nccl csv no group size": (
+        lambda tmp: write(tmp / "results.csv", [NCCL_CSV_HEADER, "1048576,262144,float,92790,19.78,92150,19.91"]),
+        read_nccl_tests, "group size unknown"),
+    "nccl text without table": (lambda tmp: write(tmp / "run.log", ["# nThread 1 nGpus 8", "hello"]),
+                                read_nccl_tests, "no nccl-tests results"),
+    "nccl text short row": (
+        lambda tmp: write(tmp / "run.log", perf_output(NCCL / "allreduce_8gpu.csv", 2, ranks=8).splitlines()[:-3]
+                          + ["     4194304       1048576     float     sum      -1     95.8"]),
+        read_nccl_tests, "line 18: 6 fields where the table header has 13"),
+    "vidur missing column": (
+        lambda tmp: write(tmp / "all_reduce.csv", [",time_stats.all_reduce.min,size,collective",
+                                                   "0,0.1,2048,all_reduce"]),
+        read_vidur_network, "missing column(s) 'num_workers'"),
+    "vidur unknown collective": (
+        lambda tmp: write(tmp / "all_reduce.csv", ["num_workers,size,collective,devices_per_node",
+                                                   "2,2048,all_reduce,1", "2,2048,broadcast,1"]),
+        read_vidur_network, "line 3: unknown collective 'broadcast'"),
+    "vidur bad flag": (bad_vidur_flag, read_vidur_compute, "line 2: 'use_gated_mlp' is not True or False: 'maybe'"),
+    "llmcompass no folder": (lambda tmp: tmp / "missing", read_llmcompass, "no such folder"),
+    "llmcompass empty folder": (lambda tmp: tmp, read_llmcompass, "no LLMCompass files"),
+    "llmcompass time without unit": (
+        lambda tmp: in_folder(tmp, "matmul_A100.csv", ["64, 12288, 12288, 0.1900ms, 101.7124Tflops",
+                                                        "128, 12288, 12288, 0.2003, 193.0114Tflops"]),
+        read_llmcompass, "line 2: 'time' has no unit"),
+    "llmcompass short transformer": (lambda tmp: in_folder(tmp, "transformer_A100.csv", ["0.01"] * 11),
+                                     read_llmcompass_network, "expected 12 lines"),
+}
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
+    make, reader, message = CASES[case]
+    path = make(tmp_path)
+    with pytest.raises(InputError) as caught:
+        reader(path)
+    text = str(caught.value)
+    assert message in text
+    assert "\n" not in text
+    assert caught.value.path is not None and text.startswith(caught.value.path)
+    assert Path(caught.value.path) in (path, tmp_path / "transformer_A100.csv", tmp_path / "matmul_A100.csv")
