@@ -1,0 +1,194 @@
+"""``vtrain calibrate``: ingest new traces as a version of a base profile, compare the two, predict a reference
+run and re-run a validation suite with both, then write the drift report and the new profile.
+
+:func:`calibrate` checks every input before it reads the traces and writes nothing but temporary files;
+:func:`write_calibration` writes the report folder and the profile folder, each atomically, the profile last
+inside the report's staging step, so a failure leaves neither behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vtrain.calibrate.drift import GONE, MIN_CHANGE, NEW, Z, Drift, compare_profiles
+from vtrain.calibrate.profile import derive_profile, load_base_profile
+from vtrain.errors import InputError
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.report.drift import write_drift_report
+from vtrain.report.write import staged_folder
+from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.tables.store import Profile, write_profile
+from vtrain.validate.run import Validation, validate_traces
+from vtrain.validate.suite import Suite, load_suite
+
+Warn = Callable[[str], None]
+
+
+@dataclass
+class SuiteSet:
+    """One trace set of a suite validated with the base profile (``old``) and the new one (``new``)."""
+
+    name: str
+    traces: str
+    replay: dict[str, Any]  # measured_ms, predicted_ms, error_pct: the replay does not use the profile
+    old: dict[str, Any] | None  # the model's measured_ms, predicted_ms, error_pct with the base profile
+    new: dict[str, Any] | None
+    reason: str | None  # why a model prediction is missing
+
+    @classmethod
+    def of(cls, name: str, old: Validation, new: Validation) -> SuiteSet:
+        """From the validations of one set with either profile."""
+        reason = old.model_reason if old.model is None else new.model_reason if new.model is None else None
+        return cls(name=name, traces=str(old.trace_dir), replay=old.replay.summary(),
+                   old=old.model.summary() if old.model else None, new=new.model.summary() if new.model else None,
+                   reason=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "traces": self.traces, "replay": self.replay, "model_old": self.old,
+                "model_new": self.new, "reason": self.reason}
+
+
+@dataclass
+class Calibration:
+    """Everything the drift report shows, and the new profile to write."""
+
+    trace_dir: Path
+    base_path: Path
+    output: Path
+    report_dir: Path
+    base: Profile
+    profile: Profile
+    drift: Drift
+    reference: dict[str, Any] | None
+    reference_reason: str | None
+    suite_name: str | None
+    suite: list[SuiteSet] | None
+    warnings: list[str]
+
+    def summary(self) -> dict[str, Any]:
+        """What ``--json`` prints."""
+        drift = self.drift
+        return {
+            "profile": str(self.output), "version": self.profile.metadata["version"],
+            "parent": str(self.base_path), "parent_sha256": self.profile.metadata["parent"]["sha256"],
+            "trace_dir": str(self.trace_dir), "report": str(self.report_dir),
+            "rule": {"min_change": MIN_CHANGE, "z": Z},
+            "counts": drift.counts(), "drifted": [_public(r) for r in drift.drifted()],
+            "unmatched": [_public(r) for r in drift.rows((NEW, GONE))],
+            "collective_types": drift.collective_types.to_dicts(),
+            "software_changed": drift.software,
+            "reference": self.reference, "reference_reason": self.reference_reason,
+            "suite": None if self.suite is None else {"name": self.suite_name,
+                                                      "sets": [s.to_dict() for s in self.suite]},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for ``drift.json``: the summary, every compared row of each kind, and the warnings."""
+        return {**self.summary(), "rows": {kind: frame.to_dicts() for kind, frame in self.drift.tables().items()},
+                "warnings": self.warnings}
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("kind", "key", "label", "ratio", "band", "status", "old_median_us",
+                                "new_median_us", "old_count", "new_count")}
+
+
+def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, report_dir: str | Path,
+              reference: str | Path | None = None, suite: str | Path | None = None, force: bool = False,
+              warn: Warn = lambda _: None) -> Calibration:
+    """Ingest ``trace_dir`` as a new version of the profile ``base`` (to be written to ``output``) and compare.
+
+    The reference run is ``reference``, else ``trace_dir/run.yaml`` when there is one; ``suite`` is a validation
+    suite re-run with both profiles. Bad input raises :class:`InputError` before anything is written.
+    """
+    trace_dir, base, output = Path(trace_dir), Path(base), Path(output)
+    base_profile = load_base_profile(base)
+    _check_output(output, base, force)
+    config, config_source, reference_reason = _reference_config(reference, trace_dir)
+    loaded_suite = load_suite(suite) if suite is not None else None
+    warnings: list[str] = []
+
+    def note(line: str) -> None:
+        if line not in warnings:
+            warnings.append(line)
+            warn(line)
+
+    profile = derive_profile(ingest_traces(trace_dir, warn=note), base, version=output.name)
+    drift = compare_profiles(base_profile, profile)
+    predicted = None
+    if config is not None:
+        predicted, reference_reason = predict_reference(config, str(config_source), base_profile, profile)
+    sets = rerun_suite(loaded_suite, base, profile, note) if loaded_suite is not None else None
+    return Calibration(trace_dir=trace_dir, base_path=base, output=output, report_dir=Path(report_dir),
+                       base=base_profile, profile=profile, drift=drift, reference=predicted,
+                       reference_reason=reference_reason, suite_name=loaded_suite.name if loaded_suite else None,
+                       suite=sets, warnings=warnings)
+
+
+def _check_output(output: Path, base: Path, force: bool) -> None:
+    if output.resolve() == base.resolve():
+        raise InputError("the new profile would replace its own base profile; give another -o", output)
+    if output.exists() and not force:
+        raise InputError("profile folder already exists (use --force to replace it)", output)
+
+
+def _reference_config(reference: str | Path | None,
+                      trace_dir: Path) -> tuple[RunConfig | None, Path | None, str | None]:
+    """The reference run config and its path, or the reason there is none."""
+    path = Path(reference) if reference is not None else trace_dir / "run.yaml"
+    if reference is None and not path.is_file():
+        return None, None, f"no --reference given and no run.yaml in {trace_dir}: no reference run to predict"
+    return load_run_config(path).validate(path), path, None
+
+
+def predict_reference(config: RunConfig, source: str, old: Profile,
+                      new: Profile) -> tuple[dict[str, Any] | None, str | None]:
+    """Iteration time of the reference run simulated from either profile, or ``None`` and why not."""
+    from vtrain.simulate import simulate  # imports the model (and torch): only when there is a reference run
+
+    try:
+        before, after = (simulate(config, profile, source=source) for profile in (old, new))
+    except InputError:
+        raise
+    except Exception as exc:  # the simulator is another package: report its failure, keep the drift report
+        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}"
+    old_ms, new_ms = before.iteration_us / 1e3, after.iteration_us / 1e3
+    return {"config": source, "old_ms": old_ms, "new_ms": new_ms,
+            "change_pct": 100.0 * (new_ms / old_ms - 1.0) if old_ms > 0 else None,
+            "coverage_old": before.coverage_share, "coverage_new": after.coverage_share}, None
+
+
+def rerun_suite(suite: Suite, base: Path, new: Profile, warn: Warn) -> list[SuiteSet]:
+    """Validate every set of ``suite`` with the base profile and with ``new`` (each set's own ``profile:`` is
+    replaced by these two); HTA's side-by-side analysis is skipped."""
+    sets = []
+    with tempfile.TemporaryDirectory(prefix="vtrain-calibrate-") as scratch:
+        new_dir = write_profile(Profile(tables=new.tables, metadata=new.metadata), Path(scratch) / "profile")
+        for entry in suite.entries:
+            validations = []
+            for side, profile_dir in (("old", base), ("new", new_dir)):
+                work = Path(scratch) / side / entry.name
+                work.mkdir(parents=True)
+                validations.append(validate_traces(entry.traces, work, config_path=entry.config,
+                                                   profile_dir=profile_dir, with_hta=False, warn=warn))
+            sets.append(SuiteSet.of(entry.name, *validations))
+    return sets
+
+
+def write_calibration(calibration: Calibration, *, force: bool = False) -> None:
+    """Write the drift report folder and the new profile, both atomically; on any failure neither is left."""
+    written = False
+    try:
+        with staged_folder(calibration.report_dir) as staging:
+            write_drift_report(calibration, staging)
+            write_profile(calibration.profile, calibration.output, overwrite=force)
+            written = True
+    except BaseException:
+        if written:
+            shutil.rmtree(calibration.output, ignore_errors=True)
+        raise

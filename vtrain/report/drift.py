@@ -1,0 +1,254 @@
+"""The drift report of `vtrain calibrate`: ``report.md``, a self-contained ``report.html`` (plotly.js inlined),
+``drift.json`` and every compared row as Parquet under ``tables/``; and the short table printed on the terminal."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+import polars as pl
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
+from vtrain.report.html import html_table
+from vtrain.report.markdown import markdown_table
+from vtrain.report.tables import Table, ms, pct
+from vtrain.report.write import write_json
+
+if TYPE_CHECKING:
+    from vtrain.calibrate.run import Calibration
+
+#: rows listed per kind and status group in report.md / report.html (all of them are in drift.json)
+LISTED = 100
+#: rows in the terminal's table of what moved
+PRINTED = 20
+#: characters of a row's label printed there
+LABEL = 48
+
+_TITLES = {COLLECTIVE: "Collectives (collective x group size x bytes)", KERNEL: "Kernels (by name)",
+           OP: "Operator signatures (op + input dims + dtypes)"}
+_COLOURS = {"slower": "#e45756", "faster": "#54a24b", "unchanged": "#bab0ac"}
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+.note { color: #555; }
+"""
+
+
+def rule_lines() -> list[str]:
+    """The drift rule, as the report states it."""
+    return [
+        f"ratio = new median / old median; a row drifted (slower/faster) when |ln ratio| > max({Z:g} x max(e_old, "
+        f"e_new), ln(1 + {MIN_CHANGE:g})): each median is more than {Z:g} standard errors outside the other, and "
+        f"the change is at least {100 * MIN_CHANGE:g} %.",
+        "e = 0.978 x (median - p10) / median / sqrt(n), the relative standard error of a median with the spread "
+        "taken from the fast half of the samples (slow outliers barely move a median but stretch p90).",
+        "n is the row's count; for a kernel name, the spread is that of one call site (the k-th launch per "
+        "iteration) and n the iterations it was seen in. Rows seen once borrow the median spread of their table "
+        "(marked *).",
+        "band = exp(the noise half-width): a ratio within [1/band, band] is noise.",
+    ]
+
+
+def counts(calibration: Calibration) -> Table:
+    """Rows per kind and status."""
+    found = calibration.drift.counts()
+    return (["kind", *STATUSES], [[kind, *(str(found[kind][s]) for s in STATUSES)] for kind in found])
+
+
+def software(calibration: Calibration) -> Table:
+    """Software versions and device that changed, old -> new."""
+    return (["", "old", "new"], [[key, str(change["old"]), str(change["new"])]
+                                 for key, change in calibration.drift.software.items()])
+
+
+def reference(predicted: dict[str, Any]) -> Table:
+    """The reference run's predicted iteration time with either profile (``Calibration.reference``)."""
+    return (["reference run", "old profile ms", "new profile ms", "change"],
+            [[predicted["config"], ms(predicted["old_ms"]), ms(predicted["new_ms"]), pct(predicted["change_pct"])]])
+
+
+def rows(frame: pl.DataFrame, statuses: tuple[str, ...], limit: int = LISTED) -> Table:
+    """The rows of ``frame`` with one of ``statuses``, at most ``limit`` of them."""
+    header = ["", "status", "old n", "new n", "old median µs", "new median µs", "ratio", "noise band"]
+    shown = frame.filter(pl.col("status").is_in(statuses)).head(limit)
+    return header, [[r["label"], r["status"], _count(r["old_count"]), _count(r["new_count"]), _us(r["old_median_us"]),
+                     _us(r["new_median_us"]), _ratio(r["ratio"]), _band(r["band"], r["pooled_spread"])]
+                    for r in shown.iter_rows(named=True)]
+
+
+def collective_types(calibration: Calibration) -> Table:
+    """Per collective type: rows per status, the median ratio and the time-weighted ratio."""
+    header = ["collective", "rows", *STATUSES, "median ratio", "time-weighted ratio"]
+    return header, [[r["collective"], str(r["rows"]), *(str(r[s]) for s in STATUSES), _ratio(r["median_ratio"]),
+                     _ratio(r["time_ratio"])] for r in calibration.drift.collective_types.iter_rows(named=True)]
+
+
+def suite(calibration: Calibration) -> Table:
+    """Each suite set's measured time and the model's error with the old and the new profile."""
+    header = ["set", "measured ms", "replay error", "model ms (old)", "error (old)", "model ms (new)", "error (new)",
+              "note"]
+    found = []
+    for s in calibration.suite or []:
+        found.append([s.name, ms(s.replay["measured_ms"]), pct(s.replay["error_pct"]), *_model(s.old),
+                      *_model(s.new), s.reason or ""])
+    return header, found
+
+
+def _model(model: dict[str, Any] | None) -> list[str]:
+    return ["–", "–"] if model is None else [ms(model["predicted_ms"]), pct(model["error_pct"])]
+
+
+def _count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+def _us(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.3f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _band(value: float | None, pooled: bool | None) -> str:
+    if value is None:
+        return "–"
+    return f"±{100 * (value - 1):.1f} %" + (" *" if pooled else "")
+
+
+def _sections(calibration: Calibration) -> list[tuple[str, list[tuple[str, Table | str]]]]:
+    """The report's sections: a title and its parts (a sub-title and a table, or a line of text)."""
+    c, drift = calibration, calibration.drift
+    parts: list[tuple[str, list[tuple[str, Table | str]]]] = [
+        ("What moved", [("", counts(c))]),
+        ("Software and device", [("", software(c) if drift.software else "no software version or device changed")]),
+        ("Reference run", [("", reference(c.reference) if c.reference else f"not predicted: {c.reference_reason}")]),
+        ("Collective types", [("", collective_types(c))]),
+    ]
+    for kind in (COLLECTIVE, KERNEL, OP):
+        frame = drift.tables()[kind]
+        unchanged = frame.filter(pl.col("status") == "unchanged").height
+        parts.append((_TITLES[kind], [
+            ("Moved", rows(frame, MOVED)), ("Only in one profile", rows(frame, (NEW, GONE))),
+            ("", f"{unchanged:,} of {frame.height:,} rows unchanged"
+                 + (f"; at most {LISTED} rows are listed per table, all are in drift.json" if frame.height > LISTED
+                    else ""))]))
+    if c.suite is not None:
+        parts.append((f"Validation suite `{c.suite_name}` with the old and the new profile", [("", suite(c))]))
+    if c.warnings:
+        parts.append(("Warnings", [("", f"- {w}") for w in c.warnings]))
+    return parts
+
+
+def _heading(calibration: Calibration) -> list[str]:
+    c, meta = calibration, calibration.profile.metadata
+    return [f"new traces: {c.trace_dir}",
+            f"new profile: {c.output} (version {meta['version']}, created {meta['created_at']})",
+            f"parent: {c.base_path} (version {meta['parent']['version']}, metadata.json sha256 "
+            f"{meta['parent']['sha256']})"]
+
+
+def render_markdown(calibration: Calibration) -> str:
+    """``report.md``."""
+    out = [f"# Calibration drift: `{calibration.output}` against `{calibration.base_path}`\n"]
+    out += [f"- {line}" for line in _heading(calibration)] + ["", "Rule:", ""]
+    out += [f"- {line}" for line in rule_lines()] + [""]
+    for title, parts in _sections(calibration):
+        out.append(f"## {title}\n")
+        for sub, part in parts:
+            if sub:
+                out.append(f"### {sub}\n")
+            out.append(markdown_table(part) if isinstance(part, tuple) else f"{part}\n")
+    return "\n".join(out)
+
+
+def render_html(calibration: Calibration) -> str:
+    """``report.html``: the same sections and a plot of every ratio with its noise band."""
+    c = calibration
+    parts = [f"<h1>Calibration drift: {html.escape(str(c.output))} against {html.escape(str(c.base_path))}</h1>",
+             "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _heading(c)) + "</ul>",
+             "<p class='note'>" + "<br>".join(html.escape(line) for line in rule_lines()) + "</p>"]
+    figure = ratio_figure(c)
+    parts.append(figure.to_html(full_html=False, include_plotlyjs="inline") if figure is not None
+                 else "<p class='note'>no row is in both profiles: nothing to plot</p>")
+    for title, section in _sections(c):
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        for sub, part in section:
+            if sub:
+                parts.append(f"<h3>{html.escape(sub)}</h3>")
+            parts.append(html_table(part) if isinstance(part, tuple) else f"<p>{html.escape(part)}</p>")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>vtrain calibrate: "
+            f"{html.escape(c.output.name)}</title><style>{_STYLE}</style></head><body>"
+            + "\n".join(parts) + "</body></html>\n")
+
+
+def ratio_figure(calibration: Calibration) -> go.Figure | None:
+    """Every row in both profiles: ratio new/old against the old median, with its noise band, coloured by status."""
+    figure = go.Figure()
+    symbols = {COLLECTIVE: "diamond", KERNEL: "circle", OP: "square"}
+    for kind, frame in calibration.drift.tables().items():
+        both = frame.filter(pl.col("ratio").is_not_null() & (pl.col("ratio") > 0))
+        if both.is_empty():
+            continue
+        ratio, band = both["ratio"], both["band"]
+        figure.add_trace(go.Scatter(
+            x=both["old_median_us"].to_list(), y=ratio.to_list(), mode="markers", name=kind,
+            marker={"symbol": symbols[kind], "color": [_COLOURS.get(s, "#4c78a8") for s in both["status"]]},
+            error_y={"type": "data", "symmetric": False, "array": (ratio * band - ratio).to_list(),
+                     "arrayminus": (ratio - ratio / band).to_list(), "thickness": 1, "width": 0},
+            hovertext=[f"{label} ({status})" for label, status in zip(both["label"], both["status"])],
+            hovertemplate="%{hovertext}<br>old median %{x:.3f} µs, ratio %{y:.3f}<extra></extra>"))
+    if not figure.data:
+        return None
+    figure.update_layout(title="Ratio new/old median per row, with its noise band (red slower, green faster)",
+                         xaxis={"type": "log", "title": "old median µs"},
+                         yaxis={"type": "log", "title": "new / old"}, height=560)
+    return figure
+
+
+def write_drift_report(calibration: Calibration, folder: Path) -> None:
+    """``report.md``, ``report.html``, ``drift.json`` and ``tables/{op,collective,kernel}.parquet``."""
+    (folder / "report.md").write_text(render_markdown(calibration))
+    (folder / "report.html").write_text(render_html(calibration))
+    write_json(folder / "drift.json", calibration.to_dict())
+    tables = folder / "tables"
+    tables.mkdir()
+    for kind, frame in calibration.drift.tables().items():
+        frame.write_parquet(tables / f"{kind}.parquet")
+
+
+def print_drift(calibration: Calibration, console: Console | None = None) -> None:
+    """The rows that moved (largest change first), the software that changed, the reference run, the paths."""
+    console = console or Console()
+    c = calibration
+    moved = c.drift.drifted()
+    table = RichTable(title=f"{c.output} against {c.base_path}: {len(moved)} row(s) moved")
+    for column in ("kind", "status", "ratio", "band", "old µs", "new µs", ""):
+        table.add_column(column, justify="left" if column in ("kind", "status", "") else "right")
+    for row in moved[:PRINTED]:
+        label = row["label"] if len(row["label"]) <= LABEL else row["label"][:LABEL - 1] + "…"
+        table.add_row(row["kind"], row["status"], _ratio(row["ratio"]), _band(row["band"], None),
+                      _us(row["old_median_us"]), _us(row["new_median_us"]), label)
+    console.print(table)
+    if len(moved) > PRINTED:
+        console.print(f"  … and {len(moved) - PRINTED} more (report.md, drift.json)")
+    found = c.drift.counts()
+    console.print("  " + "; ".join(f"{kind}: " + ", ".join(f"{n} {s}" for s, n in found[kind].items() if n)
+                                   for kind in found if any(found[kind].values())))
+    for key, change in c.drift.software.items():
+        console.print(f"  {key}: {change['old']} -> {change['new']}")
+    if c.reference is not None:
+        r = c.reference
+        console.print(f"  reference {r['config']}: {ms(r['old_ms'])} ms -> {ms(r['new_ms'])} ms "
+                      f"({pct(r['change_pct'])})")
+    else:
+        console.print(f"  reference run not predicted: {c.reference_reason}")
+    console.print(f"profile: {c.output} (parent {c.base_path})")
+    console.print(f"report: {c.report_dir}/report.md, report.html, drift.json")
