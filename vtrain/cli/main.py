@@ -6,7 +6,7 @@ import typer
 
 from vtrain.cli import ingest, record, simulate, tables
 from vtrain.cli import validate
-from vtrain.cli import calibrate
+from vtrain.cli import calibrate, fit
 
 app = typer.Typer(
     name="vtrain",
@@ -22,6 +22,7 @@ app.command("record")(record.record_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("validate")(validate.validate_command)
 app.command("calibrate")(calibrate.calibrate_command)
+app.command("fit")(fit.fit_command)
 
 if __name__ == "__main__":
     app()

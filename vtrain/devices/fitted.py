@@ -68,12 +68,17 @@ class FittedDevice(DeviceModel):
 
     def collective_fit(self, collective: str, group_size: int, nodes: int) -> tuple[AlphaBeta, float] | None:
         """The fitted curve for a collective (or the one that stands in for it, with its time ratio): the same
-        group size and node count, else the nearest measured group size on as many nodes."""
+        group size and node count, else the nearest measured group size on as many nodes (on the most nodes
+        measured when the group spans more)."""
         wanted = [(collective, 1.0)]
         if collective in _STAND_INS:
             wanted.append(_STAND_INS[collective])
         for name, ratio in wanted:
             same = [f for f in self.collectives if f.collective == name and f.nodes == nodes]
+            if not same and nodes > 1:  # more nodes than measured: the curves of the most nodes measured
+                spans = [f for f in self.collectives if f.collective == name and f.nodes > 1]
+                most = max((f.nodes for f in spans), default=0)
+                same = [f for f in spans if f.nodes == most]
             if not same:
                 continue
             exact = [f for f in same if f.group_size == group_size]
@@ -89,7 +94,7 @@ class FittedDevice(DeviceModel):
         if found is None:
             return super().collective_us(collective, group_size, nbytes, nodes)
         fit, ratio = found
-        latency = ratio * fit.time_us(nbytes)
+        latency = ratio * fit.time_us(nbytes, group_size)
         stand_in = "" if fit.collective == collective else f" as {ratio:g}x {fit.collective}"
         return latency, (f"fitted alpha-beta {fit.collective} n={fit.group_size} nodes={fit.nodes}{stand_in} "
                          f"({', '.join(fit.sources)})")

@@ -31,9 +31,10 @@ class AlphaBeta:
     mape_pct: float
     sources: tuple[str, ...]
 
-    def time_us(self, nbytes: float) -> float:
-        """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports)."""
-        factor = bus_bandwidth_factor(self.collective, self.group_size)
+    def time_us(self, nbytes: float, group_size: int | None = None) -> float:
+        """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports), over this curve's
+        group size or, extrapolating with the same latency and bus bandwidth, over ``group_size`` ranks."""
+        factor = bus_bandwidth_factor(self.collective, group_size or self.group_size)
         return self.alpha_us + nbytes * factor / (self.bus_gbps * 1e3)
 
     def to_dict(self) -> dict[str, Any]:

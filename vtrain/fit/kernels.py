@@ -6,7 +6,8 @@ A kernel of ``flops`` floating-point operations that moves ``bytes`` takes
 
 ``fixed_us`` is the part that does not scale (kernel start-up, tail effects, what the benchmark's own timing
 adds). The three rates are fitted in log space by minimising the mean absolute log error, so a 10 % miss on a
-20 µs kernel weighs as much as one on a 20 ms GEMM.
+20 µs kernel weighs as much as one on a 20 ms GEMM. Each source (LLMCompass, vidur, a trace) weighs the same in
+total however many rows it has, so thousands of inference-shaped rows from one source do not drown the rest.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ def fit_roofline(samples: pl.DataFrame, *, compute_bound: bool) -> Roofline:
             return fixed + memory
         return fixed + np.maximum(flops / math.exp(params[2]) * 1e6, memory)
 
+    weights = _source_weights(rows)
+
     def loss(params: np.ndarray) -> float:
-        return float(np.mean(np.abs(np.log(predict(params) / measured))))
+        return float(np.sum(weights * np.abs(np.log(predict(params) / measured))))
 
     start = [math.log(max(float(np.min(measured)) / 2, 0.1)), math.log(1e12)]
     if compute_bound:
@@ -85,3 +88,12 @@ def fit_roofline(samples: pl.DataFrame, *, compute_bound: bool) -> Roofline:
     return Roofline(flops_per_s=math.exp(best[2]) if compute_bound else math.inf,
                     bytes_per_s=math.exp(best[1]), fixed_us=math.exp(best[0]),
                     samples=rows.height, mape_pct=mape, sources=sources)
+
+
+def _source_weights(rows: pl.DataFrame) -> np.ndarray:
+    """Per-row weights that give every source the same total weight (summing to 1)."""
+    if "source" not in rows.columns:
+        return np.full(rows.height, 1.0 / rows.height)
+    sources = rows["source"].fill_null("unknown").to_list()
+    counts = {name: sources.count(name) for name in set(sources)}
+    return np.array([1.0 / (counts[name] * len(counts)) for name in sources])

@@ -1,0 +1,73 @@
+"""`vtrain fit -o PROFILE_DIR [sources...]`: a profile with a device model fitted to measurements made elsewhere
+(nccl-tests, LLMCompass, vidur, ingested traces) and, optionally, to measured iteration times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
+from vtrain.fit.build import FitSources, build_profile
+from vtrain.simulate.measured_runs import Hardware
+from vtrain.tables.store import write_profile
+
+
+@user_errors
+def fit_command(
+    output: Path = typer.Option(..., "-o", "--output", help="Profile folder to write (e.g. profiles/a100)."),
+    device: str = typer.Option("A100-40GB", "--device", help="Datasheet device the fit refines."),
+    nccl_tests: list[Path] = typer.Option([], "--nccl-tests", help="nccl-tests output (CSV or *_perf stdout), or a "
+                                                                    "folder of them; repeatable."),
+    llmcompass: Path | None = typer.Option(None, "--llmcompass", help="Folder of LLMCompass *_A100.csv files."),
+    vidur_compute: list[Path] = typer.Option([], "--vidur-compute", help="vidur compute/<model>-mlp.csv or its "
+                                                                          "folder; repeatable."),
+    vidur_network: list[Path] = typer.Option([], "--vidur-network", help="vidur network/<collective>.csv or its "
+                                                                          "folder; repeatable."),
+    traces: list[Path] = typer.Option([], "--profile", help="A profile from `vtrain ingest` of GPU traces whose "
+                                                            "GEMMs and collectives join the fit; repeatable."),
+    measurements: Path | None = typer.Option(None, "--measurements", help="Measured iteration times (vTrain CSV) "
+                                                                          "to fit host overheads on."),
+    fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
+    parent: Path | None = typer.Option(None, "--parent", help="Profile this one refines (recorded as parent)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing profile folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fitted parameters as JSON."),
+) -> None:
+    """Fit a device model to measurements and write it, with the imported tables, as a profile."""
+    if output.exists() and not force:
+        raise InputError("profile folder already exists (use --force to replace it)", output)
+    for path in [*nccl_tests, *vidur_compute, *vidur_network, *([llmcompass] if llmcompass else []),
+                 *([measurements] if measurements else []), *traces]:
+        if not path.exists():
+            raise InputError("no such file or folder", path)
+    nccl_tests, vidur_compute, vidur_network = _files(nccl_tests), _files(vidur_compute), _files(vidur_network)
+    sources = FitSources(nccl_tests=nccl_tests, llmcompass=llmcompass, vidur_compute=vidur_compute,
+                         vidur_network=vidur_network, traces=traces, measurements=measurements, fit_every=fit_every)
+    profile = build_profile(sources, device, Hardware(device=device, gpus_per_node=gpus_per_node), parent)
+    write_profile(profile, output, overwrite=force)
+    fitted = profile.metadata["fitted"]
+    if as_json:
+        print(json.dumps({"profile": str(output), "fitted": fitted, "fit_rows": profile.metadata["fit_rows"]},
+                         indent=2))
+        return
+    print(f"wrote {output}")
+    for key, value in fitted["provenance"].items():
+        if key in ("gemm", "memory_bound", "collectives", "host", "non_gemm_scale"):
+            print(f"  {key}: {value}")
+    host = fitted["host"]
+    print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
+          f"sync {host['sync_us_per_rank']:.2f} µs·(n-1)², non-GEMM scale {fitted['non_gemm_scale']:.2f}")
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder stands for the .csv, .txt and .log files directly in it."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".csv", ".txt", ".log")))
+        else:
+            found.append(path)
+    return found

@@ -1,0 +1,96 @@
+"""Building a profile from measurements in other shapes (``vtrain fit``): imported tables, optional traces, the
+fitted device model, and the measured iteration times it was fitted on, all recorded in ``metadata.json``."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+import vtrain
+from vtrain.fit.device import device_metadata, fit_device
+from vtrain.fit.iterations import every_kth_row, fit_host
+from vtrain.importers import (read_llmcompass, read_llmcompass_network, read_measurements, read_nccl_tests,
+                              read_vidur_compute, read_vidur_network)
+from vtrain.simulate.measured_runs import Hardware
+from vtrain.tables.store import Profile, conform, empty_table, load_profile
+
+
+@dataclass
+class FitSources:
+    """Where the measurements come from; every field may be empty."""
+
+    nccl_tests: list[Path] = field(default_factory=list)
+    llmcompass: Path | None = None
+    vidur_compute: list[Path] = field(default_factory=list)
+    vidur_network: list[Path] = field(default_factory=list)
+    traces: list[Path] = field(default_factory=list)  # profile folders from `vtrain ingest`
+    measurements: Path | None = None  # iteration times to fit host overheads on
+    fit_every: int = 10  # fit on rows 1, 1+k, 1+2k, ... of ``measurements``
+
+
+def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
+                  parent: Path | None = None) -> Profile:
+    """Import every source, fit the device model and return the profile (not yet written)."""
+    benchmarks, nccl, files = _imported(sources)
+    traced = [load_profile(p) for p in sources.traces]
+    tables = {name: pl.concat([t[name] for t in traced], how="diagonal_relaxed") if traced else empty_table(name)
+              for name in ("kernels", "cpu_ops", "collectives", "op_latency")}
+    tables = {name: conform(frame, name) for name, frame in tables.items()}
+    tables["op_benchmarks"] = conform(pl.concat(benchmarks, how="diagonal_relaxed"), "op_benchmarks") \
+        if benchmarks else empty_table("op_benchmarks")
+    tables["nccl_latency"] = conform(pl.concat(nccl + [t.nccl_latency for t in traced], how="diagonal_relaxed"),
+                                     "nccl_latency")
+    profile = Profile(tables=tables)
+    device = fit_device(profile, device_name)
+    fit_rows: dict[str, Any] | None = None
+    if sources.measurements is not None:
+        measured = read_measurements(sources.measurements)
+        rows = every_kth_row(measured, sources.fit_every)
+        fitted = fit_host(measured, device, hardware, rows)
+        device = fitted.device
+        fit_rows = {"file": sources.measurements.name, "sha256": _sha256(sources.measurements),
+                    "rows": fitted.rows, "every": sources.fit_every, "mape_pct": round(fitted.mape_pct, 3),
+                    "hardware": hardware.__dict__}
+        files.append(sources.measurements)
+    profile.metadata = {
+        "kind": "profile",
+        "vtrain_version": vtrain.__version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "parent": str(parent) if parent else None,
+        "device": {"name": device_name, "type": "cuda"},
+        "software": {},
+        "sources": [{"file": str(f), "sha256": _sha256(f)} for f in files]
+        + [{"profile": str(p), "sources": t.metadata.get("sources", [])} for p, t in zip(sources.traces, traced)],
+        "fitted": device_metadata(device, device_name),
+        "fit_rows": fit_rows,
+    }
+    return profile
+
+
+def _imported(sources: FitSources) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[Path]]:
+    benchmarks: list[pl.DataFrame] = []
+    nccl: list[pl.DataFrame] = []
+    files: list[Path] = []
+    for path in sources.nccl_tests:
+        nccl.append(read_nccl_tests(path))
+        files.append(path)
+    if sources.llmcompass is not None:
+        benchmarks.append(read_llmcompass(sources.llmcompass))
+        nccl.append(read_llmcompass_network(sources.llmcompass))
+        files.extend(sorted(p for p in sources.llmcompass.iterdir() if p.suffix == ".csv"))
+    for path in sources.vidur_compute:
+        benchmarks.append(read_vidur_compute(path))
+        files.append(path)
+    for path in sources.vidur_network:
+        nccl.append(read_vidur_network(path))
+        files.append(path)
+    return benchmarks, nccl, files
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

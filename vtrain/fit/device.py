@@ -1,0 +1,102 @@
+"""Fitting a device model to whatever a profile holds, and storing it in (and reading it back from) the profile.
+
+- GEMM roofline: ``op_benchmarks`` GEMM rows plus the GEMM operators measured in the profile's own traces;
+- memory-bound roofline: ``op_benchmarks`` rows of normalisation, softmax and element-wise kernels;
+- collectives: every ``nccl_latency`` row with a group size (nccl-tests, vidur, traces);
+- host overheads: only when measured iteration times are given (:mod:`vtrain.fit.iterations`).
+
+What could not be fitted (too few samples) keeps the datasheet value, and the provenance says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import polars as pl
+
+from vtrain.devices.catalog import device_model
+from vtrain.devices.fitted import FittedDevice, HostOverhead
+from vtrain.errors import InputError
+from vtrain.fit.collectives import AlphaBeta, fit_collectives
+from vtrain.fit.kernels import Roofline, fit_roofline
+from vtrain.model.ops import GEMM_OPS, op_cost
+from vtrain.tables.store import Profile
+
+MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise")
+
+
+def fit_device(profile: Profile, device_name: str) -> FittedDevice:
+    """A :class:`FittedDevice` for ``device_name`` (a datasheet device) with every part the profile can fit."""
+    base = device_model(device_name)
+    benchmarks = pl.concat([profile["op_benchmarks"], traced_gemms(profile)], how="diagonal_relaxed")
+    provenance = dict(base.provenance)
+    gemm = _try_fit(benchmarks.filter(pl.col("op_class") == "gemm"), compute_bound=True)
+    memory = _try_fit(benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES)), compute_bound=False)
+    for key, fit in (("gemm", gemm), ("memory_bound", memory)):
+        provenance[key] = f"fitted: {', '.join(fit.sources)}" if fit else "not fitted: too few samples"
+    collectives = tuple(fit_collectives(profile.nccl_latency.filter(pl.col("device_type") == "cuda")))
+    provenance["collectives"] = (f"fitted: {len(collectives)} curves" if collectives
+                                 else "not fitted: no collective measurements")
+    return FittedDevice(**{f: getattr(base, f) for f in _BASE_FIELDS}, provenance=provenance, gemm=gemm,
+                        memory_bound=memory, collectives=collectives)
+
+
+def traced_gemms(profile: Profile) -> pl.DataFrame:
+    """The GEMM operators of the profile's own GPU traces as ``op_benchmarks`` rows (source ``trace``)."""
+    table = profile.op_latency.filter((pl.col("device_type") == "cuda") & pl.col("op").is_in(list(GEMM_OPS)))
+    rows: list[dict[str, Any]] = []
+    for name, dims, types, count, median in table.select(
+            "op", "input_dims", "input_types", "count", "median_us").iter_rows():
+        try:
+            flops, nbytes = op_cost(name, json.loads(dims), json.loads(types))
+        except (ValueError, TypeError):
+            continue
+        if flops > 0 and median:
+            rows.append({"source": "trace", "op_class": "gemm", "label": f"{name} {dims}", "flops": flops,
+                         "bytes": nbytes, "count": count, "median_us": median})
+    return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"source": pl.String, "op_class": pl.String})
+
+
+def _try_fit(samples: pl.DataFrame, compute_bound: bool) -> Roofline | None:
+    try:
+        return fit_roofline(samples, compute_bound=compute_bound)
+    except ValueError:
+        return None
+
+
+_BASE_FIELDS = ("name", "peak_flops", "memory_bandwidth", "launch_overhead_us", "gemm_efficiency",
+                "memory_efficiency", "intra_node", "inter_node", "memory_bytes")
+
+
+def device_metadata(device: FittedDevice, base_name: str) -> dict[str, Any]:
+    """The fitted device as plain data for ``metadata.json`` (``fitted`` section)."""
+    return {"device": base_name, "provenance": device.provenance, **device.fitted_summary()}
+
+
+def device_from_metadata(fitted: dict[str, Any], source: str | None = None) -> FittedDevice:
+    """Rebuild the device stored by :func:`device_metadata` (raises :class:`InputError` when malformed)."""
+    try:
+        base = device_model(fitted["device"], source)
+        gemm = Roofline.from_dict(fitted["gemm"]) if fitted.get("gemm") else None
+        memory = Roofline.from_dict(fitted["memory_bound"]) if fitted.get("memory_bound") else None
+        collectives = tuple(AlphaBeta.from_dict(c) for c in fitted.get("collectives", []))
+        host = HostOverhead(**fitted.get("host", {}))
+        scale = float(fitted.get("non_gemm_scale", 1.0))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"malformed fitted device in metadata.json: {exc}", source) from None
+    device = FittedDevice(**{f: getattr(base, f) for f in _BASE_FIELDS},
+                          provenance=dict(fitted.get("provenance", {})), gemm=gemm, memory_bound=memory,
+                          collectives=collectives, host=host, non_gemm_scale=scale)
+    return device
+
+
+def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
+    """The device on a cluster whose nodes have ``gbps`` Gbit/s of network each: multi-node collective curves
+    keep their fitted latency and take that rate as their bus bandwidth (GB/s = Gbit/s / 8)."""
+    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps")) if c.nodes > 1
+                   else c for c in device.collectives)
+    provenance = {**device.provenance, "inter_node.bandwidth_gbps": "config"}
+    inter = replace(device.inter_node, bandwidth_gbps=gbps / 8.0)
+    return replace(device, collectives=curves, inter_node=inter, provenance=provenance)

@@ -1,0 +1,64 @@
+"""Fitting the host side of a device model to measured iteration times.
+
+Kernel rates and collective curves come from kernel and collective measurements; what they cannot tell is what
+the training framework adds around them: the CPU time to issue each operator and collective (Python, autograd,
+dispatcher, launch), the synchronisation a collective costs when its ranks arrive at different times, and how
+the framework's fused element-wise work compares with the reference op sequence's. Those four numbers
+(:class:`~vtrain.devices.fitted.HostOverhead` and ``non_gemm_scale``) are fitted here, by minimising the mean
+absolute log error of the predicted iteration time over a chosen subset of measured runs. The subset's row
+numbers are recorded, so validation can leave them out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import polars as pl
+
+from vtrain.devices.fitted import FittedDevice, HostOverhead
+from vtrain.fit.minimize import nelder_mead
+from vtrain.simulate.measured_runs import Hardware, predict_runs
+
+#: starting point of the fit: 20 µs per operator and collective, no extra sync, the reference op sequence as is
+_START = HostOverhead(op_us=20.0, collective_us=20.0, sync_us_per_rank=1.0)
+
+
+@dataclass(frozen=True)
+class IterationFit:
+    """The device with fitted host terms and how well they reproduce the rows they were fitted on."""
+
+    device: FittedDevice
+    rows: list[int]
+    mape_pct: float
+
+
+def every_kth_row(measurements: pl.DataFrame, k: int) -> list[int]:
+    """Row numbers 1, 1+k, 1+2k, ...: a deterministic subset that spans the table's configurations."""
+    return measurements.filter((pl.col("row") - 1) % k == 0)["row"].to_list()
+
+
+def fit_host(measurements: pl.DataFrame, device: FittedDevice, hardware: Hardware, rows: list[int],
+             iterations: int = 120) -> IterationFit:
+    """Fit host overheads and ``non_gemm_scale`` of ``device`` to the measured runs numbered ``rows``."""
+    subset = measurements.filter(pl.col("row").is_in(rows))
+    measured = subset["iteration_ms"].to_numpy()
+
+    def with_params(params: np.ndarray) -> FittedDevice:
+        op, collective, sync, scale = (math.exp(p) for p in params)
+        return replace(device, host=HostOverhead(op, collective, sync), non_gemm_scale=scale)
+
+    def loss(params: np.ndarray) -> float:
+        predicted = predict_runs(subset, with_params(params), hardware)["predicted_ms"].to_numpy()
+        valid = ~np.isnan(predicted)
+        return float(np.mean(np.abs(np.log(predicted[valid] / measured[valid]))))
+
+    start = np.log([_START.op_us, _START.collective_us, _START.sync_us_per_rank, device.non_gemm_scale])
+    best, _ = nelder_mead(loss, start, step=0.5, iterations=iterations)
+    fitted = with_params(best)
+    result = predict_runs(subset, fitted, hardware)
+    mape = float(result["error_pct"].abs().mean())
+    provenance = {**fitted.provenance, "host": f"fitted: {len(rows)} measured iteration times",
+                  "non_gemm_scale": f"fitted: {len(rows)} measured iteration times"}
+    return IterationFit(replace(fitted, provenance=provenance), sorted(rows), mape)

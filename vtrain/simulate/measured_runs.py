@@ -1,0 +1,50 @@
+"""Simulating every run of a table of measured iteration times (vTrain's ground-truth layout).
+
+Each row becomes a run config with the settings the runs were measured with (see
+:func:`vtrain.importers.measurements.measurement_config`) and is simulated with one device model. Rows whose
+config is inconsistent are kept with their reason and no prediction, never dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from vtrain.devices.model import DeviceModel
+from vtrain.importers.measurements import measurement_config
+from vtrain.simulate.run import simulate
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the table does not say about the machines: node size, link rates and the device name."""
+
+    device: str = "A100-40GB"
+    gpus_per_node: int = 8
+    inter_node_gbps: float | None = None  # Gbit/s per node
+    intra_node_gbps: float | None = None  # GB/s per GPU
+
+
+def predict_runs(measurements: pl.DataFrame, device: DeviceModel, hardware: Hardware,
+                 rows: list[int] | None = None) -> pl.DataFrame:
+    """``measurements`` (from :func:`~vtrain.importers.measurements.read_measurements`) with ``predicted_ms``,
+    ``error_pct`` (predicted vs measured, signed) and ``invalid`` (why a row was not simulated, else null) added.
+    ``rows`` restricts the prediction to those row numbers."""
+    table = measurements if rows is None else measurements.filter(pl.col("row").is_in(rows))
+    predicted: list[float | None] = []
+    invalid: list[str | None] = []
+    for row in table.iter_rows(named=True):
+        config = measurement_config(row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps,
+                                    hardware.intra_node_gbps)
+        errors = config.constraint_errors()
+        if errors:
+            predicted.append(None)
+            invalid.append(errors[0])
+            continue
+        predicted.append(simulate(config, None, device).iteration_us / 1e3)
+        invalid.append(None)
+    return table.with_columns(
+        predicted_ms=pl.Series(predicted, dtype=pl.Float64),
+        invalid=pl.Series(invalid, dtype=pl.String),
+    ).with_columns(error_pct=(pl.col("predicted_ms") / pl.col("iteration_ms") - 1.0) * 100)
