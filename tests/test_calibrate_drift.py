@@ -141,7 +141,9 @@ def test_new_profile_records_its_lineage(a100_base: Path, tmp_path: Path) -> Non
     assert summary["parent"] == str(a100_base) and summary["profile"] == str(tmp_path / "profile")
     copied = hashlib.sha256((copy / "rank-0.json.gz").read_bytes()).hexdigest()
     assert [s["sha256"] for s in meta["sources"]] == [copied]
-    assert "fitted" not in meta  # written only by a device-model fit
+    fitted_now = meta["fitted"]  # calibrate refits the device model to the new tables
+    assert fitted_now["device"] == "A100-40GB"
+    assert {c["collective"] for c in fitted_now["collectives"]} == {"all_reduce", "broadcast"}
     fitted = {"device": "A100-fitted", "gemm_efficiency": 0.7}
     assert derive_profile(profile, a100_base, version="v3", fitted=fitted).metadata["fitted"] == fitted
     assert verify_lineage(profile) is None

@@ -17,6 +17,7 @@ from typing import Any
 
 from vtrain.calibrate.drift import GONE, MIN_CHANGE, NEW, Z, Drift, compare_profiles
 from vtrain.calibrate.profile import derive_profile, load_base_profile
+from vtrain.fit.device import refit
 from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.report.drift import write_drift_report
@@ -118,7 +119,8 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
             warnings.append(line)
             warn(line)
 
-    profile = derive_profile(ingest_traces(trace_dir, warn=note), base, version=output.name)
+    ingested = ingest_traces(trace_dir, warn=note)
+    profile = derive_profile(ingested, base, version=output.name, fitted=refit(ingested, base_profile.metadata))
     drift = compare_profiles(base_profile, profile)
     predicted = None
     if config is not None:

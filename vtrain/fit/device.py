@@ -16,13 +16,13 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.devices.catalog import device_model
+from vtrain.devices.catalog import canonical_device_name, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.errors import InputError
 from vtrain.fit.collectives import AlphaBeta, fit_collectives
 from vtrain.fit.kernels import Roofline, fit_roofline
 from vtrain.model.ops import GEMM_OPS, op_cost
-from vtrain.tables.store import Profile
+from vtrain.tables.store import Profile, empty_table
 
 MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise")
 
@@ -30,7 +30,8 @@ MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise")
 def fit_device(profile: Profile, device_name: str) -> FittedDevice:
     """A :class:`FittedDevice` for ``device_name`` (a datasheet device) with every part the profile can fit."""
     base = device_model(device_name)
-    benchmarks = pl.concat([profile["op_benchmarks"], traced_gemms(profile)], how="diagonal_relaxed")
+    imported = profile.tables.get("op_benchmarks", empty_table("op_benchmarks"))  # absent in a fresh ingest
+    benchmarks = pl.concat([imported, traced_gemms(profile)], how="diagonal_relaxed")
     provenance = dict(base.provenance)
     gemm = _try_fit(benchmarks.filter(pl.col("op_class") == "gemm"), compute_bound=True)
     memory = _try_fit(benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES)), compute_bound=False)
@@ -100,3 +101,23 @@ def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     provenance = {**device.provenance, "inter_node.bandwidth_gbps": "config"}
     inter = replace(device.inter_node, bandwidth_gbps=gbps / 8.0)
     return replace(device, collectives=curves, inter_node=inter, provenance=provenance)
+
+
+def refit(profile: Profile, base_metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The device model refitted to a freshly ingested profile (``vtrain calibrate``), as metadata.
+
+    The device is the profile's own (its trace's device name), else the base profile's fitted device. Host
+    overheads cannot be fitted from traces alone and are carried over from the base's fit, marked as such.
+    Returns None when neither profile names a device vtrain knows.
+    """
+    base_fit = base_metadata.get("fitted") or {}
+    name = canonical_device_name((profile.metadata.get("device") or {}).get("name") or "") or base_fit.get("device")
+    if name is None or name == "cpu":
+        return None
+    device = fit_device(profile, name)
+    if base_fit.get("host"):
+        device = replace(device, host=HostOverhead(**base_fit["host"]),
+                         non_gemm_scale=float(base_fit.get("non_gemm_scale", 1.0)),
+                         provenance={**device.provenance, "host": "carried over from the parent profile",
+                                     "non_gemm_scale": "carried over from the parent profile"})
+    return device_metadata(device, name)
