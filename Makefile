@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean profile-a100 validate-a100
 
 venv: $(STAMP)
 
@@ -27,6 +27,23 @@ test: venv
 
 bench: venv
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only
+
+# profiles/a100: a device model fitted only to real A100 measurements made by others (tests/data/a100, with
+# their licences): nccl-tests all-reduce tables, LLMCompass and vidur kernel timings, vidur collectives, and
+# every 10th row of vTrain's measured iteration times. See profiles/a100/README.md.
+A100 := tests/data/a100
+profile-a100: venv
+	$(VENV)/bin/vtrain ingest traces/hta-a100-2rank-nccl -o profiles/.hta-a100 --force
+	$(VENV)/bin/vtrain fit -o profiles/a100 --force --device A100-40GB \
+	  --nccl-tests $(A100)/vtrain-a100/nccl-tests-allreduce-a100 --llmcompass $(A100)/llmcompass-a100 \
+	  --vidur-compute $(A100)/vidur-a100/compute --vidur-network $(A100)/vidur-a100/network \
+	  --profile profiles/.hta-a100 --measurements $(A100)/vtrain-a100/ground_truth_single.csv --fit-every 10
+	rm -rf profiles/.hta-a100
+
+# vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
+validate-a100: venv
+	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \
+	  --profile profiles/a100 -o reports/a100-ground-truth
 
 clean:
 	rm -rf $(VENV) profiles/demo reports/demo

@@ -44,8 +44,27 @@ def validate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     no_hta: bool = typer.Option(False, "--no-hta", help="Skip HTA's analysis of the measured and predicted traces "
                                                         "(it parses every trace folder again)."),
+    measurements: Path | None = typer.Option(None, "--measurements", help="A table of measured iteration times "
+                                                                          "(vTrain CSV) to predict with --profile's "
+                                                                          "fitted device model."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="With --measurements: GPUs per node."),
+    inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.0,
+                                                 help="With --measurements: network Gbit/s per node (default: "
+                                                      "the profile's multi-node collective fits)."),
+    intra_node_gbps: float | None = typer.Option(None, "--intra-node-gbps", min=0.0,
+                                                 help="With --measurements: GPU-to-GPU GB/s within a node "
+                                                      "(default: the profile's single-node fits)."),
 ) -> None:
-    """Compare the replay and the model-driven prediction with measured traces; write the report."""
+    """Compare the replay and the model-driven prediction with measured traces; write the report. With
+    --measurements, predict a table of measured iteration times instead."""
+    if measurements is not None:
+        if trace_dir is not None or suite is not None:
+            raise InputError("give --measurements without a TRACE_DIR or --suite")
+        if profile is None:
+            raise InputError("--measurements needs --profile (a profile with a fitted device model)")
+        _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
+                      intra_node_gbps)
+        return
     if suite is not None:
         if trace_dir is not None:
             raise InputError("give either a TRACE_DIR or --suite, not both")
@@ -93,4 +112,30 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
     else:
         print_suite(loaded, results, str(target))
     if not passed:
+        raise typer.Exit(EXIT_TOO_FAR)
+
+
+def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
+                  gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None) -> None:
+    from vtrain.report.measurements import terminal_lines, write_measurement_report
+    from vtrain.validate.measurements import validate_measurements
+
+    if not path.is_file():
+        raise InputError("no such file", path)
+    target = output or REPORTS / f"measurements-{path.stem}"
+    with staged_folder(target) as staging:
+        result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
+        write_measurement_report(result, staging)
+    summary = result.to_dict()
+    passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True
+    if as_json:
+        print(json.dumps({key: summary[key] for key in ("mape_pct", "rows", "excluded", "invalid",
+                                                         "median_abs_error_pct", "max_abs_error_pct")}
+                         | {"report": str(target), "max_error": max_error, "passed": passed}))
+    else:
+        print("\n".join(terminal_lines(result)))
+        print(f"report: {target}")
+    if not passed:
+        if not as_json:
+            print(f"MAPE above --max-error {max_error:g} %", file=sys.stderr)
         raise typer.Exit(EXIT_TOO_FAR)

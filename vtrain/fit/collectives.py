@@ -47,10 +47,14 @@ class AlphaBeta:
 
 def fit_collectives(table: pl.DataFrame) -> list[AlphaBeta]:
     """One :class:`AlphaBeta` per (collective, group size, nodes) of an ``nccl_latency`` table with at least two
-    message sizes. Rows without a group size are skipped; rows without a node count are taken as one node."""
+    message sizes. Rows without a group size are skipped; rows without a node count are taken as one node.
+
+    Where a benchmark (nccl-tests, vidur, ...) measured the same collective, group size and node count as a
+    trace, the trace's rows are left out: a traced collective's duration includes waiting for late peers
+    (always so when only some ranks were traced), a benchmark's does not."""
     rows = table.filter(pl.col("group_size").is_not_null() & pl.col("median_us").is_not_null()
                         & (pl.col("median_us") > 0) & (pl.col("bytes") > 0))
-    rows = rows.with_columns(pl.col("nodes").fill_null(1))
+    rows = _benchmarks_over_traces(rows.with_columns(pl.col("nodes").fill_null(1), pl.col("source").fill_null("")))
     fits: list[AlphaBeta] = []
     for (collective, group_size, nodes), group in rows.group_by(["collective", "group_size", "nodes"],
                                                                  maintain_order=True):
@@ -76,3 +80,10 @@ def _fit_one(collective: str, group_size: int, nodes: int, group: pl.DataFrame) 
     return AlphaBeta(collective=collective, group_size=group_size, nodes=nodes, alpha_us=alpha,
                      bus_gbps=1.0 / per_byte / 1e3, samples=group.height,
                      mape_pct=float(np.mean(np.abs(predicted / measured - 1.0)) * 100), sources=sources)
+
+
+def _benchmarks_over_traces(rows: pl.DataFrame) -> pl.DataFrame:
+    keys = ["collective", "group_size", "nodes"]
+    benchmarked = rows.filter(pl.col("source") != "trace").select(keys).unique()
+    traced_only = rows.filter(pl.col("source") == "trace").join(benchmarked, on=keys, how="anti")
+    return pl.concat([rows.filter(pl.col("source") != "trace"), traced_only])

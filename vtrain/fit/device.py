@@ -121,3 +121,14 @@ def refit(profile: Profile, base_metadata: dict[str, Any]) -> dict[str, Any] | N
                          provenance={**device.provenance, "host": "carried over from the parent profile",
                                      "non_gemm_scale": "carried over from the parent profile"})
     return device_metadata(device, name)
+
+
+def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
+    """The device on nodes whose GPU-to-GPU links run at ``gbps`` GB/s instead of the datasheet's: single-node
+    collective curves keep their latency and scale their bus bandwidth by the ratio."""
+    ratio = gbps / device.intra_node.bandwidth_gbps
+    curves = tuple(replace(c, bus_gbps=c.bus_gbps * ratio, sources=(*c.sources, "--intra-node-gbps"))
+                   if c.nodes <= 1 else c for c in device.collectives)
+    provenance = {**device.provenance, "intra_node.bandwidth_gbps": "config"}
+    return replace(device, collectives=curves, intra_node=replace(device.intra_node, bandwidth_gbps=gbps),
+                   provenance=provenance)

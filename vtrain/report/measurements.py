@@ -1,0 +1,115 @@
+"""The report of ``vtrain validate --measurements``: ``report.md``, a self-contained ``report.html`` (predicted
+against measured, error histogram, error by dimension) and ``metrics.json``; a short table on the terminal."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import plotly.graph_objects as go
+import polars as pl
+
+from vtrain.report.html import _STYLE, html_table
+from vtrain.report.tables import Table
+from vtrain.report.write import write_json
+from vtrain.validate.measurements import MeasurementValidation
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} %"
+
+
+def headline(v: MeasurementValidation) -> Table:
+    d = v.to_dict()
+    return (["MAPE", "rows scored", "rows fitted on (excluded)", "invalid rows", "median |error|", "max |error|"],
+            [[_pct(d["mape_pct"]), str(d["rows"]), str(d["excluded"]), str(d["invalid"]),
+              _pct(d["median_abs_error_pct"]), _pct(d["max_abs_error_pct"])]])
+
+
+def worst_rows(v: MeasurementValidation) -> Table:
+    header = ["row", "GPUs", "t", "d", "p", "micro", "global", "hidden", "layers", "measured ms", "predicted ms",
+              "error"]
+    rows = [[str(r["row"]), str(r["gpus"]), str(r["tp"]), str(r["dp"]), str(r["pp"]), str(r["micro_batch"]),
+             str(r["global_batch"]), str(r["hidden"]), str(r["layers"]), f"{r['iteration_ms']:.1f}",
+             f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f} %"] for r in v.worst().iter_rows(named=True)]
+    return header, rows
+
+
+def dimension_table(frame: pl.DataFrame, dim: str) -> Table:
+    rows = [[str(r[dim]), str(r["rows"]), _pct(r["mape_pct"]), f"{r['mean_error_pct']:+.2f} %"]
+            for r in frame.iter_rows(named=True)]
+    return [dim, "rows", "MAPE", "mean signed error"], rows
+
+
+def _markdown_table(table: Table) -> str:
+    header, rows = table
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(v: MeasurementValidation) -> str:
+    """``report.md``."""
+    parts = [f"# Validation against measured iteration times: {v.measurements.name}", "",
+             f"Profile `{v.profile}`; {v.hardware.gpus_per_node} GPUs per node; inter-node "
+             f"{v.hardware.inter_node_gbps or 'fitted'} Gbit/s; intra-node {v.hardware.intra_node_gbps or 'fitted'}"
+             " GB/s. Rows the profile was fitted on are predicted but not scored.", "",
+             _markdown_table(headline(v)), "", "## Where the device model's numbers come from", ""]
+    parts += [f"- {key}: {value}" for key, value in sorted(v.device_provenance.items())]
+    parts += ["", "## Ten worst-predicted rows", "", _markdown_table(worst_rows(v)), "", "## Error by dimension"]
+    for dim, frame in v.by_dimension().items():
+        parts += ["", _markdown_table(dimension_table(frame, dim))]
+    return "\n".join(parts) + "\n"
+
+
+def render_html(v: MeasurementValidation) -> str:
+    """``report.html``: one page, plotly.js inlined once."""
+    scored = v.scored
+    fitted = v.table.filter(pl.col("fitted") & pl.col("predicted_ms").is_not_null())
+    scatter = go.Figure()
+    for name, frame, color in (("scored", scored, "#4c78a8"), ("fitted on", fitted, "#bab0ac")):
+        if frame.height:
+            scatter.add_trace(go.Scatter(
+                x=frame["iteration_ms"].to_list(), y=frame["predicted_ms"].to_list(), mode="markers", name=name,
+                marker={"color": color, "size": 5},
+                text=[f"row {r} t={t} d={d} p={p}" for r, t, d, p in
+                      frame.select("row", "tp", "dp", "pp").iter_rows()]))
+    limits = [float(v.table["iteration_ms"].min() or 1), float(v.table["iteration_ms"].max() or 1)]
+    scatter.add_trace(go.Scatter(x=limits, y=limits, mode="lines", name="predicted = measured",
+                                 line={"color": "#888", "dash": "dash"}))
+    scatter.update_layout(title="Predicted against measured iteration time (ms)", xaxis_type="log",
+                          yaxis_type="log", xaxis_title="measured ms", yaxis_title="predicted ms", height=520)
+    histogram = go.Figure(go.Histogram(x=scored["error_pct"].to_list(), nbinsx=60, marker_color="#f58518"))
+    histogram.update_layout(title="Error of the scored rows (%)", xaxis_title="error %", height=360)
+    parts = [f"<h1>Validation against measured iteration times: {html.escape(v.measurements.name)}</h1>",
+             f"<p>Profile {html.escape(str(v.profile))}. Rows the profile was fitted on are shown in grey and "
+             "not scored.</p>", html_table(headline(v)),
+             scatter.to_html(full_html=False, include_plotlyjs="inline"),
+             histogram.to_html(full_html=False, include_plotlyjs=False),
+             "<h2>Ten worst-predicted rows</h2>", html_table(worst_rows(v)), "<h2>Error by dimension</h2>"]
+    parts += [html_table(dimension_table(frame, dim)) for dim, frame in v.by_dimension().items()]
+    parts += ["<h2>Where the device model's numbers come from</h2><ul>"
+              + "".join(f"<li>{html.escape(k)}: {html.escape(str(val))}</li>"
+                        for k, val in sorted(v.device_provenance.items())) + "</ul>"]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>vtrain validate --measurements</title>"
+            f"<style>{_STYLE}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
+
+
+def write_measurement_report(v: MeasurementValidation, folder: Path) -> None:
+    """Write the three report files into ``folder`` (a staging folder: see ``staged_folder``)."""
+    (folder / "report.md").write_text(render_markdown(v))
+    (folder / "report.html").write_text(render_html(v))
+    write_json(folder / "metrics.json", v.to_dict())
+    v.table.write_parquet(folder / "rows.parquet")
+
+
+def terminal_lines(v: MeasurementValidation) -> list[str]:
+    """The short summary printed after the report is written."""
+    d = v.to_dict()
+    lines = [f"MAPE {_pct(d['mape_pct'])} over {d['rows']} rows ({d['excluded']} fitted on, excluded; "
+             f"{d['invalid']} invalid)"]
+    for dim in ("tp", "dp", "pp"):
+        frame = v.by_dimension()[dim]
+        lines.append(f"  by {dim}: " + ", ".join(f"{r[dim]}: {r['mape_pct']:.1f} %"
+                                                 for r in frame.iter_rows(named=True)))
+    return lines

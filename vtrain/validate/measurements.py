@@ -1,0 +1,105 @@
+"""``vtrain validate --measurements FILE.csv --profile PROFILE``: predict every measured run of a table of
+iteration times with the profile's fitted device model and report how far off the predictions are.
+
+Rows the profile's host overheads were fitted on (``metadata.json`` → ``fit_rows``, recognised by the table's
+sha256) are predicted and shown but left out of the MAPE, and the result says how many.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from vtrain.errors import InputError
+from vtrain.fit.device import device_from_metadata, with_inter_node_rate, with_intra_node_rate
+from vtrain.importers.measurements import read_measurements
+from vtrain.simulate.measured_runs import Hardware, predict_runs
+from vtrain.tables.store import load_profile
+
+#: the dimensions errors are broken down by
+DIMENSIONS = ("gpus", "nodes", "tp", "dp", "pp", "micro_batch", "hidden", "layers")
+
+
+@dataclass
+class MeasurementValidation:
+    """Every row predicted, which were fitted on, and the error statistics over the others."""
+
+    measurements: Path
+    profile: Path
+    hardware: Hardware
+    table: pl.DataFrame  # the measurements + predicted_ms, error_pct, invalid, fitted, nodes
+    device_provenance: dict[str, str]
+
+    @property
+    def scored(self) -> pl.DataFrame:
+        """Rows that count: predicted and not fitted on."""
+        return self.table.filter(~pl.col("fitted") & pl.col("predicted_ms").is_not_null())
+
+    @property
+    def mape_pct(self) -> float | None:
+        scored = self.scored
+        return float(scored["error_pct"].abs().mean()) if scored.height else None
+
+    def worst(self, n: int = 10) -> pl.DataFrame:
+        """The ``n`` scored rows with the largest absolute error."""
+        return self.scored.sort(pl.col("error_pct").abs(), descending=True).head(n)
+
+    def by_dimension(self) -> dict[str, pl.DataFrame]:
+        """Per dimension value: rows, MAPE and mean signed error."""
+        return {
+            dim: self.scored.group_by(dim).agg(
+                rows=pl.len(), mape_pct=pl.col("error_pct").abs().mean(),
+                mean_error_pct=pl.col("error_pct").mean()).sort(dim)
+            for dim in DIMENSIONS
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` summary and ``metrics.json``."""
+        invalid = self.table.filter(pl.col("invalid").is_not_null())
+        return {
+            "measurements": str(self.measurements), "profile": str(self.profile),
+            "mape_pct": self.mape_pct, "rows": self.scored.height,
+            "excluded": int(self.table["fitted"].sum()), "invalid": invalid.height,
+            "median_abs_error_pct": float(self.scored["error_pct"].abs().median()) if self.scored.height else None,
+            "max_abs_error_pct": float(self.scored["error_pct"].abs().max()) if self.scored.height else None,
+            "hardware": self.hardware.__dict__, "device_provenance": self.device_provenance,
+            "worst": self.worst().select("row", "gpus", "tp", "dp", "pp", "micro_batch", "global_batch", "hidden",
+                                         "layers", "iteration_ms", "predicted_ms", "error_pct").to_dicts(),
+            "by_dimension": {dim: frame.to_dicts() for dim, frame in self.by_dimension().items()},
+            "invalid_rows": invalid.select("row", "invalid").to_dicts(),
+        }
+
+
+def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: int = 8,
+                          inter_node_gbps: float | None = None,
+                          intra_node_gbps: float | None = None) -> MeasurementValidation:
+    """Predict every row of ``measurements`` with the device model fitted into ``profile_dir``."""
+    profile = load_profile(profile_dir)
+    fitted = profile.metadata.get("fitted")
+    if not fitted:
+        raise InputError("the profile has no fitted device model (build one with `vtrain fit`)", profile_dir)
+    device = device_from_metadata(fitted, str(profile_dir / "metadata.json"))
+    if inter_node_gbps is not None:
+        device = with_inter_node_rate(device, inter_node_gbps)
+    if intra_node_gbps is not None:
+        device = with_intra_node_rate(device, intra_node_gbps)
+    table = read_measurements(measurements)
+    hardware = Hardware(device=fitted["device"], gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
+                        intra_node_gbps=intra_node_gbps)
+    predicted = predict_runs(table, device, hardware).with_columns(
+        fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
+        nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
+    )
+    return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
+
+
+def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
+    """Row numbers of ``measurements`` the profile was fitted on (none unless the file's sha256 matches)."""
+    fit = metadata.get("fit_rows") or {}
+    if fit.get("sha256") != hashlib.sha256(measurements.read_bytes()).hexdigest():
+        return []
+    return list(fit.get("rows", []))
