@@ -11,7 +11,7 @@ import hashlib
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -71,10 +71,11 @@ class TraceHeader(msgspec.Struct):
 
 
 _HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
-_BATCH_DECODER = msgspec.json.Decoder(list[TraceEvent])
+#: decodes a JSON array of trace events
+TRACE_EVENTS_DECODER = msgspec.json.Decoder(list[TraceEvent])
 
 
-def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes, str]:
+def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes | bytearray, str]:
     """The file's JSON text (gunzipped if it is gzip) and the sha256 of the file as stored.
 
     Errors name the file: empty, not gzip although named .gz, truncated or corrupt gzip.
@@ -82,25 +83,33 @@ def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tup
     digest = hashlib.sha256()
     try:
         with path.open("rb") as handle:
-            head = handle.read(2)
-            if not head:
-                raise InputError("file is empty", path)
-            handle.seek(0)
-            is_gzip = head == b"\x1f\x8b"
-            if path.suffix == ".gz" and not is_gzip:
-                raise InputError("not a gzip file (the name ends in .gz)", path)
-            if not is_gzip:
+            if not is_gzip(handle, path):
                 data = handle.read()
                 digest.update(data)
                 if progress:
                     progress(len(data))
                 return data, digest.hexdigest()
-            return _gunzip(handle, path, progress, digest), digest.hexdigest()
+            return gunzip(handle, path, progress, digest), digest.hexdigest()
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
 
 
-def _gunzip(handle: Any, path: Path, progress: Callable[[int], None] | None, digest: Any) -> bytes:
+def is_gzip(handle: BinaryIO, path: Path) -> bool:
+    """Whether the open file holds gzip data (the handle is left at the start); errors for an empty file or a
+    ``.gz`` name on plain data."""
+    head = handle.read(2)
+    if not head:
+        raise InputError("file is empty", path)
+    handle.seek(0)
+    gzip = head == b"\x1f\x8b"
+    if path.suffix == ".gz" and not gzip:
+        raise InputError("not a gzip file (the name ends in .gz)", path)
+    return gzip
+
+
+def gunzip(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None, digest: Any) -> bytearray:
+    """The decompressed content of a gzip file (writable, see :mod:`vtrain.ingest.spans`); ``digest`` is fed the
+    compressed bytes and ``progress`` their count."""
     inflater = zlib.decompressobj(wbits=31)
     parts: list[bytes] = []
     while chunk := handle.read(READ_CHUNK):
@@ -114,7 +123,7 @@ def _gunzip(handle: Any, path: Path, progress: Callable[[int], None] | None, dig
     if not inflater.eof:
         raise InputError("truncated gzip file (the compressed stream ends early)", path)
     parts.append(inflater.flush())
-    data = b"".join(parts)
+    data = bytearray().join(parts)
     if not data:
         raise InputError("file is empty (gzip holds no data)", path)
     return data
@@ -136,7 +145,7 @@ def iter_event_batches(header: TraceHeader, path: Path) -> Iterator[list[TraceEv
     for start in range(0, len(raw), BATCH_EVENTS):
         chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
         try:
-            yield _BATCH_DECODER.decode(chunk)
+            yield TRACE_EVENTS_DECODER.decode(chunk)
         except msgspec.ValidationError as exc:
             raise InputError(f"malformed trace event: {_describe_validation(exc)}", path) from None
 

@@ -15,9 +15,10 @@ import vtrain
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader, decode_header, iter_event_batches, read_bytes
+from vtrain.ingest.decode import TRACE_EVENTS_DECODER, TraceHeader
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 from vtrain.ingest.extract import extract_rank_events
+from vtrain.ingest.spans import iter_span_events, load_text, read_header
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile
 
@@ -44,14 +45,14 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
     sources: list[RankSource] = []
     hashes: dict[Path, str] = {}
     for path in files:
-        data, hashes[path] = read_bytes(path, progress)
-        header = decode_header(data, path)
+        text = load_text(path, progress)
+        header, spans = read_header(text)
         source = _rank_source(path, header)
         _check_against(source, sources)
         sources.append(source)
-        events = extract_rank_events(iter_event_batches(header, path))
-        del data
-        source.header.traceEvents = []
+        events = extract_rank_events(iter_span_events(text, spans, TRACE_EVENTS_DECODER, progress))
+        hashes[path] = text.sha256
+        del text
         tables = assemble_rank(source.rank, events, header.distributedInfo)
         if tables.dropped:
             warn(f"{path}: dropped {tables.dropped} events with a missing or negative duration")

@@ -1,0 +1,162 @@
+"""Decoding a trace's events in batches straight from the file's text, without copying it.
+
+:func:`~vtrain.ingest.decode.decode_header` finds every event as a raw slice of the text; only the byte offsets
+of every :data:`SPAN_EVENTS`-th event are kept (a *span*). A span is decoded in place: the separator bytes just
+before its first event and just after its last one are overwritten with ``[`` and ``]``, which makes the span one
+JSON array, and put back afterwards. The text is a private copy-on-write mapping of the file (or the gunzipped
+bytes), so the file is never written, and a worker process can decode any span of the same file from its own
+mapping given only the offsets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from vtrain.errors import InputError
+from vtrain.ingest.decode import TraceHeader, decode_header, gunzip, is_gzip
+
+#: events per span: small enough to keep the decoded objects of one span modest, large enough that a span
+#: takes far longer to decode than to hand out
+SPAN_EVENTS = 50_000
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class TraceText:
+    """One trace file's JSON text, writable in place (the file itself is never written)."""
+
+    path: Path
+    buffer: mmap.mmap | bytearray
+    compressed: bool
+    _digest: Future[str] | str
+
+    @property
+    def sha256(self) -> str:
+        """The sha256 of the file as stored (computed alongside the decoding for plain files)."""
+        if isinstance(self._digest, Future):
+            try:
+                self._digest = self._digest.result()
+            except OSError as exc:
+                raise InputError(f"cannot read file: {exc.strerror or exc}", self.path) from None
+        return self._digest
+
+
+def load_text(path: Path, progress: Progress | None = None) -> TraceText:
+    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
+    try:
+        with path.open("rb") as handle:
+            if is_gzip(handle, path):
+                digest = hashlib.sha256()
+                data = gunzip(handle, path, progress, digest)
+                return TraceText(path, data, True, digest.hexdigest())
+            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
+    return TraceText(path, buffer, False, _hash_in_background(path))
+
+
+def _hash_in_background(path: Path) -> Future[str]:
+    """sha256 of the file on a thread (hashlib releases the GIL), from its own read-only mapping: the decoding
+    patches brackets into its private copy."""
+    def digest() -> str:
+        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return hashlib.sha256(view).hexdigest()
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(digest)
+    pool.shutdown(wait=False)
+    return future
+
+
+def read_header(text: TraceText) -> tuple[TraceHeader, list[tuple[int, int]]]:
+    """The trace's top level and the byte spans ``[start, end)`` of its events, :data:`SPAN_EVENTS` per span.
+
+    The header's ``traceEvents`` is emptied: only the spans are kept.
+    """
+    header = decode_header(text.buffer, text.path)
+    raws = header.traceEvents
+    header.traceEvents = []
+    if not raws:
+        return header, []
+    base = _address(text.buffer)
+    spans = []
+    for first in range(0, len(raws), SPAN_EVENTS):
+        last = raws[min(first + SPAN_EVENTS, len(raws)) - 1]
+        spans.append((_address(raws[first]) - base, _address(last) - base + len(last)))
+    return header, spans
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (part of the stable ABI since 3.11)."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p),
+    ]
+
+
+_GET_BUFFER = ctypes.pythonapi.PyObject_GetBuffer
+_GET_BUFFER.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_RELEASE_BUFFER = ctypes.pythonapi.PyBuffer_Release
+_RELEASE_BUFFER.argtypes = [ctypes.POINTER(_PyBuffer)]
+
+
+def _address(obj: Any) -> int:
+    """The memory address of a buffer's first byte (a raw event is a slice of the text: its offset is the
+    difference of the two addresses; Python exposes no other way to get it)."""
+    view = _PyBuffer()
+    if _GET_BUFFER(obj, ctypes.byref(view), 0) != 0:  # raises the Python error itself on failure
+        raise TypeError(f"{type(obj).__name__} does not expose a buffer")
+    try:
+        return int(view.buf or 0)
+    finally:
+        _RELEASE_BUFFER(ctypes.byref(view))
+
+
+def decode_span(text: TraceText, span: tuple[int, int], first_event: int, decoder: msgspec.json.Decoder) -> Any:
+    """Decode the events in ``span`` (the first being event number ``first_event``) as one JSON array with
+    ``decoder``, whose type is a list; a malformed event is an error naming its position in ``traceEvents``."""
+    start, end = span
+    buffer = text.buffer
+    # the byte before the first event is ``[`` or a separator (``,`` or whitespace), and so is the byte after the
+    # last one (``]`` at worst): the events themselves are never touched
+    before, after = buffer[start - 1], buffer[end]
+    buffer[start - 1], buffer[end] = ord("["), ord("]")
+    try:
+        return decoder.decode(memoryview(buffer)[start - 1:end + 1])
+    except msgspec.ValidationError as exc:
+        raise InputError(f"malformed trace event: {_absolute(str(exc), first_event)}", text.path) from None
+    finally:
+        buffer[start - 1], buffer[end] = before, after
+
+
+def _absolute(message: str, first_event: int) -> str:
+    """msgspec's ``at `$[i]...``` with ``i`` counted in the span, as ``at `$.traceEvents[n]...``` in the file."""
+    return re.sub(r"`\$\[(\d+)\]", lambda m: f"`$.traceEvents[{first_event + int(m.group(1))}]", message, count=1)
+
+
+def iter_span_events(text: TraceText, spans: list[tuple[int, int]], decoder: msgspec.json.Decoder,
+                     progress: Progress | None = None) -> Iterator[Any]:
+    """Decode every span in order; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file
+    reported its bytes while it was read)."""
+    reported = 0
+    for number, span in enumerate(spans):
+        yield decode_span(text, span, number * SPAN_EVENTS, decoder)
+        if progress and not text.compressed:
+            progress(span[1] - reported)
+            reported = span[1]
+    if progress and not text.compressed:
+        progress(len(text.buffer) - reported)
