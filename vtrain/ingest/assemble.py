@@ -15,6 +15,7 @@ from vtrain.ingest.collectives import (
     first_dtype,
     parse_nccl_kernel,
 )
+from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import RankEvents
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.store import conform
@@ -44,19 +45,18 @@ def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
 
 
 def assign_iteration(frame: pl.DataFrame, steps: pl.DataFrame, ts_column: str = "ts") -> pl.DataFrame:
-    """Add ``iteration``: the ProfilerStep whose span holds ``ts_column`` (null outside every step)."""
+    """Add ``iteration``: the ProfilerStep whose span holds ``ts_column`` (null outside every step).
+
+    The step is the last one starting at or before the time (a binary search in the sorted step starts, so the
+    frame keeps its order without being sorted).
+    """
     if steps.is_empty():
         return frame.with_columns(iteration=pl.lit(None, dtype=pl.Int64))
-    order = "__row"
-    tagged = frame.with_row_index(order).sort(ts_column)
-    joined = tagged.join_asof(steps, left_on=ts_column, right_on="step_ts", strategy="backward")
-    return (
-        joined.with_columns(
-            iteration=pl.when(pl.col(ts_column) < pl.col("step_end")).then(pl.col("iteration"))
-        )
-        .sort(order)
-        .drop(order, "step_ts", "step_end")
-    )
+    latest = steps["step_ts"].search_sorted(frame[ts_column], side="right").cast(pl.Int64) - 1
+    started = latest >= 0
+    step = latest.clip(lower_bound=0)
+    inside = started & (frame[ts_column] < steps["step_end"].gather(step))
+    return frame.with_columns(iteration=pl.when(inside).then(steps["iteration"].gather(step)))
 
 
 def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | None) -> RankTables:
@@ -96,14 +96,14 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
         .select("correlation", launch_tid="tid", launch_ts="ts", launch_external_id="external_id")
     )
     device = events.device.join(launches, on="correlation", how="left")
-    known = set(launching_ops["external_id"].to_list())
-    unresolved = device.filter(~pl.col("external_id").is_in(list(known)) & pl.col("launch_ts").is_not_null())
+    known = pl.col("external_id").is_in(launching_ops["external_id"].implode())
+    unresolved = device.filter(~known & pl.col("launch_ts").is_not_null())
     if not unresolved.is_empty():
         enclosing = enclosing_op_ids(cpu,
                                      unresolved.select("correlation", tid="launch_tid", ts="launch_ts"))
         device = (
             device.join(enclosing, on="correlation", how="left")
-            .with_columns(external_id=pl.when(pl.col("external_id").is_in(list(known)))
+            .with_columns(external_id=pl.when(known)
                           .then(pl.col("external_id")).otherwise(pl.coalesce("enclosing_id", "external_id")))
             .drop("enclosing_id")
         )
@@ -112,30 +112,6 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
         .with_columns(launch_ts=pl.coalesce("launch_ts", "ts"))
     )
     return assign_iteration(device, steps, ts_column="launch_ts")
-
-
-def enclosing_op_ids(ops: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:
-    """For each probe (correlation, tid, ts): the External id of the innermost op on that thread enclosing ts."""
-    events = pl.concat([
-        ops.select("tid", "ts", end=pl.col("ts") + pl.col("dur"), ident="external_id", is_op=pl.lit(True)),
-        probes.select("tid", "ts", end=pl.col("ts"), ident="correlation", is_op=pl.lit(False)),
-    ]).sort("tid", "ts", "end", descending=[False, False, True])
-    found_correlation: list[int] = []
-    found_id: list[int | None] = []
-    stack: list[tuple[float, int]] = []
-    current_tid = None
-    for tid, ts, end, ident, is_op in events.iter_rows():
-        if tid != current_tid:
-            stack, current_tid = [], tid
-        while stack and stack[-1][0] <= ts:
-            stack.pop()
-        if is_op:
-            stack.append((end, ident))
-        else:
-            found_correlation.append(ident)
-            found_id.append(stack[-1][1] if stack else None)
-    return pl.DataFrame({"correlation": found_correlation, "enclosing_id": found_id},
-                        schema={"correlation": pl.Int64, "enclosing_id": pl.Int64})
 
 
 def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
