@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from vtrain.cli.errors import user_errors
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
-from vtrain.tables.store import write_profile
+from vtrain.tables.store import Profile, write_profile
 
 #: inputs larger than this get a progress bar on stderr
 PROGRESS_BYTES = 64 << 20
@@ -27,20 +27,14 @@ def ingest_command(
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
 ) -> None:
     """Turn real Kineto traces into kernel, CPU-op, collective and latency tables (Parquet)."""
-    stderr = Console(stderr=True)
     files = find_trace_files(trace_dir)
     total = sum(f.stat().st_size for f in files)
 
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
-    if total >= PROGRESS_BYTES:
-        columns = (TextColumn("ingest"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=stderr, transient=True) as bar:
-            task = bar.add_task("read", total=total)
-            profile = ingest_traces(trace_dir, warn=warn, progress=lambda n: bar.advance(task, n))
-    else:
-        profile = ingest_traces(trace_dir, warn=warn)
+    profile = _ingest_with_progress(trace_dir, total, warn) if total >= PROGRESS_BYTES else (
+        ingest_traces(trace_dir, warn=warn))
     if output.exists() and not force:
         write_profile(profile, output)  # raises the one-line "already exists" error
     write_profile(profile, output, overwrite=force)
@@ -55,6 +49,25 @@ def ingest_command(
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
         return
+    _print_summary(output, summary)
+
+
+# rich is imported where it is used: importing it costs a small ingest a noticeable part of its run time
+
+
+def _ingest_with_progress(trace_dir: Path, total: int, warn: Callable[[str], None]) -> Profile:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("ingest"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("read", total=total)
+        return ingest_traces(trace_dir, warn=warn, progress=lambda n: bar.advance(task, n))
+
+
+def _print_summary(output: Path, summary: dict[str, Any]) -> None:
+    from rich.console import Console
+
     console = Console()
     console.print(f"[bold]{output}[/]: {len(summary['ranks'])} rank(s) of world size "
                   f"{summary['world_size'] or '?'} on {summary['device']}")
