@@ -6,11 +6,15 @@ from __future__ import annotations
 import polars as pl
 
 from vtrain.ingest.classify import COMMUNICATION
+from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
 from vtrain.tables.schema import bus_bandwidth_factor
 from vtrain.tables.store import conform
 
 SIGNATURE = ["op", "input_dims", "input_types", "device_type"]
 KERNEL_SEPARATOR = " ; "
+#: ``nccl_latency.duration_source``: what a row's times measure
+MATCHED_DURATION = "transfer: end - last arrival"
+RAW_DURATION = "raw: waits included"
 
 
 def _duration_stats(column: str) -> list[pl.Expr]:
@@ -49,13 +53,20 @@ def cpu_op_calls(cpu_ops: pl.DataFrame) -> pl.DataFrame:
     On a CPU run an operator's latency is its own CPU duration. The operator that does the work is the outermost
     op whose self time (duration minus the ops nested in it) is at least half its duration, so ``aten::addmm``
     counts rather than its caller ``aten::linear`` or its helpers (``aten::expand``, ``aten::resolve_conj``).
+    Every call of such an operator's signature counts, nested in another operator or not: whether a call is the
+    outermost one with most of its time to itself depends on its own duration (a call slowed down, e.g.
+    preempted, leaves its caller little self time), so those calls alone would be the slow ones.
     Communication ops (``c10d::*``, ``record_param_comms``) and everything inside them are left out.
     """
     ops = cpu_ops.filter(pl.col("cat") == "cpu_op").sort("rank", "tid", "ts", pl.col("dur"), descending=[
         False, False, False, True])
-    work = work_op_mask(ops["rank"].to_list(), ops["tid"].to_list(), ops["ts"].to_list(), ops["dur"].to_list(),
-                        ops["name"].to_list())
-    return ops.filter(pl.Series(work, dtype=pl.Boolean)).select(
+    names = ops["name"].to_list()
+    parent, child_time = op_nesting(ops["rank"].to_list(), ops["tid"].to_list(), ops["ts"].to_list(),
+                                    ops["dur"].to_list())
+    work = pl.Series(_work_ops(names, ops["dur"].to_list(), parent, child_time), dtype=pl.Boolean)
+    calls = ops.filter(~pl.Series(in_communication(names, parent), dtype=pl.Boolean))
+    signatures = ops.filter(work).select("name", "input_dims", "input_types").unique()
+    return calls.join(signatures, on=["name", "input_dims", "input_types"], how="semi", nulls_equal=True).select(
         op="name", input_dims="input_dims", input_types="input_types", dur="dur",
         kernels="name", n_kernels=pl.lit(1, dtype=pl.Int32), device_type=pl.lit("cpu"))
 
@@ -63,15 +74,10 @@ def cpu_op_calls(cpu_ops: pl.DataFrame) -> pl.DataFrame:
 _COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
 
 
-def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
-                 names: list[str]) -> list[bool]:
-    """For CPU ops sorted by (rank, thread, start, longest first): True for the ops doing the work.
-
-    The outermost op whose self time is at least half its duration, except that an op holding a collective
-    (``c10d::*``, ``gloo:*``, ...) is never one: its self time is mostly the wait for that collective (e.g. a
-    tensor-parallel ``autograd.Function``), so the search goes on inside it. Collectives and what they hold are
-    never work ops.
-    """
+def op_nesting(ranks: list[int], tids: list[int], starts: list[float],
+               durations: list[float]) -> tuple[list[int], list[float]]:
+    """For CPU ops sorted by (rank, thread, start, longest first): each op's parent (``-1`` at the top) and the
+    time of the ops directly nested in it."""
     n = len(starts)
     parent = [-1] * n
     child_time = [0.0] * n
@@ -85,6 +91,33 @@ def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], duratio
             parent[i] = stack[-1]
             child_time[stack[-1]] += durations[i]
         stack.append(i)
+    return parent, child_time
+
+
+def in_communication(names: list[str], parent: list[int]) -> list[bool]:
+    """True for collectives (``c10d::*``, ``gloo:*``, ``record_param_comms``, ...) and every op nested in one
+    (ops in :func:`op_nesting` order)."""
+    inside = [False] * len(names)
+    for i, name in enumerate(names):
+        inside[i] = name.startswith(_COMMUNICATION_OP) or (parent[i] >= 0 and inside[parent[i]])
+    return inside
+
+
+def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
+                 names: list[str]) -> list[bool]:
+    """For CPU ops sorted by (rank, thread, start, longest first): True for the ops doing the work.
+
+    The outermost op whose self time is at least half its duration, except that an op holding a collective
+    (``c10d::*``, ``gloo:*``, ...) is never one: its self time is mostly the wait for that collective (e.g. a
+    tensor-parallel ``autograd.Function``), so the search goes on inside it. Collectives and what they hold are
+    never work ops.
+    """
+    parent, child_time = op_nesting(ranks, tids, starts, durations)
+    return _work_ops(names, durations, parent, child_time)
+
+
+def _work_ops(names: list[str], durations: list[float], parent: list[int], child_time: list[float]) -> list[bool]:
+    n = len(names)
     holds_comm = [name.startswith(_COMMUNICATION_OP) for name in names]
     for i in range(n - 1, -1, -1):
         if holds_comm[i] and parent[i] >= 0:
@@ -118,15 +151,41 @@ def op_latency(calls: pl.DataFrame) -> pl.DataFrame:
     return conform(table.sort("median_us", descending=True), "op_latency")
 
 
-def nccl_latency(collectives: pl.DataFrame) -> pl.DataFrame:
-    """Median time and nccl-tests bandwidths per collective, group size and message size."""
+def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Time and nccl-tests bandwidths per collective, group size and message size.
+
+    Calls matched across ranks (:func:`vtrain.tables.matching.match_calls`; ``cpu_ops`` gives gloo calls their
+    issuing operator and span labels) count with their transfer time, from the last member's arrival to their
+    end, so a rank that arrived early does not make the collective look slow; the group size is the number of
+    members found and ``wait_us`` the mean time members waited for the last one. A (collective, group size,
+    size) with no matched call keeps the raw per-rank durations, waits included (``duration_source`` says
+    which), except gloo sends on CPU ranks, whose span lasts until the sender waits for the send and says nothing
+    about the transfer. The ``collectives`` table itself keeps every raw duration.
+    """
     sized = collectives.filter(pl.col("bytes").is_not_null() & pl.col("collective").is_not_null())
     if sized.is_empty():
         return conform(pl.DataFrame(), "nccl_latency")
     keys = ["collective", "group_size", "bytes", "device_type"]
+    calls = match_calls(sized, cpu_ops)
+    matched = calls.filter(pl.col("transfer_us").is_not_null()).with_columns(
+        group_size=pl.col("members"), duration=pl.col("transfer_us"), duration_source=pl.lit(MATCHED_DURATION))
+    raw = (
+        calls.filter(pl.col("transfer_us").is_null()
+                     & ~((pl.col("device_type") == "cpu") & (pl.col("collective") == "send")))
+        .join(matched.select(keys).unique(), on=keys, how="anti", nulls_equal=True)
+        .with_columns(duration=pl.col("dur"), wait_us=pl.lit(None, dtype=pl.Float64),
+                      duration_source=pl.lit(RAW_DURATION),
+                      group_size_source=pl.when(pl.col("collective").is_in(P2P)).then(pl.lit(POINT_TO_POINT))
+                      .when(pl.col("group_size").is_not_null()).then(pl.lit(METADATA)))
+    )
+    columns = [*keys, "duration", "wait_us", "algorithm", "group_size_source", "duration_source"]
     table = (
-        sized.group_by(keys)
-        .agg(*_duration_stats("dur"), algorithm=pl.col("algorithm").drop_nulls().mode().first())
+        pl.concat([matched.select(columns), raw.select(columns)], how="vertical_relaxed")
+        .group_by(keys)
+        .agg(*_duration_stats("duration"), wait_us=pl.col("wait_us").mean(),
+             algorithm=pl.col("algorithm").drop_nulls().mode().first(),
+             group_size_source=pl.col("group_size_source").drop_nulls().mode().first(),
+             duration_source=pl.col("duration_source").first())
         .with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3, source=pl.lit("trace"))
     )
     factors = [None if g is None else bus_bandwidth_factor(c, g)

@@ -1,0 +1,399 @@
+"""Collective calls matched across ranks: which calls on different ranks are one collective, how long each member
+waited for the last one to arrive, and how long the transfer took once everyone had arrived.
+
+A collective cannot progress before its last member has arrived, so the time one rank spends in it splits into
+``wait_us`` (last arrival - own arrival: the rank was early) and ``transfer_us`` (own end - last arrival).
+A point-to-point transfer is complete when the receiver has the data, so both of its members get
+``receiver's end - later arrival`` (a gloo ``isend`` span lasts until the sender waits for it, which says nothing
+about the transfer).
+
+A rank *arrives* when it issues the call: on CPU ranks the start of the issuing ``c10d::*`` operator when
+``cpu_ops`` is given (gloo's ``gloo:send`` annotation only starts once ``c10d::send`` has returned, and that call
+can block for milliseconds), else the start of the collective's own event (the NCCL kernel, the annotation).
+
+The members of each call are found per iteration, in issue order, within a group that comes from (the
+``group_size_source`` of each matched call says which):
+
+``metadata``
+    the call's process-group ranks or name (NCCL kernels and ``record_param_comms`` carry them);
+``point-to-point``
+    a send and a receive: the only pair of ranks with transfers of that size, or, on recorded runs, the
+    ``vtrain/comm`` spans' stages (the peer stage's rank that most often posted its send last before the
+    receive completed, when a stage has several ranks);
+``matched across ranks``
+    gloo collectives carry no group. On ranks that share a clock (CPU ranks of one host) the members of one
+    collective overlap in time (none ends before the last one arrives) and mostly end together: a rank's group
+    is the ranks whose calls of the same collective and size overlap each of its calls, narrowed to those whose
+    calls also end within a quarter of the shorter call's duration of its own in most calls when that narrowing
+    is consistent across the members.
+
+Calls that cannot be matched (peers without a trace, groups that issued different sequences, members that do not
+overlap on a shared clock) keep ``transfer_us`` null and ``group_size_source`` says nothing about them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import permutations
+
+import polars as pl
+
+from vtrain.naming import parse_span_name
+
+METADATA, POINT_TO_POINT, MATCHED = "metadata", "point-to-point", "matched across ranks"
+P2P = ("send", "recv")
+#: members of one collective end within this share of the shorter member's duration of each other
+CO_COMPLETION = 0.25
+_ISSUE_TOLERANCE_US = 1.0
+_COMM_SPAN = "vtrain/comm"
+#: most ranks per pipeline stage whose transfers are assigned by trying every one-to-one assignment
+_MAX_REPLICAS = 8
+_SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb")
+
+MATCH_COLUMNS = {"arrival_ts": pl.Float64, "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
+                 "group_size_source": pl.String}
+
+
+@dataclass
+class _Call:
+    row: int
+    rank: int
+    kind: str
+    nbytes: int | None
+    iteration: int | None
+    on_cpu: bool
+    arrival: float
+    end: float
+    group: tuple | None = None  # metadata key
+    stage: str | None = None  # stage, peer stage, phase and micro-batch of the vtrain/comm span around the call
+    peer: str | None = None
+    label: tuple[str | None, str | None] = (None, None)
+    members: int | None = None
+    transfer: float | None = None
+    wait: float | None = None
+    source: str | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.arrival
+
+
+def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """``collectives`` with :data:`MATCH_COLUMNS` added: arrival, members found, transfer and wait times and
+    where the group came from (null where the call was not matched)."""
+    if collectives.is_empty():
+        return collectives.with_columns(pl.lit(None, dtype=dtype).alias(name) for name, dtype in MATCH_COLUMNS.items())
+    frame = _with_issue_context(collectives.with_row_index("_row"), cpu_ops)
+    calls = [
+        _Call(row=row, rank=rank, kind=kind, nbytes=nbytes, iteration=iteration, on_cpu=device == "cpu",
+              arrival=arrival, end=ts + dur, group=_metadata_group(ranks, pg), stage=stage, peer=peer,
+              label=(phase, mb))
+        for row, rank, kind, nbytes, iteration, device, arrival, ts, dur, ranks, pg, stage, peer, phase, mb
+        in frame.select("_row", "rank", "collective", "bytes", "iteration", "device_type", "arrival_ts", "ts", "dur",
+                        "group_ranks", "process_group", *_SPAN_FIELDS).iter_rows()
+        if kind is not None and ts is not None and dur is not None
+    ]
+    present = {c.rank for c in calls}
+    _match_metadata([c for c in calls if c.group is not None], present)
+    _match_point_to_point([c for c in calls if c.kind in P2P and not _names_pair(c.group)])
+    _match_by_completion([c for c in calls if c.group is None and c.kind not in P2P and c.on_cpu])
+    results = pl.DataFrame(
+        {"_row": [c.row for c in calls], "members": [c.members for c in calls],
+         "transfer_us": [c.transfer for c in calls], "wait_us": [c.wait for c in calls],
+         "group_size_source": [c.source for c in calls]},
+        schema={"_row": pl.UInt32, **{k: v for k, v in MATCH_COLUMNS.items() if k != "arrival_ts"}})
+    return (frame.join(results, on="_row", how="left").sort("_row")
+            .drop("_row", *_SPAN_FIELDS))
+
+
+# ------------------------------------------------------------------------------------------ context of each call
+
+def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl.DataFrame:
+    """Add ``arrival_ts`` (the issuing c10d op's start on CPU ranks, else the call's start) and the stage and
+    peer of the ``vtrain/comm`` span around the call (null without one)."""
+    frame = frame.with_columns(pl.col("ts").alias("arrival_ts"),
+                               *(pl.lit(None, dtype=pl.String).alias(c) for c in _SPAN_FIELDS))
+    if cpu_ops is None or cpu_ops.is_empty():
+        return frame
+    issuing = (cpu_ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))
+               .select("rank", issue_ts=pl.col("ts"), issue_end=pl.col("ts") + pl.col("dur")).sort("issue_ts"))
+    spans = _comm_spans(cpu_ops)
+    ordered = frame.sort("ts")
+    if not issuing.is_empty():
+        ordered = (
+            ordered.join_asof(issuing, left_on="ts", right_on="issue_ts", by="rank", strategy="backward",
+                              check_sortedness=False)
+            .with_columns(arrival_ts=pl.when((pl.col("device_type") == "cpu")
+                                             & (pl.col("ts") <= pl.col("issue_end") + _ISSUE_TOLERANCE_US))
+                          .then(pl.col("issue_ts")).otherwise(pl.col("ts")))
+            .drop("issue_ts", "issue_end")
+        )
+    if not spans.is_empty():
+        ordered = (
+            ordered.drop(*_SPAN_FIELDS)
+            .join_asof(spans, left_on="arrival_ts", right_on="span_ts", by="rank", strategy="backward",
+                       check_sortedness=False)
+            .with_columns([pl.when(pl.col("arrival_ts") <= pl.col("span_end")).then(pl.col(c)).alias(c)
+                           for c in _SPAN_FIELDS])
+            .drop("span_ts", "span_end")
+        )
+    return ordered
+
+
+def _comm_spans(cpu_ops: pl.DataFrame) -> pl.DataFrame:
+    """The ``vtrain/comm`` spans: rank, start, end and the fields that identify a transfer."""
+    rows = cpu_ops.filter(pl.col("name").str.starts_with(_COMM_SPAN)).select("rank", "name", "ts", "dur")
+    fields = [(parse_span_name(name) or ("", {}))[1] for name in rows["name"].to_list()]
+    return rows.select("rank", span_ts=pl.col("ts"), span_end=pl.col("ts") + pl.col("dur")).with_columns(
+        pl.Series(column, [f.get(key) for f in fields], dtype=pl.String)
+        for column, key in zip(_SPAN_FIELDS, ("stage", "peer", "phase", "mb"))
+    ).sort("span_ts")
+
+
+def _metadata_group(ranks: str | None, pg_name: str | None) -> tuple | None:
+    if ranks:
+        try:
+            parsed = json.loads(ranks)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, list) and parsed and all(isinstance(r, int) for r in parsed):
+            return ("ranks", tuple(sorted(parsed)))
+    return ("name", pg_name) if pg_name else None
+
+
+# ------------------------------------------------------------------------------------------ the three group sources
+
+def _match_metadata(calls: list[_Call], present: set[int]) -> None:
+    """Groups named by the trace: match per group, collective and iteration in issue order."""
+    by_group: dict[tuple, dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
+    for call in calls:
+        by_group[(call.group, call.kind, call.iteration)][call.rank].append(call)
+    for (group, kind, _), per_rank in by_group.items():
+        members = list(group[1]) if group[0] == "ranks" else sorted(per_rank)
+        if kind in P2P or len(members) < 2 or not set(members) <= present:
+            continue
+        _align(_ordered(per_rank.get(rank, []) for rank in members), METADATA)
+    _match_metadata_p2p([c for c in calls if c.kind in P2P and _names_pair(c.group)], present)
+
+
+def _names_pair(group: tuple | None) -> bool:
+    return group is not None and group[0] == "ranks" and len(group[1]) == 2
+
+
+def _match_metadata_p2p(calls: list[_Call], present: set[int]) -> None:
+    """Point-to-point calls whose group names both ranks: each direction is one channel."""
+    by_channel: dict[tuple[int, int], tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
+    for call in calls:
+        first, second = call.group[1]
+        peer = second if call.rank == first else first
+        if peer not in present:
+            continue
+        if call.kind == "send":
+            by_channel[(call.rank, peer)][0].append(call)
+        else:
+            by_channel[(peer, call.rank)][1].append(call)
+    for sends, recvs in by_channel.values():
+        _pair_in_order(sends, recvs, METADATA)
+
+
+
+def _match_point_to_point(calls: list[_Call]) -> None:
+    """Sends and receives without a named pair of ranks: find each receiver's sender, then pair their calls."""
+    for same_size in _classes(calls, lambda c: (c.on_cpu, c.nbytes)).values():
+        sends = [c for c in same_size if c.kind == "send"]
+        recvs = [c for c in same_size if c.kind == "recv"]
+        for channel_sends, channel_recvs in _channels(sends, recvs):
+            _pair_in_order(channel_sends, channel_recvs, POINT_TO_POINT)
+
+
+_Link = tuple[dict[int, list[_Call]], dict[int, list[_Call]]]  # sender -> sends, receiver -> receives
+
+
+def _channels(sends: list[_Call], recvs: list[_Call]) -> list[tuple[list[_Call], list[_Call]]]:
+    """The (sends, receives) of each sender -> receiver channel that can be told.
+
+    With ``vtrain/comm`` spans, transfers are grouped by the pair of stages they link; a send belongs to the link
+    from its span's stage to its peer's, a receive to the link from its peer stage to its own. When a stage has
+    several ranks (tensor- or data-parallel replicas) the ranks of the two stages are paired one to one (a pair
+    exchanges the transfers both ways, activations and their gradients), as the pairing under which no receive
+    completed before its send was posted (on a shared clock). Without spans, a receiver's sender must be the
+    only other rank sending transfers of that size.
+    """
+    links: dict[tuple[str | None, str | None], _Link] = defaultdict(lambda: (defaultdict(list), defaultdict(list)))
+    for send in sends:
+        links[(send.stage, send.peer)][0][send.rank].append(send)
+    for recv in recvs:
+        links[(recv.peer, recv.stage)][1][recv.rank].append(recv)
+    channels = []
+    for (first, second) in {tuple(sorted(key, key=str)) for key in links}:
+        there, back = links.get((first, second), ({}, {})), links.get((second, first), ({}, {}))
+        for a, b in _pair(there, back, labelled=first is not None and second is not None).items():
+            for (senders, receivers), (src, dst) in ((there, (a, b)), (back, (b, a))):
+                if src in senders and dst in receivers:
+                    channels.append((senders[src], receivers[dst]))
+    return channels
+
+
+def _pair(there: _Link, back: _Link, labelled: bool) -> dict[int, int]:
+    """Rank of one stage -> rank of the other: among the one-to-one pairings where every receive (both ways)
+    completed after its send was posted, the one where most receives completed right after their own send (no
+    other candidate's send posted in between); empty when there is none or no single best one."""
+    ours = sorted(set(there[0]) | set(back[1]))
+    theirs = sorted(set(there[1]) | set(back[0]))
+    if not labelled:
+        if len(ours) == 1 and len(theirs) == 1 and ours != theirs:
+            return {ours[0]: theirs[0]}
+        return {}
+    if len(ours) != len(theirs) or len(ours) > _MAX_REPLICAS or set(ours) & set(theirs):
+        return {}
+    causal = {(a, b): _causal(there[0].get(a, []), there[1].get(b, []))
+              and _causal(back[0].get(b, []), back[1].get(a, [])) for a in ours for b in theirs}
+    feasible = [order for order in permutations(theirs) if all(causal[(a, b)] for a, b in zip(ours, order))]
+    if len(feasible) > 1:
+        votes = _last_posted(*there) + Counter({(a, b): n for (b, a), n in _last_posted(*back).items()})
+        score = {order: sum(votes[(a, b)] for a, b in zip(ours, order)) for order in feasible}
+        best = max(score.values())
+        feasible = [order for order in feasible if score[order] == best]
+    return dict(zip(ours, feasible[0])) if len(feasible) == 1 else {}
+
+
+def _last_posted(senders: dict[int, list[_Call]], receivers: dict[int, list[_Call]]) -> Counter[tuple[int, int]]:
+    """(sender, receiver) -> how many of the receiver's calls completed with that sender's matching send the last
+    one posted before it (the sender it was most likely waiting for)."""
+    votes: Counter[tuple[int, int]] = Counter()
+    for receiver, received in receivers.items():
+        for recv in received:
+            posted = [(send.arrival, rank) for rank, sent in senders.items() for send in sent
+                      if send.iteration == recv.iteration and send.label == recv.label and send.arrival <= recv.end]
+            if posted:
+                votes[(max(posted)[1], receiver)] += 1
+    return votes
+
+
+def _causal(sent: list[_Call], received: list[_Call]) -> bool:
+    """Whether each receive, paired in order per iteration and label, completed after its send was posted."""
+    pairs: dict[tuple, tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
+    for send in sent:
+        pairs[(send.iteration, send.label)][0].append(send)
+    for recv in received:
+        pairs[(recv.iteration, recv.label)][1].append(recv)
+    for mine, theirs in pairs.values():
+        if len(mine) != len(theirs):
+            return False
+        for send, recv in zip(*_ordered((mine, theirs))):
+            if recv.end < send.arrival:
+                return False
+    return True
+
+
+def _match_by_completion(calls: list[_Call]) -> None:
+    """Collectives without a group on ranks sharing a clock: infer each rank's group, then match the group's
+    calls per iteration in issue order.
+
+    Members of one collective overlap in time (none ends before the last arrives), so a rank's candidates are the
+    ranks with a call overlapping each of its calls of that collective and size; among them, its group is the
+    ranks whose calls also end with its own in most calls (co-completion), when that splits the candidates into
+    consistent groups, else all the candidates.
+    """
+    for same_size in _classes(calls, lambda c: (c.kind, c.nbytes)).values():
+        per_rank: dict[int, dict[int | None, list[_Call]]] = defaultdict(lambda: defaultdict(list))
+        for call in same_size:
+            per_rank[call.rank][call.iteration].append(call)
+        ranks = sorted(per_rank)
+        overlapping = {(a, b): _share(per_rank[a], per_rank[b], _overlaps) for a in ranks for b in ranks if a != b}
+        candidates = {a: {b for b in ranks if b != a and overlapping[(a, b)] == 1.0 == overlapping[(b, a)]}
+                      for a in ranks}
+        ending = {a: {b for b in candidates[a] if min(_share(per_rank[a], per_rank[b], _co_completes),
+                                                     _share(per_rank[b], per_rank[a], _co_completes)) >= 0.5}
+                  for a in ranks}
+        done: set[int] = set()
+        for rank in ranks:
+            group = _consistent_group(rank, ending) or _consistent_group(rank, candidates)
+            if group is None or rank in done:
+                continue
+            done.update(group)
+            for iteration in per_rank[rank]:
+                _align(_ordered(per_rank[member].get(iteration, []) for member in group), MATCHED)
+
+
+def _consistent_group(rank: int, partners: dict[int, set[int]]) -> tuple[int, ...] | None:
+    """``rank`` and its partners, when every member names the same group."""
+    group = {rank} | partners[rank]
+    if len(group) < 2 or any({member} | partners[member] != group for member in group):
+        return None
+    return tuple(sorted(group))
+
+
+def _share(mine: dict[int | None, list[_Call]], theirs: dict[int | None, list[_Call]], test) -> float:
+    """Share of my calls for which ``test(call, their calls in that iteration)`` holds."""
+    calls = [call for per_iteration in mine.values() for call in per_iteration]
+    hits = sum(1 for call in calls if test(call, theirs.get(call.iteration, [])))
+    return hits / len(calls) if calls else 0.0
+
+
+def _overlaps(call: _Call, others: list[_Call]) -> bool:
+    """Whether one of ``others`` shares a moment with ``call``."""
+    return any(max(call.arrival, other.arrival) <= min(call.end, other.end) for other in others)
+
+
+def _co_completes(call: _Call, others: list[_Call]) -> bool:
+    """Whether one of ``others`` overlaps ``call`` and ends with it."""
+    return any(max(call.arrival, other.arrival) <= min(call.end, other.end)
+               and abs(other.end - call.end) <= CO_COMPLETION * min(call.duration, other.duration)
+               for other in others)
+
+
+# ------------------------------------------------------------------------------------------ timing of one match
+
+def _classes(calls: Iterable[_Call], key) -> dict[tuple, list[_Call]]:
+    groups: dict[tuple, list[_Call]] = defaultdict(list)
+    for call in calls:
+        groups[key(call)].append(call)
+    return groups
+
+
+def _ordered(per_member: Iterable[list[_Call]]) -> list[list[_Call]]:
+    return [sorted(calls, key=lambda c: c.arrival) for calls in per_member]
+
+
+def _align(members: list[list[_Call]], source: str) -> None:
+    """Match the k-th call of every member when all issued as many calls of the same size."""
+    if len({len(calls) for calls in members}) != 1:
+        return
+    for group in zip(*members):
+        if len({c.nbytes for c in group if c.nbytes}) <= 1:
+            _time(list(group), source)
+
+
+def _pair_in_order(sends: list[_Call], recvs: list[_Call], source: str) -> None:
+    """Pair the k-th send with the k-th receive of one channel, per iteration and span label (phase and
+    micro-batch, when spans give them): transfers on one channel with one tag arrive in order."""
+    by_label: dict[tuple, tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
+    for send in sends:
+        by_label[(send.iteration, send.label)][0].append(send)
+    for recv in recvs:
+        by_label[(recv.iteration, recv.label)][1].append(recv)
+    for sent, received in by_label.values():
+        if len(sent) != len(received):
+            continue
+        for send, recv in zip(*_ordered((sent, received))):
+            _time([send, recv], source, completes=recv)
+
+
+def _time(group: list[_Call], source: str, completes: _Call | None = None) -> None:
+    """Set members, transfer and wait of one matched collective (nothing when the members do not overlap on a
+    shared clock; members on GPUs whose clocks disagree all get the shortest member's duration)."""
+    last = max(c.arrival for c in group)
+    ends = [completes.end] * len(group) if completes is not None else [c.end for c in group]
+    if any(end < last for end in ends):
+        if all(c.on_cpu for c in group):
+            return  # one clock: a member ended before another arrived, so these calls are not one collective
+        shortest = min(c.duration for c in (group if completes is None else [completes]))
+        for call in group:
+            call.members, call.transfer, call.wait, call.source = len(group), shortest, None, source
+        return
+    for call, end in zip(group, ends):
+        call.members, call.transfer, call.wait, call.source = len(group), end - last, last - call.arrival, source
