@@ -1,6 +1,14 @@
 """Collective latencies: the profile's ``nccl_latency`` table interpolated in message size per group size, else
 the α-β model of the device's links (ring or tree, intra- or inter-node).
 
+A table row gives the mean time of one call (its median when the source has no mean: a step's expected time is
+what adds up over an iteration). Rows measured in traces and matched across ranks hold the transfer alone, from
+the last member's arrival; for collectives among replicas (all but point-to-point transfers) the simulated
+latency adds the measured mean time a member waited for the last one (``wait_us``): the simulator runs one
+representative rank per stage, and replicas that drift apart by a little every step (scheduling noise, uneven
+work) wait for each other at each collective. Pipeline transfers get no such term: waiting for the other stage
+is what the schedule simulates.
+
 Ranks are laid out as Megatron lays them out: tensor-parallel ranks adjacent, then data-parallel, then pipeline
 stages, ``node_size`` consecutive ranks per node. A group whose members fit in one node uses the intra-node link.
 """
@@ -20,29 +28,33 @@ _P2P_NAMES = ("send", "send_recv", "recv")
 
 @dataclass(frozen=True)
 class _Curve:
-    """Measured median latency against message bytes for one collective and group size."""
+    """Measured latency (and straggler wait) against message bytes for one collective and group size."""
 
     sizes: list[int]
     latencies: list[float]
+    waits: list[float]
     algorithm: str
 
-    def at(self, nbytes: int) -> tuple[float, str]:
-        """Latency at ``nbytes`` and whether it was measured or interpolated (piecewise linear inside the
-        measured range; the smallest size's latency below it; the last segment's bandwidth above it)."""
-        sizes, lats = self.sizes, self.latencies
+    def at(self, nbytes: int) -> tuple[float, float, str]:
+        """Latency and wait at ``nbytes`` and whether they were measured or interpolated (the latency piecewise
+        linear inside the measured range, the smallest size's below it, the last segment's bandwidth above it;
+        the wait of the nearest measured size outside the range)."""
+        sizes, lats, waits = self.sizes, self.latencies, self.waits
         i = bisect.bisect_left(sizes, nbytes)
         if i < len(sizes) and sizes[i] == nbytes:
-            return lats[i], MEASURED
+            return lats[i], waits[i], MEASURED
         if i == 0:
-            return lats[0], INTERPOLATED
+            return lats[0], waits[0], INTERPOLATED
         if i == len(sizes):
             if len(sizes) >= 2 and sizes[-1] > sizes[-2] and lats[-1] > lats[-2]:
                 slope = (lats[-1] - lats[-2]) / (sizes[-1] - sizes[-2])
             else:
                 slope = lats[-1] / sizes[-1] if sizes[-1] > 0 else 0.0
-            return lats[-1] + slope * (nbytes - sizes[-1]), INTERPOLATED
-        x0, x1, y0, y1 = sizes[i - 1], sizes[i], lats[i - 1], lats[i]
-        return y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0), INTERPOLATED
+            return lats[-1] + slope * (nbytes - sizes[-1]), waits[-1], INTERPOLATED
+        x0, x1 = sizes[i - 1], sizes[i]
+        share = (nbytes - x0) / (x1 - x0)
+        return (lats[i - 1] + (lats[i] - lats[i - 1]) * share, waits[i - 1] + (waits[i] - waits[i - 1]) * share,
+                INTERPOLATED)
 
 
 class CollectiveResolver:
@@ -59,17 +71,20 @@ class CollectiveResolver:
     def _index(self, profile: Profile, device_type: str) -> None:
         table = profile.nccl_latency
         rows = table.filter(table["device_type"] == device_type).select(
-            "collective", "group_size", "bytes", "median_us", "algorithm").sort("bytes").rows()
-        points: dict[tuple[str, int], dict[int, float]] = {}
+            "collective", "group_size", "bytes", "mean_us", "median_us", "wait_us", "algorithm").sort("bytes").rows()
+        points: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
         algorithms: dict[tuple[str, int], str] = {}
-        for collective, group_size, nbytes, median, algorithm in rows:
-            if median is None or nbytes is None or group_size is None:
+        for collective, group_size, nbytes, mean, median, wait, algorithm in rows:
+            latency = mean if mean is not None else median
+            if latency is None or nbytes is None or group_size is None:
                 continue
-            points.setdefault((collective, group_size), {})[int(nbytes)] = float(median)
+            waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
+            points.setdefault((collective, group_size), {})[int(nbytes)] = (float(latency), float(waited))
             algorithms.setdefault((collective, group_size), algorithm or "")
         for key, by_size in points.items():
             sizes = sorted(by_size)
-            self._curves[key] = _Curve(sizes, [by_size[s] for s in sizes], algorithms[key])
+            self._curves[key] = _Curve(sizes, [by_size[s][0] for s in sizes], [by_size[s][1] for s in sizes],
+                                       algorithms[key])
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         """Latency of one collective over ``group_size`` ranks spaced ``rank_stride`` apart."""
@@ -88,8 +103,11 @@ class CollectiveResolver:
         for name in names:
             curve = self._curves.get((name, group_size))
             if curve is not None:
-                latency, source = curve.at(nbytes)
-                return Resolution(latency, source, f"nccl_latency {name} n={group_size}")
+                latency, wait, source = curve.at(nbytes)
+                detail = f"nccl_latency {name} n={group_size}"
+                if wait > 0:
+                    detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
+                return Resolution(latency + wait, source, detail)
         nodes = -(-rank_stride * group_size // self.node_size)
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)

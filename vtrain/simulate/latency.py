@@ -4,6 +4,18 @@
 2. ``interpolated``: the same op with the same dtypes was measured at other shapes: GEMMs are scaled by FLOPs
    at the efficiency (FLOP/s) of the nearest measured shapes, other ops by bytes at their effective bandwidth;
 3. ``modelled``: the analytical device model (peak FLOP/s and memory bandwidth).
+
+A measured signature's latency is its median times the profile's *interference factor*: the time of the calls the
+model places, as the profile's timeline has them, over the sum of their signatures' medians
+(:meth:`OpLatencyResolver.calibrate`). An iteration is a sum of thousands of calls and its expected time the sum
+of their means, but on a shared host a call is now and then slowed by something unrelated to it (preemption,
+frequency changes): the median of the signature misses that time, and the signature's own mean over a few calls
+is dominated by whichever of its calls happened to be hit. The factor keeps the profile's total and spreads the
+interference over the ops in proportion to their time, the chance of being hit. Without a timeline (imported
+tables) the factor is 1.
+
+:class:`HostGapResolver` adds the time a run spends between the operators (host overhead, launch gaps), measured
+in the profile's own timeline (:mod:`vtrain.tables.gaps`).
 """
 
 from __future__ import annotations
@@ -13,8 +25,11 @@ import json
 import math
 from dataclasses import dataclass
 
+import polars as pl
+
 from vtrain.devices.model import DeviceModel
 from vtrain.model.ops import Op, op_cost
+from vtrain.tables.gaps import ALL, EVENTS_SCHEMA, op_gaps, placed_events
 from vtrain.tables.store import Profile
 
 MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
@@ -47,6 +62,8 @@ class OpLatencyResolver:
     def __init__(self, profile: Profile | None, device: DeviceModel, device_type: str) -> None:
         self.device = device
         self.device_type = device_type
+        self.profile = profile
+        self.interference = 1.0
         self._exact: dict[tuple[str, str, str], tuple[float, tuple[str, ...]]] = {}
         self._by_op: dict[tuple[str, str, bool], list[_Sample]] = {}
         self._cache: dict[tuple[str, str, str], Resolution] = {}
@@ -54,24 +71,37 @@ class OpLatencyResolver:
             self._index(profile)
 
     def _index(self, profile: Profile) -> None:
-        table = profile.op_latency
-        rows = table.filter(table["device_type"] == self.device_type).select(
-            "op", "input_dims", "input_types", "median_us", "kernels").rows()
+        table = profile.op_latency.filter(pl.col("device_type") == self.device_type)
+        rows = table.select("op", "input_dims", "input_types", "median_us", "kernels").rows()
         groups: dict[tuple[str, str, bool], list[_Sample]] = {}
-        for name, dims, types, median, kernels in rows:
-            if median is None:
+        for name, dims, types, latency, kernels in rows:
+            if latency is None:
                 continue
             names = tuple(k for k in (kernels or "").split(" ; ") if k)
-            self._exact[(name, dims, types)] = (float(median), names)
+            self._exact[(name, dims, types)] = (float(latency), names)
             try:
                 flops, nbytes = op_cost(name, json.loads(dims), json.loads(types))
             except (ValueError, TypeError):
                 continue
             is_gemm = flops > 0
             groups.setdefault((name, types, is_gemm), []).append(
-                _Sample(flops if is_gemm else nbytes, float(median), dims, names))
+                _Sample(flops if is_gemm else nbytes, float(latency), dims, names))
         for key, samples in groups.items():
             self._by_op[key] = sorted((s for s in samples if s.cost > 0), key=lambda s: s.cost)
+
+    def calibrate(self, events: pl.DataFrame) -> None:
+        """Set the interference factor from the placed calls of the profile's timeline (``events`` of
+        :func:`vtrain.tables.gaps.placed_events`): their total time over the sum of their signatures' medians.
+        Must come before the first :meth:`resolve`."""
+        if self._cache:
+            raise RuntimeError("calibrate() after resolve()")
+        calls = events.filter(pl.col("device_type") == self.device_type).select("op", "input_dims", "input_types",
+                                                                                "dur").rows()
+        medians = [(self._exact.get((name, dims, types)), dur) for name, dims, types, dur in calls]
+        known = [(median[0], dur) for median, dur in medians if median is not None and median[0] > 0]
+        expected = sum(median for median, _ in known)
+        if expected > 0:
+            self.interference = sum(dur for _, dur in known) / expected
 
     def resolve(self, op: Op) -> Resolution:
         """The latency of one call of ``op`` (cached per signature)."""
@@ -88,12 +118,15 @@ class OpLatencyResolver:
     def _resolve(self, op: Op) -> Resolution:
         exact = self._exact.get(op.signature)
         if exact is not None:
-            return Resolution(exact[0], MEASURED, "exact signature", exact[1])
+            return Resolution(exact[0] * self.interference, MEASURED,
+                              f"exact signature: median x {self.interference:.3f} (measured interference)", exact[1])
         is_gemm = op.is_gemm and op.flops > 0
         samples = self._by_op.get((op.name, op.input_types, is_gemm))
         cost = op.flops if is_gemm else op.bytes
         if samples and cost > 0:
-            return self._scale(op, samples, cost, is_gemm)
+            scaled = self._scale(op, samples, cost, is_gemm)
+            return Resolution(scaled.latency_us * self.interference, INTERPOLATED,
+                              f"{scaled.detail}, x {self.interference:.3f} (measured interference)", scaled.kernels)
         modelled = self.device.op_latency_us(op)
         return Resolution(modelled, MODELLED, f"device model {self.device.name}")
 
@@ -121,3 +154,41 @@ class OpLatencyResolver:
 def _rate(sample: _Sample) -> float:
     """Cost per microsecond (FLOPs/µs or bytes/µs); a zero-latency sample has an unbounded rate."""
     return sample.cost / sample.latency_us if sample.latency_us > 0 else math.inf
+
+
+class HostGapResolver:
+    """The measured time between operators (host overhead, launch gaps) before each operator, per phase.
+
+    The gap is measured in the profile's timeline between the operators the workload places
+    (:func:`vtrain.tables.gaps.op_gaps`), so it holds the time of operators the model leaves out as well; a phase
+    the profile has no spans for takes the gap over all phases. Profiles without a timeline (imported tables)
+    give no gap, and the simulation says so.
+    """
+
+    def __init__(self, profile: Profile | None, device_type: str) -> None:
+        self.profile = profile
+        self.device_type = device_type
+        self.events = pl.DataFrame(schema=EVENTS_SCHEMA)
+        self._by_phase: dict[str, Resolution] | None = None
+
+    def fit(self, placed: set[tuple[str, str, str]]) -> None:
+        """Find the calls of the operators with the signatures the model places in the profile's timeline
+        (:attr:`events`) and measure the gaps before them."""
+        self._by_phase = {}
+        if self.profile is None:
+            return
+        tables = self.profile.tables
+        self.events = placed_events(tables["cpu_ops"], tables["kernels"], tables["collectives"], placed)
+        gaps = op_gaps(self.events)
+        for phase, ops, rank_iterations, mean, median, p90 in gaps.filter(
+                pl.col("device_type") == self.device_type).select(
+                "phase", "ops", "rank_iterations", "mean_us", "median_us", "p90_us").iter_rows():
+            detail = (f"mean gap before an op ({phase}): {ops} ops over {rank_iterations} rank-iterations, "
+                      f"median {median:.1f} us, p90 {p90:.1f} us")
+            self._by_phase[phase] = Resolution(mean, MEASURED, detail)
+
+    def resolve(self, phase: str) -> Resolution | None:
+        """The gap before one operator of ``phase``; ``None`` when the profile has no timeline."""
+        if self._by_phase is None:
+            raise RuntimeError("HostGapResolver.fit() must come first")
+        return self._by_phase.get(phase) or self._by_phase.get(ALL)

@@ -1,5 +1,10 @@
 """Resolving the workload model into the graph builder's inputs: every distinct block's steps are resolved once
-(all layers of a stage share one resolution) and wrapped into :class:`~vtrain.graph.work.BlockWork`."""
+(all layers of a stage share one resolution) and wrapped into :class:`~vtrain.graph.work.BlockWork`.
+
+Each operator is preceded by the host gap measured before operators of its phase (:class:`HostGapResolver`):
+a block's compute time is its operators' latencies plus their gaps. Collectives get no gap of their own; the
+time to issue one and to resume after it is in the gap before the next operator, where it was measured.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collectives import CollectiveResolver
-from vtrain.simulate.latency import OpLatencyResolver, Resolution
+from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
 
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward}
 _BACKWARD_STEPS = {"embedding": gpt.embedding_backward, "layer": gpt.layer_backward, "head": gpt.head_backward}
@@ -23,14 +28,19 @@ _PARAMETERS = {"embedding": gpt.embedding_parameters, "layer": gpt.layer_paramet
 
 @dataclass(frozen=True)
 class ResolvedStep:
-    """One op or collective with its resolved latency."""
+    """One op or collective with its resolved latency, and for ops the host gap before it."""
 
     step: Step
     resolution: Resolution
+    gap: Resolution | None = None
 
     @property
     def latency_us(self) -> float:
         return self.resolution.latency_us
+
+    @property
+    def gap_us(self) -> float:
+        return self.gap.latency_us if self.gap is not None else 0.0
 
 
 class WorkloadResolver:
@@ -41,12 +51,14 @@ class WorkloadResolver:
         self.shape = GptShape.from_config(config)
         self.ops = ops
         self.collectives = collectives
+        self.gaps = HostGapResolver(ops.profile, ops.device_type)
         self._steps: dict[tuple[str, str, bool], tuple[tuple[ResolvedStep, ...], float, float]] = {}
 
-    def resolve_step(self, step: Step) -> ResolvedStep:
-        """Resolve one op (profile or device model) or collective (NCCL table or α-β)."""
+    def resolve_step(self, step: Step, phase: str) -> ResolvedStep:
+        """Resolve one op (profile or device model, and the gap before it in ``phase``) or collective (NCCL
+        table or α-β)."""
         if isinstance(step, Op):
-            return ResolvedStep(step, self.ops.resolve(step))
+            return ResolvedStep(step, self.ops.resolve(step), self.gaps.resolve(phase))
         group, stride = self._group(step.purpose)
         return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
 
@@ -58,11 +70,7 @@ class WorkloadResolver:
     def _block(self, kind: str, phase: str, layer: int | None, accumulate: bool = False) -> BlockWork:
         key = (kind, phase, accumulate)
         if key not in self._steps:
-            if phase == "backward":
-                steps = _BACKWARD_STEPS[kind](self.shape, accumulate)
-            else:  # forward or recompute
-                steps = _FORWARD_STEPS[kind](self.shape)
-            resolved = tuple(self.resolve_step(s) for s in steps)
+            resolved = tuple(self.resolve_step(s, phase) for s in self._block_steps(kind, phase, accumulate))
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = self._issued_us(resolved) - tp
             self._steps[key] = (resolved, compute, tp)
@@ -70,10 +78,15 @@ class WorkloadResolver:
         return BlockWork(kind, phase, layer, resolved, compute, tp)
 
     def _issued_us(self, resolved: tuple[ResolvedStep, ...]) -> float:
-        """Time of a block's steps on one stream when the host issues them one after another: step i starts once
-        the host has issued it and step i-1 has finished. With no host time per step (the datasheet and CPU
-        models) this is the plain sum of the latencies; with a fitted host overhead, short steps cost their
-        host time and long ones their device time."""
+        """Time of a block's steps on one stream when the host issues them one after another.
+
+        With gaps measured in the profile's timeline, each op runs after its measured gap (the host's time between
+        ops as the run spent it, so the device model's host time is not added to it). Otherwise step i starts once
+        the host has issued it and step i-1 has finished: with no host time per step (the datasheet and CPU
+        models) this is the plain sum of the latencies; with a fitted host overhead, short steps cost their host
+        time and long ones their device time."""
+        if any(r.gap is not None for r in resolved):
+            return sum(r.latency_us + r.gap_us for r in resolved)
         device = self.ops.device
         host_op = device.host_op_us()
         issued = finished = 0.0
@@ -84,6 +97,21 @@ class WorkloadResolver:
                 issued += host_op
             finished = max(issued, finished) + r.latency_us
         return finished
+
+    def _block_steps(self, kind: str, phase: str, accumulate: bool) -> list[Step]:
+        if phase == "backward":
+            return _BACKWARD_STEPS[kind](self.shape, accumulate)
+        return _FORWARD_STEPS[kind](self.shape)  # forward or recompute
+
+    def _placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
+        """Signatures of every operator the run places (what the host gaps are measured between)."""
+        kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
+        steps = [step for kind in kinds for phase, accumulate in (("forward", False), ("backward", False),
+                                                                  ("backward", True))
+                 for step in self._block_steps(kind, phase, accumulate)]
+        steps += [step for stage_chunks in chunks
+                  for step in gpt.optimizer_step(self.shape, stage_parameters(self.shape, stage_chunks))]
+        return {step.signature for step in steps if isinstance(step, Op)}
 
     def forward(self, chunk: Chunk) -> PhaseWork:
         """One micro-batch's forward pass through a chunk."""
@@ -103,8 +131,8 @@ class WorkloadResolver:
     def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
         """Adam over the parameter shards of a stage."""
         steps = gpt.optimizer_step(self.shape, stage_parameters(self.shape, chunks))
-        resolved = tuple(self.resolve_step(s) for s in steps)
-        compute = sum(r.latency_us for r in resolved)
+        resolved = tuple(self.resolve_step(s, "optimizer") for s in steps)
+        compute = sum(r.latency_us + r.gap_us for r in resolved)
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0),))
 
     def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
@@ -138,6 +166,8 @@ class WorkloadResolver:
     def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
         """Resolved work for every (stage, chunk) of the partition."""
         par = self.config.parallelism
+        self.gaps.fit(self._placed(chunks))
+        self.ops.calibrate(self.gaps.events)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)

@@ -1,0 +1,221 @@
+"""Host gaps: the time a rank's timeline spends between the operators a workload model places, per phase.
+
+The simulator chains operator latencies; a real run also spends time between them: Python, the dispatcher and
+autograd on the host, views and bookkeeping operators the model does not place, and, on GPUs, the launch gap
+between kernels on a stream. :func:`op_gaps` measures it as the idle time before each *placed* operator:
+
+* CPU ranks: the outermost operators with a placed signature (none above them has one; collectives and what
+  they hold left out), on any thread of the rank; GPU ranks: the device activities launched by a placed
+  operator. Everything else (other operators, idle) between two placed operators is gap.
+* The gap before an operator runs from the end of everything placed before it in the iteration to its start,
+  minus the time spent in collectives that end within it: waiting for a collective (and for the other ranks in
+  it) is the collective's time, which the simulator accounts for separately. On CPU ranks a collective starts
+  when the rank issued it (the ``c10d::*`` operator) and gloo sends are left out (their span lasts until the
+  sender waits for them).
+  On GPU ranks an idle stream before a point-to-point receive completes is waiting for the sender, from the
+  end of the previous operator (the receive kernel may start only when the data flows).
+* The phase of a gap is the ``vtrain/forward|backward|recompute|optimizer`` span around the operator after it
+  (``recompute`` inside ``backward``), ``other`` outside those spans; every gap also counts in phase ``all``.
+  The first gap of an iteration starts at its ``ProfilerStep#N``; time between passes (issuing and waiting for
+  pipeline transfers, the schedule's own Python) is in the gap before the first operator of the next pass.
+
+The statistic per phase is the mean gap per placed operator (the total over an iteration is what adds up), with
+its median and 90th percentile for the report. :func:`placed_events` gives every placed operator with its
+duration and the gap before it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable
+
+import numpy as np
+import polars as pl
+
+from vtrain.ingest.classify import COMMUNICATION
+from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
+from vtrain.tables.latency import in_communication, op_nesting
+from vtrain.tables.matching import match_calls
+
+ALL, OTHER = "all", "other"
+_PHASES = ("forward", "backward", "optimizer")
+_NESTED = "recompute"
+
+Signature = tuple[str, str, str]
+
+EVENTS_SCHEMA = {"rank": pl.Int64, "iteration": pl.Int64, "device_type": pl.String, "phase": pl.String,
+                 "op": pl.String, "input_dims": pl.String, "input_types": pl.String, "dur": pl.Float64,
+                 "gap": pl.Float64}
+GAPS_SCHEMA = {"device_type": pl.String, "phase": pl.String, "ops": pl.Int64, "rank_iterations": pl.Int64,
+               "gap_us": pl.Float64, "mean_us": pl.Float64, "median_us": pl.Float64, "p90_us": pl.Float64}
+
+
+def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
+    """Gap statistics per device type and phase (:data:`GAPS_SCHEMA`) of :func:`placed_events`."""
+    if events.is_empty():
+        return pl.DataFrame(schema=GAPS_SCHEMA)
+    return (
+        pl.concat([events, events.with_columns(phase=pl.lit(ALL))])
+        .group_by("device_type", "phase")
+        .agg(ops=pl.len().cast(pl.Int64), rank_iterations=pl.struct("rank", "iteration").n_unique().cast(pl.Int64),
+             gap_us=pl.col("gap").sum(), mean_us=pl.col("gap").mean(), median_us=pl.col("gap").median(),
+             p90_us=pl.col("gap").quantile(0.9, interpolation="linear"))
+        .sort("device_type", "phase")
+        .select(list(GAPS_SCHEMA))
+    )
+
+
+def placed_events(cpu_ops: pl.DataFrame, kernels: pl.DataFrame, collectives: pl.DataFrame,
+                  placed: set[Signature]) -> pl.DataFrame:
+    """Every placed operator call in an iteration: rank, iteration, device type, phase, signature (``op``,
+    ``input_dims``, ``input_types``), its duration (``dur``: on GPUs its kernels' total) and the ``gap`` before
+    it; ``placed`` is the set of signatures the model places."""
+    gpu_ranks = set(kernels["rank"].unique().to_list()) if not kernels.is_empty() else set()
+    waits = _blocking_collectives(collectives, cpu_ops)
+    frames = [_cpu_events(cpu_ops.filter(~pl.col("rank").is_in(list(gpu_ranks))), waits, placed)]
+    if gpu_ranks:
+        frames.append(_gpu_events(kernels, cpu_ops, waits, placed))
+    frames = [f for f in frames if not f.is_empty()]
+    return pl.concat(frames) if frames else pl.DataFrame(schema=EVENTS_SCHEMA)
+
+
+def _blocking_collectives(collectives: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[int, np.ndarray]:
+    """Per rank, the [arrival, end] of collectives a rank can wait for, sorted by end."""
+    if collectives.is_empty():
+        return {}
+    calls = match_calls(collectives, cpu_ops).filter(
+        ~((pl.col("device_type") == "cpu") & (pl.col("collective") == "send"))
+    ).with_columns(arrival_ts=pl.when((pl.col("device_type") == "cuda") & (pl.col("collective") == "recv"))
+                   .then(pl.lit(-np.inf)).otherwise(pl.col("arrival_ts")))
+    result = {}
+    for (rank,), group in calls.group_by("rank"):
+        intervals = group.select("arrival_ts", end=pl.col("ts") + pl.col("dur")).sort("end").to_numpy()
+        result[int(rank)] = intervals
+    return result
+
+
+def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set[Signature]) -> pl.DataFrame:
+    ops = cpu_ops.filter(pl.col("cat") == "cpu_op").sort("rank", "tid", "ts", pl.col("dur"),
+                                                         descending=[False, False, False, True])
+    if ops.is_empty():
+        return pl.DataFrame()
+    names = ops["name"].to_list()
+    parent, _ = op_nesting(ops["rank"].to_list(), ops["tid"].to_list(), ops["ts"].to_list(), ops["dur"].to_list())
+    marked = _placed_mask(ops.select("name", "input_dims", "input_types"), placed)
+    blocked = in_communication(names, parent)
+    outermost = [False] * len(names)
+    claimed = [False] * len(names)  # a placed op or a collective is at or above this op
+    for i in range(len(names)):
+        above = parent[i] >= 0 and claimed[parent[i]]
+        outermost[i] = marked[i] and not above and not blocked[i]
+        claimed[i] = above or blocked[i] or marked[i]
+    ops = ops.filter(pl.Series(outermost, dtype=pl.Boolean)).rename({"name": "op"})
+    return _timed(ops, cpu_ops, waits, "cpu")
+
+
+def _gpu_events(kernels: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray],
+                placed: set[Signature]) -> pl.DataFrame:
+    work = kernels.filter((pl.col("kernel_class") != COMMUNICATION) & pl.col("cpu_op").is_not_null()
+                          & pl.col("iteration").is_not_null())
+    work = work.filter(pl.Series(_placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed),
+                                 dtype=pl.Boolean))
+    launches = (cpu_ops.filter(pl.col("external_id").is_not_null()).unique(["rank", "external_id"], keep="first")
+                .select("rank", "external_id", launch_ts=pl.col("ts")))
+    work = work.join(launches, on=["rank", "external_id"], how="left").with_columns(
+        launch_ts=pl.coalesce("launch_ts", "ts")).rename({"cpu_op": "op"})
+    per_kernel = _timed(work, cpu_ops, waits, "cuda", phase_at="launch_ts", keep=["external_id"])
+    return (per_kernel.group_by("rank", "iteration", "external_id", maintain_order=True)
+            .agg(pl.col("device_type", "phase", "op", "input_dims", "input_types").first(), pl.col("dur", "gap").sum())
+            .select(list(EVENTS_SCHEMA)))
+
+
+def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], device_type: str,
+           phase_at: str = "ts", keep: list[str] | None = None) -> pl.DataFrame:
+    """Calls with the gap before each (per rank and iteration, in start order) and the phase around each."""
+    starts = _iteration_starts(cpu_ops)
+    phases = _phase_lookup(cpu_ops)
+    rows = []
+    for (rank, iteration), group in calls.filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration"):
+        group = group.sort("ts")
+        ts, ends = group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy()
+        gaps = _gaps(ts, ends, starts.get((rank, iteration), ts[0]), waits.get(rank))
+        rows.append(group.select("op", "input_dims", "input_types", "dur", *(keep or [])).with_columns(
+            rank=pl.lit(rank, dtype=pl.Int64), iteration=pl.lit(iteration, dtype=pl.Int64),
+            device_type=pl.lit(device_type), phase=pl.Series(phases(rank, group[phase_at].to_numpy())),
+            gap=pl.Series(gaps, dtype=pl.Float64)))
+    if not rows:
+        return pl.DataFrame(schema=EVENTS_SCHEMA)
+    return pl.concat(rows).select(*EVENTS_SCHEMA, *(keep or []))
+
+
+def _placed_mask(signatures: pl.DataFrame, placed: set[Signature]) -> list[bool]:
+    if placed is None:
+        return [True] * signatures.height
+    return [tuple(row) in placed for row in signatures.iter_rows()]
+
+
+def _gaps(starts: np.ndarray, ends: np.ndarray, origin: float, waits: np.ndarray | None) -> list[float]:
+    """Idle time before each event (sorted by start) since the end of everything before it (``origin`` for the
+    first), less the parts of collectives ending within it."""
+    wait_ends = waits[:, 1] if waits is not None and len(waits) else np.empty(0)
+    gaps = []
+    reached = origin
+    for start, end in zip(starts, ends):
+        gap = start - reached - _covered(waits, wait_ends, reached, start) if start > reached else 0.0
+        gaps.append(max(gap, 0.0))
+        reached = max(reached, end)
+    return gaps
+
+
+def _covered(waits: np.ndarray | None, wait_ends: np.ndarray, low: float, high: float) -> float:
+    """Length of the union of [max(low, arrival), end] over the collectives ending in (low, high]."""
+    if waits is None or not len(wait_ends):
+        return 0.0
+    first = bisect_left(wait_ends, low)
+    intervals = sorted((max(low, a), e) for a, e in waits[first:] if low < e <= high and max(low, a) < e)
+    return _union(intervals)
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> float:
+    total, current_start, current_end = 0.0, None, None
+    for start, end in intervals:
+        if current_end is None or start > current_end:
+            if current_end is not None:
+                total += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    return total + (current_end - current_start if current_end is not None else 0.0)
+
+
+def _iteration_starts(cpu_ops: pl.DataFrame) -> dict[tuple[int, int], float]:
+    steps = cpu_ops.filter(pl.col("name").str.starts_with(ITERATION_PREFIX) & pl.col("iteration").is_not_null())
+    return {(rank, iteration): ts for rank, iteration, ts in steps.select("rank", "iteration", "ts").iter_rows()}
+
+
+def _phase_lookup(cpu_ops: pl.DataFrame):
+    """A function (rank, times) -> the phase around each time."""
+    spans = cpu_ops.filter(pl.col("name").str.starts_with(SPAN_PREFIX)).with_columns(
+        kind=pl.col("name").str.extract(rf"^{SPAN_PREFIX}(\w+)"))
+    by_rank: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, list[str]]] = {}
+    for (rank, nested), group in spans.filter(pl.col("kind").is_in([*_PHASES, _NESTED])).with_columns(
+            nested=pl.col("kind") == _NESTED).group_by("rank", "nested"):
+        group = group.sort("ts")
+        by_rank[(rank, nested)] = (group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy(),
+                                   group["kind"].to_list())
+
+    def lookup(rank: int, times: np.ndarray) -> list[str]:
+        outer = _inside(by_rank.get((rank, False)), times)
+        inner = _inside(by_rank.get((rank, True)), times)
+        return [i or o or OTHER for o, i in zip(outer, inner)]
+
+    return lookup
+
+
+def _inside(spans: tuple[np.ndarray, np.ndarray, list[str]] | None, times: np.ndarray) -> list[str | None]:
+    """The kind of the (non-overlapping) span holding each time, ``None`` outside one."""
+    if spans is None:
+        return [None] * len(times)
+    starts, ends, kinds = spans
+    index = np.searchsorted(starts, times, side="right") - 1
+    return [kinds[i] if i >= 0 and t < ends[i] else None for i, t in zip(index, times)]
