@@ -1,17 +1,22 @@
-"""From typed trace events to per-rank polars frames: device activities, CPU ops, runtime launches."""
+"""From complete trace events to per-rank polars frames: device activities, CPU ops, runtime launches.
+
+This is the one place with Python code per event, so it stays lean: one pass splits the events by category, a
+comprehension per column reads them, and values derived from names (kernel class, memory kind) are computed once
+per distinct name.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import polars as pl
 
 from vtrain.ingest.classify import kernel_class
-from vtrain.ingest.decode import EventArgs, TraceEvent
+from vtrain.ingest.decode import EventArgs
 
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 CPU_CATEGORIES = {"cpu_op", "user_annotation"}
@@ -19,10 +24,30 @@ RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver", "runtime"}
 
 _NO_ARGS = EventArgs()
 
+#: collective metadata that Kineto puts on NCCL kernels and on ``record_param_comms`` ops
+COLLECTIVE_ARG_SCHEMA = {
+    "arg_collective": pl.String, "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64,
+    "arg_group_size": pl.Int32, "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
+}
+DEVICE_SCHEMA = {
+    "device": pl.Int32, "stream": pl.Int64, "name": pl.String, "kind": pl.String,
+    "memory_kind": pl.String, "kernel_class": pl.String, "ts": pl.Float64, "dur": pl.Float64,
+    "correlation": pl.Int64, "external_id": pl.Int64, **COLLECTIVE_ARG_SCHEMA,
+}
+CPU_SCHEMA = {
+    "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
+    "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String, **COLLECTIVE_ARG_SCHEMA,
+}
+RUNTIME_SCHEMA = {"tid": pl.Int64, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
+                  "correlation": pl.Int64, "external_id": pl.Int64}
+
+Column = list[Any] | pl.Series | None
+
 
 @dataclass
 class RankEvents:
-    """The frames of one rank's trace, before tables are assembled."""
+    """The frames of one rank's trace (or of a part of its events), before tables are assembled; ``dropped``
+    counts the complete events left out for a missing or negative duration."""
 
     device: pl.DataFrame
     cpu: pl.DataFrame
@@ -30,21 +55,142 @@ class RankEvents:
     dropped: int
 
 
-class _JsonText:
+class JsonText:
     """Canonical JSON text of raw ``Input Dims`` / ``Input type`` values, cached (they repeat a lot)."""
 
     def __init__(self) -> None:
         self._cache: dict[bytes, str] = {}
 
-    def __call__(self, raw: msgspec.Raw) -> str | None:
-        if not raw:
+    def column(self, raws: list[msgspec.Raw]) -> list[str | None] | None:
+        """One text per raw value (``None`` where absent); ``None`` when no event has a value."""
+        if not any(raws):
             return None
-        key = bytes(raw)
-        text = self._cache.get(key)
-        if text is None:
-            text = json.dumps(json.loads(key))
-            self._cache[key] = text
-        return text
+        cache = self._cache
+        texts: list[str | None] = []
+        for raw in raws:
+            if not raw:
+                texts.append(None)
+                continue
+            key = bytes(raw)
+            text = cache.get(key)
+            if text is None:
+                text = cache[key] = json.dumps(json.loads(key))
+            texts.append(text)
+        return texts
+
+
+def concat_rank_events(parts: Iterable[RankEvents]) -> RankEvents:
+    """A rank's frames from the frames of its parts, in order."""
+    device: list[pl.DataFrame] = []
+    cpu: list[pl.DataFrame] = []
+    runtime: list[pl.DataFrame] = []
+    dropped = 0
+    for part in parts:
+        device.append(part.device)
+        cpu.append(part.cpu)
+        runtime.append(part.runtime)
+        dropped += part.dropped
+    return RankEvents(
+        device=pl.concat(device) if device else _frame({}, DEVICE_SCHEMA, 0),
+        cpu=pl.concat(cpu) if cpu else _frame({}, CPU_SCHEMA, 0),
+        runtime=pl.concat(runtime) if runtime else _frame({}, RUNTIME_SCHEMA, 0),
+        dropped=dropped,
+    )
+
+
+def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> RankEvents:
+    """Split complete events into device, CPU and runtime frames; events with a missing or negative duration (or
+    no start) are dropped and counted.
+
+    ``events`` are :class:`~vtrain.ingest.events.CompleteEvent` or complete
+    :class:`~vtrain.ingest.decode.TraceEvent` objects (the same fields).
+    """
+    device: list[Any] = []
+    cpu: list[Any] = []
+    runtime: list[Any] = []
+    dropped = 0
+    for event in events:
+        if event.dur is None or event.dur < 0 or event.ts is None:
+            dropped += 1
+            continue
+        cat = event.cat
+        if cat in DEVICE_CATEGORIES:
+            device.append(event)
+        elif cat in CPU_CATEGORIES:
+            cpu.append(event)
+        elif cat in RUNTIME_CATEGORIES:
+            runtime.append(event)
+    return RankEvents(_device_frame(device), _cpu_frame(cpu, json_text or JsonText()), _runtime_frame(runtime),
+                      dropped)
+
+
+def _frame(columns: dict[str, Column], schema: dict[str, Any], height: int) -> pl.DataFrame:
+    """A frame with ``schema``'s columns, in order; a column that is absent or ``None`` is all null."""
+    return pl.DataFrame([_column(name, columns.get(name), dtype, height) for name, dtype in schema.items()])
+
+
+def _column(name: str, values: Column, dtype: Any, height: int) -> pl.Series:
+    if values is None:
+        return pl.repeat(None, height, dtype=dtype, eager=True).alias(name)
+    if isinstance(values, pl.Series):
+        return values.alias(name).cast(dtype)
+    return pl.Series(name, values, dtype=dtype)
+
+
+def _collective_arg_columns(args: list[EventArgs]) -> dict[str, Column]:
+    """The collective-metadata columns; none (all null) without a pass per column when no event carries any."""
+    names = [a.collective_name for a in args]
+    elements = [a.in_nelems for a in args]
+    if names.count(None) == len(names) and elements.count(None) == len(elements):
+        return {}
+    return {
+        "arg_collective": names,
+        "arg_in_nelems": elements,
+        "arg_out_nelems": [a.out_nelems for a in args],
+        "arg_group_size": [a.group_size for a in args],
+        "arg_dtype": [a.dtype for a in args],
+        "arg_pg_name": [a.pg_name for a in args],
+        "arg_pg_ranks": [a.pg_ranks for a in args],
+    }
+
+
+def _thread_ids(events: list[Any], field: str) -> pl.Series:
+    """``pid`` or ``tid`` as integers; strings (Kineto's own ``"Spans"`` rows, ``"stream 7"``) become null."""
+    values = [getattr(e, field) for e in events]
+    try:
+        return pl.Series(values, dtype=pl.Int64, strict=True)
+    except TypeError:  # some are strings
+        return pl.Series([v if type(v) is int else None for v in values], dtype=pl.Int64)
+
+
+def _device_frame(events: list[Any]) -> pl.DataFrame:
+    args = [e.args or _NO_ARGS for e in events]
+    frame = _frame({
+        # the device and stream in args win over pid and tid
+        "device": pl.Series([a.device for a in args], dtype=pl.Int64).fill_null(_thread_ids(events, "pid")),
+        "stream": pl.Series([a.stream for a in args], dtype=pl.Int64).fill_null(_thread_ids(events, "tid")),
+        "name": [e.name for e in events],
+        "kind": [DEVICE_CATEGORIES[e.cat] for e in events],
+        "ts": [e.ts for e in events],
+        "dur": [e.dur for e in events],
+        "correlation": [a.correlation for a in args],
+        "external_id": [a.external_id for a in args],
+        **_collective_arg_columns(args),
+    }, DEVICE_SCHEMA, len(events))
+    return frame.with_columns(**_name_derived(frame))
+
+
+def _name_derived(frame: pl.DataFrame) -> dict[str, pl.Expr]:
+    """``kernel_class`` and ``memory_kind``, computed once per distinct name."""
+    name, kind = pl.col("name"), pl.col("kind")
+    classes = {n: kernel_class(n) for n in frame["name"].unique()}
+    copies = {n: _memory_kind("memcpy", n) for n in frame.filter(kind == "memcpy")["name"].unique()}
+    sets = {n: _memory_kind("memset", n) for n in frame.filter(kind == "memset")["name"].unique()}
+    return {
+        "kernel_class": name.replace_strict(classes, return_dtype=pl.String),
+        "memory_kind": pl.when(kind == "memcpy").then(name.replace_strict(copies, default=None, return_dtype=pl.String))
+        .when(kind == "memset").then(name.replace_strict(sets, default=None, return_dtype=pl.String)),
+    }
 
 
 def _memory_kind(kind: str, name: str) -> str | None:
@@ -55,126 +201,28 @@ def _memory_kind(kind: str, name: str) -> str | None:
     return None
 
 
-def extract_rank_events(batches: Iterable[list[TraceEvent]]) -> RankEvents:
-    """Split a rank's events into device, CPU and runtime frames; complete events with a missing or negative
-    duration are dropped and counted."""
-    device_parts: list[pl.DataFrame] = []
-    cpu_parts: list[pl.DataFrame] = []
-    runtime_parts: list[pl.DataFrame] = []
-    dropped = 0
-    json_text = _JsonText()
-    for events in batches:
-        device: list[TraceEvent] = []
-        cpu: list[TraceEvent] = []
-        runtime: list[TraceEvent] = []
-        for event in events:
-            if event.ph != "X":
-                continue
-            if event.dur is None or event.dur < 0 or event.ts is None:
-                dropped += 1
-                continue
-            cat = event.cat
-            if cat in DEVICE_CATEGORIES:
-                device.append(event)
-            elif cat in CPU_CATEGORIES:
-                cpu.append(event)
-            elif cat in RUNTIME_CATEGORIES:
-                runtime.append(event)
-        device_parts.append(_device_frame(device))
-        cpu_parts.append(_cpu_frame(cpu, json_text))
-        runtime_parts.append(_runtime_frame(runtime))
-    return RankEvents(
-        device=pl.concat(device_parts) if device_parts else _device_frame([]),
-        cpu=pl.concat(cpu_parts) if cpu_parts else _cpu_frame([], json_text),
-        runtime=pl.concat(runtime_parts) if runtime_parts else _runtime_frame([]),
-        dropped=dropped,
-    )
-
-
-#: collective metadata that Kineto puts on NCCL kernels and on ``record_param_comms`` ops
-COLLECTIVE_ARG_SCHEMA = {
-    "arg_collective": pl.String, "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64,
-    "arg_group_size": pl.Int32, "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
-}
-
-
-def _collective_arg_columns(args: list[EventArgs]) -> dict[str, list[object]]:
-    """The collective-metadata columns; all null without a pass per column when no event carries any."""
-    if not any(a.collective_name is not None or a.in_nelems is not None for a in args):
-        nulls: list[object] = [None] * len(args)
-        return dict.fromkeys(COLLECTIVE_ARG_SCHEMA, nulls)
-    return {
-        "arg_collective": [a.collective_name for a in args],
-        "arg_in_nelems": [a.in_nelems for a in args],
-        "arg_out_nelems": [a.out_nelems for a in args],
-        "arg_group_size": [a.group_size for a in args],
-        "arg_dtype": [a.dtype for a in args],
-        "arg_pg_name": [a.pg_name for a in args],
-        "arg_pg_ranks": [a.pg_ranks for a in args],
-    }
-
-
-def _device_frame(events: list[TraceEvent]) -> pl.DataFrame:
+def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
-    names = [e.name for e in events]
-    kinds = [DEVICE_CATEGORIES[e.cat] for e in events]
-    return pl.DataFrame(
-        {
-            "device": [a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else None)
-                       for a, e in zip(args, events)],
-            "stream": [a.stream if a.stream is not None else (e.tid if isinstance(e.tid, int) else None)
-                       for a, e in zip(args, events)],
-            "name": names,
-            "kind": kinds,
-            "memory_kind": [_memory_kind(k, n) for k, n in zip(kinds, names)],
-            "kernel_class": [kernel_class(n) for n in names],
-            "ts": [e.ts for e in events],
-            "dur": [e.dur for e in events],
-            "correlation": [a.correlation for a in args],
-            "external_id": [a.external_id for a in args],
-            **_collective_arg_columns(args),
-        },
-        schema={
-            "device": pl.Int32, "stream": pl.Int64, "name": pl.String, "kind": pl.String,
-            "memory_kind": pl.String, "kernel_class": pl.String, "ts": pl.Float64, "dur": pl.Float64,
-            "correlation": pl.Int64, "external_id": pl.Int64, **COLLECTIVE_ARG_SCHEMA,
-        },
-    )
+    return _frame({
+        "tid": _thread_ids(events, "tid"),
+        "cat": [e.cat for e in events],
+        "name": [e.name for e in events],
+        "ts": [e.ts for e in events],
+        "dur": [e.dur for e in events],
+        "external_id": [a.external_id for a in args],
+        "input_dims": json_text.column([a.input_dims for a in args]),
+        "input_types": json_text.column([a.input_types for a in args]),
+        **_collective_arg_columns(args),
+    }, CPU_SCHEMA, len(events))
 
 
-def _cpu_frame(events: list[TraceEvent], json_text: _JsonText) -> pl.DataFrame:
+def _runtime_frame(events: list[Any]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
-    return pl.DataFrame(
-        {
-            "tid": [e.tid if isinstance(e.tid, int) else None for e in events],
-            "cat": [e.cat for e in events],
-            "name": [e.name for e in events],
-            "ts": [e.ts for e in events],
-            "dur": [e.dur for e in events],
-            "external_id": [a.external_id for a in args],
-            "input_dims": [json_text(a.input_dims) for a in args],
-            "input_types": [json_text(a.input_types) for a in args],
-            **_collective_arg_columns(args),
-        },
-        schema={
-            "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
-            "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String,
-            **COLLECTIVE_ARG_SCHEMA,
-        },
-    )
-
-
-def _runtime_frame(events: list[TraceEvent]) -> pl.DataFrame:
-    args = [e.args or _NO_ARGS for e in events]
-    return pl.DataFrame(
-        {
-            "tid": [e.tid if isinstance(e.tid, int) else None for e in events],
-            "name": [e.name for e in events],
-            "ts": [e.ts for e in events],
-            "dur": [e.dur for e in events],
-            "correlation": [a.correlation for a in args],
-            "external_id": [a.external_id for a in args],
-        },
-        schema={"tid": pl.Int64, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
-                "correlation": pl.Int64, "external_id": pl.Int64},
-    )
+    return _frame({
+        "tid": _thread_ids(events, "tid"),
+        "name": [e.name for e in events],
+        "ts": [e.ts for e in events],
+        "dur": [e.dur for e in events],
+        "correlation": [a.correlation for a in args],
+        "external_id": [a.external_id for a in args],
+    }, RUNTIME_SCHEMA, len(events))

@@ -15,10 +15,10 @@ import vtrain
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TRACE_EVENTS_DECODER, TraceHeader
+from vtrain.ingest.decode import TraceHeader
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
-from vtrain.ingest.extract import extract_rank_events
-from vtrain.ingest.spans import iter_span_events, load_text, read_header
+from vtrain.ingest.events import read_rank_events
+from vtrain.ingest.spans import load_text, read_header
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile
 
@@ -50,7 +50,7 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
         source = _rank_source(path, header)
         _check_against(source, sources)
         sources.append(source)
-        events = extract_rank_events(iter_span_events(text, spans, TRACE_EVENTS_DECODER, progress))
+        events = read_rank_events(text, spans, progress)
         hashes[path] = text.sha256
         del text
         tables = assemble_rank(source.rank, events, header.distributedInfo)

@@ -14,7 +14,7 @@ import ctypes
 import hashlib
 import mmap
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,16 +147,3 @@ def _absolute(message: str, first_event: int) -> str:
     """msgspec's ``at `$[i]...``` with ``i`` counted in the span, as ``at `$.traceEvents[n]...``` in the file."""
     return re.sub(r"`\$\[(\d+)\]", lambda m: f"`$.traceEvents[{first_event + int(m.group(1))}]", message, count=1)
 
-
-def iter_span_events(text: TraceText, spans: list[tuple[int, int]], decoder: msgspec.json.Decoder,
-                     progress: Progress | None = None) -> Iterator[Any]:
-    """Decode every span in order; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file
-    reported its bytes while it was read)."""
-    reported = 0
-    for number, span in enumerate(spans):
-        yield decode_span(text, span, number * SPAN_EVENTS, decoder)
-        if progress and not text.compressed:
-            progress(span[1] - reported)
-            reported = span[1]
-    if progress and not text.compressed:
-        progress(len(text.buffer) - reported)

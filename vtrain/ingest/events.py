@@ -1,0 +1,69 @@
+"""Decoding only the complete events (``"ph": "X"``) of a span: the only ones ingest reads.
+
+The events are decoded as a union tagged by ``ph``: a complete event becomes a :class:`CompleteEvent`, an event
+of any other phase of the Chrome trace format an empty struct, without building its strings and arguments. Half
+the events of a Kineto trace are flows, instants and metadata, so this saves a third of the decoding. An event
+with an unknown phase, without one, or malformed makes the span be decoded again as plain
+:class:`~vtrain.ingest.decode.TraceEvent` objects, which tolerate the first two and report the last exactly as
+before. (Only the fields of complete events are checked: a malformed field of, say, a flow event is ignored, as
+ingest never reads it.)
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from vtrain.errors import InputError
+from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventArgs, TraceEvent
+from vtrain.ingest.extract import JsonText, RankEvents, concat_rank_events, event_frames
+from vtrain.ingest.spans import SPAN_EVENTS, Progress, TraceText, decode_span
+
+
+class CompleteEvent(msgspec.Struct, tag="X", tag_field="ph", gc=False):
+    """A complete event: the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``."""
+
+    cat: str = ""
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: EventArgs | None = None
+
+
+#: the other phases of the Chrome trace event format (duration, instant, counter, async, flow, sample, object,
+#: metadata, memory dump, mark, clock sync, context, linked id)
+OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O", "D",
+                "M", "V", "v", "R", "c", "(", ")", "=")
+_SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="ph", gc=False)
+                 for number, phase in enumerate(OTHER_PHASES))
+_COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]])  # type: ignore[misc]
+
+
+def decode_complete_events(text: TraceText, span: tuple[int, int], first_event: int
+                           ) -> list[CompleteEvent] | list[TraceEvent]:
+    """The complete events of a span, in file order."""
+    try:
+        events = decode_span(text, span, first_event, _COMPLETE_EVENTS_DECODER)
+    except InputError:
+        plain = decode_span(text, span, first_event, TRACE_EVENTS_DECODER)
+        return [event for event in plain if event.ph == "X"]
+    return [event for event in events if type(event) is CompleteEvent]
+
+
+def read_rank_events(text: TraceText, spans: list[tuple[int, int]], progress: Progress | None = None) -> RankEvents:
+    """The frames of a rank's complete events, span by span; ``progress`` gets the bytes of a plain file as they
+    are decoded (a gzip file reported its bytes while it was read)."""
+    json_text = JsonText()
+    parts = []
+    reported = 0
+    for number, span in enumerate(spans):
+        parts.append(event_frames(decode_complete_events(text, span, number * SPAN_EVENTS), json_text))
+        if progress and not text.compressed:
+            progress(span[1] - reported)
+            reported = span[1]
+    if progress and not text.compressed:
+        progress(len(text.buffer) - reported)
+    return concat_rank_events(parts)
