@@ -19,7 +19,7 @@ import bisect
 from dataclasses import dataclass
 
 from vtrain.devices.model import DeviceModel
-from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, Resolution
+from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
 from vtrain.tables.store import Profile
 
 #: which rows of the table stand for a pipeline send (first present wins)
@@ -105,9 +105,10 @@ class CollectiveResolver:
             if curve is not None:
                 latency, wait, source = curve.at(nbytes)
                 detail = f"nccl_latency {name} n={group_size}"
-                if wait > 0:
-                    detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
-                return Resolution(latency + wait, source, detail)
+                if wait <= 0:
+                    return Resolution(latency, source, detail)
+                detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
+                return Resolution(latency + wait, source, detail, parts=((TRANSFER, latency), (STRAGGLER_WAIT, wait)))
         nodes = -(-rank_stride * group_size // self.node_size)
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)

@@ -5,14 +5,15 @@
    at the efficiency (FLOP/s) of the nearest measured shapes, other ops by bytes at their effective bandwidth;
 3. ``modelled``: the analytical device model (peak FLOP/s and memory bandwidth).
 
-A measured signature's latency is its median times the profile's *interference factor*: the time of the calls the
-model places, as the profile's timeline has them, over the sum of their signatures' medians
-(:meth:`OpLatencyResolver.calibrate`). An iteration is a sum of thousands of calls and its expected time the sum
+A measured signature's latency is its median times the profile's *interference factor* of the op's phase: the time
+of the calls the model places in that phase, as the profile's timeline has them, over the sum of their signatures'
+medians (:meth:`OpLatencyResolver.calibrate`). An iteration is a sum of thousands of calls and its expected time the sum
 of their means, but on a shared host a call is now and then slowed by something unrelated to it (preemption,
 frequency changes): the median of the signature misses that time, and the signature's own mean over a few calls
 is dominated by whichever of its calls happened to be hit. The factor keeps the profile's total and spreads the
-interference over the ops in proportion to their time, the chance of being hit. Without a timeline (imported
-tables) the factor is 1.
+interference over the ops in proportion to their time, the chance of being hit; per phase, because what runs
+beside a phase differs (collectives overlapping the backward pass compete for the same cores or SMs). Without a
+timeline (imported tables) there is no factor.
 
 :class:`HostGapResolver` adds the time a run spends between the operators (host overhead, launch gaps), measured
 in the profile's own timeline (:mod:`vtrain.tables.gaps`).
@@ -34,6 +35,8 @@ from vtrain.tables.store import Profile
 
 MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SOURCES = (MEASURED, INTERPOLATED, MODELLED)
+#: names of the terms in :attr:`Resolution.parts`
+OPERATOR, INTERFERENCE, TRANSFER, STRAGGLER_WAIT = "operator", "interference", "transfer", "straggler wait"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class Resolution:
     source: str  # measured | interpolated | modelled
     detail: str  # how it was obtained, for reports
     kernels: tuple[str, ...] = ()  # kernel names the measured op launched (for the predicted trace)
+    parts: tuple[tuple[str, float], ...] = ()  # the latency split into named terms, when it has several
+
+    def part_us(self, name: str) -> float:
+        """The time of the term ``name`` (:data:`INTERFERENCE`, :data:`STRAGGLER_WAIT`, ...), 0 without it."""
+        return sum(us for key, us in self.parts if key == name)
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,11 @@ class OpLatencyResolver:
         self.device = device
         self.device_type = device_type
         self.profile = profile
-        self.interference = 1.0
+        self.interference: dict[str, float] = {}
         self._exact: dict[tuple[str, str, str], tuple[float, tuple[str, ...]]] = {}
         self._by_op: dict[tuple[str, str, bool], list[_Sample]] = {}
         self._cache: dict[tuple[str, str, str], Resolution] = {}
+        self._scaled: dict[tuple[str, str, str, str], Resolution] = {}
         if profile is not None:
             self._index(profile)
 
@@ -90,43 +99,60 @@ class OpLatencyResolver:
             self._by_op[key] = sorted((s for s in samples if s.cost > 0), key=lambda s: s.cost)
 
     def calibrate(self, events: pl.DataFrame) -> None:
-        """Set the interference factor from the placed calls of the profile's timeline (``events`` of
-        :func:`vtrain.tables.gaps.placed_events`): their total time over the sum of their signatures' medians.
-        Must come before the first :meth:`resolve`."""
+        """Set the interference factor of each phase from the placed calls of the profile's timeline (``events``
+        of :func:`vtrain.tables.gaps.placed_events`): their total time over the sum of their signatures' medians
+        (phase ``all``: every call). Must come before the first :meth:`resolve`."""
         if self._cache:
             raise RuntimeError("calibrate() after resolve()")
-        calls = events.filter(pl.col("device_type") == self.device_type).select("op", "input_dims", "input_types",
-                                                                                "dur").rows()
-        medians = [(self._exact.get((name, dims, types)), dur) for name, dims, types, dur in calls]
-        known = [(median[0], dur) for median, dur in medians if median is not None and median[0] > 0]
-        expected = sum(median for median, _ in known)
-        if expected > 0:
-            self.interference = sum(dur for _, dur in known) / expected
+        calls = events.filter(pl.col("device_type") == self.device_type).select(
+            "phase", "op", "input_dims", "input_types", "dur").rows()
+        sums: dict[str, list[float]] = {}
+        for phase, name, dims, types, dur in calls:
+            exact = self._exact.get((name, dims, types))
+            if exact is None or exact[0] <= 0:
+                continue
+            for key in (phase, ALL):
+                total = sums.setdefault(key, [0.0, 0.0])
+                total[0] += dur
+                total[1] += exact[0]
+        self.interference = {phase: measured / expected for phase, (measured, expected) in sums.items()}
 
-    def resolve(self, op: Op) -> Resolution:
-        """The latency of one call of ``op`` (cached per signature)."""
-        key = op.signature
-        cached = self._cache.get(key)
+    def resolve(self, op: Op, phase: str = ALL) -> Resolution:
+        """The latency of one call of ``op`` in ``phase`` (cached per signature and phase)."""
+        key = (*op.signature, phase)
+        cached = self._scaled.get(key)
         if cached is None:
-            cached = self._cache[key] = self._resolve(op)
+            base = self._cache.get(op.signature)
+            if base is None:
+                base = self._cache[op.signature] = self._resolve(op)
+            cached = self._scaled[key] = self._interfered(base, phase)
         return cached
 
     def resolved(self) -> list[Resolution]:
-        """Every distinct resolution made so far."""
+        """Every distinct resolution made so far (one per signature)."""
         return list(self._cache.values())
+
+    def _interfered(self, base: Resolution, phase: str) -> Resolution:
+        """A measured or interpolated latency times the interference factor of ``phase`` (``all`` when the
+        profile has none for it)."""
+        factor = self.interference.get(phase, self.interference.get(ALL))
+        if factor is None or base.source == MODELLED:
+            return base
+        where = phase if phase in self.interference else ALL
+        extra = base.latency_us * (factor - 1.0)
+        return Resolution(base.latency_us + extra, base.source,
+                          f"{base.detail}, x {factor:.3f} (measured interference, {where})", base.kernels,
+                          ((OPERATOR, base.latency_us), (INTERFERENCE, extra)))
 
     def _resolve(self, op: Op) -> Resolution:
         exact = self._exact.get(op.signature)
         if exact is not None:
-            return Resolution(exact[0] * self.interference, MEASURED,
-                              f"exact signature: median x {self.interference:.3f} (measured interference)", exact[1])
+            return Resolution(exact[0], MEASURED, "exact signature: median", exact[1])
         is_gemm = op.is_gemm and op.flops > 0
         samples = self._by_op.get((op.name, op.input_types, is_gemm))
         cost = op.flops if is_gemm else op.bytes
         if samples and cost > 0:
-            scaled = self._scale(op, samples, cost, is_gemm)
-            return Resolution(scaled.latency_us * self.interference, INTERPOLATED,
-                              f"{scaled.detail}, x {self.interference:.3f} (measured interference)", scaled.kernels)
+            return self._scale(op, samples, cost, is_gemm)
         modelled = self.device.op_latency_us(op)
         return Resolution(modelled, MODELLED, f"device model {self.device.name}")
 

@@ -58,7 +58,7 @@ class WorkloadResolver:
         """Resolve one op (profile or device model, and the gap before it in ``phase``) or collective (NCCL
         table or α-β)."""
         if isinstance(step, Op):
-            return ResolvedStep(step, self.ops.resolve(step), self.gaps.resolve(phase))
+            return ResolvedStep(step, self.ops.resolve(step, phase), self.gaps.resolve(phase))
         group, stride = self._group(step.purpose)
         return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
 

@@ -4,14 +4,17 @@ The simulator chains operator latencies; a real run also spends time between the
 autograd on the host, views and bookkeeping operators the model does not place, and, on GPUs, the launch gap
 between kernels on a stream. :func:`op_gaps` measures it as the idle time before each *placed* operator:
 
-* CPU ranks: the outermost operators with a placed signature (none above them has one; collectives and what
-  they hold left out), on any thread of the rank; GPU ranks: the device activities launched by a placed
-  operator. Everything else (other operators, idle) between two placed operators is gap.
+* CPU ranks: every call of an operator with a placed signature, on any thread of the rank, nested in another
+  operator or not (the model places nested ones too, e.g. the bias copy inside ``aten::addmm``, and a gap is
+  per placed call); collectives and what they hold are left out. GPU ranks: the device activities launched by
+  a placed operator. Everything else (other operators, idle) between two placed calls is gap.
 * The gap before an operator runs from the end of everything placed before it in the iteration to its start,
   minus the time spent in collectives that end within it: waiting for a collective (and for the other ranks in
   it) is the collective's time, which the simulator accounts for separately. On CPU ranks a collective starts
-  when the rank issued it (the ``c10d::*`` operator) and gloo sends are left out (their span lasts until the
-  sender waits for them).
+  when the rank issued it (the ``c10d::*`` operator), gloo sends are left out (their span lasts until the
+  sender waits for them), and a data-parallel gradient reduction (``vtrain/comm purpose=dp``) counts only once
+  its issuing operator returned: the simulator runs those on their own stream, so the time the thread spent
+  issuing one (on gloo, often most of the reduction) is host time before the next operator.
   On GPU ranks an idle stream before a point-to-point receive completes is waiting for the sender, from the
   end of the previous operator (the receive kernel may start only when the data flows).
 * The phase of a gap is the ``vtrain/forward|backward|recompute|optimizer`` span around the operator after it
@@ -38,6 +41,7 @@ from vtrain.tables.latency import in_communication, op_nesting
 from vtrain.tables.matching import match_calls
 
 ALL, OTHER = "all", "other"
+DATA_PARALLEL = "dp"
 _PHASES = ("forward", "backward", "optimizer")
 _NESTED = "recompute"
 
@@ -86,7 +90,9 @@ def _blocking_collectives(collectives: pl.DataFrame, cpu_ops: pl.DataFrame) -> d
     calls = match_calls(collectives, cpu_ops).filter(
         ~((pl.col("device_type") == "cpu") & (pl.col("collective") == "send"))
     ).with_columns(arrival_ts=pl.when((pl.col("device_type") == "cuda") & (pl.col("collective") == "recv"))
-                   .then(pl.lit(-np.inf)).otherwise(pl.col("arrival_ts")))
+                   .then(pl.lit(-np.inf))
+                   .when((pl.col("purpose") == DATA_PARALLEL) & pl.col("issue_end_ts").is_not_null())
+                   .then(pl.col("issue_end_ts")).otherwise(pl.col("arrival_ts")))
     result = {}
     for (rank,), group in calls.group_by("rank"):
         intervals = group.select("arrival_ts", end=pl.col("ts") + pl.col("dur")).sort("end").to_numpy()
@@ -99,17 +105,11 @@ def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set
                                                          descending=[False, False, False, True])
     if ops.is_empty():
         return pl.DataFrame()
-    names = ops["name"].to_list()
     parent, _ = op_nesting(ops["rank"].to_list(), ops["tid"].to_list(), ops["ts"].to_list(), ops["dur"].to_list())
+    blocked = in_communication(ops["name"].to_list(), parent)
     marked = _placed_mask(ops.select("name", "input_dims", "input_types"), placed)
-    blocked = in_communication(names, parent)
-    outermost = [False] * len(names)
-    claimed = [False] * len(names)  # a placed op or a collective is at or above this op
-    for i in range(len(names)):
-        above = parent[i] >= 0 and claimed[parent[i]]
-        outermost[i] = marked[i] and not above and not blocked[i]
-        claimed[i] = above or blocked[i] or marked[i]
-    ops = ops.filter(pl.Series(outermost, dtype=pl.Boolean)).rename({"name": "op"})
+    ops = ops.filter(pl.Series([m and not b for m, b in zip(marked, blocked)], dtype=pl.Boolean))
+    ops = ops.rename({"name": "op"})
     return _timed(ops, cpu_ops, waits, "cpu")
 
 

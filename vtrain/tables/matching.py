@@ -49,11 +49,12 @@ P2P = ("send", "recv")
 CO_COMPLETION = 0.25
 _ISSUE_TOLERANCE_US = 1.0
 _COMM_SPAN = "vtrain/comm"
+_RESULTS = ("members", "transfer_us", "wait_us", "group_size_source")
 #: most ranks per pipeline stage whose transfers are assigned by trying every one-to-one assignment
 _MAX_REPLICAS = 8
-_SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb")
+_SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb", "purpose")
 
-MATCH_COLUMNS = {"arrival_ts": pl.Float64, "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
+MATCH_COLUMNS = {"arrival_ts": pl.Float64, "issue_end_ts": pl.Float64, "purpose": pl.String, "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
                  "group_size_source": pl.String}
 
 
@@ -82,8 +83,9 @@ class _Call:
 
 
 def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
-    """``collectives`` with :data:`MATCH_COLUMNS` added: arrival, members found, transfer and wait times and
-    where the group came from (null where the call was not matched)."""
+    """``collectives`` with :data:`MATCH_COLUMNS` added: arrival and end of the issuing operator, the purpose of
+    the ``vtrain/comm`` span around the call, members found, transfer and wait times and where the group came
+    from (null where the call was not matched)."""
     if collectives.is_empty():
         return collectives.with_columns(pl.lit(None, dtype=dtype).alias(name) for name, dtype in MATCH_COLUMNS.items())
     frame = _with_issue_context(collectives.with_row_index("_row"), cpu_ops)
@@ -93,7 +95,7 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
               label=(phase, mb))
         for row, rank, kind, nbytes, iteration, device, arrival, ts, dur, ranks, pg, stage, peer, phase, mb
         in frame.select("_row", "rank", "collective", "bytes", "iteration", "device_type", "arrival_ts", "ts", "dur",
-                        "group_ranks", "process_group", *_SPAN_FIELDS).iter_rows()
+                        "group_ranks", "process_group", *_SPAN_FIELDS[:4]).iter_rows()
         if kind is not None and ts is not None and dur is not None
     ]
     present = {c.rank for c in calls}
@@ -104,17 +106,17 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
         {"_row": [c.row for c in calls], "members": [c.members for c in calls],
          "transfer_us": [c.transfer for c in calls], "wait_us": [c.wait for c in calls],
          "group_size_source": [c.source for c in calls]},
-        schema={"_row": pl.UInt32, **{k: v for k, v in MATCH_COLUMNS.items() if k != "arrival_ts"}})
+        schema={"_row": pl.UInt32, **{k: v for k, v in MATCH_COLUMNS.items() if k in _RESULTS}})
     return (frame.join(results, on="_row", how="left").sort("_row")
-            .drop("_row", *_SPAN_FIELDS))
+            .drop("_row", *_SPAN_FIELDS[:4]))
 
 
 # ------------------------------------------------------------------------------------------ context of each call
 
 def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl.DataFrame:
-    """Add ``arrival_ts`` (the issuing c10d op's start on CPU ranks, else the call's start) and the stage and
-    peer of the ``vtrain/comm`` span around the call (null without one)."""
-    frame = frame.with_columns(pl.col("ts").alias("arrival_ts"),
+    """Add ``arrival_ts`` and ``issue_end_ts`` (the issuing c10d op's start and end on CPU ranks; else the call's
+    start and null) and the stage and peer of the ``vtrain/comm`` span around the call (null without one)."""
+    frame = frame.with_columns(pl.col("ts").alias("arrival_ts"), pl.lit(None, dtype=pl.Float64).alias("issue_end_ts"),
                                *(pl.lit(None, dtype=pl.String).alias(c) for c in _SPAN_FIELDS))
     if cpu_ops is None or cpu_ops.is_empty():
         return frame
@@ -126,10 +128,11 @@ def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl
         ordered = (
             ordered.join_asof(issuing, left_on="ts", right_on="issue_ts", by="rank", strategy="backward",
                               check_sortedness=False)
-            .with_columns(arrival_ts=pl.when((pl.col("device_type") == "cpu")
-                                             & (pl.col("ts") <= pl.col("issue_end") + _ISSUE_TOLERANCE_US))
-                          .then(pl.col("issue_ts")).otherwise(pl.col("ts")))
-            .drop("issue_ts", "issue_end")
+            .with_columns(issued=(pl.col("device_type") == "cpu")
+                          & (pl.col("ts") <= pl.col("issue_end") + _ISSUE_TOLERANCE_US))
+            .with_columns(arrival_ts=pl.when("issued").then(pl.col("issue_ts")).otherwise(pl.col("ts")),
+                          issue_end_ts=pl.when("issued").then(pl.col("issue_end")))
+            .drop("issue_ts", "issue_end", "issued")
         )
     if not spans.is_empty():
         ordered = (
@@ -149,7 +152,7 @@ def _comm_spans(cpu_ops: pl.DataFrame) -> pl.DataFrame:
     fields = [(parse_span_name(name) or ("", {}))[1] for name in rows["name"].to_list()]
     return rows.select("rank", span_ts=pl.col("ts"), span_end=pl.col("ts") + pl.col("dur")).with_columns(
         pl.Series(column, [f.get(key) for f in fields], dtype=pl.String)
-        for column, key in zip(_SPAN_FIELDS, ("stage", "peer", "phase", "mb"))
+        for column, key in zip(_SPAN_FIELDS, ("stage", "peer", "phase", "mb", "purpose"))
     ).sort("span_ts")
 
 

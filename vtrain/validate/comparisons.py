@@ -19,6 +19,7 @@ from vtrain.validate import compare
 from vtrain.validate.align import align_events, align_sequences, align_spans
 from vtrain.validate.compare import Comparison
 from vtrain.validate.model import held_out_profile, load_given_profile, predict, split_iterations
+from vtrain.validate.terms import term_notes
 from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, breakdown, iterations, ops, spans
 
 Warn = Callable[[str], None]
@@ -105,12 +106,23 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
     aligned_ops = align_sequences(ops(frame, MEASURED).filter(tested), ops(predicted, MEASURED), rank_map,
                                   predicted_iteration)
     n = rank_iterations(m_it)
+    measured_ms = median_job(rows, "measured_ms")
+    profiled_ms = measured_job_ms(frame, split.profile) if profile_dir is None else None
     details = {"profile": source, "profile_iterations": split.profile if profile_dir is None else None,
                "test_iterations": test, "coverage": prediction.coverage,
-               "simulated_breakdown_ms": prediction.breakdown_ms}
+               "simulated_breakdown_ms": prediction.breakdown_ms, "simulated_terms": prediction.terms,
+               "profile_iterations_measured_ms": profiled_ms,
+               "in_sample_error_pct": compare.error_pct(predicted_ms, profiled_ms),
+               "iteration_drift_pct": compare.error_pct(measured_ms, profiled_ms)}
     notes = [f"latencies: {share:.1%} {kind}" for kind, share in prediction.coverage.items() if share > 0]
+    notes += term_notes(prediction.terms)
+    if profiled_ms is not None and split.held_out:
+        notes.append(f"the profiled iterations {split.profile} took {profiled_ms:.3f} ms (the prediction is "
+                     f"{compare.error_pct(predicted_ms, profiled_ms):+.2f} % from them); the tested ones {test} took "
+                     f"{measured_ms:.3f} ms, {compare.error_pct(measured_ms, profiled_ms):+.2f} % from the profiled "
+                     f"ones: a change between iterations that no prediction from the profile can follow")
     comparison = Comparison(
-        name="model", measured_ms=median_job(rows, "measured_ms"), predicted_ms=predicted_ms, iterations=rows,
+        name="model", measured_ms=measured_ms, predicted_ms=predicted_ms, iterations=rows,
         phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
         micro_batches=compare.micro_batch_rows(aligned_spans),
         classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
@@ -119,6 +131,13 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
         ops_table=aligned_ops, spans_table=aligned_spans)
     return comparison, None, predicted
+
+
+def measured_job_ms(frame: pl.DataFrame, selected: list[int]) -> float | None:
+    """The measured job time (median over the selected iterations of the mean over ranks)."""
+    profiled = iterations(frame, MEASURED).filter(pl.col("iteration").is_in(selected))
+    job = profiled.group_by("iteration").agg(measured_ms=pl.col("time_us").mean() / 1e3)
+    return statistics.median(job["measured_ms"].to_list()) if job.height else None
 
 
 def rank_iterations(table: pl.DataFrame) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -18,6 +19,7 @@ from vtrain.errors import InputError
 from vtrain.runconfig import RunConfig
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile, load_profile
+from vtrain.validate.terms import simulated_terms
 
 _CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
 
@@ -70,6 +72,7 @@ class ModelPrediction:
     breakdown_ms: dict[str, float]
     coverage: dict[str, float]
     profile_source: str
+    terms: dict[str, Any]  # the measured terms beside latencies (:func:`vtrain.validate.terms.simulated_terms`)
 
 
 def predict(config: RunConfig, profile: Profile, out_dir: Path, profile_source: str,
@@ -83,7 +86,7 @@ def predict(config: RunConfig, profile: Profile, out_dir: Path, profile_source: 
     summary = simulation.to_dict()
     return ModelPrediction(predicted_dir=out_dir, iteration_ms=summary["iteration_time_ms"],
                            breakdown_ms=summary["breakdown_ms"], coverage=summary["coverage"],
-                           profile_source=profile_source)
+                           profile_source=profile_source, terms=simulated_terms(simulation))
 
 
 def load_given_profile(path: Path) -> Profile:
