@@ -9,7 +9,17 @@ import pytest
 from vtrain.devices import DATASHEET_DEVICES, Link
 from vtrain.model.ops import make_op
 from vtrain.simulate.collectives import CollectiveResolver
-from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, OpLatencyResolver
+from vtrain.simulate.latency import (
+    INTERFERENCE,
+    INTERPOLATED,
+    MEASURED,
+    MODELLED,
+    OPERATOR,
+    STRAGGLER_WAIT,
+    TRANSFER,
+    HostGapResolver,
+    OpLatencyResolver,
+)
 from vtrain.tables.store import Profile, conform, empty_table
 
 A100 = DATASHEET_DEVICES["A100-40GB"]
@@ -131,3 +141,59 @@ def test_ring_and_tree_alpha_beta() -> None:
     assert link.collective_us("all_gather", 4, 1e9)[0] == pytest.approx(3 * 5.0 + 1e9 * 0.75 / 100e3)
     assert link.collective_us("send", 2, 1e6)[0] == pytest.approx(5.0 + 1e6 / 100e3)
     assert link.collective_us("all_reduce", 1, 1e6)[0] == 0.0
+
+
+def test_collectives_take_the_mean_transfer_and_add_the_straggler_wait_among_replicas() -> None:
+    rows = [{**nccl("all_reduce", 2, 1 << 20, 100.0), "mean_us": 120.0, "wait_us": 30.0},
+            {**nccl("send", 2, 1 << 20, 50.0), "mean_us": 60.0, "wait_us": 500.0}]
+    resolver = CollectiveResolver(profile([row(mm(1, 1, 1), 1.0)], rows), A100, "cuda", node_size=8)
+    reduce = resolver.resolve("all_reduce", 2, 1 << 20, 1)
+    assert reduce.latency_us == pytest.approx(150.0)
+    assert (reduce.part_us(TRANSFER), reduce.part_us(STRAGGLER_WAIT)) == (120.0, 30.0)
+    send = resolver.resolve("send", 2, 1 << 20, 1)  # waiting for the other stage is the schedule's business
+    assert (send.latency_us, send.part_us(STRAGGLER_WAIT)) == (60.0, 0.0)
+
+
+def events(rows: list[tuple[str, object, float]]) -> pl.DataFrame:
+    """Placed calls (phase, op, duration) as :func:`vtrain.tables.gaps.placed_events` gives them."""
+    return pl.DataFrame([{"rank": 0, "iteration": 1, "device_type": "cuda", "phase": phase, "op": op.name,
+                          "input_dims": op.input_dims, "input_types": op.input_types, "dur": dur, "gap": 0.0}
+                         for phase, op, dur in rows])
+
+
+def test_interference_scales_op_medians_per_phase() -> None:
+    op, other = mm(128, 128, 128), gelu(1 << 20)
+    resolver = OpLatencyResolver(profile([row(op, 10.0), row(other, 5.0)]), A100, "cuda")
+    resolver.calibrate(events([("forward", op, 10.0), ("forward", op, 30.0), ("backward", other, 5.0)]))
+    forward = resolver.resolve(op, "forward")
+    assert forward.latency_us == pytest.approx(20.0) and forward.source == MEASURED
+    assert (forward.part_us(OPERATOR), forward.part_us(INTERFERENCE)) == (pytest.approx(10.0), pytest.approx(10.0))
+    assert resolver.resolve(op, "backward").latency_us == pytest.approx(10.0)
+    assert resolver.resolve(op, "optimizer").latency_us == pytest.approx(10.0 * 45.0 / 25.0)  # all phases
+    assert resolver.resolve(gelu(1 << 22), "backward").source == INTERPOLATED
+
+
+def test_calibration_must_come_before_resolving() -> None:
+    resolver = OpLatencyResolver(profile([row(mm(8, 8, 8), 1.0)]), A100, "cuda")
+    resolver.resolve(mm(8, 8, 8))
+    with pytest.raises(RuntimeError):
+        resolver.calibrate(events([]))
+
+
+def test_host_gaps_come_from_the_profiles_timeline_per_phase() -> None:
+    from tests.test_tables_gaps import PLACED, op as cpu_op
+
+    tables = {"kernels": empty_table("kernels"), "collectives": empty_table("collectives"),
+              "op_latency": empty_table("op_latency"), "nccl_latency": empty_table("nccl_latency"),
+              "cpu_ops": conform(pl.DataFrame([
+                  cpu_op("ProfilerStep#1", 0.0, 1000.0, "user_annotation"),
+                  cpu_op("vtrain/forward stage=0 mb=0", 0.0, 500.0, "user_annotation"),
+                  cpu_op("aten::mm", 20.0, 100.0), cpu_op("aten::mm", 160.0, 100.0)]), "cpu_ops")}
+    gaps = HostGapResolver(Profile(tables=tables), "cpu")
+    gaps.fit(PLACED)
+    forward = gaps.resolve("forward")
+    assert forward is not None and forward.latency_us == pytest.approx(30.0) and forward.source == MEASURED
+    assert gaps.resolve("backward").latency_us == pytest.approx(30.0)  # no backward spans: every phase
+    without = HostGapResolver(None, "cpu")
+    without.fit(PLACED)
+    assert without.resolve("forward") is None

@@ -12,13 +12,17 @@ between kernels on a stream. :func:`op_gaps` measures it as the idle time before
   minus the time spent in collectives that end within it: waiting for a collective (and for the other ranks in
   it) is the collective's time, which the simulator accounts for separately. On CPU ranks a collective starts
   when the rank issued it (the ``c10d::*`` operator), gloo sends are left out (their span lasts until the
-  sender waits for them), and a data-parallel gradient reduction (``vtrain/comm purpose=dp``) counts only once
-  its issuing operator returned: the simulator runs those on their own stream, so the time the thread spent
-  issuing one (on gloo, often most of the reduction) is host time before the next operator.
+  sender waits for them), and a data-parallel gradient reduction (``vtrain/comm purpose=dp``) that completed
+  within the pass that issued it counts only once its issuing operator returned: the simulator overlaps those
+  with the pass on their own stream, so the time the thread spent issuing one (on gloo, often the whole
+  reduction) is host time.
   On GPU ranks an idle stream before a point-to-point receive completes is waiting for the sender, from the
   end of the previous operator (the receive kernel may start only when the data flows).
 * The phase of a gap is the ``vtrain/forward|backward|recompute|optimizer`` span around the operator after it
-  (``recompute`` inside ``backward``), ``other`` outside those spans; every gap also counts in phase ``all``.
+  (``recompute`` inside ``backward``); every gap also counts in phase ``all``. When a rank has such spans, a
+  call outside them is not placed (the model has no operator between its passes: e.g. copies of gradient
+  buckets that share a signature with a placed operator) and its time is gap; without any, the phase is
+  ``other``.
   The first gap of an iteration starts at its ``ProfilerStep#N``; time between passes (issuing and waiting for
   pipeline transfers, the schedule's own Python) is in the gap before the first operator of the next pass.
 
@@ -84,19 +88,26 @@ def placed_events(cpu_ops: pl.DataFrame, kernels: pl.DataFrame, collectives: pl.
 
 
 def _blocking_collectives(collectives: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[int, np.ndarray]:
-    """Per rank, the [arrival, end] of collectives a rank can wait for, sorted by end."""
+    """Per rank, the [start, end] of collectives a rank can wait for, sorted by end: from the arrival, except
+    for data-parallel reductions that completed within the pass that issued them (overlapped with it: from the
+    issuing operator's return) and receives on GPUs (from minus infinity: an idle stream before a receive
+    completes is waiting)."""
     if collectives.is_empty():
         return {}
+    phases = _PhaseLookup(cpu_ops)
     calls = match_calls(collectives, cpu_ops).filter(
-        ~((pl.col("device_type") == "cpu") & (pl.col("collective") == "send"))
-    ).with_columns(arrival_ts=pl.when((pl.col("device_type") == "cuda") & (pl.col("collective") == "recv"))
-                   .then(pl.lit(-np.inf))
-                   .when((pl.col("purpose") == DATA_PARALLEL) & pl.col("issue_end_ts").is_not_null())
-                   .then(pl.col("issue_end_ts")).otherwise(pl.col("arrival_ts")))
+        ~((pl.col("device_type") == "cpu") & (pl.col("collective") == "send")))
     result = {}
     for (rank,), group in calls.group_by("rank"):
-        intervals = group.select("arrival_ts", end=pl.col("ts") + pl.col("dur")).sort("end").to_numpy()
-        result[int(rank)] = intervals
+        pass_end = pl.Series(phases.pass_end(rank, group["arrival_ts"].to_numpy()), dtype=pl.Float64,
+                             nan_to_null=True)
+        overlapped = ((pl.col("purpose") == DATA_PARALLEL) & pl.col("issue_end_ts").is_not_null()
+                      & (pl.col("ts") + pl.col("dur") <= pass_end).fill_null(False))
+        result[int(rank)] = group.select(
+            start=pl.when((pl.col("device_type") == "cuda") & (pl.col("collective") == "recv")).then(-np.inf)
+            .when(overlapped).then(pl.col("issue_end_ts")).otherwise(pl.col("arrival_ts")),
+            end=pl.col("ts") + pl.col("dur"),
+        ).sort("end").to_numpy()
     return result
 
 
@@ -133,16 +144,20 @@ def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarr
            phase_at: str = "ts", keep: list[str] | None = None) -> pl.DataFrame:
     """Calls with the gap before each (per rank and iteration, in start order) and the phase around each."""
     starts = _iteration_starts(cpu_ops)
-    phases = _phase_lookup(cpu_ops)
+    phases = _PhaseLookup(cpu_ops)
     rows = []
     for (rank, iteration), group in calls.filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration"):
         group = group.sort("ts")
+        phase = pl.Series(phases(rank, group[phase_at].to_numpy()), dtype=pl.String)
+        if phases.has_spans(rank):  # the model places no operator outside its passes
+            group, phase = group.filter(phase != OTHER), phase.filter(phase != OTHER)
+        if group.is_empty():
+            continue
         ts, ends = group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy()
         gaps = _gaps(ts, ends, starts.get((rank, iteration), ts[0]), waits.get(rank))
         rows.append(group.select("op", "input_dims", "input_types", "dur", *(keep or [])).with_columns(
             rank=pl.lit(rank, dtype=pl.Int64), iteration=pl.lit(iteration, dtype=pl.Int64),
-            device_type=pl.lit(device_type), phase=pl.Series(phases(rank, group[phase_at].to_numpy())),
-            gap=pl.Series(gaps, dtype=pl.Float64)))
+            device_type=pl.lit(device_type), phase=phase, gap=pl.Series(gaps, dtype=pl.Float64)))
     if not rows:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
     return pl.concat(rows).select(*EVENTS_SCHEMA, *(keep or []))
@@ -193,29 +208,40 @@ def _iteration_starts(cpu_ops: pl.DataFrame) -> dict[tuple[int, int], float]:
     return {(rank, iteration): ts for rank, iteration, ts in steps.select("rank", "iteration", "ts").iter_rows()}
 
 
-def _phase_lookup(cpu_ops: pl.DataFrame):
-    """A function (rank, times) -> the phase around each time."""
-    spans = cpu_ops.filter(pl.col("name").str.starts_with(SPAN_PREFIX)).with_columns(
-        kind=pl.col("name").str.extract(rf"^{SPAN_PREFIX}(\w+)"))
-    by_rank: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, list[str]]] = {}
-    for (rank, nested), group in spans.filter(pl.col("kind").is_in([*_PHASES, _NESTED])).with_columns(
-            nested=pl.col("kind") == _NESTED).group_by("rank", "nested"):
-        group = group.sort("ts")
-        by_rank[(rank, nested)] = (group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy(),
-                                   group["kind"].to_list())
+class _PhaseLookup:
+    """The phase around a rank's times, from its ``vtrain/`` pass spans."""
 
-    def lookup(rank: int, times: np.ndarray) -> list[str]:
-        outer = _inside(by_rank.get((rank, False)), times)
-        inner = _inside(by_rank.get((rank, True)), times)
+    def __init__(self, cpu_ops: pl.DataFrame) -> None:
+        spans = cpu_ops.filter(pl.col("name").str.starts_with(SPAN_PREFIX)).with_columns(
+            kind=pl.col("name").str.extract(rf"^{SPAN_PREFIX}(\w+)"))
+        self._spans: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray, list[str]]] = {}
+        for (rank, nested), group in spans.filter(pl.col("kind").is_in([*_PHASES, _NESTED])).with_columns(
+                nested=pl.col("kind") == _NESTED).group_by("rank", "nested"):
+            group = group.sort("ts")
+            self._spans[(rank, nested)] = (group["ts"].to_numpy(), (group["ts"] + group["dur"]).to_numpy(),
+                                           group["kind"].to_list())
+
+    def has_spans(self, rank: int) -> bool:
+        """Whether the rank's trace has pass spans at all."""
+        return (rank, False) in self._spans
+
+    def __call__(self, rank: int, times: np.ndarray) -> list[str]:
+        outer, _ = _inside(self._spans.get((rank, False)), times)
+        inner, _ = _inside(self._spans.get((rank, True)), times)
         return [i or o or OTHER for o, i in zip(outer, inner)]
 
-    return lookup
+    def pass_end(self, rank: int, times: np.ndarray) -> np.ndarray:
+        """The end of the pass around each time (NaN outside one)."""
+        return _inside(self._spans.get((rank, False)), times)[1]
 
 
-def _inside(spans: tuple[np.ndarray, np.ndarray, list[str]] | None, times: np.ndarray) -> list[str | None]:
-    """The kind of the (non-overlapping) span holding each time, ``None`` outside one."""
+def _inside(spans: tuple[np.ndarray, np.ndarray, list[str]] | None,
+            times: np.ndarray) -> tuple[list[str | None], np.ndarray]:
+    """The kind and end of the (non-overlapping) span holding each time; ``None`` and NaN outside one."""
     if spans is None:
-        return [None] * len(times)
+        return [None] * len(times), np.full(len(times), np.nan)
     starts, ends, kinds = spans
     index = np.searchsorted(starts, times, side="right") - 1
-    return [kinds[i] if i >= 0 and t < ends[i] else None for i, t in zip(index, times)]
+    held = (index >= 0) & (times < ends[np.maximum(index, 0)])
+    return ([kinds[i] if h else None for i, h in zip(index, held)],
+            np.where(held, ends[np.maximum(index, 0)], np.nan))

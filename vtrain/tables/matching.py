@@ -49,12 +49,13 @@ P2P = ("send", "recv")
 CO_COMPLETION = 0.25
 _ISSUE_TOLERANCE_US = 1.0
 _COMM_SPAN = "vtrain/comm"
-_RESULTS = ("members", "transfer_us", "wait_us", "group_size_source")
+_RESULTS = ("match_id", "members", "transfer_us", "wait_us", "group_size_source")
 #: most ranks per pipeline stage whose transfers are assigned by trying every one-to-one assignment
 _MAX_REPLICAS = 8
 _SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb", "purpose")
 
-MATCH_COLUMNS = {"arrival_ts": pl.Float64, "issue_end_ts": pl.Float64, "purpose": pl.String, "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
+MATCH_COLUMNS = {"arrival_ts": pl.Float64, "issue_end_ts": pl.Float64, "purpose": pl.String, "match_id": pl.Int64,
+                 "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
                  "group_size_source": pl.String}
 
 
@@ -72,6 +73,7 @@ class _Call:
     stage: str | None = None  # stage, peer stage, phase and micro-batch of the vtrain/comm span around the call
     peer: str | None = None
     label: tuple[str | None, str | None] = (None, None)
+    match: int | None = None  # the input row of the collective's first member
     members: int | None = None
     transfer: float | None = None
     wait: float | None = None
@@ -84,8 +86,9 @@ class _Call:
 
 def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """``collectives`` with :data:`MATCH_COLUMNS` added: arrival and end of the issuing operator, the purpose of
-    the ``vtrain/comm`` span around the call, members found, transfer and wait times and where the group came
-    from (null where the call was not matched)."""
+    the ``vtrain/comm`` span around the call, the collective it was matched into (``match_id``, the input row of
+    its first member), members found, transfer and wait times and where the group came from (null where the
+    call was not matched)."""
     if collectives.is_empty():
         return collectives.with_columns(pl.lit(None, dtype=dtype).alias(name) for name, dtype in MATCH_COLUMNS.items())
     frame = _with_issue_context(collectives.with_row_index("_row"), cpu_ops)
@@ -103,7 +106,7 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
     _match_point_to_point([c for c in calls if c.kind in P2P and not _names_pair(c.group)])
     _match_by_completion([c for c in calls if c.group is None and c.kind not in P2P and c.on_cpu])
     results = pl.DataFrame(
-        {"_row": [c.row for c in calls], "members": [c.members for c in calls],
+        {"_row": [c.row for c in calls], "match_id": [c.match for c in calls], "members": [c.members for c in calls],
          "transfer_us": [c.transfer for c in calls], "wait_us": [c.wait for c in calls],
          "group_size_source": [c.source for c in calls]},
         schema={"_row": pl.UInt32, **{k: v for k, v in MATCH_COLUMNS.items() if k in _RESULTS}})
@@ -231,25 +234,28 @@ def _channels(sends: list[_Call], recvs: list[_Call]) -> list[tuple[list[_Call],
     for recv in recvs:
         links[(recv.peer, recv.stage)][1][recv.rank].append(recv)
     channels = []
-    for (first, second) in {tuple(sorted(key, key=str)) for key in links}:
-        there, back = links.get((first, second), ({}, {})), links.get((second, first), ({}, {}))
-        for a, b in _pair(there, back, labelled=first is not None and second is not None).items():
+    for key in {tuple(sorted(key, key=str)) for key in links}:
+        if None in key:  # no spans: a receiver's sender must be the only other rank sending this size
+            senders, receivers = links[key]
+            for receiver, received in receivers.items():
+                others = set(senders) - {receiver}
+                if len(others) == 1:
+                    channels.append((senders[others.pop()], received))
+            continue
+        there, back = links.get(key, ({}, {})), links.get(key[::-1], ({}, {}))
+        for a, b in _pair(there, back).items():
             for (senders, receivers), (src, dst) in ((there, (a, b)), (back, (b, a))):
                 if src in senders and dst in receivers:
                     channels.append((senders[src], receivers[dst]))
     return channels
 
 
-def _pair(there: _Link, back: _Link, labelled: bool) -> dict[int, int]:
+def _pair(there: _Link, back: _Link) -> dict[int, int]:
     """Rank of one stage -> rank of the other: among the one-to-one pairings where every receive (both ways)
     completed after its send was posted, the one where most receives completed right after their own send (no
     other candidate's send posted in between); empty when there is none or no single best one."""
     ours = sorted(set(there[0]) | set(back[1]))
     theirs = sorted(set(there[1]) | set(back[0]))
-    if not labelled:
-        if len(ours) == 1 and len(theirs) == 1 and ours != theirs:
-            return {ours[0]: theirs[0]}
-        return {}
     if len(ours) != len(theirs) or len(ours) > _MAX_REPLICAS or set(ours) & set(theirs):
         return {}
     causal = {(a, b): _causal(there[0].get(a, []), there[1].get(b, []))
@@ -391,12 +397,14 @@ def _time(group: list[_Call], source: str, completes: _Call | None = None) -> No
     shared clock; members on GPUs whose clocks disagree all get the shortest member's duration)."""
     last = max(c.arrival for c in group)
     ends = [completes.end] * len(group) if completes is not None else [c.end for c in group]
+    match = min(c.row for c in group)
     if any(end < last for end in ends):
         if all(c.on_cpu for c in group):
             return  # one clock: a member ended before another arrived, so these calls are not one collective
         shortest = min(c.duration for c in (group if completes is None else [completes]))
         for call in group:
-            call.members, call.transfer, call.wait, call.source = len(group), shortest, None, source
+            call.match, call.members, call.transfer, call.wait, call.source = match, len(group), shortest, None, source
         return
     for call, end in zip(group, ends):
-        call.members, call.transfer, call.wait, call.source = len(group), end - last, last - call.arrival, source
+        call.match, call.members, call.source = match, len(group), source
+        call.transfer, call.wait = end - last, last - call.arrival

@@ -1,0 +1,81 @@
+"""Host gaps between the operators a model places: idle and unplaced operators count, waiting for a collective
+does not, nested placed calls are calls of their own, phases come from the vtrain spans."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from vtrain.tables.gaps import ALL, op_gaps, placed_events
+from vtrain.tables.store import conform, empty_table
+
+F = '["float", "float"]'
+DIMS = "[[4, 4], [4, 4]]"
+PLACED = {("aten::mm", DIMS, F), ("aten::add", DIMS, F), ("aten::copy_", DIMS, F)}
+
+
+def op(name: str, ts: float, dur: float, cat: str = "cpu_op", dims: str | None = DIMS) -> dict[str, object]:
+    return {"rank": 0, "tid": 1, "cat": cat, "name": name, "ts": ts, "dur": dur, "iteration": 1,
+            "input_dims": dims if cat == "cpu_op" else None, "input_types": F if cat == "cpu_op" else None}
+
+
+@pytest.fixture
+def timeline() -> tuple[pl.DataFrame, pl.DataFrame]:
+    cpu_ops = conform(pl.DataFrame([
+        op("ProfilerStep#1", 0.0, 1000.0, "user_annotation"),
+        op("vtrain/forward stage=0 mb=0", 10.0, 490.0, "user_annotation"),
+        op("aten::mm", 20.0, 100.0),  # 20 us after the step starts
+        op("aten::view", 130.0, 10.0),  # not placed: its time is gap
+        op("c10d::allreduce_", 150.0, 20.0),  # issues the collective the thread then waits for until 300
+        op("aten::add", 320.0, 20.0),  # gap 320 - 120 less the collective's 150..300: 50 us
+        op("aten::copy_", 325.0, 5.0),  # nested in aten::add: a placed call of its own, no gap
+        op("vtrain/backward stage=0 mb=0", 600.0, 300.0, "user_annotation"),
+        op("aten::mm", 650.0, 50.0),  # between the passes: 650 - 340
+    ]), "cpu_ops")
+    collectives = conform(pl.DataFrame([{"rank": 0, "collective": "all_reduce", "ts": 160.0, "dur": 140.0,
+                                         "iteration": 1, "bytes": 64, "device_type": "cpu"}]), "collectives")
+    return cpu_ops, collectives
+
+
+def test_gaps_count_idle_and_unplaced_time_but_not_collective_waits(timeline) -> None:
+    cpu_ops, collectives = timeline
+    events = placed_events(cpu_ops, empty_table("kernels"), collectives, PLACED).sort("dur", descending=True)
+    by_op = {(name, dur): (gap, phase) for name, dur, gap, phase in events.select("op", "dur", "gap", "phase").iter_rows()}
+    assert by_op[("aten::mm", 100.0)] == (pytest.approx(20.0), "forward")
+    assert by_op[("aten::add", 20.0)] == (pytest.approx(50.0), "forward")
+    assert by_op[("aten::copy_", 5.0)] == (0.0, "forward")
+    assert by_op[("aten::mm", 50.0)] == (pytest.approx(310.0), "backward")
+
+
+def test_gap_statistics_per_phase_and_over_all(timeline) -> None:
+    cpu_ops, collectives = timeline
+    stats = {row["phase"]: row for row in op_gaps(placed_events(cpu_ops, empty_table("kernels"), collectives,
+                                                                PLACED)).iter_rows(named=True)}
+    assert stats["forward"]["ops"] == 3 and stats["forward"]["mean_us"] == pytest.approx(70.0 / 3)
+    assert stats["backward"]["mean_us"] == pytest.approx(310.0)
+    assert stats[ALL]["gap_us"] == pytest.approx(380.0) and stats[ALL]["rank_iterations"] == 1
+
+
+def test_an_overlapped_data_parallel_reduction_counts_once_its_issue_returned(timeline) -> None:
+    """Gradient reductions completed within their pass run beside it in the simulator: the thread's time issuing
+    one is host time."""
+    cpu_ops, collectives = timeline
+    cpu_ops = pl.concat([cpu_ops, conform(pl.DataFrame([
+        op("vtrain/comm purpose=dp op=all_reduce stage=0 bucket=0", 145.0, 160.0, "user_annotation")]),
+        "cpu_ops")])
+    events = placed_events(cpu_ops, empty_table("kernels"), collectives, PLACED)
+    add = events.filter(pl.col("op") == "aten::add")
+    assert add["gap"].item() == pytest.approx(70.0)  # 320 - 120 less 170..300
+
+
+def test_a_data_parallel_reduction_between_passes_is_waited_for(timeline) -> None:
+    """Issued after the pass (no overlap), the reduction is on the simulator's critical path already."""
+    cpu_ops, _ = timeline
+    cpu_ops = pl.concat([cpu_ops, conform(pl.DataFrame([
+        op("c10d::allreduce_", 520.0, 30.0), op("vtrain/comm purpose=dp op=all_reduce stage=0", 515.0, 100.0,
+                                                  "user_annotation")]), "cpu_ops")])
+    collectives = conform(pl.DataFrame([{"rank": 0, "collective": "all_reduce", "ts": 530.0, "dur": 10.0,
+                                         "iteration": 1, "bytes": 64, "device_type": "cpu"}]), "collectives")
+    events = placed_events(cpu_ops, empty_table("kernels"), collectives, PLACED)
+    late = events.filter((pl.col("op") == "aten::mm") & (pl.col("phase") == "backward"))
+    assert late["gap"].item() == pytest.approx(310.0 - 20.0)  # 520..540 waited for, though issued within 550
