@@ -84,11 +84,11 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
     """
     launching_ops = (
         cpu.filter(pl.col("external_id").is_not_null())
-        .unique("external_id", keep="first")
         .select("external_id", cpu_op="name", input_dims="input_dims", input_types="input_types",
                 op_collective="arg_collective", op_in_nelems="arg_in_nelems", op_out_nelems="arg_out_nelems",
                 op_group_size="arg_group_size", op_dtype="arg_dtype", op_pg_name="arg_pg_name",
                 op_pg_ranks="arg_pg_ranks")
+        .unique("external_id", keep="first")
     )
     launches = (
         events.runtime.filter(pl.col("correlation").is_not_null())
@@ -114,57 +114,88 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
     return assign_iteration(device, steps, ts_column="launch_ts")
 
 
+#: the kernel columns a collective's description depends on (the rest is per call: stream, time, iteration)
+_KERNEL_METADATA = [
+    "name", "cpu_op", "input_dims", "input_types", "arg_collective", "op_collective", "arg_dtype", "op_dtype",
+    "arg_in_nelems", "op_in_nelems", "arg_out_nelems", "op_out_nelems", "arg_pg_name", "op_pg_name",
+    "arg_pg_ranks", "op_pg_ranks", "arg_group_size", "op_group_size",
+]
+_ANNOTATION_METADATA = ["name", "input_dims", "input_types", "arg_in_nelems", "arg_out_nelems", "arg_dtype",
+                        "arg_pg_name", "arg_pg_ranks", "arg_group_size"]
+_DESCRIPTION_SCHEMA = {
+    "collective": pl.String, "process_group": pl.String, "group_ranks": pl.String, "group_size": pl.Int64,
+    "dtype": pl.String, "elements": pl.Int64, "bytes": pl.Int64, "algorithm": pl.String, "protocol": pl.String,
+    "metadata_source": pl.String,
+}
+
+
 def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
                  dist_info: dict[str, Any] | None) -> pl.DataFrame:
-    """One row per collective: NCCL kernels on GPU ranks, ``gloo:*``/``nccl:*`` annotations on CPU-only ranks."""
-    rows: list[dict[str, Any]] = []
+    """One row per collective: NCCL kernels on GPU ranks, ``gloo:*``/``nccl:*`` annotations on CPU-only ranks.
+
+    A collective's description depends only on its kernel's (or annotation's) metadata, which repeats from
+    iteration to iteration: it is worked out once per distinct metadata and joined back.
+    """
     default_group = _default_group_size(rank, dist_info)
-    comm = kernels.filter(pl.col("kernel_class") == COMMUNICATION)
-    for row in comm.iter_rows(named=True):
-        kernel_collective, algorithm, protocol = parse_nccl_kernel(row["name"])
-        # the op-level name wins: NCCL runs all_to_all, send and recv as SendRecv kernels
-        collective = (canonical_collective(row["arg_collective"]) or canonical_collective(row["op_collective"])
-                      or canonical_collective(row["cpu_op"]) or kernel_collective)
-        dtype = row["arg_dtype"] or row["op_dtype"] or first_dtype(row["input_types"])
-        in_n = row["arg_in_nelems"] or row["op_in_nelems"] or elements_from_dims(row["input_dims"])
-        out_n = row["arg_out_nelems"] or row["op_out_nelems"]
-        source = ("kernel_args" if row["arg_in_nelems"] else "record_param_comms" if row["op_in_nelems"]
-                  else "annotation" if in_n else None)
-        rows.append(_collective_row(
-            rank, collective, row["arg_pg_name"] or row["op_pg_name"], row["arg_pg_ranks"] or row["op_pg_ranks"],
-            row["arg_group_size"] or row["op_group_size"] or default_group, dtype, in_n, out_n,
-            algorithm, protocol, "cuda", row["stream"], row["ts"], row["dur"], source, row["iteration"]))
-    if kernels.is_empty():
-        annotations = cpu.filter(pl.col("cat") == "user_annotation"
-                                 ).filter(pl.col("name").str.contains(r"^(gloo|nccl|mpi|ucc):"))
-        for row in annotations.iter_rows(named=True):
-            collective = canonical_collective(row["name"])
-            in_n = row["arg_in_nelems"] or elements_from_dims(row["input_dims"])
-            rows.append(_collective_row(
-                rank, collective, row["arg_pg_name"], row["arg_pg_ranks"],
-                row["arg_group_size"] or default_group, row["arg_dtype"] or first_dtype(row["input_types"]),
-                in_n, row["arg_out_nelems"], None, None, "cpu", None, row["ts"], row["dur"],
-                "annotation" if in_n else None, row["iteration"]))
-    return conform(pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame(), "collectives")
+    if not kernels.is_empty():
+        calls = kernels.filter(pl.col("kernel_class") == COMMUNICATION)
+        described = _describe(calls, _KERNEL_METADATA, lambda row: _kernel_collective(row, default_group))
+        device_type, stream = "cuda", pl.col("stream")
+    else:
+        calls = cpu.filter(pl.col("cat") == "user_annotation").filter(
+            pl.col("name").str.contains(r"^(gloo|nccl|mpi|ucc):"))
+        described = _describe(calls, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, default_group))
+        device_type, stream = "cpu", pl.lit(None, dtype=pl.Int64)
+    if calls.is_empty():
+        return conform(pl.DataFrame(), "collectives")
+    return conform(described.with_columns(rank=pl.lit(rank), device_type=pl.lit(device_type), stream=stream),
+                   "collectives")
 
 
-def _collective_row(rank: int, collective: str | None, pg_name: str | None, pg_ranks: str | None,
-                    group_size: int | None, dtype: str | None, in_n: int | None, out_n: int | None,
-                    algorithm: str | None, protocol: str | None, device_type: str, stream: int | None,
-                    ts: float, dur: float, source: str | None, iteration: int | None) -> dict[str, Any]:
+def _describe(calls: pl.DataFrame, keys: list[str], describe: Any) -> pl.DataFrame:
+    """``calls`` with the description columns, computed by ``describe`` once per distinct ``keys`` row."""
+    distinct = calls.select(keys).unique(maintain_order=True)
+    descriptions = pl.DataFrame([describe(row) for row in distinct.iter_rows(named=True)],
+                                schema=_DESCRIPTION_SCHEMA, orient="row")
+    table = pl.concat([distinct, descriptions], how="horizontal")
+    return calls.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+
+
+def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:
+    kernel_collective, algorithm, protocol = parse_nccl_kernel(row["name"])
+    # the op-level name wins: NCCL runs all_to_all, send and recv as SendRecv kernels
+    collective = (canonical_collective(row["arg_collective"]) or canonical_collective(row["op_collective"])
+                  or canonical_collective(row["cpu_op"]) or kernel_collective)
+    dtype = row["arg_dtype"] or row["op_dtype"] or first_dtype(row["input_types"])
+    in_n = row["arg_in_nelems"] or row["op_in_nelems"] or elements_from_dims(row["input_dims"])
+    out_n = row["arg_out_nelems"] or row["op_out_nelems"]
+    source = ("kernel_args" if row["arg_in_nelems"] else "record_param_comms" if row["op_in_nelems"]
+              else "annotation" if in_n else None)
+    return _description(collective, row["arg_pg_name"] or row["op_pg_name"],
+                        row["arg_pg_ranks"] or row["op_pg_ranks"],
+                        row["arg_group_size"] or row["op_group_size"] or default_group, dtype, in_n, out_n,
+                        algorithm, protocol, source)
+
+
+def _annotation_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:
+    in_n = row["arg_in_nelems"] or elements_from_dims(row["input_dims"])
+    return _description(canonical_collective(row["name"]), row["arg_pg_name"], row["arg_pg_ranks"],
+                        row["arg_group_size"] or default_group, row["arg_dtype"] or first_dtype(row["input_types"]),
+                        in_n, row["arg_out_nelems"], None, None, "annotation" if in_n else None)
+
+
+def _description(collective: str | None, pg_name: str | None, pg_ranks: str | None, group_size: int | None,
+                 dtype: str | None, in_n: int | None, out_n: int | None, algorithm: str | None,
+                 protocol: str | None, source: str | None) -> tuple[Any, ...]:
+    """The description columns of a collective (see :data:`_DESCRIPTION_SCHEMA`)."""
     if collective in ("send", "recv", "send_recv"):
         group_size = 2
     elements = max(n for n in (in_n, out_n) if n) if (in_n or out_n) else None
     if collective == "all_gather" and in_n and not out_n and group_size:
         elements = in_n * group_size  # nccl-tests sizes all-gather by its output buffer
     size = dtype_bytes(dtype)
-    return {
-        "rank": rank, "collective": collective, "process_group": pg_name, "group_ranks": pg_ranks,
-        "group_size": group_size, "dtype": dtype, "elements": elements,
-        "bytes": elements * size if elements and size else None, "algorithm": algorithm, "protocol": protocol,
-        "device_type": device_type, "stream": stream, "ts": ts, "dur": dur, "metadata_source": source,
-        "iteration": iteration,
-    }
+    return (collective, pg_name, pg_ranks, group_size, dtype, elements,
+            elements * size if elements and size else None, algorithm, protocol, source)
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
