@@ -17,8 +17,8 @@ import msgspec
 
 from vtrain.errors import InputError
 from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventArgs, TraceEvent
-from vtrain.ingest.extract import JsonText, RankEvents, concat_rank_events, event_frames
-from vtrain.ingest.spans import SPAN_EVENTS, Progress, TraceText, decode_span
+from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
+from vtrain.ingest.spans import Progress, Span, TraceText, decode_span
 
 
 class CompleteEvent(msgspec.Struct, tag="X", tag_field="ph", gc=False):
@@ -42,28 +42,30 @@ _SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="
 _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]])  # type: ignore[misc]
 
 
-def decode_complete_events(text: TraceText, span: tuple[int, int], first_event: int
-                           ) -> list[CompleteEvent] | list[TraceEvent]:
+def decode_complete_events(text: TraceText, span: Span) -> list[CompleteEvent] | list[TraceEvent]:
     """The complete events of a span, in file order."""
     try:
-        events = decode_span(text, span, first_event, _COMPLETE_EVENTS_DECODER)
+        events = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
     except InputError:
-        plain = decode_span(text, span, first_event, TRACE_EVENTS_DECODER)
+        plain = decode_span(text, span, TRACE_EVENTS_DECODER)
         return [event for event in plain if event.ph == "X"]
     return [event for event in events if type(event) is CompleteEvent]
 
 
-def read_rank_events(text: TraceText, spans: list[tuple[int, int]], progress: Progress | None = None) -> RankEvents:
+def span_frames(text: TraceText, span: Span, json_text: JsonText) -> EventsPart:
+    """The frames of a span's complete events."""
+    return event_frames(decode_complete_events(text, span), json_text)
+
+
+def read_rank_events(text: TraceText, spans: list[Span], progress: Progress | None = None) -> RankEvents:
     """The frames of a rank's complete events, span by span; ``progress`` gets the bytes of a plain file as they
     are decoded (a gzip file reported its bytes while it was read)."""
     json_text = JsonText()
     parts = []
-    reported = 0
-    for number, span in enumerate(spans):
-        parts.append(event_frames(decode_complete_events(text, span, number * SPAN_EVENTS), json_text))
+    for span in spans:
+        parts.append(span_frames(text, span, json_text))
         if progress and not text.compressed:
-            progress(span[1] - reported)
-            reported = span[1]
+            progress(span.end - span.start)
     if progress and not text.compressed:
-        progress(len(text.buffer) - reported)
+        progress(len(text.buffer) - sum(span.end - span.start for span in spans))
     return concat_rank_events(parts)

@@ -34,6 +34,12 @@ DEVICE_SCHEMA = {
     "memory_kind": pl.String, "kernel_class": pl.String, "ts": pl.Float64, "dur": pl.Float64,
     "correlation": pl.Int64, "external_id": pl.Int64, **COLLECTIVE_ARG_SCHEMA,
 }
+#: a part's device activities, before the columns computed once for the whole rank (device, stream, classes)
+_DEVICE_PART_SCHEMA = {
+    "arg_device": pl.Int64, "pid": pl.Int64, "arg_stream": pl.Int64, "tid": pl.Int64, "name": pl.String,
+    "kind": pl.String, "ts": pl.Float64, "dur": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64,
+    **COLLECTIVE_ARG_SCHEMA,
+}
 CPU_SCHEMA = {
     "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
     "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String, **COLLECTIVE_ARG_SCHEMA,
@@ -46,8 +52,18 @@ Column = list[Any] | pl.Series | None
 
 @dataclass
 class RankEvents:
-    """The frames of one rank's trace (or of a part of its events), before tables are assembled; ``dropped``
-    counts the complete events left out for a missing or negative duration."""
+    """The frames of one rank's trace, before tables are assembled; ``dropped`` counts the complete events left
+    out for a missing or negative duration."""
+
+    device: pl.DataFrame
+    cpu: pl.DataFrame
+    runtime: pl.DataFrame
+    dropped: int
+
+
+@dataclass
+class EventsPart:
+    """The frames of some of a rank's complete events (see :func:`event_frames`)."""
 
     device: pl.DataFrame
     cpu: pl.DataFrame
@@ -79,8 +95,9 @@ class JsonText:
         return texts
 
 
-def concat_rank_events(parts: Iterable[RankEvents]) -> RankEvents:
-    """A rank's frames from the frames of its parts, in order."""
+def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
+    """A rank's frames from the frames of its parts, in order; the columns derived from others are computed
+    here, once (polars' fixed cost per operation adds up over hundreds of parts)."""
     device: list[pl.DataFrame] = []
     cpu: list[pl.DataFrame] = []
     runtime: list[pl.DataFrame] = []
@@ -91,14 +108,14 @@ def concat_rank_events(parts: Iterable[RankEvents]) -> RankEvents:
         runtime.append(part.runtime)
         dropped += part.dropped
     return RankEvents(
-        device=pl.concat(device) if device else _frame({}, DEVICE_SCHEMA, 0),
+        device=_finish_device(pl.concat(device) if device else _frame({}, _DEVICE_PART_SCHEMA, 0)),
         cpu=pl.concat(cpu) if cpu else _frame({}, CPU_SCHEMA, 0),
         runtime=pl.concat(runtime) if runtime else _frame({}, RUNTIME_SCHEMA, 0),
         dropped=dropped,
     )
 
 
-def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> RankEvents:
+def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> EventsPart:
     """Split complete events into device, CPU and runtime frames; events with a missing or negative duration (or
     no start) are dropped and counted.
 
@@ -120,7 +137,7 @@ def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> Ra
             cpu.append(event)
         elif cat in RUNTIME_CATEGORIES:
             runtime.append(event)
-    return RankEvents(_device_frame(device), _cpu_frame(cpu, json_text or JsonText()), _runtime_frame(runtime),
+    return EventsPart(_device_frame(device), _cpu_frame(cpu, json_text or JsonText()), _runtime_frame(runtime),
                       dropped)
 
 
@@ -154,9 +171,9 @@ def _collective_arg_columns(args: list[EventArgs]) -> dict[str, Column]:
     }
 
 
-def _thread_ids(events: list[Any], field: str) -> pl.Series:
-    """``pid`` or ``tid`` as integers; strings (Kineto's own ``"Spans"`` rows, ``"stream 7"``) become null."""
-    values = [getattr(e, field) for e in events]
+def _thread_ids(values: list[Any]) -> pl.Series:
+    """``pid`` or ``tid`` values as integers; strings (Kineto's own ``"Spans"`` rows, ``"stream 7"``) become
+    null."""
     try:
         return pl.Series(values, dtype=pl.Int64, strict=True)
     except TypeError:  # some are strings
@@ -165,10 +182,11 @@ def _thread_ids(events: list[Any], field: str) -> pl.Series:
 
 def _device_frame(events: list[Any]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
-    frame = _frame({
-        # the device and stream in args win over pid and tid
-        "device": pl.Series([a.device for a in args], dtype=pl.Int64).fill_null(_thread_ids(events, "pid")),
-        "stream": pl.Series([a.stream for a in args], dtype=pl.Int64).fill_null(_thread_ids(events, "tid")),
+    return _frame({
+        "arg_device": [a.device for a in args],
+        "pid": _thread_ids([e.pid for e in events]),
+        "arg_stream": [a.stream for a in args],
+        "tid": _thread_ids([e.tid for e in events]),
         "name": [e.name for e in events],
         "kind": [DEVICE_CATEGORIES[e.cat] for e in events],
         "ts": [e.ts for e in events],
@@ -176,21 +194,23 @@ def _device_frame(events: list[Any]) -> pl.DataFrame:
         "correlation": [a.correlation for a in args],
         "external_id": [a.external_id for a in args],
         **_collective_arg_columns(args),
-    }, DEVICE_SCHEMA, len(events))
-    return frame.with_columns(**_name_derived(frame))
+    }, _DEVICE_PART_SCHEMA, len(events))
 
 
-def _name_derived(frame: pl.DataFrame) -> dict[str, pl.Expr]:
-    """``kernel_class`` and ``memory_kind``, computed once per distinct name."""
+def _finish_device(frame: pl.DataFrame) -> pl.DataFrame:
+    """The device table's columns: the device and stream in args win over pid and tid; ``kernel_class`` and
+    ``memory_kind`` are computed once per distinct name."""
     name, kind = pl.col("name"), pl.col("kind")
     classes = {n: kernel_class(n) for n in frame["name"].unique()}
     copies = {n: _memory_kind("memcpy", n) for n in frame.filter(kind == "memcpy")["name"].unique()}
     sets = {n: _memory_kind("memset", n) for n in frame.filter(kind == "memset")["name"].unique()}
-    return {
-        "kernel_class": name.replace_strict(classes, return_dtype=pl.String),
-        "memory_kind": pl.when(kind == "memcpy").then(name.replace_strict(copies, default=None, return_dtype=pl.String))
+    return frame.with_columns(
+        device=pl.coalesce("arg_device", "pid").cast(pl.Int32),
+        stream=pl.coalesce("arg_stream", "tid"),
+        kernel_class=name.replace_strict(classes, return_dtype=pl.String),
+        memory_kind=pl.when(kind == "memcpy").then(name.replace_strict(copies, default=None, return_dtype=pl.String))
         .when(kind == "memset").then(name.replace_strict(sets, default=None, return_dtype=pl.String)),
-    }
+    ).select(list(DEVICE_SCHEMA))
 
 
 def _memory_kind(kind: str, name: str) -> str | None:
@@ -204,7 +224,7 @@ def _memory_kind(kind: str, name: str) -> str | None:
 def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
-        "tid": _thread_ids(events, "tid"),
+        "tid": _thread_ids([e.tid for e in events]),
         "cat": [e.cat for e in events],
         "name": [e.name for e in events],
         "ts": [e.ts for e in events],
@@ -219,7 +239,7 @@ def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
 def _runtime_frame(events: list[Any]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
-        "tid": _thread_ids(events, "tid"),
+        "tid": _thread_ids([e.tid for e in events]),
         "name": [e.name for e in events],
         "ts": [e.ts for e in events],
         "dur": [e.dur for e in events],

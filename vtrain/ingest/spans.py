@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -30,6 +30,15 @@ from vtrain.ingest.decode import TraceHeader, decode_header, gunzip, is_gzip
 SPAN_EVENTS = 50_000
 
 Progress = Callable[[int], None]
+
+
+class Span(NamedTuple):
+    """The bytes ``[start, end)`` of the text holding consecutive events, the first being event ``first_event``
+    of ``traceEvents``."""
+
+    start: int
+    end: int
+    first_event: int
 
 
 @dataclass
@@ -52,8 +61,11 @@ class TraceText:
         return self._digest
 
 
-def load_text(path: Path, progress: Progress | None = None) -> TraceText:
-    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
+def load_text(path: Path, progress: Progress | None = None, *, hashed: bool = True) -> TraceText:
+    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...).
+
+    Without ``hashed``, a plain file's sha256 is not computed (its ``sha256`` is then empty).
+    """
     try:
         with path.open("rb") as handle:
             if is_gzip(handle, path):
@@ -63,7 +75,7 @@ def load_text(path: Path, progress: Progress | None = None) -> TraceText:
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    return TraceText(path, buffer, False, _hash_in_background(path))
+    return TraceText(path, buffer, False, _hash_in_background(path) if hashed else "")
 
 
 def _hash_in_background(path: Path) -> Future[str]:
@@ -79,8 +91,8 @@ def _hash_in_background(path: Path) -> Future[str]:
     return future
 
 
-def read_header(text: TraceText) -> tuple[TraceHeader, list[tuple[int, int]]]:
-    """The trace's top level and the byte spans ``[start, end)`` of its events, :data:`SPAN_EVENTS` per span.
+def read_header(text: TraceText, events_per_span: int = SPAN_EVENTS) -> tuple[TraceHeader, list[Span]]:
+    """The trace's top level and the spans of its events, ``events_per_span`` each.
 
     The header's ``traceEvents`` is emptied: only the spans are kept.
     """
@@ -91,9 +103,9 @@ def read_header(text: TraceText) -> tuple[TraceHeader, list[tuple[int, int]]]:
         return header, []
     base = _address(text.buffer)
     spans = []
-    for first in range(0, len(raws), SPAN_EVENTS):
-        last = raws[min(first + SPAN_EVENTS, len(raws)) - 1]
-        spans.append((_address(raws[first]) - base, _address(last) - base + len(last)))
+    for first in range(0, len(raws), events_per_span):
+        last = raws[min(first + events_per_span, len(raws)) - 1]
+        spans.append(Span(_address(raws[first]) - base, _address(last) - base + len(last), first))
     return header, spans
 
 
@@ -126,10 +138,10 @@ def _address(obj: Any) -> int:
         _RELEASE_BUFFER(ctypes.byref(view))
 
 
-def decode_span(text: TraceText, span: tuple[int, int], first_event: int, decoder: msgspec.json.Decoder) -> Any:
-    """Decode the events in ``span`` (the first being event number ``first_event``) as one JSON array with
-    ``decoder``, whose type is a list; a malformed event is an error naming its position in ``traceEvents``."""
-    start, end = span
+def decode_span(text: TraceText, span: Span, decoder: msgspec.json.Decoder) -> Any:
+    """Decode the events in ``span`` as one JSON array with ``decoder``, whose type is a list; a malformed event
+    is an error naming its position in ``traceEvents``."""
+    start, end, first_event = span
     buffer = text.buffer
     # the byte before the first event is ``[`` or a separator (``,`` or whitespace), and so is the byte after the
     # last one (``]`` at worst): the events themselves are never touched
