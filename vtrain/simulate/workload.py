@@ -9,7 +9,7 @@ time to issue one and to resume after it is in the gap before the next operator,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
@@ -58,7 +58,11 @@ class WorkloadResolver:
         """Resolve one op (profile or device model, and the gap before it in ``phase``) or collective (NCCL
         table or α-β)."""
         if isinstance(step, Op):
-            return ResolvedStep(step, self.ops.resolve(step, phase), self.gaps.resolve(phase))
+            resolution, gap = self.ops.resolve(step, phase), self.gaps.resolve(phase)
+            if gap is not None:  # said on the op, so that the predicted trace's operators say it
+                resolution = replace(resolution, detail=f"{resolution.detail}; with a {gap.source} host gap of "
+                                                        f"{gap.latency_us:.1f} us ({phase}; drawn at its block's end)")
+            return ResolvedStep(step, resolution, gap)
         group, stride = self._group(step.purpose)
         return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
 

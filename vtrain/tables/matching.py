@@ -17,9 +17,10 @@ The members of each call are found per iteration, in issue order, within a group
 ``metadata``
     the call's process-group ranks or name (NCCL kernels and ``record_param_comms`` carry them);
 ``point-to-point``
-    a send and a receive: the only pair of ranks with transfers of that size, or, on recorded runs, the
-    ``vtrain/comm`` spans' stages (the peer stage's rank that most often posted its send last before the
-    receive completed, when a stage has several ranks);
+    a send and a receive, between the only two ranks with transfers of that size or, on recorded runs, between
+    the stages their ``vtrain/comm`` spans name; when a stage has several ranks (replicas), the pairing of the
+    two stages' ranks under which no receive completed before its send was posted
+    (:mod:`vtrain.tables.pairing`);
 ``matched across ranks``
     gloo collectives carry no group. On ranks that share a clock (CPU ranks of one host) the members of one
     collective overlap in time (none ends before the last one arrives) and mostly end together: a rank's group
@@ -34,14 +35,13 @@ overlap on a shared clock) keep ``transfer_us`` null and ``group_size_source`` s
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
-from itertools import permutations
+from collections import defaultdict
 
 import polars as pl
 
 from vtrain.naming import parse_span_name
+from vtrain.tables.calls import Call, align, classes, ordered, pair_in_order
+from vtrain.tables.pairing import match_point_to_point
 
 METADATA, POINT_TO_POINT, MATCHED = "metadata", "point-to-point", "matched across ranks"
 P2P = ("send", "recv")
@@ -50,38 +50,11 @@ CO_COMPLETION = 0.25
 _ISSUE_TOLERANCE_US = 1.0
 _COMM_SPAN = "vtrain/comm"
 _RESULTS = ("match_id", "members", "transfer_us", "wait_us", "group_size_source")
-#: most ranks per pipeline stage whose transfers are assigned by trying every one-to-one assignment
-_MAX_REPLICAS = 8
 _SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb", "purpose")
 
 MATCH_COLUMNS = {"arrival_ts": pl.Float64, "issue_end_ts": pl.Float64, "purpose": pl.String, "match_id": pl.Int64,
                  "members": pl.Int32, "transfer_us": pl.Float64, "wait_us": pl.Float64,
                  "group_size_source": pl.String}
-
-
-@dataclass
-class _Call:
-    row: int
-    rank: int
-    kind: str
-    nbytes: int | None
-    iteration: int | None
-    on_cpu: bool
-    arrival: float
-    end: float
-    group: tuple | None = None  # metadata key
-    stage: str | None = None  # stage, peer stage, phase and micro-batch of the vtrain/comm span around the call
-    peer: str | None = None
-    label: tuple[str | None, str | None] = (None, None)
-    match: int | None = None  # the input row of the collective's first member
-    members: int | None = None
-    transfer: float | None = None
-    wait: float | None = None
-    source: str | None = None
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.arrival
 
 
 def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -93,7 +66,7 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
         return collectives.with_columns(pl.lit(None, dtype=dtype).alias(name) for name, dtype in MATCH_COLUMNS.items())
     frame = _with_issue_context(collectives.with_row_index("_row"), cpu_ops)
     calls = [
-        _Call(row=row, rank=rank, kind=kind, nbytes=nbytes, iteration=iteration, on_cpu=device == "cpu",
+        Call(row=row, rank=rank, kind=kind, nbytes=nbytes, iteration=iteration, on_cpu=device == "cpu",
               arrival=arrival, end=ts + dur, group=_metadata_group(ranks, pg), stage=stage, peer=peer,
               label=(phase, mb))
         for row, rank, kind, nbytes, iteration, device, arrival, ts, dur, ranks, pg, stage, peer, phase, mb
@@ -103,7 +76,7 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
     ]
     present = {c.rank for c in calls}
     _match_metadata([c for c in calls if c.group is not None], present)
-    _match_point_to_point([c for c in calls if c.kind in P2P and not _names_pair(c.group)])
+    match_point_to_point([c for c in calls if c.kind in P2P and not _names_pair(c.group)], POINT_TO_POINT)
     _match_by_completion([c for c in calls if c.group is None and c.kind not in P2P and c.on_cpu])
     results = pl.DataFrame(
         {"_row": [c.row for c in calls], "match_id": [c.match for c in calls], "members": [c.members for c in calls],
@@ -172,16 +145,16 @@ def _metadata_group(ranks: str | None, pg_name: str | None) -> tuple | None:
 
 # ------------------------------------------------------------------------------------------ the three group sources
 
-def _match_metadata(calls: list[_Call], present: set[int]) -> None:
+def _match_metadata(calls: list[Call], present: set[int]) -> None:
     """Groups named by the trace: match per group, collective and iteration in issue order."""
-    by_group: dict[tuple, dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
+    by_group: dict[tuple, dict[int, list[Call]]] = defaultdict(lambda: defaultdict(list))
     for call in calls:
         by_group[(call.group, call.kind, call.iteration)][call.rank].append(call)
     for (group, kind, _), per_rank in by_group.items():
         members = list(group[1]) if group[0] == "ranks" else sorted(per_rank)
         if kind in P2P or len(members) < 2 or not set(members) <= present:
             continue
-        _align(_ordered(per_rank.get(rank, []) for rank in members), METADATA)
+        align(ordered(per_rank.get(rank, []) for rank in members), METADATA)
     _match_metadata_p2p([c for c in calls if c.kind in P2P and _names_pair(c.group)], present)
 
 
@@ -189,9 +162,9 @@ def _names_pair(group: tuple | None) -> bool:
     return group is not None and group[0] == "ranks" and len(group[1]) == 2
 
 
-def _match_metadata_p2p(calls: list[_Call], present: set[int]) -> None:
+def _match_metadata_p2p(calls: list[Call], present: set[int]) -> None:
     """Point-to-point calls whose group names both ranks: each direction is one channel."""
-    by_channel: dict[tuple[int, int], tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
+    by_channel: dict[tuple[int, int], tuple[list[Call], list[Call]]] = defaultdict(lambda: ([], []))
     for call in calls:
         first, second = call.group[1]
         peer = second if call.rank == first else first
@@ -202,103 +175,11 @@ def _match_metadata_p2p(calls: list[_Call], present: set[int]) -> None:
         else:
             by_channel[(peer, call.rank)][1].append(call)
     for sends, recvs in by_channel.values():
-        _pair_in_order(sends, recvs, METADATA)
+        pair_in_order(sends, recvs, METADATA)
 
 
 
-def _match_point_to_point(calls: list[_Call]) -> None:
-    """Sends and receives without a named pair of ranks: find each receiver's sender, then pair their calls."""
-    for same_size in _classes(calls, lambda c: (c.on_cpu, c.nbytes)).values():
-        sends = [c for c in same_size if c.kind == "send"]
-        recvs = [c for c in same_size if c.kind == "recv"]
-        for channel_sends, channel_recvs in _channels(sends, recvs):
-            _pair_in_order(channel_sends, channel_recvs, POINT_TO_POINT)
-
-
-_Link = tuple[dict[int, list[_Call]], dict[int, list[_Call]]]  # sender -> sends, receiver -> receives
-
-
-def _channels(sends: list[_Call], recvs: list[_Call]) -> list[tuple[list[_Call], list[_Call]]]:
-    """The (sends, receives) of each sender -> receiver channel that can be told.
-
-    With ``vtrain/comm`` spans, transfers are grouped by the pair of stages they link; a send belongs to the link
-    from its span's stage to its peer's, a receive to the link from its peer stage to its own. When a stage has
-    several ranks (tensor- or data-parallel replicas) the ranks of the two stages are paired one to one (a pair
-    exchanges the transfers both ways, activations and their gradients), as the pairing under which no receive
-    completed before its send was posted (on a shared clock). Without spans, a receiver's sender must be the
-    only other rank sending transfers of that size.
-    """
-    links: dict[tuple[str | None, str | None], _Link] = defaultdict(lambda: (defaultdict(list), defaultdict(list)))
-    for send in sends:
-        links[(send.stage, send.peer)][0][send.rank].append(send)
-    for recv in recvs:
-        links[(recv.peer, recv.stage)][1][recv.rank].append(recv)
-    channels = []
-    for key in {tuple(sorted(key, key=str)) for key in links}:
-        if None in key:  # no spans: a receiver's sender must be the only other rank sending this size
-            senders, receivers = links[key]
-            for receiver, received in receivers.items():
-                others = set(senders) - {receiver}
-                if len(others) == 1:
-                    channels.append((senders[others.pop()], received))
-            continue
-        there, back = links.get(key, ({}, {})), links.get(key[::-1], ({}, {}))
-        for a, b in _pair(there, back).items():
-            for (senders, receivers), (src, dst) in ((there, (a, b)), (back, (b, a))):
-                if src in senders and dst in receivers:
-                    channels.append((senders[src], receivers[dst]))
-    return channels
-
-
-def _pair(there: _Link, back: _Link) -> dict[int, int]:
-    """Rank of one stage -> rank of the other: among the one-to-one pairings where every receive (both ways)
-    completed after its send was posted, the one where most receives completed right after their own send (no
-    other candidate's send posted in between); empty when there is none or no single best one."""
-    ours = sorted(set(there[0]) | set(back[1]))
-    theirs = sorted(set(there[1]) | set(back[0]))
-    if len(ours) != len(theirs) or len(ours) > _MAX_REPLICAS or set(ours) & set(theirs):
-        return {}
-    causal = {(a, b): _causal(there[0].get(a, []), there[1].get(b, []))
-              and _causal(back[0].get(b, []), back[1].get(a, [])) for a in ours for b in theirs}
-    feasible = [order for order in permutations(theirs) if all(causal[(a, b)] for a, b in zip(ours, order))]
-    if len(feasible) > 1:
-        votes = _last_posted(*there) + Counter({(a, b): n for (b, a), n in _last_posted(*back).items()})
-        score = {order: sum(votes[(a, b)] for a, b in zip(ours, order)) for order in feasible}
-        best = max(score.values())
-        feasible = [order for order in feasible if score[order] == best]
-    return dict(zip(ours, feasible[0])) if len(feasible) == 1 else {}
-
-
-def _last_posted(senders: dict[int, list[_Call]], receivers: dict[int, list[_Call]]) -> Counter[tuple[int, int]]:
-    """(sender, receiver) -> how many of the receiver's calls completed with that sender's matching send the last
-    one posted before it (the sender it was most likely waiting for)."""
-    votes: Counter[tuple[int, int]] = Counter()
-    for receiver, received in receivers.items():
-        for recv in received:
-            posted = [(send.arrival, rank) for rank, sent in senders.items() for send in sent
-                      if send.iteration == recv.iteration and send.label == recv.label and send.arrival <= recv.end]
-            if posted:
-                votes[(max(posted)[1], receiver)] += 1
-    return votes
-
-
-def _causal(sent: list[_Call], received: list[_Call]) -> bool:
-    """Whether each receive, paired in order per iteration and label, completed after its send was posted."""
-    pairs: dict[tuple, tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
-    for send in sent:
-        pairs[(send.iteration, send.label)][0].append(send)
-    for recv in received:
-        pairs[(recv.iteration, recv.label)][1].append(recv)
-    for mine, theirs in pairs.values():
-        if len(mine) != len(theirs):
-            return False
-        for send, recv in zip(*_ordered((mine, theirs))):
-            if recv.end < send.arrival:
-                return False
-    return True
-
-
-def _match_by_completion(calls: list[_Call]) -> None:
+def _match_by_completion(calls: list[Call]) -> None:
     """Collectives without a group on ranks sharing a clock: infer each rank's group, then match the group's
     calls per iteration in issue order.
 
@@ -307,8 +188,8 @@ def _match_by_completion(calls: list[_Call]) -> None:
     ranks whose calls also end with its own in most calls (co-completion), when that splits the candidates into
     consistent groups, else all the candidates.
     """
-    for same_size in _classes(calls, lambda c: (c.kind, c.nbytes)).values():
-        per_rank: dict[int, dict[int | None, list[_Call]]] = defaultdict(lambda: defaultdict(list))
+    for same_size in classes(calls, lambda c: (c.kind, c.nbytes)).values():
+        per_rank: dict[int, dict[int | None, list[Call]]] = defaultdict(lambda: defaultdict(list))
         for call in same_size:
             per_rank[call.rank][call.iteration].append(call)
         ranks = sorted(per_rank)
@@ -325,7 +206,7 @@ def _match_by_completion(calls: list[_Call]) -> None:
                 continue
             done.update(group)
             for iteration in per_rank[rank]:
-                _align(_ordered(per_rank[member].get(iteration, []) for member in group), MATCHED)
+                align(ordered(per_rank[member].get(iteration, []) for member in group), MATCHED)
 
 
 def _consistent_group(rank: int, partners: dict[int, set[int]]) -> tuple[int, ...] | None:
@@ -336,75 +217,22 @@ def _consistent_group(rank: int, partners: dict[int, set[int]]) -> tuple[int, ..
     return tuple(sorted(group))
 
 
-def _share(mine: dict[int | None, list[_Call]], theirs: dict[int | None, list[_Call]], test) -> float:
+def _share(mine: dict[int | None, list[Call]], theirs: dict[int | None, list[Call]], test) -> float:
     """Share of my calls for which ``test(call, their calls in that iteration)`` holds."""
     calls = [call for per_iteration in mine.values() for call in per_iteration]
     hits = sum(1 for call in calls if test(call, theirs.get(call.iteration, [])))
     return hits / len(calls) if calls else 0.0
 
 
-def _overlaps(call: _Call, others: list[_Call]) -> bool:
+def _overlaps(call: Call, others: list[Call]) -> bool:
     """Whether one of ``others`` shares a moment with ``call``."""
     return any(max(call.arrival, other.arrival) <= min(call.end, other.end) for other in others)
 
 
-def _co_completes(call: _Call, others: list[_Call]) -> bool:
+def _co_completes(call: Call, others: list[Call]) -> bool:
     """Whether one of ``others`` overlaps ``call`` and ends with it."""
     return any(max(call.arrival, other.arrival) <= min(call.end, other.end)
                and abs(other.end - call.end) <= CO_COMPLETION * min(call.duration, other.duration)
                for other in others)
 
 
-# ------------------------------------------------------------------------------------------ timing of one match
-
-def _classes(calls: Iterable[_Call], key) -> dict[tuple, list[_Call]]:
-    groups: dict[tuple, list[_Call]] = defaultdict(list)
-    for call in calls:
-        groups[key(call)].append(call)
-    return groups
-
-
-def _ordered(per_member: Iterable[list[_Call]]) -> list[list[_Call]]:
-    return [sorted(calls, key=lambda c: c.arrival) for calls in per_member]
-
-
-def _align(members: list[list[_Call]], source: str) -> None:
-    """Match the k-th call of every member when all issued as many calls of the same size."""
-    if len({len(calls) for calls in members}) != 1:
-        return
-    for group in zip(*members):
-        if len({c.nbytes for c in group if c.nbytes}) <= 1:
-            _time(list(group), source)
-
-
-def _pair_in_order(sends: list[_Call], recvs: list[_Call], source: str) -> None:
-    """Pair the k-th send with the k-th receive of one channel, per iteration and span label (phase and
-    micro-batch, when spans give them): transfers on one channel with one tag arrive in order."""
-    by_label: dict[tuple, tuple[list[_Call], list[_Call]]] = defaultdict(lambda: ([], []))
-    for send in sends:
-        by_label[(send.iteration, send.label)][0].append(send)
-    for recv in recvs:
-        by_label[(recv.iteration, recv.label)][1].append(recv)
-    for sent, received in by_label.values():
-        if len(sent) != len(received):
-            continue
-        for send, recv in zip(*_ordered((sent, received))):
-            _time([send, recv], source, completes=recv)
-
-
-def _time(group: list[_Call], source: str, completes: _Call | None = None) -> None:
-    """Set members, transfer and wait of one matched collective (nothing when the members do not overlap on a
-    shared clock; members on GPUs whose clocks disagree all get the shortest member's duration)."""
-    last = max(c.arrival for c in group)
-    ends = [completes.end] * len(group) if completes is not None else [c.end for c in group]
-    match = min(c.row for c in group)
-    if any(end < last for end in ends):
-        if all(c.on_cpu for c in group):
-            return  # one clock: a member ended before another arrived, so these calls are not one collective
-        shortest = min(c.duration for c in (group if completes is None else [completes]))
-        for call in group:
-            call.match, call.members, call.transfer, call.wait, call.source = match, len(group), shortest, None, source
-        return
-    for call, end in zip(group, ends):
-        call.match, call.members, call.source = match, len(group), source
-        call.transfer, call.wait = end - last, last - call.arrival

@@ -1,0 +1,89 @@
+"""One rank's part of a collective and the timing of a matched collective (see :mod:`vtrain.tables.matching`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class Call:
+    """One rank's call of a collective, and what matching found about it."""
+
+    row: int
+    rank: int
+    kind: str
+    nbytes: int | None
+    iteration: int | None
+    on_cpu: bool
+    arrival: float
+    end: float
+    group: tuple | None = None  # metadata key
+    stage: str | None = None  # stage, peer stage, phase and micro-batch of the vtrain/comm span around the call
+    peer: str | None = None
+    label: tuple[str | None, str | None] = (None, None)
+    match: int | None = None  # the input row of the collective's first member
+    members: int | None = None
+    transfer: float | None = None
+    wait: float | None = None
+    source: str | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.arrival
+
+
+def classes(calls: Iterable[Call], key: Callable[[Call], Hashable]) -> dict[Hashable, list[Call]]:
+    """Calls grouped by ``key``."""
+    groups: dict[Hashable, list[Call]] = defaultdict(list)
+    for call in calls:
+        groups[key(call)].append(call)
+    return groups
+
+
+def ordered(per_member: Iterable[list[Call]]) -> list[list[Call]]:
+    """Each member's calls in issue order."""
+    return [sorted(calls, key=lambda c: c.arrival) for calls in per_member]
+
+
+def align(members: list[list[Call]], source: str) -> None:
+    """Match the k-th call of every member when all issued as many calls of the same size."""
+    if len({len(calls) for calls in members}) != 1:
+        return
+    for group in zip(*members):
+        if len({c.nbytes for c in group if c.nbytes}) <= 1:
+            time_match(list(group), source)
+
+
+def pair_in_order(sends: list[Call], recvs: list[Call], source: str) -> None:
+    """Pair the k-th send with the k-th receive of one channel, per iteration and span label (phase and
+    micro-batch, when spans give them): transfers on one channel with one tag arrive in order."""
+    by_label: dict[tuple, tuple[list[Call], list[Call]]] = defaultdict(lambda: ([], []))
+    for send in sends:
+        by_label[(send.iteration, send.label)][0].append(send)
+    for recv in recvs:
+        by_label[(recv.iteration, recv.label)][1].append(recv)
+    for sent, received in by_label.values():
+        if len(sent) != len(received):
+            continue
+        for send, recv in zip(*ordered((sent, received))):
+            time_match([send, recv], source, completes=recv)
+
+
+def time_match(group: list[Call], source: str, completes: Call | None = None) -> None:
+    """Set members, transfer and wait of one matched collective (nothing when the members do not overlap on a
+    shared clock; members on GPUs whose clocks disagree all get the shortest member's duration)."""
+    last = max(c.arrival for c in group)
+    ends = [completes.end] * len(group) if completes is not None else [c.end for c in group]
+    match = min(c.row for c in group)
+    if any(end < last for end in ends):
+        if all(c.on_cpu for c in group):
+            return  # one clock: a member ended before another arrived, so these calls are not one collective
+        shortest = min(c.duration for c in (group if completes is None else [completes]))
+        for call in group:
+            call.match, call.members, call.transfer, call.wait, call.source = match, len(group), shortest, None, source
+        return
+    for call, end in zip(group, ends):
+        call.match, call.members, call.source = match, len(group), source
+        call.transfer, call.wait = end - last, last - call.arrival
