@@ -150,7 +150,7 @@ def _column(name: str, values: Column, dtype: Any, height: int) -> pl.Series:
     if values is None:
         return pl.repeat(None, height, dtype=dtype, eager=True).alias(name)
     if isinstance(values, pl.Series):
-        return values.alias(name).cast(dtype)
+        return values.alias(name) if values.dtype == dtype else values.alias(name).cast(dtype)
     return pl.Series(name, values, dtype=dtype)
 
 

@@ -61,11 +61,8 @@ class TraceText:
         return self._digest
 
 
-def load_text(path: Path, progress: Progress | None = None, *, hashed: bool = True) -> TraceText:
-    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...).
-
-    Without ``hashed``, a plain file's sha256 is not computed (its ``sha256`` is then empty).
-    """
+def load_text(path: Path, progress: Progress | None = None) -> TraceText:
+    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
     try:
         with path.open("rb") as handle:
             if is_gzip(handle, path):
@@ -75,7 +72,7 @@ def load_text(path: Path, progress: Progress | None = None, *, hashed: bool = Tr
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    return TraceText(path, buffer, False, _hash_in_background(path) if hashed else "")
+    return TraceText(path, buffer, False, _hash_in_background(path))
 
 
 def _hash_in_background(path: Path) -> Future[str]:
