@@ -33,7 +33,7 @@ duration and the gap before it.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Iterable
 
 import numpy as np
@@ -164,8 +164,6 @@ def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarr
 
 
 def _placed_mask(signatures: pl.DataFrame, placed: set[Signature]) -> list[bool]:
-    if placed is None:
-        return [True] * signatures.height
     return [tuple(row) in placed for row in signatures.iter_rows()]
 
 
@@ -186,8 +184,8 @@ def _covered(waits: np.ndarray | None, wait_ends: np.ndarray, low: float, high: 
     """Length of the union of [max(low, arrival), end] over the collectives ending in (low, high]."""
     if waits is None or not len(wait_ends):
         return 0.0
-    first = bisect_left(wait_ends, low)
-    intervals = sorted((max(low, a), e) for a, e in waits[first:] if low < e <= high and max(low, a) < e)
+    ending = waits[bisect_right(wait_ends, low):bisect_right(wait_ends, high)]
+    intervals = sorted((max(low, a), e) for a, e in ending if max(low, a) < e)
     return _union(intervals)
 
 

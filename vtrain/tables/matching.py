@@ -99,10 +99,10 @@ def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl
     issuing = (cpu_ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))
                .select("rank", issue_ts=pl.col("ts"), issue_end=pl.col("ts") + pl.col("dur")).sort("issue_ts"))
     spans = _comm_spans(cpu_ops)
-    ordered = frame.sort("ts")
+    joined = frame.sort("ts")
     if not issuing.is_empty():
-        ordered = (
-            ordered.join_asof(issuing, left_on="ts", right_on="issue_ts", by="rank", strategy="backward",
+        joined = (
+            joined.join_asof(issuing, left_on="ts", right_on="issue_ts", by="rank", strategy="backward",
                               check_sortedness=False)
             .with_columns(issued=(pl.col("device_type") == "cpu")
                           & (pl.col("ts") <= pl.col("issue_end") + _ISSUE_TOLERANCE_US))
@@ -111,15 +111,15 @@ def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl
             .drop("issue_ts", "issue_end", "issued")
         )
     if not spans.is_empty():
-        ordered = (
-            ordered.drop(*_SPAN_FIELDS)
+        joined = (
+            joined.drop(*_SPAN_FIELDS)
             .join_asof(spans, left_on="arrival_ts", right_on="span_ts", by="rank", strategy="backward",
                        check_sortedness=False)
             .with_columns([pl.when(pl.col("arrival_ts") <= pl.col("span_end")).then(pl.col(c)).alias(c)
                            for c in _SPAN_FIELDS])
             .drop("span_ts", "span_end")
         )
-    return ordered
+    return joined
 
 
 def _comm_spans(cpu_ops: pl.DataFrame) -> pl.DataFrame:
