@@ -187,8 +187,9 @@ class HostGapResolver:
 
     The gap is measured in the profile's timeline between the operators the workload places
     (:func:`vtrain.tables.gaps.op_gaps`), so it holds the time of operators the model leaves out as well; a phase
-    the profile has no spans for takes the gap over all phases. Profiles without a timeline (imported tables)
-    give no gap, and the simulation says so.
+    the profile has no spans for takes the gap over all phases. Profiles without a timeline (imported tables), or
+    whose timeline holds no call of a placed operator, give no gap (the device model's host time per operator
+    applies instead), and the validation report says so.
     """
 
     def __init__(self, profile: Profile | None, device_type: str) -> None:

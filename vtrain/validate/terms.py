@@ -53,7 +53,8 @@ def term_notes(terms: dict[str, Any]) -> list[str]:
         notes.append(f"host gaps (measured between the operators the model places, collective waits excluded): "
                      f"{terms['gap_ms']:.3f} ms per rank and iteration; per operator {per_op}")
     else:
-        notes.append("host gaps: none (the profile has no timeline to measure them in)")
+        notes.append("host gaps: none measured (the profile has no timeline, or no call in it of an operator the "
+                     "model places)")
     if terms["interference"]:
         factors = ", ".join(f"{phase} x{factor:.3f}" for phase, factor in sorted(terms["interference"].items()))
         notes.append(f"interference on operator medians (measured): +{terms['interference_ms']:.3f} ms per rank "
