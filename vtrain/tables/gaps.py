@@ -158,8 +158,8 @@ def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarr
         rows.append(group.select("op", "input_dims", "input_types", "dur", *(keep or [])).with_columns(
             rank=pl.lit(rank, dtype=pl.Int64), iteration=pl.lit(iteration, dtype=pl.Int64),
             device_type=pl.lit(device_type), phase=phase, gap=pl.Series(gaps, dtype=pl.Float64)))
-    if not rows:
-        return pl.DataFrame(schema=EVENTS_SCHEMA)
+    if not rows:  # nothing placed was timed: an empty frame that still has the kept columns
+        return pl.DataFrame(schema={**EVENTS_SCHEMA, **{name: calls.schema[name] for name in keep or []}})
     return pl.concat(rows).select(*EVENTS_SCHEMA, *(keep or []))
 
 
