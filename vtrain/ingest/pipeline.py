@@ -98,7 +98,7 @@ def _build_profile(ranks: list[RankTables]) -> Profile:
     calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
     return Profile(tables={
         "kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
-        "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives),
+        "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops),
     })
 
 
