@@ -47,7 +47,7 @@ CPU_SCHEMA = {
 RUNTIME_SCHEMA = {"tid": pl.Int64, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
                   "correlation": pl.Int64, "external_id": pl.Int64}
 
-Column = list[Any] | pl.Series | None
+Column = list[Any] | pl.Series | None  # None: all null
 
 
 @dataclass
@@ -96,8 +96,11 @@ class JsonText:
 
 
 def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
-    """A rank's frames from the frames of its parts, in order; the columns derived from others are computed
-    here, once (polars' fixed cost per operation adds up over hundreds of parts)."""
+    """A rank's frames from the frames of its parts, in order.
+
+    Parts leave out the columns no event of theirs has (collective metadata, mostly), and the columns derived
+    from others are computed here: polars' fixed cost per operation adds up over hundreds of parts.
+    """
     device: list[pl.DataFrame] = []
     cpu: list[pl.DataFrame] = []
     runtime: list[pl.DataFrame] = []
@@ -108,11 +111,18 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
         runtime.append(part.runtime)
         dropped += part.dropped
     return RankEvents(
-        device=_finish_device(pl.concat(device) if device else _frame({}, _DEVICE_PART_SCHEMA, 0)),
-        cpu=pl.concat(cpu) if cpu else _frame({}, CPU_SCHEMA, 0),
-        runtime=pl.concat(runtime) if runtime else _frame({}, RUNTIME_SCHEMA, 0),
+        device=_finish_device(_concat(device, _DEVICE_PART_SCHEMA)),
+        cpu=_concat(cpu, CPU_SCHEMA),
+        runtime=_concat(runtime, RUNTIME_SCHEMA),
         dropped=dropped,
     )
+
+
+def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
+    """The frames one after the other, with every column of ``schema`` (null where a frame has none), in order."""
+    joined = pl.concat(frames, how="diagonal") if frames else pl.DataFrame()
+    return joined.select([pl.col(name) if name in joined.columns else pl.lit(None, dtype=dtype).alias(name)
+                          for name, dtype in schema.items()])
 
 
 def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> EventsPart:
@@ -141,17 +151,13 @@ def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> Ev
                       dropped)
 
 
-def _frame(columns: dict[str, Column], schema: dict[str, Any], height: int) -> pl.DataFrame:
-    """A frame with ``schema``'s columns, in order; a column that is absent or ``None`` is all null."""
-    return pl.DataFrame([_column(name, columns.get(name), dtype, height) for name, dtype in schema.items()])
-
-
-def _column(name: str, values: Column, dtype: Any, height: int) -> pl.Series:
-    if values is None:
-        return pl.repeat(None, height, dtype=dtype, eager=True).alias(name)
-    if isinstance(values, pl.Series):
-        return values.alias(name) if values.dtype == dtype else values.alias(name).cast(dtype)
-    return pl.Series(name, values, dtype=dtype)
+def _frame(columns: dict[str, Column], schema: dict[str, Any]) -> pl.DataFrame:
+    """A frame with the columns given (not ``None``), typed as in ``schema``."""
+    return pl.DataFrame([
+        (values.alias(name) if values.dtype == schema[name] else values.alias(name).cast(schema[name]))
+        if isinstance(values, pl.Series) else pl.Series(name, values, dtype=schema[name])
+        for name, values in columns.items() if values is not None
+    ])
 
 
 def _collective_arg_columns(args: list[EventArgs]) -> dict[str, Column]:
@@ -194,7 +200,7 @@ def _device_frame(events: list[Any]) -> pl.DataFrame:
         "correlation": [a.correlation for a in args],
         "external_id": [a.external_id for a in args],
         **_collective_arg_columns(args),
-    }, _DEVICE_PART_SCHEMA, len(events))
+    }, _DEVICE_PART_SCHEMA)
 
 
 def _finish_device(frame: pl.DataFrame) -> pl.DataFrame:
@@ -233,7 +239,7 @@ def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
         "input_dims": json_text.column([a.input_dims for a in args]),
         "input_types": json_text.column([a.input_types for a in args]),
         **_collective_arg_columns(args),
-    }, CPU_SCHEMA, len(events))
+    }, CPU_SCHEMA)
 
 
 def _runtime_frame(events: list[Any]) -> pl.DataFrame:
@@ -245,4 +251,4 @@ def _runtime_frame(events: list[Any]) -> pl.DataFrame:
         "dur": [e.dur for e in events],
         "correlation": [a.correlation for a in args],
         "external_id": [a.external_id for a in args],
-    }, RUNTIME_SCHEMA, len(events))
+    }, RUNTIME_SCHEMA)
