@@ -120,7 +120,9 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
 
 def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
     """The frames one after the other, with every column of ``schema`` (null where a frame has none), in order."""
-    joined = pl.concat(frames, how="diagonal") if frames else pl.DataFrame()
+    if not frames:
+        return pl.DataFrame(schema=schema)
+    joined = pl.concat(frames, how="diagonal")
     return joined.select([pl.col(name) if name in joined.columns else pl.lit(None, dtype=dtype).alias(name)
                           for name, dtype in schema.items()])
 
