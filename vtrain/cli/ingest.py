@@ -17,7 +17,7 @@ from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
 from vtrain.tables.store import Profile, write_profile
 
-#: inputs larger than this get a progress bar on stderr
+#: inputs larger than this get a progress bar on stderr (when it is a terminal)
 PROGRESS_BYTES = 64 << 20
 
 
@@ -38,8 +38,9 @@ def ingest_command(
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
-    profile = _ingest_with_progress(trace_dir, total, warn) if total >= PROGRESS_BYTES else (
-        ingest_traces(trace_dir, warn=warn))
+    # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
+    watched = total >= PROGRESS_BYTES and sys.stderr.isatty()
+    profile = _ingest_with_progress(trace_dir, total, warn) if watched else ingest_traces(trace_dir, warn=warn)
     if output.exists() and not force:
         write_profile(profile, output)  # raises the one-line "already exists" error
     write_profile(profile, output, overwrite=force)
