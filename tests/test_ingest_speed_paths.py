@@ -1,0 +1,141 @@
+"""The fast paths of ingest give what the plain ones would: span sizes, text layout, skipped phases, the
+vectorised launch-to-op containment."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from tests.conftest import HTA_TRACE_SETS
+from vtrain.errors import InputError
+from vtrain.ingest.enclosing import enclosing_op_ids
+from vtrain.ingest.events import read_rank_events
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.ingest.spans import load_text, read_header
+
+A100 = next(p for p in HTA_TRACE_SETS if "a100" in p.name)
+V100 = next(p for p in HTA_TRACE_SETS if p.name == "hta-v100-2rank")
+
+
+def _trace(folder: Path) -> dict:
+    with gzip.open(next(folder.glob("*.json.gz")), "rt") as handle:
+        return json.load(handle)
+
+
+def _write(folder: Path, trace: dict, indent: int | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rank-0.json").write_text(json.dumps(trace, indent=indent))
+    return folder
+
+
+def _assert_same_tables(left: Path, right: Path) -> None:
+    a, b = ingest_traces(left), ingest_traces(right)
+    for name in ("kernels", "cpu_ops", "collectives"):
+        assert_frame_equal(a[name], b[name])
+    for name in ("op_latency", "nccl_latency"):
+        assert_frame_equal(a[name].sort(a[name].columns, nulls_last=True),
+                           b[name].sort(b[name].columns, nulls_last=True))
+    assert a.metadata["dropped_events"] == b.metadata["dropped_events"]
+
+
+@pytest.mark.parametrize("events_per_span", [101, 977, 50_000])
+def test_span_size_changes_nothing(events_per_span: int) -> None:
+    path = next(V100.glob("*.json.gz"))
+    whole = read_rank_events(load_text(path), read_header(load_text(path), 10**9)[1])
+    text = load_text(path)
+    parts = read_rank_events(text, read_header(text, events_per_span)[1])
+    for name in ("device", "cpu", "runtime"):
+        assert_frame_equal(getattr(parts, name), getattr(whole, name))
+    assert parts.dropped == whole.dropped
+
+
+def test_pretty_printed_text_gives_the_same_tables(tmp_path: Path) -> None:
+    trace = _trace(A100)
+    _assert_same_tables(_write(tmp_path / "compact", trace), _write(tmp_path / "pretty", trace, indent=4))
+
+
+def test_events_of_other_or_unknown_phases_are_skipped(tmp_path: Path) -> None:
+    """Unknown phases and events without one send the span down the plain decoder; nothing changes."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace)
+    events = trace["traceEvents"]
+    events.insert(5, {"ph": "Q", "name": "an unknown phase", "ts": 1})
+    events.insert(9, {"name": "no phase at all", "ts": 3})
+    events.append({"ph": "i", "name": "an instant", "s": "t", "ts": 2})
+    _assert_same_tables(plain, _write(tmp_path / "odd", trace))
+
+
+def test_fields_of_other_phases_are_not_read(tmp_path: Path) -> None:
+    """Only complete events are decoded: a malformed field of an instant event no longer fails the ingest."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace)
+    trace["traceEvents"].append({"ph": "i", "name": "an instant", "ts": "not a number", "args": [1]})
+    _assert_same_tables(plain, _write(tmp_path / "odd", trace))
+
+
+def test_a_malformed_complete_event_is_named_by_its_index(tmp_path: Path) -> None:
+    trace = _trace(A100)
+    index = [i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X"][-1]
+    trace["traceEvents"][index]["dur"] = "long"
+    with pytest.raises(InputError, match=rf"malformed trace event: .* at `\$\.traceEvents\[{index}\]\.dur`"):
+        ingest_traces(_write(tmp_path / "bad", trace))
+
+
+def test_a_trace_without_events_gives_empty_tables(tmp_path: Path) -> None:
+    trace = _trace(A100)
+    trace["traceEvents"] = []
+    profile = ingest_traces(_write(tmp_path / "empty", trace))
+    assert all(profile[name].is_empty() for name in ("kernels", "cpu_ops", "collectives"))
+
+
+def _walk(ops: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:
+    """The reference: a stack of open ops, walked per thread over the same sorted order."""
+    events = pl.concat([
+        ops.select("tid", "ts", end=pl.col("ts") + pl.col("dur"), ident="external_id", is_op=pl.lit(True)),
+        probes.select("tid", "ts", end=pl.col("ts"), ident="correlation", is_op=pl.lit(False)),
+    ]).sort("tid", "ts", "end", descending=[False, False, True])
+    found: list[tuple[int, int | None]] = []
+    stack: list[tuple[float, int]] = []
+    current = object()
+    for tid, ts, end, ident, is_op in events.iter_rows():
+        if tid != current:
+            stack, current = [], tid
+        while stack and stack[-1][0] <= ts:
+            stack.pop()
+        if is_op:
+            stack.append((end, ident))
+        else:
+            found.append((ident, stack[-1][1] if stack else None))
+    return pl.DataFrame(found, schema={"correlation": pl.Int64, "enclosing_id": pl.Int64}, orient="row")
+
+
+def _nested_ops(rng: random.Random, count: int) -> pl.DataFrame:
+    """Ops on a few threads (and some without one), overlapping as well as nested, in whole microseconds so
+    that starts, ends and probe times often coincide."""
+    rows = []
+    for ident in range(count):
+        tid = rng.choice([1, 2, 3, None])
+        start = rng.randrange(0, 400)
+        rows.append((tid, float(start), float(rng.choice([0, 1, 2, 5, 20, 100])), ident))
+    return pl.DataFrame(rows, schema={"tid": pl.Int64, "ts": pl.Float64, "dur": pl.Float64,
+                                      "external_id": pl.Int64}, orient="row")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_enclosing_ops_match_a_stack_walk(seed: int) -> None:
+    rng = random.Random(seed)
+    ops = _nested_ops(rng, 3000)
+    probes = pl.DataFrame({
+        "correlation": list(range(2000)),
+        "tid": [rng.choice([1, 2, 3, 4, None]) for _ in range(2000)],
+        "ts": [float(rng.randrange(-5, 520)) + rng.choice([0.0, 0.5]) for _ in range(2000)],
+    }, schema={"correlation": pl.Int64, "tid": pl.Int64, "ts": pl.Float64})
+    key = ["correlation", "enclosing_id"]
+    assert_frame_equal(enclosing_op_ids(ops, probes).sort(key, nulls_last=True),
+                       _walk(ops, probes).sort(key, nulls_last=True))
