@@ -190,11 +190,14 @@ def _thread_ids(values: list[Any]) -> pl.Series:
 
 def _device_frame(events: list[Any]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
+    devices = [a.device for a in args]
+    streams = [a.stream for a in args]
     return _frame({
-        "arg_device": [a.device for a in args],
-        "pid": _thread_ids([e.pid for e in events]),
-        "arg_stream": [a.stream for a in args],
-        "tid": _thread_ids([e.tid for e in events]),
+        # pid and tid stand in for a device and a stream missing from args (Kineto usually writes both)
+        "arg_device": devices,
+        "pid": _thread_ids([e.pid for e in events]) if None in devices else None,
+        "arg_stream": streams,
+        "tid": _thread_ids([e.tid for e in events]) if None in streams else None,
         "name": [e.name for e in events],
         "kind": [DEVICE_CATEGORIES[e.cat] for e in events],
         "ts": [e.ts for e in events],
