@@ -44,8 +44,8 @@ CPU_SCHEMA = {
     "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
     "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String, **COLLECTIVE_ARG_SCHEMA,
 }
-RUNTIME_SCHEMA = {"tid": pl.Int64, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
-                  "correlation": pl.Int64, "external_id": pl.Int64}
+#: runtime calls are only used to find where a kernel was launched from
+RUNTIME_SCHEMA = {"tid": pl.Int64, "ts": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64}
 
 Column = list[Any] | pl.Series | None  # None: all null
 
@@ -251,9 +251,7 @@ def _runtime_frame(events: list[Any]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
         "tid": _thread_ids([e.tid for e in events]),
-        "name": [e.name for e in events],
         "ts": [e.ts for e in events],
-        "dur": [e.dur for e in events],
         "correlation": [a.correlation for a in args],
         "external_id": [a.external_id for a in args],
     }, RUNTIME_SCHEMA)
