@@ -17,7 +17,8 @@ from vtrain.errors import InputError
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.ingest.spans import load_text, read_header
+from vtrain.ingest.spans import read_header
+from vtrain.ingest.text import load_text
 
 A100 = next(p for p in HTA_TRACE_SETS if "a100" in p.name)
 V100 = next(p for p in HTA_TRACE_SETS if p.name == "hta-v100-2rank")

@@ -18,7 +18,8 @@ import msgspec
 from vtrain.errors import InputError
 from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventArgs, TraceEvent
 from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
-from vtrain.ingest.spans import Progress, Span, TraceText, decode_span
+from vtrain.ingest.spans import Span, decode_span
+from vtrain.ingest.text import Progress, TraceText
 
 
 class CompleteEvent(msgspec.Struct, tag="X", tag_field="ph", gc=False):

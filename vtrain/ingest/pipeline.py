@@ -18,7 +18,8 @@ from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import TraceHeader
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 from vtrain.ingest.events import read_rank_events
-from vtrain.ingest.spans import load_text, read_header
+from vtrain.ingest.spans import read_header
+from vtrain.ingest.text import load_text
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile
 

@@ -3,33 +3,25 @@
 :func:`~vtrain.ingest.decode.decode_header` finds every event as a raw slice of the text; only the byte offsets
 of every :data:`SPAN_EVENTS`-th event are kept (a *span*). A span is decoded in place: the separator bytes just
 before its first event and just after its last one are overwritten with ``[`` and ``]``, which makes the span one
-JSON array, and put back afterwards. The text is a private copy-on-write mapping of the file (or the gunzipped
-bytes), so the file is never written, and a worker process can decode any span of the same file from its own
-mapping given only the offsets.
+JSON array, and put back afterwards. The text is a private copy of the file (see :mod:`vtrain.ingest.text`), so
+the file is never written.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import mmap
 import re
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import TraceHeader, decode_header, gunzip, is_gzip
+from vtrain.ingest.decode import TraceHeader, decode_header
+from vtrain.ingest.text import TraceText
 
-#: events per span: small enough to keep the decoded objects of one span modest, large enough that a span
-#: takes far longer to decode than to hand out
+#: events per span: small enough to keep the decoded objects of one span modest, large enough that polars' fixed
+#: cost per frame is small beside the span's decoding
 SPAN_EVENTS = 50_000
-
-Progress = Callable[[int], None]
 
 
 class Span(NamedTuple):
@@ -39,53 +31,6 @@ class Span(NamedTuple):
     start: int
     end: int
     first_event: int
-
-
-@dataclass
-class TraceText:
-    """One trace file's JSON text, writable in place (the file itself is never written)."""
-
-    path: Path
-    buffer: mmap.mmap | bytearray
-    compressed: bool
-    _digest: Future[str] | str
-
-    @property
-    def sha256(self) -> str:
-        """The sha256 of the file as stored (computed alongside the decoding for plain files)."""
-        if isinstance(self._digest, Future):
-            try:
-                self._digest = self._digest.result()
-            except OSError as exc:
-                raise InputError(f"cannot read file: {exc.strerror or exc}", self.path) from None
-        return self._digest
-
-
-def load_text(path: Path, progress: Progress | None = None) -> TraceText:
-    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
-    try:
-        with path.open("rb") as handle:
-            if is_gzip(handle, path):
-                digest = hashlib.sha256()
-                data = gunzip(handle, path, progress, digest)
-                return TraceText(path, data, True, digest.hexdigest())
-            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-    except OSError as exc:
-        raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    return TraceText(path, buffer, False, _hash_in_background(path))
-
-
-def _hash_in_background(path: Path) -> Future[str]:
-    """sha256 of the file on a thread (hashlib releases the GIL), from its own read-only mapping: the decoding
-    patches brackets into its private copy."""
-    def digest() -> str:
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return hashlib.sha256(view).hexdigest()
-
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(digest)
-    pool.shutdown(wait=False)
-    return future
 
 
 def read_header(text: TraceText, events_per_span: int = SPAN_EVENTS) -> tuple[TraceHeader, list[Span]]:
