@@ -4,9 +4,9 @@ The events are decoded as a union tagged by ``ph``: a complete event becomes a :
 of any other phase of the Chrome trace format an empty struct, without building its strings and arguments. Half
 the events of a Kineto trace are flows, instants and metadata, so this saves a third of the decoding. An event
 with an unknown phase, without one, or malformed makes the span be decoded again as plain
-:class:`~vtrain.ingest.decode.TraceEvent` objects, which tolerate the first two and report the last exactly as
-before. (Only the fields of complete events are checked: a malformed field of, say, a flow event is ignored, as
-ingest never reads it.)
+:class:`~vtrain.ingest.decode.TraceEvent` objects, which tolerate the first two and report the last by its index
+in ``traceEvents``. (Only the fields of complete events are checked: a malformed field of, say, a flow event is
+ignored, as ingest never reads it.)
 """
 
 from __future__ import annotations

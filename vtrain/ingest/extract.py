@@ -154,10 +154,9 @@ def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> Ev
 
 
 def _frame(columns: dict[str, Column], schema: dict[str, Any]) -> pl.DataFrame:
-    """A frame with the columns given (not ``None``), typed as in ``schema``."""
+    """A frame with the columns given (not ``None``), lists typed as in ``schema``."""
     return pl.DataFrame([
-        (values.alias(name) if values.dtype == schema[name] else values.alias(name).cast(schema[name]))
-        if isinstance(values, pl.Series) else pl.Series(name, values, dtype=schema[name])
+        values.alias(name) if isinstance(values, pl.Series) else pl.Series(name, values, dtype=schema[name])
         for name, values in columns.items() if values is not None
     ])
 
