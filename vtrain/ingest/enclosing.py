@@ -4,7 +4,8 @@ Ops and points are sorted together by thread, start and end (longest first). Wal
 open ops, the op on top of the stack at a point is the last op before the point in the order whose end is after
 the point's time (one that ended earlier was popped, everything pushed after it is popped too). Finding "the last
 position before ``p`` with a value above ``t``" for every point at once takes a sparse table of running maxima of
-the ends and a logarithmic number of vectorised steps, so no Python code runs per op.
+the ends and a logarithmic number of vectorised steps, so no Python code runs per op. The sort is the one of the
+stack walk this replaced, so ops with the same start and end nest as they did there.
 """
 
 from __future__ import annotations
