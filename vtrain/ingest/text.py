@@ -50,11 +50,11 @@ def load_text(path: Path, progress: Progress | None = None) -> TraceText:
 
 
 def _hash_in_background(path: Path) -> Future[str]:
-    """sha256 of the file on a thread (hashlib releases the GIL), from its own read-only mapping: the decoding
-    patches brackets into its private copy."""
+    """sha256 of the file on a thread (reading and hashing release the GIL). The file is read, not mapped again:
+    a second mapping's pages would count twice in the resident set."""
     def digest() -> str:
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return hashlib.sha256(view).hexdigest()
+        with path.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
 
     pool = ThreadPoolExecutor(max_workers=1)
     future = pool.submit(digest)
