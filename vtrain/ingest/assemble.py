@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +153,8 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
                    "collectives")
 
 
-def _describe(calls: pl.DataFrame, keys: list[str], describe: Any) -> pl.DataFrame:
+def _describe(calls: pl.DataFrame, keys: list[str],
+              describe: Callable[[dict[str, Any]], tuple[Any, ...]]) -> pl.DataFrame:
     """``calls`` with the description columns, computed by ``describe`` once per distinct ``keys`` row."""
     distinct = calls.select(keys).unique(maintain_order=True)
     descriptions = pl.DataFrame([describe(row) for row in distinct.iter_rows(named=True)],
