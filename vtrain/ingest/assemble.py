@@ -94,7 +94,7 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
     launches = (
         events.runtime.filter(pl.col("correlation").is_not_null())
         .unique("correlation", keep="first")
-        .select("correlation", launch_tid="tid", launch_ts="ts", launch_external_id="external_id")
+        .select("correlation", launch_tid="tid", launch_ts="ts")
     )
     device = events.device.join(launches, on="correlation", how="left")
     known = pl.col("external_id").is_in(launching_ops["external_id"].implode())

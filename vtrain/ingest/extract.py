@@ -45,7 +45,7 @@ CPU_SCHEMA = {
     "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String, **COLLECTIVE_ARG_SCHEMA,
 }
 #: runtime calls are only used to find where a kernel was launched from
-RUNTIME_SCHEMA = {"tid": pl.Int64, "ts": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64}
+RUNTIME_SCHEMA = {"tid": pl.Int64, "ts": pl.Float64, "correlation": pl.Int64}
 
 Column = list[Any] | pl.Series | None  # None: all null
 
@@ -252,5 +252,4 @@ def _runtime_frame(events: list[Any]) -> pl.DataFrame:
         "tid": _thread_ids([e.tid for e in events]),
         "ts": [e.ts for e in events],
         "correlation": [a.correlation for a in args],
-        "external_id": [a.external_id for a in args],
     }, RUNTIME_SCHEMA)
