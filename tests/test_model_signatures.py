@@ -42,8 +42,13 @@ def test_layer_ops_are_measured_exactly(recording) -> None:
     for name, steps in (("forward", gpt.layer_forward(shape)), ("backward", gpt.layer_backward(shape, False)),
                         ("backward", gpt.layer_backward(shape, True))):
         ops = [s for s in steps if isinstance(s, Op)]
-        missing = [(op.name, op.input_dims) for op in ops if resolver.resolve(op).source != MEASURED]
-        # the CPU work-op rule of ingest depends on timings: allow one signature to be missed
+        # CPU addmm copies the bias into its output inside its own span: that copy_ is a work op (and so in the
+        # profile) only in the calls where it takes most of addmm's time, which depends on the machine's load
+        nested = {s.signature for s in gpt._bias_copy(shape, shape.tokens, 3 * shape.h // shape.t)
+                  + gpt._bias_copy(shape, shape.tokens, shape.ffn)}
+        missing = [(op.name, op.input_dims) for op in ops
+                   if resolver.resolve(op).source != MEASURED and op.signature not in nested]
+        # the CPU work-op rule of ingest depends on timings: allow one other signature to be missed
         assert len(missing) <= 1, f"layer {name} ops not in the profile: {missing}"
 
 
