@@ -18,6 +18,7 @@ import polars as pl
 
 from vtrain.devices.catalog import canonical_device_name, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
+from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
 from vtrain.fit.collectives import AlphaBeta, fit_collectives
 from vtrain.fit.kernels import Roofline, fit_roofline
@@ -40,8 +41,7 @@ def fit_device(profile: Profile, device_name: str) -> FittedDevice:
     collectives = tuple(fit_collectives(profile.nccl_latency.filter(pl.col("device_type") == "cuda")))
     provenance["collectives"] = (f"fitted: {len(collectives)} curves" if collectives
                                  else "not fitted: no collective measurements")
-    return FittedDevice(**{f: getattr(base, f) for f in _BASE_FIELDS}, provenance=provenance, gemm=gemm,
-                        memory_bound=memory, collectives=collectives)
+    return _fitted(base, provenance=provenance, gemm=gemm, memory_bound=memory, collectives=collectives)
 
 
 def traced_gemms(profile: Profile) -> pl.DataFrame:
@@ -71,6 +71,11 @@ _BASE_FIELDS = ("name", "peak_flops", "memory_bandwidth", "launch_overhead_us", 
                 "memory_efficiency", "intra_node", "inter_node", "memory_bytes")
 
 
+def _fitted(base: DeviceModel, **fitted: Any) -> FittedDevice:
+    """A fitted device that keeps ``base``'s datasheet fields."""
+    return FittedDevice(**{f: getattr(base, f) for f in _BASE_FIELDS}, **fitted)
+
+
 def device_metadata(device: FittedDevice, base_name: str) -> dict[str, Any]:
     """The fitted device as plain data for ``metadata.json`` (``fitted`` section)."""
     return {"device": base_name, "provenance": device.provenance, **device.fitted_summary()}
@@ -87,10 +92,8 @@ def device_from_metadata(fitted: dict[str, Any], source: str | None = None) -> F
         scale = float(fitted.get("non_gemm_scale", 1.0))
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"malformed fitted device in metadata.json: {exc}", source) from None
-    device = FittedDevice(**{f: getattr(base, f) for f in _BASE_FIELDS},
-                          provenance=dict(fitted.get("provenance", {})), gemm=gemm, memory_bound=memory,
-                          collectives=collectives, host=host, non_gemm_scale=scale)
-    return device
+    return _fitted(base, provenance=dict(fitted.get("provenance", {})), gemm=gemm, memory_bound=memory,
+                   collectives=collectives, host=host, non_gemm_scale=scale)
 
 
 def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:

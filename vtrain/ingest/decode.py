@@ -41,10 +41,10 @@ class EventArgs(msgspec.Struct, gc=False):
     pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
 
 
-class TraceEvent(msgspec.Struct, gc=False):
-    """One Chrome-trace event; ``pid``/``tid`` are ints in Kineto but strings on its own span rows."""
+class EventFields(msgspec.Struct, gc=False):
+    """The fields vtrain reads from every Chrome-trace event except its phase ``ph``; ``pid``/``tid`` are ints
+    in Kineto but strings on its own span rows."""
 
-    ph: str = ""
     cat: str = ""
     name: str = ""
     pid: int | str | None = None
@@ -52,6 +52,12 @@ class TraceEvent(msgspec.Struct, gc=False):
     ts: float | None = None
     dur: float | None = None
     args: EventArgs | None = None
+
+
+class TraceEvent(EventFields, gc=False):
+    """One Chrome-trace event of any phase."""
+
+    ph: str = ""
 
 
 class TraceHeader(msgspec.Struct):

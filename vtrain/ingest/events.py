@@ -16,22 +16,14 @@ from typing import Union
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventArgs, TraceEvent
+from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventFields, TraceEvent
 from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
 from vtrain.ingest.spans import Span, decode_span
 from vtrain.ingest.text import Progress, TraceText
 
 
-class CompleteEvent(msgspec.Struct, tag="X", tag_field="ph", gc=False):
-    """A complete event: the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``."""
-
-    cat: str = ""
-    name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: float | None = None
-    dur: float | None = None
-    args: EventArgs | None = None
+class CompleteEvent(EventFields, tag="X", tag_field="ph", gc=False):
+    """A complete event (``"ph": "X"``): the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``."""
 
 
 #: the other phases of the Chrome trace event format (duration, instant, counter, async, flow, sample, object,

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from vtrain.report.html import _STYLE, html_table
+from vtrain.report.markdown import markdown_table
 from vtrain.report.tables import Table
 from vtrain.report.write import write_json
 from vtrain.validate.measurements import MeasurementValidation
@@ -41,24 +42,17 @@ def dimension_table(frame: pl.DataFrame, dim: str) -> Table:
     return [dim, "rows", "MAPE", "mean signed error"], rows
 
 
-def _markdown_table(table: Table) -> str:
-    header, rows = table
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def render_markdown(v: MeasurementValidation) -> str:
     """``report.md``."""
     parts = [f"# Validation against measured iteration times: {v.measurements.name}", "",
              f"Profile `{v.profile}`; {v.hardware.gpus_per_node} GPUs per node; inter-node "
              f"{v.hardware.inter_node_gbps or 'fitted'} Gbit/s; intra-node {v.hardware.intra_node_gbps or 'fitted'}"
              " GB/s. Rows the profile was fitted on are predicted but not scored.", "",
-             _markdown_table(headline(v)), "", "## Where the device model's numbers come from", ""]
+             markdown_table(headline(v)), "", "## Where the device model's numbers come from", ""]
     parts += [f"- {key}: {value}" for key, value in sorted(v.device_provenance.items())]
-    parts += ["", "## Ten worst-predicted rows", "", _markdown_table(worst_rows(v)), "", "## Error by dimension"]
+    parts += ["", "## Ten worst-predicted rows", "", markdown_table(worst_rows(v)), "", "## Error by dimension"]
     for dim, frame in v.by_dimension().items():
-        parts += ["", _markdown_table(dimension_table(frame, dim))]
+        parts += ["", markdown_table(dimension_table(frame, dim))]
     return "\n".join(parts) + "\n"
 
 
