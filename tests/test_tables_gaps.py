@@ -79,3 +79,12 @@ def test_a_data_parallel_reduction_between_passes_is_waited_for(timeline) -> Non
     events = placed_events(cpu_ops, empty_table("kernels"), collectives, PLACED)
     late = events.filter((pl.col("op") == "aten::mm") & (pl.col("phase") == "backward"))
     assert late["gap"].item() == pytest.approx(310.0 - 20.0)  # 520..540 waited for, though issued within 550
+
+
+def test_the_mean_gap_is_that_of_a_typical_iteration() -> None:
+    """Iterations with mean gaps 10, 12 and 500 us per op (a burst of other load in the last): 12 us."""
+    rows = [{"rank": 0, "iteration": it, "device_type": "cpu", "phase": "forward", "op": "aten::mm",
+             "input_dims": DIMS, "input_types": F, "dur": 1.0, "gap": gap}
+            for it, gaps in ((1, (5.0, 15.0)), (2, (12.0, 12.0)), (3, (500.0, 500.0))) for gap in gaps]
+    stats = op_gaps(pl.DataFrame(rows)).filter(pl.col("phase") == "forward").row(0, named=True)
+    assert stats["mean_us"] == pytest.approx(12.0) and stats["gap_us"] == pytest.approx(1044.0)

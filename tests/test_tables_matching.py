@@ -34,6 +34,17 @@ def test_metadata_group_gives_transfer_from_the_last_arrival_and_each_members_wa
     assert matched["match_id"].n_unique() == 1
 
 
+def test_a_call_queued_behind_the_previous_one_waits_only_from_when_it_was_ready() -> None:
+    """Rank 0 issues two buckets at once (the second queues behind the first); rank 1 issues each 30 us later.
+    The second call's wait on rank 0 starts when its first call ended, not when it was issued."""
+    table = calls([(0, "all_reduce", 100.0, 50.0, 1), (0, "all_reduce", 101.0, 99.0, 1),
+                   (1, "all_reduce", 130.0, 20.0, 1), (1, "all_reduce", 160.0, 40.0, 1)],
+                  group_ranks="[0, 1]", group_size=2)
+    matched = match_calls(table).sort("rank", "ts")
+    assert matched["wait_us"].to_list() == [30.0, 10.0, 0.0, 0.0]
+    assert matched["transfer_us"].to_list() == [20.0, 40.0, 20.0, 40.0]
+
+
 def test_gloo_groups_are_inferred_from_calls_that_end_together() -> None:
     """Ranks 0+1 and 2+3 all-reduce the same size at nearly the same times; within a pair the calls end
     together, across pairs they only overlap now and then."""

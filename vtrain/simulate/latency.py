@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import statistics
 from dataclasses import dataclass
 
 import polars as pl
@@ -100,22 +101,24 @@ class OpLatencyResolver:
 
     def calibrate(self, events: pl.DataFrame) -> None:
         """Set the interference factor of each phase from the placed calls of the profile's timeline (``events``
-        of :func:`vtrain.tables.gaps.placed_events`): their total time over the sum of their signatures' medians
-        (phase ``all``: every call). Must come before the first :meth:`resolve`."""
+        of :func:`vtrain.tables.gaps.placed_events`): per iteration, their total time over the sum of their
+        signatures' medians (phase ``all``: every call); the median over iterations, so that a burst of slow
+        iterations does not move it. Must come before the first :meth:`resolve`."""
         if self._cache:
             raise RuntimeError("calibrate() after resolve()")
         calls = events.filter(pl.col("device_type") == self.device_type).select(
-            "phase", "op", "input_dims", "input_types", "dur").rows()
-        sums: dict[str, list[float]] = {}
-        for phase, name, dims, types, dur in calls:
+            "phase", "iteration", "op", "input_dims", "input_types", "dur").rows()
+        sums: dict[str, dict[int, list[float]]] = {}
+        for phase, iteration, name, dims, types, dur in calls:
             exact = self._exact.get((name, dims, types))
             if exact is None or exact[0] <= 0:
                 continue
             for key in (phase, ALL):
-                total = sums.setdefault(key, [0.0, 0.0])
+                total = sums.setdefault(key, {}).setdefault(iteration, [0.0, 0.0])
                 total[0] += dur
                 total[1] += exact[0]
-        self.interference = {phase: measured / expected for phase, (measured, expected) in sums.items()}
+        self.interference = {phase: statistics.median(measured / expected for measured, expected in per.values())
+                             for phase, per in sums.items()}
 
     def resolve(self, op: Op, phase: str = ALL) -> Resolution:
         """The latency of one call of ``op`` in ``phase`` (cached per signature and phase)."""

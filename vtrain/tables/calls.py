@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
@@ -87,3 +88,27 @@ def time_match(group: list[Call], source: str, completes: Call | None = None) ->
     for call, end in zip(group, ends):
         call.match, call.members, call.source = match, len(group), source
         call.transfer, call.wait = end - last, last - call.arrival
+
+
+def start_when_ready(calls: Iterable[Call], point_to_point: tuple[str, ...]) -> None:
+    """Re-time matched collectives (not ``point_to_point`` kinds) from each member's *ready* time: the later of
+    its arrival and the end of its previous call in the same group. A group runs its collectives in issue
+    order, so a call issued asynchronously while the previous one still ran (gradient buckets reduced during
+    the backward pass) was queued, not waiting for the other members: without this, an early member's wait is
+    counted again at every queued call after it. Calls issued after the previous one ended are unchanged."""
+    matched = classes((c for c in calls if c.match is not None and c.wait is not None and c.kind not in point_to_point),
+                      lambda c: c.match)
+    group_of = {match: frozenset(c.rank for c in members) for match, members in matched.items()}
+    ready: dict[int, float] = {}
+    for own in classes((c for members in matched.values() for c in members),
+                       lambda c: (c.rank, group_of[c.match])).values():
+        previous_end = -math.inf
+        for call in sorted(own, key=lambda c: c.arrival):
+            ready[call.row] = max(call.arrival, previous_end)
+            previous_end = max(previous_end, call.end)
+    for members in matched.values():
+        last = max(ready[c.row] for c in members)
+        if any(c.end < last for c in members):
+            continue  # not serialised as assumed: keep the times from the arrivals
+        for call in members:
+            call.transfer, call.wait = call.end - last, last - ready[call.row]

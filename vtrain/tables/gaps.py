@@ -26,8 +26,10 @@ between kernels on a stream. :func:`op_gaps` measures it as the idle time before
   The first gap of an iteration starts at its ``ProfilerStep#N``; time between passes (issuing and waiting for
   pipeline transfers, the schedule's own Python) is in the gap before the first operator of the next pass.
 
-The statistic per phase is the mean gap per placed operator (the total over an iteration is what adds up), with
-its median and 90th percentile for the report. :func:`placed_events` gives every placed operator with its
+The statistic per phase is the mean gap per placed operator (the total over an iteration is what adds up) of a
+typical iteration: each iteration's mean over its ranks' operators, the median over iterations, so that a burst
+of slow iterations (another job on the machine) does not move it. Its per-operator median and 90th percentile
+are for the report. :func:`placed_events` gives every placed operator with its
 duration and the gap before it.
 """
 
@@ -62,12 +64,15 @@ def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
     """Gap statistics per device type and phase (:data:`GAPS_SCHEMA`) of :func:`placed_events`."""
     if events.is_empty():
         return pl.DataFrame(schema=GAPS_SCHEMA)
+    both = pl.concat([events, events.with_columns(phase=pl.lit(ALL))])
+    typical = (both.group_by("device_type", "phase", "iteration").agg(iteration_mean=pl.col("gap").mean())
+               .group_by("device_type", "phase").agg(mean_us=pl.col("iteration_mean").median()))
     return (
-        pl.concat([events, events.with_columns(phase=pl.lit(ALL))])
-        .group_by("device_type", "phase")
+        both.group_by("device_type", "phase")
         .agg(ops=pl.len().cast(pl.Int64), rank_iterations=pl.struct("rank", "iteration").n_unique().cast(pl.Int64),
-             gap_us=pl.col("gap").sum(), mean_us=pl.col("gap").mean(), median_us=pl.col("gap").median(),
+             gap_us=pl.col("gap").sum(), median_us=pl.col("gap").median(),
              p90_us=pl.col("gap").quantile(0.9, interpolation="linear"))
+        .join(typical, on=["device_type", "phase"], nulls_equal=True)
         .sort("device_type", "phase")
         .select(list(GAPS_SCHEMA))
     )

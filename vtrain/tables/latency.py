@@ -157,7 +157,9 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None)
     Calls matched across ranks (:func:`vtrain.tables.matching.match_calls`; ``cpu_ops`` gives gloo calls their
     issuing operator and span labels) count with their transfer time, from the last member's arrival to their
     end, so a rank that arrived early does not make the collective look slow; the group size is the number of
-    members found and ``wait_us`` the mean time members waited for the last one. A (collective, group size,
+    members found and ``wait_us`` the mean time members waited for the last one. ``mean_us`` and ``wait_us`` are
+    those of a typical iteration: each iteration's mean, the median over iterations (a burst of slow iterations
+    does not move them). A (collective, group size,
     size) with no matched call keeps the raw per-rank durations, waits included (``duration_source`` says
     which), except gloo sends on CPU ranks, whose span lasts until the sender waits for the send and says nothing
     about the transfer. The ``collectives`` table itself keeps every raw duration.
@@ -178,14 +180,18 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None)
                       group_size_source=pl.when(pl.col("collective").is_in(P2P)).then(pl.lit(POINT_TO_POINT))
                       .when(pl.col("group_size").is_not_null()).then(pl.lit(METADATA)))
     )
-    columns = [*keys, "duration", "wait_us", "algorithm", "group_size_source", "duration_source"]
+    columns = [*keys, "iteration", "duration", "wait_us", "algorithm", "group_size_source", "duration_source"]
+    rows = pl.concat([matched.select(columns), raw.select(columns)], how="vertical_relaxed")
+    typical = (rows.group_by([*keys, "iteration"]).agg(pl.col("duration", "wait_us").mean())
+               .group_by(keys).agg(mean_us=pl.col("duration").median(), wait_us=pl.col("wait_us").median()))
     table = (
-        pl.concat([matched.select(columns), raw.select(columns)], how="vertical_relaxed")
-        .group_by(keys)
-        .agg(*_duration_stats("duration"), wait_us=pl.col("wait_us").mean(),
+        rows.group_by(keys)
+        .agg(*_duration_stats("duration"),
              algorithm=pl.col("algorithm").drop_nulls().mode().first(),
              group_size_source=pl.col("group_size_source").drop_nulls().mode().first(),
              duration_source=pl.col("duration_source").first())
+        .drop("mean_us")
+        .join(typical, on=keys, nulls_equal=True)
         .with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3, source=pl.lit("trace"))
     )
     factors = [None if g is None else bus_bandwidth_factor(c, g)

@@ -7,7 +7,8 @@ A point-to-point transfer is complete when the receiver has the data, so both of
 ``receiver's end - later arrival`` (a gloo ``isend`` span lasts until the sender waits for it, which says nothing
 about the transfer).
 
-A rank *arrives* when it issues the call: on CPU ranks the start of the issuing ``c10d::*`` operator when
+A rank *arrives* when it issues the call (and is *ready* once its previous call in the group has ended, for calls
+issued asynchronously while that one still ran: the times above are taken from the ready times): on CPU ranks the start of the issuing ``c10d::*`` operator when
 ``cpu_ops`` is given (gloo's ``gloo:send`` annotation only starts once ``c10d::send`` has returned, and that call
 can block for milliseconds), else the start of the collective's own event (the NCCL kernel, the annotation).
 
@@ -40,7 +41,7 @@ from collections import defaultdict
 import polars as pl
 
 from vtrain.naming import parse_span_name
-from vtrain.tables.calls import Call, align, classes, ordered, pair_in_order
+from vtrain.tables.calls import Call, align, classes, ordered, pair_in_order, start_when_ready
 from vtrain.tables.pairing import match_point_to_point
 
 METADATA, POINT_TO_POINT, MATCHED = "metadata", "point-to-point", "matched across ranks"
@@ -78,6 +79,7 @@ def match_calls(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) 
     _match_metadata([c for c in calls if c.group is not None], present)
     match_point_to_point([c for c in calls if c.kind in P2P and not _names_pair(c.group)], POINT_TO_POINT)
     _match_by_completion([c for c in calls if c.group is None and c.kind not in P2P and c.on_cpu])
+    start_when_ready(calls, P2P)
     results = pl.DataFrame(
         {"_row": [c.row for c in calls], "match_id": [c.match for c in calls], "members": [c.members for c in calls],
          "transfer_us": [c.transfer for c in calls], "wait_us": [c.wait for c in calls],

@@ -59,8 +59,9 @@ NCCL_LATENCY = {
     "busbw_gbps": pl.Float64,  # algbw x nccl-tests' factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, else 1)
     "nodes": pl.Int32,  # nodes the group spans (1 = intra-node); null when the source does not say
     "source": pl.String,  # where the row was measured: "trace", "nccl-tests", "vidur", ...
-    "mean_us": pl.Float64,  # mean time (the expectation of a sum of calls); null when the source gives none
-    "wait_us": pl.Float64,  # traces: mean time a member waited for the last one to arrive (matched calls)
+    "mean_us": pl.Float64,  # mean time (the expectation of a sum of calls; traces: of a typical iteration, the
+    #                         median over iterations of each one's mean); null when the source gives none
+    "wait_us": pl.Float64,  # traces: mean time a member waited for the last one to arrive (matched calls), as mean_us
     "group_size_source": pl.String,  # traces: metadata | point-to-point | matched across ranks
     "duration_source": pl.String,  # traces: "transfer: end - last arrival" | "raw: waits included"
 }

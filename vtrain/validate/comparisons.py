@@ -70,7 +70,7 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
 def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profile_dir: str | Path | None,
                    steady: list[int], frame: pl.DataFrame, out_dir: Path,
                    note: Warn) -> tuple[Comparison | None, str | None, pl.DataFrame | None]:
-    """The model against the measurement: simulate ``config`` from a profile of the first half of the steady
+    """The model against the measurement: simulate ``config`` from a profile of every other steady
     iterations (or ``profile_dir``), write its traces into ``out_dir``, compare with the other iterations.
 
     Returns the comparison, or ``None`` and the reason when the simulator failed, and the predicted timeline.

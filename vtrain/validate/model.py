@@ -1,8 +1,10 @@
 """The model-driven prediction: ``vtrain simulate`` of the described run, from latency tables that did not see
 the iterations under test.
 
-Unless ``--profile`` is given, the profile is built from the same traces, from the first half of the steady
-iterations only; the other half is what the prediction is compared with. The simulator writes its predicted
+Unless ``--profile`` is given, the profile is built from the same traces, from every other steady iteration
+only; the iterations in between are what the prediction is compared with. Interleaving (rather than first half
+against second half) keeps a slow drift of the machine's speed over the recording, which no profile can
+follow, out of the comparison: both sides sample the same stretch of time. The simulator writes its predicted
 timeline as Chrome traces (one per pipeline stage); they are read back like measured traces, so both sides are
 measured with the same rulers.
 """
@@ -39,12 +41,11 @@ class Split:
 
 
 def split_iterations(steady: list[int]) -> Split:
-    """First half of the steady iterations for the profile, the rest under test (at least one each when there
-    are two or more)."""
+    """Every other steady iteration for the profile (the 2nd, 4th, ...), the ones in between under test (at
+    least one each when there are two or more; the first is always tested)."""
     if len(steady) < 2:
         return Split(profile=list(steady), test=list(steady), held_out=False)
-    half = len(steady) // 2
-    return Split(profile=steady[:half], test=steady[half:], held_out=True)
+    return Split(profile=steady[1::2], test=steady[0::2], held_out=True)
 
 
 def held_out_profile(profile: Profile, iterations: list[int]) -> Profile:
