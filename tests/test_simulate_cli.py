@@ -25,7 +25,7 @@ def test_vtrain_config_json_summary() -> None:
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["iteration_time_ms"] > 0
-    assert set(summary["breakdown_ms"]) == {"compute", "tp", "pp", "dp", "bubble", "optimizer"}
+    assert set(summary["breakdown_ms"]) == {"compute", "host", "tp", "pp", "dp", "bubble", "optimizer"}
     assert sum(summary["breakdown_ms"].values()) == pytest.approx(summary["iteration_time_ms"], rel=1e-9)
     assert summary["coverage"] == {"measured": 0.0, "interpolated": 0.0, "modelled": 1.0}  # no profile given
     assert (summary["parallelism"]["tp"], summary["parallelism"]["dp"], summary["parallelism"]["pp"]) == (8, 12, 35)

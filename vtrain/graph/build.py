@@ -48,6 +48,7 @@ class Task:
     phase: str = ""  # pp: forward | backward
     bucket: int = -1  # dp: bucket index within the stage
     block: int = -1  # split backward: index of the block within the pass
+    host_us: float = 0.0  # time waiting for the host between operators (compute tasks)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class _Builder:
     def pass_task(self, kind: str, stage: int, chunk: int, mb: int, work: PhaseWork | BlockWork,
                   block: int = -1) -> int:
         return self.add(Task(kind, stage, chunk, mb, work.duration_us, work.compute_us, work.tp_us,
-                             self.stream("compute", stage, True), work, block=block))
+                             self.stream("compute", stage, True), work, block=block, host_us=work.host_us))
 
     def comm_task(self, kind: str, stage: int, comm: CommWork, stream: int, *, chunk: int = 0, mb: int = -1,
                   peer: int = -1, phase: str = "", bucket: int = -1) -> int:

@@ -21,10 +21,11 @@ class BlockWork:
     steps: tuple[object, ...]  # resolved steps, opaque to the graph (used by the trace writer)
     compute_us: float  # time of the operators
     tp_us: float  # time of tensor-parallel collectives (they block the compute stream)
+    host_us: float = 0.0  # time the stream waits for the host between steps (measured gaps, issue overhead)
 
     @property
     def duration_us(self) -> float:
-        return self.compute_us + self.tp_us
+        return self.compute_us + self.host_us + self.tp_us
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ class PhaseWork:
         return sum(b.tp_us for b in self.blocks)
 
     @cached_property
+    def host_us(self) -> float:
+        return sum(b.host_us for b in self.blocks)
+
+    @cached_property
     def duration_us(self) -> float:
-        return self.compute_us + self.tp_us
+        return self.compute_us + self.host_us + self.tp_us
 
 
 @dataclass(frozen=True)

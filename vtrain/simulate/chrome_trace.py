@@ -260,6 +260,7 @@ class _RankTrace:
             self.span(span_name(block.kind, phase=block.phase, **fields), t, end, stream=COMPUTE_STREAM)
         for resolved in block.steps:
             assert isinstance(resolved, ResolvedStep)
+            t += resolved.gap_us  # the measured host gap before the operator (idle on the stream)
             step_end = t + resolved.latency_us
             if isinstance(resolved.step, Collective):
                 name = span_name("comm", purpose="tp", op=resolved.step.op, phase=block.phase, **fields,

@@ -3,6 +3,8 @@
 Each stage's compute stream is accounted from 0 to the iteration time ``T``:
 
 * ``compute``: operator time of forward and backward passes (recomputation included);
+* ``host``: time those passes wait for the host between operators (the host gaps measured in the profile's
+  timeline, or the device model's time to issue an operator when it exceeds the previous one's);
 * ``tp``: tensor-parallel collectives (they block the compute stream, so all of it is exposed);
 * ``optimizer``: the optimizer step;
 * ``pp``: idle time spent waiting for an incoming pipeline transfer while it is in flight;
@@ -26,7 +28,7 @@ from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.simulate.latency import SOURCES, Resolution
 from vtrain.simulate.scheduler import Schedule
 
-CATEGORIES = ("compute", "tp", "pp", "dp", "bubble", "optimizer")
+CATEGORIES = ("compute", "host", "tp", "pp", "dp", "bubble", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ def _account(tasks: list[Task], result: Schedule, order: list[int], iteration_us
             totals["optimizer"] += task.duration_us
         else:
             totals["compute"] += task.compute_us
+            totals["host"] += task.host_us
             totals["tp"] += task.tp_us
         previous_end = result.end_us[i]
     totals["bubble"] += max(0.0, iteration_us - previous_end)

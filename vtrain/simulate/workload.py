@@ -2,8 +2,9 @@
 (all layers of a stage share one resolution) and wrapped into :class:`~vtrain.graph.work.BlockWork`.
 
 Each operator is preceded by the host gap measured before operators of its phase (:class:`HostGapResolver`):
-a block's compute time is its operators' latencies plus their gaps. Collectives get no gap of their own; the
-time to issue one and to resume after it is in the gap before the next operator, where it was measured.
+a block's time is its operators' latencies (``compute_us``) plus their gaps (``host_us``). Collectives get no
+gap of their own; the time to issue one and to resume after it is in the gap before the next operator, where it
+was measured.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class WorkloadResolver:
         self.ops = ops
         self.collectives = collectives
         self.gaps = HostGapResolver(ops.profile, ops.device_type)
-        self._steps: dict[tuple[str, str, bool], tuple[tuple[ResolvedStep, ...], float, float]] = {}
+        self._steps: dict[tuple[str, str, bool], tuple[tuple[ResolvedStep, ...], float, float, float]] = {}
 
     def resolve_step(self, step: Step, phase: str) -> ResolvedStep:
         """Resolve one op (profile or device model, and the gap before it in ``phase``) or collective (NCCL
@@ -61,7 +62,7 @@ class WorkloadResolver:
             resolution, gap = self.ops.resolve(step, phase), self.gaps.resolve(phase)
             if gap is not None:  # said on the op, so that the predicted trace's operators say it
                 resolution = replace(resolution, detail=f"{resolution.detail}; with a {gap.source} host gap of "
-                                                        f"{gap.latency_us:.1f} us ({phase}; drawn at its block's end)")
+                                                        f"{gap.latency_us:.1f} us before it ({phase})")
             return ResolvedStep(step, resolution, gap)
         group, stride = self._group(step.purpose)
         return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
@@ -76,10 +77,11 @@ class WorkloadResolver:
         if key not in self._steps:
             resolved = tuple(self.resolve_step(s, phase) for s in self._block_steps(kind, phase, accumulate))
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
-            compute = self._issued_us(resolved) - tp
-            self._steps[key] = (resolved, compute, tp)
-        resolved, compute, tp = self._steps[key]
-        return BlockWork(kind, phase, layer, resolved, compute, tp)
+            compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
+            host = max(0.0, self._issued_us(resolved) - tp - compute)
+            self._steps[key] = (resolved, compute, tp, host)
+        resolved, compute, tp, host = self._steps[key]
+        return BlockWork(kind, phase, layer, resolved, compute, tp, host)
 
     def _issued_us(self, resolved: tuple[ResolvedStep, ...]) -> float:
         """Time of a block's steps on one stream when the host issues them one after another.
@@ -136,8 +138,8 @@ class WorkloadResolver:
         """Adam over the parameter shards of a stage."""
         steps = gpt.optimizer_step(self.shape, stage_parameters(self.shape, chunks))
         resolved = tuple(self.resolve_step(s, "optimizer") for s in steps)
-        compute = sum(r.latency_us + r.gap_us for r in resolved)
-        return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0),))
+        compute, host = sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved)
+        return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
 
     def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
         """A pipeline transfer or data-parallel all-reduce of ``nbytes``."""

@@ -19,6 +19,7 @@ from vtrain.validate import compare
 from vtrain.validate.align import align_events, align_sequences, align_spans
 from vtrain.validate.compare import Comparison
 from vtrain.validate.model import held_out_profile, load_given_profile, predict, split_iterations
+from vtrain.validate.opclass import GEMM
 from vtrain.validate.terms import term_notes
 from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, breakdown, iterations, ops, spans
 
@@ -108,12 +109,14 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
     n = rank_iterations(m_it)
     measured_ms = median_job(rows, "measured_ms")
     profiled_ms = measured_job_ms(frame, split.profile) if profile_dir is None else None
+    speed = gemm_time_ratio(ops(frame, MEASURED), split.profile, test) if profile_dir is None else None
     details = {"profile": source, "profile_iterations": split.profile if profile_dir is None else None,
                "test_iterations": test, "coverage": prediction.coverage,
                "simulated_breakdown_ms": prediction.breakdown_ms, "simulated_terms": prediction.terms,
                "profile_iterations_measured_ms": profiled_ms,
                "in_sample_error_pct": compare.error_pct(predicted_ms, profiled_ms),
-               "iteration_drift_pct": compare.error_pct(measured_ms, profiled_ms)}
+               "iteration_drift_pct": compare.error_pct(measured_ms, profiled_ms),
+               "tested_gemm_time_ratio": speed}
     notes = [f"latencies: {share:.1%} {kind}" for kind, share in prediction.coverage.items() if share > 0]
     notes += term_notes(prediction.terms)
     if profiled_ms is not None and split.held_out:
@@ -121,6 +124,16 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
                      f"{compare.error_pct(predicted_ms, profiled_ms):+.2f} % from them); the tested ones {test} took "
                      f"{measured_ms:.3f} ms, {compare.error_pct(measured_ms, profiled_ms):+.2f} % from the profiled "
                      f"ones: a change between iterations that no prediction from the profile can follow")
+        if speed is not None:
+            notes.append(f"the tested iterations' GEMMs took x{speed:.3f} the time of the profiled ones' (the same "
+                         f"operators: far from 1, the machine itself ran slower or faster, e.g. other load or clock "
+                         f"changes)")
+    hardware = config.hardware
+    if hardware.device.lower() == "cpu" and hardware.cores and config.parallelism.world_size > hardware.cores:
+        notes.append(f"{config.parallelism.world_size} ranks shared {hardware.cores} cores: each rank's operators "
+                     f"ran slower than alone (the measured interference), and while some ranks waited (pipeline "
+                     f"bubbles, collectives) the others ran faster; the simulator gives every rank a processor "
+                     f"of its own at the measured speed")
     comparison = Comparison(
         name="model", measured_ms=measured_ms, predicted_ms=predicted_ms, iterations=rows,
         phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
@@ -138,6 +151,20 @@ def measured_job_ms(frame: pl.DataFrame, selected: list[int]) -> float | None:
     profiled = iterations(frame, MEASURED).filter(pl.col("iteration").is_in(selected))
     job = profiled.group_by("iteration").agg(measured_ms=pl.col("time_us").mean() / 1e3)
     return statistics.median(job["measured_ms"].to_list()) if job.height else None
+
+
+def gemm_time_ratio(measured_ops: pl.DataFrame, profiled: list[int], tested: list[int]) -> float | None:
+    """Median over the tested iterations of their GEMM time (mean over ranks) over the same median for the
+    profiled iterations: how much slower (> 1) the machine ran the same operators in the tested ones."""
+    gemms = measured_ops.filter(pl.col("op_class") == GEMM)
+    per_iteration = gemms.group_by("iteration", "rank").agg(pl.col("dur").sum()).group_by("iteration").agg(
+        pl.col("dur").mean())
+    times = dict(per_iteration.iter_rows())
+    before = [times[i] for i in profiled if i in times]
+    after = [times[i] for i in tested if i in times]
+    if not before or not after or statistics.median(before) <= 0:
+        return None
+    return statistics.median(after) / statistics.median(before)
 
 
 def rank_iterations(table: pl.DataFrame) -> int:
