@@ -8,7 +8,7 @@ import pytest
 
 from vtrain.devices import DATASHEET_DEVICES, Link
 from vtrain.model.ops import make_op
-from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.collectives import CollectiveResolver, wait_once
 from vtrain.simulate.latency import (
     INTERFERENCE,
     INTERPOLATED,
@@ -152,6 +152,18 @@ def test_collectives_take_the_mean_transfer_and_add_the_straggler_wait_among_rep
     assert (reduce.part_us(TRANSFER), reduce.part_us(STRAGGLER_WAIT)) == (120.0, 30.0)
     send = resolver.resolve("send", 2, 1 << 20, 1)  # waiting for the other stage is the schedule's business
     assert (send.latency_us, send.part_us(STRAGGLER_WAIT)) == (60.0, 0.0)
+
+
+def test_a_chain_of_reductions_waits_for_its_stragglers_once() -> None:
+    """Gradient buckets issued back to back: a replica lagging 30 us makes the others wait at every bucket, but
+    the chain ends only those 30 us later."""
+    rows = [{**nccl("all_reduce", 2, size, 100.0), "mean_us": 100.0, "wait_us": wait}
+            for size, wait in ((1 << 20, 30.0), (2 << 20, 20.0))]
+    resolver = CollectiveResolver(profile([row(mm(1, 1, 1), 1.0)], rows), A100, "cuda", node_size=8)
+    chain = wait_once([resolver.resolve("all_reduce", 2, size, 1) for size in (1 << 20, 2 << 20, 1 << 20)])
+    assert [r.latency_us for r in chain] == [100.0, 100.0, 130.0]
+    assert [r.part_us(STRAGGLER_WAIT) for r in chain] == [0.0, 0.0, 30.0]
+    assert [r.part_us(TRANSFER) for r in chain] == [100.0, 100.0, 100.0]
 
 
 def events(rows: list[tuple[str, object, float]]) -> pl.DataFrame:

@@ -9,6 +9,11 @@ representative rank per stage, and replicas that drift apart by a little every s
 work) wait for each other at each collective. Pipeline transfers get no such term: waiting for the other stage
 is what the schedule simulates.
 
+A chain of collectives issued without waiting for each other (the gradient buckets of a data-parallel
+reduction) is different: replicas that lag behind by a persistent amount make the early ones wait at *every*
+call, yet the chain ends only that lag later. :func:`wait_once` gives such a chain its largest wait once, on its
+last call.
+
 Ranks are laid out as Megatron lays them out: tensor-parallel ranks adjacent, then data-parallel, then pipeline
 stages, ``node_size`` consecutive ranks per node. A group whose members fit in one node uses the intra-node link.
 """
@@ -16,7 +21,7 @@ stages, ``node_size`` consecutive ranks per node. A group whose members fit in o
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vtrain.devices.model import DeviceModel
 from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
@@ -112,3 +117,28 @@ class CollectiveResolver:
         nodes = -(-rank_stride * group_size // self.node_size)
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)
+
+
+def wait_once(chain: list[Resolution]) -> list[Resolution]:
+    """The resolutions of a chain of collectives issued back to back (each may start once the previous one is
+    done, none waits for the others' completion): transfers only, and the largest straggler wait of the chain on
+    its last call."""
+    if not chain:
+        return chain
+    largest = max(r.part_us(STRAGGLER_WAIT) for r in chain)
+    transfers = [_without_wait(r) for r in chain]
+    if largest <= 0:
+        return transfers
+    last = transfers[-1]
+    detail = f"{last.detail} + straggler wait {largest:.1f} us (the largest of its chain of {len(chain)}, once)"
+    return [*transfers[:-1], replace(last, latency_us=last.latency_us + largest, detail=detail,
+                                     parts=((TRANSFER, last.latency_us), (STRAGGLER_WAIT, largest)))]
+
+
+def _without_wait(resolution: Resolution) -> Resolution:
+    wait = resolution.part_us(STRAGGLER_WAIT)
+    if wait <= 0:
+        return resolution
+    transfer = resolution.latency_us - wait
+    detail = resolution.detail.split(" + ")[0]
+    return replace(resolution, latency_us=transfer, detail=detail, parts=((TRANSFER, transfer),))

@@ -19,7 +19,7 @@ from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
 from vtrain.runconfig import RunConfig
-from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.collectives import CollectiveResolver, wait_once
 from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
 
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward}
@@ -150,7 +150,9 @@ class WorkloadResolver:
     def buckets(self, backward: PhaseWork) -> list[Bucket]:
         """Gradient buckets of a chunk, as PyTorch DDP and Megatron fill them: parameters in reverse order of
         definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
-        backward of the block holding its last parameter is done (an index into ``backward.blocks``)."""
+        backward of the block holding its last parameter is done (an index into ``backward.blocks``). The
+        buckets are one chain of reductions: replicas' straggler wait counts once, on the last
+        (:func:`~vtrain.simulate.collectives.wait_once`)."""
         limit = self.config.parallelism.dp_bucket_mb * 2**20
         element = self.shape.element_bytes
         buckets: list[Bucket] = []
@@ -167,7 +169,9 @@ class WorkloadResolver:
                     filled = 0
         if filled:
             buckets.append(Bucket(last_block, self.comm("dp", "all_reduce", filled)))
-        return buckets
+        chain = wait_once([bucket.comm.resolution for bucket in buckets])
+        return [replace(bucket, comm=replace(bucket.comm, latency_us=resolution.latency_us, resolution=resolution))
+                for bucket, resolution in zip(buckets, chain)]
 
     def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
         """Resolved work for every (stage, chunk) of the partition."""
