@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 from pathlib import Path
 
@@ -80,12 +81,38 @@ def test_fields_of_other_phases_are_not_read(tmp_path: Path) -> None:
     _assert_same_tables(plain, _write(tmp_path / "odd", trace))
 
 
-def test_a_malformed_complete_event_is_named_by_its_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("field", "value"), [("dur", '"long"'), ("ts", '"early"'), ("ts", "[1,\n2]"),
+                                            ("ts", "1e400")])
+def test_a_malformed_complete_event_is_named_by_its_index(tmp_path: Path, field: str, value: str) -> None:
+    """``value`` is the field's JSON text."""
     trace = _trace(A100)
     index = [i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X"][-1]
-    trace["traceEvents"][index]["dur"] = "long"
-    with pytest.raises(InputError, match=rf"malformed trace event: .* at `\$\.traceEvents\[{index}\]\.dur`"):
-        ingest_traces(_write(tmp_path / "bad", trace))
+    trace["traceEvents"][index][field] = "VALUE"
+    bad = _write(tmp_path / "bad", trace)
+    (bad / "rank-0.json").write_text((bad / "rank-0.json").read_text().replace('"VALUE"', value))
+    with pytest.raises(InputError, match=rf"malformed trace event: .* at `\$\.traceEvents\[{index}\]\.{field}`"):
+        ingest_traces(bad)
+
+
+def test_long_times_and_missing_or_null_ones(tmp_path: Path) -> None:
+    """Start times are parsed by polars, not msgspec: the same floats, including 17 significant digits and
+    -0; a missing or null one drops the event."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace)
+    complete = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    for event in complete:
+        event["ts"] = event["ts"] + 1669783689278940.0 + 0.123
+    complete[3]["ts"], complete[4]["ts"] = None, 0
+    del complete[5]["ts"]
+    odd = _write(tmp_path / "odd", trace)
+    (odd / "rank-0.json").write_text((odd / "rank-0.json").read_text().replace('"ts": 0,', '"ts": -0,', 1))
+    profile = ingest_traces(odd)
+    assert profile.metadata["dropped_events"] == ingest_traces(plain).metadata["dropped_events"] + 2
+    kernels = [e["ts"] for e in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ts")
+               and e.get("dur", -1) >= 0]
+    assert sorted(profile["kernels"]["ts"]) == sorted(kernels)
+    zeros = [ts for ts in profile["cpu_ops"]["ts"] if ts == 0]
+    assert zeros and all(math.copysign(1.0, ts) == 1.0 for ts in zeros)  # as msgspec reads the integer -0
 
 
 def test_a_trace_without_events_gives_empty_tables(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ the events of a Kineto trace are flows, instants and metadata, so this saves a t
 with an unknown phase, without one, or malformed makes the span be decoded again as plain
 :class:`~vtrain.ingest.decode.TraceEvent` objects, which tolerate the first two and report the last by its index
 in ``traceEvents``. (Only the fields of complete events are checked: a malformed field of, say, a flow event is
-ignored, as ingest never reads it.)
+ignored, as ingest never reads it.) A complete event's ``ts`` stays raw JSON text, parsed for the whole span by
+:func:`~vtrain.ingest.times.parse_times`; a ``ts`` that is not a number sends the span down the plain decoder too.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventFields, TraceEvent
 from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
 from vtrain.ingest.spans import Span, decode_span
 from vtrain.ingest.text import Progress, TraceText
+from vtrain.ingest.times import NotATime, parse_times
 
 
 class CompleteEvent(EventFields, tag="X", tag_field="ph", gc=False):
-    """A complete event (``"ph": "X"``): the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``."""
+    """A complete event (``"ph": "X"``): the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``, with
+    ``ts`` as raw JSON text (empty where absent)."""
+
+    ts: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
 
 
 #: the other phases of the Chrome trace event format (duration, instant, counter, async, flow, sample, object,
@@ -35,19 +40,21 @@ _SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="
 _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]])  # type: ignore[misc]
 
 
-def decode_complete_events(text: TraceText, span: Span) -> list[CompleteEvent] | list[TraceEvent]:
-    """The complete events of a span, in file order."""
+def decode_complete_events(text: TraceText,
+                           span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent], list[float | None]]:
+    """The complete events of a span, in file order, and their start times."""
     try:
-        events = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
-    except InputError:
-        plain = decode_span(text, span, TRACE_EVENTS_DECODER)
-        return [event for event in plain if event.ph == "X"]
-    return [event for event in events if type(event) is CompleteEvent]
+        events = [event for event in decode_span(text, span, _COMPLETE_EVENTS_DECODER)
+                  if type(event) is CompleteEvent]
+        return events, parse_times([event.ts for event in events])
+    except (InputError, NotATime):
+        plain = [event for event in decode_span(text, span, TRACE_EVENTS_DECODER) if event.ph == "X"]
+        return plain, [event.ts for event in plain]
 
 
 def span_frames(text: TraceText, span: Span, json_text: JsonText) -> EventsPart:
     """The frames of a span's complete events."""
-    return event_frames(decode_complete_events(text, span), json_text)
+    return event_frames(*decode_complete_events(text, span), json_text)
 
 
 def read_rank_events(text: TraceText, spans: list[Span], progress: Progress | None = None) -> RankEvents:

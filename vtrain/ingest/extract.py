@@ -127,30 +127,37 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
                           for name, dtype in schema.items()])
 
 
-def event_frames(events: Sequence[Any], json_text: JsonText | None = None) -> EventsPart:
+def event_frames(events: Sequence[Any], times: Sequence[float | None],
+                 json_text: JsonText | None = None) -> EventsPart:
     """Split complete events into device, CPU and runtime frames; events with a missing or negative duration (or
     no start) are dropped and counted.
 
     ``events`` are :class:`~vtrain.ingest.events.CompleteEvent` or complete
-    :class:`~vtrain.ingest.decode.TraceEvent` objects (the same fields).
+    :class:`~vtrain.ingest.decode.TraceEvent` objects (the same fields), ``times`` their start times (``ts``).
     """
     device: list[Any] = []
     cpu: list[Any] = []
     runtime: list[Any] = []
+    device_ts: list[float] = []
+    cpu_ts: list[float] = []
+    runtime_ts: list[float] = []
     dropped = 0
-    for event in events:
-        if event.dur is None or event.dur < 0 or event.ts is None:
+    for event, ts in zip(events, times):
+        if event.dur is None or event.dur < 0 or ts is None:
             dropped += 1
             continue
         cat = event.cat
         if cat in DEVICE_CATEGORIES:
             device.append(event)
+            device_ts.append(ts)
         elif cat in CPU_CATEGORIES:
             cpu.append(event)
+            cpu_ts.append(ts)
         elif cat in RUNTIME_CATEGORIES:
             runtime.append(event)
-    return EventsPart(_device_frame(device), _cpu_frame(cpu, json_text or JsonText()), _runtime_frame(runtime),
-                      dropped)
+            runtime_ts.append(ts)
+    return EventsPart(_device_frame(device, device_ts), _cpu_frame(cpu, cpu_ts, json_text or JsonText()),
+                      _runtime_frame(runtime, runtime_ts), dropped)
 
 
 def _frame(columns: dict[str, Column], schema: dict[str, Any]) -> pl.DataFrame:
@@ -187,7 +194,7 @@ def _thread_ids(values: list[Any]) -> pl.Series:
         return pl.Series([v if type(v) is int else None for v in values], dtype=pl.Int64)
 
 
-def _device_frame(events: list[Any]) -> pl.DataFrame:
+def _device_frame(events: list[Any], times: list[float]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     devices = [a.device for a in args]
     streams = [a.stream for a in args]
@@ -199,7 +206,7 @@ def _device_frame(events: list[Any]) -> pl.DataFrame:
         "tid": _thread_ids([e.tid for e in events]) if None in streams else None,
         "name": [e.name for e in events],
         "kind": [DEVICE_CATEGORIES[e.cat] for e in events],
-        "ts": [e.ts for e in events],
+        "ts": times,
         "dur": [e.dur for e in events],
         "correlation": [a.correlation for a in args],
         "external_id": [a.external_id for a in args],
@@ -231,13 +238,13 @@ def _memory_kind(kind: str, name: str) -> str | None:
     return None
 
 
-def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
+def _cpu_frame(events: list[Any], times: list[float], json_text: JsonText) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
         "tid": _thread_ids([e.tid for e in events]),
         "cat": [e.cat for e in events],
         "name": [e.name for e in events],
-        "ts": [e.ts for e in events],
+        "ts": times,
         "dur": [e.dur for e in events],
         "external_id": [a.external_id for a in args],
         "input_dims": json_text.column([a.input_dims for a in args]),
@@ -246,10 +253,10 @@ def _cpu_frame(events: list[Any], json_text: JsonText) -> pl.DataFrame:
     }, CPU_SCHEMA)
 
 
-def _runtime_frame(events: list[Any]) -> pl.DataFrame:
+def _runtime_frame(events: list[Any], times: list[float]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
         "tid": _thread_ids([e.tid for e in events]),
-        "ts": [e.ts for e in events],
+        "ts": times,
         "correlation": [a.correlation for a in args],
     }, RUNTIME_SCHEMA)
