@@ -130,10 +130,10 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
                          f"changes)")
     hardware = config.hardware
     if hardware.device.lower() == "cpu" and hardware.cores and config.parallelism.world_size > hardware.cores:
-        notes.append(f"{config.parallelism.world_size} ranks shared {hardware.cores} cores: each rank's operators "
-                     f"ran slower than alone (the measured interference), and while some ranks waited (pipeline "
-                     f"bubbles, collectives) the others ran faster; the simulator gives every rank a processor "
-                     f"of its own at the measured speed")
+        notes.append(f"{config.parallelism.world_size} ranks shared {hardware.cores} cores: operators ran slower "
+                     f"than alone (the measured interference, on average), and who ran while whom waited (pipeline "
+                     f"bubbles, collectives) changed how fast; the simulator gives every rank a processor of its "
+                     f"own at the average speed")
     comparison = Comparison(
         name="model", measured_ms=measured_ms, predicted_ms=predicted_ms, iterations=rows,
         phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
