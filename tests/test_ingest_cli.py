@@ -145,6 +145,30 @@ def test_existing_profile_is_kept_without_force(tmp_path: Path) -> None:
     assert vtrain("ingest", A100, "-o", out, "--force").returncode == 0
 
 
+_LOADED = """
+import runpy, sys
+sys.argv = ["vtrain", *sys.argv[1:]]
+try:
+    runpy.run_module("vtrain.cli.main", run_name="__main__")
+except SystemExit as exit:
+    print(exit.code, sorted({m.split(".")[0] for m in sys.modules} & {"typer", "pydantic", "rich"}))
+"""
+
+
+def test_ingest_runs_without_typer_pydantic_or_rich(tmp_path: Path) -> None:
+    """They cost an ingest a tenth of a second of start-up; its help and usage errors come from argparse."""
+    ran = subprocess.run([sys.executable, "-c", _LOADED, "ingest", A100, "-o", tmp_path / "p"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert ran.stdout.splitlines()[-1] == "0 []", ran.stderr
+    assert "usage: vtrain ingest" in vtrain("ingest", "--help").stdout
+    wrong = vtrain("ingest", A100)
+    assert wrong.returncode == 2 and "-o/--output" in wrong.stderr
+    # the console script goes through typer, which hands ingest its arguments
+    forwarded = subprocess.run([sys.executable, "-c", "from vtrain.cli.main import app; app()", "ingest", A100,
+                                "-o", tmp_path / "q", "--json"], capture_output=True, text=True, cwd=REPO)
+    assert forwarded.returncode == 0 and json.loads(forwarded.stdout)["world_size"] == 2, forwarded.stderr
+
+
 def test_tables_on_a_folder_that_is_not_a_profile(tmp_path: Path) -> None:
     result = vtrain("tables", tmp_path)
     assert result.returncode == 2 and "not a profile folder" in result.stderr

@@ -6,8 +6,6 @@ import functools
 import sys
 from typing import Callable, TypeVar
 
-import typer
-
 from vtrain.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -15,15 +13,22 @@ F = TypeVar("F", bound=Callable[..., object])
 EXIT_BAD_INPUT = 2
 
 
+def report(exc: InputError) -> int:
+    """Print ``error: <file>: <problem>`` on stderr; the exit code for it."""
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def user_errors(command: F) -> F:
-    """Decorate a command so that :class:`InputError` prints ``error: <file>: <problem>`` and exits 2."""
+    """Decorate a typer command so that :class:`InputError` prints ``error: <file>: <problem>`` and exits 2."""
 
     @functools.wraps(command)
     def wrapper(*args: object, **kwargs: object) -> object:
         try:
             return command(*args, **kwargs)
         except InputError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
+            import typer  # only typer commands get here: `vtrain ingest` runs without loading typer
+
+            raise typer.Exit(report(exc)) from None
 
     return wrapper  # type: ignore[return-value]

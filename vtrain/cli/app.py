@@ -1,0 +1,75 @@
+"""The typer app of the `vtrain` commands.
+
+A command's module is imported only when that command runs (or when the help lists the commands): importing
+every command's dependencies up front (networkx, plotly, the simulator, ...) made each command start over half
+a second later. `vtrain ingest` parses its own arguments (see :mod:`vtrain.cli.ingest`): here it is a command
+that hands them over.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import typer
+from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    from typer import _click  # typer's own copy of click
+
+#: command name -> (module, function)
+COMMANDS = {
+    "ingest": ("vtrain.cli.app", "ingest_command"),
+    "tables": ("vtrain.cli.tables", "tables_command"),
+    "record": ("vtrain.cli.record", "record_command"),
+    "simulate": ("vtrain.cli.simulate", "simulate_command"),
+    "validate": ("vtrain.cli.validate", "validate_command"),
+    "calibrate": ("vtrain.cli.calibrate", "calibrate_command"),
+    "fit": ("vtrain.cli.fit", "fit_command"),
+}
+
+#: for a command that parses its own arguments: all of them, help included, are handed to it unparsed
+_OWN_ARGUMENTS = {"context_settings": {"ignore_unknown_options": True, "allow_extra_args": True},
+                  "add_help_option": False}
+
+
+def ingest_command(ctx: typer.Context) -> None:
+    """Hand the arguments to `vtrain ingest`'s own parser."""
+    from vtrain.cli.ingest import main
+
+    raise typer.Exit(main(ctx.args))
+
+
+class _LazyCommands(TyperGroup):
+    """The command group, loading a command's module on first use."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, function = COMMANDS[cmd_name]
+        settings: dict[str, Any] = {}
+        if cmd_name == "ingest":
+            from vtrain.cli.ingest import HELP
+
+            settings = {"help": HELP, **_OWN_ARGUMENTS}
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(cmd_name, **settings)(getattr(importlib.import_module(module), function))
+        return typer.main.get_command(single)
+
+
+app = typer.Typer(
+    name="vtrain",
+    help="Trace-driven simulator and validator for 3D-parallel LLM training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    cls=_LazyCommands,
+)
+
+
+@app.callback()
+def _group() -> None:
+    """Trace-driven simulator and validator for 3D-parallel LLM training."""
