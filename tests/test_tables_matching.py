@@ -61,6 +61,27 @@ def test_gloo_groups_are_inferred_from_calls_that_end_together() -> None:
     assert first["transfer_us"].item() == pytest.approx(200.0) and first["wait_us"].item() == pytest.approx(100.0)
 
 
+def test_two_pairs_ending_close_together_are_told_apart_by_the_nearest_end() -> None:
+    """Pairs 0+2 and 1+3 reduce at the same moment; all four calls end within a quarter of their duration of each
+    other (a loaded machine), but each pair's members end within 100 us and the pairs 1-3 ms apart."""
+    rows = []
+    for k in range(5):
+        base, shift = 100_000.0 * k, (1000.0, -2000.0, 3000.0, -1500.0, 2500.0)[k]
+        rows += [(0, "all_reduce", base, 20_000.0, 1), (2, "all_reduce", base + 500.0, 19_550.0, 1),
+                 (1, "all_reduce", base + 200.0, 19_800.0 + shift, 1),
+                 (3, "all_reduce", base + 900.0, 19_140.0 + shift, 1)]
+    matched = match_calls(calls(rows))
+    groups = matched.group_by("match_id").agg(pl.col("rank").sort()).get_column("rank").to_list()
+    assert sorted(map(tuple, groups)) == [(0, 2)] * 5 + [(1, 3)] * 5
+
+
+def test_four_members_ending_alike_stay_one_group() -> None:
+    rows = [(rank, "all_reduce", 100_000.0 * k + 100.0 * rank, 20_000.0 - 100.0 * rank + ((rank * 37 + k * 11) % 7) * 20.0, 1)
+            for k in range(5) for rank in range(4)]
+    groups = match_calls(calls(rows)).group_by("match_id").agg(pl.col("rank").sort()).get_column("rank").to_list()
+    assert sorted(map(tuple, groups)) == [(0, 1, 2, 3)] * 5
+
+
 def test_calls_that_never_overlap_are_not_one_collective() -> None:
     matched = match_calls(calls([(0, "all_reduce", 0.0, 10.0, 1), (1, "all_reduce", 50.0, 10.0, 1)]))
     assert matched["transfer_us"].null_count() == 2 and matched["group_size_source"].null_count() == 2

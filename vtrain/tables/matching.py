@@ -36,6 +36,7 @@ overlap on a shared clock) keep ``transfer_us`` null and ``group_size_source`` s
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 import polars as pl
@@ -48,6 +49,8 @@ METADATA, POINT_TO_POINT, MATCHED = "metadata", "point-to-point", "matched acros
 P2P = ("send", "recv")
 #: members of one collective end within this share of the shorter member's duration of each other
 CO_COMPLETION = 0.25
+#: a nearest partner ends at most this share of the gap to any other candidate from a rank's calls
+NEAREST_MARGIN = 1 / 3
 _ISSUE_TOLERANCE_US = 1.0
 _COMM_SPAN = "vtrain/comm"
 _RESULTS = ("match_id", "members", "transfer_us", "wait_us", "group_size_source")
@@ -186,9 +189,15 @@ def _match_by_completion(calls: list[Call]) -> None:
     calls per iteration in issue order.
 
     Members of one collective overlap in time (none ends before the last arrives), so a rank's candidates are the
-    ranks with a call overlapping each of its calls of that collective and size; among them, its group is the
-    ranks whose calls also end with its own in most calls (co-completion), when that splits the candidates into
-    consistent groups, else all the candidates.
+    ranks with a call overlapping each of its calls of that collective and size; among them, its group is, in this
+    order of preference, when every member names the same group:
+
+    * its nearest partner: the one candidate whose calls end closest to its own, by a clear margin (the median
+      end gap to it at most :data:`NEAREST_MARGIN` of the median gap to each other candidate): two groups of two
+      reducing at the same moment on a loaded machine can all end within a quarter of their duration, but each
+      pair still ends closer together than with the other pair;
+    * the ranks whose calls end with its own in most calls (co-completion);
+    * all the candidates.
     """
     for same_size in classes(calls, lambda c: (c.kind, c.nbytes)).values():
         per_rank: dict[int, dict[int | None, list[Call]]] = defaultdict(lambda: defaultdict(list))
@@ -201,14 +210,35 @@ def _match_by_completion(calls: list[Call]) -> None:
         ending = {a: {b for b in candidates[a] if min(_share(per_rank[a], per_rank[b], _co_completes),
                                                      _share(per_rank[b], per_rank[a], _co_completes)) >= 0.5}
                   for a in ranks}
+        nearest = {a: _nearest_partner(per_rank, a, candidates[a]) for a in ranks}
         done: set[int] = set()
         for rank in ranks:
-            group = _consistent_group(rank, ending) or _consistent_group(rank, candidates)
-            if group is None or rank in done:
+            groups = (_consistent_group(rank, partners) for partners in (nearest, ending, candidates))
+            group = next((g for g in groups if g is not None and not done & set(g)), None)
+            if group is None:
                 continue
             done.update(group)
             for iteration in per_rank[rank]:
                 align(ordered(per_rank[member].get(iteration, []) for member in group), MATCHED)
+
+
+def _nearest_partner(per_rank: dict[int, dict[int | None, list[Call]]], rank: int, candidates: set[int]) -> set[int]:
+    """The candidate whose calls end closest to ``rank``'s by a clear margin (a set of one), else an empty set."""
+    if len(candidates) < 2:
+        return set()
+    gaps = {other: _median_end_gap(per_rank[rank], per_rank[other]) for other in candidates}
+    closest = min(gaps, key=gaps.get)
+    if all(gaps[closest] <= NEAREST_MARGIN * gap for other, gap in gaps.items() if other != closest):
+        return {closest}
+    return set()
+
+
+def _median_end_gap(mine: dict[int | None, list[Call]], theirs: dict[int | None, list[Call]]) -> float:
+    """Median over my calls of the smallest end gap to an overlapping call of theirs in the same iteration."""
+    gaps = sorted(min((abs(other.end - call.end) for other in theirs.get(iteration, []) if _overlaps(call, [other])),
+                      default=math.inf)
+                  for iteration, calls in mine.items() for call in calls)
+    return gaps[len(gaps) // 2] if gaps else math.inf
 
 
 def _consistent_group(rank: int, partners: dict[int, set[int]]) -> tuple[int, ...] | None:
