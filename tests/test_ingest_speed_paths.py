@@ -17,6 +17,7 @@ from tests.conftest import HTA_TRACE_SETS
 from vtrain.errors import InputError
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.events import read_rank_events
+from vtrain.ingest.extract import RankEvents
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.ingest.spans import read_header
 from vtrain.ingest.text import load_text
@@ -46,15 +47,34 @@ def _assert_same_tables(left: Path, right: Path) -> None:
     assert a.metadata["dropped_events"] == b.metadata["dropped_events"]
 
 
-@pytest.mark.parametrize("events_per_span", [101, 977, 50_000])
-def test_span_size_changes_nothing(events_per_span: int) -> None:
-    path = next(V100.glob("*.json.gz"))
-    whole = read_rank_events(load_text(path), read_header(load_text(path), 10**9)[1])
+def _rank_events(path: Path, **spans: int) -> RankEvents:
     text = load_text(path)
-    parts = read_rank_events(text, read_header(text, events_per_span)[1])
+    return read_rank_events(text, read_header(text)[1], **spans)
+
+
+def _assert_same_events(left: RankEvents, right: RankEvents) -> None:
     for name in ("device", "cpu", "runtime"):
-        assert_frame_equal(getattr(parts, name), getattr(whole, name))
-    assert parts.dropped == whole.dropped
+        assert_frame_equal(getattr(left, name), getattr(right, name))
+    assert left.dropped == right.dropped
+
+
+@pytest.mark.parametrize("span_bytes", [20_000, 97_531, 8 << 20])
+def test_span_size_changes_nothing(span_bytes: int) -> None:
+    path = next(V100.glob("*.json.gz"))
+    _assert_same_events(_rank_events(path, span_bytes=span_bytes), _rank_events(path, span_bytes=10**12))
+
+
+@pytest.mark.parametrize("events_per_span", [101, 50_000])
+def test_events_holding_objects_before_their_end_give_the_same_tables(tmp_path: Path, events_per_span: int) -> None:
+    """``},`` inside an event: a span cut there does not decode, and the rest of the events are found one by one
+    (``events_per_span`` per span)."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace) / "rank-0.json"
+    trace["traceEvents"] = [{"args": event.pop("args"), **event} if "args" in event else event
+                            for event in trace["traceEvents"]]
+    args_first = _write(tmp_path / "args-first", trace) / "rank-0.json"
+    _assert_same_events(_rank_events(args_first, span_bytes=30_000, events_per_span=events_per_span),
+                        _rank_events(plain))
 
 
 def test_pretty_printed_text_gives_the_same_tables(tmp_path: Path) -> None:
@@ -82,16 +102,19 @@ def test_fields_of_other_phases_are_not_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("dur", '"long"'), ("ts", '"early"'), ("ts", "[1,\n2]"),
-                                            ("ts", "1e400")])
-def test_a_malformed_complete_event_is_named_by_its_index(tmp_path: Path, field: str, value: str) -> None:
-    """``value`` is the field's JSON text."""
+                                            ("ts", "1e400"), ("ts", '{"a": 1}, "b": 2')])
+@pytest.mark.parametrize("span_bytes", [10_000, 8 << 20])
+def test_a_malformed_complete_event_is_named_by_its_index(tmp_path: Path, field: str, value: str,
+                                                          span_bytes: int) -> None:
+    """``value`` is the field's JSON text (the last one holds a ``},``)."""
     trace = _trace(A100)
-    index = [i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X"][-1]
+    index = [i for i, e in enumerate(trace["traceEvents"]) if e.get("ph") == "X"][-3]
     trace["traceEvents"][index][field] = "VALUE"
     bad = _write(tmp_path / "bad", trace)
     (bad / "rank-0.json").write_text((bad / "rank-0.json").read_text().replace('"VALUE"', value))
+    text = load_text(bad / "rank-0.json")
     with pytest.raises(InputError, match=rf"malformed trace event: .* at `\$\.traceEvents\[{index}\]\.{field}`"):
-        ingest_traces(bad)
+        read_rank_events(text, read_header(text)[1], span_bytes=span_bytes)
 
 
 def test_long_times_and_missing_or_null_ones(tmp_path: Path) -> None:

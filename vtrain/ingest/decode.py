@@ -135,10 +135,11 @@ def gunzip(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None,
     return data
 
 
-def decode_header(data: bytes, path: Path) -> TraceHeader:
-    """Decode the top level of a trace; the events stay raw."""
+def decode_header(data: bytes, path: Path, decoder: msgspec.json.Decoder = _HEADER_DECODER) -> TraceHeader:
+    """Decode the top level of a trace (with ``decoder``, whose type is a :class:`TraceHeader`); the events stay
+    raw."""
     try:
-        return _HEADER_DECODER.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise InputError(f"not a Kineto trace: {_describe_validation(exc)}", path) from None
     except msgspec.DecodeError as exc:

@@ -19,7 +19,7 @@ import msgspec
 from vtrain.errors import InputError
 from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventFields, TraceEvent
 from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
-from vtrain.ingest.spans import Span, decode_span
+from vtrain.ingest.spans import SPAN_BYTES, SPAN_EVENTS, Span, cut_points, decode_span, whole_event_spans
 from vtrain.ingest.text import Progress, TraceText
 from vtrain.ingest.times import NotATime, parse_times
 
@@ -40,32 +40,53 @@ _SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="
 _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]])  # type: ignore[misc]
 
 
-def decode_complete_events(text: TraceText,
-                           span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent], list[float | None]]:
-    """The complete events of a span, in file order, and their start times."""
+def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent],
+                                                                list[float | None], int]:
+    """The complete events of a span, in file order, their start times, and the number of events in the span."""
     try:
-        events = [event for event in decode_span(text, span, _COMPLETE_EVENTS_DECODER)
-                  if type(event) is CompleteEvent]
-        return events, parse_times([event.ts for event in events])
+        decoded = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
+        events = [event for event in decoded if type(event) is CompleteEvent]
+        return events, parse_times([event.ts for event in events]), len(decoded)
     except (InputError, NotATime):
-        plain = [event for event in decode_span(text, span, TRACE_EVENTS_DECODER) if event.ph == "X"]
-        return plain, [event.ts for event in plain]
+        decoded = decode_span(text, span, TRACE_EVENTS_DECODER)
+        plain = [event for event in decoded if event.ph == "X"]
+        return plain, [event.ts for event in plain], len(decoded)
 
 
-def span_frames(text: TraceText, span: Span, json_text: JsonText) -> EventsPart:
-    """The frames of a span's complete events."""
-    return event_frames(*decode_complete_events(text, span), json_text)
+def span_frames(text: TraceText, span: Span, json_text: JsonText) -> tuple[EventsPart, int]:
+    """The frames of a span's complete events, and the number of events in the span."""
+    events, times, count = decode_complete_events(text, span)
+    return event_frames(events, times, json_text), count
 
 
-def read_rank_events(text: TraceText, spans: list[Span], progress: Progress | None = None) -> RankEvents:
-    """The frames of a rank's complete events, span by span; ``progress`` gets the bytes of a plain file as they
-    are decoded (a gzip file reported its bytes while it was read)."""
+def read_rank_events(text: TraceText, events: Span | None, progress: Progress | None = None, *,
+                     span_bytes: int = SPAN_BYTES, events_per_span: int = SPAN_EVENTS) -> RankEvents:
+    """The frames of a rank's complete events (``events``, see :func:`~vtrain.ingest.spans.read_header`), span by
+    span; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file reported its bytes while it
+    was read)."""
     json_text = JsonText()
     parts = []
-    for span in spans:
-        parts.append(span_frames(text, span, json_text))
+    decoded = 0
+
+    def add(span: Span) -> int:
+        nonlocal decoded
+        part, count = span_frames(text, span, json_text)
+        parts.append(part)
+        decoded += span.end - span.start
         if progress and not text.compressed:
             progress(span.end - span.start)
+        return count
+
+    if events:
+        start, first_event = events.start, 0
+        for end in cut_points(text, events, span_bytes):
+            try:
+                first_event += add(Span(start, end, first_event))
+            except (InputError, msgspec.DecodeError):  # a cut inside an event, or a malformed event
+                for span in whole_event_spans(text, Span(start, events.end, first_event), events_per_span):
+                    add(span)
+                break
+            start = end + 1
     if progress and not text.compressed:
-        progress(len(text.buffer) - sum(span.end - span.start for span in spans))
+        progress(len(text.buffer) - decoded)
     return concat_rank_events(parts)

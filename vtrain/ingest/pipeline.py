@@ -47,11 +47,11 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
     hashes: dict[Path, str] = {}
     for path in files:
         text = load_text(path, progress)
-        header, spans = read_header(text)
+        header, span = read_header(text)
         source = _rank_source(path, header)
         _check_against(source, sources)
         sources.append(source)
-        events = read_rank_events(text, spans, progress)
+        events = read_rank_events(text, span, progress)
         hashes[path] = text.sha256
         del text
         tables = assemble_rank(source.rank, events, header.distributedInfo)

@@ -1,16 +1,23 @@
 """Decoding a trace's events in batches straight from the file's text, without copying it.
 
-:func:`~vtrain.ingest.decode.decode_header` finds every event as a raw slice of the text; only the byte offsets
-of every :data:`SPAN_EVENTS`-th event are kept (a *span*). A span is decoded in place: the separator bytes just
-before its first event and just after its last one are overwritten with ``[`` and ``]``, which makes the span one
-JSON array, and put back afterwards. The text is a private copy of the file (see :mod:`vtrain.ingest.text`), so
-the file is never written.
+The top level is decoded with ``traceEvents`` as one raw slice of the text, which says where the events are. They
+are decoded a *span* at a time: the bytes of consecutive whole events. A span is decoded in place: the separator
+bytes just before its first event and just after its last one are overwritten with ``[`` and ``]``, which makes
+the span one JSON array, and put back afterwards. The text is a private copy of the file (see
+:mod:`vtrain.ingest.text`), so the file is never written.
+
+Spans are first cut where an event seems to end, at the first ``},`` after every :data:`SPAN_BYTES`
+(:func:`cut_points`). Starting at an event, brackets and quotes balance only at the end of an event, so a span
+that decodes was cut right and the next one starts at an event too. Where one does not decode (a cut inside an
+event, or a malformed event), the rest of the events are found one by one, as raw slices, and cut every
+:data:`SPAN_EVENTS` events (:func:`whole_event_spans`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -19,8 +26,10 @@ from vtrain.errors import InputError
 from vtrain.ingest.decode import TraceHeader, decode_header
 from vtrain.ingest.text import TraceText
 
-#: events per span: small enough to keep the decoded objects of one span modest, large enough that polars' fixed
+#: bytes per span: small enough to keep the decoded objects of one span modest, large enough that polars' fixed
 #: cost per frame is small beside the span's decoding
+SPAN_BYTES = 8 << 20
+#: events per span where spans are cut between events found one by one
 SPAN_EVENTS = 50_000
 
 
@@ -33,22 +42,57 @@ class Span(NamedTuple):
     first_event: int
 
 
-def read_header(text: TraceText, events_per_span: int = SPAN_EVENTS) -> tuple[TraceHeader, list[Span]]:
-    """The trace's top level and the spans of its events, ``events_per_span`` each.
+class _EventsAsOneSlice(TraceHeader):
+    """The top level with ``traceEvents`` as one raw slice of the text."""
 
-    The header's ``traceEvents`` is emptied: only the spans are kept.
+    traceEvents: msgspec.Raw  # type: ignore[assignment]
+
+
+_HEADER_DECODER = msgspec.json.Decoder(_EventsAsOneSlice)
+_RAW_EVENTS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+_BLANK = re.compile(rb"[ \t\r\n]*")
+
+
+def read_header(text: TraceText) -> tuple[TraceHeader, Span | None]:
+    """The trace's top level and the span of all its events (``None`` if there are none).
+
+    The header's ``traceEvents`` is emptied: only the span is kept.
     """
-    header = decode_header(text.buffer, text.path)
-    raws = header.traceEvents
+    header = decode_header(text.buffer, text.path, _HEADER_DECODER)
+    events = memoryview(header.traceEvents)
     header.traceEvents = []
-    if not raws:
-        return header, []
+    if events[:1] != b"[":
+        decode_header(text.buffer, text.path)  # raises the error of a trace whose traceEvents is not a list
+    start = _address(events) - _address(text.buffer) + 1
+    end = start + len(events) - 2
+    if _BLANK.fullmatch(text.buffer, start, end):
+        return header, None
+    return header, Span(start, end, 0)
+
+
+def cut_points(text: TraceText, events: Span, span_bytes: int = SPAN_BYTES) -> Iterator[int]:
+    """Where spans of about ``span_bytes`` of ``events`` seem to end: at the comma of the first ``},`` after every
+    ``span_bytes``, and at the end of the events."""
+    position = events.start + span_bytes
+    while position < events.end:
+        found = text.buffer.find(b"},", position, events.end)
+        if found < 0:
+            break
+        yield found + 1
+        position = found + 1 + span_bytes
+    yield events.end
+
+
+def whole_event_spans(text: TraceText, events: Span, events_per_span: int = SPAN_EVENTS) -> list[Span]:
+    """``events``, which starts at an event, cut every ``events_per_span`` events found one by one."""
+    raws = decode_span(text, events, _RAW_EVENTS_DECODER)
     base = _address(text.buffer)
     spans = []
     for first in range(0, len(raws), events_per_span):
         last = raws[min(first + events_per_span, len(raws)) - 1]
-        spans.append(Span(_address(raws[first]) - base, _address(last) - base + len(last), first))
-    return header, spans
+        spans.append(Span(_address(raws[first]) - base, _address(last) - base + len(last),
+                          events.first_event + first))
+    return spans
 
 
 class _PyBuffer(ctypes.Structure):
@@ -100,4 +144,3 @@ def decode_span(text: TraceText, span: Span, decoder: msgspec.json.Decoder) -> A
 def _absolute(message: str, first_event: int) -> str:
     """msgspec's ``at `$[i]...``` with ``i`` counted in the span, as ``at `$.traceEvents[n]...``` in the file."""
     return re.sub(r"`\$\[(\d+)\]", lambda m: f"`$.traceEvents[{first_event + int(m.group(1))}]", message, count=1)
-
