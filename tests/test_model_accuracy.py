@@ -1,45 +1,51 @@
-"""The model reproduces what it measured: simulated from a profile of one iteration of a recorded CPU/gloo run,
-the predicted iteration time is that iteration's measured time, within 5 %.
+"""The model reproduces what it measured: simulated from a profile of every other steady iteration of a recorded
+CPU/gloo run (as `vtrain validate` builds it), the predicted iteration time is those iterations' measured time
+(the median over them of the mean over ranks), within 5 %.
 
-This is the model's own error. The validation suite compares against the *next* iteration instead, which on
-these recordings (a shared 2-core machine) differs from the profiled one by 2-43 %; the report states that
-change beside the error.
+This is the model's own error. `vtrain validate` compares against the iterations in between instead, which on
+a shared 2-core machine can run slower or faster than the profiled ones; its report states that change (and
+the GEMM speed of both) beside the error.
 
-Two pipeline sets stay further off: gloo transfers rendezvous (a receive posted after its send still spends the
-transfer once posted, about 5 ms on the recording machine), while the simulator's graph starts a pipeline
-transfer as soon as the sender is done, so a late receiver gets its data at once.
+The 8-rank set stays further off: its 8 ranks shared 2 cores, so operators ran slower than alone (the profile
+measures the average slowdown) by how many ranks were running at the time, which a simulator giving every rank
+its own processor cannot follow; its pass times match, its pipeline bubbles come out too long.
 """
 
 from __future__ import annotations
 
-import polars as pl
 import pytest
 
 from tests.conftest import TRACES
 from vtrain.ingest.pipeline import ingest_traces
+from vtrain.replay.run import read_timeline
+from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
-from vtrain.validate.model import held_out_profile
+from vtrain.validate.comparisons import measured_job_ms
+from vtrain.validate.model import held_out_profile, split_iterations
+from vtrain.validate.timeline import annotate
 
-PROFILED = 2
-WITHIN_5_PCT = ["t2p1d1", "t2p1d1-recompute", "t1p2d1-gpipe", "t1p1d2", "t1p1d2-overlap", "t2p2d2"]
-RENDEZVOUS = ["t1p2d1", "t1p2d1-interleaved"]  # see the module docstring
+WITHIN_5_PCT = ["t2p1d1", "t2p1d1-recompute", "t1p2d1", "t1p2d1-gpipe", "t1p2d1-interleaved", "t1p1d2",
+                "t1p1d2-overlap"]
+SHARED_CORES = ["t2p2d2"]  # see the module docstring
 
 
 def in_sample_error_pct(name: str) -> float:
     folder = TRACES / name
     profile = ingest_traces(folder)
-    steps = profile["cpu_ops"].filter(pl.col("name") == f"ProfilerStep#{PROFILED}")
-    measured_us = steps["dur"].mean()
-    predicted_us = simulate(load_run_config(folder / "run.yaml"), held_out_profile(profile, [PROFILED])).iteration_us
-    return 100.0 * (predicted_us - measured_us) / measured_us
+    steady = sorted(profile["cpu_ops"]["iteration"].drop_nulls().unique().to_list())[1:]
+    profiled = split_iterations(steady).profile
+    measured_ms = measured_job_ms(annotate(read_timeline(read_trace_set(folder))), profiled)
+    config = load_run_config(folder / "run.yaml")
+    predicted_ms = simulate(config, held_out_profile(profile, profiled)).iteration_us / 1e3
+    return 100.0 * (predicted_ms - measured_ms) / measured_ms
 
 
 @pytest.mark.parametrize("name", WITHIN_5_PCT)
-def test_the_model_reproduces_the_profiled_iteration(name: str) -> None:
+def test_the_model_reproduces_the_profiled_iterations(name: str) -> None:
     assert abs(in_sample_error_pct(name)) <= 5.0
 
 
-@pytest.mark.parametrize("name", RENDEZVOUS)
-def test_pipelines_with_late_receivers_stay_within_a_known_bound(name: str) -> None:
-    assert abs(in_sample_error_pct(name)) <= 25.0
+@pytest.mark.parametrize("name", SHARED_CORES)
+def test_ranks_sharing_cores_stay_within_a_known_bound(name: str) -> None:
+    assert abs(in_sample_error_pct(name)) <= 12.0
