@@ -33,6 +33,7 @@ from vtrain.naming import span_name
 from vtrain.runconfig import save_run_config
 from vtrain.simulate.latency import Resolution
 from vtrain.simulate.run import Simulation
+from vtrain.simulate.summary import receives_posted
 from vtrain.simulate.workload import ResolvedStep
 
 ITERATION = 0
@@ -219,9 +220,12 @@ class _RankTrace:
         compute = [s for s, st in enumerate(sim.graph.streams) if st.name == "compute" and st.stage == self.stage]
         order = sim.graph.stream_order[compute[0]]
         self._compute(order)
+        posted = receives_posted(sim.graph, result)
         for i, task in enumerate(tasks):
-            if task.kind == "pp" and self.stage in (task.stage, task.peer):
+            if task.kind == "pp" and self.stage == task.stage:
                 self._transfer(task, result.start_us[i], result.end_us[i])
+            elif task.kind == "pp" and self.stage == task.peer:
+                self._transfer(task, posted.get(i, result.start_us[i]), result.end_us[i])
             elif task.kind == "dp" and task.stage == self.stage:
                 self._all_reduce(task, result.start_us[i], result.end_us[i])
 

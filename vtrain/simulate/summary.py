@@ -14,8 +14,8 @@ Each stage's compute stream is accounted from 0 to the iteration time ``T``:
 
 So each stage's breakdown sums to ``T``; the iteration's breakdown is the mean over stages (over all GPUs, since
 tensor- and data-parallel replicas of a stage are identical). ``busy`` is the union of all device activity of a
-stage's GPU (compute stream, its pipeline sends and receives, its data-parallel all-reduces), the quantity HTA
-reports as kernel time minus idle time.
+stage's GPU (compute stream, its pipeline sends and receives, a receive from when it was posted, its
+data-parallel all-reduces), the quantity HTA reports as kernel time minus idle time.
 """
 
 from __future__ import annotations
@@ -48,18 +48,36 @@ class StageSummary:
         return sum(self.breakdown_us.values()) - self.busy_us
 
 
+def receives_posted(graph: ExecutionGraph, result: Schedule) -> dict[int, float]:
+    """When the receiving stage posted each pipeline transfer (task index -> time): once the compute task before
+    the one that needs the data was done. A blocking receive is on the device from then on (an NCCL receive
+    kernel spins until the data is there), so that is where it starts in the predicted trace and busy time."""
+    posted: dict[int, float] = {}
+    for stream, order in graph.stream_order.items():
+        if graph.streams[stream].name != "compute":
+            continue
+        stage, previous_end = graph.streams[stream].stage, 0.0
+        for i in order:
+            for j in graph.graph.predecessors(i):
+                if graph.tasks[j].kind == "pp" and graph.tasks[j].peer == stage:
+                    posted[j] = min(previous_end, result.start_us[j])
+            previous_end = result.end_us[i]
+    return posted
+
+
 def stage_summaries(graph: ExecutionGraph, result: Schedule, iteration_us: float, ranks: list[int]) -> list[
         StageSummary]:
     """Breakdown and busy time of every stage."""
     tasks = graph.tasks
     compute_order = {graph.streams[s].stage: order for s, order in graph.stream_order.items()
                      if graph.streams[s].name == "compute"}
+    posted = receives_posted(graph, result)
     activity: list[list[tuple[float, float]]] = [[] for _ in range(graph.stages)]
     for i, task in enumerate(tasks):
         interval = (result.start_us[i], result.end_us[i])
         activity[task.stage].append(interval)
         if task.kind == "pp":
-            activity[task.peer].append(interval)
+            activity[task.peer].append((posted.get(i, interval[0]), interval[1]))
 
     summaries = []
     for stage in range(graph.stages):

@@ -154,11 +154,13 @@ def spans(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
 
 def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """Every operator with its class, signature (name and input dims for CPU operators, kernel name for device
-    activities) and duration, in order per rank."""
+    activities) and duration, in order per rank. Sends on CPU ranks are left out, as in :func:`breakdown`: a
+    gloo send's span lasts until the sender waits for it, which says nothing about the transfer (the receive
+    says when the data arrived)."""
     signature = pl.when(pl.col("input_dims").is_not_null() & (pl.col("kind") == "cpu")).then(
         pl.concat_str("name", pl.lit(" "), "input_dims")).otherwise(pl.col("name"))
     return (
-        frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null())
+        frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu())
         .sort("rank", "ts")
         .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched",
                 signature=signature, start=pl.col(side.start), dur=pl.col(side.dur))
@@ -169,8 +171,7 @@ def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """Per rank and iteration: ``compute_us``, ``bubble_us``, ``exposed_comm_us``, ``idle_us`` (they add up to
     ``time_us``)."""
     windows = iterations(frame, side)
-    sends_on_cpu = (~pl.col("gpu_rank") & (pl.col("collective") == "send")).fill_null(False)
-    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~sends_on_cpu).select(
+    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu()).select(
         "rank", "iteration", start=pl.col(side.start), end=pl.col(side.start) + pl.col(side.dur),
         part=pl.when(pl.col("op_class").str.starts_with("comm:"))
         .then(pl.when(pl.col("purpose") == "pp").then(pl.lit("bubble")).otherwise(pl.lit("comm")))
@@ -193,6 +194,10 @@ def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     schema = {"rank": pl.Int32, "iteration": pl.Int64, "time_us": pl.Float64, "compute_us": pl.Float64,
               "bubble_us": pl.Float64, "exposed_comm_us": pl.Float64, "idle_us": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
+
+
+def _send_on_cpu() -> pl.Expr:
+    return (~pl.col("gpu_rank") & (pl.col("collective") == "send")).fill_null(False)
 
 
 def _covered(intervals: list[tuple[float, float]]) -> float:
