@@ -65,15 +65,17 @@ def test_span_size_changes_nothing(span_bytes: int) -> None:
 
 
 @pytest.mark.parametrize("events_per_span", [101, 50_000])
-def test_events_holding_objects_before_their_end_give_the_same_tables(tmp_path: Path, events_per_span: int) -> None:
-    """``},`` inside an event: a span cut there does not decode, and the rest of the events are found one by one
-    (``events_per_span`` per span)."""
+@pytest.mark.parametrize("indent", [None, 2])
+def test_events_holding_objects_give_the_same_tables(tmp_path: Path, events_per_span: int,
+                                                     indent: int | None) -> None:
+    """``}, {"`` inside an event (a list of objects in its args): a span cut there does not decode, and the rest
+    of the events are found one by one (``events_per_span`` per span)."""
     trace = _trace(A100)
     plain = _write(tmp_path / "plain", trace) / "rank-0.json"
-    trace["traceEvents"] = [{"args": event.pop("args"), **event} if "args" in event else event
-                            for event in trace["traceEvents"]]
-    args_first = _write(tmp_path / "args-first", trace) / "rank-0.json"
-    _assert_same_events(_rank_events(args_first, span_bytes=30_000, events_per_span=events_per_span),
+    for event in trace["traceEvents"]:
+        event.setdefault("args", {})["objects"] = [{"a": 1}, {"b": [2]}]
+    holding = _write(tmp_path / "holding", trace, indent) / "rank-0.json"
+    _assert_same_events(_rank_events(holding, span_bytes=30_000, events_per_span=events_per_span),
                         _rank_events(plain))
 
 
