@@ -140,6 +140,19 @@ def test_long_times_and_missing_or_null_ones(tmp_path: Path) -> None:
     assert zeros and all(math.copysign(1.0, ts) == 1.0 for ts in zeros)  # as msgspec reads the integer -0
 
 
+@pytest.mark.parametrize("after", [{"logs": ["cpp:1144] done", "{a}]"]}, {"more": [{"a": [1]}]}])
+def test_keys_after_the_events_give_the_same_profile(tmp_path: Path, after: dict) -> None:
+    """The header is read around the events: brackets in the keys that follow them (Kineto's logs) are skipped,
+    and where one is taken for the end of the events (a list of objects), the events do not decode and the
+    trace is read again the usual way."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace)
+    for indent in (None, 1):
+        odd = _write(tmp_path / f"after-{indent}", {**trace, **after}, indent)
+        _assert_same_tables(plain, odd)
+        assert ingest_traces(odd).metadata["device"] == ingest_traces(plain).metadata["device"]
+
+
 def test_a_trace_without_events_gives_empty_tables(tmp_path: Path) -> None:
     trace = _trace(A100)
     trace["traceEvents"] = []

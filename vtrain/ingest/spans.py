@@ -50,6 +50,10 @@ class _EventsAsOneSlice(TraceHeader):
 
 
 _HEADER_DECODER = msgspec.json.Decoder(_EventsAsOneSlice)
+_PLAIN_HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
+_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+#: closing brackets tried from the end of the text (Kineto's logs, after the events, hold a few)
+_CLOSINGS_TRIED = 1000
 _RAW_EVENTS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 _BLANK = re.compile(rb"[ \t\r\n]*")
 #: where one event seems to end and the next to begin (a kernel name holds ``{lambda()#1}, ...``)
@@ -67,10 +71,41 @@ def read_header(text: TraceText) -> tuple[TraceHeader, Span | None]:
     if events[:1] != b"[":
         decode_header(text.buffer, text.path)  # raises the error of a trace whose traceEvents is not a list
     start = _address(events) - _address(text.buffer) + 1
-    end = start + len(events) - 2
-    if _BLANK.fullmatch(text.buffer, start, end):
-        return header, None
-    return header, Span(start, end, 0)
+    return header, _events_span(text, start, start + len(events) - 2)
+
+
+def _events_span(text: TraceText, start: int, end: int) -> Span | None:
+    """The events between the brackets at ``start - 1`` and ``end``, ``None`` if there are none."""
+    return None if _BLANK.fullmatch(text.buffer, start, end) else Span(start, end, 0)
+
+
+def read_header_around_events(text: TraceText) -> tuple[TraceHeader, Span | None] | None:
+    """:func:`read_header` without parsing the events: the top level is decoded from the text before the first
+    ``"traceEvents": [`` and after the ``]`` that seems to close it (the last one that follows a ``}``, where
+    the top level decodes); ``None`` where there is none.
+
+    Right only if every event then decodes: the events were found in the wrong place only if a ``]`` after a
+    ``}`` follows the end of ``traceEvents`` (or such a key precedes it), and then the text in between holds an
+    unbalanced bracket. Invalid JSON outside the events would fail the decoding here, inside them that of a span.
+    """
+    buffer = text.buffer
+    key = _EVENTS_KEY.search(buffer)
+    if not key:
+        return None
+    end = len(buffer)
+    for _ in range(_CLOSINGS_TRIED):
+        end = buffer.rfind(b"]", key.end(), end)
+        if end < 0:
+            return None
+        last = bytes(buffer[max(key.end(), end - 256):end]).rstrip()
+        if last and not last.endswith(b"}"):
+            continue
+        try:
+            header = _PLAIN_HEADER_DECODER.decode(bytes(buffer[:key.end()]) + bytes(buffer[end:]))
+        except msgspec.MsgspecError:
+            continue
+        return header, _events_span(text, key.end(), end)
+    return None
 
 
 def cut_points(text: TraceText, events: Span, span_bytes: int = SPAN_BYTES) -> Iterator[int]:
