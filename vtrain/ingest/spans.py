@@ -1,9 +1,10 @@
 """Decoding a trace's events in batches straight from the file's text, without copying it.
 
-The top level is decoded with ``traceEvents`` as one raw slice of the text, which says where the events are. They
-are decoded a *span* at a time: the bytes of consecutive whole events. A span is decoded in place: the separator
-bytes just before its first event and just after its last one are overwritten with ``[`` and ``]``, which makes
-the span one JSON array, and put back afterwards. The text is a private copy of the file (see
+The top level is decoded from the text around the events alone (:func:`read_header_around_events`), or where
+that fails with ``traceEvents`` as one raw slice of the text (:func:`read_header`); either says where the events
+are. They are decoded a *span* at a time: the bytes of consecutive whole events. A span is decoded in place: the
+separator bytes just before its first event and just after its last one are overwritten with ``[`` and ``]``,
+which makes the span one JSON array, and put back afterwards. The text is a private copy of the file (see
 :mod:`vtrain.ingest.text`), so the file is never written.
 
 Spans are first cut where an event seems to end, at the first ``}, {"`` after every :data:`SPAN_BYTES`
