@@ -185,6 +185,18 @@ def test_interference_scales_op_medians_per_phase() -> None:
     assert resolver.resolve(gelu(1 << 22), "backward").source == INTERPOLATED
 
 
+def test_interference_per_stage_when_the_profile_is_the_runs_own() -> None:
+    """Rank 1 (stage 1) ran its forward ops 3x their median, rank 0 (stage 0) at it."""
+    op = mm(128, 128, 128)
+    resolver = OpLatencyResolver(profile([row(op, 10.0)]), A100, "cuda")
+    calls = pl.concat([events([("forward", op, 10.0)]), events([("forward", op, 30.0)]).with_columns(rank=pl.lit(1, dtype=pl.Int64))])
+    resolver.calibrate(calls, stage_of={0: 0, 1: 1})
+    assert resolver.resolve(op, "forward", 0).latency_us == pytest.approx(10.0)
+    assert resolver.resolve(op, "forward", 1).latency_us == pytest.approx(30.0)
+    assert resolver.resolve(op, "forward").latency_us == pytest.approx(20.0)  # over all stages
+    assert resolver.resolve(op, "forward", 2).latency_us == pytest.approx(20.0)  # a stage it did not measure
+
+
 def test_calibration_must_come_before_resolving() -> None:
     resolver = OpLatencyResolver(profile([row(mm(8, 8, 8), 1.0)]), A100, "cuda")
     resolver.resolve(mm(8, 8, 8))

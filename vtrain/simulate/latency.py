@@ -72,11 +72,11 @@ class OpLatencyResolver:
         self.device = device
         self.device_type = device_type
         self.profile = profile
-        self.interference: dict[str, float] = {}
+        self.interference: dict[tuple[int | None, str], float] = {}  # (stage or None for all, phase) -> factor
         self._exact: dict[tuple[str, str, str], tuple[float, tuple[str, ...]]] = {}
         self._by_op: dict[tuple[str, str, bool], list[_Sample]] = {}
         self._cache: dict[tuple[str, str, str], Resolution] = {}
-        self._scaled: dict[tuple[str, str, str, str], Resolution] = {}
+        self._scaled: dict[tuple[str, str, str, str, int | None], Resolution] = {}
         if profile is not None:
             self._index(profile)
 
@@ -99,52 +99,57 @@ class OpLatencyResolver:
         for key, samples in groups.items():
             self._by_op[key] = sorted((s for s in samples if s.cost > 0), key=lambda s: s.cost)
 
-    def calibrate(self, events: pl.DataFrame) -> None:
+    def calibrate(self, events: pl.DataFrame, stage_of: dict[int, int] | None = None) -> None:
         """Set the interference factor of each phase from the placed calls of the profile's timeline (``events``
         of :func:`vtrain.tables.gaps.placed_events`): per iteration, their total time over the sum of their
         signatures' medians (phase ``all``: every call); the median over iterations, so that a burst of slow
-        iterations does not move it. Must come before the first :meth:`resolve`."""
+        iterations does not move it. With ``stage_of`` (the profile's rank -> pipeline stage, when it is the
+        simulated run's own layout) each stage also gets its own factors. Must come before the first
+        :meth:`resolve`."""
         if self._cache:
             raise RuntimeError("calibrate() after resolve()")
         calls = events.filter(pl.col("device_type") == self.device_type).select(
-            "phase", "iteration", "op", "input_dims", "input_types", "dur").rows()
-        sums: dict[str, dict[int, list[float]]] = {}
-        for phase, iteration, name, dims, types, dur in calls:
+            "rank", "phase", "iteration", "op", "input_dims", "input_types", "dur").rows()
+        sums: dict[tuple[int | None, str], dict[int, list[float]]] = {}
+        for rank, phase, iteration, name, dims, types, dur in calls:
             exact = self._exact.get((name, dims, types))
             if exact is None or exact[0] <= 0:
                 continue
-            for key in (phase, ALL):
+            stages = (None,) if stage_of is None or rank not in stage_of else (None, stage_of[rank])
+            for key in ((stage, p) for stage in stages for p in (phase, ALL)):
                 total = sums.setdefault(key, {}).setdefault(iteration, [0.0, 0.0])
                 total[0] += dur
                 total[1] += exact[0]
-        self.interference = {phase: statistics.median(measured / expected for measured, expected in per.values())
-                             for phase, per in sums.items()}
+        self.interference = {key: statistics.median(measured / expected for measured, expected in per.values())
+                             for key, per in sums.items()}
 
-    def resolve(self, op: Op, phase: str = ALL) -> Resolution:
-        """The latency of one call of ``op`` in ``phase`` (cached per signature and phase)."""
-        key = (*op.signature, phase)
+    def resolve(self, op: Op, phase: str = ALL, stage: int | None = None) -> Resolution:
+        """The latency of one call of ``op`` in ``phase`` on pipeline stage ``stage`` (cached per signature,
+        phase and stage)."""
+        key = (*op.signature, phase, stage)
         cached = self._scaled.get(key)
         if cached is None:
             base = self._cache.get(op.signature)
             if base is None:
                 base = self._cache[op.signature] = self._resolve(op)
-            cached = self._scaled[key] = self._interfered(base, phase)
+            cached = self._scaled[key] = self._interfered(base, phase, stage)
         return cached
 
     def resolved(self) -> list[Resolution]:
         """Every distinct resolution made so far (one per signature)."""
         return list(self._cache.values())
 
-    def _interfered(self, base: Resolution, phase: str) -> Resolution:
-        """A measured or interpolated latency times the interference factor of ``phase`` (``all`` when the
-        profile has none for it)."""
-        factor = self.interference.get(phase, self.interference.get(ALL))
-        if factor is None or base.source == MODELLED:
+    def _interfered(self, base: Resolution, phase: str, stage: int | None) -> Resolution:
+        """A measured or interpolated latency times the interference factor of ``phase`` on ``stage`` (the
+        phase's over all stages, or phase ``all``'s, when the profile has none for it)."""
+        where = next((key for key in ((stage, phase), (None, phase), (None, ALL)) if key in self.interference), None)
+        if where is None or base.source == MODELLED:
             return base
-        where = phase if phase in self.interference else ALL
+        factor = self.interference[where]
         extra = base.latency_us * (factor - 1.0)
+        label = where[1] if where[0] is None else f"{where[1]}, stage {where[0]}"
         return Resolution(base.latency_us + extra, base.source,
-                          f"{base.detail}, x {factor:.3f} (measured interference, {where})", base.kernels,
+                          f"{base.detail}, x {factor:.3f} (measured interference, {label})", base.kernels,
                           ((OPERATOR, base.latency_us), (INTERFERENCE, extra)))
 
     def _resolve(self, op: Op) -> Resolution:
@@ -199,26 +204,36 @@ class HostGapResolver:
         self.profile = profile
         self.device_type = device_type
         self.events = pl.DataFrame(schema=EVENTS_SCHEMA)
-        self._by_phase: dict[str, Resolution] | None = None
+        self._by_phase: dict[tuple[int | None, str], Resolution] | None = None
 
-    def fit(self, placed: set[tuple[str, str, str]]) -> None:
+    def fit(self, placed: set[tuple[str, str, str]], stage_of: dict[int, int] | None = None) -> None:
         """Find the calls of the operators with the signatures the model places in the profile's timeline
-        (:attr:`events`) and measure the gaps before them."""
+        (:attr:`events`) and measure the gaps before them, over all ranks and, with ``stage_of`` (the profile's
+        rank -> pipeline stage, when it is the simulated run's own layout), per stage."""
         self._by_phase = {}
         if self.profile is None:
             return
         tables = self.profile.tables
         self.events = placed_events(tables["cpu_ops"], tables["kernels"], tables["collectives"], placed)
-        gaps = op_gaps(self.events)
-        for phase, ops, rank_iterations, mean, median, p90 in gaps.filter(
-                pl.col("device_type") == self.device_type).select(
-                "phase", "ops", "rank_iterations", "mean_us", "median_us", "p90_us").iter_rows():
-            detail = (f"mean gap before an op ({phase}): {ops} ops over {rank_iterations} rank-iterations, "
-                      f"median {median:.1f} us, p90 {p90:.1f} us")
-            self._by_phase[phase] = Resolution(mean, MEASURED, detail)
+        subsets = [(None, self.events)]
+        if stage_of:
+            staged = self.events.with_columns(
+                stage=pl.col("rank").replace_strict(stage_of, default=None, return_dtype=pl.Int64))
+            subsets += [(stage, group.drop("stage")) for (stage,), group in staged.group_by("stage")
+                        if stage is not None]
+        for stage, events in subsets:
+            gaps = op_gaps(events).filter(pl.col("device_type") == self.device_type)
+            for phase, ops, rank_iterations, mean, median, p90 in gaps.select(
+                    "phase", "ops", "rank_iterations", "mean_us", "median_us", "p90_us").iter_rows():
+                where = phase if stage is None else f"{phase}, stage {stage}"
+                detail = (f"mean gap before an op ({where}): {ops} ops over {rank_iterations} rank-iterations, "
+                          f"median {median:.1f} us, p90 {p90:.1f} us")
+                self._by_phase[(stage, phase)] = Resolution(mean, MEASURED, detail)
 
-    def resolve(self, phase: str) -> Resolution | None:
-        """The gap before one operator of ``phase``; ``None`` when the profile has no timeline."""
+    def resolve(self, phase: str, stage: int | None = None) -> Resolution | None:
+        """The gap before one operator of ``phase`` on ``stage`` (else of the phase over all stages, else of any
+        phase); ``None`` when the profile has no timeline."""
         if self._by_phase is None:
             raise RuntimeError("HostGapResolver.fit() must come first")
-        return self._by_phase.get(phase) or self._by_phase.get(ALL)
+        return next((self._by_phase[key] for key in ((stage, phase), (None, phase), (None, ALL))
+                     if key in self._by_phase), None)

@@ -4,7 +4,9 @@
 Each operator is preceded by the host gap measured before operators of its phase (:class:`HostGapResolver`):
 a block's time is its operators' latencies (``compute_us``) plus their gaps (``host_us``). Collectives get no
 gap of their own; the time to issue one and to resume after it is in the gap before the next operator, where it
-was measured.
+was measured. When the profile is the run's own recording (as many ranks, its stages named by its spans), each
+pipeline stage gets its own measured gaps and interference factors: stages of one run share the machine
+differently (which pass runs while another stage waits).
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import polars as pl
+
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
+from vtrain.naming import SPAN_PREFIX, parse_span_name
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collectives import CollectiveResolver, wait_once
 from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
@@ -53,13 +58,14 @@ class WorkloadResolver:
         self.ops = ops
         self.collectives = collectives
         self.gaps = HostGapResolver(ops.profile, ops.device_type)
-        self._steps: dict[tuple[str, str, bool], tuple[tuple[ResolvedStep, ...], float, float, float]] = {}
+        self._steps: dict[tuple[str, str, bool, int | None], tuple[tuple[ResolvedStep, ...], float, float, float]] = {}
+        self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
 
-    def resolve_step(self, step: Step, phase: str) -> ResolvedStep:
-        """Resolve one op (profile or device model, and the gap before it in ``phase``) or collective (NCCL
-        table or α-β)."""
+    def resolve_step(self, step: Step, phase: str, stage: int | None = None) -> ResolvedStep:
+        """Resolve one op (profile or device model, and the gap before it in ``phase`` on ``stage``) or
+        collective (NCCL table or α-β)."""
         if isinstance(step, Op):
-            resolution, gap = self.ops.resolve(step, phase), self.gaps.resolve(phase)
+            resolution, gap = self.ops.resolve(step, phase, stage), self.gaps.resolve(phase, stage)
             if gap is not None:  # said on the op, so that the predicted trace's operators say it
                 resolution = replace(resolution, detail=f"{resolution.detail}; with a {gap.source} host gap of "
                                                         f"{gap.latency_us:.1f} us before it ({phase})")
@@ -72,10 +78,11 @@ class WorkloadResolver:
         p = self.config.parallelism
         return {"tp": (p.tp, 1), "dp": (p.dp, p.tp), "pp": (2, p.tp * p.dp)}[purpose]
 
-    def _block(self, kind: str, phase: str, layer: int | None, accumulate: bool = False) -> BlockWork:
-        key = (kind, phase, accumulate)
+    def _block(self, kind: str, phase: str, layer: int | None, stage: int, accumulate: bool = False) -> BlockWork:
+        where = stage if self._per_stage else None
+        key = (kind, phase, accumulate, where)
         if key not in self._steps:
-            resolved = tuple(self.resolve_step(s, phase) for s in self._block_steps(kind, phase, accumulate))
+            resolved = tuple(self.resolve_step(s, phase, where) for s in self._block_steps(kind, phase, accumulate))
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
             host = max(0.0, self._issued_us(resolved) - tp - compute)
@@ -109,6 +116,25 @@ class WorkloadResolver:
             return _BACKWARD_STEPS[kind](self.shape, accumulate)
         return _FORWARD_STEPS[kind](self.shape)  # forward or recompute
 
+    def _profile_stages(self) -> dict[int, int] | None:
+        """The pipeline stage of each rank of the profile's timeline, from its ``vtrain/forward stage=S`` spans,
+        when the profile has as many ranks and stages as this run (its own recording), else ``None``: another
+        run's stages say nothing about this one's."""
+        profile, par = self.ops.profile, self.config.parallelism
+        if profile is None or profile.metadata.get("world_size") != par.world_size:
+            return None
+        passes = profile["cpu_ops"].filter(pl.col("name").str.starts_with(f"{SPAN_PREFIX}forward ")).select(
+            "rank", "name").unique()
+        stages: dict[int, set[int]] = {}
+        for rank, name in passes.iter_rows():
+            parsed = parse_span_name(name)
+            if parsed is not None and parsed[1].get("stage", "").isdigit():
+                stages.setdefault(rank, set()).add(int(parsed[1]["stage"]))
+        if len(stages) != par.world_size or any(len(found) != 1 for found in stages.values()):
+            return None
+        stage_of = {rank: found.pop() for rank, found in stages.items()}
+        return stage_of if set(stage_of.values()) == set(range(par.pp)) else None
+
     def _placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
         """Signatures of every operator the run places (what the host gaps are measured between)."""
         kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
@@ -121,7 +147,7 @@ class WorkloadResolver:
 
     def forward(self, chunk: Chunk) -> PhaseWork:
         """One micro-batch's forward pass through a chunk."""
-        return PhaseWork(tuple(self._block(kind, "forward", layer) for kind, layer in chunk.forward_blocks()))
+        return PhaseWork(tuple(self._block(kind, "forward", layer, chunk.stage) for kind, layer in chunk.forward_blocks()))
 
     def backward(self, chunk: Chunk, accumulate: bool) -> PhaseWork:
         """One micro-batch's backward pass through a chunk, blocks in reverse order; with full recomputation
@@ -130,14 +156,15 @@ class WorkloadResolver:
         blocks: list[BlockWork] = []
         for kind, layer in reversed(chunk.forward_blocks()):
             if recompute and kind == "layer":
-                blocks.append(self._block(kind, "recompute", layer))
-            blocks.append(self._block(kind, "backward", layer, accumulate))
+                blocks.append(self._block(kind, "recompute", layer, chunk.stage))
+            blocks.append(self._block(kind, "backward", layer, chunk.stage, accumulate))
         return PhaseWork(tuple(blocks))
 
     def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
         """Adam over the parameter shards of a stage."""
         steps = gpt.optimizer_step(self.shape, stage_parameters(self.shape, chunks))
-        resolved = tuple(self.resolve_step(s, "optimizer") for s in steps)
+        where = chunks[0].stage if self._per_stage else None
+        resolved = tuple(self.resolve_step(s, "optimizer", where) for s in steps)
         compute, host = sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved)
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
 
@@ -176,8 +203,10 @@ class WorkloadResolver:
     def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
         """Resolved work for every (stage, chunk) of the partition."""
         par = self.config.parallelism
-        self.gaps.fit(self._placed(chunks))
-        self.ops.calibrate(self.gaps.events)
+        stage_of = self._profile_stages()
+        self._per_stage = stage_of is not None
+        self.gaps.fit(self._placed(chunks), stage_of)
+        self.ops.calibrate(self.gaps.events, stage_of)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)

@@ -18,10 +18,11 @@ _PASSES = ("forward", "backward", "optimizer")
 
 
 def simulated_terms(simulation: Any) -> dict[str, Any]:
-    """``gap_ms``, ``interference_ms`` and ``straggler_wait_ms`` per rank and iteration, and per phase the gap
-    before one operator (``gap_us``) and the interference factor on operator medians (``interference``)."""
+    """``gap_ms``, ``interference_ms`` and ``straggler_wait_ms`` per rank and iteration, and per phase the mean
+    gap before one operator (``gap_us``) and the interference factor on operator medians (``interference``),
+    over all stages."""
     totals = {"gap_ms": 0.0, "interference_ms": 0.0, "straggler_wait_ms": 0.0}
-    gap_us: dict[str, float] = {}
+    gaps: dict[str, list[float]] = defaultdict(list)
     operator = defaultdict(float)
     interference = defaultdict(float)
     stages = max(simulation.graph.stages, 1)
@@ -38,10 +39,11 @@ def simulated_terms(simulation: Any) -> dict[str, Any]:
                 totals["interference_ms"] += _part(step.resolution, INTERFERENCE) / 1e3 / stages
                 totals["straggler_wait_ms"] += _part(step.resolution, STRAGGLER_WAIT) / 1e3 / stages
                 if step.gap is not None:
-                    gap_us[block.phase] = step.gap.latency_us
+                    gaps[block.phase].append(step.gap.latency_us)
                 operator[block.phase] += _part(step.resolution, OPERATOR)
                 interference[block.phase] += _part(step.resolution, INTERFERENCE)
     factors = {phase: 1.0 + interference[phase] / operator[phase] for phase in operator if operator[phase] > 0}
+    gap_us = {phase: sum(values) / len(values) for phase, values in gaps.items()}
     return {**totals, "gap_us": gap_us, "interference": factors}
 
 
