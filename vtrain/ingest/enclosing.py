@@ -5,7 +5,8 @@ open ops, the op on top of the stack at a point is the last op before the point 
 the point's time (one that ended earlier was popped, everything pushed after it is popped too). Finding "the last
 position before ``p`` with a value above ``t``" for every point at once takes a sparse table of running maxima of
 the ends and a logarithmic number of vectorised steps, so no Python code runs per op. The sort is the one of the
-stack walk this replaced, so ops with the same start and end nest as they did there.
+stack walk this replaced, stable, so ops with the same start and end nest in file order as they did there (the
+later one, a child written after its parent, is the innermost) and the result is the same on every run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def enclosing_op_ids(ops: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:
     walk = pl.concat([
         ops.select("tid", "ts", end=pl.col("ts") + pl.col("dur"), ident="external_id", is_op=pl.lit(True)),
         probes.select("tid", "ts", end=pl.col("ts"), ident="correlation", is_op=pl.lit(False)),
-    ]).sort("tid", "ts", "end", descending=[False, False, True])
+    ]).sort("tid", "ts", "end", descending=[False, False, True], maintain_order=True)
     # a probe's own end is its time: it never counts as open at a later probe
     ends = walk["end"]
     points = walk.with_row_index("position").filter(~pl.col("is_op"))
