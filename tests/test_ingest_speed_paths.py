@@ -161,11 +161,11 @@ def test_a_trace_without_events_gives_empty_tables(tmp_path: Path) -> None:
 
 
 def _walk(ops: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:
-    """The reference: a stack of open ops, walked per thread over the same sorted order."""
+    """The reference: a stack of open ops, walked per thread over the same (stable) sorted order."""
     events = pl.concat([
         ops.select("tid", "ts", end=pl.col("ts") + pl.col("dur"), ident="external_id", is_op=pl.lit(True)),
         probes.select("tid", "ts", end=pl.col("ts"), ident="correlation", is_op=pl.lit(False)),
-    ]).sort("tid", "ts", "end", descending=[False, False, True])
+    ]).sort("tid", "ts", "end", descending=[False, False, True], maintain_order=True)
     found: list[tuple[int, int | None]] = []
     stack: list[tuple[float, int]] = []
     current = object()
