@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
-import time
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,17 +22,28 @@ class ProcessCost:
     max_rss_mb: float
 
 
+#: runs a command and prints its wall time and peak RSS. A process spawned by pytest starts with pytest's own
+#: peak RSS (Linux carries the parent's high-water mark over the exec), hundreds of MB once a large trace was
+#: generated, so each tool is spawned by this small launcher instead.
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+_, status, usage = os.wait4(process.pid, 0)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "max_rss_mb": usage.ru_maxrss / 1024,
+                  "code": os.waitstatus_to_exitcode(status), "stderr": process.stderr.read().decode()[-2000:]}))
+"""
+
+
 def run_measured(command: list[str]) -> ProcessCost:
-    """Run a whole process; its wall time and its own peak resident set size (from wait4)."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    stderr = process.stderr.read().decode() if process.stderr else ""
-    if process.returncode != 0:
-        raise AssertionError(f"{command} failed ({process.returncode}): {stderr[-2000:]}")
-    return ProcessCost(seconds=seconds, max_rss_mb=usage.ru_maxrss / 1024)
+    """Run a whole process from :data:`_LAUNCHER`; its wall time and its own peak resident set size."""
+    launched = subprocess.run([sys.executable, "-c", _LAUNCHER, *command], capture_output=True, text=True,
+                              check=True)
+    result = json.loads(launched.stdout)
+    if result["code"] != 0:
+        raise AssertionError(f"{command} failed ({result['code']}): {result['stderr']}")
+    return ProcessCost(seconds=result["seconds"], max_rss_mb=result["max_rss_mb"])
 
 
 def _generated(tmp_path_factory: pytest.TempPathFactory, name: str, min_bytes: int) -> Path:

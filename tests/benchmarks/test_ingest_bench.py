@@ -6,15 +6,13 @@ also the median time and peak RSS of both side by side (HTA runs after vtrain).
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.conftest import ProcessCost
+from tests.benchmarks.conftest import ProcessCost, run_measured
 
 HTA_PARSE = ("from hta.trace_analysis import TraceAnalysis; import sys; "
              "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)")
@@ -22,30 +20,6 @@ HTA_PARSE = ("from hta.trace_analysis import TraceAnalysis; import sys; "
 
 #: each tool's runs on the 127 MB trace, to put them side by side
 _RUNS: dict[str, list[ProcessCost]] = {}
-
-#: runs a command and prints its wall time and peak RSS. A process spawned by pytest starts with pytest's own
-#: peak RSS (Linux carries the parent's high-water mark over the exec), hundreds of MB once the 1 GB trace was
-#: generated, so each tool is spawned by this small launcher instead.
-_LAUNCHER = """
-import json, os, subprocess, sys, time
-started = time.perf_counter()
-process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-_, status, usage = os.wait4(process.pid, 0)
-seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "max_rss_mb": usage.ru_maxrss / 1024,
-                  "code": os.waitstatus_to_exitcode(status), "stderr": process.stderr.read().decode()[-2000:]}))
-"""
-
-
-def run_measured(command: list[str]) -> ProcessCost:
-    """Run a whole process from :data:`_LAUNCHER`; its wall time and its own peak resident set size."""
-    launched = subprocess.run([sys.executable, "-c", _LAUNCHER, *command], capture_output=True, text=True,
-                              check=True)
-    result = json.loads(launched.stdout)
-    if result["code"] != 0:
-        raise AssertionError(f"{command} failed ({result['code']}): {result['stderr']}")
-    return ProcessCost(seconds=result["seconds"], max_rss_mb=result["max_rss_mb"])
-
 
 def _command(tool: str, trace_dir: Path, out: Path) -> list[str]:
     if tool == "vtrain":
