@@ -57,15 +57,21 @@ def align(members: list[list[Call]], source: str) -> None:
             time_match(list(group), source)
 
 
-def pair_in_order(sends: list[Call], recvs: list[Call], source: str) -> None:
-    """Pair the k-th send with the k-th receive of one channel, per iteration and span label (phase and
-    micro-batch, when spans give them): transfers on one channel with one tag arrive in order."""
+def by_iteration_and_label(sends: list[Call], recvs: list[Call]) -> list[tuple[list[Call], list[Call]]]:
+    """The sends and receives of one channel per iteration and span label (phase and micro-batch, when spans
+    give them)."""
     by_label: dict[tuple, tuple[list[Call], list[Call]]] = defaultdict(lambda: ([], []))
     for send in sends:
         by_label[(send.iteration, send.label)][0].append(send)
     for recv in recvs:
         by_label[(recv.iteration, recv.label)][1].append(recv)
-    for sent, received in by_label.values():
+    return list(by_label.values())
+
+
+def pair_in_order(sends: list[Call], recvs: list[Call], source: str) -> None:
+    """Pair the k-th send with the k-th receive of one channel, per iteration and span label (phase and
+    micro-batch, when spans give them): transfers on one channel with one tag arrive in order."""
+    for sent, received in by_iteration_and_label(sends, recvs):
         if len(sent) != len(received):
             continue
         for send, recv in zip(*ordered((sent, received))):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from itertools import permutations
 
-from vtrain.tables.calls import Call, classes, ordered, pair_in_order
+from vtrain.tables.calls import Call, by_iteration_and_label, classes, ordered, pair_in_order
 
 #: most ranks per pipeline stage whose transfers are assigned by trying every one-to-one assignment
 MAX_REPLICAS = 8
@@ -90,12 +90,7 @@ def _last_posted(senders: dict[int, list[Call]], receivers: dict[int, list[Call]
 
 def _causal(sent: list[Call], received: list[Call]) -> bool:
     """Whether each receive, paired in order per iteration and label, completed after its send was posted."""
-    pairs: dict[tuple, tuple[list[Call], list[Call]]] = defaultdict(lambda: ([], []))
-    for send in sent:
-        pairs[(send.iteration, send.label)][0].append(send)
-    for recv in received:
-        pairs[(recv.iteration, recv.label)][1].append(recv)
-    for mine, theirs in pairs.values():
+    for mine, theirs in by_iteration_and_label(sent, received):
         if len(mine) != len(theirs):
             return False
         for send, recv in zip(*ordered((mine, theirs))):
