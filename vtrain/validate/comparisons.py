@@ -104,12 +104,13 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
              "error_pct": compare.error_pct(predicted_ms, m)} for it, m in job.iter_rows()]
     m_spans = with_stage(spans(frame, MEASURED).filter(tested), stage_of_ranks(ranks, layout))
     aligned_spans = align_spans(m_spans, spans(predicted, MEASURED), rank_map, {it: predicted_iteration for it in test})
-    aligned_ops = align_sequences(ops(frame, MEASURED).filter(tested), ops(predicted, MEASURED), rank_map,
+    measured_ops = ops(frame, MEASURED)
+    aligned_ops = align_sequences(measured_ops.filter(tested), ops(predicted, MEASURED), rank_map,
                                   predicted_iteration)
     n = rank_iterations(m_it)
     measured_ms = median_job(rows, "measured_ms")
     profiled_ms = measured_job_ms(frame, split.profile) if profile_dir is None else None
-    speed = gemm_time_ratio(ops(frame, MEASURED), split.profile, test) if profile_dir is None else None
+    speed = gemm_time_ratio(measured_ops, split.profile, test) if profile_dir is None else None
     details = {"profile": source, "profile_iterations": split.profile if profile_dir is None else None,
                "test_iterations": test, "coverage": prediction.coverage,
                "simulated_breakdown_ms": prediction.breakdown_ms, "simulated_terms": prediction.terms,
