@@ -35,7 +35,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
 def test_record_writes_one_trace_per_rank_and_run_yaml(recorded: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, done = recorded
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["rank-0.json.gz", "rank-1.json.gz", "run.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [".vtrain-output", "rank-0.json.gz", "rank-1.json.gz", "run.yaml"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging folder left behind"
     assert done.stdout.startswith(f"{out}: 2 rank(s) on cpu")
 
@@ -102,7 +102,7 @@ def test_existing_output_needs_force(tmp_path: Path) -> None:
     (out / "keep.txt").write_text("mine")
     result = CliRunner().invoke(app, ["record", *TINY, "-o", str(out)])
     assert result.exit_code == 2
-    assert result.output.strip() == f"error: {out}: output folder already exists (pass --force to replace it)"
+    assert result.output.strip() == f"error: {out}: output folder already exists (use --force to replace it)"
     assert (out / "keep.txt").read_text() == "mine"
 
 

@@ -61,7 +61,7 @@ def test_split_trains_to_the_single_rank_loss(run: Callable[..., Recording], sin
     result = run(**parallel)
     assert result.losses == pytest.approx(single_rank, rel=1e-5)
     assert result.config.hardware.device_count == 2
-    assert sorted(p.name for p in result.path.iterdir()) == ["rank-0.json.gz", "rank-1.json.gz", "run.yaml"]
+    assert sorted(p.name for p in result.path.iterdir()) == [".vtrain-output", "rank-0.json.gz", "rank-1.json.gz", "run.yaml"]
 
 
 def events(trace: Path) -> list[dict]:

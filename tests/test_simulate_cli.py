@@ -69,6 +69,6 @@ def test_writes_traces_and_refuses_to_clobber(tmp_path: Path) -> None:
     out = tmp_path / "pred"
     result = vtrain(TINY, "-o", out)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["rank-0.json.gz", "rank-2.json.gz", "run.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [".vtrain-output", "rank-0.json.gz", "rank-2.json.gz", "run.yaml"]
     again = vtrain(TINY, "-o", out)
     assert again.returncode == 2 and "already exists" in again.stderr

@@ -19,6 +19,7 @@ from vtrain.calibrate.drift import GONE, MIN_CHANGE, NEW, Z, Drift, compare_prof
 from vtrain.calibrate.profile import derive_profile, load_base_profile
 from vtrain.fit.device import refit
 from vtrain.errors import InputError
+from vtrain.outputs import check_output
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.report.drift import write_drift_report
 from vtrain.report.write import staged_folder
@@ -109,7 +110,7 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
     """
     trace_dir, base, output = Path(trace_dir), Path(base), Path(output)
     base_profile = load_base_profile(base)
-    _check_output(output, base, force)
+    _check_outputs(output, Path(report_dir), trace_dir, base, force)
     config, config_source, reference_reason = _reference_config(reference, trace_dir)
     loaded_suite = load_suite(suite) if suite is not None else None
     warnings: list[str] = []
@@ -132,11 +133,11 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
                        suite=sets, warnings=warnings)
 
 
-def _check_output(output: Path, base: Path, force: bool) -> None:
+def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, force: bool) -> None:
     if output.resolve() == base.resolve():
         raise InputError("the new profile would replace its own base profile; give another -o", output)
-    if output.exists() and not force:
-        raise InputError("profile folder already exists (use --force to replace it)", output)
+    check_output(output, inputs=[trace_dir, base], force=force, what="profile folder")
+    check_output(report_dir, inputs=[trace_dir, base, output], force=True, what="report folder")
 
 
 def _reference_config(reference: str | Path | None,

@@ -10,6 +10,7 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.errors import InputError
+from vtrain.outputs import check_output
 from vtrain.fit.build import FitSources, build_profile
 from vtrain.simulate.measured_runs import Hardware
 from vtrain.tables.store import write_profile
@@ -37,11 +38,11 @@ def fit_command(
     as_json: bool = typer.Option(False, "--json", help="Print the fitted parameters as JSON."),
 ) -> None:
     """Fit a device model to measurements and write it, with the imported tables, as a profile."""
-    if output.exists() and not force:
-        raise InputError("profile folder already exists (use --force to replace it)", output)
-    for path in [*nccl_tests, *vidur_compute, *vidur_network, *([llmcompass] if llmcompass else []),
-                 *([measurements] if measurements else []), *traces]:
-        if not path.exists():
+    inputs = [*nccl_tests, *vidur_compute, *vidur_network, *([llmcompass] if llmcompass else []),
+              *([measurements] if measurements else []), *traces, parent]
+    check_output(output, inputs=inputs, force=force, what="profile folder")
+    for path in inputs:
+        if path is not None and not path.exists():
             raise InputError("no such file or folder", path)
     nccl_tests, vidur_compute, vidur_network = _files(nccl_tests), _files(vidur_compute), _files(vidur_network)
     sources = FitSources(nccl_tests=nccl_tests, llmcompass=llmcompass, vidur_compute=vidur_compute,

@@ -19,6 +19,7 @@ from vtrain.cli.errors import report
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
+from vtrain.outputs import check_output
 from vtrain.tables.store import Profile, write_profile
 
 #: the command's one-line description (also in `vtrain --help`)
@@ -54,6 +55,7 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     # the process ends after the command: freezing the heap at exit spares the collector's walk over every object
     # at shutdown (a tenth of a second with polars loaded)
     atexit.register(gc.freeze)
+    check_output(output, inputs=[trace_dir], force=force, what="profile folder")
     files = find_trace_files(trace_dir)
     total = sum(f.stat().st_size for f in files)
 
@@ -63,8 +65,6 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
     watched = total >= PROGRESS_BYTES and sys.stderr.isatty()
     profile = _ingest_with_progress(trace_dir, total, warn) if watched else ingest_traces(trace_dir, warn=warn)
-    if output.exists() and not force:
-        write_profile(profile, output)  # raises the one-line "already exists" error
     write_profile(profile, output, overwrite=force)
     summary = {
         "profile": str(output),

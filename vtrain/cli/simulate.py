@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors
+from vtrain.outputs import check_output
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import Simulation, simulate
 from vtrain.simulate.chrome_trace import write_chrome_traces
@@ -52,6 +53,8 @@ def simulate_command(
         hardware = run.hardware
         run = replace(run, hardware=replace(hardware, device_count=gpus or hardware.device_count,
                                             device=device or hardware.device))
+    if output is not None:
+        check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None
     sim = simulate(run, table, source=config)
     written = write_chrome_traces(sim, output, overwrite=force) if output is not None else []

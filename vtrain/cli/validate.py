@@ -11,6 +11,7 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.errors import InputError
+from vtrain.outputs import check_output
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
@@ -73,6 +74,7 @@ def validate_command(
     if trace_dir is None:
         raise InputError("give a TRACE_DIR (a folder of traces) or --suite validators/NAME.yaml")
     target = output or REPORTS / trace_dir.resolve().name
+    check_output(target, inputs=[trace_dir, config, profile], force=True, what="report folder")
     with staged_folder(target) as staging:
         result = validate_traces(trace_dir, staging, config_path=config, profile_dir=profile, with_hta=not no_hta,
                                  warn=_warn)
@@ -92,6 +94,8 @@ def validate_command(
 def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bool, with_hta: bool) -> None:
     loaded = load_suite(path)
     target = output or REPORTS / f"suite-{loaded.name}"
+    check_output(target, inputs=[path, *(i for e in loaded.entries for i in (e.traces, e.config, e.profile))],
+                 force=True, what="report folder")
     results: list[SetResult] = []
     with staged_folder(target) as staging:
         for entry in loaded.entries:
@@ -123,6 +127,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     if not path.is_file():
         raise InputError("no such file", path)
     target = output or REPORTS / f"measurements-{path.stem}"
+    check_output(target, inputs=[path, profile], force=True, what="report folder")
     with staged_folder(target) as staging:
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
         write_measurement_report(result, staging)

@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 import vtrain
 from vtrain.errors import InputError
+from vtrain.outputs import check_output, mark
 from vtrain.record.worker import LEARNING_RATE, RankJob, loss_name, run_rank, trace_name
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
 
@@ -113,9 +114,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
     world = config.parallelism.world_size
     config = replace(config, hardware=replace(config.hardware, device_count=world))
     check_recordable(config, steps, warmup, device)
-    out = Path(out)
-    if out.exists() and not force:
-        raise InputError("output folder already exists (pass --force to replace it)", out)
+    out = check_output(out, force=force)
     threads = max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
     if _under_torchrun():
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
@@ -161,6 +160,7 @@ def _publish(staging: Path, out: Path, config: RunConfig, world: int, force: boo
     losses = [sum(step) / len(step) for step in zip(*per_rank)] if per_rank else []
     config = replace(config, recording={**config.recording, "loss": [round(x, 6) for x in losses]})
     save_run_config(config, staging / "run.yaml")
+    mark(staging)
     if out.exists() and force:
         old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
         out.rename(old)

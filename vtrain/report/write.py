@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from vtrain.outputs import check_output, mark
 from vtrain.report.html import render_html
 from vtrain.report.markdown import render_markdown
 from vtrain.validate.run import Validation
@@ -20,13 +21,16 @@ from vtrain.validate.run import Validation
 
 @contextmanager
 def staged_folder(target: Path) -> Iterator[Path]:
-    """Yield an empty staging folder; on success it replaces ``target``, on any error it is removed."""
+    """Yield an empty staging folder; on success it replaces ``target`` (only a folder vtrain wrote), on any
+    error it is removed."""
+    check_output(target, force=True, what="report folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a report folder is an ordinary folder
     try:
+        mark(staging)
         yield staging
         if target.exists():
             old = target.with_name(f".{target.name}.old-{staging.name[-8:]}")

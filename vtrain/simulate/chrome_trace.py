@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from vtrain.errors import InputError
+from vtrain.outputs import check_output, mark
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op
@@ -58,12 +59,11 @@ def trace_file_name(rank: int) -> str:
 
 def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool = False) -> list[Path]:
     """Write one trace per simulated rank and the run config (``run.yaml``) into ``out_dir``, atomically."""
-    target = Path(out_dir)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise InputError("output folder already exists and is not empty (use --force to replace it)", target)
+    target = check_output(out_dir, force=overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        mark(staging)
         names = []
         for stage in range(sim.graph.stages):
             rank = sim.stages[stage].rank

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
+from vtrain.outputs import check_output, mark
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
 METADATA_FILE = "metadata.json"
@@ -59,12 +60,11 @@ def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 
 def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = False) -> Path:
     """Write all tables and the metadata to ``target`` atomically; returns the final path."""
-    target = Path(target)
-    if target.exists() and not overwrite:
-        raise InputError("profile folder already exists (use --force to replace it)", target)
+    target = check_output(target, force=overwrite, what="profile folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        mark(staging)
         for name, frame in profile.tables.items():
             frame.write_parquet(staging / f"{name}.parquet")
         (staging / METADATA_FILE).write_text(json.dumps(profile.metadata, indent=2, sort_keys=False) + "\n")

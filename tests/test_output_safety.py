@@ -1,0 +1,122 @@
+"""Output folders never lose the user's data: an output that is, contains or lies in an input is refused before
+anything is touched, `--force` replaces only folders vtrain wrote, and unwritable outputs are refused up front."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HTA_TRACE_SETS, REPO
+
+A100 = next(p for p in HTA_TRACE_SETS if "a100" in p.name)
+RECORDED = REPO / "traces" / "t1p1d2"
+
+
+def vtrain(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def traces(tmp_path: Path) -> Path:
+    copy = tmp_path / "my-traces"
+    shutil.copytree(A100, copy)
+    return copy
+
+
+def _refused(result: subprocess.CompletedProcess[str], words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_ingest_into_its_own_trace_folder_is_refused(traces: Path, force: bool) -> None:
+    before = _snapshot(traces)
+    result = vtrain("ingest", traces, "-o", traces, *(["--force"] if force else []))
+    _refused(result, "is the input")
+    assert _snapshot(traces) == before
+    assert sorted(p.name for p in traces.parent.iterdir()) == ["my-traces"]  # no staging folder either
+
+
+def test_output_that_contains_the_input_is_refused(traces: Path) -> None:
+    before = _snapshot(traces)
+    _refused(vtrain("ingest", traces, "-o", traces.parent, "--force"), "contains the input")
+    assert _snapshot(traces) == before
+
+
+def test_force_replaces_only_what_vtrain_wrote(traces: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    _refused(vtrain("ingest", traces, "-o", mine, "--force"), "not written by vtrain")
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    # another trace folder given as -o is the user's data too
+    other = tmp_path / "other-traces"
+    shutil.copytree(A100, other)
+    before = _snapshot(other)
+    _refused(vtrain("ingest", traces, "-o", other, "--force"), "not written by vtrain")
+    assert _snapshot(other) == before
+
+
+def test_force_replaces_a_profile_vtrain_wrote(traces: Path, tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    assert vtrain("ingest", traces, "-o", out).returncode == 0
+    _refused(vtrain("ingest", traces, "-o", out), "already exists")
+    result = vtrain("ingest", traces, "-o", out, "--force")
+    assert result.returncode == 0, result.stderr
+    assert (out / "metadata.json").is_file() and (out / ".vtrain-output").is_file()
+
+
+def test_output_that_is_a_file_or_under_a_file_is_refused(traces: Path, tmp_path: Path) -> None:
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("keep me")
+    _refused(vtrain("ingest", traces, "-o", a_file, "--force"), "not a folder")
+    _refused(vtrain("ingest", traces, "-o", a_file / "profile"), "is a file")
+    assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_parent_is_refused(traces: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        _refused(vtrain("ingest", traces, "-o", locked / "profile"), "permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_validate_report_into_the_trace_folder_is_refused(tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(RECORDED, copy)
+    before = _snapshot(copy)
+    _refused(vtrain("validate", copy, "-o", copy, "--no-hta"), "is the input")
+    assert _snapshot(copy) == before
+
+
+def test_simulate_output_over_its_own_config_folder_is_refused(tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(RECORDED, copy)
+    before = _snapshot(copy)
+    _refused(vtrain("simulate", copy / "run.yaml", "-o", copy, "--force"), "contains the input")
+    _refused(vtrain("simulate", RECORDED / "run.yaml", "-o", copy, "--force"), "not written by vtrain")
+    assert _snapshot(copy) == before
+
+
+def test_calibrate_into_its_trace_folder_is_refused(traces: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    assert vtrain("ingest", traces, "-o", base).returncode == 0
+    before = _snapshot(traces)
+    _refused(vtrain("calibrate", traces, "--base", base, "-o", traces, "--force"), "is the input")
+    assert _snapshot(traces) == before

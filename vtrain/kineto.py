@@ -1,0 +1,80 @@
+"""The vocabulary of Kineto (PyTorch profiler) trace events, across PyTorch generations and accelerators.
+
+The one place that says what an event's category means; ingest and replay both look categories up here.
+
+- Category names are compared case-insensitively: PyTorch 1.8–1.9 wrote ``Kernel``, ``Runtime``, ``Memcpy``,
+  ``Memset``, ``Operator``; later versions write ``kernel``, ``cuda_runtime``, ``gpu_memcpy``, ...
+- Device activities are kernels, memory copies and memory sets of any accelerator: CUDA and ROCm (HIP traces use
+  the same categories), MTIA (``mtia_ccp_events``; its DMA activities are memory copies, by name, as HTA reads
+  them).
+- CUPTI ``cuda_sync`` records (Stream Sync, Context Sync, Event Sync, Stream Wait Event) are dependencies, not
+  device work: the replay keeps them, kernel times leave them out.
+- Arg keys likewise vary (``External id`` / ``external id``): :func:`arg_key` folds them.
+"""
+
+from __future__ import annotations
+
+#: what an event is: a device activity, a CPU operator or annotation, a runtime/driver call, a CUPTI sync record
+DEVICE, CPU, RUNTIME, SYNC = "device", "cpu", "runtime", "sync"
+
+#: device category (lower case) -> the activity's kind in the ``kernels`` table
+DEVICE_CATEGORIES: dict[str, str] = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memcpy": "memcpy",  # PyTorch 1.8-1.9
+    "memset": "memset",  # PyTorch 1.8-1.9
+    "mtia_ccp_events": "kernel",  # MTIA compute and DMA activities (DMA: a memcpy by name, see device_kind)
+}
+CPU_CATEGORIES = frozenset({"cpu_op", "user_annotation", "operator"})  # "Operator": PyTorch 1.8-1.9
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver", "mtia_runtime",
+                                "hip_runtime", "xpu_runtime", "privateuse1_runtime", "privateuse1_driver"})
+SYNC_CATEGORIES = frozenset({"cuda_sync"})
+
+#: the ``stream`` Kineto gives context-wide records (Context Sync): not a stream of its own
+ALL_STREAMS = 4294967295
+
+
+def event_kind(category: str) -> str | None:
+    """:data:`DEVICE`, :data:`CPU`, :data:`RUNTIME`, :data:`SYNC` or ``None`` for a category in any case."""
+    cat = category.lower()
+    if cat in DEVICE_CATEGORIES:
+        return DEVICE
+    if cat in CPU_CATEGORIES:
+        return CPU
+    if cat in RUNTIME_CATEGORIES:
+        return RUNTIME
+    if cat in SYNC_CATEGORIES:
+        return SYNC
+    return None
+
+
+def device_kind(category: str, name: str) -> str:
+    """``kernel``, ``memcpy`` or ``memset`` for a device activity (MTIA DMA activities are memory copies)."""
+    kind = DEVICE_CATEGORIES[category.lower()]
+    if kind == "kernel" and name.lower().startswith("dma"):
+        return "memcpy"
+    return kind
+
+
+def arg_key(key: str) -> str:
+    """An arg key folded to one spelling: lower case, spaces and dashes as underscores (``External id`` and
+    ``external id`` -> ``external_id``)."""
+    return key.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def parse_stream(value: object) -> int | None:
+    """A stream id as an integer: Kineto writes integers, ROCm traces sometimes hex strings (``"0x0"``)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return int(text, 16) if text.lower().startswith("0x") else int(text)
+        except ValueError:
+            return None
+    return None
