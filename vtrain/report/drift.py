@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,8 +13,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
-from vtrain.report.html import html_table
-from vtrain.report.markdown import markdown_table
+from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct
 from vtrain.report.write import write_json
 
@@ -32,13 +30,6 @@ LABEL = 48
 _TITLES = {COLLECTIVE: "Collectives (collective x group size x bytes)", KERNEL: "Kernels (by name)",
            OP: "Operator signatures (op + input dims + dtypes)"}
 _COLOURS = {"slower": "#e45756", "faster": "#54a24b", "unchanged": "#bab0ac"}
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
-.note { color: #555; }
-"""
 
 
 def rule_lines() -> list[str]:
@@ -123,28 +114,37 @@ def _band(value: float | None, pooled: bool | None) -> str:
     return f"±{100 * (value - 1):.1f} %" + (" *" if pooled else "")
 
 
-def _sections(calibration: Calibration) -> list[tuple[str, list[tuple[str, Table | str]]]]:
-    """The report's sections: a title and its parts (a sub-title and a table, or a line of text)."""
+def document(calibration: Calibration, *, with_figures: bool = False) -> doc.Document:
+    """The report's sections, in order; with ``with_figures`` the plot of every ratio with its noise band."""
     c, drift = calibration, calibration.drift
-    parts: list[tuple[str, list[tuple[str, Table | str]]]] = [
-        ("What moved", [("", counts(c))]),
-        ("Software and device", [("", software(c) if drift.software else "no software version or device changed")]),
-        ("Reference run", [("", reference(c.reference) if c.reference else f"not predicted: {c.reference_reason}")]),
-        ("Collective types", [("", collective_types(c))]),
+    heading: list[doc.Block] = [doc.Bullets(_heading(c)), doc.Text("Rule:"), doc.Bullets(rule_lines())]
+    if with_figures:
+        figure = ratio_figure(c)
+        heading.append(doc.Figure(figure) if figure is not None
+                       else doc.Text("no row is in both profiles: nothing to plot", note=True))
+    sections = [
+        doc.Section("What moved", [doc.TableBlock(counts(c))]),
+        doc.Section("Software and device", [doc.TableBlock(software(c)) if drift.software
+                                            else doc.Text("no software version or device changed")]),
+        doc.Section("Reference run", [doc.TableBlock(reference(c.reference)) if c.reference
+                                      else doc.Text(f"not predicted: {c.reference_reason}")]),
+        doc.Section("Collective types", [doc.TableBlock(collective_types(c))]),
     ]
     for kind in (COLLECTIVE, KERNEL, OP):
         frame = drift.tables()[kind]
         unchanged = frame.filter(pl.col("status") == "unchanged").height
-        parts.append((_TITLES[kind], [
-            ("Moved", rows(frame, MOVED)), ("Only in one profile", rows(frame, (NEW, GONE))),
-            ("", f"{unchanged:,} of {frame.height:,} rows unchanged"
-                 + (f"; at most {LISTED} rows are listed per table, all are in drift.json" if frame.height > LISTED
-                    else ""))]))
+        listed = f"; at most {LISTED} rows are listed per table, all are in drift.json" if frame.height > LISTED else ""
+        sections += [doc.Section(_TITLES[kind]),
+                     doc.Section("Moved", [doc.TableBlock(rows(frame, MOVED))], level=3),
+                     doc.Section("Only in one profile", [doc.TableBlock(rows(frame, (NEW, GONE))),
+                                                         doc.Text(f"{unchanged:,} of {frame.height:,} rows "
+                                                                  f"unchanged{listed}")], level=3)]
     if c.suite is not None:
-        parts.append((f"Validation suite `{c.suite_name}` with the old and the new profile", [("", suite(c))]))
+        sections.append(doc.Section(f"Validation suite `{c.suite_name}` with the old and the new profile",
+                                    [doc.TableBlock(suite(c))]))
     if c.warnings:
-        parts.append(("Warnings", [("", f"- {w}") for w in c.warnings]))
-    return parts
+        sections.append(doc.Section("Warnings", [doc.Bullets(list(c.warnings))]))
+    return doc.Document(f"Calibration drift: `{c.output}` against `{c.base_path}`", heading, sections)
 
 
 def _heading(calibration: Calibration) -> list[str]:
@@ -157,36 +157,13 @@ def _heading(calibration: Calibration) -> list[str]:
 
 def render_markdown(calibration: Calibration) -> str:
     """``report.md``."""
-    out = [f"# Calibration drift: `{calibration.output}` against `{calibration.base_path}`\n"]
-    out += [f"- {line}" for line in _heading(calibration)] + ["", "Rule:", ""]
-    out += [f"- {line}" for line in rule_lines()] + [""]
-    for title, parts in _sections(calibration):
-        out.append(f"## {title}\n")
-        for sub, part in parts:
-            if sub:
-                out.append(f"### {sub}\n")
-            out.append(markdown_table(part) if isinstance(part, tuple) else f"{part}\n")
-    return "\n".join(out)
+    return doc.render_markdown(document(calibration))
 
 
 def render_html(calibration: Calibration) -> str:
     """``report.html``: the same sections and a plot of every ratio with its noise band."""
-    c = calibration
-    parts = [f"<h1>Calibration drift: {html.escape(str(c.output))} against {html.escape(str(c.base_path))}</h1>",
-             "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _heading(c)) + "</ul>",
-             "<p class='note'>" + "<br>".join(html.escape(line) for line in rule_lines()) + "</p>"]
-    figure = ratio_figure(c)
-    parts.append(figure.to_html(full_html=False, include_plotlyjs="inline") if figure is not None
-                 else "<p class='note'>no row is in both profiles: nothing to plot</p>")
-    for title, section in _sections(c):
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        for sub, part in section:
-            if sub:
-                parts.append(f"<h3>{html.escape(sub)}</h3>")
-            parts.append(html_table(part) if isinstance(part, tuple) else f"<p>{html.escape(part)}</p>")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>vtrain calibrate: "
-            f"{html.escape(c.output.name)}</title><style>{_STYLE}</style></head><body>"
-            + "\n".join(parts) + "</body></html>\n")
+    return doc.render_html(document(calibration, with_figures=True),
+                           page_title=f"vtrain calibrate: {calibration.output.name}")
 
 
 def ratio_figure(calibration: Calibration) -> go.Figure | None:

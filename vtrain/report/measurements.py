@@ -9,8 +9,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.report.html import _STYLE, html_table
-from vtrain.report.markdown import markdown_table
+from vtrain.report.document import STYLE as _STYLE
+from vtrain.report.document import html_table, markdown_table
 from vtrain.report.tables import Table
 from vtrain.report.write import write_json
 from vtrain.validate.measurements import MeasurementValidation

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from vtrain.report.markdown import markdown_table
+from vtrain.report.document import markdown_table
 from vtrain.report.tables import Table, ms, pct
 from vtrain.validate.suite import Suite, SuiteEntry, check
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vtrain.report.document import Table  # header, rows
 from vtrain.validate.compare import Comparison
-
-Table = tuple[list[str], list[list[str]]]  # header, rows
 
 
 def ms(value: float | None) -> str:

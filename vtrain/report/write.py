@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vtrain.outputs import check_output, mark
-from vtrain.report.html import render_html
-from vtrain.report.markdown import render_markdown
+from vtrain.report.validation import render_html, render_markdown
 from vtrain.validate.run import Validation
 
 

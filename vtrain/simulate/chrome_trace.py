@@ -25,7 +25,6 @@ from typing import Any
 
 import msgspec
 
-from vtrain.errors import InputError
 from vtrain.outputs import check_output, mark
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
