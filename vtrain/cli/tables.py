@@ -1,22 +1,26 @@
-"""`vtrain tables PROFILE_DIR [--top N]`."""
+"""`vtrain tables PROFILE_DIR [--top N]`.
+
+The tables fit the terminal: operator names are never abbreviated (a long one wraps), shapes wrap, numbers never
+wrap, and at narrow widths the least needed columns (dtypes, algorithm bandwidth, kernel names) go first.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from vtrain.cli.errors import user_errors
 from vtrain.tables.store import load_profile
 
-
-def _shorten(text: str | None, width: int) -> str:
-    if text is None:
-        return "-"
-    return text if len(text) <= width else text[: width - 1] + "…"
+#: below this many columns the op table shows no kernel names and the NCCL table no algorithm bandwidth
+WIDE = 110
 
 
 @user_errors
@@ -31,23 +35,71 @@ def tables_command(
     device = meta.get("device", {})
     console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type')}, ranks {meta.get('ranks')} "
                   f"of {meta.get('world_size') or '?'}, iterations {meta.get('iterations')}")
+    wide = console.width >= WIDE
+    console.print(op_table(profile.op_latency, top, wide))
+    console.print(nccl_table(profile.nccl_latency, top, wide))
 
-    ops = profile.op_latency.sort(pl.col("median_us") * pl.col("count"), descending=True).head(top)
-    table = Table(title=f"op_latency: top {top} of {profile.op_latency.height} signatures by total time")
-    for column in ("op", "input dims", "types", "kernels", "count", "median µs", "p10 µs", "p90 µs"):
-        table.add_column(column, justify="right" if "µs" in column or column == "count" else "left")
+
+def op_table(op_latency: pl.DataFrame, top: int, wide: bool) -> Table:
+    """The ``top`` operator signatures by total time; narrow terminals show each shape under its operator."""
+    ops = op_latency.sort(pl.col("median_us") * pl.col("count"), descending=True).head(top)
+    table = Table(title=f"op_latency: top {top} of {op_latency.height} signatures by total time (times in µs)",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("op" if wide else "op / input dims · dtypes", overflow="fold", ratio=2)
+    if wide:
+        table.add_column("input dims · dtypes", overflow="fold", ratio=2)
+        table.add_column("kernels", overflow="ellipsis", ratio=1)
+    for column in ("count", "median", "p10", "p90"):
+        table.add_column(column, justify="right", no_wrap=True)
     for row in ops.iter_rows(named=True):
-        table.add_row(_shorten(row["op"], 40), _shorten(row["input_dims"], 30), _shorten(row["input_types"], 20),
-                      f"{row['n_kernels']}: {_shorten(row['kernels'], 40)}", f"{row['count']:,}",
-                      f"{row['median_us']:.1f}", f"{row['p10_us']:.1f}", f"{row['p90_us']:.1f}")
-    console.print(table)
+        shape = " · ".join(part for part in (row["input_dims"], row["input_types"]) if part) or "-"
+        cells = [Text(row["op"]), Text(shape)] if wide else [Text.assemble(row["op"], "\n", (shape, "dim"))]
+        if wide:
+            cells.append(Text(f"{row['n_kernels']}: {kernel_names(row['kernels'])}"))
+        cells += [f"{row['count']:,}", f"{row['median_us']:.1f}", f"{row['p10_us']:.1f}", f"{row['p90_us']:.1f}"]
+        table.add_row(*cells)
+    return table
 
-    nccl = profile.nccl_latency.head(top)
-    table = Table(title=f"nccl_latency: {min(top, nccl.height)} of {profile.nccl_latency.height} rows")
-    for column in ("collective", "group", "bytes", "count", "median µs", "algbw GB/s", "busbw GB/s", "algorithm"):
-        table.add_column(column, justify="left" if column in ("collective", "algorithm") else "right")
+
+def nccl_table(nccl_latency: pl.DataFrame, top: int, wide: bool) -> Table:
+    """The first ``top`` rows of the collective latency table."""
+    nccl = nccl_latency.head(top)
+    table = Table(title=f"nccl_latency: {min(top, nccl.height)} of {nccl_latency.height} rows",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("collective", no_wrap=True)
+    columns = ["group", "bytes", "count", "median µs", *(["algbw GB/s"] if wide else []), "busbw GB/s"]
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("algorithm", no_wrap=True)
     for row in nccl.iter_rows(named=True):
         busbw = "-" if row["busbw_gbps"] is None else f"{row['busbw_gbps']:.2f}"
-        table.add_row(row["collective"], str(row["group_size"] or "?"), f"{row['bytes']:,}", f"{row['count']:,}",
-                      f"{row['median_us']:.1f}", f"{row['algbw_gbps']:.2f}", busbw, row["algorithm"] or "-")
-    console.print(table)
+        cells = [row["collective"], str(row["group_size"] or "?"), size(row["bytes"]), f"{row['count']:,}",
+                 f"{row['median_us']:.1f}", *([f"{row['algbw_gbps']:.2f}"] if wide else []), busbw,
+                 row["algorithm"] or "-"]
+        table.add_row(*cells)
+    return table
+
+
+def kernel_names(kernels: str | None) -> str:
+    """Kernel names without return types, template arguments or parameter lists (``void at::native::f<...>(...)``
+    -> ``at::native::f``)."""
+    if not kernels:
+        return "-"
+    return ", ".join(_short_kernel(name) for name in kernels.split(";"))
+
+
+def size(count: int | None) -> str:
+    """Bytes in binary units (``8.2 MiB``)."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GiB"
+
+
+def _short_kernel(name: str) -> str:
+    name = re.sub(r"^(void|__global__)\s+", "", name.strip())
+    return re.split(r"[<(]", name, maxsplit=1)[0] or name
