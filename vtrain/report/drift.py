@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import plotly.graph_objects as go
 import polars as pl
@@ -13,12 +13,10 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
+from vtrain.calibrate.result import Calibration
 from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct
 from vtrain.report.write import write_json
-
-if TYPE_CHECKING:
-    from vtrain.calibrate.run import Calibration
 
 #: rows listed per kind and status group in report.md / report.html (all of them are in drift.json)
 LISTED = 100
