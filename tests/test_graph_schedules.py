@@ -5,7 +5,7 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from vtrain.graph.schedules import BACKWARD, FORWARD, stage_order
+from vtrain.parallel import BACKWARD, FORWARD, stage_order
 from vtrain.runconfig import RunConfig, run_config_from_dict
 from vtrain.simulate import simulate
 
@@ -93,12 +93,3 @@ def test_task_counts() -> None:
     assert kinds.count("forward") == kinds.count("backward") == p * m
     assert kinds.count("pp") == 2 * (p - 1) * m
     assert kinds.count("optimizer") == p and kinds.count("dp") == 0
-
-
-@pytest.mark.parametrize(("schedule", "v", "p", "m"), CASES)
-def test_schedules_are_the_recorders(schedule: str, v: int, p: int, m: int) -> None:
-    from vtrain.record.schedules import build_schedule
-
-    for stage in range(p):
-        recorded = [(a.kind, a.chunk, a.mb) for a in build_schedule(schedule, stage, p, v, m)]
-        assert stage_order(schedule, p, m, stage, v) == recorded

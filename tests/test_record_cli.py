@@ -81,7 +81,7 @@ def test_recording_loads_in_hta_and_vtrain_ingest(recorded: tuple[Path, subproce
     (["--vocab", "127", "--tp", "2"], "vocab (127) is not divisible by tp (2)"),
     (["--global-batch", "5"], "global batch (5) is not divisible by dp*micro_batch (1*2)"),
     (["--schedule", "zigzag"], "schedule must be one of"),
-    (["--schedule", "interleaved", "--virtual-stages", "2"], "interleaved needs pp >= 2"),
+    (["--schedule", "interleaved", "--virtual-stages", "2"], "needs pp >= 2"),
     (["--recompute", "selective"], "recompute must be one of"),
     (["--precision", "fp16"], "fp16 needs loss scaling"),
     (["--warmup", "0"], "--warmup must be >= 1"),

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from vtrain.errors import InputError
+from vtrain.parallel import SCHEDULES
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE = ("none", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from vtrain.graph.schedules import FORWARD, stage_order
 from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
+from vtrain.parallel import FORWARD, stage_order
 from vtrain.runconfig import RunConfig
 
 COMPUTE_KINDS = ("forward", "backward", "optimizer")

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import vtrain
 from vtrain.errors import InputError
 from vtrain.outputs import check_output, mark
-from vtrain.record.worker import LEARNING_RATE, RankJob, loss_name, run_rank, trace_name
+from vtrain.record.worker import LEARNING_RATE, RankJob, run_rank, trace_name
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -88,9 +88,9 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
     if m.vocab % p.tp:
         raise InputError(f"vocab ({m.vocab}) is not divisible by tp ({p.tp}); the vocabulary-parallel "
                          f"embedding and logits split it evenly (Megatron pads 50257 to 50304)")
-    if p.schedule == "interleaved" and (p.pp < 2 or p.virtual_stages < 2):
-        raise InputError(f"schedule interleaved needs pp >= 2 and --virtual-stages >= 2 "
-                         f"(got pp={p.pp}, virtual stages={p.virtual_stages})")
+    if p.schedule == "interleaved" and p.virtual_stages > 1 and p.pp < 2:
+        raise InputError(f"schedule interleaved with {p.virtual_stages} virtual stages needs pp >= 2 (one stage "
+                         "would send its activations to itself); with one virtual stage it is 1F1B")
     if config.precision == "fp16":
         raise InputError("precision fp16 needs loss scaling, which the recorder does not do; use fp32 or bf16")
     if steps < 1:

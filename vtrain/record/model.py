@@ -29,8 +29,12 @@ from torch import nn
 from vtrain.record.parallel import TensorParallel
 from vtrain.record.recompute import full_recompute
 from vtrain.record.spans import backward_span, close_on_backward, current, open_on_backward, span
-from vtrain.record.tensor_parallel import (copy_to_tp, reduce_from_tp, vocab_parallel_cross_entropy,
-                                           vocab_parallel_embedding)
+from vtrain.record.tensor_parallel import (
+    copy_to_tp,
+    reduce_from_tp,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_embedding,
+)
 from vtrain.runconfig import ModelConfig
 
 INIT_STD = 0.02

@@ -1,8 +1,4 @@
-"""Rank layout and process groups for 3D parallelism.
-
-Ranks are laid out as in Megatron-LM: tensor-parallel rank fastest, then data-parallel, then pipeline::
-
-    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+"""torch.distributed process groups for 3D parallelism, on the rank layout of :mod:`vtrain.parallel`.
 
 Pipeline traffic runs over one two-rank group per *channel* (sending stage, receiving stage, activation or
 gradient). Each channel then carries its messages in one order on both ends, which keeps NCCL's in-order
@@ -15,38 +11,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-ACTIVATION = "activation"
-GRADIENT = "gradient"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The tp x dp x pp grid of ranks."""
-
-    tp: int
-    pp: int
-    dp: int
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks, tp * pp * dp."""
-        return self.tp * self.pp * self.dp
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
-
-    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
-        """The global rank at grid position ``(pp_rank, dp_rank, tp_rank)``."""
-        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
-
-    def channels(self, wrap_around: bool) -> list[tuple[int, int, str]]:
-        """Every pipeline channel ``(src_stage, dst_stage, kind)``; ``wrap_around`` adds last -> first stage
-        (interleaved schedules, where the last stage feeds the first stage's next model chunk)."""
-        links = [(s, s + 1) for s in range(self.pp - 1)]
-        if wrap_around and self.pp > 1:
-            links.append((self.pp - 1, 0))
-        return [(a, b, ACTIVATION) for a, b in links] + [(b, a, GRADIENT) for a, b in links]
+from vtrain.parallel import Layout
 
 
 @dataclass(frozen=True)

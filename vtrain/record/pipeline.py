@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vtrain.parallel import ACTIVATION, BACKWARD, FORWARD, GRADIENT, Pass
 from vtrain.record.dataparallel import GradientBuckets
-from vtrain.record.parallel import ACTIVATION, GRADIENT, Groups
-from vtrain.record.schedules import BACKWARD, FORWARD, Action
+from vtrain.record.parallel import Groups
 from vtrain.record.spans import at, span
 
 
@@ -31,7 +31,7 @@ class MicroBatch:
 class PipelineStage:
     """One rank's model chunks, schedule and pipeline links."""
 
-    def __init__(self, chunks: list[nn.Module], schedule: list[Action], groups: Groups,
+    def __init__(self, chunks: list[nn.Module], schedule: list[Pass], groups: Groups,
                  activation_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  buckets: list[GradientBuckets] | None = None) -> None:
         self.chunks, self.schedule, self.groups = chunks, schedule, groups
@@ -42,7 +42,7 @@ class PipelineStage:
         self.interleaved = len(chunks) > 1
         last_backward: dict[int, int] = {}
         for index, action in enumerate(schedule):
-            if action.kind == BACKWARD:
+            if action.phase == BACKWARD:
                 last_backward[action.chunk] = index
         self._last_backward = set(last_backward.values())
 
@@ -55,11 +55,11 @@ class PipelineStage:
         sends: list[tuple[dist.Work, torch.Tensor]] = []
         scale = 1.0 / len(micro_batches)
         for index, action in enumerate(self.schedule):
-            chunk, mb = action.chunk, action.mb
+            chunk, mb = action.chunk, action.micro_batch
             virtual = chunk * self.stages + self.stage
             key = (chunk, mb)
             where = {"stage": self.stage, "chunk": chunk if self.interleaved else None, "mb": mb}
-            if action.kind == FORWARD:
+            if action.phase == FORWARD:
                 with at(phase=FORWARD, **where):
                     if virtual == 0:
                         x = micro_batches[mb].inputs

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vtrain.parallel import Layout, stage_order
 from vtrain.record.data import global_batch, replica_micro_batches
 from vtrain.record.dataparallel import GradientBuckets
 from vtrain.record.model import Init, build_chunks
-from vtrain.record.parallel import Layout, build_groups
+from vtrain.record.parallel import build_groups
 from vtrain.record.pipeline import PipelineStage
 from vtrain.record.profiling import trace_profiler
-from vtrain.record.schedules import build_schedule
 from vtrain.record.spans import span
 from vtrain.runconfig import RunConfig
 
@@ -100,7 +100,7 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> list[fl
         buckets = [GradientBuckets(list(chunk.parameters()), groups.dp_group, par.dp, par.dp_bucket_mb,
                                    par.dp_overlap, groups.pp_rank, index if chunks_per_stage > 1 else None)
                    for index, chunk in enumerate(chunks)]
-    schedule = build_schedule(par.schedule, groups.pp_rank, par.pp, chunks_per_stage, par.micro_batches)
+    schedule = stage_order(par.schedule, par.pp, par.micro_batches, groups.pp_rank, chunks_per_stage)
     stage = PipelineStage(chunks, schedule, groups, (par.micro_batch, model.seq, model.hidden), dtype, device,
                           buckets)
     optimizer = torch.optim.Adam([p for chunk in chunks for p in chunk.parameters()], lr=LEARNING_RATE)

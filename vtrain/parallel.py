@@ -1,0 +1,147 @@
+"""3D-parallel layout and pipeline schedules: the one home for which rank is which (t, d, p) coordinate and in
+which order a pipeline stage runs its passes. Record, graph, memory, simulate, replay and validate all use it.
+
+**Layout** (Megatron-LM's): tensor-parallel rank fastest, then data-parallel, then pipeline::
+
+    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+
+**Schedules** return, for one stage, the list of its :class:`Pass` es (phase, model chunk, micro-batch):
+
+* ``gpipe``: all forwards, then all backwards, in micro-batch order;
+* ``1f1b`` (PipeDream-Flush, Megatron's non-interleaved): ``p − stage − 1`` warm-up forwards, then one forward
+  and one backward alternately, then the cool-down backwards;
+* ``interleaved`` with ``v`` model chunks per stage: Megatron's ``forward_backward_pipelining_with_interleaving``
+  order; the k-th forward of a stage runs chunk ``(k // p) % v`` and the k-th backward chunk
+  ``v − 1 − (k // p) % v``; virtual stage ``chunk * p + stage`` holds a contiguous block of layers. With one
+  chunk it is 1F1B.
+
+To add a schedule, add its order function to :data:`SCHEDULES`; the simulator, the recorder and the memory
+model's micro-batches in flight (:func:`peak_in_flight`, read off the order itself) follow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+FORWARD, BACKWARD = "forward", "backward"
+
+#: pipeline channel kinds: activations flow to the next stage, gradients back
+ACTIVATION, GRADIENT = "activation", "gradient"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The tp x dp x pp grid of ranks."""
+
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks, tp * pp * dp."""
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        """The global rank at grid position ``(pp_rank, dp_rank, tp_rank)``."""
+        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
+
+    def stage(self, rank: int) -> int:
+        """The pipeline stage of a global rank."""
+        return rank // (self.dp * self.tp)
+
+    def tp_group(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s tensor-parallel group, in order."""
+        p, d, _ = self.coords(rank)
+        return [self.rank(p, d, t) for t in range(self.tp)]
+
+    def dp_group(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s data-parallel group, in order."""
+        p, _, t = self.coords(rank)
+        return [self.rank(p, d, t) for d in range(self.dp)]
+
+    def pp_group(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s pipeline (one per stage), in stage order."""
+        _, d, t = self.coords(rank)
+        return [self.rank(p, d, t) for p in range(self.pp)]
+
+    def channels(self, wrap_around: bool) -> list[tuple[int, int, str]]:
+        """Every pipeline channel ``(src_stage, dst_stage, kind)``; ``wrap_around`` adds last -> first stage
+        (interleaved schedules, where the last stage feeds the first stage's next model chunk)."""
+        links = [(s, s + 1) for s in range(self.pp - 1)]
+        if wrap_around and self.pp > 1:
+            links.append((self.pp - 1, 0))
+        return [(a, b, ACTIVATION) for a, b in links] + [(b, a, GRADIENT) for a, b in links]
+
+
+class Pass(NamedTuple):
+    """One step of a stage's schedule: the forward or backward pass of one micro-batch on one model chunk."""
+
+    phase: str
+    chunk: int
+    micro_batch: int
+
+
+def gpipe(p: int, m: int, stage: int, v: int = 1) -> list[Pass]:
+    """All forwards, then all backwards, in micro-batch order."""
+    return [Pass(FORWARD, 0, i) for i in range(m)] + [Pass(BACKWARD, 0, i) for i in range(m)]
+
+
+def one_f_one_b(p: int, m: int, stage: int, v: int = 1) -> list[Pass]:
+    """PipeDream-Flush / Megatron's non-interleaved 1F1B."""
+    warmup = min(p - stage - 1, m)
+    order = [Pass(FORWARD, 0, i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Pass(FORWARD, 0, warmup + i), Pass(BACKWARD, 0, i)]
+    order += [Pass(BACKWARD, 0, i) for i in range(m - warmup, m)]
+    return order
+
+
+def interleaved(p: int, m: int, stage: int, v: int) -> list[Pass]:
+    """Megatron's interleaved 1F1B over ``v`` model chunks per stage (``m`` divisible by ``p``); 1F1B when
+    ``v`` is 1."""
+    if v == 1:
+        return one_f_one_b(p, m, stage)
+    total = m * v
+    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+
+    def step(k: int, phase: str) -> Pass:
+        chunk = (k % (p * v)) // p
+        if phase == BACKWARD:
+            chunk = v - 1 - chunk
+        return Pass(phase, chunk, (k // (p * v)) * p + k % p)
+
+    order = [step(k, FORWARD) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [step(warmup + k, FORWARD), step(k, BACKWARD)]
+    order += [step(k, BACKWARD) for k in range(total - warmup, total)]
+    return order
+
+
+#: every schedule by name: ``order(p, m, stage, v)``
+SCHEDULES: dict[str, Callable[[int, int, int, int], list[Pass]]] = {
+    "1f1b": one_f_one_b, "gpipe": gpipe, "interleaved": interleaved}
+
+
+def stage_order(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[Pass]:
+    """The order of one stage's passes under ``schedule`` (a name in :data:`SCHEDULES`)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    return SCHEDULES[schedule](p, m, stage, v)
+
+
+def peak_in_flight(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
+    """The most micro-batches whose activations a stage holds at once under ``schedule``: the peak of forwards
+    begun minus backwards done over the stage's order, in whole micro-batches (``v`` chunk passes make one)."""
+    held = peak = 0
+    for step in stage_order(schedule, p, m, stage, v):
+        held += 1 if step.phase == FORWARD else -1
+        peak = max(peak, held)
+    return math.ceil(peak / v)
