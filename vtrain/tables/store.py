@@ -7,8 +7,6 @@ into place only when complete, so a failed run never leaves a half-written profi
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, mark
+from vtrain.outputs import check_output, staged
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
 METADATA_FILE = "metadata.json"
@@ -61,23 +59,10 @@ def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = False) -> Path:
     """Write all tables and the metadata to ``target`` atomically; returns the final path."""
     target = check_output(target, force=overwrite, what="profile folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        mark(staging)
+    with staged(target) as staging:
         for name, frame in profile.tables.items():
             frame.write_parquet(staging / f"{name}.parquet")
         (staging / METADATA_FILE).write_text(json.dumps(profile.metadata, indent=2, sort_keys=False) + "\n")
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old")
-            target.rename(backup)
-            staging.rename(target)
-            shutil.rmtree(backup)
-        else:
-            staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     profile.path = target
     return target
 
