@@ -70,3 +70,31 @@ def real_problem(name: str, value: Any) -> str | None:
     if not math.isfinite(value) or not low < value <= high:
         return f"{name} must be a finite number above {low:g} and at most {high:g} (got {value!r})"
     return None
+
+
+#: a fitted device model's numbers (``metadata.json`` ``fitted``): name -> (exclusive lower, inclusive upper)
+#: bound. Rates are per device: 10^18 FLOP/s is a thousand times an H100's dense FP16 peak, 10^14 B/s thirty times
+#: its memory bandwidth; fixed and host times above a second per operator are not a GPU's.
+FITTED_BOUNDS: dict[str, tuple[float, float]] = {
+    "flops_per_s": (0.0, 1e18),
+    "bytes_per_s": (0.0, 1e14),
+    "fixed_us": (-1e-9, 1e6),
+    "alpha_us": (-1e-9, 1e6),
+    "bus_gbps": (0.0, 1e5),
+    "op_us": (-1e-9, 1e6),
+    "collective_us": (-1e-9, 1e6),
+    "sync_us_per_rank": (-1e-9, 1e6),
+    "non_gemm_scale": (0.0, 100.0),
+}
+
+
+def fitted_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as the fitted parameter ``name`` (None when it is fine or not bounded)."""
+    if name not in FITTED_BOUNDS or value is None and name == "flops_per_s":  # memory-bound: no FLOP rate
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} must be a number (got {value!r})"
+    low, high = FITTED_BOUNDS[name]
+    if not math.isfinite(value) or not low < value <= high:
+        return f"{name} = {value!r} is outside ({max(low, 0):g}, {high:g}]"
+    return None
