@@ -9,15 +9,22 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
   holding :data:`MARKER` (written into every output folder), or, for folders written before the marker existed,
   one that holds a profile's ``metadata.json`` or a report's ``metrics.json`` and nothing that looks like a trace.
 
-Every writer stages its folder beside the target and renames it into place (``tables/store.py``,
-``report/write.py``, ``simulate/chrome_trace.py``, ``record/launcher.py``); :func:`mark` is called on the staging
-folder so that a later ``--force`` may replace it.
+Every writer stages its folder beside the target with :func:`staged` and renames it into place
+(``tables/store.py``, ``report/write.py``, ``simulate/chrome_trace.py``); the staging folder is marked with
+:func:`mark` so that a later ``--force`` may replace it. A staging folder is named
+``.<target>.vtrain-staging-<pid>-<token>``: when a run is killed (SIGKILL, power loss) its staging folder stays
+behind, and the next :func:`check_output` in that folder removes it, recognised by that name, by the marker in it
+and by its process being gone. Nothing else is ever removed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import re
+import secrets
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from vtrain.errors import InputError
@@ -29,6 +36,9 @@ MARKER = ".vtrain-output"
 _LEGACY_SIGNATURES = ("metadata.json", "metrics.json", "drift.json")
 _TRACE_SUFFIXES = (".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
+#: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
+_STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}$")
+
 
 def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = (), force: bool = False,
                  what: str = "output folder") -> Path:
@@ -38,12 +48,59 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
     if target.exists() or target.is_symlink():
         _check_replaceable(target, force, what)
     _check_writable_parent(target)
+    remove_stale_staging(target.absolute().parent)
     return target
 
 
 def mark(folder: Path) -> None:
     """Label ``folder`` (a staging folder about to be renamed into place) as written by vtrain."""
     (folder / MARKER).write_text("written by vtrain; `--force` may replace this folder\n")
+
+
+@contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """Yield a marked, empty staging folder beside ``target``; when the block ends without error it replaces
+    ``target`` (which :func:`check_output` must have allowed), on any error or interrupt it is removed, with the
+    parent folders this call created."""
+    created = _make_parents(target.absolute().parent)
+    staging = _sibling(target, "staging")
+    try:
+        staging.mkdir()
+        mark(staging)
+        yield staging
+        _replace(target, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # innermost first; only if still empty
+            _remove_if_empty(folder)
+        raise
+
+
+def remove_stale_staging(folder: Path) -> list[Path]:
+    """Remove the staging folders that killed vtrain runs left in ``folder``; returns them.
+
+    A folder is removed only when its name is a staging name, it holds the marker (or nothing at all: killed
+    between creating and marking it) and the process named in it is no longer running. A stale *backup* (the old
+    output, moved aside while the new one was renamed in) is put back when its target is missing."""
+    removed: list[Path] = []
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return removed
+    for child in children:
+        match = _STAGING.match(child.name)
+        if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])):
+            continue
+        names = {grandchild.name for grandchild in child.iterdir()}
+        if names and MARKER not in names:
+            continue
+        target = folder / child.name[1:].rsplit(".vtrain-", 1)[0]
+        if match[1] == "backup" and not target.exists():
+            child.rename(target)
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        removed.append(child)
+    return removed
 
 
 def written_by_vtrain(folder: Path) -> bool:
@@ -92,3 +149,47 @@ def _check_writable_parent(target: Path) -> None:
         raise InputError("a parent of the output is a file, not a folder", parent)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError("cannot write here (permission denied)", parent)
+
+
+def _sibling(target: Path, kind: str) -> Path:
+    return target.with_name(f".{target.name}.vtrain-{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _replace(target: Path, staging: Path) -> None:
+    """Rename ``staging`` to ``target``; an existing target is moved aside first and removed after."""
+    if not (target.exists() or target.is_symlink()):
+        staging.rename(target)
+        return
+    backup = _sibling(target, "backup")
+    target.rename(backup)
+    staging.rename(target)
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns the ones created, innermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+    return missing
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True

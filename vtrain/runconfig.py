@@ -18,14 +18,20 @@ vTrain's own config JSON (``num_gpus, tensor_parallel_size, ...``) is accepted a
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
+from vtrain.limits import (
+    INTEGER_BOUNDS,
+    MAX_MICRO_BATCHES,
+    integer_problem,
+    real_problem,
+)
 from vtrain.parallel import SCHEDULES
 
 RECOMPUTE = ("none", "full")
@@ -103,13 +109,7 @@ class RunConfig:
     def constraint_errors(self) -> list[str]:
         """Every constraint the config breaks, one sentence each (empty when consistent)."""
         m, p, h = self.model, self.parallelism, self.hardware
-        errors: list[str] = []
-        for name, value in (("layers", m.layers), ("hidden", m.hidden), ("heads", m.heads), ("seq", m.seq),
-                            ("vocab", m.vocab), ("tp", p.tp), ("pp", p.pp), ("dp", p.dp),
-                            ("micro_batch", p.micro_batch), ("global_batch", p.global_batch),
-                            ("virtual_stages", p.virtual_stages)):
-            if value < 1:
-                errors.append(f"{name} must be >= 1 (got {value})")
+        errors = self.value_errors()
         if errors:
             return errors
         if p.schedule not in SCHEDULES:
@@ -139,6 +139,21 @@ class RunConfig:
             errors.append(f"interleaved 1F1B needs micro-batches ({p.micro_batches}) divisible by pp ({p.pp})")
         return errors
 
+    def value_errors(self) -> list[str]:
+        """Every field of the wrong type or outside its physical bounds (:mod:`vtrain.limits`), one sentence
+        each; with none, the number of micro-batches per replica against its bound."""
+        errors = [problem for section in (self.model, self.parallelism, self.hardware)
+                  for problem in _section_problems(section)]
+        if not isinstance(self.precision, str):
+            errors.append(f"precision must be a string (got {self.precision!r})")
+        for name in ("software", "recording"):
+            if not isinstance(getattr(self, name), dict):
+                errors.append(f"{name} must be a mapping (got {getattr(self, name)!r})")
+        if not errors and self.parallelism.micro_batches > MAX_MICRO_BATCHES:
+            errors.append(f"{self.parallelism.micro_batches:,} micro-batches per replica (global_batch / "
+                          f"(dp * micro_batch)); at most {MAX_MICRO_BATCHES:,} are simulated")
+        return errors
+
     def validate(self, source: str | Path | None = None) -> RunConfig:
         """Raise :class:`InputError` naming the first broken constraint; return self when consistent."""
         errors = self.constraint_errors()
@@ -147,9 +162,30 @@ class RunConfig:
         return self
 
 
-def _build(cls: type, data: dict[str, Any], section: str, source: str | Path) -> Any:
+def _section_problems(section: Any) -> list[str]:
+    """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds."""
+    problems = []
+    for spec in fields(section):
+        value = getattr(section, spec.name)
+        if spec.name in INTEGER_BOUNDS:
+            optional = spec.default is None
+            problem = None if optional and value is None else integer_problem(spec.name, value)
+        elif spec.type in ("float", "float | None"):
+            problem = None if value is None and spec.default is None else real_problem(spec.name, value)
+        elif spec.type == "bool":
+            problem = None if isinstance(value, bool) else f"{spec.name} must be true or false (got {value!r})"
+        else:
+            problem = None if isinstance(value, str) else f"{spec.name} must be a string (got {value!r})"
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _build(cls: type, data: Any, section: str, source: str | Path) -> Any:
+    if not isinstance(data, dict):
+        raise InputError(f"{section} must be a mapping of field: value (got {type(data).__name__})", source)
     known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
+    unknown = set(map(str, data)) - known
     if unknown:
         raise InputError(f"unknown field(s) in {section}: {', '.join(sorted(unknown))}", source)
     try:
@@ -163,20 +199,37 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
     if not isinstance(data, dict):
         raise InputError("a run config must be a mapping", source)
     if "tensor_parallel_size" in data or "num_gpus" in data:
-        return _from_vtrain_json(data, source)
+        return _checked(_from_vtrain_json(data, source), source)
     if "model" not in data:
         raise InputError("not a run config: no 'model' section (and not a vTrain config)", source)
-    unknown = set(data) - {f.name for f in fields(RunConfig)}
+    unknown = set(map(str, data)) - {f.name for f in fields(RunConfig)}
     if unknown:
         raise InputError(f"unknown section(s): {', '.join(sorted(unknown))}", source)
-    return RunConfig(
-        model=_build(ModelConfig, data["model"] or {}, "model", source),
-        parallelism=_build(ParallelConfig, data.get("parallelism") or {}, "parallelism", source),
-        precision=str(data.get("precision", "fp32")),
-        hardware=_build(HardwareConfig, data.get("hardware") or {}, "hardware", source),
+    for name in ("software", "recording"):
+        if not isinstance(data.get(name) or {}, dict):
+            raise InputError(f"{name} must be a mapping (got {type(data[name]).__name__})", source)
+    config = RunConfig(
+        model=_build(ModelConfig, data["model"], "model", source),
+        parallelism=_build(ParallelConfig, _or_empty(data.get("parallelism")), "parallelism", source),
+        precision=data.get("precision", "fp32"),
+        hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
     )
+    return _checked(config, source)
+
+
+def _checked(config: RunConfig, source: str | Path) -> RunConfig:
+    """``config`` when every field has the right type and lies within bounds; else the first problem."""
+    errors = config.value_errors()
+    if errors:
+        raise InputError(f"bad run config: {errors[0]}", source)
+    return config
+
+
+def _or_empty(section: Any) -> Any:
+    """An empty section (``parallelism:`` with nothing under it) is no section."""
+    return {} if section is None else section
 
 
 def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
@@ -186,14 +239,14 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
         schedule = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved"}.get(scheduling, scheduling)
         return RunConfig(
             model=ModelConfig(
-                layers=int(data["num_layers"]), hidden=int(data["hidden_size"]),
-                heads=int(data["num_attention_heads"]), seq=int(data["max_length"]),
-                vocab=int(data.get("vocab_size", 50257)),
+                layers=_whole(data["num_layers"]), hidden=_whole(data["hidden_size"]),
+                heads=_whole(data["num_attention_heads"]), seq=_whole(data["max_length"]),
+                vocab=_whole(data.get("vocab_size", 50257)),
             ),
             parallelism=ParallelConfig(
-                tp=int(data["tensor_parallel_size"]), pp=int(data["pipeline_parallel_size"]),
-                dp=int(data["data_parallel_size"]), micro_batch=int(data["micro_batch_size"]),
-                global_batch=int(data["global_batch_size"]), schedule=schedule,
+                tp=_whole(data["tensor_parallel_size"]), pp=_whole(data["pipeline_parallel_size"]),
+                dp=_whole(data["data_parallel_size"]), micro_batch=_whole(data["micro_batch_size"]),
+                global_batch=_whole(data["global_batch_size"]), schedule=schedule,
                 recompute="full" if data.get("use_checkpoint", False) else "none",
                 dp_overlap=bool(data.get("use_gradient_bucket", False)),
                 dp_bucket_mb=float(data.get("ddp_bucket_size", 25.0)),
@@ -201,17 +254,24 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
             precision="fp16",
             hardware=HardwareConfig(
                 device=str(data.get("gpu_name", "A100")),
-                device_count=int(data.get("num_gpus", 0)) or int(data["tensor_parallel_size"])
-                * int(data["pipeline_parallel_size"]) * int(data["data_parallel_size"]),
-                gpus_per_node=int(data.get("node_size", 8)),
+                device_count=_whole(data.get("num_gpus", 0)) or _whole(data["tensor_parallel_size"])
+                * _whole(data["pipeline_parallel_size"]) * _whole(data["data_parallel_size"]),
+                gpus_per_node=_whole(data.get("node_size", 8)),
                 intra_node_gbps=_optional_float(data.get("intra_node_bandwidth")),
                 inter_node_gbps=_optional_float(data.get("inter_node_bandwidth")),
             ),
         )
     except KeyError as exc:
         raise InputError(f"vTrain config is missing {exc.args[0]!r}", source) from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"vTrain config has a bad value: {exc}", source) from None
+
+
+def _whole(value: Any) -> int:
+    """A vTrain config's integer: a whole number (``2`` or ``2.0``), never a fraction silently truncated."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value)
 
 
 def _optional_float(value: Any) -> float | None:
@@ -223,17 +283,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     path = Path(path)
     if path.is_dir():
         path = path / "run.yaml"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("no such run config", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read run config: {exc.strerror}", path) from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"run config is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                         f"{str(exc).splitlines()[0]}", path) from None
+    data = read_config_file(path, "run config")
     return run_config_from_dict(data, path)
 
 

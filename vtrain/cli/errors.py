@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 from vtrain.errors import InputError
 
@@ -32,3 +33,11 @@ def user_errors(command: F) -> F:
             raise typer.Exit(report(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line ``error: <problem>`` and exit code 2, as bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -6,7 +6,6 @@ itself and rich (for the summary) that cost every ingest 0.09 s of start-up, 8% 
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import gc
 import json
@@ -15,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vtrain.cli.errors import report
+from vtrain.cli.errors import OneLineParser, report
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
@@ -29,9 +28,9 @@ HELP = "Turn real Kineto traces into kernel, CPU-op, collective and latency tabl
 PROGRESS_BYTES = 64 << 20
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> OneLineParser:
     """The command line of `vtrain ingest` (usage errors exit 2, as typer's do)."""
-    parsed = argparse.ArgumentParser(prog="vtrain ingest", description=HELP)
+    parsed = OneLineParser(prog="vtrain ingest", description=HELP)
     parsed.add_argument("trace_dir", type=Path, metavar="TRACE_DIR",
                         help="Folder with one Kineto trace per rank (*.json, *.json.gz).")
     parsed.add_argument("-o", "--output", type=Path, required=True, help="Profile folder to write.")

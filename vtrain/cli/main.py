@@ -1,24 +1,68 @@
 """Entry point of `python -m vtrain.cli.main` and of the `vtrain` console script.
 
 `vtrain ingest` parses its own arguments and runs without importing typer (see :mod:`vtrain.cli.ingest`); every
-other command goes through the typer app of :mod:`vtrain.cli.app`, imported only then.
+other command goes through the typer app of :mod:`vtrain.cli.app`, imported only then. A usage error (an unknown
+flag, ``--top 0``) is one line ``error: <problem>`` and exit code 2, like bad input.
+
+Ctrl-C (SIGINT) and SIGTERM stop any command the same way: the staging folder being written is removed on the way
+out (every writer stages, see :mod:`vtrain.outputs`), one line ``interrupted`` (or ``terminated``) goes to stderr,
+no traceback, and the exit code is 130 (143). A second signal during that clean-up is ignored.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
+
+#: signal -> (line printed, exit code): 128 + the signal's number, as shells report it
+_STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+
+
+class Stopped(BaseException):
+    """A stop signal arrived. A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows
+    it, and not KeyboardInterrupt itself, which click turns into "Aborted!" and exit code 1."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(_STOPS[signal.Signals(signum)][0])
+
+
+def _stop(signum: int, frame: FrameType | None) -> NoReturn:
+    for each in _STOPS:
+        signal.signal(each, signal.SIG_IGN)  # let the clean-up on the way out finish
+    raise Stopped(signum)
 
 
 def main() -> None:
     """Run the command named on the command line."""
-    if sys.argv[1:2] == ["ingest"]:
+    for each in _STOPS:
+        signal.signal(each, _stop)
+    try:
+        _run(sys.argv[1:])
+    except Stopped as stop:
+        line, code = _STOPS[signal.Signals(stop.signum)]
+        print(line, file=sys.stderr)
+        sys.exit(code)
+
+
+def _run(args: list[str]) -> None:
+    if args[:1] == ["ingest"]:
         from vtrain.cli.ingest import main as ingest
 
-        sys.exit(ingest(sys.argv[2:]))
+        sys.exit(ingest(args[1:]))
+    from typer._click.exceptions import ClickException
+
     from vtrain.cli.app import app
 
-    app()
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as exc:  # a usage error (bad flag or value): one line, as for bad input
+        if exc.format_message():  # empty after `vtrain` alone has printed the help
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def __getattr__(name: str) -> Any:

@@ -51,8 +51,9 @@ def simulate_command(
         virtual_stages=virtual_stages, recompute=recompute, dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb)
     if gpus is not None or device is not None:
         hardware = run.hardware
-        run = replace(run, hardware=replace(hardware, device_count=gpus or hardware.device_count,
-                                            device=device or hardware.device))
+        run = replace(run, hardware=replace(hardware,
+                                            device_count=hardware.device_count if gpus is None else gpus,
+                                            device=hardware.device if device is None else device))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None

@@ -11,10 +11,13 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.errors import InputError
+from vtrain.ingest.discover import find_trace_files
+from vtrain.limits import real_problem
 from vtrain.outputs import check_output
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
+from vtrain.runconfig import load_run_config
 from vtrain.validate.run import validate_traces
 from vtrain.validate.suite import check, load_suite
 
@@ -75,6 +78,7 @@ def validate_command(
         raise InputError("give a TRACE_DIR (a folder of traces) or --suite validators/NAME.yaml")
     target = output or REPORTS / trace_dir.resolve().name
     check_output(target, inputs=[trace_dir, config, profile], force=True, what="report folder")
+    _check_inputs(trace_dir, config)
     with staged_folder(target) as staging:
         result = validate_traces(trace_dir, staging, config_path=config, profile_dir=profile, with_hta=not no_hta,
                                  warn=_warn)
@@ -91,11 +95,21 @@ def validate_command(
         raise typer.Exit(EXIT_TOO_FAR)
 
 
+def _check_inputs(trace_dir: Path, config: Path | None) -> None:
+    """The checks that need no trace parsed (a folder with traces, a readable and consistent run config), made
+    before the report's staging folder is created: bad input leaves nothing behind, not even for a moment."""
+    find_trace_files(trace_dir)
+    if config is not None:
+        load_run_config(config).validate(config)
+
+
 def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bool, with_hta: bool) -> None:
     loaded = load_suite(path)
     target = output or REPORTS / f"suite-{loaded.name}"
     check_output(target, inputs=[path, *(i for e in loaded.entries for i in (e.traces, e.config, e.profile))],
                  force=True, what="report folder")
+    for entry in loaded.entries:
+        _check_inputs(entry.traces, entry.config)
     results: list[SetResult] = []
     with staged_folder(target) as staging:
         for entry in loaded.entries:
@@ -126,10 +140,14 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
 
     if not path.is_file():
         raise InputError("no such file", path)
+    for flag, value in (("inter_node_gbps", inter_node_gbps), ("intra_node_gbps", intra_node_gbps)):
+        problem = None if value is None else real_problem(flag, value)
+        if problem:
+            raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
     check_output(target, inputs=[path, profile], force=True, what="report folder")
+    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
     with staged_folder(target) as staging:
-        result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
         write_measurement_report(result, staging)
     summary = result.to_dict()
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True

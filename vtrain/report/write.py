@@ -5,42 +5,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from vtrain.outputs import check_output, mark
+from vtrain.outputs import check_output, staged
 from vtrain.report.validation import render_html, render_markdown
 from vtrain.validate.run import Validation
 
 
-@contextmanager
-def staged_folder(target: Path) -> Iterator[Path]:
-    """Yield an empty staging folder; on success it replaces ``target`` (only a folder vtrain wrote), on any
-    error it is removed."""
-    check_output(target, force=True, what="report folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a report folder is an ordinary folder
-    try:
-        mark(staging)
-        yield staging
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{staging.name[-8:]}")
-            target.rename(old)
-            staging.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+def staged_folder(target: Path) -> AbstractContextManager[Path]:
+    """An empty staging folder for the report ``target``: on success it replaces ``target`` (only a folder vtrain
+    wrote), on any error or interrupt it is removed, with the parent folders it created (``reports/``)."""
+    return staged(check_output(target, force=True, what="report folder"))
 
 
 def write_report_files(v: Validation, folder: Path) -> None:

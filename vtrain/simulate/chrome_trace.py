@@ -18,18 +18,16 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from vtrain.outputs import check_output, mark
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op
 from vtrain.naming import span_name
+from vtrain.outputs import check_output, staged
 from vtrain.runconfig import save_run_config
 from vtrain.simulate.latency import Resolution
 from vtrain.simulate.run import Simulation
@@ -59,10 +57,7 @@ def trace_file_name(rank: int) -> str:
 def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool = False) -> list[Path]:
     """Write one trace per simulated rank and the run config (``run.yaml``) into ``out_dir``, atomically."""
     target = check_output(out_dir, force=overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        mark(staging)
+    with staged(target) as staging:
         names = []
         for stage in range(sim.graph.stages):
             rank = sim.stages[stage].rank
@@ -79,12 +74,6 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
                     _RankTrace(sim, stage, writer).write()
             names.append(trace_file_name(rank))
         save_run_config(sim.config, staging / "run.yaml")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return [target / name for name in names]
 
 

@@ -7,8 +7,6 @@ into place only when complete, so a failed run never leaves a half-written profi
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,8 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, mark
+from vtrain.limits import fitted_problem
+from vtrain.outputs import check_output, staged
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
 METADATA_FILE = "metadata.json"
@@ -61,23 +60,10 @@ def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = False) -> Path:
     """Write all tables and the metadata to ``target`` atomically; returns the final path."""
     target = check_output(target, force=overwrite, what="profile folder")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        mark(staging)
+    with staged(target) as staging:
         for name, frame in profile.tables.items():
             frame.write_parquet(staging / f"{name}.parquet")
         (staging / METADATA_FILE).write_text(json.dumps(profile.metadata, indent=2, sort_keys=False) + "\n")
-        if target.exists():
-            backup = target.with_name(f".{target.name}.old")
-            target.rename(backup)
-            staging.rename(target)
-            shutil.rmtree(backup)
-        else:
-            staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     profile.path = target
     return target
 
@@ -90,10 +76,7 @@ def load_profile(path: str | Path) -> Profile:
     meta_file = path / METADATA_FILE
     if not meta_file.exists():
         raise InputError(f"not a profile folder: {METADATA_FILE} is missing", path)
-    try:
-        metadata = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"corrupt {METADATA_FILE}: {exc.msg}", meta_file) from None
+    metadata = _read_metadata(meta_file)
     tables: dict[str, pl.DataFrame] = {}
     for name in TABLES:
         file = path / f"{name}.parquet"
@@ -103,15 +86,93 @@ def load_profile(path: str | Path) -> Profile:
         if not file.exists():
             raise InputError(f"not a profile folder: {file.name} is missing", path)
         try:
-            tables[name] = _with_new_columns(pl.read_parquet(file), name)
+            frame = pl.read_parquet(file)
         except Exception as exc:  # polars raises several error types for corrupt Parquet
             raise InputError(f"corrupt table: {str(exc).splitlines()[0]}", file) from None
+        tables[name] = _with_schema(frame, name, file)
     return Profile(tables=tables, metadata=metadata, path=path)
 
 
-def _with_new_columns(frame: pl.DataFrame, name: str) -> pl.DataFrame:
-    """A table written before a column was added to its schema gets that column as nulls."""
-    missing = [col for col in TABLES[name] if col not in frame.columns]
-    if not missing:
-        return frame
-    return frame.with_columns(pl.lit(None).cast(TABLES[name][col]).alias(col) for col in missing)
+def _read_metadata(meta_file: Path) -> dict[str, Any]:
+    """``metadata.json``, refused when it is not JSON or not of the shape vtrain writes (see
+    :data:`_METADATA_SHAPE`) or when a fitted device's numbers lie outside physical bounds."""
+    try:
+        metadata = json.loads(meta_file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"corrupt {METADATA_FILE}: not UTF-8 (byte {exc.start})", meta_file) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"corrupt {METADATA_FILE}: {exc.msg}", meta_file) from None
+    except RecursionError:
+        raise InputError(f"corrupt {METADATA_FILE}: nested too deeply", meta_file) from None
+    if not isinstance(metadata, dict):
+        raise InputError(f"{METADATA_FILE} must hold a JSON object (got {type(metadata).__name__})", meta_file)
+    for key, kinds in _METADATA_SHAPE.items():
+        value = metadata.get(key)
+        if value is not None and not isinstance(value, kinds):
+            raise InputError(f"{METADATA_FILE}: {key} must be {' or '.join(k.__name__ for k in kinds)} "
+                             f"(got {type(value).__name__})", meta_file)
+    for key in ("world_size", "dropped_events"):
+        value = metadata.get(key)
+        if isinstance(value, bool) or isinstance(value, int) and value < 0:
+            raise InputError(f"{METADATA_FILE}: {key} must be a count >= 0 (got {value!r})", meta_file)
+    for key in ("ranks", "ranks_missing", "iterations"):
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in metadata.get(key) or []):
+            raise InputError(f"{METADATA_FILE}: {key} must be a list of whole numbers >= 0", meta_file)
+    if metadata.get("fitted"):
+        problem = _fitted_problem(metadata["fitted"])
+        if problem:
+            raise InputError(f"{METADATA_FILE}: fitted device model: {problem}", meta_file)
+    return metadata
+
+
+#: the keys of ``metadata.json`` that commands read, and the JSON types each may have (or null)
+_METADATA_SHAPE: dict[str, tuple[type, ...]] = {
+    "kind": (str,), "version": (str,), "source_dir": (str,), "device": (dict,), "software": (dict,),
+    "world_size": (int,), "ranks": (list,), "ranks_missing": (list,), "iterations": (list,),
+    "dropped_events": (int,), "sources": (list,), "parent": (dict, str), "fitted": (dict,), "fit_rows": (dict,),
+}
+
+
+def _fitted_problem(fitted: dict[str, Any]) -> str | None:
+    """The first fitted parameter that is not a number within :data:`vtrain.limits.FITTED_BOUNDS`."""
+    sections: list[tuple[str, Any]] = [(key, fitted.get(key)) for key in ("gemm", "memory_bound", "host")]
+    collectives = fitted.get("collectives") or []
+    if not isinstance(collectives, list):
+        return "collectives must be a list"
+    sections += [(f"collectives[{i}]", curve) for i, curve in enumerate(collectives)]
+    for where, section in sections:
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            return f"{where} must be a mapping (got {type(section).__name__})"
+        for name, value in section.items():
+            problem = fitted_problem(name, value)
+            if problem:
+                return f"{where}.{problem}"
+    if "non_gemm_scale" in fitted:
+        return fitted_problem("non_gemm_scale", fitted["non_gemm_scale"])
+    return None
+
+
+def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
+    """``frame`` with the columns and types of table ``name``: a column of another type is cast when every value
+    converts (integers to floats), else refused; a table written before a column was added to its schema gets
+    that column as nulls."""
+    schema = TABLES[name]
+    columns = []
+    for col, dtype in schema.items():
+        if col not in frame.columns:
+            columns.append(pl.lit(None).cast(dtype).alias(col))
+        elif frame.schema[col] != dtype:
+            columns.append(_cast(frame, col, dtype, file))
+    return frame.with_columns(columns) if columns else frame
+
+
+def _cast(frame: pl.DataFrame, col: str, dtype: pl.DataType, file: Path) -> pl.Series:
+    problem = f"column {col} holds {frame.schema[col]}, not {dtype}"
+    if frame.schema[col] == pl.String and dtype.is_numeric():
+        raise InputError(f"wrong schema: {problem}", file)
+    try:
+        return frame[col].cast(dtype, strict=True)
+    except Exception:  # polars raises InvalidOperationError or ComputeError depending on the types
+        raise InputError(f"wrong schema: {problem}", file) from None

@@ -18,11 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
 
+_SUITE_KEYS = {"name", "description", "sets"}
 _SET_KEYS = {"traces", "name", "config", "profile", "max_replay_error_pct", "max_model_error_pct"}
+
+
+#: the largest error bound a set may state, in percent (NaN or 1e300 would check nothing)
+MAX_ERROR_BOUND_PCT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -48,24 +52,26 @@ class Suite:
 def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; paths in it are relative to its folder."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise InputError("no such suite file", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read suite file: {exc.strerror}", path) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"suite file is not valid YAML: {str(exc).splitlines()[0]}", path) from None
+    data = read_config_file(path, "suite file")
     if not isinstance(data, dict) or not isinstance(data.get("sets"), list) or not data["sets"]:
         raise InputError("a suite is a mapping with a non-empty 'sets' list", path)
+    unknown = set(map(str, data)) - _SUITE_KEYS
+    if unknown:
+        raise InputError(f"unknown key(s): {', '.join(sorted(unknown))}", path)
+    for key in ("name", "description"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise InputError(f"{key} must be a string (got {type(data[key]).__name__})", path)
+    if "/" in str(data.get("name") or "") or "\0" in str(data.get("name") or ""):
+        raise InputError(f"name {data['name']!r} must not be a path (it names the report folder)", path)
     base = path.parent
     entries = []
     for position, item in enumerate(data["sets"], start=1):
         entries.append(_entry(item, position, base, path))
-    names = [e.name for e in entries]
-    duplicate = next((n for n in names if names.count(n) > 1), None)
-    if duplicate:
-        raise InputError(f"two sets are named {duplicate!r}; give them distinct 'name's", path)
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise InputError(f"two sets are named {entry.name!r}; give them distinct 'name's", path)
+        seen.add(entry.name)
     return Suite(name=str(data.get("name") or path.stem), description=str(data.get("description") or ""),
                  path=path, entries=entries)
 
@@ -73,20 +79,33 @@ def load_suite(path: str | Path) -> Suite:
 def _entry(item: Any, position: int, base: Path, path: Path) -> SuiteEntry:
     if not isinstance(item, dict) or "traces" not in item:
         raise InputError(f"set {position} must be a mapping with a 'traces' folder", path)
-    unknown = set(item) - _SET_KEYS
+    unknown = set(map(str, item)) - _SET_KEYS
     if unknown:
         raise InputError(f"set {position} has unknown key(s): {', '.join(sorted(unknown))}", path)
-    traces = base / str(item["traces"])
+    for key in ("traces", "name", "config", "profile"):
+        value = item.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip() or "\0" in value):
+            raise InputError(f"set {position}: {key} must be a non-empty path or name (got {value!r})", path)
+    traces = base / item["traces"]
+    if not traces.is_dir():
+        raise InputError(f"set {position}: traces {item['traces']!r} is not a folder (paths are relative to the "
+                         "suite file)", path)
     bounds = {}
     for key in ("max_replay_error_pct", "max_model_error_pct"):
         value = item.get(key)
-        if value is not None and (not isinstance(value, (int, float)) or value < 0):
-            raise InputError(f"set {position}: {key} must be a number >= 0 (got {value!r})", path)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value <= MAX_ERROR_BOUND_PCT):
+            raise InputError(f"set {position}: {key} must be a number from 0 to {MAX_ERROR_BOUND_PCT:g} "
+                             f"(got {value!r})", path)
         bounds[key] = None if value is None else float(value)
+    name = item.get("name") or traces.name
+    if "/" in name or name in (".", ".."):
+        raise InputError(f"set {position}: name {name!r} must not be a path (it names the set's report folder)",
+                         path)
     return SuiteEntry(
-        name=str(item.get("name") or traces.name), traces=traces,
-        config=base / str(item["config"]) if item.get("config") else None,
-        profile=base / str(item["profile"]) if item.get("profile") else None, **bounds)
+        name=name, traces=traces,
+        config=base / item["config"] if item.get("config") else None,
+        profile=base / item["profile"] if item.get("profile") else None, **bounds)
 
 
 def check(error_pct: float | None, bound: float | None) -> bool:

@@ -1,0 +1,136 @@
+"""Reading the small files a user writes by hand (run configs, validation suites): YAML or JSON, strictly.
+
+One reader for both, so that every such file is refused the same way, with one line naming it:
+
+- not UTF-8, larger than :data:`~vtrain.limits.MAX_CONFIG_BYTES`, or nested deeper than
+  :data:`~vtrain.limits.MAX_CONFIG_DEPTH`;
+- a key given twice in one mapping (YAML and JSON would silently keep the last one);
+- YAML aliases (``*name``): a run config needs none, and expanding them is how a "billion laughs" file of a few
+  hundred bytes becomes gigabytes;
+- YAML tags other than the standard ones (``!!python/object`` and the like are never constructed, let alone run);
+- JSON's non-standard ``NaN`` and ``Infinity``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node
+
+from vtrain.errors import InputError
+from vtrain.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
+
+
+class _Refused(Exception):
+    """A problem found while parsing (turned into an InputError naming the file)."""
+
+
+def read_config_file(path: str | Path, what: str) -> Any:
+    """The parsed content of the YAML or JSON file ``path`` (JSON when its suffix is ``.json``); ``what`` names
+    the kind of file in messages ("run config", "suite file")."""
+    path = Path(path)
+    text = _read_text(path, what)
+    try:
+        return _parse_json(text) if path.suffix == ".json" else _parse_yaml(text)
+    except _Refused as exc:
+        raise InputError(f"{what} refused: {exc}", path) from None
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise InputError(f"{what} is not valid {kind}: {_first_line(exc)}", path) from None
+    except RecursionError:
+        raise InputError(f"{what} refused: nested more than {MAX_CONFIG_DEPTH} levels deep", path) from None
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        if path.is_dir():
+            raise InputError(f"{what} is a folder, not a file", path)
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise InputError(f"{what} is {size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}", path)
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"no such {what}", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror}", path) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} is not UTF-8 text (byte {exc.start})", path) from None
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _parse_json(text: str) -> Any:
+    def no_constant(name: str) -> Any:
+        raise _Refused(f"{name} is not a JSON number")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        return _unique_mapping(pairs)
+
+    value = json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+    _check_depth(value, 0)
+    return value
+
+
+def _check_depth(value: Any, depth: int) -> None:
+    if depth > MAX_CONFIG_DEPTH:
+        raise _Refused(f"nested more than {MAX_CONFIG_DEPTH} levels deep")
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        _check_depth(child, depth + 1)
+
+
+def _unique_mapping(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    mapping: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise _Refused(f"key {key!r} is given twice")
+        mapping[key] = value
+    return mapping
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases, duplicate keys or deep nesting."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not allowed")
+        self._depth += 1
+        if self._depth > MAX_CONFIG_DEPTH:
+            raise _Refused(f"nested more than {MAX_CONFIG_DEPTH} levels deep")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: construct_mapping below says so
+                continue
+            if duplicate:
+                raise _Refused(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice")
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_yaml(text: str) -> Any:
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

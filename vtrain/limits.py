@@ -1,0 +1,100 @@
+"""Physical bounds on the numbers that describe a training run: one home for every limit that input is checked
+against (run configs, suites, CLI values).
+
+The bounds are generous for real jobs and tight enough that a typo or a hostile file cannot make a command run
+for hours or exhaust memory (``layers: 1000000`` made `vtrain simulate` grow past 1.7 GB):
+
+- the deepest transformers trained are about 1,000 layers deep (DeepNet, 2022); GPT-3 has 96, Megatron's 1T model
+  128; the simulator's time and memory grow with layers (1,000 layers: 11 s, 430 MB on a 2-core machine);
+- the largest hidden sizes are about 25,600 (Megatron 1T), vocabularies about 256 k, contexts about 1 M tokens;
+- the largest clusters hold about 10^5 GPUs; tensor parallelism spans one NVLink domain (8, up to 72 on
+  NVL72 racks), pipelines a few dozen stages;
+- a replica runs at most a few thousand micro-batches per iteration (Megatron's 1T run: 512).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: field -> (smallest, largest) allowed value, inclusive
+INTEGER_BOUNDS: dict[str, tuple[int, int]] = {
+    "layers": (1, 1024),
+    "hidden": (1, 1 << 18),
+    "heads": (1, 1024),
+    "seq": (1, 1 << 21),
+    "vocab": (1, 1 << 22),
+    "tp": (1, 1024),
+    "pp": (1, 1024),
+    "dp": (1, 1 << 20),
+    "micro_batch": (1, 1 << 16),
+    "global_batch": (1, 1 << 24),
+    "virtual_stages": (1, 1024),
+    "device_count": (1, 1 << 20),
+    "gpus_per_node": (1, 1024),
+    "cores": (1, 1 << 16),
+}
+
+#: field -> (exclusive lower bound, inclusive upper bound) of positive real values
+REAL_BOUNDS: dict[str, tuple[float, float]] = {
+    "dp_bucket_mb": (0.0, 1e6),           # MB; PyTorch's default bucket is 25
+    "intra_node_gbps": (0.0, 1e5),        # GB/s; NVLink 5 is 900 per direction
+    "inter_node_gbps": (0.0, 1e6),        # Gbit/s per node; 8 x 400 Gbit/s NICs is 3200
+}
+
+#: micro-batches per replica and iteration (global_batch / (dp * micro_batch))
+MAX_MICRO_BATCHES = 4096
+
+#: largest config file (run config, suite) read, in bytes: real ones are under 2 KB
+MAX_CONFIG_BYTES = 1 << 20
+
+#: deepest nesting of a config file's mappings and lists: real ones nest 3 deep
+MAX_CONFIG_DEPTH = 32
+
+
+def integer_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as the integer field ``name`` (None when it is fine)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} must be a whole number (got {value!r})"
+    low, high = INTEGER_BOUNDS[name]
+    if not low <= value <= high:
+        return f"{name} must be between {low} and {high:,} (got {value:,})"
+    return None
+
+
+def real_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as the positive real field ``name`` (None when it is fine)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} must be a number (got {value!r})"
+    low, high = REAL_BOUNDS[name]
+    if not math.isfinite(value) or not low < value <= high:
+        return f"{name} must be a finite number above {low:g} and at most {high:g} (got {value!r})"
+    return None
+
+
+#: a fitted device model's numbers (``metadata.json`` ``fitted``): name -> (exclusive lower, inclusive upper)
+#: bound. Rates are per device: 10^18 FLOP/s is a thousand times an H100's dense FP16 peak, 10^14 B/s thirty times
+#: its memory bandwidth; fixed and host times above a second per operator are not a GPU's.
+FITTED_BOUNDS: dict[str, tuple[float, float]] = {
+    "flops_per_s": (0.0, 1e18),
+    "bytes_per_s": (0.0, 1e14),
+    "fixed_us": (-1e-9, 1e6),
+    "alpha_us": (-1e-9, 1e6),
+    "bus_gbps": (0.0, 1e5),
+    "op_us": (-1e-9, 1e6),
+    "collective_us": (-1e-9, 1e6),
+    "sync_us_per_rank": (-1e-9, 1e6),
+    "non_gemm_scale": (0.0, 100.0),
+}
+
+
+def fitted_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as the fitted parameter ``name`` (None when it is fine or not bounded)."""
+    if name not in FITTED_BOUNDS or value is None and name == "flops_per_s":  # memory-bound: no FLOP rate
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} must be a number (got {value!r})"
+    low, high = FITTED_BOUNDS[name]
+    if not math.isfinite(value) or not low < value <= high:
+        return f"{name} = {value!r} is outside ({max(low, 0):g}, {high:g}]"
+    return None
