@@ -139,7 +139,8 @@ def _kernels(device: pl.DataFrame, runtime: pl.DataFrame, cpu: pl.DataFrame, ste
         .select("correlation", launch_tid="tid", launch_ts="ts")
     )
     device = device.join(launches, on="correlation", how="left", validate="m:1")
-    known = pl.col("external_id").is_in(launching_ops["external_id"].implode())
+    # a kernel without an External id (older PyTorch, graph kernels) is not known: found by its launch instead
+    known = pl.col("external_id").is_in(launching_ops["external_id"].implode()).fill_null(False)
     unresolved = device.filter(~known & pl.col("launch_ts").is_not_null())
     if not unresolved.is_empty():
         # one probe per launching call: a graph launch's kernels share it

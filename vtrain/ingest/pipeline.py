@@ -90,13 +90,14 @@ def _check_events(path: Path, events: RankEvents, warn: Warn) -> None:
     """Events ingest cannot read are said, never skipped in silence; a file with events of which none can be
     read is an error (it would give an empty profile)."""
     counts = events.counts
-    if counts.no_phase:
-        warn(f"{path}: left out {counts.no_phase} of {counts.events} events that have no phase (ph)")
-    if counts.uncategorised:
-        warn(f"{path}: left out {counts.uncategorised} complete events that have no category (cat)")
+    unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
+                                                    (counts.uncategorised, "category (cat)")) if n]
     if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
-        raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call "
-                         f"(a complete event, \"ph\": \"X\", with a known \"cat\")", path)
+        raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call"
+                         + (f" ({', '.join(unread)})" if unread else ""), path)
+    if unread:
+        warn(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
+             + ", ".join(unread))
 
 
 def _report_rank(path: Path, tables: RankTables, warn: Warn) -> None:
