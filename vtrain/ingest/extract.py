@@ -20,8 +20,6 @@ from vtrain.ingest.decode import EventArgs
 from vtrain.kineto import CPU, DEVICE, RUNTIME, device_kind, event_kind, parse_stream
 
 _NO_ARGS = EventArgs()
-#: what each category met so far is (:func:`vtrain.kineto.event_kind`), so an event costs one dict look-up
-_KINDS: dict[str, str | None] = {}
 
 #: collective metadata that Kineto puts on NCCL kernels and on ``record_param_comms`` ops
 COLLECTIVE_ARG_SCHEMA = {
@@ -161,39 +159,40 @@ def event_frames(events: Sequence[Any], times: Sequence[float | None],
     ``events`` are :class:`~vtrain.ingest.events.CompleteEvent` or complete
     :class:`~vtrain.ingest.decode.TraceEvent` objects (the same fields), ``times`` their start times (``ts``).
     """
-    device: list[Any] = []
-    cpu: list[Any] = []
-    runtime: list[Any] = []
-    device_ts: list[float] = []
-    cpu_ts: list[float] = []
-    runtime_ts: list[float] = []
-    counts = EventCounts()
-    kinds = _KINDS
+    # one bucket of events and one of start times per slot (see _SLOTS); the loop only sorts them
+    events_in: list[list[Any]] = [[] for _ in _SLOTS]
+    times_in: list[list[float]] = [[] for _ in _SLOTS]
+    slots = _SLOT_OF_CATEGORY
+    dropped = device_dropped = 0
     for event, ts in zip(events, times):
-        cat = event.cat
-        kind = kinds.get(cat, _UNSEEN)
-        if kind is _UNSEEN:
-            kind = kinds[cat] = event_kind(cat)
-        if event.dur is None or event.dur < 0 or ts is None:
-            counts.dropped += 1
-            counts.device_dropped += kind == DEVICE
+        slot = slots.get(event.cat)
+        if slot is None:
+            slot = _slot(event.cat)
+        dur = event.dur
+        if dur is None or dur < 0 or ts is None:
+            dropped += 1
+            device_dropped += slot == 0
             continue
-        if kind == DEVICE:
-            device.append(event)
-            device_ts.append(ts)
-        elif kind == CPU:
-            cpu.append(event)
-            cpu_ts.append(ts)
-        elif kind == RUNTIME:
-            runtime.append(event)
-            runtime_ts.append(ts)
-        elif not cat:
-            counts.uncategorised += 1
-    return EventsPart(_device_frame(device, device_ts), _cpu_frame(cpu, cpu_ts, json_text or JsonText()),
-                      _runtime_frame(runtime, runtime_ts), counts)
+        events_in[slot].append(event)
+        times_in[slot].append(ts)
+    counts = EventCounts(dropped=dropped, device_dropped=device_dropped, uncategorised=len(events_in[4]))
+    return EventsPart(_device_frame(events_in[0], times_in[0]),
+                      _cpu_frame(events_in[1], times_in[1], json_text or JsonText()),
+                      _runtime_frame(events_in[2], times_in[2]), counts)
 
 
-_UNSEEN = "unseen"
+#: the bucket of each kind of event in :func:`event_frames` (kinds of :func:`vtrain.kineto.event_kind`, then
+#: events of another category and events without one)
+_SLOTS = (DEVICE, CPU, RUNTIME, "other", "no category")
+#: category -> slot, for the categories met so far
+_SLOT_OF_CATEGORY: dict[str, int] = {}
+
+
+def _slot(category: str) -> int:
+    """The slot of a category not met before (remembered)."""
+    kind = event_kind(category) if category else "no category"
+    slot = _SLOT_OF_CATEGORY[category] = _SLOTS.index(kind) if kind in _SLOTS else _SLOTS.index("other")
+    return slot
 
 
 def _frame(columns: dict[str, Column], schema: dict[str, Any]) -> pl.DataFrame:
@@ -271,11 +270,16 @@ def _finish_device(frame: pl.DataFrame) -> pl.DataFrame:
     """The device table's columns: the device and stream in args win over pid and tid; ``kind``
     (:func:`vtrain.kineto.device_kind`) is computed once per distinct category and name, ``kernel_class`` and
     ``memory_kind`` once per distinct name."""
-    pairs = frame.select("cat", "name").unique()
-    kinds = pairs.with_columns(kind=pl.Series([device_kind(c, n) for c, n in pairs.iter_rows()], dtype=pl.String))
-    frame = frame.join(kinds, on=["cat", "name"], how="left", maintain_order="left")  # many-to-one: pairs unique
     name, kind = pl.col("name"), pl.col("kind")
-    classes = {n: kernel_class(n) for n in frame["name"].unique()}
+    names = frame["name"].unique()
+    by_category = {c: device_kind(c, "") for c in frame["cat"].unique()}
+    by_name = {n: device_kind("kernel", n) for n in names}  # a kernel can be a memory copy by its name (MTIA DMA)
+    copies_by_name = [n for n, k in by_name.items() if k != "kernel"]
+    frame = frame.with_columns(kind=pl.when((pl.col("cat").replace_strict(by_category) == "kernel")
+                                            & name.is_in(copies_by_name))
+                               .then(name.replace_strict(by_name, default=None))
+                               .otherwise(pl.col("cat").replace_strict(by_category, return_dtype=pl.String)))
+    classes = {n: kernel_class(n) for n in names}
     copies = {n: _memory_kind("memcpy", n) for n in frame.filter(kind == "memcpy")["name"].unique()}
     sets = {n: _memory_kind("memset", n) for n in frame.filter(kind == "memset")["name"].unique()}
     return frame.with_columns(
