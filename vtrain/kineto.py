@@ -95,3 +95,15 @@ def is_graph_launch(name: str) -> bool:
 EXTERNAL_ID_KEYS = ("External id", "external id")
 #: the spellings of the arg holding a CPU op's input shapes, newest first (PyTorch 1.8 wrote ``Input dims``)
 INPUT_DIMS_KEYS = ("Input Dims", "Input dims")
+
+
+#: categories of older PyTorch versions (lower case) -> today's name
+_CURRENT_NAMES = {"operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy",
+                  "memset": "gpu_memset"}
+
+
+def canonical_category(category: str) -> str:
+    """A category as today's PyTorch writes it (``Operator`` -> ``cpu_op``, ``Kernel`` -> ``kernel``,
+    ``Memcpy`` -> ``gpu_memcpy``); categories it does not know are lower-cased."""
+    cat = category.lower()
+    return _CURRENT_NAMES.get(cat, cat)

@@ -17,7 +17,7 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-from vtrain.kineto import CPU, DEVICE, RUNTIME, device_kind, event_kind, parse_stream
+from vtrain.kineto import CPU, DEVICE, RUNTIME, canonical_category, device_kind, event_kind, parse_stream
 
 _NO_ARGS = EventArgs()
 
@@ -135,10 +135,19 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
         counts.add(part.counts)
     return RankEvents(
         device=_finish_device(_concat(device, _DEVICE_PART_SCHEMA)),
-        cpu=_concat(cpu, CPU_SCHEMA),
+        cpu=_canonical_categories(_concat(cpu, CPU_SCHEMA)),
         runtime=_concat(runtime, RUNTIME_SCHEMA),
         counts=counts,
     )
+
+
+def _canonical_categories(cpu: pl.DataFrame) -> pl.DataFrame:
+    """CPU ops with their category as today's PyTorch names it (``Operator`` -> ``cpu_op``), so readers of
+    ``cpu_ops`` need to know one name."""
+    names = {c: canonical_category(c) for c in cpu["cat"].unique()}
+    if all(c == name for c, name in names.items()):
+        return cpu
+    return cpu.with_columns(cat=pl.col("cat").replace_strict(names, return_dtype=pl.String))
 
 
 def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
