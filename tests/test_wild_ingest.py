@@ -315,6 +315,13 @@ def test_events_without_phase_or_category_are_never_an_empty_profile(field: str,
     assert profile["kernels"].height == count_events(some["traceEvents"]).activities
 
 
+def test_a_trace_without_events_is_said(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    trace = {**base_traces["sm80"], "traceEvents": []}
+    profile, warnings = _ingest(_write(trace, tmp_path / "empty"))
+    assert profile["kernels"].is_empty() and profile["cpu_ops"].is_empty()
+    assert any("rank-0.json.gz: the trace holds no events" in w for w in warnings), warnings
+
+
 @pytest.mark.parametrize("rank", ["zero", "0", -1, 2, 1.5, True])
 def test_a_bad_rank_is_one_error_line(rank: Any, base_traces: dict[str, Trace], tmp_path: Path) -> None:
     trace = copy.deepcopy(base_traces["sm80"])

@@ -90,6 +90,8 @@ def _check_events(path: Path, events: RankEvents, warn: Warn) -> None:
     """Events ingest cannot read are said, never skipped in silence; a file with events of which none can be
     read is an error (it would give an empty profile)."""
     counts = events.counts
+    if not counts.events:
+        warn(f"{path}: the trace holds no events (traceEvents is empty): nothing of this rank is in the profile")
     unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
                                                     (counts.uncategorised, "category (cat)")) if n]
     if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
