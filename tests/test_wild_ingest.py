@@ -24,9 +24,8 @@ import pytest
 
 from tests.conftest import REPO, TRACES
 from tests.rawcount import CLASSES, count_events, count_file, load_trace
-from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.tables.store import Profile
+from vtrain.tables.store import Profile, load_profile
 
 REAL_SETS = sorted([p for p in TRACES.glob("hta-*") if p.is_dir()] + [p for p in TRACES.glob("t*") if p.is_dir()]
                    + [p for p in (TRACES / "wild").iterdir() if p.is_dir()], key=lambda p: str(p))
@@ -291,7 +290,7 @@ def test_an_absurd_duration_is_left_out_and_counted(duration: Any, base_traces: 
 
 def _ingest_cli(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
-                           str(tmp_path / "profile")], capture_output=True, text=True, cwd=REPO)
+                           str(tmp_path / "profile")], capture_output=True, text=True, cwd=REPO, check=False)
 
 
 @pytest.mark.parametrize("field", ["ph", "cat"])
@@ -347,3 +346,16 @@ def test_ranks_are_counted_per_file_in_metadata() -> None:
     for source in profile.metadata["sources"]:
         assert source["device_activities"] == source["kernel_rows"] == by_rank[source["rank"]]
         assert source["dropped_activities"] == source["absurd_activities"] == 0
+
+
+def test_graph_launches_are_written_and_read_back(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    folder = _write(graph_launched(base_traces["sm80"]), tmp_path / "graph")
+    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
+                           str(tmp_path / "profile"), "--json"], capture_output=True, text=True, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["tables"]["graph_launches"] == 2
+    assert summary["ranks"]["0"]["kernels"] == count_events(graph_launched(base_traces["sm80"])["traceEvents"]).activities
+    loaded = load_profile(tmp_path / "profile")
+    assert loaded["graph_launches"]["kernels"].sum() == loaded["kernels"].filter(
+        pl.col("correlation").is_in(loaded["graph_launches"]["correlation"].implode())).height
