@@ -78,3 +78,32 @@ def parse_stream(value: object) -> int | None:
         except ValueError:
             return None
     return None
+
+
+#: runtime / driver calls that launch a whole captured graph: one call, many device activities sharing its
+#: correlation id (CUDA runtime and driver, HIP); version suffixes (``cudaGraphLaunch_v10000``, ``_ptsz``) aside
+GRAPH_LAUNCH_NAMES = frozenset({"cudagraphlaunch", "cugraphlaunch", "hipgraphlaunch"})
+
+
+def is_graph_launch(name: str) -> bool:
+    """Whether a runtime or driver call launches a captured graph (``cudaGraphLaunch``, ``cuGraphLaunch``,
+    ``hipGraphLaunch``, in any case and with any version suffix such as ``_v10000`` or ``_ptsz``)."""
+    return name.lower().split("_", 1)[0] in GRAPH_LAUNCH_NAMES
+
+
+#: the spellings of the arg that links an event to the CPU op it belongs to, newest first
+EXTERNAL_ID_KEYS = ("External id", "external id")
+#: the spellings of the arg holding a CPU op's input shapes, newest first (PyTorch 1.8 wrote ``Input dims``)
+INPUT_DIMS_KEYS = ("Input Dims", "Input dims")
+
+
+#: categories of older PyTorch versions (lower case) -> today's name
+_CURRENT_NAMES = {"operator": "cpu_op", "runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy",
+                  "memset": "gpu_memset"}
+
+
+def canonical_category(category: str) -> str:
+    """A category as today's PyTorch writes it (``Operator`` -> ``cpu_op``, ``Kernel`` -> ``kernel``,
+    ``Memcpy`` -> ``gpu_memcpy``); categories it does not know are lower-cased."""
+    cat = category.lower()
+    return _CURRENT_NAMES.get(cat, cat)

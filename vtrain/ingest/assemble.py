@@ -17,21 +17,37 @@ from vtrain.ingest.collectives import (
     parse_nccl_kernel,
 )
 from vtrain.ingest.enclosing import enclosing_op_ids
-from vtrain.ingest.extract import RankEvents
+from vtrain.ingest.extract import EventCounts, RankEvents
+from vtrain.kineto import is_graph_launch
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.store import conform
 
 
 @dataclass
 class RankTables:
-    """The event tables of one rank."""
+    """The event tables of one rank, and what was left out of them or could not be linked.
+
+    ``device_activities`` counts the rank's device activities as decoded (those with a missing or negative
+    duration included); each became one row of ``kernels``, unless dropped for that duration
+    (``counts.device_dropped``) or for an absurd one (``absurd``). ``unlaunched`` kernel rows have no launching
+    runtime call in the file (a pruned trace, or launched before the profiler started).
+    """
 
     rank: int
     kernels: pl.DataFrame
     cpu_ops: pl.DataFrame
     collectives: pl.DataFrame
+    graph_launches: pl.DataFrame
     iterations: list[int]
-    dropped: int
+    counts: EventCounts
+    device_activities: int
+    absurd: int
+    unlaunched: int
+
+    @property
+    def dropped(self) -> int:
+        """Complete events left out for a missing or negative duration."""
+        return self.counts.dropped
 
 
 def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
@@ -61,27 +77,53 @@ def assign_iteration(frame: pl.DataFrame, steps: pl.DataFrame, ts_column: str = 
 
 
 def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | None) -> RankTables:
-    """Build the kernels, cpu_ops and collectives tables of one rank."""
+    """Build the kernels, cpu_ops, collectives and graph_launches tables of one rank."""
     steps = iteration_spans(events.cpu)
     cpu = assign_iteration(events.cpu, steps)
-    kernels = _kernels(events, cpu, steps)
+    absurd = absurd_durations(events)
+    device = events.device.filter(~absurd)
+    kernels = _kernels(device, events.runtime, cpu, steps)
+    if kernels.height != device.height:  # every join below is many-to-one: this cannot happen, and must not
+        raise RuntimeError(f"rank {rank}: {device.height} device activities became {kernels.height} kernel rows")
     collectives = _collectives(rank, kernels, cpu, dist_info)
     return RankTables(
         rank=rank,
         kernels=conform(kernels.with_columns(rank=pl.lit(rank)), "kernels"),
         cpu_ops=conform(cpu.with_columns(rank=pl.lit(rank)), "cpu_ops"),
         collectives=collectives,
+        graph_launches=conform(_graph_launches(events.runtime, kernels, steps).with_columns(rank=pl.lit(rank)),
+                               "graph_launches"),
         iterations=steps["iteration"].to_list(),
-        dropped=events.dropped,
+        counts=events.counts,
+        device_activities=events.device.height + events.counts.device_dropped,
+        absurd=int(absurd.sum()),
+        unlaunched=kernels["launch_tid"].null_count(),
     )
 
 
-def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def absurd_durations(events: RankEvents) -> pl.Series:
+    """Which device activities have a duration that cannot be a measurement: not finite, or longer than the
+    host side of the trace (from its first event's start to the last end of a CPU op or runtime call, or the
+    last start of a device activity). Without host events only a duration that is not finite is absurd."""
+    device = events.device
+    finite = device["dur"].is_finite()
+    host = pl.concat([events.cpu.select("ts", "dur"), events.runtime.select("ts", "dur")])
+    if host.is_empty():
+        return ~finite
+    first = min(host["ts"].min(), device["ts"].min() if device.height else host["ts"].min())  # type: ignore[type-var]
+    last = max((host["ts"] + host["dur"]).max(), device["ts"].max() if device.height else first)  # type: ignore[type-var]
+    return ~finite | (device["dur"] > last - first)  # type: ignore[operator]
+
+
+def _kernels(device: pl.DataFrame, runtime: pl.DataFrame, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Device activities with their launching CPU op and the iteration of their launch.
 
     The launching op is the CPU op whose External id the kernel carries. Some traces give kernels their
     correlation id instead; there the launching op is the innermost CPU op on the launching thread that
-    encloses the runtime call (``external_id`` is then that op's id).
+    encloses the runtime call (``external_id`` is then that op's id). A graph launch (``cudaGraphLaunch``)
+    is one runtime call whose correlation id all the graph's kernels share: each keeps its row, and all name the
+    op that launched the graph. Every join is many-to-one (checked: ``validate="m:1"``), so a kernel is never
+    repeated; ``launch_tid`` is null where the launching call is not in the file.
     """
     launching_ops = (
         cpu.filter(pl.col("external_id").is_not_null())
@@ -92,27 +134,51 @@ def _kernels(events: RankEvents, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.D
         .unique("external_id", keep="first")
     )
     launches = (
-        events.runtime.filter(pl.col("correlation").is_not_null())
+        runtime.filter(pl.col("correlation").is_not_null())
         .unique("correlation", keep="first")
         .select("correlation", launch_tid="tid", launch_ts="ts")
     )
-    device = events.device.join(launches, on="correlation", how="left")
-    known = pl.col("external_id").is_in(launching_ops["external_id"].implode())
+    device = device.join(launches, on="correlation", how="left", validate="m:1")
+    # a kernel without an External id (older PyTorch, graph kernels) is not known: found by its launch instead
+    known = pl.col("external_id").is_in(launching_ops["external_id"].implode()).fill_null(False)
     unresolved = device.filter(~known & pl.col("launch_ts").is_not_null())
     if not unresolved.is_empty():
-        enclosing = enclosing_op_ids(cpu,
-                                     unresolved.select("correlation", tid="launch_tid", ts="launch_ts"))
+        # one probe per launching call: a graph launch's kernels share it
+        probes = unresolved.select("correlation", tid="launch_tid", ts="launch_ts").unique("correlation")
         device = (
-            device.join(enclosing, on="correlation", how="left")
+            device.join(enclosing_op_ids(cpu, probes), on="correlation", how="left", validate="m:1")
             .with_columns(external_id=pl.when(known)
                           .then(pl.col("external_id")).otherwise(pl.coalesce("enclosing_id", "external_id")))
             .drop("enclosing_id")
         )
     device = (
-        device.join(launching_ops, on="external_id", how="left")
+        device.join(launching_ops, on="external_id", how="left", validate="m:1")
         .with_columns(launch_ts=pl.coalesce("launch_ts", "ts"))
     )
     return assign_iteration(device, steps, ts_column="launch_ts")
+
+
+def _graph_launches(runtime: pl.DataFrame, kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """One row per graph launch call (:func:`vtrain.kineto.is_graph_launch`): the op that launched it, how
+    many device activities it released, their span (first start to last end) and their summed time."""
+    names = [name for name in runtime["name"].unique().to_list() if is_graph_launch(name)]
+    calls = runtime.filter(pl.col("name").is_in(names) & pl.col("correlation").is_not_null())
+    if calls.is_empty():
+        return pl.DataFrame()
+    released = (
+        kernels.filter(pl.col("correlation").is_in(calls["correlation"].implode()))
+        .group_by("correlation")
+        .agg(kernels=pl.len(), kernel_start=pl.col("ts").min(), kernel_end=(pl.col("ts") + pl.col("dur")).max(),
+             kernel_us=pl.col("dur").sum(), cpu_op=pl.col("cpu_op").drop_nulls().first(),
+             op_external_id=pl.col("external_id").drop_nulls().first())
+    )
+    launched = (
+        calls.unique("correlation", keep="first", maintain_order=True)
+        .join(released, on="correlation", how="left", validate="1:1")
+        .with_columns(kernels=pl.col("kernels").fill_null(0),
+                      external_id=pl.coalesce("op_external_id", "external_id"))
+    )
+    return assign_iteration(launched, steps)
 
 
 #: the kernel columns a collective's description depends on (the rest is per call: stream, time, iteration)
@@ -160,7 +226,7 @@ def _describe(calls: pl.DataFrame, keys: list[str],
     descriptions = pl.DataFrame([describe(row) for row in distinct.iter_rows(named=True)],
                                 schema=_DESCRIPTION_SCHEMA, orient="row")
     table = pl.concat([distinct, descriptions], how="horizontal")
-    return calls.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+    return calls.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left", validate="m:1")
 
 
 def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:

@@ -16,21 +16,30 @@ from typing import Any, BinaryIO
 import msgspec
 
 from vtrain.errors import InputError
+from vtrain.kineto import EXTERNAL_ID_KEYS, INPUT_DIMS_KEYS
 
 BATCH_EVENTS = 200_000
 READ_CHUNK = 16 << 20
 
 
 class EventArgs(msgspec.Struct, gc=False):
-    """The ``args`` of an event, restricted to the keys vtrain reads (all optional: schemas differ)."""
+    """The ``args`` of an event, restricted to the keys vtrain reads (all optional: schemas differ).
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
+    Keys spelled differently by older PyTorch versions (:data:`vtrain.kineto.EXTERNAL_ID_KEYS`,
+    :data:`vtrain.kineto.INPUT_DIMS_KEYS`) have a field each (``*_legacy``): read the current one, else the
+    legacy one. ``stream`` is an integer, or the hex string ROCm traces write on runtime calls (``"0x0"``): read it
+    with :func:`vtrain.kineto.parse_stream`.
+    """
+
+    external_id: int | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[0])
+    external_id_legacy: int | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[1])  # PyTorch 1.8-1.9
     correlation: int | None = None
-    stream: int | None = None
+    stream: int | str | None = None
     device: int | None = None
     wait_on_stream: int | None = None  # cudaStreamWaitEvent (read by the replay)
     wait_on_event_record: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name=INPUT_DIMS_KEYS[0])
+    input_dims_legacy: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name=INPUT_DIMS_KEYS[1])  # PyTorch 1.8
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     collective_name: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")

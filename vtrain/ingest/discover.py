@@ -40,5 +40,16 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
     if rank is None:
         raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
                          "file name (name it rank-N.json.gz)", path)
+    elif not _is_count(rank):
+        raise InputError(f"distributedInfo.rank is {rank!r}: a rank is an integer >= 0", path)
     world = info.get("world_size")
-    return int(rank), None if world is None else int(world)
+    if world is not None and not (_is_count(world) and world > 0):
+        raise InputError(f"distributedInfo.world_size is {world!r}: a world size is an integer >= 1", path)
+    if world is not None and rank >= world:
+        raise InputError(f"rank {rank} is outside the world size {world}", path)
+    return rank, world
+
+
+def _is_count(value: Any) -> bool:
+    """Whether a JSON value is an integer >= 0 (``true`` and ``"3"`` are not)."""
+    return type(value) is int and value >= 0

@@ -41,22 +41,26 @@ _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKI
 
 
 def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent],
-                                                                list[float | None], int]:
-    """The complete events of a span, in file order, their start times, and the number of events in the span."""
+                                                                list[float | None], int, int]:
+    """The complete events of a span, in file order, their start times, the number of events in the span, and
+    how many of those have no phase."""
     try:
         decoded = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
         events = [event for event in decoded if type(event) is CompleteEvent]
-        return events, parse_times([event.ts for event in events]), len(decoded)
+        return events, parse_times([event.ts for event in events]), len(decoded), 0
     except (InputError, NotATime):
         decoded = decode_span(text, span, TRACE_EVENTS_DECODER)
         plain = [event for event in decoded if event.ph == "X"]
-        return plain, [event.ts for event in plain], len(decoded)
+        no_phase = sum(1 for event in decoded if not event.ph)
+        return plain, [event.ts for event in plain], len(decoded), no_phase
 
 
 def span_frames(text: TraceText, span: Span, json_text: JsonText) -> tuple[EventsPart, int]:
     """The frames of a span's complete events, and the number of events in the span."""
-    events, times, count = decode_complete_events(text, span)
-    return event_frames(events, times, json_text), count
+    events, times, count, no_phase = decode_complete_events(text, span)
+    part = event_frames(events, times, json_text)
+    part.counts.events, part.counts.no_phase = count, no_phase
+    return part, count
 
 
 def read_rank_events(text: TraceText, events: Span | None, progress: Progress | None = None, *,

@@ -17,10 +17,7 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-
-DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-CPU_CATEGORIES = {"cpu_op", "user_annotation"}
-RUNTIME_CATEGORIES = {"cuda_runtime", "cuda_driver", "runtime"}
+from vtrain.kineto import CPU, DEVICE, RUNTIME, canonical_category, device_kind, event_kind, parse_stream
 
 _NO_ARGS = EventArgs()
 
@@ -37,28 +34,54 @@ DEVICE_SCHEMA = {
 #: a part's device activities, before the columns computed once for the whole rank (device, stream, classes)
 _DEVICE_PART_SCHEMA = {
     "arg_device": pl.Int64, "pid": pl.Int64, "arg_stream": pl.Int64, "tid": pl.Int64, "name": pl.String,
-    "kind": pl.String, "ts": pl.Float64, "dur": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64,
+    "cat": pl.String, "ts": pl.Float64, "dur": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64,
     **COLLECTIVE_ARG_SCHEMA,
 }
 CPU_SCHEMA = {
     "tid": pl.Int64, "cat": pl.String, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
     "external_id": pl.Int64, "input_dims": pl.String, "input_types": pl.String, **COLLECTIVE_ARG_SCHEMA,
 }
-#: runtime calls are only used to find where a kernel was launched from
-RUNTIME_SCHEMA = {"tid": pl.Int64, "ts": pl.Float64, "correlation": pl.Int64}
+#: runtime calls: where a kernel was launched from, and which calls launch whole graphs
+RUNTIME_SCHEMA = {"tid": pl.Int64, "name": pl.String, "ts": pl.Float64, "dur": pl.Float64,
+                  "correlation": pl.Int64, "external_id": pl.Int64}
 
 Column = list[Any] | pl.Series | None  # None: all null
 
 
 @dataclass
+class EventCounts:
+    """What the decoder saw of a rank's events besides the frames: ``dropped`` complete events left out for a
+    missing or negative duration (``device_dropped`` of them device activities), complete events without a
+    category (``uncategorised``) and events without a phase (``no_phase``), and ``events`` in all."""
+
+    dropped: int = 0
+    device_dropped: int = 0
+    uncategorised: int = 0
+    no_phase: int = 0
+    events: int = 0
+
+    def add(self, other: EventCounts) -> None:
+        """Add another part's counts to these."""
+        self.dropped += other.dropped
+        self.device_dropped += other.device_dropped
+        self.uncategorised += other.uncategorised
+        self.no_phase += other.no_phase
+        self.events += other.events
+
+
+@dataclass
 class RankEvents:
-    """The frames of one rank's trace, before tables are assembled; ``dropped`` counts the complete events left
-    out for a missing or negative duration."""
+    """The frames of one rank's trace, before tables are assembled, and the counts of what was left out."""
 
     device: pl.DataFrame
     cpu: pl.DataFrame
     runtime: pl.DataFrame
-    dropped: int
+    counts: EventCounts
+
+    @property
+    def dropped(self) -> int:
+        """Complete events left out for a missing or negative duration."""
+        return self.counts.dropped
 
 
 @dataclass
@@ -68,7 +91,7 @@ class EventsPart:
     device: pl.DataFrame
     cpu: pl.DataFrame
     runtime: pl.DataFrame
-    dropped: int
+    counts: EventCounts
 
 
 class JsonText:
@@ -104,18 +127,27 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
     device: list[pl.DataFrame] = []
     cpu: list[pl.DataFrame] = []
     runtime: list[pl.DataFrame] = []
-    dropped = 0
+    counts = EventCounts()
     for part in parts:
         device.append(part.device)
         cpu.append(part.cpu)
         runtime.append(part.runtime)
-        dropped += part.dropped
+        counts.add(part.counts)
     return RankEvents(
         device=_finish_device(_concat(device, _DEVICE_PART_SCHEMA)),
-        cpu=_concat(cpu, CPU_SCHEMA),
+        cpu=_canonical_categories(_concat(cpu, CPU_SCHEMA)),
         runtime=_concat(runtime, RUNTIME_SCHEMA),
-        dropped=dropped,
+        counts=counts,
     )
+
+
+def _canonical_categories(cpu: pl.DataFrame) -> pl.DataFrame:
+    """CPU ops with their category as today's PyTorch names it (``Operator`` -> ``cpu_op``), so readers of
+    ``cpu_ops`` need to know one name."""
+    names = {c: canonical_category(c) for c in cpu["cat"].unique()}
+    if all(c == name for c, name in names.items()):
+        return cpu
+    return cpu.with_columns(cat=pl.col("cat").replace_strict(names, return_dtype=pl.String))
 
 
 def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
@@ -129,35 +161,47 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
 
 def event_frames(events: Sequence[Any], times: Sequence[float | None],
                  json_text: JsonText | None = None) -> EventsPart:
-    """Split complete events into device, CPU and runtime frames; events with a missing or negative duration (or
-    no start) are dropped and counted.
+    """Split complete events into device, CPU and runtime frames by their category, in any case and of any
+    Kineto generation (:func:`vtrain.kineto.event_kind`); events with a missing or negative duration (or no
+    start) are dropped and counted, as are complete events without a category.
 
     ``events`` are :class:`~vtrain.ingest.events.CompleteEvent` or complete
     :class:`~vtrain.ingest.decode.TraceEvent` objects (the same fields), ``times`` their start times (``ts``).
     """
-    device: list[Any] = []
-    cpu: list[Any] = []
-    runtime: list[Any] = []
-    device_ts: list[float] = []
-    cpu_ts: list[float] = []
-    runtime_ts: list[float] = []
-    dropped = 0
+    # one bucket of events and one of start times per slot (see _SLOTS); the loop only sorts them
+    events_in: list[list[Any]] = [[] for _ in _SLOTS]
+    times_in: list[list[float]] = [[] for _ in _SLOTS]
+    slots = _SLOT_OF_CATEGORY
+    dropped = device_dropped = 0
     for event, ts in zip(events, times):
-        if event.dur is None or event.dur < 0 or ts is None:
+        slot = slots.get(event.cat)
+        if slot is None:
+            slot = _slot(event.cat)
+        dur = event.dur
+        if dur is None or dur < 0 or ts is None:
             dropped += 1
+            device_dropped += slot == 0
             continue
-        cat = event.cat
-        if cat in DEVICE_CATEGORIES:
-            device.append(event)
-            device_ts.append(ts)
-        elif cat in CPU_CATEGORIES:
-            cpu.append(event)
-            cpu_ts.append(ts)
-        elif cat in RUNTIME_CATEGORIES:
-            runtime.append(event)
-            runtime_ts.append(ts)
-    return EventsPart(_device_frame(device, device_ts), _cpu_frame(cpu, cpu_ts, json_text or JsonText()),
-                      _runtime_frame(runtime, runtime_ts), dropped)
+        events_in[slot].append(event)
+        times_in[slot].append(ts)
+    counts = EventCounts(dropped=dropped, device_dropped=device_dropped, uncategorised=len(events_in[4]))
+    return EventsPart(_device_frame(events_in[0], times_in[0]),
+                      _cpu_frame(events_in[1], times_in[1], json_text or JsonText()),
+                      _runtime_frame(events_in[2], times_in[2]), counts)
+
+
+#: the bucket of each kind of event in :func:`event_frames` (kinds of :func:`vtrain.kineto.event_kind`, then
+#: events of another category and events without one)
+_SLOTS = (DEVICE, CPU, RUNTIME, "other", "no category")
+#: category -> slot, for the categories met so far
+_SLOT_OF_CATEGORY: dict[str, int] = {}
+
+
+def _slot(category: str) -> int:
+    """The slot of a category not met before (remembered)."""
+    kind = event_kind(category) if category else "no category"
+    slot = _SLOT_OF_CATEGORY[category] = _SLOTS.index(kind) if kind in _SLOTS else _SLOTS.index("other")
+    return slot
 
 
 def _frame(columns: dict[str, Column], schema: dict[str, Any]) -> pl.DataFrame:
@@ -185,6 +229,23 @@ def _collective_arg_columns(args: list[EventArgs]) -> dict[str, Column]:
     }
 
 
+def _external_ids(args: list[EventArgs]) -> list[int | None]:
+    """The External id of each event, under either spelling (PyTorch 1.8-1.9 wrote ``external id``)."""
+    ids = [a.external_id for a in args]
+    legacy = [a.external_id_legacy for a in args]
+    if legacy.count(None) == len(legacy):
+        return ids
+    return [new if new is not None else old for new, old in zip(ids, legacy)]
+
+
+def _streams(values: list[Any]) -> pl.Series:
+    """Stream ids as integers: ROCm traces write some as hex strings (``"0x0"``)."""
+    try:
+        return pl.Series(values, dtype=pl.Int64, strict=True)
+    except TypeError:  # some are strings
+        return pl.Series([parse_stream(v) for v in values], dtype=pl.Int64)
+
+
 def _thread_ids(values: list[Any]) -> pl.Series:
     """``pid`` or ``tid`` values as integers; strings (Kineto's own ``"Spans"`` rows, ``"stream 7"``) become
     null."""
@@ -202,23 +263,32 @@ def _device_frame(events: list[Any], times: list[float]) -> pl.DataFrame:
         # pid and tid stand in for a device and a stream missing from args (Kineto usually writes both)
         "arg_device": devices,
         "pid": _thread_ids([e.pid for e in events]) if None in devices else None,
-        "arg_stream": streams,
+        "arg_stream": _streams(streams),
         "tid": _thread_ids([e.tid for e in events]) if None in streams else None,
         "name": [e.name for e in events],
-        "kind": [DEVICE_CATEGORIES[e.cat] for e in events],
+        "cat": [e.cat for e in events],
         "ts": times,
         "dur": [e.dur for e in events],
         "correlation": [a.correlation for a in args],
-        "external_id": [a.external_id for a in args],
+        "external_id": _external_ids(args),
         **_collective_arg_columns(args),
     }, _DEVICE_PART_SCHEMA)
 
 
 def _finish_device(frame: pl.DataFrame) -> pl.DataFrame:
-    """The device table's columns: the device and stream in args win over pid and tid; ``kernel_class`` and
-    ``memory_kind`` are computed once per distinct name."""
+    """The device table's columns: the device and stream in args win over pid and tid; ``kind``
+    (:func:`vtrain.kineto.device_kind`) is computed once per distinct category and name, ``kernel_class`` and
+    ``memory_kind`` once per distinct name."""
     name, kind = pl.col("name"), pl.col("kind")
-    classes = {n: kernel_class(n) for n in frame["name"].unique()}
+    names = frame["name"].unique()
+    by_category = {c: device_kind(c, "") for c in frame["cat"].unique()}
+    by_name = {n: device_kind("kernel", n) for n in names}  # a kernel can be a memory copy by its name (MTIA DMA)
+    copies_by_name = [n for n, k in by_name.items() if k != "kernel"]
+    frame = frame.with_columns(kind=pl.when((pl.col("cat").replace_strict(by_category) == "kernel")
+                                            & name.is_in(copies_by_name))
+                               .then(name.replace_strict(by_name, default=None))
+                               .otherwise(pl.col("cat").replace_strict(by_category, return_dtype=pl.String)))
+    classes = {n: kernel_class(n) for n in names}
     copies = {n: _memory_kind("memcpy", n) for n in frame.filter(kind == "memcpy")["name"].unique()}
     sets = {n: _memory_kind("memset", n) for n in frame.filter(kind == "memset")["name"].unique()}
     return frame.with_columns(
@@ -246,8 +316,8 @@ def _cpu_frame(events: list[Any], times: list[float], json_text: JsonText) -> pl
         "name": [e.name for e in events],
         "ts": times,
         "dur": [e.dur for e in events],
-        "external_id": [a.external_id for a in args],
-        "input_dims": json_text.column([a.input_dims for a in args]),
+        "external_id": _external_ids(args),
+        "input_dims": json_text.column([a.input_dims or a.input_dims_legacy for a in args]),
         "input_types": json_text.column([a.input_types for a in args]),
         **_collective_arg_columns(args),
     }, CPU_SCHEMA)
@@ -257,6 +327,9 @@ def _runtime_frame(events: list[Any], times: list[float]) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
     return _frame({
         "tid": _thread_ids([e.tid for e in events]),
+        "name": [e.name for e in events],
         "ts": times,
+        "dur": [e.dur for e in events],
         "correlation": [a.correlation for a in args],
+        "external_id": _external_ids(args),
     }, RUNTIME_SCHEMA)

@@ -53,9 +53,9 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
         sources.append(source)
         hashes[path] = text.sha256
         del text
+        _check_events(path, events, warn)
         tables = assemble_rank(source.rank, events, source.header.distributedInfo)
-        if tables.dropped:
-            warn(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
+        _report_rank(path, tables, warn)
         ranks.append(tables)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
@@ -86,6 +86,35 @@ def _read_rank(path: Path, text: TraceText, earlier: list[RankSource],
     return source, read_rank_events(text, span, progress)
 
 
+def _check_events(path: Path, events: RankEvents, warn: Warn) -> None:
+    """Events ingest cannot read are said, never skipped in silence; a file with events of which none can be
+    read is an error (it would give an empty profile)."""
+    counts = events.counts
+    if not counts.events:
+        warn(f"{path}: the trace holds no events (traceEvents is empty): nothing of this rank is in the profile")
+    unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
+                                                    (counts.uncategorised, "category (cat)")) if n]
+    if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
+        raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call"
+                         + (f" ({', '.join(unread)})" if unread else ""), path)
+    if unread:
+        warn(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
+             + ", ".join(unread))
+
+
+def _report_rank(path: Path, tables: RankTables, warn: Warn) -> None:
+    """Warnings for what a rank's tables leave out or could not link, each with its count."""
+    if tables.dropped:
+        warn(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
+    if tables.absurd:
+        warn(f"{path}: left out {tables.absurd} device activities with an absurd duration (not finite, or longer "
+             f"than the trace's host span): not counted as device time")
+    if tables.unlaunched:
+        warn(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no launching runtime "
+             f"call in the file (a pruned trace, or launched before profiling began): their launch time is their "
+             f"start")
+
+
 def _rank_source(path: Path, header: TraceHeader) -> RankSource:
     rank, world_size = rank_and_world_size(path, header.distributedInfo)
     return RankSource(path=path, rank=rank, world_size=world_size, header=header)
@@ -112,11 +141,12 @@ def _build_profile(ranks: list[RankTables]) -> Profile:
     kernels = pl.concat([r.kernels for r in ranks])
     cpu_ops = pl.concat([r.cpu_ops for r in ranks])
     collectives = pl.concat([r.collectives for r in ranks])
+    graph_launches = pl.concat([r.graph_launches for r in ranks])
     gpu_ranks = set(kernels["rank"].unique().to_list())
     cpu_only = cpu_ops.filter(~pl.col("rank").is_in(list(gpu_ranks)))
     calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
     return Profile(tables={
-        "kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
+        "kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives, "graph_launches": graph_launches,
         "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops),
     })
 
@@ -154,10 +184,18 @@ def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables
         "dropped_events": sum(r.dropped for r in ranks),
         "sources": [
             {"file": s.path.name, "rank": s.rank, "bytes": s.path.stat().st_size, "sha256": hashes[s.path],
-             "base_time_ns": s.header.baseTimeNanoseconds}
-            for s in sources
+             "base_time_ns": s.header.baseTimeNanoseconds, **_activity_counts(r)}
+            for s, r in zip(sources, ranks)
         ],
     }
+
+
+def _activity_counts(tables: RankTables) -> dict[str, int]:
+    """A rank's device activities and where each went: ``device_activities`` = ``kernel_rows`` +
+    ``dropped_activities`` (missing or negative duration) + ``absurd_activities``."""
+    return {"device_activities": tables.device_activities, "kernel_rows": tables.kernels.height,
+            "dropped_activities": tables.counts.device_dropped, "absurd_activities": tables.absurd,
+            "unlaunched_activities": tables.unlaunched, "graph_launches": tables.graph_launches.height}
 
 
 def _first(values: Any) -> Any:

@@ -5,6 +5,8 @@
 ``collectives``   one row per collective call (from the NCCL kernel, or the CPU op for gloo/CPU runs)
 ``op_latency``    one row per operator signature (op + input dims + dtypes + device type)
 ``nccl_latency``  one row per collective x group size x message bytes (x nodes, when known)
+``graph_launches`` one row per graph launch call (``cudaGraphLaunch``, ``cuGraphLaunch``, ``hipGraphLaunch``): the
+                  op that launched it and the device activities it released (they are rows of ``kernels``)
 ``op_benchmarks`` one row per device operation measured outside a trace (imported GEMM / elementwise / attention
                   benchmarks such as LLMCompass or vidur tables), keyed by its shape rather than an aten signature
 
@@ -44,6 +46,17 @@ COLLECTIVES = {
     "iteration": pl.Int64,
 }
 
+GRAPH_LAUNCHES = {
+    "rank": pl.Int32, "tid": pl.Int64, "name": pl.String,  # the runtime call, e.g. cudaGraphLaunch
+    "ts": pl.Float64, "dur": pl.Float64,  # of the call itself, on the host
+    "correlation": pl.Int64,  # the id the call's kernels all carry
+    "external_id": pl.Int64, "cpu_op": pl.String,  # the op that launched the graph (as on its kernels)
+    "kernels": pl.Int64,  # device activities released (0 where the trace holds none of them)
+    "kernel_start": pl.Float64, "kernel_end": pl.Float64,  # first start, last end of those activities
+    "kernel_us": pl.Float64,  # their summed duration
+    "iteration": pl.Int64,  # of the launch call
+}
+
 OP_LATENCY = {
     "op": pl.String, "input_dims": pl.String, "input_types": pl.String, "device_type": pl.String,
     "kernels": pl.String,  # the kernel names launched by one call, in order, joined by " ; "
@@ -80,12 +93,12 @@ OP_BENCHMARKS = {
 }
 
 TABLES = {
-    "kernels": KERNELS, "cpu_ops": CPU_OPS, "collectives": COLLECTIVES,
+    "kernels": KERNELS, "cpu_ops": CPU_OPS, "collectives": COLLECTIVES, "graph_launches": GRAPH_LAUNCHES,
     "op_latency": OP_LATENCY, "nccl_latency": NCCL_LATENCY, "op_benchmarks": OP_BENCHMARKS,
 }
 
 #: tables a profile may lack (written by older vtrain versions); they load as empty tables
-OPTIONAL_TABLES = ("op_benchmarks",)
+OPTIONAL_TABLES = ("op_benchmarks", "graph_launches")
 
 
 def bus_bandwidth_factor(collective: str, group_size: int) -> float:

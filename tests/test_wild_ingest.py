@@ -1,0 +1,359 @@
+"""Conformance of `vtrain ingest` on every real trace in the repository and on rewritten variants of them.
+
+Two bars, on every trace: each device activity in the file is exactly one row of ``kernels`` (counted
+independently from the raw JSON by :mod:`tests.rawcount`), and each rank's computation / communication / memory
+time equals the raw JSON's (HTA's classification of the raw names). The variants are real traces rewritten the
+way other PyTorch versions, accelerators and jobs write them: kernels launched through CUDA graphs, PyTorch 1.8
+categories and arg keys, ROCm hex stream ids, MTIA categories, zero-length activities, pruned launches.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, TRACES
+from tests.rawcount import CLASSES, count_events, count_file, load_trace
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.tables.store import Profile, load_profile
+
+REAL_SETS = sorted([p for p in TRACES.glob("hta-*") if p.is_dir()] + [p for p in TRACES.glob("t*") if p.is_dir()]
+                   + [p for p in (TRACES / "wild").iterdir() if p.is_dir()], key=lambda p: str(p))
+#: the base of the rewritten variants: a real sm80 trace (2 ProfilerSteps, 1.2k device activities, NCCL)
+BASE = TRACES / "hta-sm80-128rank-sampled" / "rank-0.json.gz"
+#: a second base with sub-microsecond times and three ProfilerSteps
+BASE_A100 = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"
+
+Trace = dict[str, Any]
+
+
+def _ingest(trace_dir: Path) -> tuple[Profile, list[str]]:
+    warnings: list[str] = []
+    return ingest_traces(trace_dir, warn=warnings.append), warnings
+
+
+def assert_conforms(trace_dir: Path, profile: Profile, expected: dict[str, Any] | None = None) -> None:
+    """Both bars, per rank file: kernel rows = raw device activities, class times = the raw JSON's."""
+    kernels = profile["kernels"]
+    assert profile.metadata["sources"], trace_dir
+    for source in profile.metadata["sources"]:
+        raw = expected[source["file"]] if expected else count_file(trace_dir / source["file"])
+        mine = kernels.filter(pl.col("rank") == source["rank"])
+        assert mine.height == raw.activities, (trace_dir.name, source["file"])
+        assert source["kernel_rows"] == raw.activities
+        times = dict(mine.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
+        for kind in CLASSES:
+            assert times.get(kind, 0.0) == pytest.approx(raw.time_us[kind], rel=1e-12, abs=1e-6), (
+                trace_dir.name, source["file"], kind)
+        if raw.activities:
+            assert profile.metadata["device"]["type"] != "cpu"
+
+
+@pytest.mark.parametrize("trace_dir", REAL_SETS, ids=lambda p: str(p.relative_to(TRACES)))
+def test_every_real_trace_conforms(trace_dir: Path) -> None:
+    profile, _ = _ingest(trace_dir)
+    assert_conforms(trace_dir, profile)
+
+
+# ---- rewriting a real trace ---------------------------------------------------------------------------------
+
+
+def _write(trace: Trace, folder: Path, name: str = "rank-0.json") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(trace))
+    return folder
+
+
+def _events(trace: Trace, *categories: str) -> list[dict[str, Any]]:
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in categories]
+
+
+def _steps(trace: Trace) -> list[dict[str, Any]]:
+    return sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"
+                   and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+
+
+def graph_launched(trace: Trace, *, keep_external_id: bool = True) -> Trace:
+    """Each ProfilerStep's device work launched by one ``cudaGraphLaunch``: the step's first launching call is
+    renamed, its other launching calls are removed (a graph replaces them), and every activity launched in the
+    step carries the graph launch's correlation id (and External id, or none: older PyTorch)."""
+    trace = copy.deepcopy(trace)
+    launches = {e["args"]["correlation"]: e for e in _events(trace, "cuda_runtime")
+                if "correlation" in (e.get("args") or {})}
+    removed: set[int] = set()
+    for step in _steps(trace):
+        inside = [e for e in _events(trace, "kernel", "gpu_memcpy", "gpu_memset")
+                  if (launch := launches.get(e["args"].get("correlation"))) is not None
+                  and step["ts"] <= launch["ts"] < step["ts"] + step["dur"]]
+        calls = sorted({e["args"]["correlation"] for e in inside}, key=lambda c: launches[c]["ts"])
+        graph = launches[calls[0]]
+        graph["name"] = "cudaGraphLaunch"
+        for activity in inside:
+            activity["args"]["correlation"] = graph["args"]["correlation"]
+            if keep_external_id:
+                activity["args"]["External id"] = graph["args"].get("External id")
+            else:
+                activity["args"].pop("External id", None)
+        removed |= {id(launches[c]) for c in calls[1:]}
+    if not keep_external_id:
+        graph_ids = {e["args"]["correlation"] for e in _events(trace, "cuda_runtime") if e["name"] == "cudaGraphLaunch"}
+        for call in _events(trace, "cuda_runtime"):
+            if call["args"].get("correlation") in graph_ids:
+                call["args"].pop("External id", None)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if id(e) not in removed]
+    return trace
+
+
+OLD_CATEGORIES = {"kernel": "Kernel", "cuda_runtime": "Runtime", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset",
+                  "cpu_op": "Operator"}
+
+
+def pytorch_18(trace: Trace) -> Trace:
+    """Categories and arg keys as PyTorch 1.8-1.9 wrote them."""
+    trace = copy.deepcopy(trace)
+    for event in trace["traceEvents"]:
+        event["cat"] = OLD_CATEGORIES.get(event.get("cat"), event.get("cat"))
+        args = event.get("args") or {}
+        if "External id" in args:
+            args["external id"] = args.pop("External id")
+        if "Input Dims" in args:
+            args["Input dims"] = args.pop("Input Dims")
+    return trace
+
+
+def hex_streams(trace: Trace) -> Trace:
+    """Every ``args.stream`` a hex string, as ROCm traces write some (``"0x17"``)."""
+    trace = copy.deepcopy(trace)
+    for event in trace["traceEvents"]:
+        args = event.get("args") or {}
+        if isinstance(args.get("stream"), int):
+            args["stream"] = hex(args["stream"])
+    return trace
+
+
+def mtia(trace: Trace) -> Trace:
+    """Device activities as MTIA writes them: ``mtia_ccp_events``, memory transfers as ``dma*`` activities,
+    runtime calls as ``mtia_runtime``."""
+    trace = copy.deepcopy(trace)
+    for event in trace["traceEvents"]:
+        cat = event.get("cat")
+        if cat in ("gpu_memcpy", "gpu_memset"):
+            event["name"] = "dma_" + event["name"].split()[0].lower() + "_" + cat
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            event["cat"] = "mtia_ccp_events"
+        elif cat == "cuda_runtime":
+            event["cat"] = "mtia_runtime"
+    return trace
+
+
+def zero_durations(trace: Trace) -> Trace:
+    """Every fifth device activity lasts 0 µs."""
+    trace = copy.deepcopy(trace)
+    for activity in _events(trace, "kernel", "gpu_memcpy", "gpu_memset")[::5]:
+        activity["dur"] = 0
+    return trace
+
+
+def pruned(trace: Trace) -> Trace:
+    """Every second runtime call removed: their activities have no launch in the file."""
+    trace = copy.deepcopy(trace)
+    gone = {id(e) for e in _events(trace, "cuda_runtime")[::2]}
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if id(e) not in gone]
+    return trace
+
+
+VARIANTS: dict[str, Callable[[Trace], Trace]] = {
+    "graph": graph_launched, "graph-no-external-id": lambda t: graph_launched(t, keep_external_id=False),
+    "pytorch-1.8": pytorch_18, "rocm-hex-streams": hex_streams, "mtia": mtia, "zero-durations": zero_durations,
+    "pruned": pruned,
+}
+
+
+@pytest.fixture(scope="module")
+def base_traces() -> dict[str, Trace]:
+    return {"sm80": load_trace(BASE), "a100": load_trace(BASE_A100)}
+
+
+@pytest.mark.parametrize("base", ["sm80", "a100"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rewritten_traces_conform(variant: str, base: str, base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    trace = VARIANTS[variant](base_traces[base])
+    folder = _write(trace, tmp_path / variant)
+    profile, warnings = _ingest(folder)
+    assert_conforms(folder, profile, {"rank-0.json": count_events(trace["traceEvents"])})
+    original = count_events(base_traces[base]["traceEvents"])
+    assert profile["kernels"].height == original.activities  # no variant adds or loses an activity
+    unlaunched = [w for w in warnings if "no launching runtime call" in w]
+    if variant == "pruned":
+        assert unlaunched and profile.metadata["sources"][0]["unlaunched_activities"] > 0
+
+
+@pytest.mark.parametrize("base", ["sm80", "a100"])
+@pytest.mark.parametrize("keep_external_id", [True, False])
+def test_graph_launch_is_one_row_per_launch_and_each_kernel_names_its_op(
+        base: str, keep_external_id: bool, base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    trace = graph_launched(base_traces[base], keep_external_id=keep_external_id)
+    profile, _ = _ingest(_write(trace, tmp_path / "graph"))
+    raw = count_events(trace["traceEvents"])
+    graphs = profile["graph_launches"]
+    steps = _steps(trace)
+    assert graphs.height == len(steps)
+    assert sorted(graphs["iteration"].to_list()) == sorted(int(s["name"].split("#")[1]) for s in steps)
+    kernels = profile["kernels"]
+    for row in graphs.iter_rows(named=True):
+        released = kernels.filter(pl.col("correlation") == row["correlation"])
+        assert row["kernels"] == released.height == raw.correlations[row["correlation"]] > 1
+        assert row["kernel_start"] == released["ts"].min()
+        assert row["kernel_end"] == (released["ts"] + released["dur"]).max()
+        assert row["kernel_us"] == pytest.approx(released["dur"].sum())
+        # every kernel of the graph names the op that launched it
+        assert released["cpu_op"].n_unique() == 1 and released["cpu_op"][0] == row["cpu_op"] is not None
+        assert released["external_id"].n_unique() == 1
+    assert profile.metadata["sources"][0]["graph_launches"] == len(steps)
+
+
+def test_mtia_dma_activities_are_memory_copies(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    profile, _ = _ingest(_write(mtia(base_traces["sm80"]), tmp_path / "mtia"))
+    kernels = profile["kernels"]
+    dma = kernels.filter(pl.col("name").str.starts_with("dma"))
+    assert dma.height == 50 and (dma["kind"] == "memcpy").all() and (dma["kernel_class"] == "memory").all()
+    assert (kernels.filter(~pl.col("name").str.starts_with("dma"))["kind"] == "kernel").all()
+    assert kernels["cpu_op"].null_count() < kernels.height  # mtia_runtime calls link kernels to their ops
+
+
+def test_old_and_hex_variants_keep_streams_ops_and_shapes(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    reference, _ = _ingest(_write(base_traces["sm80"], tmp_path / "base"))
+    columns = ["stream", "external_id", "cpu_op", "input_dims", "iteration"]
+    for name, rewrite in (("old", pytorch_18), ("hex", hex_streams)):
+        profile, _ = _ingest(_write(rewrite(base_traces["sm80"]), tmp_path / name))
+        assert profile["kernels"].select(columns).equals(reference["kernels"].select(columns)), name
+        assert profile["op_latency"].height == reference["op_latency"].height > 0, name
+        assert profile["cpu_ops"].select("cat", "name").equals(reference["cpu_ops"].select("cat", "name")), name
+
+
+def test_cuda_sync_records_are_not_kernel_rows() -> None:
+    trace_dir = TRACES / "wild" / "a100-alexnet"
+    syncs = [e for e in load_trace(trace_dir / "rank-0.json.gz")["traceEvents"] if e.get("cat") == "cuda_sync"]
+    assert len(syncs) == 41
+    profile, _ = _ingest(trace_dir)
+    names = set(profile["kernels"]["name"])
+    assert not names & {e["name"] for e in syncs}
+
+
+def test_zero_duration_activities_are_kept(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    profile, warnings = _ingest(_write(zero_durations(base_traces["sm80"]), tmp_path / "zero"))
+    assert (profile["kernels"]["dur"] == 0).sum() >= 240
+    assert not [w for w in warnings if "dropped" in w or "absurd" in w]
+
+
+def test_missing_and_negative_durations_are_dropped_with_a_count(base_traces: dict[str, Trace],
+                                                                 tmp_path: Path) -> None:
+    trace = copy.deepcopy(base_traces["sm80"])
+    activities = _events(trace, "kernel")
+    del activities[0]["dur"]
+    activities[1]["dur"] = -3
+    profile, warnings = _ingest(_write(trace, tmp_path / "bad"))
+    assert profile["kernels"].height == count_events(trace["traceEvents"]).activities
+    assert profile.metadata["sources"][0]["dropped_activities"] == 2
+    assert any("dropped 2 events with a missing or negative duration" in w for w in warnings)
+
+
+@pytest.mark.parametrize("duration", [1e300, "span"])
+def test_an_absurd_duration_is_left_out_and_counted(duration: Any, base_traces: dict[str, Trace],
+                                                   tmp_path: Path) -> None:
+    trace = copy.deepcopy(base_traces["sm80"])
+    complete = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    span = max(e["ts"] + e["dur"] for e in complete) - min(e["ts"] for e in complete)
+    victim = next(e for e in _events(trace, "kernel") if e["name"].startswith("void fbgemm"))
+    measured = victim["dur"]
+    victim["dur"] = 1e300 if duration == 1e300 else 3 * span
+    profile, warnings = _ingest(_write(trace, tmp_path / "absurd"))
+    raw = count_events(base_traces["sm80"]["traceEvents"])  # the absurd value would swamp a sum
+    assert profile["kernels"].height == raw.activities - 1
+    assert profile["kernels"]["dur"].max() < span
+    computation = profile["kernels"].filter(pl.col("kernel_class") == "computation")["dur"].sum()
+    assert computation == pytest.approx(raw.time_us["computation"] - measured, rel=1e-12)
+    assert profile.metadata["sources"][0]["absurd_activities"] == 1
+    assert any("1 device activities with an absurd duration" in w for w in warnings)
+
+
+def _ingest_cli(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
+                           str(tmp_path / "profile")], capture_output=True, text=True, cwd=REPO, check=False)
+
+
+@pytest.mark.parametrize("field", ["ph", "cat"])
+def test_events_without_phase_or_category_are_never_an_empty_profile(field: str, base_traces: dict[str, Trace],
+                                                                     tmp_path: Path) -> None:
+    trace = copy.deepcopy(base_traces["sm80"])
+    for event in trace["traceEvents"]:
+        event.pop(field, None)
+    folder = _write(trace, tmp_path / "none")
+    done = _ingest_cli(folder, tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {folder / 'rank-0.json'}: ")
+    assert not (tmp_path / "profile").exists()
+
+    some = copy.deepcopy(base_traces["sm80"])
+    for activity in _events(some, "kernel")[:7]:
+        activity.pop(field)
+    profile, warnings = _ingest(_write(some, tmp_path / "some"))
+    what = "no phase (ph)" if field == "ph" else "no category (cat)"
+    assert any(f"7 have {what}" in w for w in warnings), warnings
+    assert profile["kernels"].height == count_events(some["traceEvents"]).activities
+
+
+def test_a_trace_without_events_is_said(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    trace = {**base_traces["sm80"], "traceEvents": []}
+    profile, warnings = _ingest(_write(trace, tmp_path / "empty"))
+    assert profile["kernels"].is_empty() and profile["cpu_ops"].is_empty()
+    assert any("rank-0.json: the trace holds no events" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("rank", ["zero", "0", -1, 2, 1.5, True])
+def test_a_bad_rank_is_one_error_line(rank: Any, base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    trace = copy.deepcopy(base_traces["sm80"])
+    trace["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
+    done = _ingest_cli(_write(trace, tmp_path / "rank", "trace.json"), tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "rank" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_old_join_would_multiply_graph_kernels(base_traces: dict[str, Trace]) -> None:
+    """The rewrite really makes a graph launch: many activities share each launching correlation id (the
+    condition that made the old joins give a kernel once per sibling)."""
+    raw = count_events(graph_launched(base_traces["sm80"], keep_external_id=False)["traceEvents"])
+    shared = [n for n in raw.correlations.values() if n > 1]
+    assert len(shared) == 2 and sum(n * n for n in shared) > 10 * raw.activities
+
+
+def test_ranks_are_counted_per_file_in_metadata() -> None:
+    profile, _ = _ingest(TRACES / "hta-sm80-128rank-sampled")
+    by_rank = defaultdict(int)
+    for row in profile["kernels"].iter_rows(named=True):
+        by_rank[row["rank"]] += 1
+    for source in profile.metadata["sources"]:
+        assert source["device_activities"] == source["kernel_rows"] == by_rank[source["rank"]]
+        assert source["dropped_activities"] == source["absurd_activities"] == 0
+
+
+def test_graph_launches_are_written_and_read_back(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    folder = _write(graph_launched(base_traces["sm80"]), tmp_path / "graph")
+    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
+                           str(tmp_path / "profile"), "--json"], capture_output=True, text=True, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["tables"]["graph_launches"] == 2
+    assert summary["ranks"]["0"]["kernels"] == count_events(graph_launched(base_traces["sm80"])["traceEvents"]).activities
+    loaded = load_profile(tmp_path / "profile")
+    assert loaded["graph_launches"]["kernels"].sum() == loaded["kernels"].filter(
+        pl.col("correlation").is_in(loaded["graph_launches"]["correlation"].implode())).height
