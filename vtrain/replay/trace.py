@@ -103,8 +103,8 @@ def read_rank_trace(path: Path) -> RankTrace:
     data, _digest = read_bytes(path)
     header = decode_header(data, path)
     del data
-    info = header.distributedInfo or {}
-    rank, world_size = rank_and_world_size(path, info)
+    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
+    rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
     groups = info.get("pg_config")
     trace = RankTrace(rank=rank, path=path, world_size=world_size,
                       process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
