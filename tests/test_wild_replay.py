@@ -213,6 +213,26 @@ def test_cuda_graph_launch_releases_its_kernels_in_stream_order(tmp_path: Path) 
     assert_replays(result)
 
 
+def test_graph_with_a_dependency_between_its_streams(tmp_path: Path) -> None:
+    """One cudaGraphLaunch releases A1, A2 on stream 1 and B1, B2 on stream 2; inside the graph B1 waits for A1
+    (no record of it in the trace), 50 µs after A1 ended. The host synchronizes on the stream. Dropping the wait
+    would replay the iteration 13 % fast; it is kept, as a cross-stream wait."""
+    events = [event("user_annotation", "ProfilerStep#1", 0, 1300, 1),
+              event("cuda_runtime", "cudaGraphLaunch", 100, 10, 1, correlation=5),
+              event("cuda_runtime", "cudaStreamSynchronize", 115, 1095, 1, correlation=6),
+              event("kernel", "A1", 110, 290, 1, correlation=5), event("kernel", "A2", 400, 200, 1, correlation=5),
+              event("kernel", "B1", 450, 450, 2, correlation=5), event("kernel", "B2", 900, 300, 2, correlation=5)]
+    save(tmp_path / "graph", "rank-0.json.gz", {"traceEvents": events})
+    result = replay(read_trace_set(tmp_path / "graph"))
+    assert result.stats.graph_launches == 1
+    launch = result.events.filter(pl.col("name") == "cudaGraphLaunch")["event"].item()
+    assert result.events.filter(pl.col("kind") == "device")["launch"].to_list() == [launch] * 4
+    assert result.stats.kept_us[KEPT_CROSS_STREAM] == pytest.approx(450 - 110)
+    device = result.events.filter(pl.col("kind") == "device")
+    assert device["sim_ts"].to_list() == pytest.approx(device["ts"].to_list())
+    assert_replays(result, bound=1e-9)
+
+
 # -- cross-stream wait without an event record, and equal timestamps ---------------------------------------------
 
 def event(cat: str, name: str, ts: float, dur: float, lane: int, **args: object) -> dict:
