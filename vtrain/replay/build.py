@@ -27,8 +27,10 @@ import numpy as np
 from vtrain.naming import iteration_id
 from vtrain.replay.collectives import (
     COLLECTIVE_ANNOTATION,
+    GROUP_UNKNOWN,
     ISSUING_OP,
     MATCHING_OFF,
+    PEERS_MISSING,
     Collective,
     CollectiveMatch,
     GroupResolver,
@@ -37,7 +39,13 @@ from vtrain.replay.collectives import (
     collective_kind,
     match_collectives,
 )
-from vtrain.replay.context import DependencyStats, RankContext
+from vtrain.replay.context import (
+    KEPT_GROUP_UNKNOWN,
+    KEPT_PEER_ABSENT,
+    KEPT_UNMATCHED,
+    DependencyStats,
+    RankContext,
+)
 from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
 from vtrain.replay.threads import ThreadChain, blocking_calls, build_chains
@@ -95,6 +103,8 @@ def build_graph(traces: list[RankTrace], config: RunConfig | None = None, option
         matches, unmatched = match_collectives(collectives, {t.rank for t in traces})
     else:
         matches, unmatched = [], Counter({MATCHING_OFF: len(collectives)})
+        for call in collectives:
+            call.reason = MATCHING_OFF
     stats.collectives_matched = len(matches)
     stats.collective_calls_unmatched = unmatched
     joins = _collective_edges(builders, collectives, matches, options, edges, stats, first_join=2 * total)
@@ -266,9 +276,25 @@ def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective]
                 edges.add(join, end, shortest, PEER)
                 edges.add(waited[0], end, waited[1], WAITED)
                 stats.collective_ends["waited"] += 1
-    for call in calls:
-        if (call.rank, call.event) not in matched:
-            builder = builders[call.rank]
-            edges.add(builder.ctx.start(call.event), builder.ctx.stop(call.event), call.dur, WORK)
-            stats.collective_ends["measured"] += 1
+    unmatched = [call for call in calls if (call.rank, call.event) not in matched]
+    for call in unmatched:
+        builder = builders[call.rank]
+        edges.add(builder.ctx.start(call.event), builder.ctx.stop(call.event), call.dur, WORK)
+        stats.collective_ends["measured"] += 1
+    _count_kept_collectives(unmatched, stats)
     return joins
+
+
+def _count_kept_collectives(unmatched: list[Collective], stats: DependencyStats) -> None:
+    """Count the waits kept inside collectives replayed with their measured duration: each call's duration
+    beyond the fastest call of the same kind and size on its rank (its transfer time, as far as the trace
+    tells), by why it was not matched."""
+    fastest: dict[tuple, float] = {}
+    for call in unmatched:
+        key = (call.rank, call.kind, call.elements)
+        fastest[key] = min(fastest.get(key, call.dur), call.dur)
+    for call in unmatched:
+        if call.reason == MATCHING_OFF:
+            continue
+        cause = {PEERS_MISSING: KEPT_PEER_ABSENT, GROUP_UNKNOWN: KEPT_GROUP_UNKNOWN}.get(call.reason, KEPT_UNMATCHED)
+        stats.keep(cause, call.dur - fastest[(call.rank, call.kind, call.elements)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -33,12 +34,20 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
 
 
 class _Phase(msgspec.Struct):
-    ph: str = ""
+    ph: Any = ""
 
 
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _PHASE = msgspec.json.Decoder(_Phase)
+
+
+def _phase(raw: msgspec.Raw) -> str:
+    """An event's ``ph`` (empty for an entry that is not an event object: it is copied as it is)."""
+    try:
+        return _PHASE.decode(raw).ph
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return ""
 
 
 def _rewrite(source: Path, target: Path, moved: dict[int, tuple[float, float]]) -> None:
@@ -61,7 +70,7 @@ def _rewrite(source: Path, target: Path, moved: dict[int, tuple[float, float]]) 
                 event = msgspec.json.decode(raw)
                 event["ts"], event["dur"] = moved[position]
                 text = encode(event)
-            elif _PHASE.decode(raw).ph in ("s", "f"):
+            elif _phase(raw) in ("s", "f"):
                 continue
             else:
                 text = bytes(raw)

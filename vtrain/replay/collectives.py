@@ -85,6 +85,7 @@ class Collective:
     purpose: str | None = None  # tp | dp | pp from the vtrain span, else pp for send/recv, else None
     iteration: int | None = None  # the ProfilerStep#N it was issued in
     matched: bool = False
+    reason: str | None = None  # why it was left unmatched (one of the reasons above)
 
 
 @dataclass
@@ -199,9 +200,11 @@ def match_collectives(collectives: list[Collective], ranks_present: set[int]) ->
     for call in collectives:
         if call.group is None or (call.kind in _P2P and call.channel is None):
             unmatched[GROUP_UNKNOWN] += 1
+            call.reason = GROUP_UNKNOWN
             continue
         if not set(call.group) <= ranks_present:
             unmatched[PEERS_MISSING] += 1
+            call.reason = PEERS_MISSING
             continue
         if call.channel is not None:
             key: tuple = ("p2p", call.channel, call.label, call.iteration)
@@ -214,12 +217,16 @@ def match_collectives(collectives: list[Collective], ranks_present: set[int]) ->
         calls = [sorted(per_rank.get(rank, []), key=lambda c: c.arrival_ts) for rank in members]
         if len({len(c) for c in calls}) != 1 or not _consistent(key, calls):
             unmatched[SEQUENCE_MISMATCH] += sum(len(c) for c in calls)
+            for call in (c for rank_calls in calls for c in rank_calls):
+                call.reason = SEQUENCE_MISMATCH
             continue
         for position in range(len(calls[0])):
             group = [c[position] for c in calls]
             transfer, by_clock = transfer_times(group)
             if not by_clock and not group[0].on_device:  # CPU ranks share a clock: a member ended before
                 unmatched[OUT_OF_ORDER] += len(group)  # another arrived, so these calls are not one collective
+                for call in group:
+                    call.reason = OUT_OF_ORDER
                 continue
             for call in group:
                 call.matched = True

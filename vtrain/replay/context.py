@@ -10,6 +10,16 @@ from vtrain.replay.graph import EdgeList, ReplayOptions
 from vtrain.replay.trace import RUNTIME, RankTrace
 
 
+#: causes of a wait the dependency model cannot explain; the replay keeps its measured length (see ``kept_us``)
+KEPT_PEER_ABSENT = "collectives waiting on a peer rank not in the folder"
+KEPT_GROUP_UNKNOWN = "collectives whose process group is unknown"
+KEPT_UNMATCHED = "collectives not matched across ranks"
+KEPT_CROSS_STREAM = "cross-stream waits without an event record"
+KEPT_DEVICE = "device activities started later than their launch and stream order explain"
+KEPT_HOST = "host waits on something not in the trace"
+KEPT_CAUSES = (KEPT_PEER_ABSENT, KEPT_GROUP_UNKNOWN, KEPT_UNMATCHED, KEPT_CROSS_STREAM, KEPT_DEVICE, KEPT_HOST)
+
+
 @dataclass
 class DependencyStats:
     """What the dependency model found: counts per explanation, and the time it could not explain."""
@@ -21,6 +31,15 @@ class DependencyStats:
     collectives_matched: int = 0
     collective_calls_unmatched: Counter[str] = field(default_factory=Counter)
     collective_ends: Counter[str] = field(default_factory=Counter)  # peers, waited, measured
+    #: waits the model cannot explain, kept as measured delays on the op that waited: cause -> µs, and how many
+    kept_us: Counter[str] = field(default_factory=Counter)
+    kept_count: Counter[str] = field(default_factory=Counter)
+    graph_launches: int = 0  # runtime calls (cudaGraphLaunch, ...) that released more than one activity
+
+    def keep(self, cause: str, us: float) -> None:
+        """Count a wait of ``us`` kept as measured (one of :data:`KEPT_CAUSES`)."""
+        self.kept_us[cause] += max(0.0, us)
+        self.kept_count[cause] += 1
 
 
 class RankContext:

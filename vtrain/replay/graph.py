@@ -30,6 +30,13 @@ EDGE_KINDS = (WORK, THREAD, WAKE, LAUNCH, STREAM, EVENT, INFERRED, ISSUE, PEER, 
 _KIND_CODE = {kind: code for code, kind in enumerate(EDGE_KINDS)}
 
 
+def precedes(point: int, time: float, other: int, other_time: float) -> bool:
+    """The one strict order of points that every dependency inferred from timing must follow: measured time,
+    then point number. Timestamps are rounded (to 1 µs in older traces), activities can last zero time; without
+    a strict order two events at one time could each be taken to wait for the other, a cycle."""
+    return (time, point) < (other_time, other)
+
+
 def start_point(event: int) -> int:
     """The start point of global event ``event``."""
     return 2 * event

@@ -71,7 +71,8 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
         frames.append(pl.DataFrame({
             "rank": pl.Series([trace.rank] * n, dtype=pl.Int32),
             "event": pl.Series(range(n), dtype=pl.Int64),
-            "kind": trace.kind, "cat": trace.cat, "name": trace.name,
+            "kind": pl.Series(trace.kind, dtype=pl.String), "cat": pl.Series(trace.cat, dtype=pl.String),
+            "name": pl.Series(trace.name, dtype=pl.String),
             "lane": pl.Series(trace.lane, dtype=pl.Int64),
             "launch": pl.Series([launches.get(i) for i in range(n)], dtype=pl.Int64),
             "external_id": pl.Series(trace.external_id, dtype=pl.Int64),
@@ -79,6 +80,7 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
             "collective": pl.Series([c.kind if c else None for c in mine], dtype=pl.String),
             "purpose": pl.Series([c.purpose if c else None for c in mine], dtype=pl.String),
             "matched": pl.Series([c.matched if c else None for c in mine], dtype=pl.Boolean),
-            "ts": ts, "dur": end - ts, "sim_ts": start, "sim_dur": stop - start,
+            "ts": pl.Series(ts, dtype=pl.Float64), "dur": pl.Series(end - ts, dtype=pl.Float64),
+            "sim_ts": pl.Series(start, dtype=pl.Float64), "sim_dur": pl.Series(stop - start, dtype=pl.Float64),
         }))
     return pl.concat(frames) if frames else pl.DataFrame()

@@ -6,25 +6,42 @@ PyTorch writes them, else inferred from timing as the activity on another stream
 started, and was launched before it). The dependency that explains the measured start keeps its measured
 delay; the others keep at most their typical delay (median launch latency onto an idle stream, median gap
 between queued activities).
+
+A CUDA graph launch (``cudaGraphLaunch``, ``cuGraphLaunch``, ``hipGraphLaunch``) is one runtime call whose
+correlation id many activities share, possibly on several streams: each of them depends on the launch and on
+its stream order, so the graph's activities are released in their measured order on their streams.
+
+An activity that started later than every dependency explains (a cross-stream wait with no event record, a
+dependency inside a graph, a launch pruned from the trace) keeps its measured delay after the latest of its
+dependencies: the wait is kept, never dropped, and counted by cause in the statistics.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from statistics import median
 
-from vtrain.replay.context import RankContext
-from vtrain.replay.graph import EVENT, INFERRED, LAUNCH, STREAM, WORK
+from vtrain.replay.context import KEPT_CROSS_STREAM, KEPT_DEVICE, RankContext
+from vtrain.replay.graph import EVENT, INFERRED, LAUNCH, STREAM, WORK, precedes
 from vtrain.replay.trace import DEVICE, SYNC
 
 _DEFAULT_LAUNCH_US = 5.0
 _DEFAULT_STREAM_GAP_US = 1.0
 
 
+#: runtime and driver calls that launch a captured graph (many activities, one correlation id)
+_GRAPH_LAUNCH = ("GraphLaunch",)
+
+
 def is_comm_kernel(name: str) -> bool:
-    """NCCL kernels (HTA's communication class)."""
+    """NCCL (and ROCm RCCL, which keeps the names) kernels: HTA's communication class."""
     return name.startswith("nccl")
+
+
+def is_graph_launch(name: str) -> bool:
+    """``cudaGraphLaunch``, ``cuGraphLaunch``, ``hipGraphLaunch`` (and their ``_v2`` / ``_ptsz`` variants)."""
+    return any(marker in name for marker in _GRAPH_LAUNCH)
 
 
 class DeviceStreams:
@@ -64,6 +81,9 @@ class DeviceStreams:
         ctx, trace = self.ctx, self.ctx.trace
         launch_us, gap_us = self._typical_delays()
         waits = self._recorded_waits()
+        released = Counter(launch for launch in self.launch.values() if launch is not None)
+        ctx.stats.graph_launches += sum(1 for launch, n in released.items()
+                                        if n > 1 and is_graph_launch(trace.name[launch]))
         for i in self.activities:
             ts = trace.ts[i]
             choices: list[tuple[int, float, float, str]] = []  # (source point, source time, typical delay, kind)
@@ -82,16 +102,34 @@ class DeviceStreams:
                 if inferred is not None:
                     choices.append((ctx.stop(inferred), ctx.end[inferred], 0.0, INFERRED))
                     binding, explained = len(choices) - 1, True
-            self._count(choices, binding, explained, ts)
+            if not explained and choices:
+                binding = self._keep_wait(i, choices)
+            self._count(choices, binding, explained)
             for k, (point, source, typical, kind) in enumerate(choices):
                 delay = ts - source
-                ctx.edges.add(point, ctx.start(i), delay if (explained and k == binding) else min(delay, typical),
-                              kind)
+                ctx.edges.add(point, ctx.start(i), delay if k == binding else min(delay, typical), kind)
             if not is_comm_kernel(trace.name[i]):  # collectives end when their peers let them
                 ctx.edges.add(ctx.start(i), ctx.stop(i), trace.dur[i], WORK)
 
-    def _count(self, choices: list[tuple[int, float, float, str]], binding: int | None, explained: bool,
-               ts: float) -> None:
+    def _keep_wait(self, i: int, choices: list[tuple[int, float, float, str]]) -> int:
+        """The dependency an unexplained start keeps its measured delay after (the one that allows the latest
+        start), with the kept time counted by cause: a cross-stream wait when an activity on another stream
+        ended in the unexplained stretch, else a device delay the trace does not show."""
+        ctx, trace = self.ctx, self.ctx.trace
+        ts = trace.ts[i]
+        allowed = [source + min(ts - source, typical) for _, source, typical, _ in choices]
+        latest = max(range(len(choices)), key=lambda k: (allowed[k], k))
+        kept = ts - allowed[latest]
+        cross_stream = False
+        for stream, ends in self.ends.items():
+            position = bisect_right(ends, ts) - 1
+            if stream != trace.lane[i] and position >= 0 and ends[position] > allowed[latest]:
+                cross_stream = True
+        ctx.stats.keep(KEPT_CROSS_STREAM if cross_stream else KEPT_DEVICE, kept)
+        ctx.stats.device_unexplained_us += max(0.0, kept)
+        return latest
+
+    def _count(self, choices: list[tuple[int, float, float, str]], binding: int | None, explained: bool) -> None:
         stats = self.ctx.stats
         if not choices:
             stats.device_started_by["root"] += 1
@@ -99,17 +137,21 @@ class DeviceStreams:
             stats.device_started_by[choices[binding][3]] += 1
         else:
             stats.device_started_by["none"] += 1
-            latest = max(source + min(ts - source, typical) for _, source, typical, _ in choices)
-            stats.device_unexplained_us += max(0.0, ts - latest)
 
     def _typical_delays(self) -> tuple[float, float]:
         """Median launch latency of activities launched onto an idle stream, and median gap between an
         activity and the queued one after it."""
         trace, end = self.ctx.trace, self.ctx.end
-        latencies = []
+        first_of_launch: dict[int, int] = {}  # a graph launch's latency is that of its first activity
         for i in self.activities:
-            launch, before = self.launch[i], self.previous.get(i)
-            if launch is not None and (before is None or end[before] <= trace.ts[launch]):
+            launch = self.launch[i]
+            if launch is not None and (launch not in first_of_launch
+                                       or trace.ts[i] < trace.ts[first_of_launch[launch]]):
+                first_of_launch[launch] = i
+        latencies = []
+        for launch, i in first_of_launch.items():
+            before = self.previous.get(i)
+            if before is None or end[before] <= trace.ts[launch]:
                 latencies.append(trace.ts[i] - trace.ts[launch])
         launch_us = median(latencies) if latencies else _DEFAULT_LAUNCH_US
         gaps = []
@@ -153,7 +195,8 @@ class DeviceStreams:
             candidate = members[position]
             launch = self.launch[candidate]
             if ts - ctx.end[candidate] > ctx.options.device_slack_us or (
-                    launch is not None and trace.ts[launch] > launched):
+                    launch is not None and trace.ts[launch] > launched) or not precedes(
+                    ctx.stop(candidate), ctx.end[candidate], ctx.start(i), ts):
                 continue
             if best is None or ctx.end[candidate] > ctx.end[best]:
                 best = candidate

@@ -1,9 +1,15 @@
-"""Reading the events the replay needs from one rank's Kineto trace.
+"""Reading the events the replay needs from one rank's Kineto trace, whatever generation wrote it.
 
-Ingest keeps kernels and CPU operators; the replay also needs every CUDA runtime call (launches,
+Ingest keeps kernels and CPU operators; the replay also needs every runtime call (launches, graph launches,
 synchronisations, memcpys, event record/wait) and, where newer PyTorch versions write them, the CUPTI
 ``cuda_sync`` activities ("Stream Wait Event", "Event Sync", "Stream Sync", "Context Sync") with the stream and
-the ``cudaEventRecord`` they wait on. This module decodes exactly those fields, reusing ingest's reader.
+the ``cudaEventRecord`` they wait on.
+
+What an event is comes from :mod:`vtrain.kineto` (categories in any case and generation, ROCm and MTIA
+categories, arg keys in any spelling, hex stream ids). Events are decoded tolerantly: an event that is not an
+object, or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file
+that is not a trace at all is an error. (Ingest's own event decoder is strict about arg types, so the replay
+decodes the events itself and reuses only ingest's file reading and header decoding.)
 """
 
 from __future__ import annotations
@@ -14,31 +20,52 @@ from typing import Any
 
 import msgspec
 
+from vtrain import kineto
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BATCH_EVENTS, EventArgs, TraceEvent, decode_header, iter_event_batches, read_bytes
+from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
-#: event categories, as Kineto writes them
-CPU_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
-RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime"})
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-SYNC_CATEGORY = "cuda_sync"
-
 #: what an event is in the replay
-CPU, RUNTIME, DEVICE, SYNC = "cpu", "runtime", "device", "sync"
+CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
+
+#: the category the replay stores for each kind of device activity (one spelling for every generation)
+_DEVICE_CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+#: CPU categories folded to one spelling ("Operator" of PyTorch 1.8-1.9 is a cpu_op)
+_CPU_CATEGORY = {"operator": "cpu_op"}
 
 
-_NO_ARGS = EventArgs()
+class _Event(msgspec.Struct, gc=False):
+    """A Chrome-trace event with every field left loosely typed."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: dict[str, Any] | None = None
+
+
+class _LooseEvent(_Event, gc=False):
+    """The fallback for an event whose ``args`` is not an object."""
+
+    args: Any = None  # type: ignore[assignment]
+
+
+_BATCH = msgspec.json.Decoder(list[_Event])
+_ONE = msgspec.json.Decoder(_Event)
+_LOOSE = msgspec.json.Decoder(_LooseEvent)
 
 
 @dataclass
 class RankTrace:
     """The replay's view of one rank: every complete event it uses, as columns (one entry per event).
 
-    ``kind`` is cpu (operators and annotations), runtime (CUDA runtime/driver calls), device (kernels,
-    memcpys, memsets) or sync (CUPTI synchronisation activities). ``lane`` is the thread id for cpu and
-    runtime events and the stream for device and sync events. ``index`` is the event's position in the file's
-    ``traceEvents`` (used to write the predicted trace).
+    ``kind`` is cpu (operators and annotations), runtime (runtime/driver calls), device (kernels, memcpys,
+    memsets) or sync (CUPTI synchronisation activities). ``cat`` is the category in one spelling (``cpu_op``,
+    ``user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, the runtime category in lower case,
+    ``cuda_sync``). ``lane`` is the thread id for cpu and runtime events and the stream for device and sync
+    events. ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
     """
 
     rank: int
@@ -76,73 +103,155 @@ def read_rank_trace(path: Path) -> RankTrace:
     data, _digest = read_bytes(path)
     header = decode_header(data, path)
     del data
-    info = header.distributedInfo or {}
-    rank, world_size = rank_and_world_size(path, info)
+    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
+    rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
+    groups = info.get("pg_config")
     trace = RankTrace(rank=rank, path=path, world_size=world_size,
-                      process_groups=list(info.get("pg_config") or []),
+                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
                       kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
                       wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
                       pg_name=[], input_dims=[], index=[])
-    strings: dict[str, str] = {}
-    for batch, events in enumerate(iter_event_batches(header, path)):
-        _append(trace, events, batch * BATCH_EVENTS, strings)
+    reader = _Reader(trace)
+    raw = header.traceEvents
+    for start in range(0, len(raw), BATCH_EVENTS):
+        reader.add(_decode(raw[start:start + BATCH_EVENTS]), start)
     return trace
 
 
-def _append(trace: RankTrace, events: list[TraceEvent], offset: int, strings: dict[str, str]) -> None:
-    """Add the events the replay uses; repeated strings (names, categories, dims) are stored once."""
-    for position, event in enumerate(events):
-        if event.ph != "X":
-            continue
-        cat = event.cat
-        if cat in CPU_CATEGORIES or cat in RUNTIME_CATEGORIES:
-            kind = CPU if cat in CPU_CATEGORIES else RUNTIME
-            lane = event.tid
-        elif cat in DEVICE_CATEGORIES:
-            kind = DEVICE
-            lane = event.args.stream if event.args and event.args.stream is not None else event.tid
-        elif cat == SYNC_CATEGORY:
-            kind = SYNC
-            lane = event.args.stream if event.args and event.args.stream is not None else event.tid
-        else:
-            continue
-        if event.ts is None or event.dur is None or event.dur < 0 or not isinstance(lane, int):
-            trace.dropped += 1
-            continue
-        args = event.args or _NO_ARGS
-        trace.kind.append(kind)
-        trace.cat.append(strings.setdefault(cat, cat))
-        trace.name.append(strings.setdefault(event.name, event.name))
-        trace.lane.append(lane)
-        trace.ts.append(event.ts)
-        trace.dur.append(event.dur)
-        trace.correlation.append(args.correlation)
-        trace.external_id.append(args.external_id)
-        trace.wait_on_stream.append(args.wait_on_stream)
-        trace.wait_on_event_record.append(args.wait_on_event_record)
-        trace.collective_name.append(args.collective_name)
-        sized = cat == "user_annotation" or event.name.startswith(("c10d::", "record_param_comms"))
-        trace.elements.append(args.in_nelems or args.out_nelems or (_elements(args.input_dims) if sized else None))
-        trace.pg_ranks.append(args.pg_ranks)
-        trace.pg_name.append(args.pg_name)
-        dims = _compact(args.input_dims) if cat == "cpu_op" else None
-        trace.input_dims.append(dims if dims is None else strings.setdefault(dims, dims))
-        trace.index.append(offset + position)
-
-
-def _compact(raw: msgspec.Raw) -> str | None:
-    """JSON text without spaces (Kineto writes ``[[8, 64]]``, other writers ``[[8,64]]``)."""
-    return bytes(raw).replace(b" ", b"").decode() if raw else None
-
-
-def _elements(raw: msgspec.Raw) -> int | None:
-    """Elements of the first tensor in ``Input Dims`` (collective annotations carry their buffer there)."""
-    if not raw:
-        return None
+def _decode(raw: list[msgspec.Raw]) -> list[_Event | None]:
+    """A batch of events; when one of them does not decode, each is decoded on its own (``None`` if it is not
+    an object)."""
     try:
-        dims = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+        return list(_BATCH.decode(b"[" + b",".join(raw) + b"]"))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    events: list[_Event | None] = []
+    for item in raw:
+        try:
+            events.append(_ONE.decode(item))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            try:
+                loose = _LOOSE.decode(item)
+                loose.args = None
+                events.append(loose)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                events.append(None)
+    return events
+
+
+class _Reader:
+    """Appends the events the replay uses to a :class:`RankTrace`; repeated strings are stored once."""
+
+    def __init__(self, trace: RankTrace) -> None:
+        self.trace = trace
+        self.strings: dict[str, str] = {}
+        self.named_lanes: dict[str, int] = {}  # thread ids that are names, not numbers
+        self.keys: dict[str, str] = {}  # arg key as written -> folded (kineto.arg_key)
+
+    def add(self, events: list[_Event | None], offset: int) -> None:
+        trace = self.trace
+        for position, event in enumerate(events):
+            if event is None or event.ph != "X" or not isinstance(event.cat, str):
+                continue
+            kind = kineto.event_kind(event.cat)
+            if kind is None:
+                continue
+            name = event.name if isinstance(event.name, str) else ""
+            args = self._args(event.args)
+            ts, dur = _number(event.ts), _number(event.dur)
+            lane = (self._lane(event.tid) if kind in (CPU, RUNTIME)
+                    else kineto.parse_stream(args.get("stream")))
+            if lane is None and kind != CPU and kind != RUNTIME:
+                lane = self._lane(event.tid)
+            if ts is None or dur is None or dur < 0 or lane is None:
+                trace.dropped += 1
+                continue
+            cat = self._category(kind, event.cat, name)
+            trace.kind.append(kind)
+            trace.cat.append(cat)
+            trace.name.append(self.strings.setdefault(name, name))
+            trace.lane.append(lane)
+            trace.ts.append(ts)
+            trace.dur.append(dur)
+            trace.correlation.append(_integer(args.get("correlation")))
+            trace.external_id.append(_integer(args.get("external_id")))
+            trace.wait_on_stream.append(kineto.parse_stream(args.get("wait_on_stream")))
+            trace.wait_on_event_record.append(_integer(args.get("wait_on_cuda_event_record_corr_id")))
+            trace.collective_name.append(_text(args.get("collective_name")))
+            sized = cat == "user_annotation" or name.startswith(("c10d::", "record_param_comms"))
+            elements = _integer(args.get("in_msg_nelems")) or _integer(args.get("out_msg_nelems"))
+            trace.elements.append(elements or (_elements(args.get("input_dims")) if sized else None))
+            trace.pg_ranks.append(_text(args.get("process_group_ranks"), keep_json=True))
+            trace.pg_name.append(_text(args.get("process_group_name")))
+            dims = _compact(args.get("input_dims")) if cat == "cpu_op" else None
+            trace.input_dims.append(dims if dims is None else self.strings.setdefault(dims, dims))
+            trace.index.append(offset + position)
+
+    def _args(self, args: dict[str, Any] | None) -> dict[str, Any]:
+        """The event's args with folded keys (``External id`` and ``external id`` -> ``external_id``)."""
+        if not args:
+            return {}
+        keys = self.keys
+        folded = {}
+        for key, value in args.items():
+            name = keys.get(key)
+            if name is None:
+                name = keys[key] = kineto.arg_key(key)
+            folded[name] = value
+        return folded
+
+    def _category(self, kind: str, category: str, name: str) -> str:
+        if kind == DEVICE:
+            return _DEVICE_CATEGORY[kineto.device_kind(category, name)]
+        folded = category.lower()
+        folded = _CPU_CATEGORY.get(folded, folded)
+        return self.strings.setdefault(folded, folded)
+
+    def _lane(self, tid: Any) -> int | None:
+        """A thread id as an integer; a thread named by text gets a stable negative number of its own."""
+        number = kineto.parse_stream(tid)
+        if number is not None or not isinstance(tid, str):
+            return number
+        return self.named_lanes.setdefault(tid, -1 - len(self.named_lanes))
+
+
+def _number(value: Any) -> float | None:
+    """A time in µs: a JSON number, or a string holding one (some writers quote them); NaN is no time."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
+    return float(value)
+
+
+def _integer(value: Any) -> int | None:
+    """An id or a count: an integer, or a number or string holding one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return kineto.parse_stream(value) if isinstance(value, (float, str)) else None
+
+
+def _text(value: Any, keep_json: bool = False) -> str | None:
+    """A string argument; with ``keep_json`` a list is kept as its JSON text (``Process Group Ranks``)."""
+    if isinstance(value, str):
+        return value
+    if keep_json and isinstance(value, list):
+        return msgspec.json.encode(value).decode()
+    return None
+
+
+def _compact(dims: Any) -> str | None:
+    """``Input Dims`` as JSON text without spaces (``[[8,64]]``), whatever spacing the writer used."""
+    return msgspec.json.encode(dims).decode() if dims else None
+
+
+def _elements(dims: Any) -> int | None:
+    """Elements of the first tensor in ``Input Dims`` (collective annotations carry their buffer there)."""
     while isinstance(dims, list) and dims and isinstance(dims[0], list):
         dims = dims[0]
     if not isinstance(dims, list) or not dims or not all(isinstance(x, int) for x in dims):

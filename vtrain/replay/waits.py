@@ -7,6 +7,11 @@ a device synchronize). An *idle* stretch (between operators, inside an annotatio
 thread finished: a collective of the rank, else the latest point of another thread, within
 ``thread_wake_us``. A waiting stretch keeps only its own time (the call's fastest duration, capped by the
 median runtime call; the thread's median idle gap) plus the measured wake-up delay after what it waited for.
+
+A blocked call whose cause is not in the trace (a synchronize on work the trace does not show) keeps its
+measured length, counted as a kept host wait. A thread that first appears mid-trace starts after what woke it,
+else at its measured offset from the latest point of another thread of the rank (never at a wall-clock time).
+Every waker precedes the point it wakes in the one strict order of points (:func:`vtrain.replay.graph.precedes`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from bisect import bisect_right
 from collections import defaultdict
 from statistics import median
 
-from vtrain.replay.context import RankContext
-from vtrain.replay.graph import THREAD, WAKE
+from vtrain.replay.context import KEPT_HOST, RankContext
+from vtrain.replay.graph import ANCHOR, THREAD, WAKE, precedes
 from vtrain.replay.streams import DeviceStreams
 from vtrain.replay.threads import BLOCKED, IDLE, WORKING, ThreadChain
 from vtrain.replay.trace import RUNTIME, SYNC
@@ -50,10 +55,7 @@ class ThreadWaits:
         for chain in self.chains:
             idle = [b - a for a, b, kind in zip(chain.times, chain.times[1:], chain.segment) if kind == IDLE]
             idle_floor = median(idle) if idle else 0.0
-            first = self._cpu_waker(chain, chain.times[0] - ctx.options.thread_wake_us, chain.times[0])
-            if first is not None:
-                ctx.edges.add(first[0], chain.points[0], chain.times[0] - first[1], WAKE)
-                ctx.stats.thread_waits += 1
+            self._start_edge(chain)
             for k, kind in enumerate(chain.segment):
                 a, b = chain.points[k], chain.points[k + 1]
                 length = chain.times[k + 1] - chain.times[k]
@@ -64,29 +66,58 @@ class ThreadWaits:
                     wakers = self._device_wakers(chain.blocker[k])
                     floor = self.own_time[ctx.trace.name[chain.blocker[k]]]
                 else:
-                    found = self._cpu_waker(chain, chain.times[k], chain.times[k + 1])
+                    found = self._cpu_waker(chain, chain.times[k], chain.times[k + 1], b)
                     wakers = [found] if found is not None else []
                     floor = idle_floor
                     ctx.stats.thread_waits += bool(wakers)
                 ctx.edges.add(a, b, min(length, floor) if wakers else length, THREAD)
+                if kind == BLOCKED and not wakers:
+                    ctx.stats.keep(KEPT_HOST, length - min(length, floor))
                 for point, time in wakers:
                     ctx.edges.add(point, b, chain.times[k + 1] - time, WAKE)
 
-    def _cpu_waker(self, chain: ThreadChain, low: float, high: float) -> Waker | None:
-        """What woke an idle thread at ``high``: the last collective (preferred) or other-thread point in
-        ``[low, high]`` at most ``thread_wake_us`` before."""
-        floor = max(low, high - self.ctx.options.thread_wake_us)
-        position = bisect_right(self.collective_end_times, high) - 1
-        if position >= 0 and self.collective_end_times[position] >= floor:
-            return self.collective_end_points[position], self.collective_end_times[position]
+    def _start_edge(self, chain: ThreadChain) -> None:
+        """Where a thread's first point hangs: what woke it, else (a thread that first appears mid-trace) its
+        measured offset from the latest earlier point of another thread; the rank's first thread is a root."""
+        ctx = self.ctx
+        point, time = chain.points[0], chain.times[0]
+        first = self._cpu_waker(chain, time - ctx.options.thread_wake_us, time, point)
+        if first is not None:
+            ctx.edges.add(first[0], point, time - first[1], WAKE)
+            ctx.stats.thread_waits += 1
+            return
+        earlier = self._cpu_waker(chain, float("-inf"), time, point, collectives=False)
+        if earlier is not None:
+            ctx.edges.add(earlier[0], point, time - earlier[1], ANCHOR)
+
+    def _cpu_waker(self, chain: ThreadChain, low: float, high: float, woken: int | None = None,
+                   collectives: bool = True) -> Waker | None:
+        """What woke an idle thread at ``high`` (point ``woken``, by default the chain's point there): the last
+        collective (preferred) or other-thread point in ``[low, high]`` at most ``thread_wake_us`` before (with
+        ``low`` of minus infinity: at any time before), preceding the woken point."""
+        if woken is None:
+            woken = chain.points[bisect_right(chain.times, high) - 1]
+        floor = max(low, high - self.ctx.options.thread_wake_us) if low != float("-inf") else low
+        if collectives:
+            found = self._latest_before(self.collective_end_times, self.collective_end_points, high, woken)
+            if found is not None and found[1] >= floor:
+                return found
         best: Waker | None = None
         for other in self.chains:
             if other is chain:
                 continue
-            position = bisect_right(other.times, high) - 1
-            if position >= 0 and other.times[position] >= floor and (best is None or other.times[position] > best[1]):
-                best = other.points[position], other.times[position]
+            found = self._latest_before(other.times, other.points, high, woken)
+            if found is not None and found[1] >= floor and (best is None or (found[1], found[0]) > (best[1], best[0])):
+                best = found
         return best
+
+    @staticmethod
+    def _latest_before(times: list[float], points: list[int], high: float, woken: int) -> Waker | None:
+        """The latest of sorted ``(times, points)`` that precedes point ``woken`` at ``high``."""
+        position = bisect_right(times, high) - 1
+        while position >= 0 and not precedes(points[position], times[position], woken, high):
+            position -= 1
+        return (points[position], times[position]) if position >= 0 else None
 
     def _device_wakers(self, call: int) -> list[Waker]:
         """The device activities a blocked runtime call waited for."""

@@ -102,6 +102,10 @@ def dependencies(comparison: Comparison) -> Table:
         rows.append([f"collective calls with measured duration: {reason}", f"{n:,}", ""])
     for kind, n in deps.get("collective_ends", {}).items():
         rows.append([f"collective ends: {_ENDS.get(kind, kind)}", f"{n:,}", ""])
+    if deps.get("graph_launches"):
+        rows.append(["graph launches releasing several activities", f"{deps['graph_launches']:,}", ""])
+    for cause, kept in deps.get("kept_waits", {}).items():
+        rows.append([f"waits kept as measured: {cause} ({ms(kept['ms'])} ms)", f"{kept['count']:,}", ""])
     return ["", "count", "share"], rows
 
 

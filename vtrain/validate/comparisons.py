@@ -12,6 +12,7 @@ import polars as pl
 
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.collectives import Layout
+from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.run import Replay, read_timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig
@@ -47,11 +48,18 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
             "collectives_matched": stats.collectives_matched,
             "collective_calls_unmatched": dict(stats.collective_calls_unmatched),
             "collective_ends": dict(stats.collective_ends),
+            "graph_launches": stats.graph_launches,
+            "kept_waits": kept_waits(replayed),
             "edges": replayed.edge_counts,
         },
         "test_iterations": steady,
     }
     notes = []
+    kept = details["dependencies"]["kept_waits"]
+    if kept:
+        causes = "; ".join(f"{row['ms']:,.3f} ms in {row['count']:,} {cause}" for cause, row in kept.items())
+        notes.append(f"waits the dependency model cannot explain were kept as measured delays on the op that "
+                     f"waited (whole trace, all ranks): {causes}")
     unmatched = sum(stats.collective_calls_unmatched.values())
     if unmatched:
         reasons = ", ".join(f"{n} {reason}" for reason, n in stats.collective_calls_unmatched.items())
@@ -66,6 +74,14 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
                                          breakdown(frame, REPLAYED).filter(tested)),
         op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
         ops_table=aligned_ops, spans_table=aligned_spans)
+
+
+def kept_waits(replayed: Replay) -> dict[str, dict[str, float | int]]:
+    """Per cause, the time (ms, whole trace, all ranks) and number of waits the replay kept as measured delays
+    because its dependency model cannot explain them."""
+    stats = replayed.stats
+    return {cause: {"ms": stats.kept_us[cause] / 1e3, "count": stats.kept_count[cause]}
+            for cause in KEPT_CAUSES if stats.kept_count[cause]}
 
 
 def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profile_dir: str | Path | None,

@@ -15,7 +15,7 @@ from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.collectives import Layout
 from vtrain.replay.run import replay
-from vtrain.replay.trace import read_trace_set
+from vtrain.replay.trace import SYNC, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import Comparison
 from vtrain.validate.comparisons import compare_model, compare_replay
@@ -75,6 +75,11 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     """
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
+    if not any(kind != SYNC for trace in traces for kind in trace.kind):
+        dropped = sum(trace.dropped for trace in traces)
+        raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
+                         + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
+                         trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     _check_world(config, config_source, traces)
     warnings: list[str] = []
@@ -83,6 +88,9 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         warnings.append(line)
         warn(line)
 
+    for trace in traces:
+        if trace.dropped:
+            note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
     replayed = replay(traces, config)
     for line in replayed.notes:
         note(line)
@@ -169,8 +177,9 @@ def _measured_summary(table: pl.DataFrame, steady: list[int]) -> dict[str, Any]:
     per_rank = {str(rank): _spread([t for t in group["time_us"].to_list()])
                 for (rank,), group in steady_rows.group_by("rank")}
     return {"iteration_ms": _spread(job), "per_rank": dict(sorted(per_rank.items(), key=lambda kv: int(kv[0]))),
-            "definition": "ProfilerStep#N start to the later of its end and the end of the last device activity "
-                          "it launched; job time = mean over ranks; the first profiled iteration is excluded"}
+            "definition": "ProfilerStep#N start (or the previous iteration's end, when steps overlap on the device) "
+                          "to the later of its end and the end of the last device activity it launched; job time = "
+                          "mean over ranks; the first profiled iteration is excluded"}
 
 
 def _spread(values_us: list[float]) -> dict[str, float | int | None]:

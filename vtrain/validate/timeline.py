@@ -8,9 +8,11 @@ matching columns, so that every definition is literally the same on both sides.
 Definitions:
 
 * **iteration**: a ``ProfilerStep#N`` span; CPU events belong to the step that holds their start, device
-  activities to the step that launched them. Its time runs from the step's start to the later of the step's
-  end and the end of the last device activity it launched. A trace without ``ProfilerStep#N`` marks is one
-  iteration (number 0) from its first event to its last.
+  activities to the step that launched them. It ends at the later of the step's end and the end of the last
+  device activity it launched; it starts at the step's start or, when the previous iteration's device work was
+  still running then (steps that overlap on the device), when the previous iteration ended. Consecutive
+  iterations therefore never overlap and their times add up to the time they cover. A trace without
+  ``ProfilerStep#N`` marks is one iteration (number 0) from its first event to its last.
 * **operators**: device activities on GPU ranks; on CPU-only ranks the CPU operators that do the work
   (:func:`vtrain.tables.latency.work_op_mask`) and the collectives.
 * **breakdown** of an iteration: ``compute`` (time covered by non-communication operators), ``bubble``
@@ -110,7 +112,8 @@ def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
-    """One row per rank and iteration: ``start``, ``end`` and ``time_us``."""
+    """One row per rank and iteration: ``start``, ``end`` and ``time_us`` (``start`` is the step's start, or the
+    previous iteration's end when that is later: see the module's definition)."""
     start, dur = pl.col(side.start), pl.col(side.dur)
     marks = frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX)
                          & pl.col("iteration").is_not_null())
@@ -124,6 +127,10 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     return (
         steps.join(device_end, on=["rank", "iteration"], how="left")
         .with_columns(end=pl.max_horizontal("step_end", "device_end"))
+        .sort("rank", "start", "iteration")
+        .with_columns(previous_end=pl.col("end").shift(1).over("rank"))
+        .with_columns(start=pl.when(pl.col("previous_end").is_null()).then(pl.col("start"))
+                      .otherwise(pl.max_horizontal("start", pl.min_horizontal("previous_end", "end"))))
         .with_columns(time_us=pl.col("end") - pl.col("start"))
         .select("rank", "iteration", "start", "end", "time_us")
         .sort("rank", "iteration")
