@@ -263,6 +263,16 @@ def run_config_cases() -> list[Case]:
     cases += [
         Case("simulate/config-is-a-folder", ["simulate", "{in}/run.yaml"], files({"run.yaml/x": ""}), "rejected",
              "{in}/run.yaml"),
+        Case("simulate/config-a-device", ["simulate", "/dev/zero"], None, "rejected", "/dev/zero",
+             extra=[_error_says("not a regular file")]),
+        Case("simulate/config-a-pipe", ["simulate", "{in}/run.yaml"], lambda folder: os.mkfifo(folder / "run.yaml"),
+             "rejected", "{in}/run.yaml", extra=[_error_says("not a regular file")]),
+        Case("simulate/huge-string-value", ["simulate", "{in}/run.yaml"],
+             files({"run.yaml": TINY_RUN.replace("global_batch: 1}", f"global_batch: 1, schedule: {'x' * 500_000}}}")}),
+             "rejected", "{in}/run.yaml", extra=[_error_says("schedule must be one of")]),
+        Case("simulate/vtrain-json-switch-a-string", ["simulate", "{in}/config.json"],
+             files({"config.json": json.dumps({**VTRAIN_JSON, "use_gradient_bucket": "false"})}), "rejected",
+             "{in}/config.json", extra=[_error_says("not true or false")]),
         Case("simulate/config-missing", ["simulate", "{in}/none.yaml"], None, "rejected", "{in}/none.yaml"),
         Case("simulate/accepted", ["simulate", "{in}/run.yaml", "-o", "{out}"], files({"run.yaml": TINY_RUN}),
              "accepted", ""),
@@ -378,6 +388,9 @@ def profile_cases() -> list[Case]:
                                lambda folder: (folder / "profile" / "op_latency.parquet").unlink()), "{in}/profile"),
         "metadata-missing": (then(copy_of(SHIPPED_PROFILE, "profile"),
                                   lambda folder: (folder / "profile" / "metadata.json").unlink()), "{in}/profile"),
+        "metadata-a-folder": (then(copy_of(SHIPPED_PROFILE, "profile"),
+                                   lambda folder: (folder / "profile" / "metadata.json").unlink(),
+                                   lambda folder: (folder / "profile" / "metadata.json").mkdir()), meta),
         "profile-is-a-file": (files({"profile": "not a folder"}), "{in}/profile"),
         "profile-empty-folder": (lambda folder: (folder / "profile").mkdir(), "{in}/profile"),
     }
@@ -432,6 +445,9 @@ def suite_cases() -> list[Case]:
     cases += [
         Case("validate-suite/not-utf8", ["validate", "--suite", "{in}/suite.yaml"],
              files({"suite.yaml": b"sets:\n  - traces: \xc3\x28\n"}), "rejected", "{in}/suite.yaml"),
+        Case("validate-suite/too-many-sets", ["validate", "--suite", "{in}/suite.yaml"],
+             files({"suite.yaml": "sets:\n" + good_set * 1001}), "rejected", "{in}/suite.yaml",
+             extra=[_error_says("at most 1,000")]),
         Case("validate-suite/missing", ["validate", "--suite", "{in}/none.yaml"], None, "rejected",
              "{in}/none.yaml"),
         Case("validate-suite/set-config-broken", ["validate", "--suite", "{in}/suite.yaml", "-o", "{out}"],
@@ -490,6 +506,8 @@ def trace_folder_cases() -> list[Case]:
                                                 "{out}"], files({"run.yaml": LAUGHS}), "rejected", "{in}/run.yaml"),
         Case("validate/output-is-a-file", ["validate", "{traces}", "-o", "{in}/file"], files({"file": "x"}),
              "rejected", "{in}/file"),
+        Case("ingest/output-name-with-a-line-break", ["ingest", "{traces}", "-o", "{in}/a\nfile/profile"],
+             files({"a\nfile": "x"}), "rejected", "{in}/a\\nfile"),
         Case("ingest/accepted-with-warning", ["ingest", "{traces}", "-o", "{out}"], None, "warning", ""),
         Case("validate/accepted-with-warning", ["validate", "{traces}", "-o", "{out}", "--no-hta"], None,
              "warning", ""),
@@ -582,6 +600,7 @@ def test_hostile_input(case: Case, shared: dict[str, Path], tmp_path: Path) -> N
         assert ran.code == 2, (ran.code, ran.err)
         assert len(ran.error_lines) == 1 and ran.err.count("\n") == 1, ran.err
         assert case.names.format(**places) in ran.error_lines[0], ran.err
+        assert len(ran.error_lines[0]) < 600, "the error line repeats a huge value"
     else:
         assert ran.code == 0, ran.err
         assert not ran.error_lines, ran.err

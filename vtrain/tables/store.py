@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.limits import fitted_problem
+from vtrain.limits import MAX_METADATA_BYTES, fitted_problem
 from vtrain.outputs import check_output, staged
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
@@ -96,6 +96,10 @@ def load_profile(path: str | Path) -> Profile:
 def _read_metadata(meta_file: Path) -> dict[str, Any]:
     """``metadata.json``, refused when it is not JSON or not of the shape vtrain writes (see
     :data:`_METADATA_SHAPE`) or when a fitted device's numbers lie outside physical bounds."""
+    if not meta_file.is_file():
+        raise InputError(f"{METADATA_FILE} is not a regular file", meta_file)
+    if meta_file.stat().st_size > MAX_METADATA_BYTES:
+        raise InputError(f"{METADATA_FILE} is larger than {MAX_METADATA_BYTES:,} bytes", meta_file)
     try:
         metadata = json.loads(meta_file.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
