@@ -39,6 +39,7 @@ SMALL_TRACES = TRACES / "hta-sm80-128rank-sampled"  # 2 of 128 ranks: ingests an
 RECORDED = TRACES / "t1p1d2"
 A100_DATA = REPO / "tests" / "data" / "a100"
 GROUND_TRUTH = A100_DATA / "vtrain-a100" / "ground_truth_single.csv"
+NCCL_TESTS = A100_DATA / "vtrain-a100" / "nccl-tests-allreduce-a100"
 
 TINY_RUN = """\
 model: {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512}
@@ -320,6 +321,19 @@ def cli_value_cases() -> list[Case]:
              "--gpus-per-node"),
         Case("fit/missing-source", ["fit", "-o", "{out}", "--nccl-tests", "{in}/none.csv"], None, "rejected",
              "{in}/none.csv"),
+        Case("fit/no-source", ["fit", "-o", "{out}"], None, "rejected", "nothing to fit"),
+        Case("fit/nccl-tests-binary", ["fit", "-o", "{out}", "--nccl-tests", "{in}/n.csv"],
+             files({"n.csv": bytes(range(256)) * 8}), "rejected", "{in}/n.csv"),
+        Case("fit/llmcompass-empty-folder", ["fit", "-o", "{out}", "--llmcompass", "{in}/l"],
+             lambda folder: (folder / "l").mkdir(), "rejected", "{in}/l"),
+        Case("fit/measurements-wrong-columns", ["fit", "-o", "{out}", "--nccl-tests", str(NCCL_TESTS),
+                                                "--measurements", "{in}/m.csv"], files({"m.csv": "a,b\n1,2\n"}),
+             "rejected", "{in}/m.csv"),
+        Case("fit/profile-damaged", ["fit", "-o", "{out}", "--profile", "{in}/profile"],
+             with_metadata(lambda m: m.update(ranks="all")), "rejected", "{in}/profile/metadata.json"),
+        Case("fit/output-is-a-source", ["fit", "-o", "{in}/n", "--nccl-tests", "{in}/n", "--force"],
+             then(lambda folder: (folder / "n").mkdir(), files({"n/a.csv": "x"})), "rejected", "{in}/n"),
+        Case("fit/accepted", ["fit", "-o", "{out}", "--nccl-tests", str(NCCL_TESTS)], None, "accepted", ""),
         Case("ingest/no-output-flag", ["ingest", "{traces}"], None, "rejected", "-o/--output"),
         Case("ingest/unknown-flag", ["ingest", "{traces}", "-o", "{out}", "--fast"], None, "rejected", "--fast"),
     ]
