@@ -85,7 +85,7 @@ def contents(folder: Path) -> dict[str, bytes]:
 def interrupted(process: subprocess.Popen[str]) -> None:
     """SIGINT: one line ``interrupted``, exit code 130, no traceback."""
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=LIMIT_S)
+    _, err = process.communicate(timeout=LIMIT_S)
     assert process.returncode == 130, (process.returncode, err)
     assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err
     assert err.splitlines()[-1] == "interrupted", err
@@ -216,10 +216,9 @@ def test_stale_staging_rules(tmp_path: Path) -> None:
 
 def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_path: Path) -> None:
     target = tmp_path / "reports" / "deep" / "result"
-    with pytest.raises(KeyboardInterrupt):
-        with staged(target) as staging:
-            (staging / "half.parquet").write_text("x")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+        (staging / "half.parquet").write_text("x")
+        raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
     with staged(target) as staging:
         (staging / "whole.parquet").write_text("x")
