@@ -224,3 +224,24 @@ def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_pa
         (staging / "whole.parquet").write_text("x")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "whole.parquet"]
     assert [p.name for p in target.parent.iterdir()] == ["result"]
+
+
+def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the new output replaces the old one (here: right after the old one was moved aside) arrives
+    once the swap is done: never the old output moved aside and the new one not in place."""
+    target = tmp_path / "result"
+    with staged(target) as staging:
+        (staging / "old.txt").write_text("old")
+    remove = shutil.rmtree
+
+    def interrupted_removal(path: Path, **kwargs: object) -> None:
+        if ".vtrain-backup-" in Path(path).name:
+            assert not target.with_name("old.txt").exists() and (target / "new.txt").exists()
+            signal.raise_signal(signal.SIGINT)  # held: would otherwise raise KeyboardInterrupt here
+        remove(path, **kwargs)
+
+    monkeypatch.setattr("vtrain.outputs.shutil.rmtree", interrupted_removal)
+    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["result"]  # no backup, no staging folder
