@@ -93,7 +93,10 @@ def remove_stale_staging(folder: Path) -> list[Path]:
         match = _STAGING.match(child.name)
         if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])):
             continue
-        names = {grandchild.name for grandchild in child.iterdir()}
+        try:
+            names = {grandchild.name for grandchild in child.iterdir()}
+        except OSError:  # not ours to read, so not ours to remove
+            continue
         if names and MARKER not in names:
             continue
         target = folder / child.name[1:].rsplit(".vtrain-", 1)[0]
@@ -189,7 +192,7 @@ def _signals_deferred() -> Iterator[None]:
         yield
     finally:
         for each, handler in previous.items():
-            signal.signal(each, handler)
+            signal.signal(each, signal.SIG_DFL if handler is None else handler)
         if arrived:
             signal.raise_signal(arrived[0])
 
