@@ -29,6 +29,7 @@ from vtrain.errors import InputError
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_MICRO_BATCHES,
+    REAL_BOUNDS,
     integer_problem,
     real_problem,
     shown,
@@ -164,19 +165,27 @@ class RunConfig:
 
 
 def _section_problems(section: Any) -> list[str]:
-    """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds."""
+    """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds: bounded
+    fields by :mod:`vtrain.limits`, the others by their annotation (``None`` allowed where it is the default)."""
     problems = []
     for spec in fields(section):
         value = getattr(section, spec.name)
+        kind = str(spec.type).split(" |")[0]
+        if value is None and spec.default is None:
+            continue
         if spec.name in INTEGER_BOUNDS:
-            optional = spec.default is None
-            problem = None if optional and value is None else integer_problem(spec.name, value)
-        elif spec.type in ("float", "float | None"):
-            problem = None if value is None and spec.default is None else real_problem(spec.name, value)
-        elif spec.type == "bool":
+            problem = integer_problem(spec.name, value)
+        elif spec.name in REAL_BOUNDS:
+            problem = real_problem(spec.name, value)
+        elif kind == "bool":
             problem = None if isinstance(value, bool) else f"{spec.name} must be true or false (got {shown(value)})"
-        else:
+        elif kind == "int":
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            problem = None if whole else f"{spec.name} must be a whole number (got {shown(value)})"
+        elif kind == "str":
             problem = None if isinstance(value, str) else f"{spec.name} must be a string (got {shown(value)})"
+        else:
+            problem = None
         if problem:
             problems.append(problem)
     return problems
