@@ -48,14 +48,16 @@ def _read_text(path: Path, what: str) -> str:
     try:
         if path.is_dir():
             raise InputError(f"{what} is a folder, not a file", path)
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise InputError(f"{what} is {size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}", path)
-        data = path.read_bytes()
+        if path.exists() and not path.is_file():
+            raise InputError(f"{what} is not a regular file (a device or a pipe?)", path)
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise InputError(f"no such {what}", path) from None
     except OSError as exc:
         raise InputError(f"cannot read {what}: {exc.strerror}", path) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InputError(f"{what} is larger than {MAX_CONFIG_BYTES:,} bytes (real ones are a few KB)", path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

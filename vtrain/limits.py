@@ -51,11 +51,23 @@ MAX_CONFIG_BYTES = 1 << 20
 #: deepest nesting of a config file's mappings and lists: real ones nest 3 deep
 MAX_CONFIG_DEPTH = 32
 
+#: most trace sets in one validation suite (each is a whole validation)
+MAX_SUITE_SETS = 1000
+
+#: largest profile ``metadata.json`` read, in bytes: a fitted profile's is about 11 KB
+MAX_METADATA_BYTES = 64 << 20
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters, for messages about values that may be huge."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
 
 def integer_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` as the integer field ``name`` (None when it is fine)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        return f"{name} must be a whole number (got {value!r})"
+        return f"{name} must be a whole number (got {shown(value)})"
     low, high = INTEGER_BOUNDS[name]
     if not low <= value <= high:
         return f"{name} must be between {low} and {high:,} (got {value:,})"
@@ -65,10 +77,10 @@ def integer_problem(name: str, value: Any) -> str | None:
 def real_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` as the positive real field ``name`` (None when it is fine)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{name} must be a number (got {value!r})"
+        return f"{name} must be a number (got {shown(value)})"
     low, high = REAL_BOUNDS[name]
     if not math.isfinite(value) or not low < value <= high:
-        return f"{name} must be a finite number above {low:g} and at most {high:g} (got {value!r})"
+        return f"{name} must be a finite number above {low:g} and at most {high:g} (got {shown(value)})"
     return None
 
 
@@ -93,8 +105,8 @@ def fitted_problem(name: str, value: Any) -> str | None:
     if name not in FITTED_BOUNDS or value is None and name == "flops_per_s":  # memory-bound: no FLOP rate
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{name} must be a number (got {value!r})"
+        return f"{name} must be a number (got {shown(value)})"
     low, high = FITTED_BOUNDS[name]
     if not math.isfinite(value) or not low < value <= high:
-        return f"{name} = {value!r} is outside ({max(low, 0):g}, {high:g}]"
+        return f"{name} = {shown(value)} is outside ({max(low, 0):g}, {high:g}]"
     return None

@@ -23,6 +23,8 @@ import os
 import re
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,7 +93,10 @@ def remove_stale_staging(folder: Path) -> list[Path]:
         match = _STAGING.match(child.name)
         if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])):
             continue
-        names = {grandchild.name for grandchild in child.iterdir()}
+        try:
+            names = {grandchild.name for grandchild in child.iterdir()}
+        except OSError:  # not ours to read, so not ours to remove
+            continue
         if names and MARKER not in names:
             continue
         target = folder / child.name[1:].rsplit(".vtrain-", 1)[0]
@@ -156,14 +161,40 @@ def _sibling(target: Path, kind: str) -> Path:
 
 
 def _replace(target: Path, staging: Path) -> None:
-    """Rename ``staging`` to ``target``; an existing target is moved aside first and removed after."""
-    if not (target.exists() or target.is_symlink()):
-        staging.rename(target)
+    """Rename ``staging`` to ``target``; an existing target is moved aside first and removed after. Ctrl-C and
+    SIGTERM wait until this is done (they arrive right after), so an interrupt never leaves the old output moved
+    aside and the new one not yet in place."""
+    with _signals_deferred():
+        if not (target.exists() or target.is_symlink()):
+            staging.rename(target)
+            return
+        backup = _sibling(target, "backup")
+        target.rename(backup)
+        try:
+            staging.rename(target)
+        except OSError:
+            backup.rename(target)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then deliver the first that arrived to the handler that was
+    in place (Python handles signals in the main thread only: elsewhere there is nothing to hold)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    backup = _sibling(target, "backup")
-    target.rename(backup)
-    staging.rename(target)
-    shutil.rmtree(backup, ignore_errors=True)
+    arrived: list[int] = []
+    previous = {each: signal.signal(each, lambda signum, _: arrived.append(signum))
+                for each in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, signal.SIG_DFL if handler is None else handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _make_parents(folder: Path) -> list[Path]:

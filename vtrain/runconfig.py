@@ -29,8 +29,10 @@ from vtrain.errors import InputError
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_MICRO_BATCHES,
+    REAL_BOUNDS,
     integer_problem,
     real_problem,
+    shown,
 )
 from vtrain.parallel import SCHEDULES
 
@@ -113,11 +115,11 @@ class RunConfig:
         if errors:
             return errors
         if p.schedule not in SCHEDULES:
-            errors.append(f"schedule must be one of {', '.join(SCHEDULES)} (got {p.schedule!r})")
+            errors.append(f"schedule must be one of {', '.join(SCHEDULES)} (got {shown(p.schedule)})")
         if p.recompute not in RECOMPUTE:
-            errors.append(f"recompute must be one of {', '.join(RECOMPUTE)} (got {p.recompute!r})")
+            errors.append(f"recompute must be one of {', '.join(RECOMPUTE)} (got {shown(p.recompute)})")
         if self.precision not in PRECISIONS:
-            errors.append(f"precision must be one of {', '.join(PRECISIONS)} (got {self.precision!r})")
+            errors.append(f"precision must be one of {', '.join(PRECISIONS)} (got {shown(self.precision)})")
         if h.device_count != p.world_size:
             errors.append(f"tp*dp*pp = {p.tp}*{p.dp}*{p.pp} = {p.world_size} does not equal the number of "
                           f"devices ({h.device_count})")
@@ -145,10 +147,10 @@ class RunConfig:
         errors = [problem for section in (self.model, self.parallelism, self.hardware)
                   for problem in _section_problems(section)]
         if not isinstance(self.precision, str):
-            errors.append(f"precision must be a string (got {self.precision!r})")
+            errors.append(f"precision must be a string (got {shown(self.precision)})")
         for name in ("software", "recording"):
             if not isinstance(getattr(self, name), dict):
-                errors.append(f"{name} must be a mapping (got {getattr(self, name)!r})")
+                errors.append(f"{name} must be a mapping (got {shown(getattr(self, name))})")
         if not errors and self.parallelism.micro_batches > MAX_MICRO_BATCHES:
             errors.append(f"{self.parallelism.micro_batches:,} micro-batches per replica (global_batch / "
                           f"(dp * micro_batch)); at most {MAX_MICRO_BATCHES:,} are simulated")
@@ -163,19 +165,27 @@ class RunConfig:
 
 
 def _section_problems(section: Any) -> list[str]:
-    """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds."""
+    """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds: bounded
+    fields by :mod:`vtrain.limits`, the others by their annotation (``None`` allowed where it is the default)."""
     problems = []
     for spec in fields(section):
         value = getattr(section, spec.name)
+        kind = str(spec.type).split(" |")[0]
+        if value is None and spec.default is None:
+            continue
         if spec.name in INTEGER_BOUNDS:
-            optional = spec.default is None
-            problem = None if optional and value is None else integer_problem(spec.name, value)
-        elif spec.type in ("float", "float | None"):
-            problem = None if value is None and spec.default is None else real_problem(spec.name, value)
-        elif spec.type == "bool":
-            problem = None if isinstance(value, bool) else f"{spec.name} must be true or false (got {value!r})"
+            problem = integer_problem(spec.name, value)
+        elif spec.name in REAL_BOUNDS:
+            problem = real_problem(spec.name, value)
+        elif kind == "bool":
+            problem = None if isinstance(value, bool) else f"{spec.name} must be true or false (got {shown(value)})"
+        elif kind == "int":
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            problem = None if whole else f"{spec.name} must be a whole number (got {shown(value)})"
+        elif kind == "str":
+            problem = None if isinstance(value, str) else f"{spec.name} must be a string (got {shown(value)})"
         else:
-            problem = None if isinstance(value, str) else f"{spec.name} must be a string (got {value!r})"
+            problem = None
         if problem:
             problems.append(problem)
     return problems
@@ -247,8 +257,8 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
                 tp=_whole(data["tensor_parallel_size"]), pp=_whole(data["pipeline_parallel_size"]),
                 dp=_whole(data["data_parallel_size"]), micro_batch=_whole(data["micro_batch_size"]),
                 global_batch=_whole(data["global_batch_size"]), schedule=schedule,
-                recompute="full" if data.get("use_checkpoint", False) else "none",
-                dp_overlap=bool(data.get("use_gradient_bucket", False)),
+                recompute="full" if _flag(data.get("use_checkpoint", False)) else "none",
+                dp_overlap=_flag(data.get("use_gradient_bucket", False)),
                 dp_bucket_mb=float(data.get("ddp_bucket_size", 25.0)),
             ),
             precision="fp16",
@@ -270,8 +280,15 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
 def _whole(value: Any) -> int:
     """A vTrain config's integer: a whole number (``2`` or ``2.0``), never a fraction silently truncated."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise ValueError(f"{value!r} is not a whole number")
+        raise ValueError(f"{shown(value)} is not a whole number")
     return int(value)
+
+
+def _flag(value: Any) -> bool:
+    """A vTrain config's switch: true/false (or 1/0), never a string such as ``"false"`` read as true."""
+    if isinstance(value, bool) or value in (0, 1) and isinstance(value, int):
+        return bool(value)
+    raise ValueError(f"{shown(value)} is not true or false")
 
 
 def _optional_float(value: Any) -> float | None:

@@ -15,9 +15,15 @@ EXIT_BAD_INPUT = 2
 
 
 def report(exc: InputError) -> int:
-    """Print ``error: <file>: <problem>`` on stderr; the exit code for it."""
-    print(f"error: {exc}", file=sys.stderr)
+    """Print ``error: <file>: <problem>`` on stderr, always one line (a line break in a file name or a value is
+    shown as ``\\n``); the exit code for it."""
+    print(f"error: {one_line(str(exc))}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def user_errors(command: F) -> F:
@@ -39,5 +45,5 @@ class OneLineParser(argparse.ArgumentParser):
     """An argparse parser whose usage errors are one line ``error: <problem>`` and exit code 2, as bad input."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
+        print(f"error: {self.prog}: {one_line(message)} (see --help)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -40,6 +40,9 @@ def fit_command(
     """Fit a device model to measurements and write it, with the imported tables, as a profile."""
     inputs = [*nccl_tests, *vidur_compute, *vidur_network, *([llmcompass] if llmcompass else []),
               *([measurements] if measurements else []), *traces, parent]
+    if not (nccl_tests or llmcompass or vidur_compute or vidur_network or traces):
+        raise InputError("nothing to fit: give at least one of --nccl-tests, --llmcompass, --vidur-compute, "
+                         "--vidur-network, --profile")
     check_output(output, inputs=inputs, force=force, what="profile folder")
     for path in inputs:
         if path is not None and not path.exists():

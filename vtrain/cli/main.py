@@ -55,12 +55,13 @@ def _run(args: list[str]) -> None:
     from typer._click.exceptions import ClickException
 
     from vtrain.cli.app import app
+    from vtrain.cli.errors import one_line
 
     try:
         code = app(standalone_mode=False)
     except ClickException as exc:  # a usage error (bad flag or value): one line, as for bad input
         if exc.format_message():  # empty after `vtrain` alone has printed the help
-            print(f"error: {exc.format_message()}", file=sys.stderr)
+            print(f"error: {one_line(exc.format_message())}", file=sys.stderr)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.limits import fitted_problem
+from vtrain.limits import MAX_METADATA_BYTES, fitted_problem
 from vtrain.outputs import check_output, staged
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
@@ -96,6 +96,10 @@ def load_profile(path: str | Path) -> Profile:
 def _read_metadata(meta_file: Path) -> dict[str, Any]:
     """``metadata.json``, refused when it is not JSON or not of the shape vtrain writes (see
     :data:`_METADATA_SHAPE`) or when a fitted device's numbers lie outside physical bounds."""
+    if not meta_file.is_file():
+        raise InputError(f"{METADATA_FILE} is not a regular file", meta_file)
+    if meta_file.stat().st_size > MAX_METADATA_BYTES:
+        raise InputError(f"{METADATA_FILE} is larger than {MAX_METADATA_BYTES:,} bytes", meta_file)
     try:
         metadata = json.loads(meta_file.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -159,19 +163,48 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
     converts (integers to floats), else refused; a table written before a column was added to its schema gets
     that column as nulls."""
     schema = TABLES[name]
+    if frame.width and not set(frame.columns) & set(schema):
+        raise InputError(f"wrong schema: none of the {name} table's columns ({', '.join(list(schema)[:4])}, ...)",
+                         file)
     columns = []
     for col, dtype in schema.items():
         if col not in frame.columns:
             columns.append(pl.lit(None).cast(dtype).alias(col))
         elif frame.schema[col] != dtype:
             columns.append(_cast(frame, col, dtype, file))
-    return frame.with_columns(columns) if columns else frame
+    frame = frame.with_columns(columns) if columns else frame
+    _check_latencies(frame, name, file)
+    return frame
+
+
+#: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
+_LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
+                    "nccl_latency": ("bytes", "count", "median_us", "p10_us", "p90_us", "mean_us")}
+
+
+def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
+    """Refuse a latency table whose times or counts are negative, NaN, infinite or (median, count) missing: a
+    prediction would use them as they are."""
+    for col in _LATENCY_COLUMNS.get(name, ()):
+        values = frame[col]
+        if col in ("count", "median_us") and values.null_count():
+            raise InputError(f"{values.null_count()} row(s) without {col}", file)
+        bad = values < 0
+        if values.dtype.is_float():
+            bad = bad | values.is_nan() | values.is_infinite()
+        bad = bad.fill_null(False)
+        if bad.any():
+            row = int(bad.arg_true()[0])
+            raise InputError(f"{bad.sum()} row(s) with a {col} that is negative or not finite (first: row {row}, "
+                             f"{values[row]})", file)
 
 
 def _cast(frame: pl.DataFrame, col: str, dtype: pl.DataType, file: Path) -> pl.Series:
     problem = f"column {col} holds {frame.schema[col]}, not {dtype}"
     if frame.schema[col] == pl.String and dtype.is_numeric():
         raise InputError(f"wrong schema: {problem}", file)
+    if frame.schema[col].is_float() and dtype.is_integer() and (frame[col] != frame[col].floor()).any():
+        raise InputError(f"wrong schema: {problem} (fractional values)", file)
     try:
         return frame[col].cast(dtype, strict=True)
     except Exception:  # polars raises InvalidOperationError or ComputeError depending on the types

@@ -20,6 +20,7 @@ from typing import Any
 
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
+from vtrain.limits import MAX_SUITE_SETS
 
 _SUITE_KEYS = {"name", "description", "sets"}
 _SET_KEYS = {"traces", "name", "config", "profile", "max_replay_error_pct", "max_model_error_pct"}
@@ -55,6 +56,8 @@ def load_suite(path: str | Path) -> Suite:
     data = read_config_file(path, "suite file")
     if not isinstance(data, dict) or not isinstance(data.get("sets"), list) or not data["sets"]:
         raise InputError("a suite is a mapping with a non-empty 'sets' list", path)
+    if len(data["sets"]) > MAX_SUITE_SETS:
+        raise InputError(f"{len(data['sets']):,} sets; a suite holds at most {MAX_SUITE_SETS:,}", path)
     unknown = set(map(str, data)) - _SUITE_KEYS
     if unknown:
         raise InputError(f"unknown key(s): {', '.join(sorted(unknown))}", path)

@@ -1,0 +1,247 @@
+"""Interrupts: Ctrl-C (SIGINT) stops `vtrain ingest` and `vtrain validate` at any point with one line
+``interrupted``, exit code 130, no traceback and nothing half-written; after SIGKILL, which no process can clean up
+after, the next run in the same folder removes the stale staging folder, and nothing else.
+
+The commands run as real processes (signals and exit codes are the point); each is interrupted at points found by
+watching its output folder: while reading (before its staging folder exists, or right after), while writing (the
+staging folder or a file in it has appeared).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.synth import repeat_trace
+from tests.conftest import REPO, TRACES
+from vtrain.outputs import MARKER, remove_stale_staging, staged
+
+RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: validate replays and simulates
+SOURCE_TRACE = TRACES / "hta-v100-2rank" / "rank-1.json.gz"
+POLL_S = 0.002
+LIMIT_S = 300.0
+
+
+def start(*args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "vtrain.cli.main", *map(str, args)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(process: subprocess.Popen[str], ready: Callable[[], bool]) -> None:
+    """Poll until ``ready()``; fail if the process ends first."""
+    deadline = time.monotonic() + LIMIT_S
+    while not ready():
+        assert process.poll() is None, f"finished before the point of interrupt: {process.communicate()}"
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+
+
+def hidden(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def staging_with(process: subprocess.Popen[str], folder: Path, name: str | None = None) -> Callable[[], bool]:
+    """Whether ``process`` has a staging folder in ``folder`` (holding ``name``, when given)."""
+    def ready() -> bool:
+        return any(f".vtrain-staging-{process.pid}-" in p.name and (name is None or (p / name).exists())
+                   for p in hidden(folder))
+    return ready
+
+
+def after(seconds: float) -> Callable[[], bool]:
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() >= deadline
+
+
+def decoys(parent: Path) -> dict[str, bytes]:
+    """Things in the output's parent that are not vtrain's to remove: a user's folder named like a staging
+    folder of a dead process but without the marker, a staging folder of a process still running (this one),
+    and an ordinary folder. Returns their content."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    lookalike = parent / f".result.vtrain-staging-{dead}-deadbeef"
+    lookalike.mkdir(parents=True)
+    (lookalike / "thesis.tex").write_text("years of work")
+    running = parent / f".result.vtrain-staging-{os.getpid()}-cafef00d"
+    running.mkdir()
+    (running / MARKER).write_text("a run still going")
+    (parent / "notes").mkdir()
+    (parent / "notes" / "todo.txt").write_text("keep")
+    return contents(parent)
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in sorted(folder.rglob("*"))}
+
+
+def interrupted(process: subprocess.Popen[str]) -> None:
+    """SIGINT: one line ``interrupted``, exit code 130, no traceback."""
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=LIMIT_S)
+    assert process.returncode == 130, (process.returncode, err)
+    assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err
+    assert err.splitlines()[-1] == "interrupted", err
+    assert err.count("interrupted") == 1
+
+
+def killed(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.communicate(timeout=LIMIT_S)
+    assert process.returncode == -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def large_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 40 MB trace (the real V100 rank repeated): ingest spends about a second reading it and a tenth writing."""
+    folder = tmp_path_factory.mktemp("large")
+    repeat_trace(SOURCE_TRACE, folder / "rank-1.json", 40_000_000)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ingest_staging_s(large_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
+    """How long an uninterrupted ingest of the large trace takes to create its staging folder (reading time)."""
+    parent = tmp_path_factory.mktemp("timing")
+    started = time.monotonic()
+    process = start("ingest", large_trace, "-o", parent / "result")
+    wait_for(process, staging_with(process, parent))
+    seen = time.monotonic() - started
+    process.communicate(timeout=LIMIT_S)
+    assert process.returncode == 0
+    return seen
+
+
+@pytest.mark.parametrize("point", ["reading", "writing"])
+def test_ctrl_c_during_ingest(point: str, large_trace: Path, ingest_staging_s: float, tmp_path: Path) -> None:
+    parent = tmp_path / "out"
+    before = decoys(parent)
+    trace_before = contents(large_trace)
+    process = start("ingest", large_trace, "-o", parent / "result")
+    wait_for(process, after(ingest_staging_s / 2) if point == "reading" else staging_with(process, parent))
+    interrupted(process)
+    assert contents(parent) == before  # no profile, no staging folder, the decoys untouched
+    assert contents(large_trace) == trace_before
+
+
+@pytest.mark.parametrize("point", ["reading", "writing"])
+def test_sigkill_during_ingest_is_cleaned_by_the_next_run(point: str, large_trace: Path, ingest_staging_s: float,
+                                                          tmp_path: Path) -> None:
+    parent = tmp_path / "out"
+    before = decoys(parent)
+    process = start("ingest", large_trace, "-o", parent / "result")
+    wait_for(process, after(ingest_staging_s / 2) if point == "reading" else staging_with(process, parent, MARKER))
+    killed(process)
+    if point == "writing":
+        assert staging_with(process, parent)(), "the killed run left no staging folder: nothing was tested"
+    rerun = start("ingest", TRACES / "hta-sm80-128rank-sampled", "-o", parent / "result")
+    _, err = rerun.communicate(timeout=LIMIT_S)
+    assert rerun.returncode == 0, err
+    after_rerun = contents(parent)
+    assert {k: v for k, v in after_rerun.items() if not k.startswith("result")} == before
+    assert (parent / "result" / "metadata.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    copy = tmp_path_factory.mktemp("recorded") / "run"
+    shutil.copytree(RECORDED, copy)
+    return copy
+
+
+@pytest.mark.parametrize("point", ["reading", "predicting", "reporting"])
+def test_ctrl_c_during_validate(point: str, recorded: Path, tmp_path: Path) -> None:
+    parent = tmp_path / "out"
+    before = decoys(parent)
+    traces_before = contents(recorded)
+    process = start("validate", recorded, "-o", parent / "result", "--no-hta")
+    wait_for(process, staging_with(process, parent, {"reading": MARKER, "predicting": "predicted",
+                                            "reporting": "report.md"}[point]))
+    interrupted(process)
+    assert contents(parent) == before
+    assert contents(recorded) == traces_before
+
+
+@pytest.mark.parametrize("point", ["reading", "predicting"])
+def test_sigkill_during_validate_is_cleaned_by_the_next_run(point: str, recorded: Path, tmp_path: Path) -> None:
+    parent = tmp_path / "out"
+    before = decoys(parent)
+    process = start("validate", recorded, "-o", parent / "result", "--no-hta")
+    wait_for(process, staging_with(process, parent, MARKER if point == "reading" else "predicted"))
+    killed(process)
+    assert staging_with(process, parent, MARKER)(), "the killed run left no staging folder: nothing was tested"
+    # the next run in that folder, here one refused at once (an empty trace folder): the clean-up comes first
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rerun = start("validate", empty, "-o", parent / "result")
+    _, err = rerun.communicate(timeout=LIMIT_S)
+    assert rerun.returncode == 2 and "no trace files" in err, err
+    assert contents(parent) == before
+
+
+# ----------------------------------------------------------------------------- the clean-up rules, in process
+
+
+def test_stale_staging_rules(tmp_path: Path) -> None:
+    """Removed: a marked staging folder of a process that is gone, or an empty one (killed before marking). Kept:
+    a running process's, one without the marker that holds something, anything not named like staging. A stale
+    backup (the previous output, moved aside during the final rename) is put back when its target is missing."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+    def folder(name: str, *files: str) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        for file in files:
+            (path / file).write_text("x")
+        return path
+
+    stale = folder(f".profile.vtrain-staging-{dead}-0123abcd", MARKER, "kernels.parquet")
+    empty = folder(f".report.vtrain-staging-{dead}-89abcdef")
+    live = folder(f".profile.vtrain-staging-{os.getpid()}-0123abcd", MARKER)
+    unmarked = folder(f".profile.vtrain-staging-{dead}-fedcba98", "thesis.tex")
+    other = folder(f".profile.{dead}-0123abcd", MARKER)
+    backup = folder(f".report.vtrain-backup-{dead}-00112233", MARKER, "report.md")
+    assert sorted(remove_stale_staging(tmp_path)) == sorted([stale, empty])
+    assert live.exists() and unmarked.exists() and other.exists()
+    assert not backup.exists() and (tmp_path / "report" / "report.md").is_file()  # put back
+
+
+def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_path: Path) -> None:
+    target = tmp_path / "reports" / "deep" / "result"
+    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+        (staging / "half.parquet").write_text("x")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    with staged(target) as staging:
+        (staging / "whole.parquet").write_text("x")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "whole.parquet"]
+    assert [p.name for p in target.parent.iterdir()] == ["result"]
+
+
+def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the new output replaces the old one (here: right after the old one was moved aside) arrives
+    once the swap is done: never the old output moved aside and the new one not in place."""
+    target = tmp_path / "result"
+    with staged(target) as staging:
+        (staging / "old.txt").write_text("old")
+    remove = shutil.rmtree
+
+    def interrupted_removal(path: Path, **kwargs: object) -> None:
+        if ".vtrain-backup-" in Path(path).name:
+            assert not target.with_name("old.txt").exists() and (target / "new.txt").exists()
+            signal.raise_signal(signal.SIGINT)  # held: would otherwise raise KeyboardInterrupt here
+        remove(path, **kwargs)
+
+    monkeypatch.setattr("vtrain.outputs.shutil.rmtree", interrupted_removal)
+    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["result"]  # no backup, no staging folder
