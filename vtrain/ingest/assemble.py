@@ -43,6 +43,7 @@ class RankTables:
     device_activities: int
     absurd: int
     unlaunched: int
+    accelerator: str | None
 
     @property
     def dropped(self) -> int:
@@ -98,6 +99,7 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         device_activities=events.device.height + events.counts.device_dropped,
         absurd=int(absurd.sum()),
         unlaunched=kernels["launch_tid"].null_count(),
+        accelerator=events.accelerator,
     )
 
 
