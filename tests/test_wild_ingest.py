@@ -228,6 +228,13 @@ def test_mtia_dma_activities_are_memory_copies(base_traces: dict[str, Trace], tm
     assert dma.height == 50 and (dma["kind"] == "memcpy").all() and (dma["kernel_class"] == "memory").all()
     assert (kernels.filter(~pl.col("name").str.starts_with("dma"))["kind"] == "kernel").all()
     assert kernels["cpu_op"].null_count() < kernels.height  # mtia_runtime calls link kernels to their ops
+    assert profile.metadata["device"]["type"] == "mtia"
+
+
+def test_the_accelerator_is_named() -> None:
+    rocm, _ = _ingest(TRACES / "wild" / "mi250-rocm")
+    assert rocm.metadata["device"]["type"] == "rocm" and rocm.metadata["device"]["name"] == "AMD Radeon Graphics"
+    assert _ingest(TRACES / "hta-sm80-128rank-sampled")[0].metadata["device"]["type"] == "cuda"
 
 
 def test_old_and_hex_variants_keep_streams_ops_and_shapes(base_traces: dict[str, Trace], tmp_path: Path) -> None:

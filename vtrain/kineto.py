@@ -14,6 +14,8 @@ The one place that says what an event's category means; ingest and replay both l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: what an event is: a device activity, a CPU operator or annotation, a runtime/driver call, a CUPTI sync record
 DEVICE, CPU, RUNTIME, SYNC = "device", "cpu", "runtime", "sync"
 
@@ -107,3 +109,13 @@ def canonical_category(category: str) -> str:
     ``Memcpy`` -> ``gpu_memcpy``); categories it does not know are lower-cased."""
     cat = category.lower()
     return _CURRENT_NAMES.get(cat, cat)
+
+
+def accelerator(device_categories: Iterable[str], runtime_names: Iterable[str]) -> str:
+    """The accelerator a trace's device activities ran on: ``mtia`` (MTIA categories), ``rocm`` (HIP runtime
+    calls: ROCm traces use the CUDA categories) or ``cuda``."""
+    if any(category.lower().startswith("mtia") for category in device_categories):
+        return "mtia"
+    if any(name.lower().startswith("hip") for name in runtime_names):
+        return "rocm"
+    return "cuda"

@@ -43,6 +43,7 @@ class RankTables:
     device_activities: int
     absurd: int
     unlaunched: int
+    accelerator: str | None
 
     @property
     def dropped(self) -> int:
@@ -98,6 +99,7 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         device_activities=events.device.height + events.counts.device_dropped,
         absurd=int(absurd.sum()),
         unlaunched=kernels["launch_tid"].null_count(),
+        accelerator=events.accelerator,
     )
 
 
@@ -108,10 +110,10 @@ def absurd_durations(events: RankEvents) -> pl.Series:
     device = events.device
     finite = device["dur"].is_finite()
     host = pl.concat([events.cpu.select("ts", "dur"), events.runtime.select("ts", "dur")])
-    if host.is_empty():
+    if host.is_empty() or device.is_empty():
         return ~finite
-    first = min(host["ts"].min(), device["ts"].min() if device.height else host["ts"].min())  # type: ignore[type-var]
-    last = max((host["ts"] + host["dur"]).max(), device["ts"].max() if device.height else first)  # type: ignore[type-var]
+    first = min(host["ts"].min(), device["ts"].min())  # type: ignore[type-var]
+    last = max((host["ts"] + host["dur"]).max(), device["ts"].max())  # type: ignore[type-var]
     return ~finite | (device["dur"] > last - first)  # type: ignore[operator]
 
 

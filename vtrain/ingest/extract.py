@@ -17,7 +17,7 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-from vtrain.kineto import CPU, DEVICE, RUNTIME, canonical_category, device_kind, event_kind, parse_stream
+from vtrain.kineto import CPU, DEVICE, RUNTIME, accelerator, canonical_category, device_kind, event_kind, parse_stream
 
 _NO_ARGS = EventArgs()
 
@@ -77,6 +77,7 @@ class RankEvents:
     cpu: pl.DataFrame
     runtime: pl.DataFrame
     counts: EventCounts
+    accelerator: str | None = None  # cuda, rocm or mtia (vtrain.kineto.accelerator); None without device activity
 
     @property
     def dropped(self) -> int:
@@ -133,11 +134,14 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
         cpu.append(part.cpu)
         runtime.append(part.runtime)
         counts.add(part.counts)
+    activities = _concat(device, _DEVICE_PART_SCHEMA)
+    calls = _concat(runtime, RUNTIME_SCHEMA)
     return RankEvents(
-        device=_finish_device(_concat(device, _DEVICE_PART_SCHEMA)),
+        device=_finish_device(activities),
         cpu=_canonical_categories(_concat(cpu, CPU_SCHEMA)),
-        runtime=_concat(runtime, RUNTIME_SCHEMA),
+        runtime=calls,
         counts=counts,
+        accelerator=accelerator(activities["cat"].unique(), calls["name"].unique()) if activities.height else None,
     )
 
 

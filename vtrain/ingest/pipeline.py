@@ -203,7 +203,9 @@ def _first(values: Any) -> Any:
 
 
 def _device_properties(sources: list[RankSource], ranks: list[RankTables]) -> dict[str, Any]:
-    """The device of the first rank that lists deviceProperties; for traces without them, only the type."""
+    """The device of the first rank that lists deviceProperties; for traces without them, only the type (``cuda``,
+    ``rocm``, ``mtia``: :func:`vtrain.kineto.accelerator`; ``cpu`` where no rank has device activity)."""
+    kind = next((r.accelerator for r in ranks if r.accelerator), "cpu")
     for source in sources:
         for props in source.header.deviceProperties or []:
             if props.get("name"):
@@ -212,10 +214,10 @@ def _device_properties(sources: list[RankSource], ranks: list[RankTables]) -> di
                     "compute_capability": f"{props.get('computeMajor')}.{props.get('computeMinor')}",
                     "memory_bytes": props.get("totalGlobalMem"),
                     "sm_count": props.get("numSms"),
-                    "type": "cuda",
+                    "type": kind if kind != "cpu" else "cuda",
                 }
     return {"name": None, "compute_capability": None, "memory_bytes": None, "sm_count": None,
-            "type": "cuda" if any(not r.kernels.is_empty() for r in ranks) else "cpu"}
+            "type": kind}
 
 
 def rank_summary(profile: Profile) -> dict[str, Any]:
