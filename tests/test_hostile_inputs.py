@@ -569,16 +569,7 @@ CASES = run_config_cases() + cli_value_cases() + profile_cases() + suite_cases()
 
 #: cases that fail in code the hostile-input work does not own: case id -> the owner and what happens (expected
 #: failures, not strict: once the owner fixes one it shows as XPASS and its entry can go)
-KNOWN_ELSEWHERE: dict[str, str] = {
-    "ingest/not-utf8": "ingest helper (vtrain/ingest/spans.py): a trace with bytes that are not UTF-8 inside an "
-                       "event raises UnicodeDecodeError, a traceback",
-    "ingest/nested-deep": "ingest helper (vtrain/ingest/spans.py): a trace nested 100,000 levels deep raises "
-                          "RecursionError in msgspec, a traceback",
-    "validate/nested-deep": "ingest helper (vtrain/ingest/decode.py, read by vtrain/replay/trace.py): a trace "
-                            "nested 100,000 levels deep raises RecursionError, a traceback",
-    "validate/not-utf8": "ingest helper (vtrain/ingest/decode.py, read by vtrain/replay/trace.py): a trace with "
-                         "bytes that are not UTF-8 raises UnicodeDecodeError, a traceback",
-}
+KNOWN_ELSEWHERE: dict[str, str] = {}
 
 
 # ------------------------------------------------------------------------------------------------------ tests

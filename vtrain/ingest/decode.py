@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -88,6 +89,18 @@ class TraceHeader(msgspec.Struct):
 _HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
 #: decodes a JSON array of trace events
 TRACE_EVENTS_DECODER = msgspec.json.Decoder(list[TraceEvent])
+
+
+@contextmanager
+def readable_trace(path: Path) -> Iterator[None]:
+    """Errors while decoding a trace file that are the file's fault (bytes that are not UTF-8, JSON nested
+    deeper than Python's stack) become one :class:`InputError` line naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text at byte {exc.start}: not a Kineto trace", path) from None
+    except RecursionError:
+        raise InputError("JSON nested too deep to be a Kineto trace", path) from None
 
 
 def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes | bytearray, str]:

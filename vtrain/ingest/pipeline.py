@@ -16,7 +16,7 @@ import vtrain
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader
+from vtrain.ingest.decode import TraceHeader, readable_trace
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import RankEvents
@@ -48,8 +48,9 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
     sources: list[RankSource] = []
     hashes: dict[Path, str] = {}
     for path in files:
-        text = load_text(path, progress)
-        source, events = _read_rank(path, text, sources, progress)
+        with readable_trace(path):
+            text = load_text(path, progress)
+            source, events = _read_rank(path, text, sources, progress)
         sources.append(source)
         hashes[path] = text.sha256
         del text

@@ -22,7 +22,7 @@ import msgspec
 
 from vtrain import kineto
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes
+from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes, readable_trace
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: what an event is in the replay
@@ -100,6 +100,11 @@ class RankTrace:
 
 def read_rank_trace(path: Path) -> RankTrace:
     """Decode one rank file; errors name the file."""
+    with readable_trace(path):
+        return _read_rank_trace(path)
+
+
+def _read_rank_trace(path: Path) -> RankTrace:
     data, _digest = read_bytes(path)
     header = decode_header(data, path)
     del data
