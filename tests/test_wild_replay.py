@@ -418,15 +418,15 @@ def test_validate_on_garbage_json_is_one_line_and_exit_2(tmp_path: Path, content
 
 def test_validate_reports_on_odd_but_usable_events(tmp_path: Path) -> None:
     """Quoted times, a thread named by text, args that are not an object, a negative duration, entries that are
-    not events, and a distributedInfo whose world size is not a number: a report, and a warning for what was
-    left out."""
+    not events, and a distributedInfo whose world size is not a number and whose process groups are garbage: a
+    report, and a warning for what was left out."""
     folder = tmp_path / "odd"
     events = [1, "x", {"ph": "X", "cat": "cpu_op", "name": "aten::a", "tid": "main", "ts": "5", "dur": "3"},
               {"ph": "X", "cat": "Kernel", "name": "k", "tid": 7, "ts": 6, "dur": 1, "args": "not an object"},
               {"ph": "X", "cat": "cpu_op", "name": "aten::b", "tid": 1, "ts": 9, "dur": -1}]
     folder.mkdir()
-    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events,
-                                                    "distributedInfo": {"rank": 0, "world_size": "two"}}))
+    info = {"rank": 0, "world_size": "two", "pg_config": [{"pg_name": "0", "ranks": "abc"}, 5]}
+    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events, "distributedInfo": info}))
     done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o",
                            str(tmp_path / "out"), "--no-hta"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
