@@ -116,12 +116,16 @@ def test_cuda_sync_records_are_dependencies() -> None:
 
 def test_pruned_trace_keeps_its_device_activities() -> None:
     """compare-base: most device activities have no launch in the file; they replay at their measured offsets
-    (the unexplained part kept as a measured wait, not dropped: before, this set replayed 30 % fast)."""
+    from their stream predecessor or, first on their stream, from the rank's threads (the unexplained part kept
+    as a measured wait, not dropped: before, this set replayed 30 % fast)."""
     result = replayed(WILD / "compare-base")
     device = result.events.filter(pl.col("kind") == "device")
     assert device.height == 18 and device["launch"].null_count() >= 15
     assert sum(result.stats.kept_us.values()) > 0
     assert_replays(result)
+    graph = build_graph(result.traces)  # no device activity is pinned to its wall-clock time
+    targets = set(graph.edges.dst)
+    assert all(start_point(e) in targets for e in device["event"].to_list())
 
 
 def test_no_profiler_step_is_one_iteration_with_a_warning(tmp_path: Path) -> None:
@@ -418,15 +422,15 @@ def test_validate_on_garbage_json_is_one_line_and_exit_2(tmp_path: Path, content
 
 def test_validate_reports_on_odd_but_usable_events(tmp_path: Path) -> None:
     """Quoted times, a thread named by text, args that are not an object, a negative duration, entries that are
-    not events, and a distributedInfo whose world size is not a number: a report, and a warning for what was
-    left out."""
+    not events, and a distributedInfo whose world size is not a number and whose process groups are garbage: a
+    report, and a warning for what was left out."""
     folder = tmp_path / "odd"
     events = [1, "x", {"ph": "X", "cat": "cpu_op", "name": "aten::a", "tid": "main", "ts": "5", "dur": "3"},
               {"ph": "X", "cat": "Kernel", "name": "k", "tid": 7, "ts": 6, "dur": 1, "args": "not an object"},
               {"ph": "X", "cat": "cpu_op", "name": "aten::b", "tid": 1, "ts": 9, "dur": -1}]
     folder.mkdir()
-    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events,
-                                                    "distributedInfo": {"rank": 0, "world_size": "two"}}))
+    info = {"rank": 0, "world_size": "two", "pg_config": [{"pg_name": "0", "ranks": "abc"}, 5]}
+    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events, "distributedInfo": info}))
     done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o",
                            str(tmp_path / "out"), "--no-hta"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -46,7 +46,7 @@ from vtrain.replay.context import (
     DependencyStats,
     RankContext,
 )
-from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions
+from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions, precedes
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
 from vtrain.replay.threads import ThreadChain, blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
@@ -141,6 +141,7 @@ class _RankBuilder:
         self._collective_starts()
         ThreadWaits(self.ctx, self.chains, self.streams, self.blocking, self.cpu_collectives).add_edges()
         self._floating_edges()
+        self._unlaunched_edges()
 
     # -- collectives and floating events --------------------------------------------------------------------
 
@@ -202,6 +203,25 @@ class _RankBuilder:
             if call is not None:
                 self.ctx.edges.add(self.ctx.start(call), self.ctx.start(i), trace.ts[i] - trace.ts[call], ANCHOR)
             self.ctx.edges.add(self.ctx.start(i), self.ctx.stop(i), trace.dur[i], WORK)
+
+    def _unlaunched_edges(self) -> None:
+        """The first activity of a stream whose launch is not in the file (a pruned trace) keeps its measured
+        offset from the latest earlier point of the rank's threads, rather than its wall-clock time."""
+        ctx, trace = self.ctx, self.ctx.trace
+        for stream_members in self.streams.members.values():
+            first = stream_members[0]
+            if self.streams.launch[first] is not None:
+                continue
+            anchor: tuple[float, int] | None = None
+            for chain in self.chains:
+                position = bisect_right(chain.times, trace.ts[first]) - 1
+                while position >= 0 and not precedes(chain.points[position], chain.times[position],
+                                                     ctx.start(first), trace.ts[first]):
+                    position -= 1
+                if position >= 0 and (anchor is None or (chain.times[position], chain.points[position]) > anchor):
+                    anchor = chain.times[position], chain.points[position]
+            if anchor is not None:
+                ctx.edges.add(anchor[1], ctx.start(first), trace.ts[first] - anchor[0], ANCHOR)
 
     def collectives(self, layout: Layout | None) -> list[Collective]:
         """This rank's collective calls with their process group (from metadata, spans or the rank's groups)."""

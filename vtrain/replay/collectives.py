@@ -127,8 +127,8 @@ class GroupResolver:
     def __init__(self, trace: RankTrace, layout: Layout | None) -> None:
         self.rank = trace.rank
         self.layout = layout
-        self.by_name = {str(pg.get("pg_name")): tuple(sorted(int(r) for r in pg.get("ranks") or []))
-                        for pg in trace.process_groups}
+        self.by_name = {str(pg.get("pg_name")): ranks for pg in trace.process_groups
+                        if (ranks := _rank_tuple(pg.get("ranks"))) is not None}
         sets = {ranks for ranks in self.by_name.values() if self.rank in ranks and len(ranks) > 1}
         if not sets and trace.world_size == 2:
             sets = {(0, 1)}
@@ -176,9 +176,17 @@ def _parse_ranks(text: str | None) -> tuple[int, ...] | None:
         ranks = json.loads(text)
     except json.JSONDecodeError:
         return None
-    if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
-        return tuple(sorted(ranks))
-    return None
+    return _rank_tuple(ranks)
+
+
+def _rank_tuple(ranks: object) -> tuple[int, ...] | None:
+    """A list of ranks (integers, or strings holding them) as a sorted tuple; anything else is no group."""
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    try:
+        return tuple(sorted(int(r) for r in ranks if not isinstance(r, bool)))
+    except (TypeError, ValueError):
+        return None
 
 
 def collective_kind(trace: RankTrace, i: int) -> str | None:

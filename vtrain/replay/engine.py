@@ -1,9 +1,11 @@
 """Evaluating the replay graph: every point's time is the latest ``source + delay`` over its incoming edges.
 
 Points are visited in a topological order (Kahn's algorithm over all ranks at once, since collectives tie
-ranks together); points without incoming edges keep their measured time. Timestamps rounded to the same value
-can tie dependencies into a cycle; the evaluation then releases the earliest waiting point (by measured time)
-from the edges it still waits on (it keeps at least its measured time), and counts how often it had to.
+ranks together); points without incoming edges keep their measured time. The graph is built without cycles
+(every dependency inferred from timing follows one strict order, :func:`vtrain.replay.graph.precedes`); should
+one remain all the same (collectives matched in an impossible order), the evaluation releases the earliest
+waiting point (by measured time) from the edges it still waits on (it keeps at least its measured time), and
+counts how often it had to, which the replay reports.
 """
 
 from __future__ import annotations
