@@ -56,11 +56,23 @@ def fit_command(
         return
     print(f"wrote {output}")
     for key, value in fitted["provenance"].items():
-        if key in ("gemm", "memory_bound", "collectives", "host", "non_gemm_scale"):
+        if key in ("gemm", "memory_bound", "collectives", "host"):
             print(f"  {key}: {value}")
     host = fitted["host"]
     print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
-          f"sync {host['sync_us_per_rank']:.2f} µs·(n-1)², non-GEMM scale {fitted['non_gemm_scale']:.2f}")
+          f"arrival jitter {host['jitter_us']:.2f} µs (sync = jitter·√(2 ln n))")
+    held_out = fitted.get("kernel_held_out")
+    if held_out:
+        print("  held-out kernel MAPE (fitted on every other group, scored on this one):")
+        for row in held_out["rotations"]:
+            print(f"    {row['held_out']:<32} GEMM {_pct(row['gemm_mape_pct'])} ({row['gemm_rows']} kernels)  "
+                  f"memory-bound {_pct(row['memory_mape_pct'])} ({row['memory_rows']} kernels)")
+        print(f"    {'mean over groups':<32} GEMM {_pct(held_out['gemm_mape_pct'])}  "
+              f"memory-bound {_pct(held_out['memory_mape_pct'])}")
+
+
+def _pct(value: float | None) -> str:
+    return "   n/a" if value is None else f"{value:5.1f} %"
 
 
 def _files(paths: list[Path]) -> list[Path]:

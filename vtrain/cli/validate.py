@@ -129,7 +129,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     target = output or REPORTS / f"measurements-{path.stem}"
     check_output(target, inputs=[path, profile], force=True, what="report folder")
     with staged_folder(target) as staging:
-        result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
+        result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, _warn)
         write_measurement_report(result, staging)
     summary = result.to_dict()
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True

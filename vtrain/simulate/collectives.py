@@ -16,6 +16,9 @@ last call.
 
 Ranks are laid out as Megatron lays them out: tensor-parallel ranks adjacent, then data-parallel, then pipeline
 stages, ``node_size`` consecutive ranks per node. A group whose members fit in one node uses the intra-node link.
+A measured curve stands only for groups spanning as many nodes as it was measured on (rows without a node count,
+from traces, stand for any), and not for links whose rate the run's config replaces (the device's provenance
+says ``config``): then the device's fitted or datasheet model applies.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class CollectiveResolver:
     def __init__(self, profile: Profile | None, device: DeviceModel, device_type: str, node_size: int) -> None:
         self.device = device
         self.node_size = max(node_size, 1)
-        self._curves: dict[tuple[str, int], _Curve] = {}
+        self._curves: dict[tuple[str, int, int | None], _Curve] = {}
         self._cache: dict[tuple[str, int, int, int], Resolution] = {}
         if profile is not None:
             self._index(profile, device_type)
@@ -76,16 +79,22 @@ class CollectiveResolver:
     def _index(self, profile: Profile, device_type: str) -> None:
         table = profile.nccl_latency
         rows = table.filter(table["device_type"] == device_type).select(
-            "collective", "group_size", "bytes", "mean_us", "median_us", "wait_us", "algorithm").sort("bytes").rows()
-        points: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
-        algorithms: dict[tuple[str, int], str] = {}
-        for collective, group_size, nbytes, mean, median, wait, algorithm in rows:
+            "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us", "algorithm"
+        ).sort("bytes").rows()
+        replaced = {key for key in ("intra_node", "inter_node")
+                    if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config"}
+        points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
+        algorithms: dict[tuple[str, int, int | None], str] = {}
+        for collective, group_size, nodes, nbytes, mean, median, wait, algorithm in rows:
             latency = mean if mean is not None else median
             if latency is None or nbytes is None or group_size is None:
                 continue
+            if nodes is not None and ("inter_node" if nodes > 1 else "intra_node") in replaced:
+                continue
             waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
-            points.setdefault((collective, group_size), {})[int(nbytes)] = (float(latency), float(waited))
-            algorithms.setdefault((collective, group_size), algorithm or "")
+            key = (collective, group_size, nodes)
+            points.setdefault(key, {})[int(nbytes)] = (float(latency), float(waited))
+            algorithms.setdefault(key, algorithm or "")
         for key, by_size in points.items():
             sizes = sorted(by_size)
             self._curves[key] = _Curve(sizes, [by_size[s][0] for s in sizes], [by_size[s][1] for s in sizes],
@@ -105,8 +114,9 @@ class CollectiveResolver:
 
     def _resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         names = _P2P_NAMES if collective in _P2P_NAMES else (collective,)
+        nodes = -(-rank_stride * group_size // self.node_size)
         for name in names:
-            curve = self._curves.get((name, group_size))
+            curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:
                 latency, wait, source = curve.at(nbytes)
                 detail = f"nccl_latency {name} n={group_size}"
@@ -114,7 +124,6 @@ class CollectiveResolver:
                     return Resolution(latency, source, detail)
                 detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
                 return Resolution(latency + wait, source, detail, parts=((TRANSFER, latency), (STRAGGLER_WAIT, wait)))
-        nodes = -(-rank_stride * group_size // self.node_size)
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)
 
