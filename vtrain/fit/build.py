@@ -41,8 +41,11 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
     groups, nccl, files = _imported(sources)
     benchmarks = list(groups.values())
     traced = [load_profile(p) for p in sources.traces]
-    tables = {name: pl.concat([t[name] for t in traced], how="diagonal_relaxed") if traced else empty_table(name)
-              for name in ("kernels", "cpu_ops", "collectives", "op_latency")}
+    # the traces' operator and collective tables join the fit; their timelines (kernels, CPU ops, collective
+    # calls) are of other jobs, whose host gaps must not stand for the runs this profile predicts
+    tables = {name: empty_table(name) for name in ("kernels", "cpu_ops", "collectives")}
+    tables["op_latency"] = pl.concat([t.op_latency for t in traced], how="diagonal_relaxed") if traced \
+        else empty_table("op_latency")
     tables = {name: conform(frame, name) for name, frame in tables.items()}
     tables["op_benchmarks"] = conform(pl.concat(benchmarks, how="diagonal_relaxed"), "op_benchmarks") \
         if benchmarks else empty_table("op_benchmarks")

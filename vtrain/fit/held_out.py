@@ -17,17 +17,21 @@ from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model, mape_pct, us
 def held_out_mape(groups: dict[str, pl.DataFrame], held_out: list[str], base: DeviceModel) -> dict[str, Any]:
     """For every name in ``held_out``: fit to every other group of ``groups`` (``op_benchmarks`` rows), score on
     that one. Returns ``{"rotations": [{"held_out", "gemm_mape_pct", "gemm_rows", "memory_mape_pct",
-    "memory_rows"}, ...], "gemm_mape_pct", "memory_mape_pct"}`` (the last two: mean over rotations)."""
+    "memory_rows"}, ...], "gemm_mape_pct", "memory_mape_pct"}`` (the last two: mean over rotations); a class
+    with no kernels in the group, or too few in the others, scores None."""
     rotations = []
     for name in held_out:
         train = pl.concat([frame for other, frame in groups.items() if other != name], how="diagonal_relaxed")
         row: dict[str, Any] = {"held_out": name}
         for kind, key in ((GEMM, "gemm"), (MEMORY, "memory")):
             test = usable(kernel_samples(groups[name], kind))
-            model = fit_kernel_model(kernel_samples(train, kind), kind, base.peak_for("c10::Half"),
-                                     base.memory_bandwidth)
+            row[f"{key}_mape_pct"], row[f"{key}_rows"] = None, test.height
+            try:
+                model = fit_kernel_model(kernel_samples(train, kind), kind, base.peak_for("c10::Half"),
+                                         base.memory_bandwidth)
+            except ValueError:  # too few kernels of this class left to fit on
+                continue
             row[f"{key}_mape_pct"] = mape_pct(model, test)
-            row[f"{key}_rows"] = test.height
         rotations.append(row)
     return {"rotations": rotations, **{f"{key}_mape_pct": _mean([r[f"{key}_mape_pct"] for r in rotations])
                                        for key in ("gemm", "memory")}}

@@ -41,7 +41,7 @@ def every_kth_row(measurements: pl.DataFrame, k: int) -> list[int]:
 
 
 def fit_host(measurements: pl.DataFrame, profile: Profile, device: FittedDevice, hardware: Hardware,
-             rows: list[int], iterations: int = 80) -> IterationFit:
+             rows: list[int], iterations: int = 40) -> IterationFit:
     """Fit the host overheads of ``device`` (the fitted device of ``profile``) to the measured runs numbered
     ``rows``."""
     subset = measurements.filter(pl.col("row").is_in(rows))

@@ -1,18 +1,19 @@
 """A kernel latency model that holds at every shape: interpolation between the nearest measured shapes in
-log-shape space (scikit-learn's distance-weighted k-nearest-neighbour regressor) between a physical floor and
-ceiling.
+log-shape space (inverse-distance weighting of the k nearest, found with scikit-learn's k-d tree) between a physical
+floor and ceiling.
 
-The regressor does not predict the time itself but how far a kernel is above its roofline floor,
+The model does not predict the time itself but how far a kernel is above its roofline floor,
 
-    time = floor_us · exp(regressor(features)),   floor_us = max(flops / peak FLOP/s, bytes / peak bytes/s)
+    time = floor_us · exp(nearest(features)),   floor_us = max(flops / peak FLOP/s, bytes / peak bytes/s)
 
 so what it learns is an efficiency (tiling, wave quantisation, launch latency of small kernels) that depends on
 the shape. Neighbours cannot extrapolate: a shape beyond the measured ones gets the efficiency of the nearest
 measured shapes, never a time below the floor nor above the largest measured slowdown (the ceiling). Every
-prediction says whether its shape lay inside the measured ones (``interpolated``) or outside (``extrapolated``).
+prediction says whether its shape lay among the measured ones (``interpolated``: inside their range, one of them
+within a factor of two) or not (``extrapolated``).
 
 GEMM features: log2 of batch, m, k, n, FLOPs and bytes. Memory-bound features: log2 of elements, bytes and row
-length, and the kind of kernel (layernorm, softmax, gelu, elementwise, embedding).
+length, and the kind of kernel (layernorm, softmax, gelu, elementwise, embedding, rotary).
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from sklearn.neighbors import KNeighborsRegressor
+from sklearn.neighbors import KDTree
 
 GEMM, MEMORY = "gemm", "memory"
 #: the memory-bound kinds the model tells apart (one feature each)
-MEMORY_KINDS = ("layernorm", "softmax", "gelu", "elementwise", "embedding")
+MEMORY_KINDS = ("layernorm", "softmax", "gelu", "elementwise", "embedding", "rotary")
 INTERPOLATED, EXTRAPOLATED = "interpolated", "extrapolated"
-#: regressor settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load
-SETTINGS = {"n_neighbors": 4, "weights": "distance"}
+#: a shape is interpolated when it lies inside the measured ones' range and a measured shape is this close (log2
+#: units: within a factor of two in one feature); else extrapolated
+NEAR = 1.0
+#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load
+SETTINGS = {"neighbours": 4}
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,13 @@ class KernelShape:
 
 @dataclass
 class KernelModel:
-    """A fitted regressor for one class of kernels (GEMM or memory-bound) on one device."""
+    """A fitted model for one class of kernels (GEMM or memory-bound) on one device."""
 
     kind: str  # GEMM | MEMORY
     peak_flops: float
     peak_bytes_per_s: float
-    regressor: KNeighborsRegressor
+    tree: KDTree  # the measured shapes' features
+    targets: np.ndarray  # their log(time / floor)
     low: np.ndarray  # per-feature minimum over the training shapes
     high: np.ndarray  # per-feature maximum
     ceiling: float  # largest log(time / floor) seen in training
@@ -65,8 +70,7 @@ class KernelModel:
 
     def floor_us(self, shape: KernelShape) -> float:
         """The roofline floor: the time at peak FLOP/s or peak bandwidth, whichever binds."""
-        compute = shape.flops / self.peak_flops if self.kind == GEMM else 0.0
-        return max(compute, shape.bytes / self.peak_bytes_per_s) * 1e6
+        return _floor_us(self.kind, shape, self.peak_flops, self.peak_bytes_per_s)
 
     def time_us(self, shape: KernelShape) -> tuple[float, str]:
         """Predicted time of one call and whether its shape was inside the measured ones."""
@@ -74,15 +78,27 @@ class KernelModel:
         cached = self._cache.get(features)
         if cached is None:
             x = np.array(features)
-            ratio = float(self.regressor.predict(x[None, :])[0])
-            ratio = min(max(ratio, 0.0), self.ceiling)
-            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9))
+            ratio = float(self.ratios(x[None, :])[0])
+            nearest = float(self.tree.query(x[None, :], k=1)[0][0, 0])
+            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and nearest <= NEAR
             cached = self._cache[features] = (self.floor_us(shape) * math.exp(ratio),
                                               INTERPOLATED if inside else EXTRAPOLATED)
         return cached
 
+    def ratios(self, x: np.ndarray) -> np.ndarray:
+        """log(time / floor) at the feature rows ``x``: the inverse-distance-weighted mean of the nearest measured
+        shapes' (an exact match: its own), kept between 0 (the floor) and the ceiling."""
+        k = min(SETTINGS["neighbours"], len(self.targets))
+        distances, index = self.tree.query(x, k=k)
+        distances, index = distances.reshape(len(x), k), index.reshape(len(x), k)
+        weights = 1.0 / np.maximum(distances, 1e-9)
+        exact = distances[:, :1] < 1e-9
+        weights = np.where(exact, (distances < 1e-9).astype(float), weights)
+        mean = np.sum(weights * self.targets[index], axis=1) / np.sum(weights, axis=1)
+        return np.clip(mean, 0.0, self.ceiling)
+
     def describe(self) -> str:
-        return f"nearest measured shapes (k-NN in log-shape space) of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
+        return f"nearest of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
 
 
 def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_bytes_per_s: float) -> KernelModel:
@@ -93,13 +109,16 @@ def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_b
         raise ValueError(f"{rows.height} usable samples, need at least 10")
     shapes = shapes_of(rows, kind)
     x = np.array([_features(kind, s) for s in shapes])
-    probe = KernelModel(kind, peak_flops, peak_bytes_per_s, KNeighborsRegressor(), x.min(0), x.max(0), 0.0, 0, ())
-    floors = np.array([probe.floor_us(s) for s in shapes])
+    floors = np.array([_floor_us(kind, s, peak_flops, peak_bytes_per_s) for s in shapes])
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
-    regressor = KNeighborsRegressor(**SETTINGS).fit(x, y)
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
-    return KernelModel(kind, peak_flops, peak_bytes_per_s, regressor, x.min(0), x.max(0), float(y.max()),
+    return KernelModel(kind, peak_flops, peak_bytes_per_s, KDTree(x), y, x.min(0), x.max(0), float(y.max()),
                        rows.height, sources)
+
+
+def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
+    compute = shape.flops / peak_flops if kind == GEMM else 0.0
+    return max(compute, shape.bytes / peak_bytes_per_s) * 1e6
 
 
 def usable(samples: pl.DataFrame) -> pl.DataFrame:
@@ -119,8 +138,9 @@ def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
                                       k=float(r["k"] or 1), n=float(r["n"] or 1)))
         else:
             row = float(r["n"]) if r.get("op_class") in ("layernorm", "softmax") and r.get("n") else 1.0
+            kind_of = "rotary" if "rope" in str(r.get("label") or "") else memory_kind(str(r.get("op_class")))
             shapes.append(KernelShape(flops=0.0, bytes=float(r["bytes"]), elements=elements or float(r["bytes"]) / 4,
-                                      row=row, kind=memory_kind(str(r.get("op_class")))))
+                                      row=row, kind=kind_of))
     return shapes
 
 
@@ -147,14 +167,14 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
     if rows.height == 0:
         return None
     shapes = shapes_of(rows, model.kind)
-    ratios = np.clip(model.regressor.predict(np.array([_features(model.kind, s) for s in shapes])), 0.0, model.ceiling)
+    ratios = model.ratios(np.array([_features(model.kind, s) for s in shapes]))
     predicted = np.array([model.floor_us(s) for s in shapes]) * np.exp(ratios)
     return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
 
 
 def summary(model: KernelModel) -> dict[str, Any]:
-    """The model's settings as plain data (the regressor itself is rebuilt from the profile's op_benchmarks)."""
-    return {"model": "k_nearest_neighbours_log_shape", "settings": dict(SETTINGS),
+    """The model's settings as plain data (the model itself is rebuilt from the profile's op_benchmarks)."""
+    return {"model": "inverse-distance-weighted nearest measured shapes in log-shape space", "settings": dict(SETTINGS),
             "target": "log(time / roofline floor)", "floor": {"peak_flops": model.peak_flops,
                                                               "peak_bytes_per_s": model.peak_bytes_per_s},
             "samples": model.samples, "sources": list(model.sources)}

@@ -77,10 +77,10 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     if required != single:
         raise InputError(f"not a vTrain measurement table: expected the columns [{PARAMETERS_COLUMN},] "
                          f"{','.join(single)}; found {','.join(names)}", path)
+    numeric = [*single, *([PARAMETERS_COLUMN] if names[0] == PARAMETERS_COLUMN else [])]
+    rows = _as_numbers(rows, numeric, path)
     rows = rows.rename({**SINGLE_NODE_COLUMNS, PARAMETERS_COLUMN: "params_billion"}, strict=False)
     rows = rows.rename(_optional_names(names[len(single) + (names[0] == PARAMETERS_COLUMN):], path))
-    numeric = [*SINGLE_NODE_COLUMNS.values(), *(["params_billion"] if "params_billion" in rows.columns else [])]
-    rows = _as_numbers(rows, numeric, path)
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r) for r in rows.iter_rows(named=True)], dtype=pl.String))
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
@@ -136,7 +136,8 @@ def _as_numbers(rows: pl.DataFrame, columns: list[str], path: Path) -> pl.DataFr
         bad = rows.filter(cast.is_null())
         if not bad.is_empty():
             line, value = bad.row(0, named=True)[LINE], bad.row(0, named=True)[name]
-            problem = "is missing" if value is None else f"is not a number: {value!r}"
+            kind = "a number" if SINGLE_NODE_COLUMNS.get(name, "") in ("iteration_ms", "") else "an integer"
+            problem = "is missing" if value is None else f"is not {kind}: {value!r}"
             raise InputError(f"line {line}: {name!r} {problem}", path)
         rows = rows.with_columns(cast)
     return rows

@@ -26,6 +26,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
+import polars as pl
+
 from vtrain.devices.model import DeviceModel
 from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
 from vtrain.tables.store import Profile
@@ -77,28 +79,9 @@ class CollectiveResolver:
             self._index(profile, device_type)
 
     def _index(self, profile: Profile, device_type: str) -> None:
-        table = profile.nccl_latency
-        rows = table.filter(table["device_type"] == device_type).select(
-            "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us", "algorithm"
-        ).sort("bytes").rows()
-        replaced = {key for key in ("intra_node", "inter_node")
-                    if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config"}
-        points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
-        algorithms: dict[tuple[str, int, int | None], str] = {}
-        for collective, group_size, nodes, nbytes, mean, median, wait, algorithm in rows:
-            latency = mean if mean is not None else median
-            if latency is None or nbytes is None or group_size is None:
-                continue
-            if nodes is not None and ("inter_node" if nodes > 1 else "intra_node") in replaced:
-                continue
-            waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
-            key = (collective, group_size, nodes)
-            points.setdefault(key, {})[int(nbytes)] = (float(latency), float(waited))
-            algorithms.setdefault(key, algorithm or "")
-        for key, by_size in points.items():
-            sizes = sorted(by_size)
-            self._curves[key] = _Curve(sizes, [by_size[s][0] for s in sizes], [by_size[s][1] for s in sizes],
-                                       algorithms[key])
+        replaced = frozenset(key for key in ("intra_node", "inter_node")
+                             if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
+        self._curves = _curves(profile.nccl_latency, device_type, replaced)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         """Latency of one collective over ``group_size`` ranks spaced ``rank_stride`` apart."""
@@ -126,6 +109,40 @@ class CollectiveResolver:
                 return Resolution(latency + wait, source, detail, parts=((TRANSFER, latency), (STRAGGLER_WAIT, wait)))
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)
+
+
+_CURVES: dict[tuple[int, str, frozenset[str]], tuple[pl.DataFrame, dict[tuple[str, int, int | None], _Curve]]] = {}
+
+
+def _curves(table: pl.DataFrame, device_type: str,
+            replaced: frozenset[str]) -> dict[tuple[str, int, int | None], _Curve]:
+    """The measured curves of an ``nccl_latency`` table by (collective, group size, nodes), leaving out those on
+    the ``replaced`` links; built once per table (a table of measurements is predicted row after row)."""
+    key = (id(table), device_type, replaced)
+    cached = _CURVES.get(key)
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    rows = table.filter(table["device_type"] == device_type).select(
+        "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us", "algorithm"
+    ).sort("bytes").rows()
+    points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
+    algorithms: dict[tuple[str, int, int | None], str] = {}
+    for collective, group_size, nodes, nbytes, mean, median, wait, algorithm in rows:
+        latency = mean if mean is not None else median
+        if latency is None or nbytes is None or group_size is None:
+            continue
+        if nodes is not None and ("inter_node" if nodes > 1 else "intra_node") in replaced:
+            continue
+        waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
+        points.setdefault((collective, group_size, nodes), {})[int(nbytes)] = (float(latency), float(waited))
+        algorithms.setdefault((collective, group_size, nodes), algorithm or "")
+    curves = {key: _Curve(sorted(by_size), [by_size[s][0] for s in sorted(by_size)],
+                          [by_size[s][1] for s in sorted(by_size)], algorithms[key])
+              for key, by_size in points.items()}
+    if len(_CURVES) > 8:
+        _CURVES.clear()
+    _CURVES[key] = (table, curves)
+    return curves
 
 
 def wait_once(chain: list[Resolution]) -> list[Resolution]:
