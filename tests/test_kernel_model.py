@@ -10,8 +10,8 @@ from vtrain.devices.catalog import device_model
 from vtrain.devices.fitted import kernel_shape
 from vtrain.fit.device import kernel_samples
 from vtrain.fit.held_out import held_out_mape
-from vtrain.fit.kernel_model import (EXTRAPOLATED, GEMM, INTERPOLATED, MEMORY, fit_kernel_model, mape_pct,
-                                     shapes_of, usable)
+from vtrain.fit.kernel_model import (EXTRAPOLATED, GEMM, INTERPOLATED, MEMORY, KernelModel, fit_kernel_model,
+                                     mape_pct, shapes_of, usable)
 from vtrain.importers import read_llmcompass, read_vidur_compute
 from vtrain.model.ops import make_op
 
@@ -30,7 +30,7 @@ def benchmarks() -> pl.DataFrame:
                      how="diagonal_relaxed")
 
 
-def _model(rows: pl.DataFrame, kind: str):  # noqa: ANN202
+def _model(rows: pl.DataFrame, kind: str) -> KernelModel:
     return fit_kernel_model(kernel_samples(rows, kind), kind, A100.peak_for(HALF), A100.memory_bandwidth)
 
 

@@ -11,12 +11,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.conftest import REPO
 from vtrain.cli.main import app
 from vtrain.runconfig import load_run_config
 from vtrain.simulate.run import simulate
 from vtrain.tables.store import load_profile
-
-from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "a100"
 HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
@@ -87,7 +86,7 @@ def test_run_network_rate_replaces_measured_multi_node_curves(profile: Path, tmp
     assert slow.breakdown_us["dp"] > fast.breakdown_us["dp"]
 
 
-def _resolutions(sim) -> list[str]:  # noqa: ANN001
+def _resolutions(sim) -> list[str]:
     """The details of every op resolution in the simulation's blocks."""
     details = []
     for task in sim.graph.tasks:

@@ -33,6 +33,8 @@ def fit_command(
                                                                           "to fit host overheads on."),
     fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
+    recompute: str = typer.Option("full", "--recompute", help="Activation recomputation (none or full) of the "
+                                                              "--measurements rows without that column."),
     parent: Path | None = typer.Option(None, "--parent", help="Profile this one refines (recorded as parent)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing profile folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted parameters as JSON."),
@@ -47,7 +49,8 @@ def fit_command(
     nccl_tests, vidur_compute, vidur_network = _files(nccl_tests), _files(vidur_compute), _files(vidur_network)
     sources = FitSources(nccl_tests=nccl_tests, llmcompass=llmcompass, vidur_compute=vidur_compute,
                          vidur_network=vidur_network, traces=traces, measurements=measurements, fit_every=fit_every)
-    profile = build_profile(sources, device, Hardware(device=device, gpus_per_node=gpus_per_node), parent)
+    profile = build_profile(sources, device, Hardware(device=device, gpus_per_node=gpus_per_node,
+                                                      recompute=recompute), parent)
     write_profile(profile, output, overwrite=force)
     fitted = profile.metadata["fitted"]
     if as_json:

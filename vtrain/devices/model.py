@@ -68,8 +68,8 @@ class DeviceModel:
         return self.peak_flops.get(dtype, self.peak_flops["float"])
 
     def op_latency(self, op: Op) -> tuple[float, str]:
-        """Modelled latency of one operator and where it came from."""
-        return self.op_latency_us(op), f"datasheet device model {self.name}"
+        """Modelled latency of one operator and where it came from (this model: the datasheet rates)."""
+        return DeviceModel.op_latency_us(self, op), f"datasheet device model {self.name}"
 
     def op_latency_us(self, op: Op) -> float:
         """Modelled latency of one operator: launch overhead plus its FLOPs (GEMMs) or bytes at the device's

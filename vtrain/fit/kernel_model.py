@@ -13,7 +13,7 @@ prediction says whether its shape lay among the measured ones (``interpolated``:
 within a factor of two) or not (``extrapolated``).
 
 GEMM features: log2 of batch, m, k, n, FLOPs and bytes. Memory-bound features: log2 of elements, bytes and row
-length, and the kind of kernel (layernorm, softmax, gelu, elementwise, embedding, rotary).
+length, and the kind of kernel (layernorm, softmax, gelu, elementwise, embedding, rotary, gated activation).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from sklearn.neighbors import KDTree
 
 GEMM, MEMORY = "gemm", "memory"
 #: the memory-bound kinds the model tells apart (one feature each)
-MEMORY_KINDS = ("layernorm", "softmax", "gelu", "elementwise", "embedding", "rotary")
+MEMORY_KINDS = ("layernorm", "softmax", "gelu", "elementwise", "embedding", "rotary", "gated activation")
+#: vidur kernels that are element-wise by bytes but not by work: told apart by their label
+_LABEL_KINDS = {"attn_rope": "rotary", "mlp_act": "gated activation"}
 INTERPOLATED, EXTRAPOLATED = "interpolated", "extrapolated"
 #: a shape is interpolated when it lies inside the measured ones' range and a measured shape is this close (log2
 #: units: within a factor of two in one feature); else extrapolated
@@ -138,7 +140,9 @@ def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
                                       k=float(r["k"] or 1), n=float(r["n"] or 1)))
         else:
             row = float(r["n"]) if r.get("op_class") in ("layernorm", "softmax") and r.get("n") else 1.0
-            kind_of = "rotary" if "rope" in str(r.get("label") or "") else memory_kind(str(r.get("op_class")))
+            kind_of = memory_kind(str(r.get("op_class")))
+            if kind_of == "elementwise":
+                kind_of = _LABEL_KINDS.get(str(r.get("label")), kind_of)
             shapes.append(KernelShape(flops=0.0, bytes=float(r["bytes"]), elements=elements or float(r["bytes"]) / 4,
                                       row=row, kind=kind_of))
     return shapes
@@ -155,7 +159,7 @@ def memory_kind(name: str) -> str:
 
 
 def _features(kind: str, s: KernelShape) -> list[float]:
-    log = lambda v: math.log2(max(v, 1.0))  # noqa: E731
+    log = lambda v: math.log2(max(v, 1.0))
     if kind == GEMM:
         return [log(s.batch), log(s.m), log(s.k), log(s.n), log(s.flops), log(s.bytes)]
     return [log(s.elements), log(s.bytes), log(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]

@@ -189,11 +189,12 @@ def _parse(value: str, dtype: type[pl.DataType]) -> Any:
 
 
 def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str = "A100-80GB",
-                       inter_node_gbps: float | None = None, intra_node_gbps: float | None = None) -> RunConfig:
+                       inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+                       recompute: str = RECOMPUTE, framework: str = FRAMEWORK) -> RunConfig:
     """The run config of one measured run (a row of :func:`read_measurements`, as a dict): the row's own columns
-    where it has them, else vTrain's Megatron-DeepSpeed settings (fp16, full activation recomputation, 1F1B,
-    vocabulary 50257, no gradient bucketing) and the given node size and link rates; ``device_count`` = the row's
-    GPUs.
+    where it has them, else the given node size, link rates, recomputation and framework and vTrain's
+    Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing); ``device_count`` = the
+    row's GPUs.
 
     The config is not validated: ``config.constraint_errors()`` lists what a row breaks (e.g. tp*dp*pp differing
     from its GPU count); :func:`measurement_errors` does so for a whole table.
@@ -209,10 +210,10 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
                                    schedule=str(given("schedule", SCHEDULE)),
                                    virtual_stages=int(given("virtual_stages", 1)),
-                                   recompute=str(given("recompute", RECOMPUTE)),
+                                   recompute=str(given("recompute", recompute)),
                                    dp_overlap=bool(given("dp_overlap", False))),
         precision=PRECISION,
-        framework=str(given("framework", FRAMEWORK)),
+        framework=str(given("framework", framework)),
         hardware=HardwareConfig(device=device, device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
                                 intra_node_gbps=intra_node_gbps,

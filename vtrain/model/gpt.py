@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
@@ -77,7 +78,7 @@ class GptShape:
                    dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework)
 
 
-def _megatron(shape: GptShape):  # noqa: ANN202 - the module, when the shape's framework is Megatron's
+def _megatron(shape: GptShape) -> ModuleType | None:
     """:mod:`vtrain.model.megatron` when ``shape`` is a Megatron run, else None (imported here: it builds on
     this module)."""
     if shape.framework != "megatron":

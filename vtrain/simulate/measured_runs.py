@@ -15,19 +15,22 @@ import polars as pl
 
 from vtrain.devices.fitted import FittedDevice
 from vtrain.fit.device import for_config
-from vtrain.importers.measurements import measurement_config, row_problem
+from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.simulate.run import simulate
 from vtrain.tables.store import Profile
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """What the table does not say about the machines: node size, link rates and the device name."""
+    """What a table without the optional columns does not say: node size, link rates, the device name, and the
+    activation recomputation and framework of its runs."""
 
     device: str = "A100-40GB"
     gpus_per_node: int = 8
     inter_node_gbps: float | None = None  # Gbit/s per node
     intra_node_gbps: float | None = None  # GB/s per GPU
+    recompute: str = RECOMPUTE
+    framework: str = FRAMEWORK
 
 
 def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: FittedDevice, hardware: Hardware,
@@ -41,7 +44,7 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
     invalid: list[str | None] = []
     for row in table.iter_rows(named=True):
         config = measurement_config(row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps,
-                                    hardware.intra_node_gbps)
+                                    hardware.intra_node_gbps, hardware.recompute, hardware.framework)
         problem = row_problem(row) or next(iter(config.constraint_errors()), None)
         if problem:
             predicted.append(None)

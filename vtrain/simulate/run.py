@@ -102,7 +102,8 @@ def simulate(config: RunConfig, profile: Profile | None = None, device: DeviceMo
 
     Operator latencies come from ``profile`` when it has them (measured, else interpolated) and from
     ``device`` otherwise (default: the profile's fitted device model on the config's links, else the datasheet
-    model of the config's device: :func:`~vtrain.fit.device.device_for_run`). ``source`` names the config file in errors.
+    model of the config's device: :func:`~vtrain.fit.device.device_for_run`). ``source`` names the config file
+    in errors.
     """
     config.validate(source)
     with _gc_paused():
