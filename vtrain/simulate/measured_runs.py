@@ -43,10 +43,12 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
     predicted: list[float | None] = []
     invalid: list[str | None] = []
     for row in table.iter_rows(named=True):
-        config = measurement_config(row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps,
-                                    hardware.intra_node_gbps, hardware.recompute, hardware.framework)
-        problem = row_problem(row) or next(iter(config.constraint_errors()), None)
-        if problem:
+        problem = row_problem(row)
+        config = None if problem else measurement_config(
+            row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps, hardware.intra_node_gbps,
+            hardware.recompute, hardware.framework)
+        problem = problem or next(iter(config.constraint_errors()), None)
+        if problem or config is None:
             predicted.append(None)
             invalid.append(problem)
             continue
