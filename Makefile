@@ -30,21 +30,23 @@ bench: venv
 
 # profiles/a100: a device model fitted only to real A100 measurements made by others (tests/data/a100, with
 # their licences): nccl-tests all-reduce tables, LLMCompass and vidur kernel timings, vidur collectives, and
-# every 10th row of vTrain's measured iteration times. See profiles/a100.README.md.
+# every 20th row of vTrain's measured iteration times. See profiles/a100.README.md. --recompute none: the
+# kernels say these runs cannot have recomputed every layer's forward (see profiles/a100.README.md, "Accuracy").
 A100 := tests/data/a100
 profile-a100: venv
 	$(VENV)/bin/vtrain ingest traces/hta-a100-2rank-nccl -o profiles/.hta-a100 --force
 	$(VENV)/bin/vtrain fit -o profiles/a100 --force --device A100-40GB \
 	  --nccl-tests $(A100)/vtrain-a100/nccl-tests-allreduce-a100 --llmcompass $(A100)/llmcompass-a100 \
 	  --vidur-compute $(A100)/vidur-a100/compute --vidur-network $(A100)/vidur-a100/network \
-	  --profile profiles/.hta-a100 --measurements $(A100)/vtrain-a100/ground_truth_single.csv --fit-every 10
+	  --profile profiles/.hta-a100 --measurements $(A100)/vtrain-a100/ground_truth_single.csv --fit-every 20 \
+	  --recompute none
 	rm -rf profiles/.hta-a100
 	cp profiles/a100.README.md profiles/a100/README.md
 
 # vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
 validate-a100: venv
 	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \
-	  --profile profiles/a100 -o reports/a100-ground-truth
+	  --profile profiles/a100 --recompute none -o reports/a100-ground-truth
 
 clean:
 	rm -rf $(VENV) profiles/demo reports/demo

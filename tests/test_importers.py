@@ -14,6 +14,7 @@ from vtrain.importers import (
     read_nccl_tests, read_vidur_compute, read_vidur_network,
 )
 from vtrain.importers.llmcompass import THROUGHPUT_UNIT
+from vtrain.importers.measurements import OPTIONAL_COLUMNS, problem_summary
 from vtrain.tables.schema import NCCL_LATENCY, OP_BENCHMARKS
 
 DATA = Path(__file__).parent / "data" / "a100"
@@ -257,9 +258,11 @@ def test_llmcompass_all_reduces():
 def test_ground_truth_single():
     table = read_measurements(GROUND_TRUTH)
     assert table.height == 1440
+    optional = {name: None for name in OPTIONAL_COLUMNS}
     assert table.row(0, named=True) == {
         "row": 1, "params_billion": None, "gpus": 2, "global_batch": 16, "micro_batch": 8, "hidden": 1024,
         "heads": 16, "layers": 24, "seq": 1024, "tp": 1, "dp": 1, "pp": 2, "iteration_ms": 372.160408,
+        **optional, "problem": None,
     }
     assert table["row"].to_list() == list(range(1, 1441))
     assert measurement_errors(table).is_empty()
@@ -269,6 +272,53 @@ def test_ground_truth_single():
     model, parallelism = config.model, config.parallelism
     assert (model.vocab, model.hidden, parallelism.tp, parallelism.dp, parallelism.pp) == (50257, 1024, 2, 2, 2)
     assert (config.hardware.device, config.hardware.device_count) == ("A100-80GB", 8)
+    assert config.framework == "megatron"  # vTrain's runs: Megatron-DeepSpeed's kernels
+
+
+def test_measurement_columns_that_say_what_ran(tmp_path):
+    """Optional columns override the flags row by row; an empty cell falls back to them."""
+    path = tmp_path / "published.csv"
+    path.write_text(
+        f"{','.join(GROUND_TRUTH_HEADER)},Schedule,virtual_stages,Vocabulary,recomputation,"
+        "gradient all-reduce overlap,GPUs per node,inter-node Gbps,framework\n"
+        "16,64,2,2048,16,24,2048,2,4,2,812.5,interleaved,2,51200,none,true,4,800,reference\n"
+        "16,64,2,2048,16,24,2048,2,4,2,812.5,,,,,,,,\n")
+    table = read_measurements(path)
+    first = measurement_config(table.row(0, named=True), gpus_per_node=8, inter_node_gbps=100.0)
+    p = first.parallelism
+    assert (p.schedule, p.virtual_stages, p.recompute, p.dp_overlap) == ("interleaved", 2, "none", True)
+    assert (first.model.vocab, first.framework) == (51200, "reference")
+    assert (first.hardware.gpus_per_node, first.hardware.inter_node_gbps) == (4, 800.0)
+    second = measurement_config(table.row(1, named=True), gpus_per_node=8, inter_node_gbps=100.0)
+    assert (second.parallelism.schedule, second.model.vocab, second.framework) == ("1f1b", 50257, "megatron")
+    assert (second.hardware.gpus_per_node, second.hardware.inter_node_gbps) == (8, 100.0)
+
+
+def test_measurement_table_with_an_unknown_column(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},colour\n16,64,2,2048,16,24,2048,2,4,2,812.5,red\n")
+    with pytest.raises(InputError, match="unknown column 'colour'"):
+        read_measurements(path)
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},schedule,GPUs per node\n16,64,2,2048,16,24,2048,2,4,2,1,1f1b,x\n")
+    with pytest.raises(InputError, match="line 2: 'gpus_per_node' is not an integer"):
+        read_measurements(path)
+
+
+def test_rows_that_are_no_measurement_are_refused(tmp_path):
+    """Negative, zero and NaN times and absurd shapes are kept with the reason, never simulated nor scored."""
+    path = tmp_path / "bad.csv"
+    good = "8,16,2,1024,16,24,1024,2,2,2,"
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)}\n{good}-5\n{good}0\n{good}nan\n{good}inf\n"
+                    "8,16,2,1024,16,2.4e10,1024,2,2,2,100\n8,16,2,1024,16,24.5,1024,2,2,2,100\n{good}100\n"
+                    .replace("{good}", good))
+    table = read_measurements(path)
+    problems = table["problem"].to_list()
+    assert all(problems[:6]) and problems[6] is None
+    assert "not a positive number" in problems[0] and "layers = 2.4e+10 is beyond any real run" in problems[4]
+    assert "layers = 24.5 is not a positive integer" in problems[5]
+    assert table["layers"].to_list()[4:6] == [None, None]
+    assert "6 row(s) refused" in problem_summary(table)
+    assert measurement_errors(table).is_empty()
 
 
 def test_multi_node_measurements(tmp_path):
@@ -294,6 +344,11 @@ def test_multi_node_measurements(tmp_path):
 
 
 # --- bad input --------------------------------------------------------------------------------------------------
+
+GROUND_TRUTH_HEADER = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
+                       "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
+                       "iteration time (ms)"]
+
 
 def ground_truth_lines() -> list[str]:
     return GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()

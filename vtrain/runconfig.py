@@ -8,6 +8,7 @@ A run config is a YAML (or JSON) mapping with these sections::
                   schedule: 1f1b, virtual_stages: 1, recompute: none,
                   dp_overlap: false, dp_bucket_mb: 25}
     precision:   fp32                       # fp32 | fp16 | bf16
+    framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
                   intra_node_gbps: null, inter_node_gbps: null}   # GB/s and Gbit/s, as in vTrain
     software:    {torch: 2.13.0, cuda: null, nccl: null, python: 3.11.7}
@@ -38,6 +39,8 @@ from vtrain.parallel import SCHEDULES
 
 RECOMPUTE = ("none", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: whose kernels a run launches: vtrain record's reference model, or Megatron-DeepSpeed's fused ones
+FRAMEWORKS = ("reference", "megatron")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class RunConfig:
     parallelism: ParallelConfig = field(default_factory=ParallelConfig)
     precision: str = "fp32"
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    framework: str = "reference"
     software: dict[str, Any] = field(default_factory=dict)
     recording: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +124,8 @@ class RunConfig:
             errors.append(f"recompute must be one of {', '.join(RECOMPUTE)} (got {shown(p.recompute)})")
         if self.precision not in PRECISIONS:
             errors.append(f"precision must be one of {', '.join(PRECISIONS)} (got {shown(self.precision)})")
+        if self.framework not in FRAMEWORKS:
+            errors.append(f"framework must be one of {', '.join(FRAMEWORKS)} (got {shown(self.framework)})")
         if h.device_count != p.world_size:
             errors.append(f"tp*dp*pp = {p.tp}*{p.dp}*{p.pp} = {p.world_size} does not equal the number of "
                           f"devices ({h.device_count})")
@@ -223,6 +229,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         parallelism=_build(ParallelConfig, _or_empty(data.get("parallelism")), "parallelism", source),
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
+        framework=data.get("framework", "reference"),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
     )
@@ -243,7 +250,8 @@ def _or_empty(section: Any) -> Any:
 
 
 def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
-    """Map vTrain's config keys onto the run-config schema (vocab defaults to 50257, fp16 as in vTrain)."""
+    """Map vTrain's config keys onto the run-config schema (vocab defaults to 50257, fp16 and Megatron's kernels
+    as in vTrain, which models Megatron-LM runs)."""
     try:
         scheduling = str(data.get("pipeline_scheduling", "1f1b")).lower().replace("-", "")
         schedule = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved"}.get(scheduling, scheduling)
@@ -262,6 +270,7 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
                 dp_bucket_mb=float(data.get("ddp_bucket_size", 25.0)),
             ),
             precision="fp16",
+            framework=str(data.get("framework", "megatron")),
             hardware=HardwareConfig(
                 device=str(data.get("gpu_name", "A100")),
                 device_count=_whole(data.get("num_gpus", 0)) or _whole(data["tensor_parallel_size"])

@@ -33,6 +33,8 @@ def fit_command(
                                                                           "to fit host overheads on."),
     fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
+    recompute: str = typer.Option("full", "--recompute", help="Activation recomputation (none or full) of the "
+                                                              "--measurements rows without that column."),
     parent: Path | None = typer.Option(None, "--parent", help="Profile this one refines (recorded as parent)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing profile folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted parameters as JSON."),
@@ -50,7 +52,8 @@ def fit_command(
     nccl_tests, vidur_compute, vidur_network = _files(nccl_tests), _files(vidur_compute), _files(vidur_network)
     sources = FitSources(nccl_tests=nccl_tests, llmcompass=llmcompass, vidur_compute=vidur_compute,
                          vidur_network=vidur_network, traces=traces, measurements=measurements, fit_every=fit_every)
-    profile = build_profile(sources, device, Hardware(device=device, gpus_per_node=gpus_per_node), parent)
+    profile = build_profile(sources, device, Hardware(device=device, gpus_per_node=gpus_per_node,
+                                                      recompute=recompute), parent)
     write_profile(profile, output, overwrite=force)
     fitted = profile.metadata["fitted"]
     if as_json:
@@ -59,11 +62,23 @@ def fit_command(
         return
     print(f"wrote {output}")
     for key, value in fitted["provenance"].items():
-        if key in ("gemm", "memory_bound", "collectives", "host", "non_gemm_scale"):
+        if key in ("gemm", "memory_bound", "collectives", "host"):
             print(f"  {key}: {value}")
     host = fitted["host"]
     print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
-          f"sync {host['sync_us_per_rank']:.2f} µs·(n-1)², non-GEMM scale {fitted['non_gemm_scale']:.2f}")
+          f"arrival jitter {host['jitter_us']:.2f} µs (sync = jitter·√(2 ln n))")
+    held_out = fitted.get("kernel_held_out")
+    if held_out:
+        print("  held-out kernel MAPE (fitted on every other group, scored on this one):")
+        for row in held_out["rotations"]:
+            print(f"    {row['held_out']:<32} GEMM {_pct(row['gemm_mape_pct'])} ({row['gemm_rows']} kernels)  "
+                  f"memory-bound {_pct(row['memory_mape_pct'])} ({row['memory_rows']} kernels)")
+        print(f"    {'mean over groups':<32} GEMM {_pct(held_out['gemm_mape_pct'])}  "
+              f"memory-bound {_pct(held_out['memory_mape_pct'])}")
+
+
+def _pct(value: float | None) -> str:
+    return "   n/a" if value is None else f"{value:5.1f} %"
 
 
 def _files(paths: list[Path]) -> list[Path]:

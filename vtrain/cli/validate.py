@@ -58,6 +58,8 @@ def validate_command(
     intra_node_gbps: float | None = typer.Option(None, "--intra-node-gbps", min=0.0,
                                                  help="With --measurements: GPU-to-GPU GB/s within a node "
                                                       "(default: the profile's single-node fits)."),
+    recompute: str = typer.Option("full", "--recompute", help="With --measurements: activation recomputation "
+                                                              "(none or full) of rows without that column."),
 ) -> None:
     """Compare the replay and the model-driven prediction with measured traces; write the report. With
     --measurements, predict a table of measured iteration times instead."""
@@ -67,7 +69,7 @@ def validate_command(
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps)
+                      intra_node_gbps, recompute)
         return
     if suite is not None:
         if trace_dir is not None:
@@ -134,7 +136,8 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 
 
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
-                  gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None) -> None:
+                  gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
+                  recompute: str) -> None:
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
 
@@ -146,7 +149,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
             raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
     check_output(target, inputs=[path, profile], force=True, what="report folder")
-    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps)
+    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, _warn, recompute)
     with staged_folder(target) as staging:
         write_measurement_report(result, staging)
     summary = result.to_dict()

@@ -2,25 +2,26 @@
 
 It keeps the datasheet model's fields (peaks, memory size, links for anything not measured) and adds:
 
-- ``gemm`` / ``memory_bound``: :class:`~vtrain.fit.kernels.Roofline` rates fitted to measured kernels;
+- ``gemm`` / ``memory_bound``: :class:`~vtrain.fit.kernel_model.KernelModel`, latency as a function of the shape,
+  interpolated between measured kernels and bounded by the roofline floor (:mod:`vtrain.fit.kernel_model`);
 - ``collectives``: α-β fits per collective, group size and node count (nccl-tests, vidur, traces);
 - ``host``: :class:`HostOverhead`, the CPU time that framework, dispatcher and launch add to every operator and
-  collective (fitted to measured iteration times; zero when nothing was fitted);
-- ``non_gemm_scale``: how much more (or less) time a real framework's element-wise/normalisation work takes than
-  the reference op sequence's bytes at the fitted bandwidth (kernel fusion, dropout); fitted with ``host``.
+  collective, and the arrival jitter of a collective's ranks (fitted to measured iteration times; zero when
+  nothing was fitted).
 
 Each fitted number keeps where it came from in ``provenance`` (``fitted:<sources>``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from vtrain.devices.model import DeviceModel
 from vtrain.fit.collectives import AlphaBeta
-from vtrain.fit.kernels import Roofline
-from vtrain.model.ops import Op
+from vtrain.fit.kernel_model import GEMM, KernelModel, KernelShape, memory_kind, summary
+from vtrain.model.ops import DTYPE_BYTES, Op, first_dtype, gemm_dims, largest_elements, row_length
 
 #: collectives that can stand in for one another when only one was measured, with the time ratio
 _STAND_INS = {"all_gather": ("all_reduce", 0.5), "reduce_scatter": ("all_reduce", 0.5),
@@ -30,41 +31,58 @@ _STAND_INS = {"all_gather": ("all_reduce", 0.5), "reduce_scatter": ("all_reduce"
 
 @dataclass(frozen=True)
 class HostOverhead:
-    """Host time per operator and per collective call, and the extra synchronisation a collective costs per
-    additional rank in its group (slower ranks arriving late), fitted to measured iteration times."""
+    """Host time per operator and per collective call, and the spread of the times at which a collective's ranks
+    arrive, fitted to measured iteration times.
+
+    A collective starts when its last rank arrives. With every rank's arrival jittered independently by a spread
+    σ (``jitter_us``), the last of n arrives about σ·√(2 ln n) after the typical one (the expected maximum of n
+    normal variables), so the synchronisation term grows slowly with the group and is 0 for one rank.
+    """
 
     op_us: float = 0.0
     collective_us: float = 0.0
-    sync_us_per_rank: float = 0.0
+    jitter_us: float = 0.0
+
+    def sync_us(self, group_size: int) -> float:
+        """Expected wait for the last of ``group_size`` ranks."""
+        return self.jitter_us * math.sqrt(2.0 * math.log(group_size)) if group_size > 1 else 0.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"op_us": self.op_us, "collective_us": self.collective_us,
-                "sync_us_per_rank": self.sync_us_per_rank}
+        return {"op_us": self.op_us, "collective_us": self.collective_us, "jitter_us": self.jitter_us}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostOverhead:
+        """Read :meth:`to_dict`'s form; raises ``KeyError``/``TypeError`` when a field is missing or not a number."""
+        return cls(float(data["op_us"]), float(data["collective_us"]), float(data["jitter_us"]))
 
 
 @dataclass(frozen=True)
 class FittedDevice(DeviceModel):
-    """A :class:`DeviceModel` with fitted kernel rooflines, collective α-β curves and host overheads."""
+    """A :class:`DeviceModel` with fitted kernel models, collective α-β curves and host overheads."""
 
-    gemm: Roofline | None = None
-    memory_bound: Roofline | None = None
+    gemm: KernelModel | None = None
+    memory_bound: KernelModel | None = None
     collectives: tuple[AlphaBeta, ...] = ()
     host: HostOverhead = field(default_factory=HostOverhead)
-    non_gemm_scale: float = 1.0
 
     def op_latency_us(self, op: Op) -> float:
-        """Device time of one operator from the fitted rooflines (datasheet model where none was fitted)."""
-        if op.is_gemm and op.flops > 0 and self.gemm is not None:
-            return self.gemm.time_us(op.flops, op.bytes)
-        if not op.is_gemm and self.memory_bound is not None:
-            return self.non_gemm_scale * self.memory_bound.time_us(0.0, op.bytes)
-        return super().op_latency_us(op)
+        """Device time of one operator from the fitted kernel models (datasheet model where none was fitted)."""
+        return self.op_latency(op)[0]
+
+    def op_latency(self, op: Op) -> tuple[float, str]:
+        """Device time of one operator and where it came from: the fitted kernel model, its shape inside the
+        measured ones (interpolated) or outside (extrapolated), else the datasheet model."""
+        model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
+        if model is None:
+            return super().op_latency(op)
+        latency, where = model.time_us(kernel_shape(op))
+        return latency, f"fitted kernel model, {where}: {model.describe()}"
 
     def host_op_us(self) -> float:
         return self.host.op_us
 
     def host_collective_us(self, group_size: int) -> float:
-        return self.host.collective_us + self.host.sync_us_per_rank * max(group_size - 1, 0) ** 2
+        return self.host.collective_us + self.host.sync_us(group_size)
 
     def collective_fit(self, collective: str, group_size: int, nodes: int) -> tuple[AlphaBeta, float] | None:
         """The fitted curve for a collective (or the one that stands in for it, with its time ratio): the same
@@ -102,9 +120,20 @@ class FittedDevice(DeviceModel):
     def fitted_summary(self) -> dict[str, Any]:
         """The fitted parameters as plain data (for profile metadata and reports)."""
         return {
-            "gemm": self.gemm.to_dict() if self.gemm else None,
-            "memory_bound": self.memory_bound.to_dict() if self.memory_bound else None,
+            "gemm": summary(self.gemm) if self.gemm else None,
+            "memory_bound": summary(self.memory_bound) if self.memory_bound else None,
             "collectives": [c.to_dict() for c in self.collectives],
             "host": self.host.to_dict(),
-            "non_gemm_scale": self.non_gemm_scale,
         }
+
+
+def kernel_shape(op: Op) -> KernelShape:
+    """The shape the kernel model sees of one operator."""
+    if op.is_gemm and op.flops > 0:
+        batch, m, k, n = gemm_dims(op)
+        element = DTYPE_BYTES.get(first_dtype(op.input_types), 2)  # operands and output, as the benchmarks count
+        return KernelShape(flops=op.flops, bytes=element * batch * (m * k + k * n + m * n), batch=batch, m=m, k=k,
+                           n=n, kind=GEMM)
+    kind = memory_kind(op.name)
+    row = row_length(op) if kind in ("layernorm", "softmax") else 1.0
+    return KernelShape(flops=0.0, bytes=op.bytes, elements=largest_elements(op), row=row, kind=kind)

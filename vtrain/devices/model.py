@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from vtrain.model.ops import Op
+from vtrain.model.ops import Op, first_dtype
 from vtrain.tables.schema import bus_bandwidth_factor
 
 #: ring steps (each costing one link latency alpha) of each collective over n ranks
@@ -67,10 +67,14 @@ class DeviceModel:
         """Peak FLOP/s for a dtype; types without their own entry use the fp32 peak."""
         return self.peak_flops.get(dtype, self.peak_flops["float"])
 
+    def op_latency(self, op: Op) -> tuple[float, str]:
+        """Modelled latency of one operator and where it came from (this model: the datasheet rates)."""
+        return DeviceModel.op_latency_us(self, op), f"datasheet device model {self.name}"
+
     def op_latency_us(self, op: Op) -> float:
         """Modelled latency of one operator: launch overhead plus its FLOPs (GEMMs) or bytes at the device's
         achieved rates."""
-        dtype = _first_dtype(op.input_types)
+        dtype = first_dtype(op.input_types)
         if op.is_gemm and op.flops > 0:
             work = op.flops / (self.peak_for(dtype) * self.gemm_efficiency)
         else:
@@ -98,9 +102,3 @@ class DeviceModel:
         """One line naming the device and where its numbers come from."""
         sources = sorted(set(self.provenance.values())) or ["unspecified"]
         return f"{self.name} ({', '.join(sources)})"
-
-
-def _first_dtype(types_json: str) -> str:
-    start = types_json.find('"')
-    end = types_json.find('"', start + 1)
-    return types_json[start + 1:end] if start >= 0 and end > start else "float"

@@ -12,7 +12,9 @@ from typing import Any
 import polars as pl
 
 import vtrain
+from vtrain.devices.catalog import device_model
 from vtrain.fit.device import device_metadata, fit_device
+from vtrain.fit.held_out import held_out_mape
 from vtrain.fit.iterations import every_kth_row, fit_host
 from vtrain.importers import (read_llmcompass, read_llmcompass_network, read_measurements, read_nccl_tests,
                               read_vidur_compute, read_vidur_network)
@@ -36,10 +38,14 @@ class FitSources:
 def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
                   parent: Path | None = None) -> Profile:
     """Import every source, fit the device model and return the profile (not yet written)."""
-    benchmarks, nccl, files = _imported(sources)
+    groups, nccl, files = _imported(sources)
+    benchmarks = list(groups.values())
     traced = [load_profile(p) for p in sources.traces]
-    tables = {name: pl.concat([t[name] for t in traced], how="diagonal_relaxed") if traced else empty_table(name)
-              for name in ("kernels", "cpu_ops", "collectives", "op_latency")}
+    # the traces' operator and collective tables join the fit; their timelines (kernels, CPU ops, collective
+    # calls) are of other jobs, whose host gaps must not stand for the runs this profile predicts
+    tables = {name: empty_table(name) for name in ("kernels", "cpu_ops", "collectives")}
+    tables["op_latency"] = pl.concat([t.op_latency for t in traced], how="diagonal_relaxed") if traced \
+        else empty_table("op_latency")
     tables = {name: conform(frame, name) for name, frame in tables.items()}
     tables["op_benchmarks"] = conform(pl.concat(benchmarks, how="diagonal_relaxed"), "op_benchmarks") \
         if benchmarks else empty_table("op_benchmarks")
@@ -51,7 +57,7 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
     if sources.measurements is not None:
         measured = read_measurements(sources.measurements)
         rows = every_kth_row(measured, sources.fit_every)
-        fitted = fit_host(measured, device, hardware, rows)
+        fitted = fit_host(measured, profile, device, hardware, rows)
         device = fitted.device
         fit_rows = {"file": sources.measurements.name, "sha256": _sha256(sources.measurements),
                     "rows": fitted.rows, "every": sources.fit_every, "mape_pct": round(fitted.mape_pct, 3),
@@ -66,25 +72,35 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
         "software": {},
         "sources": [{"file": str(f), "sha256": _sha256(f)} for f in files]
         + [{"profile": str(p), "sources": t.metadata.get("sources", [])} for p, t in zip(sources.traces, traced)],
-        "fitted": device_metadata(device, device_name),
+        "fitted": {**device_metadata(device, device_name),
+                   "kernel_held_out": held_out_mape(groups, [g for g in groups if g != LLMCOMPASS_KERNELS],
+                                                    device_model(device_name)) if len(groups) > 1 else None},
         "fit_rows": fit_rows,
     }
     return profile
 
 
-def _imported(sources: FitSources) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[Path]]:
-    benchmarks: list[pl.DataFrame] = []
+#: names of the groups of kernel measurements (the held-out test leaves each out in turn, but for the first)
+LLMCOMPASS_KERNELS, LLMCOMPASS_LAYER = "LLMCompass kernels", "LLMCompass GPT-3 layer"
+
+
+def _imported(sources: FitSources) -> tuple[dict[str, pl.DataFrame], list[pl.DataFrame], list[Path]]:
+    """Kernel measurements by group (LLMCompass's kernels, its GPT-3 layer, each vidur model), collective
+    tables and the files read."""
+    benchmarks: dict[str, pl.DataFrame] = {}
     nccl: list[pl.DataFrame] = []
     files: list[Path] = []
     for path in sources.nccl_tests:
         nccl.append(read_nccl_tests(path))
         files.append(path)
     if sources.llmcompass is not None:
-        benchmarks.append(read_llmcompass(sources.llmcompass))
+        llmcompass = read_llmcompass(sources.llmcompass)
+        benchmarks[LLMCOMPASS_KERNELS] = llmcompass.filter(pl.col("tp").is_null())
+        benchmarks[LLMCOMPASS_LAYER] = llmcompass.filter(pl.col("tp").is_not_null())
         nccl.append(read_llmcompass_network(sources.llmcompass))
         files.extend(sorted(p for p in sources.llmcompass.iterdir() if p.suffix == ".csv"))
     for path in sources.vidur_compute:
-        benchmarks.append(read_vidur_compute(path))
+        benchmarks[f"vidur {path.name.removesuffix('.csv').removesuffix('-mlp')}"] = read_vidur_compute(path)
         files.append(path)
     for path in sources.vidur_network:
         nccl.append(read_vidur_network(path))

@@ -1,7 +1,8 @@
 """Fitting a device model to whatever a profile holds, and storing it in (and reading it back from) the profile.
 
-- GEMM roofline: ``op_benchmarks`` GEMM rows plus the GEMM operators measured in the profile's own traces;
-- memory-bound roofline: ``op_benchmarks`` rows of normalisation, softmax and element-wise kernels;
+- GEMM kernel model: ``op_benchmarks`` GEMM rows plus the GEMM operators measured in the profile's own traces;
+- memory-bound kernel model: ``op_benchmarks`` rows of normalisation, softmax, element-wise and embedding kernels
+  (both :mod:`vtrain.fit.kernel_model`; rebuilt from the profile's tables when it is loaded);
 - collectives: every ``nccl_latency`` row with a group size (nccl-tests, vidur, traces);
 - host overheads: only when measured iteration times are given (:mod:`vtrain.fit.iterations`).
 
@@ -16,26 +17,24 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.devices.catalog import canonical_device_name, device_model
+from vtrain.devices.catalog import canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
 from vtrain.fit.collectives import AlphaBeta, fit_collectives
-from vtrain.fit.kernels import Roofline, fit_roofline
-from vtrain.model.ops import GEMM_OPS, op_cost
+from vtrain.fit.kernel_model import GEMM, MEMORY, KernelModel, fit_kernel_model
+from vtrain.model.ops import GEMM_OPS, gemm_dims, make_op
+from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, empty_table
 
-MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise")
+MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise", "embedding")
 
 
 def fit_device(profile: Profile, device_name: str) -> FittedDevice:
     """A :class:`FittedDevice` for ``device_name`` (a datasheet device) with every part the profile can fit."""
     base = device_model(device_name)
-    imported = profile.tables.get("op_benchmarks", empty_table("op_benchmarks"))  # absent in a fresh ingest
-    benchmarks = pl.concat([imported, traced_gemms(profile)], how="diagonal_relaxed")
+    gemm, memory = fit_kernels(profile, base)
     provenance = dict(base.provenance)
-    gemm = _try_fit(benchmarks.filter(pl.col("op_class") == "gemm"), compute_bound=True)
-    memory = _try_fit(benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES)), compute_bound=False)
     for key, fit in (("gemm", gemm), ("memory_bound", memory)):
         provenance[key] = f"fitted: {', '.join(fit.sources)}" if fit else "not fitted: too few samples"
     collectives = tuple(fit_collectives(profile.nccl_latency.filter(pl.col("device_type") == "cuda")))
@@ -51,18 +50,34 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
     for name, dims, types, count, median in table.select(
             "op", "input_dims", "input_types", "count", "median_us").iter_rows():
         try:
-            flops, nbytes = op_cost(name, json.loads(dims), json.loads(types))
+            op = make_op(name, json.loads(dims), json.loads(types))
+            batch, m, k, n = gemm_dims(op)
         except (ValueError, TypeError):
             continue
-        if flops > 0 and median:
-            rows.append({"source": "trace", "op_class": "gemm", "label": f"{name} {dims}", "flops": flops,
-                         "bytes": nbytes, "count": count, "median_us": median})
+        if op.flops > 0 and median:
+            rows.append({"source": "trace", "op_class": "gemm", "label": f"{name} {dims}", "batch": batch, "m": m,
+                         "k": k, "n": n, "flops": op.flops, "bytes": op.bytes, "count": count, "median_us": median})
     return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"source": pl.String, "op_class": pl.String})
 
 
-def _try_fit(samples: pl.DataFrame, compute_bound: bool) -> Roofline | None:
+def kernel_samples(benchmarks: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """The ``op_benchmarks`` rows of one kernel class (GEMM or memory-bound)."""
+    if kind == GEMM:
+        return benchmarks.filter(pl.col("op_class") == "gemm")
+    return benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES))
+
+
+def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[KernelModel | None, KernelModel | None]:
+    """The GEMM and memory-bound kernel models of the profile's benchmarks and traced GEMMs (None: too few)."""
+    imported = profile.tables.get("op_benchmarks", empty_table("op_benchmarks"))  # absent in a fresh ingest
+    benchmarks = pl.concat([imported, traced_gemms(profile)], how="diagonal_relaxed")
+    return (_try_fit(kernel_samples(benchmarks, GEMM), GEMM, base),
+            _try_fit(kernel_samples(benchmarks, MEMORY), MEMORY, base))
+
+
+def _try_fit(samples: pl.DataFrame, kind: str, base: DeviceModel) -> KernelModel | None:
     try:
-        return fit_roofline(samples, compute_bound=compute_bound)
+        return fit_kernel_model(samples, kind, base.peak_for("c10::Half"), base.memory_bandwidth)
     except ValueError:
         return None
 
@@ -81,19 +96,21 @@ def device_metadata(device: FittedDevice, base_name: str) -> dict[str, Any]:
     return {"device": base_name, "provenance": device.provenance, **device.fitted_summary()}
 
 
-def device_from_metadata(fitted: dict[str, Any], source: str | None = None) -> FittedDevice:
-    """Rebuild the device stored by :func:`device_metadata` (raises :class:`InputError` when malformed)."""
+def device_from_profile(profile: Profile, source: str | None = None) -> FittedDevice:
+    """Rebuild the device stored by :func:`device_metadata` in ``profile.metadata["fitted"]``: the kernel models
+    from the profile's own tables (deterministically), collectives and host terms from the metadata. Raises
+    :class:`InputError` when the metadata is malformed (a profile from an older vtrain included)."""
+    fitted = profile.metadata.get("fitted") or {}
     try:
         base = device_model(fitted["device"], source)
-        gemm = Roofline.from_dict(fitted["gemm"]) if fitted.get("gemm") else None
-        memory = Roofline.from_dict(fitted["memory_bound"]) if fitted.get("memory_bound") else None
         collectives = tuple(AlphaBeta.from_dict(c) for c in fitted.get("collectives", []))
-        host = HostOverhead(**fitted.get("host", {}))
-        scale = float(fitted.get("non_gemm_scale", 1.0))
+        host = HostOverhead.from_dict(fitted["host"]) if fitted.get("host") else HostOverhead()
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"malformed fitted device in metadata.json: {exc}", source) from None
+        raise InputError(f"malformed fitted device in metadata.json (refit it with `vtrain fit`): {exc}",
+                         source) from None
+    gemm, memory = fit_kernels(profile, base)
     return _fitted(base, provenance=dict(fitted.get("provenance", {})), gemm=gemm, memory_bound=memory,
-                   collectives=collectives, host=host, non_gemm_scale=scale)
+                   collectives=collectives, host=host)
 
 
 def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
@@ -119,10 +136,8 @@ def refit(profile: Profile, base_metadata: dict[str, Any]) -> dict[str, Any] | N
         return None
     device = fit_device(profile, name)
     if base_fit.get("host"):
-        device = replace(device, host=HostOverhead(**base_fit["host"]),
-                         non_gemm_scale=float(base_fit.get("non_gemm_scale", 1.0)),
-                         provenance={**device.provenance, "host": "carried over from the parent profile",
-                                     "non_gemm_scale": "carried over from the parent profile"})
+        device = replace(device, host=HostOverhead.from_dict(base_fit["host"]),
+                         provenance={**device.provenance, "host": "carried over from the parent profile"})
     return device_metadata(device, name)
 
 
@@ -135,3 +150,36 @@ def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     provenance = {**device.provenance, "intra_node.bandwidth_gbps": "config"}
     return replace(device, collectives=curves, intra_node=replace(device.intra_node, bandwidth_gbps=gbps),
                    provenance=provenance)
+
+
+def for_config(device: FittedDevice, config: RunConfig) -> FittedDevice:
+    """The fitted device on the hardware a run config describes: its inter-node network (Gbit/s per node) and
+    GPU-to-GPU link rate (GB/s), where given, replace the fitted ones."""
+    hardware = config.hardware
+    if hardware.inter_node_gbps is not None:
+        device = with_inter_node_rate(device, float(hardware.inter_node_gbps))
+    if hardware.intra_node_gbps is not None:
+        device = with_intra_node_rate(device, float(hardware.intra_node_gbps))
+    return device
+
+
+def device_for_run(config: RunConfig, profile: Profile | None, source: str | None = None) -> DeviceModel:
+    """The one device model every prediction uses: the profile's fitted device when it has one for the run's
+    GPU (on the run's links, :func:`for_config`), else the datasheet model of the run's device."""
+    fitted = (profile.metadata.get("fitted") or {}) if profile is not None else {}
+    wanted = canonical_device_name(config.hardware.device) or ""
+    if fitted.get("device") and wanted.split("-")[0] == str(fitted["device"]).split("-")[0]:
+        return for_config(_loaded(profile, source), config)
+    return device_for_config(config, source)
+
+
+_LOADED: dict[int, tuple[Profile, FittedDevice]] = {}
+
+
+def _loaded(profile: Profile, source: str | None) -> FittedDevice:
+    """:func:`device_from_profile`, once per profile object (its kernel models are rebuilt from its tables)."""
+    cached = _LOADED.get(id(profile))
+    if cached is None or cached[0] is not profile:
+        _LOADED.clear()
+        cached = _LOADED[id(profile)] = (profile, device_from_profile(profile, source))
+    return cached[1]

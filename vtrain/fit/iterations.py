@@ -1,12 +1,12 @@
 """Fitting the host side of a device model to measured iteration times.
 
-Kernel rates and collective curves come from kernel and collective measurements; what they cannot tell is what
-the training framework adds around them: the CPU time to issue each operator and collective (Python, autograd,
-dispatcher, launch), the synchronisation a collective costs when its ranks arrive at different times, and how
-the framework's fused element-wise work compares with the reference op sequence's. Those four numbers
-(:class:`~vtrain.devices.fitted.HostOverhead` and ``non_gemm_scale``) are fitted here, by minimising the mean
-absolute log error of the predicted iteration time over a chosen subset of measured runs. The subset's row
-numbers are recorded, so validation can leave them out.
+Kernel latencies and collective curves come from kernel and collective measurements; what they cannot tell is
+what the training framework adds around them: the CPU time to issue each operator and collective (Python,
+autograd, dispatcher, launch) and the spread of the times at which a collective's ranks arrive. Those three
+numbers (:class:`~vtrain.devices.fitted.HostOverhead`) are fitted here, by minimising the mean absolute log error
+of the predicted iteration time over a chosen subset of measured runs, each predicted as every other command
+predicts it (:func:`~vtrain.simulate.measured_runs.predict_runs` with the profile). The subset's row numbers are
+recorded, so validation can leave them out. Nothing scales the kernels: their time is the kernel model's.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import polars as pl
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.fit.minimize import nelder_mead
 from vtrain.simulate.measured_runs import Hardware, predict_runs
+from vtrain.tables.store import Profile
 
-#: starting point of the fit: 20 µs per operator and collective, no extra sync, the reference op sequence as is
-_START = HostOverhead(op_us=20.0, collective_us=20.0, sync_us_per_rank=1.0)
+#: starting point of the fit: 20 µs per operator and collective, 5 µs of arrival jitter
+_START = HostOverhead(op_us=20.0, collective_us=20.0, jitter_us=5.0)
 
 
 @dataclass(frozen=True)
@@ -39,26 +40,26 @@ def every_kth_row(measurements: pl.DataFrame, k: int) -> list[int]:
     return measurements.filter((pl.col("row") - 1) % k == 0)["row"].to_list()
 
 
-def fit_host(measurements: pl.DataFrame, device: FittedDevice, hardware: Hardware, rows: list[int],
-             iterations: int = 120) -> IterationFit:
-    """Fit host overheads and ``non_gemm_scale`` of ``device`` to the measured runs numbered ``rows``."""
+def fit_host(measurements: pl.DataFrame, profile: Profile, device: FittedDevice, hardware: Hardware,
+             rows: list[int], iterations: int = 40) -> IterationFit:
+    """Fit the host overheads of ``device`` (the fitted device of ``profile``) to the measured runs numbered
+    ``rows``."""
     subset = measurements.filter(pl.col("row").is_in(rows))
     measured = subset["iteration_ms"].to_numpy()
 
     def with_params(params: np.ndarray) -> FittedDevice:
-        op, collective, sync, scale = (math.exp(p) for p in params)
-        return replace(device, host=HostOverhead(op, collective, sync), non_gemm_scale=scale)
+        op, collective, jitter = (math.exp(p) for p in params)
+        return replace(device, host=HostOverhead(op, collective, jitter))
 
     def loss(params: np.ndarray) -> float:
-        predicted = predict_runs(subset, with_params(params), hardware)["predicted_ms"].to_numpy()
+        predicted = predict_runs(subset, profile, with_params(params), hardware)["predicted_ms"].to_numpy()
         valid = ~np.isnan(predicted)
         return float(np.mean(np.abs(np.log(predicted[valid] / measured[valid]))))
 
-    start = np.log([_START.op_us, _START.collective_us, _START.sync_us_per_rank, device.non_gemm_scale])
+    start = np.log([_START.op_us, _START.collective_us, _START.jitter_us])
     best, _ = nelder_mead(loss, start, step=0.5, iterations=iterations)
     fitted = with_params(best)
-    result = predict_runs(subset, fitted, hardware)
+    result = predict_runs(subset, profile, fitted, hardware)
     mape = float(result["error_pct"].abs().mean())
-    provenance = {**fitted.provenance, "host": f"fitted: {len(rows)} measured iteration times",
-                  "non_gemm_scale": f"fitted: {len(rows)} measured iteration times"}
+    provenance = {**fitted.provenance, "host": f"fitted: {len(rows)} measured iteration times"}
     return IterationFit(replace(fitted, provenance=provenance), sorted(rows), mape)

@@ -3,17 +3,27 @@
 vTrain's ``ground_truth_single.csv`` (1,440 single-node GPT runs on up to 8 A100s with Megatron-DeepSpeed) has the
 columns :data:`SINGLE_NODE_COLUMNS`; its multi-node tables add a leading ``Parameters (billion)`` column. Column
 names and values may carry surrounding whitespace and the file a UTF-8 byte-order mark.
+
+A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`, any order, names matched
+without regard to case, spaces, hyphens or underscores): schedule, virtual stages, vocabulary, recomputation,
+gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s and framework. Where a
+column is absent or a cell empty, the command's flags (or vTrain's settings) apply.
+
+Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
+e.g. 2.4e10 layers) are kept with the reason in ``problem`` and are never simulated: :func:`row_problem`.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.importers._read import csv_rows, numbers
+from vtrain.importers._read import LINE, csv_rows
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names -> the normalised ones
@@ -23,62 +33,196 @@ SINGLE_NODE_COLUMNS = {
     "data parallelism": "dp", "pipeline parallelism": "pp", "iteration time (ms)": "iteration_ms",
 }
 PARAMETERS_COLUMN = "Parameters (billion)"
+#: optional columns (normalised name -> the names accepted, compared by :func:`_key`) and their types
+OPTIONAL_COLUMNS = {
+    "schedule": (("schedule", "pipeline schedule"), pl.String),
+    "virtual_stages": (("virtual stages", "virtual pipeline stages"), pl.Int64),
+    "vocab": (("vocabulary", "vocab", "vocab size", "vocabulary size"), pl.Int64),
+    "recompute": (("recompute", "recomputation", "activation recomputation"), pl.String),
+    "dp_overlap": (("gradient all-reduce overlap", "dp overlap", "overlap grad reduce"), pl.Boolean),
+    "sequence_parallel": (("sequence parallelism", "sequence parallel"), pl.Boolean),
+    "gpus_per_node": (("gpus per node", "node size"), pl.Int64),
+    "inter_node_gbps": (("inter-node gbps", "inter node gbit/s", "inter-node gbit/s"), pl.Float64),
+    "framework": (("framework",), pl.String),
+}
 #: the columns of :func:`read_measurements`
 COLUMNS = {
     "row": pl.Int64, "params_billion": pl.Float64, "gpus": pl.Int64, "global_batch": pl.Int64,
     "micro_batch": pl.Int64, "hidden": pl.Int64, "heads": pl.Int64, "layers": pl.Int64, "seq": pl.Int64,
     "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "iteration_ms": pl.Float64,
+    **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
 }
+#: the largest value of a shape column a real run can have (beyond it a row is refused, not simulated)
+SHAPE_LIMITS = {"gpus": 10**6, "global_batch": 10**7, "micro_batch": 10**5, "hidden": 10**6, "heads": 10**4,
+                "layers": 10**4, "seq": 10**7, "tp": 10**4, "dp": 10**6, "pp": 10**4}
 #: vTrain's training settings for these runs (Megatron-DeepSpeed, as in its configs)
 VOCAB = 50257
 PRECISION = "fp16"
 RECOMPUTE = "full"
 SCHEDULE = "1f1b"
+#: the framework a table's runs are simulated with when it has no framework column
+FRAMEWORK = "megatron"
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def read_measurements(path: str | Path) -> pl.DataFrame:
     """The measured runs of a vTrain ground-truth CSV, one row each: ``row`` (1-based data row number),
     ``params_billion`` (null when the file has no such column), ``gpus``, ``global_batch``, ``micro_batch``,
-    ``hidden``, ``heads``, ``layers``, ``seq``, ``tp``, ``dp``, ``pp`` and ``iteration_ms`` (milliseconds)."""
+    ``hidden``, ``heads``, ``layers``, ``seq``, ``tp``, ``dp``, ``pp``, ``iteration_ms`` (milliseconds), the
+    optional columns (null where absent) and ``problem`` (why the row cannot be simulated, else null)."""
     path = Path(path)
     names, rows = csv_rows(path)
     single = list(SINGLE_NODE_COLUMNS)
-    if names not in (single, [PARAMETERS_COLUMN, *single]):
+    required = names[1:len(single) + 1] if names and names[0] == PARAMETERS_COLUMN else names[:len(single)]
+    if required != single:
         raise InputError(f"not a vTrain measurement table: expected the columns [{PARAMETERS_COLUMN},] "
                          f"{','.join(single)}; found {','.join(names)}", path)
-    types = {name: COLUMNS[SINGLE_NODE_COLUMNS[name]] for name in single}
-    if names[0] == PARAMETERS_COLUMN:
-        types[PARAMETERS_COLUMN] = pl.Float64
-    rows = numbers(rows, types, path).rename({**SINGLE_NODE_COLUMNS, PARAMETERS_COLUMN: "params_billion"},
-                                             strict=False).with_row_index("row", offset=1)
+    numeric = [*single, *([PARAMETERS_COLUMN] if names[0] == PARAMETERS_COLUMN else [])]
+    rows = _as_numbers(rows, numeric, path)
+    rows = rows.rename({**SINGLE_NODE_COLUMNS, PARAMETERS_COLUMN: "params_billion"}, strict=False)
+    rows = rows.rename(_optional_names(names[len(single) + (names[0] == PARAMETERS_COLUMN):], path))
+    rows = rows.with_row_index("row", offset=1)
+    rows = rows.with_columns(problem=pl.Series([_problem(r) for r in rows.iter_rows(named=True)], dtype=pl.String))
+    for name, (_, dtype) in OPTIONAL_COLUMNS.items():
+        if name in rows.columns:
+            rows = rows.with_columns(_optional(rows, name, dtype, path))
+    integers = [name for name, dtype in COLUMNS.items() if dtype == pl.Int64 and name in SINGLE_NODE_COLUMNS.values()]
+    rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name) for name in integers)
     return rows.select(
         (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in COLUMNS.items())
 
 
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why a row of :func:`read_measurements` cannot be simulated (None when it can)."""
+    if row.get("problem"):
+        return row["problem"]
+    if row.get("sequence_parallel"):
+        return "sequence parallelism is not modelled yet"
+    return None
+
+
+def problem_summary(measurements: pl.DataFrame) -> str | None:
+    """One warning line for the rows :func:`read_measurements` refused (None when there are none)."""
+    refused = measurements.filter(pl.col("problem").is_not_null())
+    if refused.is_empty():
+        return None
+    first = refused.row(0, named=True)
+    return (f"{refused.height} row(s) refused, not simulated and not scored (row {first['row']}: "
+            f"{first['problem']}{', ...' if refused.height > 1 else ''})")
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", name.strip().lower())
+
+
+def _optional_names(names: list[str], path: Path) -> dict[str, str]:
+    """Extra header names -> normalised optional column names; an error for a name that is none of them."""
+    accepted = {_key(alias): name for name, (aliases, _) in OPTIONAL_COLUMNS.items() for alias in aliases}
+    renamed = {}
+    for name in names:
+        if _key(name) not in accepted:
+            raise InputError(f"unknown column {name!r} (optional columns: "
+                             f"{', '.join(aliases[0] for aliases, _ in OPTIONAL_COLUMNS.values())})", path)
+        renamed[name] = accepted[_key(name)]
+    return renamed
+
+
+def _as_numbers(rows: pl.DataFrame, columns: list[str], path: Path) -> pl.DataFrame:
+    """The columns as floats; an error naming the line of a missing value or of text that is no number (``nan``
+    and ``inf`` are numbers here: :func:`_problem` refuses them per row)."""
+    for name in columns:
+        cast = pl.col(name).cast(pl.Float64, strict=False)
+        bad = rows.filter(cast.is_null())
+        if not bad.is_empty():
+            line, value = bad.row(0, named=True)[LINE], bad.row(0, named=True)[name]
+            kind = "a number" if SINGLE_NODE_COLUMNS.get(name, "") in ("iteration_ms", "") else "an integer"
+            problem = "is missing" if value is None else f"is not {kind}: {value!r}"
+            raise InputError(f"line {line}: {name!r} {problem}", path)
+        rows = rows.with_columns(cast)
+    return rows
+
+
+def _problem(row: dict[str, Any]) -> str | None:
+    """Why a row (shape columns as floats) is not a measurement one can simulate."""
+    measured = row["iteration_ms"]
+    if not math.isfinite(measured) or measured <= 0:
+        return f"measured iteration time is not a positive number ({measured!r} ms)"
+    for name, limit in SHAPE_LIMITS.items():
+        value = row[name]
+        if not math.isfinite(value) or value != int(value) or value < 1:
+            return f"{name} = {value:g} is not a positive integer"
+        if value > limit:
+            return f"{name} = {value:g} is beyond any real run (at most {limit:g})"
+    return None
+
+
+def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Path) -> pl.Expr:
+    """An optional column as ``dtype``; an error naming the line of a value that is not one."""
+    values = []
+    for line, value in rows.select(LINE, name).iter_rows():
+        try:
+            values.append(None if value is None else _parse(value, dtype))
+        except ValueError:
+            raise InputError(f"line {line}: {name!r} is not {_KINDS[dtype]}: {value!r}", path) from None
+    return pl.Series(name, values, dtype=dtype)
+
+
+_KINDS = {pl.Int64: "an integer", pl.Float64: "a number", pl.Boolean: "true or false", pl.String: "text"}
+
+
+def _parse(value: str, dtype: type[pl.DataType]) -> Any:
+    if dtype == pl.Int64:
+        number = float(value)
+        if number != int(number):
+            raise ValueError(value)
+        return int(number)
+    if dtype == pl.Float64:
+        return float(value)
+    if dtype == pl.Boolean:
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise ValueError(value)
+    return value.lower()
+
+
 def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str = "A100-80GB",
-                       inter_node_gbps: float | None = None, intra_node_gbps: float | None = None) -> RunConfig:
-    """The run config of one measured run (a row of :func:`read_measurements`, as a dict) with vTrain's
-    Megatron-DeepSpeed settings: fp16, full activation recomputation, 1F1B, vocabulary 50257, no gradient
-    bucketing, ``device_count`` = the row's GPUs.
+                       inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+                       recompute: str = RECOMPUTE, framework: str = FRAMEWORK) -> RunConfig:
+    """The run config of one measured run (a row of :func:`read_measurements`, as a dict): the row's own columns
+    where it has them, else the given node size, link rates, recomputation and framework and vTrain's
+    Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing); ``device_count`` = the
+    row's GPUs.
 
     The config is not validated: ``config.constraint_errors()`` lists what a row breaks (e.g. tp*dp*pp differing
     from its GPU count); :func:`measurement_errors` does so for a whole table.
     """
+    def given(name: str, default: Any) -> Any:
+        value = row.get(name)
+        return default if value is None else value
+
     return RunConfig(
         model=ModelConfig(layers=int(row["layers"]), hidden=int(row["hidden"]), heads=int(row["heads"]),
-                          seq=int(row["seq"]), vocab=VOCAB),
+                          seq=int(row["seq"]), vocab=int(given("vocab", VOCAB))),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
-                                   schedule=SCHEDULE, recompute=RECOMPUTE, dp_overlap=False),
+                                   schedule=str(given("schedule", SCHEDULE)),
+                                   virtual_stages=int(given("virtual_stages", 1)),
+                                   recompute=str(given("recompute", recompute)),
+                                   dp_overlap=bool(given("dp_overlap", False))),
         precision=PRECISION,
-        hardware=HardwareConfig(device=device, device_count=int(row["gpus"]), gpus_per_node=gpus_per_node,
-                                intra_node_gbps=intra_node_gbps, inter_node_gbps=inter_node_gbps),
+        framework=str(given("framework", framework)),
+        hardware=HardwareConfig(device=device, device_count=int(row["gpus"]),
+                                gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
+                                intra_node_gbps=intra_node_gbps,
+                                inter_node_gbps=given("inter_node_gbps", inter_node_gbps)),
     )
 
 
 def measurement_errors(measurements: pl.DataFrame, gpus_per_node: int = 8) -> pl.DataFrame:
     """One row (``row``, ``error``) per constraint a measured run's config breaks; empty when all are consistent."""
-    errors = [(row["row"], error) for row in measurements.iter_rows(named=True)
+    errors = [(row["row"], error) for row in measurements.iter_rows(named=True) if not row["problem"]
               for error in measurement_config(row, gpus_per_node).constraint_errors()]
     return pl.DataFrame(errors, schema={"row": pl.Int64, "error": pl.String}, orient="row")

@@ -5,6 +5,9 @@ execution order: launching operators (:class:`~vtrain.model.ops.Op`, keyed by th
 2.13 records) and tensor-parallel collectives (:class:`~vtrain.model.ops.Collective`). Only operators that do
 work appear (those that launch a kernel on a GPU); views, allocations and scalar conversions do not.
 
+With ``framework: megatron`` in the run config, each public function here returns Megatron-DeepSpeed's kernels
+instead (:mod:`vtrain.model.megatron`).
+
 The sequences follow the reference model that ``vtrain record`` trains (``vtrain/record/model.py``) as torch
 2.13 records it; ``tests/test_model_signatures.py`` records it, ingests the traces and checks that the profile
 has these signatures. Notation: b micro-batch, s sequence, h hidden, a heads, t tensor parallel, d = h/a,
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
@@ -34,6 +38,7 @@ class GptShape:
     vocab: int  # vocabulary size (unpadded)
     dtype: str = "float"  # trace dtype string of activations and weights
     device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
+    framework: str = "reference"  # reference | megatron: whose kernels the run launches
 
     @property
     def d(self) -> int:
@@ -70,7 +75,16 @@ class GptShape:
         m, p = config.model, config.parallelism
         device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
         return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
-                   dtype=PRECISION_DTYPE[config.precision], device_type=device_type)
+                   dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework)
+
+
+def _megatron(shape: GptShape) -> ModuleType | None:
+    """:mod:`vtrain.model.megatron` when ``shape`` is a Megatron run, else None (imported here: it builds on
+    this module)."""
+    if shape.framework != "megatron":
+        return None
+    from vtrain.model import megatron
+    return megatron
 
 
 def _tp_all_reduce(shape: GptShape, nbytes: int) -> list[Step]:
@@ -146,6 +160,8 @@ def layer_parameters(shape: GptShape) -> list[tuple[int, ...]]:
 
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank (2 TP all-reduces)."""
+    if _megatron(shape):
+        return _megatron(shape).layer_forward(shape)
     b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
     n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
     heads = b * ap
@@ -188,6 +204,8 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
 
     ``accumulate`` adds the ``.grad`` accumulation of micro-batches after the first.
     """
+    if _megatron(shape):
+        return _megatron(shape).layer_backward(shape)
     b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
     n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
     heads = b * ap
@@ -234,6 +252,8 @@ def embedding_parameters(shape: GptShape) -> list[tuple[int, ...]]:
 
 def embedding_forward(shape: GptShape) -> list[Step]:
     """Vocabulary-parallel token embedding (masked lookup, TP all-reduce) plus the position embedding."""
+    if _megatron(shape):
+        return _megatron(shape).embedding_forward(shape)
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     steps: list[Step] = _mask_ids(shape) if shape.t > 1 else []
     steps += [make_op("aten::index_select", [[shape.vocab_per_rank, h], [], [shape.tokens]],
@@ -248,6 +268,8 @@ def embedding_forward(shape: GptShape) -> list[Step]:
 
 def embedding_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     """Gradients of the position and token embeddings."""
+    if _megatron(shape):
+        return _megatron(shape).embedding_backward(shape)
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     w = embedding_parameters(shape)
     steps: list[Step] = [_sum_rows(shape, [b, s, h])]
@@ -270,6 +292,8 @@ def head_parameters(shape: GptShape) -> list[tuple[int, ...]]:
 def head_forward(shape: GptShape) -> list[Step]:
     """Final LayerNorm, vocabulary-parallel logits and Megatron's vocabulary-parallel cross-entropy (in fp32:
     half-precision logits are converted first)."""
+    if _megatron(shape):
+        return _megatron(shape).head_forward(shape)
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
     f32 = "float"
@@ -303,6 +327,8 @@ def head_forward(shape: GptShape) -> list[Step]:
 
 def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     """Cross-entropy backward (softmax minus one-hot), logits GEMMs, final LayerNorm backward."""
+    if _megatron(shape):
+        return _megatron(shape).head_backward(shape)
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
     f32 = "float"
@@ -333,6 +359,8 @@ def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]
     CPU tensors take Adam's per-tensor loop; CUDA tensors take its default ``foreach`` path (one multi-tensor
     operator per update over the whole list).
     """
+    if _megatron(shape):
+        return _megatron(shape).optimizer_step(shape, params)
     x = shape.dtype
     if shape.device_type == "cpu":
         steps: list[Step] = []

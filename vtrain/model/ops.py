@@ -110,3 +110,36 @@ def _tensor_bytes(shape: Any, dtype: str) -> int:
     if not isinstance(shape, list):
         return 0
     return DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+
+
+def gemm_dims(op: Op) -> tuple[int, int, int, int]:
+    """Batch, m, k and n of a GEMM operator (its last two matrix inputs: [..., m, k] x [..., k, n])."""
+    mats = [d for d in json.loads(op.input_dims)
+            if isinstance(d, list) and len(d) >= 2 and all(isinstance(x, int) for x in d)]
+    if len(mats) < 2:
+        raise ValueError(f"{op.name} {op.input_dims} has no two matrix inputs")
+    a, b = mats[-2], mats[-1]
+    batch = math.prod(a[:-2]) if len(a) > 2 and not (len(a) == 2 and len(b) == 2) else 1
+    return batch, a[-2], a[-1], b[-1]
+
+
+def largest_elements(op: Op) -> int:
+    """Elements of the operator's largest tensor input (a tensor list counts all its tensors)."""
+    sizes = [sum(math.prod(s) for s in shape if isinstance(s, list)) if dtype == "TensorList" else math.prod(shape)
+             for shape, dtype in zip(json.loads(op.input_dims), json.loads(op.input_types))
+             if isinstance(shape, list) and shape and _is_tensor(shape, dtype)]
+    return max(sizes, default=0)
+
+
+def row_length(op: Op) -> int:
+    """Length of the last dimension of the operator's first input (the row a norm or softmax reduces)."""
+    dims = json.loads(op.input_dims)
+    first = dims[0] if dims else []
+    return int(first[-1]) if isinstance(first, list) and first and isinstance(first[-1], int) else 1
+
+
+def first_dtype(types_json: str) -> str:
+    """The first dtype string of a signature's input types (``float`` when there is none)."""
+    start = types_json.find('"')
+    end = types_json.find('"', start + 1)
+    return types_json[start + 1:end] if start >= 0 and end > start else "float"

@@ -16,12 +16,17 @@ last call.
 
 Ranks are laid out as Megatron lays them out: tensor-parallel ranks adjacent, then data-parallel, then pipeline
 stages, ``node_size`` consecutive ranks per node. A group whose members fit in one node uses the intra-node link.
+A measured curve stands only for groups spanning as many nodes as it was measured on (rows without a node count,
+from traces, stand for any), and not for links whose rate the run's config replaces (the device's provenance
+says ``config``): then the device's fitted or datasheet model applies.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, replace
+
+import polars as pl
 
 from vtrain.devices.model import DeviceModel
 from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
@@ -68,28 +73,15 @@ class CollectiveResolver:
     def __init__(self, profile: Profile | None, device: DeviceModel, device_type: str, node_size: int) -> None:
         self.device = device
         self.node_size = max(node_size, 1)
-        self._curves: dict[tuple[str, int], _Curve] = {}
+        self._curves: dict[tuple[str, int, int | None], _Curve] = {}
         self._cache: dict[tuple[str, int, int, int], Resolution] = {}
         if profile is not None:
             self._index(profile, device_type)
 
     def _index(self, profile: Profile, device_type: str) -> None:
-        table = profile.nccl_latency
-        rows = table.filter(table["device_type"] == device_type).select(
-            "collective", "group_size", "bytes", "mean_us", "median_us", "wait_us", "algorithm").sort("bytes").rows()
-        points: dict[tuple[str, int], dict[int, tuple[float, float]]] = {}
-        algorithms: dict[tuple[str, int], str] = {}
-        for collective, group_size, nbytes, mean, median, wait, algorithm in rows:
-            latency = mean if mean is not None else median
-            if latency is None or nbytes is None or group_size is None:
-                continue
-            waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
-            points.setdefault((collective, group_size), {})[int(nbytes)] = (float(latency), float(waited))
-            algorithms.setdefault((collective, group_size), algorithm or "")
-        for key, by_size in points.items():
-            sizes = sorted(by_size)
-            self._curves[key] = _Curve(sizes, [by_size[s][0] for s in sizes], [by_size[s][1] for s in sizes],
-                                       algorithms[key])
+        replaced = frozenset(key for key in ("intra_node", "inter_node")
+                             if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
+        self._curves = _curves(profile.nccl_latency, device_type, replaced)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         """Latency of one collective over ``group_size`` ranks spaced ``rank_stride`` apart."""
@@ -105,8 +97,9 @@ class CollectiveResolver:
 
     def _resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         names = _P2P_NAMES if collective in _P2P_NAMES else (collective,)
+        nodes = -(-rank_stride * group_size // self.node_size)
         for name in names:
-            curve = self._curves.get((name, group_size))
+            curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:
                 latency, wait, source = curve.at(nbytes)
                 detail = f"nccl_latency {name} n={group_size}"
@@ -114,9 +107,42 @@ class CollectiveResolver:
                     return Resolution(latency, source, detail)
                 detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
                 return Resolution(latency + wait, source, detail, parts=((TRANSFER, latency), (STRAGGLER_WAIT, wait)))
-        nodes = -(-rank_stride * group_size // self.node_size)
         latency, detail = self.device.collective_us(collective, group_size, nbytes, nodes)
         return Resolution(latency, MODELLED, detail)
+
+
+_CURVES: dict[tuple[int, str, frozenset[str]], tuple[pl.DataFrame, dict[tuple[str, int, int | None], _Curve]]] = {}
+
+
+def _curves(table: pl.DataFrame, device_type: str,
+            replaced: frozenset[str]) -> dict[tuple[str, int, int | None], _Curve]:
+    """The measured curves of an ``nccl_latency`` table by (collective, group size, nodes), leaving out those on
+    the ``replaced`` links; built once per table (a table of measurements is predicted row after row)."""
+    key = (id(table), device_type, replaced)
+    cached = _CURVES.get(key)
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    rows = table.filter(table["device_type"] == device_type).select(
+        "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us", "algorithm"
+    ).sort("bytes").rows()
+    points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
+    algorithms: dict[tuple[str, int, int | None], str] = {}
+    for collective, group_size, nodes, nbytes, mean, median, wait, algorithm in rows:
+        latency = mean if mean is not None else median
+        if latency is None or nbytes is None or group_size is None:
+            continue
+        if nodes is not None and ("inter_node" if nodes > 1 else "intra_node") in replaced:
+            continue
+        waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
+        points.setdefault((collective, group_size, nodes), {})[int(nbytes)] = (float(latency), float(waited))
+        algorithms.setdefault((collective, group_size, nodes), algorithm or "")
+    curves = {key: _Curve(sorted(by_size), [by_size[s][0] for s in sorted(by_size)],
+                          [by_size[s][1] for s in sorted(by_size)], algorithms[key])
+              for key, by_size in points.items()}
+    if len(_CURVES) > 8:
+        _CURVES.clear()
+    _CURVES[key] = (table, curves)
+    return curves
 
 
 def wait_once(chain: list[Resolution]) -> list[Resolution]:

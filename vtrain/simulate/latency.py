@@ -3,7 +3,10 @@
 1. ``measured``: the exact signature (op, input dims, input dtypes, device type) is in ``op_latency``;
 2. ``interpolated``: the same op with the same dtypes was measured at other shapes: GEMMs are scaled by FLOPs
    at the efficiency (FLOP/s) of the nearest measured shapes, other ops by bytes at their effective bandwidth;
-3. ``modelled``: the analytical device model (peak FLOP/s and memory bandwidth).
+3. ``modelled``: the device model: a fitted one (``vtrain fit``: kernel models interpolated between measured
+   kernels, :mod:`vtrain.fit.kernel_model`), else the datasheet one (peak FLOP/s and memory bandwidth). With a
+   fitted device, a shape outside the range of the profile's measured signatures of that op goes to the fitted
+   model rather than to one neighbour's rate carried beyond it.
 
 A measured signature's latency is its median times the profile's *interference factor* of the op's phase: the time
 of the calls the model places in that phase, as the profile's timeline has them, over the sum of their signatures'
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from vtrain.devices.fitted import FittedDevice
 from vtrain.devices.model import DeviceModel
 from vtrain.model.ops import Op, op_cost
 from vtrain.tables.gaps import ALL, EVENTS_SCHEMA, op_gaps, placed_events
@@ -159,10 +163,11 @@ class OpLatencyResolver:
         is_gemm = op.is_gemm and op.flops > 0
         samples = self._by_op.get((op.name, op.input_types, is_gemm))
         cost = op.flops if is_gemm else op.bytes
-        if samples and cost > 0:
+        if samples and cost > 0 and (samples[0].cost <= cost <= samples[-1].cost
+                                     or not isinstance(self.device, FittedDevice)):
             return self._scale(op, samples, cost, is_gemm)
-        modelled = self.device.op_latency_us(op)
-        return Resolution(modelled, MODELLED, f"device model {self.device.name}")
+        modelled, detail = self.device.op_latency(op)
+        return Resolution(modelled, MODELLED, detail)
 
     @staticmethod
     def _scale(op: Op, samples: list[_Sample], cost: float, is_gemm: bool) -> Resolution:

@@ -1,8 +1,10 @@
 """Simulating every run of a table of measured iteration times (vTrain's ground-truth layout).
 
 Each row becomes a run config with the settings the runs were measured with (see
-:func:`vtrain.importers.measurements.measurement_config`) and is simulated with one device model. Rows whose
-config is inconsistent are kept with their reason and no prediction, never dropped silently.
+:func:`vtrain.importers.measurements.measurement_config`) and is simulated exactly as ``vtrain simulate`` would
+simulate it with the same profile: the profile's tables first, then its fitted device on the row's hardware
+(:func:`vtrain.fit.device.device_for_run`). Rows whose config is inconsistent, or whose measured time is
+unusable, are kept with their reason and no prediction, never dropped silently.
 """
 
 from __future__ import annotations
@@ -11,38 +13,46 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from vtrain.devices.model import DeviceModel
-from vtrain.importers.measurements import measurement_config
+from vtrain.devices.fitted import FittedDevice
+from vtrain.fit.device import for_config
+from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.simulate.run import simulate
+from vtrain.tables.store import Profile
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """What the table does not say about the machines: node size, link rates and the device name."""
+    """What a table without the optional columns does not say: node size, link rates, the device name, and the
+    activation recomputation and framework of its runs."""
 
     device: str = "A100-40GB"
     gpus_per_node: int = 8
     inter_node_gbps: float | None = None  # Gbit/s per node
     intra_node_gbps: float | None = None  # GB/s per GPU
+    recompute: str = RECOMPUTE
+    framework: str = FRAMEWORK
 
 
-def predict_runs(measurements: pl.DataFrame, device: DeviceModel, hardware: Hardware,
+def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: FittedDevice, hardware: Hardware,
                  rows: list[int] | None = None) -> pl.DataFrame:
     """``measurements`` (from :func:`~vtrain.importers.measurements.read_measurements`) with ``predicted_ms``,
     ``error_pct`` (predicted vs measured, signed) and ``invalid`` (why a row was not simulated, else null) added.
-    ``rows`` restricts the prediction to those row numbers."""
+    ``device`` is the profile's fitted device (:func:`~vtrain.fit.device.device_from_profile`), put on each row's
+    hardware; ``rows`` restricts the prediction to those row numbers."""
     table = measurements if rows is None else measurements.filter(pl.col("row").is_in(rows))
     predicted: list[float | None] = []
     invalid: list[str | None] = []
     for row in table.iter_rows(named=True):
-        config = measurement_config(row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps,
-                                    hardware.intra_node_gbps)
-        errors = config.constraint_errors()
-        if errors:
+        problem = row_problem(row)
+        config = None if problem else measurement_config(
+            row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps, hardware.intra_node_gbps,
+            hardware.recompute, hardware.framework)
+        problem = problem or next(iter(config.constraint_errors()), None)
+        if problem or config is None:
             predicted.append(None)
-            invalid.append(errors[0])
+            invalid.append(problem)
             continue
-        predicted.append(simulate(config, None, device).iteration_us / 1e3)
+        predicted.append(simulate(config, profile, for_config(device, config)).iteration_us / 1e3)
         invalid.append(None)
     return table.with_columns(
         predicted_ms=pl.Series(predicted, dtype=pl.Float64),

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from vtrain.devices import DeviceModel, device_for_config
+from vtrain.devices import DeviceModel
+from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
@@ -100,11 +101,13 @@ def simulate(config: RunConfig, profile: Profile | None = None, device: DeviceMo
     """Predict one training iteration of ``config``.
 
     Operator latencies come from ``profile`` when it has them (measured, else interpolated) and from
-    ``device`` (default: the config's device model) otherwise. ``source`` names the config file in errors.
+    ``device`` otherwise (default: the profile's fitted device model on the config's links, else the datasheet
+    model of the config's device: :func:`~vtrain.fit.device.device_for_run`). ``source`` names the config file
+    in errors.
     """
     config.validate(source)
     with _gc_paused():
-        return _simulate(config, profile, device or device_for_config(config, source))
+        return _simulate(config, profile, device or device_for_run(config, profile, source))
 
 
 @contextmanager

@@ -8,6 +8,7 @@ sha256) are predicted and shown but left out of the MAPE, and the result says ho
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,8 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.fit.device import device_from_metadata, with_inter_node_rate, with_intra_node_rate
-from vtrain.importers.measurements import read_measurements
+from vtrain.fit.device import device_from_profile
+from vtrain.importers.measurements import RECOMPUTE, problem_summary, read_measurements
 from vtrain.simulate.measured_runs import Hardware, predict_runs
 from vtrain.tables.store import load_profile
 
@@ -75,22 +76,24 @@ class MeasurementValidation:
 
 
 def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: int = 8,
-                          inter_node_gbps: float | None = None,
-                          intra_node_gbps: float | None = None) -> MeasurementValidation:
-    """Predict every row of ``measurements`` with the device model fitted into ``profile_dir``."""
+                          inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+                          warn: Callable[[str], None] | None = None,
+                          recompute: str = RECOMPUTE) -> MeasurementValidation:
+    """Predict every row of ``measurements`` as ``vtrain simulate`` would with ``profile_dir`` (its tables, then
+    its fitted device on the row's hardware). Rows that are no measurement (a time that is not positive, an
+    absurd shape) are refused without being simulated, and ``warn`` gets one line about them."""
     profile = load_profile(profile_dir)
     fitted = profile.metadata.get("fitted")
     if not fitted:
         raise InputError("the profile has no fitted device model (build one with `vtrain fit`)", profile_dir)
-    device = device_from_metadata(fitted, str(profile_dir / "metadata.json"))
-    if inter_node_gbps is not None:
-        device = with_inter_node_rate(device, inter_node_gbps)
-    if intra_node_gbps is not None:
-        device = with_intra_node_rate(device, intra_node_gbps)
+    device = device_from_profile(profile, str(profile_dir / "metadata.json"))
     table = read_measurements(measurements)
+    refused = problem_summary(table)
+    if refused and warn is not None:
+        warn(f"{measurements}: {refused}")
     hardware = Hardware(device=fitted["device"], gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                        intra_node_gbps=intra_node_gbps)
-    predicted = predict_runs(table, device, hardware).with_columns(
+                        intra_node_gbps=intra_node_gbps, recompute=recompute)
+    predicted = predict_runs(table, profile, device, hardware).with_columns(
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )

@@ -1,0 +1,184 @@
+"""A kernel latency model that holds at every shape: interpolation between the nearest measured shapes in
+log-shape space (inverse-distance weighting of the k nearest, found with scikit-learn's k-d tree) between a physical
+floor and ceiling.
+
+The model does not predict the time itself but how far a kernel is above its roofline floor,
+
+    time = floor_us · exp(nearest(features)),   floor_us = max(flops / peak FLOP/s, bytes / peak bytes/s)
+
+so what it learns is an efficiency (tiling, wave quantisation, launch latency of small kernels) that depends on
+the shape. Neighbours cannot extrapolate: a shape beyond the measured ones gets the efficiency of the nearest
+measured shapes, never a time below the floor nor above the largest measured slowdown (the ceiling). Every
+prediction says whether its shape lay among the measured ones (``interpolated``: inside their range, one of them
+within a factor of two) or not (``extrapolated``).
+
+GEMM features: log2 of batch, m, k, n, FLOPs and bytes. Memory-bound features: log2 of elements, bytes and row
+length, and the kind of kernel (layernorm, softmax, gelu, elementwise, embedding, rotary, gated activation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+from sklearn.neighbors import KDTree
+
+GEMM, MEMORY = "gemm", "memory"
+#: the memory-bound kinds the model tells apart (one feature each)
+MEMORY_KINDS = ("layernorm", "softmax", "gelu", "elementwise", "embedding", "rotary", "gated activation")
+#: vidur kernels that are element-wise by bytes but not by work: told apart by their label
+_LABEL_KINDS = {"attn_rope": "rotary", "mlp_act": "gated activation"}
+INTERPOLATED, EXTRAPOLATED = "interpolated", "extrapolated"
+#: a shape is interpolated when it lies inside the measured ones' range and a measured shape is this close (log2
+#: units: within a factor of two in one feature); else extrapolated
+NEAR = 1.0
+#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load
+SETTINGS = {"neighbours": 4}
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What the model needs of one kernel: its work and shape."""
+
+    flops: float
+    bytes: float
+    batch: float = 1.0
+    m: float = 1.0
+    k: float = 1.0
+    n: float = 1.0
+    elements: float = 0.0
+    row: float = 1.0  # length of the reduced row (layernorm, softmax); 1 when none
+    kind: str = "elementwise"  # memory-bound kind (ignored for GEMMs)
+
+
+@dataclass
+class KernelModel:
+    """A fitted model for one class of kernels (GEMM or memory-bound) on one device."""
+
+    kind: str  # GEMM | MEMORY
+    peak_flops: float
+    peak_bytes_per_s: float
+    tree: KDTree  # the measured shapes' features
+    targets: np.ndarray  # their log(time / floor)
+    low: np.ndarray  # per-feature minimum over the training shapes
+    high: np.ndarray  # per-feature maximum
+    ceiling: float  # largest log(time / floor) seen in training
+    samples: int
+    sources: tuple[str, ...]
+    _cache: dict[tuple[float, ...], tuple[float, str]] = field(default_factory=dict, repr=False)
+
+    def floor_us(self, shape: KernelShape) -> float:
+        """The roofline floor: the time at peak FLOP/s or peak bandwidth, whichever binds."""
+        return _floor_us(self.kind, shape, self.peak_flops, self.peak_bytes_per_s)
+
+    def time_us(self, shape: KernelShape) -> tuple[float, str]:
+        """Predicted time of one call and whether its shape was inside the measured ones."""
+        features = tuple(_features(self.kind, shape))
+        cached = self._cache.get(features)
+        if cached is None:
+            x = np.array(features)
+            ratio = float(self.ratios(x[None, :])[0])
+            nearest = float(self.tree.query(x[None, :], k=1)[0][0, 0])
+            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and nearest <= NEAR
+            cached = self._cache[features] = (self.floor_us(shape) * math.exp(ratio),
+                                              INTERPOLATED if inside else EXTRAPOLATED)
+        return cached
+
+    def ratios(self, x: np.ndarray) -> np.ndarray:
+        """log(time / floor) at the feature rows ``x``: the inverse-distance-weighted mean of the nearest measured
+        shapes' (an exact match: its own), kept between 0 (the floor) and the ceiling."""
+        k = min(SETTINGS["neighbours"], len(self.targets))
+        distances, index = self.tree.query(x, k=k)
+        distances, index = distances.reshape(len(x), k), index.reshape(len(x), k)
+        weights = 1.0 / np.maximum(distances, 1e-9)
+        exact = distances[:, :1] < 1e-9
+        weights = np.where(exact, (distances < 1e-9).astype(float), weights)
+        mean = np.sum(weights * self.targets[index], axis=1) / np.sum(weights, axis=1)
+        return np.clip(mean, 0.0, self.ceiling)
+
+    def describe(self) -> str:
+        return f"nearest of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
+
+
+def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_bytes_per_s: float) -> KernelModel:
+    """Fit a :class:`KernelModel` to ``op_benchmarks`` rows of one class. Raises ``ValueError`` when fewer than
+    ten rows are usable."""
+    rows = usable(samples)
+    if rows.height < 10:
+        raise ValueError(f"{rows.height} usable samples, need at least 10")
+    shapes = shapes_of(rows, kind)
+    x = np.array([_features(kind, s) for s in shapes])
+    floors = np.array([_floor_us(kind, s, peak_flops, peak_bytes_per_s) for s in shapes])
+    y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
+    sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
+    return KernelModel(kind, peak_flops, peak_bytes_per_s, KDTree(x), y, x.min(0), x.max(0), float(y.max()),
+                       rows.height, sources)
+
+
+def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
+    compute = shape.flops / peak_flops if kind == GEMM else 0.0
+    return max(compute, shape.bytes / peak_bytes_per_s) * 1e6
+
+
+def usable(samples: pl.DataFrame) -> pl.DataFrame:
+    """Rows with a positive time and work."""
+    return samples.filter(pl.col("median_us").is_not_null() & (pl.col("median_us") > 0)
+                          & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+
+
+def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
+    """The :class:`KernelShape` of every ``op_benchmarks`` row."""
+    shapes = []
+    for r in rows.iter_rows(named=True):
+        elements = float(r.get("elements") or 0.0)
+        if kind == GEMM:
+            shapes.append(KernelShape(flops=float(r["flops"] or 0.0), bytes=float(r["bytes"]),
+                                      batch=float(r.get("batch") or 1), m=float(r["m"] or 1),
+                                      k=float(r["k"] or 1), n=float(r["n"] or 1)))
+        else:
+            row = float(r["n"]) if r.get("op_class") in ("layernorm", "softmax") and r.get("n") else 1.0
+            kind_of = memory_kind(str(r.get("op_class")))
+            if kind_of == "elementwise":
+                kind_of = _LABEL_KINDS.get(str(r.get("label")), kind_of)
+            shapes.append(KernelShape(flops=0.0, bytes=float(r["bytes"]), elements=elements or float(r["bytes"]) / 4,
+                                      row=row, kind=kind_of))
+    return shapes
+
+
+def memory_kind(name: str) -> str:
+    """The memory-bound kind of an ``op_class`` or operator name."""
+    lowered = name.lower()
+    for kind, keys in (("layernorm", ("layernorm", "layer_norm")), ("softmax", ("softmax",)),
+                       ("gelu", ("gelu",)), ("embedding", ("embedding", "index_select"))):
+        if any(key in lowered for key in keys):
+            return kind
+    return "elementwise"
+
+
+def _features(kind: str, s: KernelShape) -> list[float]:
+    log = lambda v: math.log2(max(v, 1.0))
+    if kind == GEMM:
+        return [log(s.batch), log(s.m), log(s.k), log(s.n), log(s.flops), log(s.bytes)]
+    return [log(s.elements), log(s.bytes), log(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
+
+
+def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
+    """Mean absolute % error of ``model`` on ``op_benchmarks`` rows (None without usable rows)."""
+    rows = usable(rows)
+    if rows.height == 0:
+        return None
+    shapes = shapes_of(rows, model.kind)
+    ratios = model.ratios(np.array([_features(model.kind, s) for s in shapes]))
+    predicted = np.array([model.floor_us(s) for s in shapes]) * np.exp(ratios)
+    return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
+
+
+def summary(model: KernelModel) -> dict[str, Any]:
+    """The model's settings as plain data (the model itself is rebuilt from the profile's op_benchmarks)."""
+    return {"model": "inverse-distance-weighted nearest measured shapes in log-shape space", "settings": dict(SETTINGS),
+            "target": "log(time / roofline floor)", "floor": {"peak_flops": model.peak_flops,
+                                                              "peak_bytes_per_s": model.peak_bytes_per_s},
+            "samples": model.samples, "sources": list(model.sources)}

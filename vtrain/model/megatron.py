@@ -1,0 +1,176 @@
+"""The kernels Megatron-DeepSpeed (2022) launches for a GPT on one tensor-parallel rank (``framework: megatron``).
+
+Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per step, Megatron fuses:
+
+- apex's fused LayerNorm (one kernel forward, one backward);
+- the attention scores as one ``baddbmm`` (scale folded in, no copies of q, k, v: strided batched GEMMs), then
+  the fused causal scale-mask-softmax (``scaled_upper_triang_masked_softmax``) and the attention dropout;
+- bias + GeLU (the bias of the first MLP GEMM is not added by the GEMM) and bias + dropout + residual add (after
+  the attention output and second MLP GEMMs), each one kernel, with the bias gradient a reduction in backward;
+- the vocabulary-parallel cross-entropy in fp32 (as the reference model's head, which follows it);
+- fp16 training with fp32 master weights: every micro-batch adds each weight gradient into its main gradient
+  buffer; the step copies gradients to fp32, unscales them and checks for inf/NaN (loss scaling), takes the
+  gradient norm, runs Adam on the fp32 master weights (apex multi-tensor apply) and copies them back to fp16.
+
+Fused kernels are named after the function that launches them (``apex::``, ``megatron::``); their bytes are those
+of the tensors they read and write, so the memory-bound kernel model prices them as any other kernel.
+Notation as in :mod:`vtrain.model.gpt`: n = b·s tokens, hp = h/t, f = 4h/t, Vt vocabulary rows per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+from vtrain.model import gpt
+from vtrain.model.gpt import LONG, GptShape
+from vtrain.model.ops import Op, Step, make_op
+
+#: bytes per parameter of one optimizer step (fp16 gradients, fp32 master weights and Adam moments):
+#: gradient fp16 -> fp32 copy (2 + 4), unscale and inf check (4 + 4), gradient norm (4), Adam (read weight,
+#: gradient and both moments, write weight and moments: 16 + 12), master -> fp16 weights (4 + 2), zeroing the
+#: gradient buffer (2)
+OPTIMIZER_BYTES = {"megatron::main_grads_from_model_grads": 6, "aten::_amp_foreach_non_finite_check_and_unscale_": 8,
+                   "apex::multi_tensor_l2norm": 4, "apex::multi_tensor_adam": 28, "apex::multi_tensor_scale": 6,
+                   "aten::zero_": 2}
+
+
+def _layer_norm(shape: GptShape) -> Op:
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    return make_op("apex::fused_layer_norm", [[n, h], [h], [h]], [x, x, x])
+
+
+def _layer_norm_backward(shape: GptShape) -> Op:
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    return make_op("apex::fused_layer_norm_backward", [[n, h], [n, h], [n], [n], [h]], [x, x, "float", "float", x])
+
+
+def _bias_dropout_add(shape: GptShape) -> Op:
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    return make_op("megatron::bias_dropout_add", [[n, h], [h], [n, h]], [x, x, x])
+
+
+def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
+    """Dropout backward (gradient times mask) and the bias gradient (a reduction over tokens)."""
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    return [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
+            make_op("aten::sum", [[n, h], [], [], []], [x, "ScalarList", "Scalar", ""])]
+
+
+def _dropout(shape: GptShape, dims: list[int]) -> Op:
+    return make_op("aten::native_dropout", [dims, [], []], [shape.dtype, "double", "bool"])
+
+
+def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
+    """Megatron's main-gradient hook: every micro-batch adds each weight's gradient into its buffer."""
+    x = shape.dtype
+    return [make_op("aten::add_", [list(p), list(p), []], [x, x, "Scalar"]) for p in params]
+
+
+def layer_forward(shape: GptShape) -> list[Step]:
+    """One transformer layer's forward on one TP rank."""
+    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    n, hp, f = shape.tokens, h // shape.t, shape.ffn
+    heads = b * (shape.a // shape.t)
+    steps: list[Step] = [
+        _layer_norm(shape),
+        make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"]),
+        make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
+        make_op("megatron::scaled_upper_triang_masked_softmax", [[heads, s, s], []], [x, "Scalar"]),
+        _dropout(shape, [heads, s, s]),
+        make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),
+        make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
+        make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
+    ]
+    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_bias_dropout_add(shape), _layer_norm(shape),
+              make_op("aten::mm", [[n, h], [h, f]], [x, x]),
+              make_op("megatron::bias_gelu", [[n, f], [f]], [x, x]),
+              make_op("aten::mm", [[n, f], [f, h]], [x, x])]
+    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_bias_dropout_add(shape)]
+    return steps
+
+
+def layer_backward(shape: GptShape) -> list[Step]:
+    """One transformer layer's backward on one TP rank, weight gradients added into the main gradients."""
+    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    n, hp, f = shape.tokens, h // shape.t, shape.ffn
+    heads = b * (shape.a // shape.t)
+    w = gpt.layer_parameters(shape)
+    steps: list[Step] = [*_bias_dropout_add_backward(shape),
+                         make_op("aten::mm", [[n, h], [h, f]], [x, x]),  # fc2 input gradient
+                         make_op("aten::mm", [[h, n], [n, f]], [x, x]),  # fc2 weight gradient
+                         make_op("megatron::bias_gelu_backward", [[n, f], [n, f], [f]], [x, x, x]),
+                         make_op("aten::sum", [[n, f], [], [], []], [x, "ScalarList", "Scalar", ""]),
+                         make_op("aten::mm", [[n, f], [f, h]], [x, x]),  # fc1 input gradient
+                         make_op("aten::mm", [[f, n], [n, h]], [x, x])]  # fc1 weight gradient
+    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape), make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
+    steps += [*_bias_dropout_add_backward(shape),
+              make_op("aten::mm", [[n, h], [h, hp]], [x, x]),  # attention output input gradient
+              make_op("aten::mm", [[h, n], [n, hp]], [x, x]),  # its weight gradient
+              make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
+              make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
+              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
+              make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []], [x, "bool", "double"]),
+              make_op("megatron::scaled_upper_triang_masked_softmax_backward", [[heads, s, s], [heads, s, s], []],
+                      [x, x, "Scalar"]),
+              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
+              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad k
+              make_op("aten::copy_", [[n, 3 * hp], [n, 3 * hp], []], [x, x, "Scalar"]),  # q, k, v grads joined
+              make_op("aten::sum", [[n, 3 * hp], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
+              make_op("aten::mm", [[n, 3 * hp], [3 * hp, h]], [x, x]),
+              make_op("aten::mm", [[3 * hp, n], [n, h]], [x, x])]
+    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape), make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
+    return steps + _accumulate(shape, w)
+
+
+def embedding_forward(shape: GptShape) -> list[Step]:
+    """Vocabulary-parallel word embedding (masked lookup, TP all-reduce), position embedding, their sum, the
+    [s, b, h] transpose and the embedding dropout."""
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    steps: list[Step] = gpt._mask_ids(shape) if shape.t > 1 else []
+    steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG])]
+    if shape.t > 1:
+        steps += [make_op("aten::masked_fill_", [[n, h], [n, 1], []], [x, "bool", "Scalar"])]
+    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
+              make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"]),
+              make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
+              _dropout(shape, [n, h])]
+    return steps
+
+
+def embedding_backward(shape: GptShape) -> list[Step]:
+    """Dropout backward, the position and word embedding gradients (the word one into a zeroed table)."""
+    n, h, x = shape.tokens, shape.h, shape.dtype
+    w = gpt.embedding_parameters(shape)
+    steps: list[Step] = [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
+                         make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"])]
+    for rows in (shape.s, shape.vocab_per_rank):
+        steps += [make_op("aten::zero_", [[rows, h]], [x]),
+                  make_op("aten::embedding_dense_backward", [[n, h], [n]], [x, LONG])]
+    return steps + _accumulate(shape, w)
+
+
+def head_forward(shape: GptShape) -> list[Step]:
+    """Fused final LayerNorm, then the logits and Megatron's vocabulary-parallel cross-entropy (fp32)."""
+    return [_layer_norm(shape), *gpt.head_forward(replace(shape, framework="reference"))[1:]]
+
+
+def head_backward(shape: GptShape) -> list[Step]:
+    """Cross-entropy and logits backward as the reference model, then the fused final LayerNorm backward."""
+    steps = [step for step in gpt.head_backward(replace(shape, framework="reference"), accumulate=False)
+             if not (isinstance(step, Op) and step.name == "aten::native_layer_norm_backward")]
+    return [*steps, _layer_norm_backward(shape), *_accumulate(shape, gpt.head_parameters(shape))]
+
+
+def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
+    """Megatron's fp16 optimizer step over this rank's parameters (multi-tensor kernels over all of them)."""
+    count = sum(math.prod(p) for p in params)
+    dims, types = json.dumps([[[count]]]), json.dumps(["TensorList"])
+    return [Op(name, dims, types, 0.0, float(per_param * count)) for name, per_param in OPTIMIZER_BYTES.items()]
+
