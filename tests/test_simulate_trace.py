@@ -126,5 +126,10 @@ def test_output_folder_is_not_overwritten_by_accident(tmp_path: Path) -> None:
         write_chrome_traces(sim, out)
     assert (out / "keep.txt").read_text() == "mine"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left behind
-    write_chrome_traces(sim, out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["rank-0.json.gz", "run.yaml"]
+    with pytest.raises(InputError, match="not written by vtrain"):  # --force replaces only vtrain's own output
+        write_chrome_traces(sim, out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    ours = tmp_path / "ours"
+    write_chrome_traces(sim, ours)
+    write_chrome_traces(sim, ours, overwrite=True)
+    assert sorted(p.name for p in ours.iterdir()) == [".vtrain-output", "rank-0.json.gz", "run.yaml"]
