@@ -105,7 +105,10 @@ def test_ray_gives_the_same_plans() -> None:
     ray = pytest.importorskip("ray")
     base = small()
     local = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=1)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception when its node does not start
+        pytest.skip(f"a local Ray instance did not start on this machine: {exc}")
     try:
         distributed = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=1, ray_address="local")
     finally:
