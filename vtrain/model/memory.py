@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vtrain.model.gpt import GptShape, embedding_parameters, head_parameters, layer_parameters
 from vtrain.model.partition import Chunk, partition
@@ -83,6 +84,20 @@ def block_parameters(shape: GptShape, chunk: Chunk) -> list[tuple[int, ...]]:
     return params
 
 
+@lru_cache(maxsize=1024)
+def block_parameter_count(shape: GptShape, kind: str) -> int:
+    """Parameters of one block (embedding, layer or head) on one tensor-parallel rank."""
+    shapes = {"embedding": embedding_parameters, "layer": layer_parameters, "head": head_parameters}[kind](shape)
+    return sum(math.prod(p) for p in shapes)
+
+
+def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
+    """Parameters of a stage (all its chunks) on one tensor-parallel rank."""
+    return sum(chunk.layers * block_parameter_count(shape, "layer")
+               + chunk.has_embedding * block_parameter_count(shape, "embedding")
+               + chunk.has_head * block_parameter_count(shape, "head") for chunk in chunks)
+
+
 def layer_activation_elements(shape: GptShape, recompute: bool) -> int:
     """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout)."""
     b, s, h, t = shape.b, shape.s, shape.h, shape.t
@@ -113,7 +128,7 @@ def in_flight_micro_batches(config: RunConfig, stage: int) -> int:
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
     """Peak memory of one GPU of the stage holding ``chunks``."""
     par = config.parallelism
-    params = sum(math.prod(p) for p in stage_parameters(shape, chunks))
+    params = stage_parameter_count(shape, chunks)
     parameter, gradient, optimizer = STATE_BYTES[config.precision]
     element = shape.element_bytes
     recompute = par.recompute == "full"

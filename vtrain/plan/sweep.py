@@ -143,15 +143,15 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
             if reason is not None:
                 row.update(status=INVALID, reason=reason, fits=None)
             else:
-                config = candidate.config(base)
+                micro_batches = base.parallelism.global_batch // (candidate.dp * candidate.micro_batch)
                 key = (candidate.tp, candidate.pp, candidate.virtual_stages, candidate.schedule, candidate.recompute,
-                       candidate.micro_batch, config.parallelism.micro_batches, candidate.dp > 1)
+                       candidate.micro_batch, micro_batches, candidate.dp > 1)
                 if key not in needs:
-                    needs[key] = peak_stage_memory(config).total_bytes / GIB
+                    needs[key] = peak_stage_memory(candidate.config(base)).total_bytes / GIB
                 need = needs[key]
                 fits = need <= memory_gib
                 row.update(fits=fits, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
-                           micro_batches=config.parallelism.micro_batches)
+                           micro_batches=micro_batches)
                 if fits:
                     row["status"] = SIMULATED
                     to_time.append((len(rows), candidate))
