@@ -86,7 +86,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``divisible``: enumerate
     only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N. ``base`` itself (its
     own parallelism) is timed too, as :attr:`PlanTable.reference`. ``ray_address`` ("local" for a local
-    instance) runs the timing as Ray tasks instead of ``workers`` processes.
+    instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
+    script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
     """
     device = device_for_config(base)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
