@@ -16,11 +16,15 @@ from torch.profiler import ProfilerActivity, profile
 
 from vtrain.graph.schedules import FORWARD, stage_order
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import (head_activation_bytes, in_flight_micro_batches, layer_activation_elements,
-                                 peak_stage_memory)
+from vtrain.model.memory import (
+    head_activation_bytes,
+    in_flight_micro_batches,
+    layer_activation_elements,
+    peak_stage_memory,
+)
 from vtrain.record.model import Init, build_chunks
 from vtrain.record.parallel import TensorParallel
-from vtrain.runconfig import ModelConfig, RunConfig, run_config_from_dict
+from vtrain.runconfig import RunConfig, run_config_from_dict
 
 SHAPES = [  # layers, hidden, heads, seq, vocab, micro-batch
     (4, 256, 8, 256, 1024, 2),   # attention scores dominate the activations

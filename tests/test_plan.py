@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vtrain.cli.main import app
-from vtrain.plan import Pricing, best_plan, sweep
+from vtrain.plan import best_plan, sweep
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, model_flops_per_iteration
 from vtrain.plan.pareto import pareto_frontier
 from vtrain.plan.space import candidates, invalid_reason, parse_gpus
@@ -156,7 +156,7 @@ def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
 
 
 def test_cli_ray_flags_reach_the_ray_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import vtrain.plan.distributed as distributed
+    from vtrain.plan import distributed
 
     addresses = []
 

@@ -11,7 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.plan.cost import PRICE_SOURCE, TOKENS_SOURCE, DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS
+from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
 from vtrain.report.write import staged_folder, write_json
 from vtrain.runconfig import RunConfig
@@ -110,10 +110,10 @@ def render_markdown(table: PlanTable, details: list[Breakdown]) -> str:
     lines = [
         f"# Training plans: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq}, vocab {m.vocab}",
         "",
-        f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
-        f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`.",
-        f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
-        f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)}).",
+        (f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
+         f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."),
+        (f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
+         f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)})."),
         "",
         f"- enumerated: {counts['enumerated']}",
         f"- pruned as invalid (divisibility): {counts['invalid']}",
@@ -136,10 +136,10 @@ def render_markdown(table: PlanTable, details: list[Breakdown]) -> str:
         lines += ["", "## Breakdown of the best plans (full simulation, ms per GPU)", "",
                   "| plan | iteration | " + " | ".join(CATEGORIES) + " |",
                   "| --- | --- |" + " --- |" * len(CATEGORIES)]
-        lines += [f"| {d.label} | {d.iteration_ms:,.0f} | "
-                  + " | ".join(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES) + " |" for d in details]
-    lines += ["", "Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns "
-              "(measured / interpolated / modelled) give the share of predicted device time from each source."]
+        lines += [(f"| {d.label} | {d.iteration_ms:,.0f} | "
+                   + " | ".join(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES) + " |") for d in details]
+    lines += ["", ("Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns "
+                   "(measured / interpolated / modelled) give the share of predicted device time from each source.")]
     return "\n".join(lines) + "\n"
 
 

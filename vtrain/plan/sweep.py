@@ -75,7 +75,7 @@ class PlanTable:
 
 
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
-          device_memory_gib: float | None = None, pricing: Pricing = Pricing(), max_micro_batch: int = 8,
+          device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,
           max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
           ray_address: str | None = None, progress: Progress | None = None) -> PlanTable:
     """Sweep the design space of ``base``'s model and global batch over ``gpus`` GPU counts.
@@ -89,6 +89,7 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
     script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
     """
+    pricing = pricing or Pricing()
     device = device_for_config(base)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
     rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch, divisible)

@@ -62,7 +62,7 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
                 ready = arrival[slot]
                 if ready < 0.0:
                     break
-                start = free if free > ready else ready
+                start = free if free > ready else ready  # noqa: FURB136 - no call in the hot loop
                 if kind < 0:  # the last micro-batch's backward of chunk -kind-1, split per block for its buckets
                     free = _split_backward(inputs, (stage, -kind - 1, m > 1), start, bucket_ready[stage])
                 else:
@@ -73,7 +73,7 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
                         arrival[target] = free
                     else:
                         stream = sent + direction
-                        begin = free if free > send_free[stream] else send_free[stream]
+                        begin = free if free > send_free[stream] else send_free[stream]  # noqa: FURB136
                         send_free[stream] = arrival[target] = begin + transfer
                 i += 1
                 done += 1
