@@ -10,8 +10,14 @@ import pytest
 
 from vtrain.errors import InputError
 from vtrain.importers import (
-    measurement_config, measurement_errors, read_llmcompass, read_llmcompass_network, read_measurements,
-    read_nccl_tests, read_vidur_compute, read_vidur_network,
+    measurement_config,
+    measurement_errors,
+    read_llmcompass,
+    read_llmcompass_network,
+    read_measurements,
+    read_nccl_tests,
+    read_vidur_compute,
+    read_vidur_network,
 )
 from vtrain.importers.llmcompass import THROUGHPUT_UNIT
 from vtrain.importers.measurements import OPTIONAL_COLUMNS, problem_summary

@@ -6,16 +6,24 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from tests.conftest import REPO
 from vtrain.devices.catalog import device_model
 from vtrain.devices.fitted import kernel_shape
 from vtrain.fit.device import kernel_samples
 from vtrain.fit.held_out import held_out_mape
-from vtrain.fit.kernel_model import (EXTRAPOLATED, GEMM, INTERPOLATED, MEMORY, KernelModel, fit_kernel_model,
-                                     mape_pct, shapes_of, usable)
+from vtrain.fit.kernel_model import (
+    EXTRAPOLATED,
+    GEMM,
+    INTERPOLATED,
+    MEMORY,
+    KernelModel,
+    fit_kernel_model,
+    mape_pct,
+    shapes_of,
+    usable,
+)
 from vtrain.importers import read_llmcompass, read_vidur_compute
 from vtrain.model.ops import make_op
-
-from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "a100"
 A100 = device_model("A100-40GB")

@@ -205,7 +205,8 @@ def test_calibration_must_come_before_resolving() -> None:
 
 
 def test_host_gaps_come_from_the_profiles_timeline_per_phase() -> None:
-    from tests.test_tables_gaps import PLACED, op as cpu_op
+    from tests.test_tables_gaps import PLACED
+    from tests.test_tables_gaps import op as cpu_op
 
     tables = {"kernels": empty_table("kernels"), "collectives": empty_table("collectives"),
               "op_latency": empty_table("op_latency"), "nccl_latency": empty_table("nccl_latency"),

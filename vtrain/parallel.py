@@ -137,11 +137,20 @@ def stage_order(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[P
     return SCHEDULES[schedule](p, m, stage, v)
 
 
+def peak_passes_in_flight(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
+    """The most forward passes (model-chunk passes, for interleaved) whose activations a stage holds at once under
+    ``schedule``: the peak of forwards begun minus backwards done over the stage's order, in closed form (GPipe:
+    every micro-batch; 1F1B: its warm-up + 1; interleaved: Megatron's warm-up count + 1). The tests walk every
+    order to check it."""
+    if schedule == "gpipe":
+        return m
+    if schedule == "interleaved" and v > 1:
+        total = m * v
+        warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+        return min(warmup + 1, total)
+    return min(p - stage, m)
+
+
 def peak_in_flight(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
-    """The most micro-batches whose activations a stage holds at once under ``schedule``: the peak of forwards
-    begun minus backwards done over the stage's order, in whole micro-batches (``v`` chunk passes make one)."""
-    held = peak = 0
-    for step in stage_order(schedule, p, m, stage, v):
-        held += 1 if step.phase == FORWARD else -1
-        peak = max(peak, held)
-    return math.ceil(peak / v)
+    """:func:`peak_passes_in_flight` in whole micro-batches (``v`` chunk passes make one)."""
+    return math.ceil(peak_passes_in_flight(schedule, p, m, stage, v) / v)

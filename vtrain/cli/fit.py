@@ -10,8 +10,8 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.errors import InputError
-from vtrain.outputs import check_output
 from vtrain.fit.build import FitSources, build_profile
+from vtrain.outputs import check_output
 from vtrain.simulate.measured_runs import Hardware
 from vtrain.tables.store import write_profile
 

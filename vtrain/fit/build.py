@@ -16,8 +16,14 @@ from vtrain.devices.catalog import device_model
 from vtrain.fit.device import device_metadata, fit_device
 from vtrain.fit.held_out import held_out_mape
 from vtrain.fit.iterations import every_kth_row, fit_host
-from vtrain.importers import (read_llmcompass, read_llmcompass_network, read_measurements, read_nccl_tests,
-                              read_vidur_compute, read_vidur_network)
+from vtrain.importers import (
+    read_llmcompass,
+    read_llmcompass_network,
+    read_measurements,
+    read_nccl_tests,
+    read_vidur_compute,
+    read_vidur_network,
+)
 from vtrain.simulate.measured_runs import Hardware
 from vtrain.tables.store import Profile, conform, empty_table, load_profile
 

@@ -8,7 +8,7 @@ Modules, in the order a rank uses them:
 * :mod:`~vtrain.record.model` — the GPT decoder (Megatron layout) split by tp and pp;
 * :mod:`~vtrain.record.tensor_parallel` — Megatron's TP communication and vocabulary-parallel pieces;
 * :mod:`~vtrain.record.recompute` — full activation recomputation, one checkpoint per layer;
-* :mod:`~vtrain.record.schedules` / :mod:`~vtrain.record.pipeline` — GPipe, 1F1B, interleaved 1F1B and
+* :mod:`~vtrain.parallel` (the schedules) / :mod:`~vtrain.record.pipeline` — GPipe, 1F1B, interleaved 1F1B and
   their executor with point-to-point transfers;
 * :mod:`~vtrain.record.dataparallel` — bucketed gradient all-reduce, after or overlapped with backward;
 * :mod:`~vtrain.record.data` — synthetic token batches, identical for every split of a run;

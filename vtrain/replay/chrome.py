@@ -19,6 +19,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.decode import read_bytes
 from vtrain.replay.run import Replay
 
+
 def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
     """One ``rank-N.json.gz`` per rank in ``out_dir`` (which must exist); returns the files written."""
     written = []

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from vtrain.replay.graph import EdgeList, ReplayOptions
 from vtrain.replay.trace import RUNTIME, RankTrace
 
-
 #: causes of a wait the dependency model cannot explain; the replay keeps its measured length (see ``kept_us``)
 KEPT_PEER_ABSENT = "collectives waiting on a peer rank not in the folder"
 KEPT_GROUP_UNKNOWN = "collectives whose process group is unknown"
