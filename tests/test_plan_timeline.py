@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import REPO
 from vtrain.devices import device_for_config
+from vtrain.fit.device import device_for_run
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.plan.evaluate import time_plan
 from vtrain.runconfig import RunConfig, load_run_config, run_config_from_dict
@@ -39,7 +40,7 @@ def _mtnlg(**parallelism: object) -> RunConfig:
 
 def test_timeline_equals_simulate_on_the_a100_profile() -> None:
     profile = load_profile(REPO / "profiles" / "a100")
-    shared = SharedResolvers(profile, device_for_config(_mtnlg()))
+    shared = SharedResolvers(profile, device_for_run(_mtnlg(), profile))
     for case in CASES:  # one set of resolvers for every case, as in a sweep
         config = _mtnlg(**case)
         timing = time_plan(config, shared)
@@ -54,7 +55,7 @@ def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str) -> N
     holds, so runs of other shapes must not share its calibration wrongly."""
     profile = ingest_traces(REPO / "traces" / trace_set)
     recorded = load_run_config(REPO / "traces" / trace_set / "run.yaml")
-    shared = SharedResolvers(profile, device_for_config(recorded))
+    shared = SharedResolvers(profile, device_for_run(recorded, profile))
     variants = [recorded, recorded.with_overrides(micro_batch=1, global_batch=8),
                 recorded.with_overrides(recompute="full"), recorded.with_overrides(dp_overlap=True)]
     for config in variants:

@@ -18,7 +18,8 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.devices import DeviceModel, device_for_config
+from vtrain.devices import DeviceModel
+from vtrain.fit.device import device_for_run
 from vtrain.model.memory import GIB, peak_stage_memory
 from vtrain.model.ops import PRECISION_DTYPE
 from vtrain.plan.cost import Pricing, plan_cost
@@ -90,7 +91,7 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
     """
     pricing = pricing or Pricing()
-    device = device_for_config(base)
+    device = device_for_run(base, profile)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
     rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch, divisible)
     timings = _time_all(base, profile, device, to_time, workers, ray_address, progress)
