@@ -1,0 +1,81 @@
+"""The critical path of an iteration in an evaluated replay graph, and what it is made of.
+
+Walking back from the iteration's last point, each step follows the incoming edge that set the point's time
+(``source time + delay == point time``); the path ends at the iteration's start or at a point nothing set.
+Every edge on the path is attributed to the operator class of the event whose own time it holds
+(:mod:`vtrain.whatif.owners`), or, for edges that belong to no event, to what they are: host time between
+operators, wake-ups, launches, stream order.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vtrain.replay.graph import EDGE_KINDS, THREAD, WAKE
+from vtrain.whatif.owners import NO_OWNER, OwnedGraph
+
+#: labels of the edges that belong to no event
+_UNOWNED_LABEL = {THREAD: "(host: Python and gaps between ops)", WAKE: "(wake-up after a wait)"}
+_TIE_US = 1e-6
+
+
+@dataclass
+class CriticalPath:
+    """One iteration's critical path: its length and the time on it per class and per operator (µs)."""
+
+    iteration: int
+    length_us: float
+    by_class: dict[str, float] = field(default_factory=dict)
+    by_op: dict[tuple[str, str], float] = field(default_factory=dict)  # (class, name) -> µs
+
+
+class PathFinder:
+    """Critical paths of one graph evaluated with one set of delays."""
+
+    def __init__(self, owned: OwnedGraph, delay: np.ndarray, times: np.ndarray, classes: list[str],
+                 names: list[str]) -> None:
+        self.owned, self.delay, self.times = owned, delay, times
+        self.classes, self.names = classes, names
+        order = np.argsort(owned.dst, kind="stable")
+        self.incoming = order
+        self.first = np.searchsorted(owned.dst[order], np.arange(len(times) + 1))
+
+    def path(self, iteration: int, end_point: int, start_time: float) -> CriticalPath:
+        """The path from ``end_point`` back to ``start_time``."""
+        by_class: dict[str, float] = defaultdict(float)
+        by_op: dict[tuple[str, str], float] = defaultdict(float)
+        src, owner, kind, delay, times = self.owned.src, self.owned.owner, self.owned.kind, self.delay, self.times
+        point = end_point
+        while times[point] > start_time + _TIE_US:
+            edges = self.incoming[self.first[point]:self.first[point + 1]]
+            if len(edges) == 0:
+                break
+            arrival = times[src[edges]] + delay[edges]
+            binding = edges[arrival >= times[point] - _TIE_US * max(1.0, abs(times[point]))]
+            if len(binding) == 0:  # released from a dependency cycle: kept its measured time
+                break
+            edge = binding[np.argmax(delay[binding])]
+            step = float(delay[edge])
+            event = owner[edge]
+            if event != NO_OWNER:
+                label = self.classes[event]
+                by_op[(label, self.names[event])] += step
+            else:
+                name = EDGE_KINDS[kind[edge]]
+                label = _UNOWNED_LABEL.get(name, f"({name})")
+            by_class[label] += step
+            point = int(src[edge])
+        return CriticalPath(iteration=iteration, length_us=float(times[end_point] - times[point]),
+                            by_class=dict(by_class), by_op=dict(by_op))
+
+
+def mean_by(paths: list[CriticalPath], attribute: str) -> dict:
+    """The mean over ``paths`` of their ``by_class`` or ``by_op`` (missing entries count as 0)."""
+    total: dict = defaultdict(float)
+    for p in paths:
+        for key, value in getattr(p, attribute).items():
+            total[key] += value
+    return {key: value / len(paths) for key, value in total.items()} if paths else {}

@@ -1,0 +1,235 @@
+"""``what_if``: re-time a measured run's own dependency graph under changed durations.
+
+The flow: build the replay graph of the trace set once (:func:`vtrain.replay.build.build_graph`), find which
+edges hold each event's own time (:mod:`vtrain.whatif.owners`), give every event a new own time (from another
+recording of the same job, matched op by op, and/or multiplied per class or name pattern), evaluate the graph
+with the edited delays (:func:`vtrain.replay.engine.evaluate`: waits, including each collective's wait for its
+last member, follow from the new arrival times), and read iteration times and critical paths off the result.
+Unchanged durations reproduce the replay exactly.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from vtrain.errors import InputError
+from vtrain.naming import ITERATION_PREFIX
+from vtrain.replay.build import build_graph
+from vtrain.replay.engine import evaluate
+from vtrain.replay.run import Replay, timeline
+from vtrain.replay.trace import read_trace_set
+from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
+from vtrain.whatif.changes import Scale, scale_factors
+from vtrain.whatif.critical import CriticalPath, PathFinder, mean_by
+from vtrain.whatif.match import Matching, match_events
+from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
+
+
+@dataclass
+class TraceSet:
+    """One recording: its graph with owned edges, its annotated event frame (measured times) and own times."""
+
+    path: Path
+    config: RunConfig | None
+    owned: OwnedGraph
+    frame: pl.DataFrame
+    own: np.ndarray
+
+
+@dataclass
+class WhatIf:
+    """The prediction: iteration times (µs, job time = mean over ranks) per profiled iteration."""
+
+    trace_dir: Path
+    other_dir: Path | None
+    changes: list[str]
+    scale_hits: dict[str, int]
+    iterations: list[int]
+    steady: list[int]
+    measured_us: dict[int, float]
+    replayed_us: dict[int, float]
+    predicted_us: dict[int, float]
+    other_measured_us: dict[int, float] | None
+    baseline_paths: list[CriticalPath]
+    predicted_paths: list[CriticalPath]
+    matching: Matching | None
+    replay: Replay  # the predicted timeline, for the Chrome traces
+    notes: list[str] = field(default_factory=list)
+
+    def median_ms(self, series: dict[int, float] | None) -> float | None:
+        """The median over the steady iterations, in ms."""
+        if not series:
+            return None
+        values = [series[i] for i in self.steady if i in series]
+        return statistics.median(values) / 1e3 if values else None
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers (``--json``)."""
+        measured, predicted = self.median_ms(self.measured_us), self.median_ms(self.predicted_us)
+        out: dict[str, Any] = {"measured_ms": measured, "predicted_ms": predicted,
+                               "change_pct": _pct(predicted, measured),
+                               "replay_ms": self.median_ms(self.replayed_us)}
+        if self.other_measured_us is not None:
+            other = self.median_ms(self.other_measured_us)
+            out.update(other_measured_ms=other, error_pct=_pct(predicted, other))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything the report shows, as plain data (``whatif.json``)."""
+        per_iteration = [{"iteration": i, "steady": i in self.steady,
+                          "measured_ms": _ms(self.measured_us.get(i)), "replay_ms": _ms(self.replayed_us.get(i)),
+                          "predicted_ms": _ms(self.predicted_us.get(i)),
+                          **({"other_measured_ms": _ms(self.other_measured_us.get(i))}
+                             if self.other_measured_us is not None else {})}
+                         for i in self.iterations]
+        out = {**self.summary(), "trace_dir": str(self.trace_dir),
+               "other_dir": str(self.other_dir) if self.other_dir else None, "changes": self.changes,
+               "scale_hits": self.scale_hits, "steady_iterations": self.steady, "iterations": per_iteration,
+               "critical_path": {"baseline_ms": _ms_dict(mean_by(self.baseline_paths, "by_class")),
+                                 "predicted_ms": _ms_dict(mean_by(self.predicted_paths, "by_class"))},
+               "notes": self.notes}
+        if self.matching is not None:
+            out["unmatched"] = {**self.matching.counts,
+                                "base_names": self.matching.unmatched_base.head(20).to_dicts(),
+                                "other_names": self.matching.unmatched_other.head(20).to_dicts()}
+        return out
+
+
+def load_trace_set(trace_dir: str | Path) -> TraceSet:
+    """Read a trace folder (and its ``run.yaml`` when there is one) and build its graph."""
+    trace_dir = Path(trace_dir)
+    traces = read_trace_set(trace_dir)
+    run_yaml = trace_dir / "run.yaml"
+    config = load_run_config(run_yaml) if run_yaml.exists() else None
+    graph = build_graph(traces, config)
+    owned = own_edges(graph)
+    frame = annotate(timeline(graph, graph.measured))
+    if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
+        raise InputError("no ProfilerStep#N spans: a what-if compares iterations", trace_dir)
+    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, own=owned.own_time)
+
+
+def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
+            warn: Any = lambda _: None) -> WhatIf:
+    """Predict ``trace_dir``'s iterations with durations from ``other_dir`` (when given), then ``scales``."""
+    base = load_trace_set(trace_dir)
+    other = load_trace_set(other_dir) if other_dir is not None else None
+    notes: list[str] = []
+    new_own = base.own.copy()
+    matching = None
+    if other is not None:
+        _check_same_job(base, other)
+        matching = match_events(base.frame, other.frame, base.own, other.own)
+        partner = matching.other_event
+        new_own = np.where(partner >= 0, other.own[np.maximum(partner, 0)], base.own)
+        counts = matching.counts
+        if counts["base"] or counts["other"]:
+            notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
+                         f"(they keep their own duration), {counts['other']} in {other.path} none in {base.path}")
+    scales = scales or []
+    classes, names = base.frame["op_class"].to_list(), base.frame["name"].to_list()
+    factors, hits = scale_factors(scales, classes, names, counted=base.own > 0)
+    for label, n in hits.items():
+        if n == 0:
+            notes.append(f"--scale {label}: no event of {base.path} holds time of this kind; nothing changed")
+    new_own = new_own * factors
+    delay = edited_delays(base.owned, base.own, new_own)
+    times, released = evaluate(base.owned.graph.measured, base.owned.src, base.owned.dst, delay)
+    replayed, _ = evaluate(base.owned.graph.measured, base.owned.src, base.owned.dst, base.owned.delay)
+    if released:
+        notes.append(f"{released} event points were released from dependency cycles")
+    for line in notes:
+        warn(line)
+    predicted = _with_times(base.frame, times)
+    baseline = _with_times(base.frame, replayed)
+    measured_table = iterations(base.frame, MEASURED)
+    all_iterations = sorted(measured_table["iteration"].unique().to_list())
+    steady = all_iterations[1:] or all_iterations
+    graph = base.owned.graph
+    return WhatIf(
+        trace_dir=base.path, other_dir=other.path if other else None,
+        changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits,
+        iterations=all_iterations, steady=steady,
+        measured_us=_job_times(base.frame, MEASURED), replayed_us=_job_times(baseline, REPLAYED),
+        predicted_us=_job_times(predicted, REPLAYED),
+        other_measured_us=_job_times(other.frame, MEASURED) if other else None,
+        baseline_paths=_paths(base, base.owned.delay, replayed, baseline, steady),
+        predicted_paths=_paths(base, delay, times, predicted, steady),
+        matching=matching,
+        replay=Replay(traces=graph.traces, events=predicted, origin=graph.origin, stats=graph.stats,
+                      edge_counts={}, notes=notes),
+        notes=notes)
+
+
+def edited_delays(owned: OwnedGraph, own: np.ndarray, new_own: np.ndarray) -> np.ndarray:
+    """Edge delays with every event's owned edges rescaled to its new own time (an event that had none gets
+    the new time spread evenly over its owned edges)."""
+    delay = owned.delay.copy()
+    has = owned.owner != NO_OWNER
+    event = owned.owner[has]
+    before = own[event]
+    after = new_own[event]
+    edges_per_event = np.bincount(event, minlength=len(own))[event]
+    delay[has] = np.where(before > 0, delay[has] * np.divide(after, before, out=np.zeros_like(after),
+                                                             where=before > 0),
+                          after / edges_per_event)
+    return delay
+
+
+def _check_same_job(base: TraceSet, other: TraceSet) -> None:
+    ranks = sorted(base.frame["rank"].unique().to_list())
+    other_ranks = sorted(other.frame["rank"].unique().to_list())
+    if ranks != other_ranks:
+        raise InputError(f"ranks {other_ranks} are not those of {base.path} ({ranks}): not the same job", other.path)
+    if base.config is not None and other.config is not None and (
+            base.config.model != other.config.model or base.config.parallelism != other.config.parallelism):
+        raise InputError(f"run.yaml describes another model or parallelism than {base.path}/run.yaml: not the "
+                         f"same job", other.path)
+
+
+def _with_times(frame: pl.DataFrame, times: np.ndarray) -> pl.DataFrame:
+    start = times[0:2 * frame.height:2]
+    return frame.with_columns(sim_ts=pl.Series(start), sim_dur=pl.Series(times[1:2 * frame.height:2] - start))
+
+
+def _job_times(frame: pl.DataFrame, side: Side) -> dict[int, float]:
+    """Per iteration, the mean over ranks of the iteration time (as `vtrain validate` defines it)."""
+    table = iterations(frame, side).group_by("iteration").agg(pl.col("time_us").mean())
+    return dict(zip(table["iteration"].to_list(), table["time_us"].to_list()))
+
+
+def _paths(base: TraceSet, delay: np.ndarray, times: np.ndarray, frame: pl.DataFrame,
+           steady: list[int]) -> list[CriticalPath]:
+    """The critical path of every steady iteration: from its latest point (any rank) back to its start."""
+    finder = PathFinder(base.owned, delay, times, frame["op_class"].to_list(), frame["name"].to_list())
+    ends = times[1:2 * frame.height:2]
+    starts = iterations(frame, REPLAYED).group_by("iteration").agg(pl.col("start").min())
+    start_of = dict(zip(starts["iteration"].to_list(), starts["start"].to_list()))
+    iteration = frame["iteration"].to_numpy()
+    paths = []
+    for n in steady:
+        members = np.flatnonzero(iteration == n)
+        if len(members) == 0 or n not in start_of:
+            continue
+        last = members[np.argmax(ends[members])]
+        paths.append(finder.path(n, 2 * int(last) + 1, start_of[n]))
+    return paths
+
+
+def _pct(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else 100.0 * (value / reference - 1.0)
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value / 1e3
+
+
+def _ms_dict(values: dict[str, float]) -> dict[str, float]:
+    return {key: value / 1e3 for key, value in sorted(values.items(), key=lambda kv: -kv[1])}
