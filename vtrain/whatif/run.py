@@ -25,6 +25,7 @@ from vtrain.replay.engine import evaluate
 from vtrain.replay.run import Replay, timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.validate.compare import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
 from vtrain.whatif.changes import Scale, scale_factors
 from vtrain.whatif.critical import CriticalPath, PathFinder, mean_by
@@ -63,7 +64,7 @@ class WhatIf:
     replay: Replay  # the predicted timeline, for the Chrome traces
     notes: list[str] = field(default_factory=list)
 
-    def median_ms(self, series: dict[int, float] | None) -> float | None:
+    def medianto_ms(self, series: dict[int, float] | None) -> float | None:
         """The median over the steady iterations, in ms."""
         if not series:
             return None
@@ -72,21 +73,21 @@ class WhatIf:
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers (``--json``)."""
-        measured, predicted = self.median_ms(self.measured_us), self.median_ms(self.predicted_us)
+        measured, predicted = self.medianto_ms(self.measured_us), self.medianto_ms(self.predicted_us)
         out: dict[str, Any] = {"measured_ms": measured, "predicted_ms": predicted,
-                               "change_pct": _pct(predicted, measured),
-                               "replay_ms": self.median_ms(self.replayed_us)}
+                               "change_pct": error_pct(predicted, measured),
+                               "replay_ms": self.medianto_ms(self.replayed_us)}
         if self.other_measured_us is not None:
-            other = self.median_ms(self.other_measured_us)
-            out.update(other_measured_ms=other, error_pct=_pct(predicted, other))
+            other = self.medianto_ms(self.other_measured_us)
+            out.update(other_measured_ms=other, error_pct=error_pct(predicted, other))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """Everything the report shows, as plain data (``whatif.json``)."""
         per_iteration = [{"iteration": i, "steady": i in self.steady,
-                          "measured_ms": _ms(self.measured_us.get(i)), "replay_ms": _ms(self.replayed_us.get(i)),
-                          "predicted_ms": _ms(self.predicted_us.get(i)),
-                          **({"other_measured_ms": _ms(self.other_measured_us.get(i))}
+                          "measured_ms": to_ms(self.measured_us.get(i)), "replay_ms": to_ms(self.replayed_us.get(i)),
+                          "predicted_ms": to_ms(self.predicted_us.get(i)),
+                          **({"other_measured_ms": to_ms(self.other_measured_us.get(i))}
                              if self.other_measured_us is not None else {})}
                          for i in self.iterations]
         out = {**self.summary(), "trace_dir": str(self.trace_dir),
@@ -223,11 +224,8 @@ def _paths(base: TraceSet, delay: np.ndarray, times: np.ndarray, frame: pl.DataF
     return paths
 
 
-def _pct(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or not reference else 100.0 * (value / reference - 1.0)
-
-
-def _ms(value: float | None) -> float | None:
+def to_ms(value: float | None) -> float | None:
+    """µs -> ms (``None`` stays ``None``)."""
     return None if value is None else value / 1e3
 
 
