@@ -37,39 +37,45 @@ class PathFinder:
 
     def __init__(self, owned: OwnedGraph, delay: np.ndarray, times: np.ndarray, classes: list[str],
                  names: list[str]) -> None:
-        self.owned, self.delay, self.times = owned, delay, times
         self.classes, self.names = classes, names
         order = np.argsort(owned.dst, kind="stable")
-        self.incoming = order
-        self.first = np.searchsorted(owned.dst[order], np.arange(len(times) + 1))
+        self.incoming = order.tolist()
+        self.first = np.searchsorted(owned.dst[order], np.arange(len(times) + 1)).tolist()
+        self.src, self.owner, self.kind = owned.src.tolist(), owned.owner.tolist(), owned.kind.tolist()
+        self.delay, self.times = delay.tolist(), times.tolist()
 
     def path(self, iteration: int, end_point: int, start_time: float) -> CriticalPath:
         """The path from ``end_point`` back to ``start_time``."""
         by_class: dict[str, float] = defaultdict(float)
         by_op: dict[tuple[str, str], float] = defaultdict(float)
-        src, owner, kind, delay, times = self.owned.src, self.owned.owner, self.owned.kind, self.delay, self.times
+        src, delay, times = self.src, self.delay, self.times
         point = end_point
         while times[point] > start_time + _TIE_US:
-            edges = self.incoming[self.first[point]:self.first[point + 1]]
-            if len(edges) == 0:
+            edge = self._binding(point)
+            if edge is None:  # a root, or released from a dependency cycle: kept its measured time
                 break
-            arrival = times[src[edges]] + delay[edges]
-            binding = edges[arrival >= times[point] - _TIE_US * max(1.0, abs(times[point]))]
-            if len(binding) == 0:  # released from a dependency cycle: kept its measured time
-                break
-            edge = binding[np.argmax(delay[binding])]
-            step = float(delay[edge])
-            event = owner[edge]
+            step = delay[edge]
+            event = self.owner[edge]
             if event != NO_OWNER:
                 label = self.classes[event]
                 by_op[(label, self.names[event])] += step
             else:
-                name = EDGE_KINDS[kind[edge]]
+                name = EDGE_KINDS[self.kind[edge]]
                 label = _UNOWNED_LABEL.get(name, f"({name})")
             by_class[label] += step
-            point = int(src[edge])
-        return CriticalPath(iteration=iteration, length_us=float(times[end_point] - times[point]),
+            point = src[edge]
+        return CriticalPath(iteration=iteration, length_us=self.times[end_point] - times[point],
                             by_class=dict(by_class), by_op=dict(by_op))
+
+    def _binding(self, point: int) -> int | None:
+        """The incoming edge that set the point's time (the longest one when several did)."""
+        target = self.times[point] - _TIE_US * max(1.0, abs(self.times[point]))
+        best, best_delay = None, -1.0
+        for k in range(self.first[point], self.first[point + 1]):
+            edge = self.incoming[k]
+            if self.times[self.src[edge]] + self.delay[edge] >= target and self.delay[edge] > best_delay:
+                best, best_delay = edge, self.delay[edge]
+        return best
 
 
 def mean_by(paths: list[CriticalPath], attribute: str) -> dict:

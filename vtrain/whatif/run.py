@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -118,13 +118,18 @@ def load_trace_set(trace_dir: str | Path) -> TraceSet:
 
 
 def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
-            warn: Any = lambda _: None) -> WhatIf:
+            warn: Callable[[str], None] = lambda _: None) -> WhatIf:
     """Predict ``trace_dir``'s iterations with durations from ``other_dir`` (when given), then ``scales``."""
     base = load_trace_set(trace_dir)
     other = load_trace_set(other_dir) if other_dir is not None else None
+    return predict(base, scales or [], other, warn)
+
+
+def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None,
+            warn: Callable[[str], None] = lambda _: None) -> WhatIf:
+    """The what-if of already loaded trace sets (see :func:`what_if`)."""
     notes: list[str] = []
-    new_own = base.own.copy()
-    matching = None
+    new_own, matching = base.own, None
     if other is not None:
         _check_same_job(base, other)
         matching = match_events(base.frame, other.frame, base.own, other.own)
@@ -133,27 +138,25 @@ def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir:
         counts = matching.counts
         if counts["base"] or counts["other"]:
             notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
-                         f"(they keep their own duration), {counts['other']} in {other.path} none in {base.path}")
-    scales = scales or []
+                         f"(they keep their own duration); {counts['other']} in {other.path} have none in "
+                         f"{base.path}")
     classes, names = base.frame["op_class"].to_list(), base.frame["name"].to_list()
     factors, hits = scale_factors(scales, classes, names, counted=base.own > 0)
     for label, n in hits.items():
         if n == 0:
-            notes.append(f"--scale {label}: no event of {base.path} holds time of this kind; nothing changed")
-    new_own = new_own * factors
-    delay = edited_delays(base.owned, base.own, new_own)
-    times, released = evaluate(base.owned.graph.measured, base.owned.src, base.owned.dst, delay)
-    replayed, _ = evaluate(base.owned.graph.measured, base.owned.src, base.owned.dst, base.owned.delay)
+            notes.append(f"{label}: no event of {base.path} holds time of this kind; nothing changed")
+    delay = edited_delays(base.owned, base.own, new_own * factors)
+    owned = base.owned
+    times, released = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
+    replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
     if released:
         notes.append(f"{released} event points were released from dependency cycles")
     for line in notes:
         warn(line)
     predicted = _with_times(base.frame, times)
     baseline = _with_times(base.frame, replayed)
-    measured_table = iterations(base.frame, MEASURED)
-    all_iterations = sorted(measured_table["iteration"].unique().to_list())
+    all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
     steady = all_iterations[1:] or all_iterations
-    graph = base.owned.graph
     return WhatIf(
         trace_dir=base.path, other_dir=other.path if other else None,
         changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits,
@@ -161,11 +164,11 @@ def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir:
         measured_us=_job_times(base.frame, MEASURED), replayed_us=_job_times(baseline, REPLAYED),
         predicted_us=_job_times(predicted, REPLAYED),
         other_measured_us=_job_times(other.frame, MEASURED) if other else None,
-        baseline_paths=_paths(base, base.owned.delay, replayed, baseline, steady),
+        baseline_paths=_paths(base, owned.delay, replayed, baseline, steady),
         predicted_paths=_paths(base, delay, times, predicted, steady),
         matching=matching,
-        replay=Replay(traces=graph.traces, events=predicted, origin=graph.origin, stats=graph.stats,
-                      edge_counts={}, notes=notes),
+        replay=Replay(traces=owned.graph.traces, events=predicted, origin=owned.graph.origin,
+                      stats=owned.graph.stats, edge_counts={}, notes=notes),
         notes=notes)
 
 

@@ -1,0 +1,124 @@
+"""`vtrain whatif`'s re-timing on hand-written traces with a closed form, and on a shipped trace: scaling one class
+by F moves the iteration by exactly (F - 1) x that class's time on the critical path, and nothing that does not
+depend on the scaled operators moves at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_replay_graph import cpu, write_trace
+from vtrain.replay.build import build_graph
+from vtrain.replay.engine import evaluate
+from vtrain.replay.graph import EDGE_KINDS, THREAD
+from vtrain.replay.trace import read_trace_set
+from vtrain.whatif.changes import parse_scale, parse_scale_kernel
+from vtrain.whatif.owners import NO_OWNER, own_edges
+from vtrain.whatif.run import TraceSet, edited_delays, load_trace_set, predict, what_if
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def one_thread_iterations() -> list[dict]:
+    """Two iterations of one thread. Per iteration (400 µs): an add (40), a linear (150: 20 of its own around
+    an mm of 130), a softmax (40), an mm (140), Python gaps between them. GEMM time on the path: 290 µs."""
+    events = []
+    for step, base in ((1, 0.0), (2, 400.0)):
+        events += [
+            cpu(f"ProfilerStep#{step}", base, 400, cat="user_annotation"),
+            cpu("aten::add", base + 2, 40),
+            cpu("aten::linear", base + 50, 150), cpu("aten::mm", base + 60, 130),
+            cpu("aten::softmax", base + 205, 40),
+            cpu("aten::mm", base + 250, 140),
+        ]
+    return events
+
+
+@pytest.fixture()
+def single(tmp_path: Path) -> Path:
+    write_trace(tmp_path / "single", 0, one_thread_iterations())
+    return tmp_path / "single"
+
+
+def test_own_time_is_self_time_of_operators_and_nothing_of_annotations(single: Path) -> None:
+    owned = own_edges(build_graph(read_trace_set(single)))
+    trace = owned.graph.traces[0]
+    own = dict(zip(range(len(trace)), owned.own_time))
+    by_name: dict[str, float] = {}
+    for i, name in enumerate(trace.name):
+        by_name[name] = by_name.get(name, 0.0) + own[i]
+    assert by_name == {"ProfilerStep#1": 0.0, "ProfilerStep#2": 0.0, "aten::add": 80.0, "aten::linear": 40.0,
+                       "aten::mm": 540.0, "aten::softmax": 80.0}
+    gaps = (owned.kind == EDGE_KINDS.index(THREAD)) & (owned.owner == NO_OWNER)
+    assert owned.delay[gaps].sum() > 0  # Python between operators belongs to no operator
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0, 3.0])
+def test_scaling_a_class_moves_the_iteration_by_its_critical_path_share(single: Path, factor: float) -> None:
+    before = what_if(single, [])
+    share_us = before.baseline_paths[0].by_class["gemm"]
+    assert share_us == pytest.approx(290.0)  # the closed form: linear's own 20 + mm 130 + mm 140 (iteration 2)
+    after = what_if(single, [parse_scale(f"gemm={factor}")])
+    assert after.predicted_us[2] - after.replayed_us[2] == pytest.approx((factor - 1.0) * share_us, abs=1e-6)
+    assert after.predicted_paths[0].by_class["gemm"] == pytest.approx(factor * share_us)
+    assert after.predicted_paths[0].by_class["elementwise/norm"] == pytest.approx(80.0)
+
+
+def test_a_pattern_scales_only_the_named_operator(single: Path) -> None:
+    after = what_if(single, [parse_scale_kernel("^aten::softmax$=3")])
+    assert after.predicted_us[2] - after.replayed_us[2] == pytest.approx(2 * 40.0)
+    assert after.scale_hits == {"/^aten::softmax$/": 2}
+
+
+def test_operators_before_the_scaled_ones_do_not_move(single: Path) -> None:
+    after = what_if(single, [parse_scale("gemm=2")])
+    frame = after.replay.events
+    add = frame.filter(frame["name"] == "aten::add").sort("ts")
+    assert add["sim_ts"][0] == add["ts"][0] and add["sim_dur"][0] == add["dur"][0]
+    mm = frame.filter(frame["name"] == "aten::mm").sort("ts")
+    assert mm["sim_dur"].to_list() == pytest.approx([260.0, 280.0, 260.0, 280.0])
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> TraceSet:
+    return load_trace_set(TRACES / "t1p2d1")
+
+
+def test_no_change_reproduces_the_replay_exactly(pipeline: TraceSet) -> None:
+    result = predict(pipeline, [parse_scale("gemm=1")])
+    assert result.predicted_us == result.replayed_us
+    assert result.replayed_us == pytest.approx(result.measured_us, rel=1e-6)
+
+
+@pytest.mark.parametrize("scale", ["gemm=2", "send/recv=3", "memory=0.5"])
+def test_scaling_a_class_moves_nothing_that_does_not_depend_on_it(pipeline: TraceSet, scale: str) -> None:
+    """On a shipped pipeline trace: every point not reachable from a scaled own time keeps its replayed time
+    exactly, and what depends on it moves."""
+    owned, rule = pipeline.owned, parse_scale(scale)
+    hit = np.array([rule.applies(c, n) for c, n in zip(pipeline.frame["op_class"], pipeline.frame["name"])])
+    delay = edited_delays(owned, pipeline.own, np.where(hit, rule.factor * pipeline.own, pipeline.own))
+    replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
+    changed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
+    scaled = np.flatnonzero((owned.owner != NO_OWNER) & hit[np.maximum(owned.owner, 0)] & (owned.delay > 0))
+    reachable = _reachable(owned.src, owned.dst, len(replayed), owned.dst[scaled])
+    assert (~reachable).sum() > 0
+    assert np.array_equal(changed[~reachable], replayed[~reachable])
+    assert (changed[reachable] != replayed[reachable]).mean() > 0.5
+
+
+def _reachable(src: np.ndarray, dst: np.ndarray, n: int, seeds: np.ndarray) -> np.ndarray:
+    order = np.argsort(src, kind="stable")
+    first = np.searchsorted(src[order], np.arange(n + 1))
+    targets = dst[order]
+    seen = np.zeros(n, dtype=bool)
+    stack = list(set(seeds.tolist()))
+    seen[stack] = True
+    while stack:
+        p = stack.pop()
+        for q in targets[first[p]:first[p + 1]].tolist():
+            if not seen[q]:
+                seen[q] = True
+                stack.append(q)
+    return seen
