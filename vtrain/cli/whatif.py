@@ -26,7 +26,8 @@ def whatif_command(
     scale: list[str] = typer.Option([], "--scale", help="CLASS=FACTOR: multiply the duration of every operator "
                                                         "of a class (gemm, attention, elementwise/norm, memory, "
                                                         "convolution, other, all_reduce, all_gather, "
-                                                        "reduce_scatter, all_to_all, send/recv, broadcast, comm). "
+                                                        "reduce_scatter, all_to_all, send/recv, broadcast, comm, "
+                                                        "host). "
                                                         "Repeatable."),
     scale_kernel: list[str] = typer.Option([], "--scale-kernel", help="REGEX=FACTOR: multiply the duration of "
                                                                       "every kernel/operator whose name matches. "
@@ -34,6 +35,9 @@ def whatif_command(
     durations_from: Path | None = typer.Option(None, "--durations-from", help="Another recording of the same job: "
                                                                               "take every op's and kernel's "
                                                                               "duration from it."),
+    ops_only: bool = typer.Option(False, "--ops-only", help="With --durations-from: take only operators', kernels' "
+                                                            "and transfers' durations; keep this trace set's host "
+                                                            "time between operators."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default reports/whatif-<trace "
                                                                     "dir name>/)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -43,6 +47,8 @@ def whatif_command(
     from vtrain.whatif.changes import parse_scale, parse_scale_kernel
 
     scales = [parse_scale(s) for s in scale] + [parse_scale_kernel(s) for s in scale_kernel]
+    if ops_only and durations_from is None:
+        raise InputError("--ops-only needs --durations-from", trace_dir)
     if not scales and durations_from is None:
         raise InputError("nothing to change: give --scale, --scale-kernel or --durations-from", trace_dir)
     for folder in (trace_dir, durations_from):
@@ -55,7 +61,7 @@ def whatif_command(
     from vtrain.whatif.report import write_whatif_report
     from vtrain.whatif.run import what_if
 
-    result = what_if(trace_dir, scales, durations_from, warn=_warn)
+    result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=_warn)
     with staged_folder(target) as staging:
         write_whatif_report(result, staging)
     summary = result.summary()

@@ -3,8 +3,9 @@ pattern (``--scale-kernel REGEX=FACTOR``).
 
 The classes are the validation's operator classes (:mod:`vtrain.validate.opclass`): an event is classed by
 the CPU operator that ran or launched it, a collective by its type. A pattern is searched in the event's own
-name (the kernel's on GPU ranks; on CPU-only ranks the operators are the kernels). An event matched by several
-rules gets the product of their factors.
+name (the kernel's on GPU ranks; on CPU-only ranks the operators are the kernels). ``host`` scales the host
+stretches (a thread's time between operators). An event matched by several rules gets the product of their
+factors.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import numpy as np
 from vtrain.errors import InputError
 from vtrain.validate.opclass import ATTENTION, CONVOLUTION, ELEMENTWISE, GEMM, MEMORY, OTHER, comm_class
 
+#: the class of host stretches (a thread's time between operators: Python, the framework)
+HOST = "host"
+
 #: what ``--scale`` accepts -> the operator classes it scales
 SCALE_CLASSES: dict[str, tuple[str, ...]] = {
     "gemm": (GEMM,), "attention": (ATTENTION,), "elementwise/norm": (ELEMENTWISE,), "elementwise": (ELEMENTWISE,),
@@ -27,6 +31,7 @@ SCALE_CLASSES: dict[str, tuple[str, ...]] = {
                                               "recv")},
     "send/recv": (comm_class("send"), comm_class("recv"), comm_class("send_recv")),
     "comm": (),  # every collective (handled by prefix)
+    HOST: (HOST,),
 }
 
 
@@ -40,9 +45,10 @@ class Scale:
     pattern: re.Pattern[str] | None = None
     every_collective: bool = False
 
-    def applies(self, op_class: str, name: str) -> bool:
+    def applies(self, op_class: str, name: str | None) -> bool:
+        """Whether the rule scales a holder of this class and name (host stretches have no name)."""
         if self.pattern is not None:
-            return self.pattern.search(name) is not None
+            return name is not None and self.pattern.search(name) is not None
         if self.every_collective:
             return op_class.startswith("comm:")
         return op_class in self.classes
@@ -79,10 +85,10 @@ def _split(text: str, flag: str) -> tuple[str, float]:
     return key.strip(), factor
 
 
-def scale_factors(scales: list[Scale], op_classes: list[str], names: list[str],
+def scale_factors(scales: list[Scale], op_classes: list[str], names: list[str | None],
                   counted: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
-    """Per event, the product of the factors of every rule that applies; and how many of the ``counted`` events
-    (those that hold own time) each rule hit."""
+    """Per holder (event or host stretch), the product of the factors of every rule that applies; and how many
+    of the ``counted`` holders (those that hold time) each rule hit."""
     factors = np.ones(len(names), dtype=np.float64)
     hits: dict[str, int] = {}
     for scale in scales:

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vtrain.replay.graph import EDGE_KINDS, THREAD, WAKE
+from vtrain.replay.graph import EDGE_KINDS, WAKE
 from vtrain.whatif.owners import NO_OWNER, OwnedGraph
 
 #: labels of the edges that belong to no event
-_UNOWNED_LABEL = {THREAD: "(host: Python and gaps between ops)", WAKE: "(wake-up after a wait)"}
+HOST_LABEL = "(host: Python and gaps between ops)"
+_UNOWNED_LABEL = {WAKE: "(wake-up after a wait)"}
 _TIE_US = 1e-6
 
 
@@ -41,7 +42,8 @@ class PathFinder:
         order = np.argsort(owned.dst, kind="stable")
         self.incoming = order.tolist()
         self.first = np.searchsorted(owned.dst[order], np.arange(len(times) + 1)).tolist()
-        self.src, self.owner, self.kind = owned.src.tolist(), owned.owner.tolist(), owned.kind.tolist()
+        self.src, self.holder, self.kind = owned.src.tolist(), owned.holder.tolist(), owned.kind.tolist()
+        self.events = owned.events
         self.delay, self.times = delay.tolist(), times.tolist()
 
     def path(self, iteration: int, end_point: int, start_time: float) -> CriticalPath:
@@ -55,10 +57,12 @@ class PathFinder:
             if edge is None:  # a root, or released from a dependency cycle: kept its measured time
                 break
             step = delay[edge]
-            event = self.owner[edge]
-            if event != NO_OWNER:
-                label = self.classes[event]
-                by_op[(label, self.names[event])] += step
+            holder = self.holder[edge]
+            if holder != NO_OWNER and holder < self.events:
+                label = self.classes[holder]
+                by_op[(label, self.names[holder])] += step
+            elif holder != NO_OWNER:
+                label = HOST_LABEL
             else:
                 name = EDGE_KINDS[self.kind[edge]]
                 label = _UNOWNED_LABEL.get(name, f"({name})")

@@ -12,7 +12,14 @@ so it must know which delays are whose:
 * a matched collective: the ``peer`` edge from the members' join to this member's end (its transfer time; the
   waiting before the join is recomputed from the arrivals).
 
-Everything else (launch latencies, stream gaps, wake-up delays, measured offsets) belongs to no event.
+The other ``thread`` edges are *host stretches*: a thread between operators or inside an annotation (Python,
+the framework, waiting). Each is held by the point it ends at (the start of the next operator, the end of the
+annotation), so that another recording's host time can be matched to it as well.
+
+Everything else (launch latencies, stream gaps, wake-up delays, measured offsets) is held by nothing.
+
+Holders are numbered in one space: ``0 .. events-1`` are events (their own time), ``events + p`` is the host
+stretch ending at point ``p``.
 """
 
 from __future__ import annotations
@@ -39,23 +46,28 @@ class OwnedGraph:
     dst: np.ndarray
     delay: np.ndarray
     kind: np.ndarray
-    owner: np.ndarray  # per edge: global event index, or NO_OWNER
+    holder: np.ndarray  # per edge: an event (its own time), events + point (a host stretch), or NO_OWNER
     events: int  # number of events (points 0 .. 2*events-1 are theirs; joins follow)
 
     @property
-    def own_time(self) -> np.ndarray:
-        """Every event's own time (µs): the sum of the delays of the edges it owns."""
-        owned = self.owner != NO_OWNER
-        return np.bincount(self.owner[owned], weights=self.delay[owned], minlength=self.events)
+    def holders(self) -> int:
+        """The size of the holder space: events, then one host stretch per event point."""
+        return 3 * self.events
 
-    def event_of(self, rank: int, local: int) -> int:
-        """The global index of a rank's local event."""
-        position = [t.rank for t in self.graph.traces].index(rank)
-        return self.graph.offsets[position] + local
+    @property
+    def held_time(self) -> np.ndarray:
+        """Per holder, the sum of the delays of the edges it holds (µs)."""
+        held = self.holder != NO_OWNER
+        return np.bincount(self.holder[held], weights=self.delay[held], minlength=self.holders)
+
+    @property
+    def owner(self) -> np.ndarray:
+        """Per edge, the event whose own time it holds, or NO_OWNER (host stretches included)."""
+        return np.where(self.holder < self.events, self.holder, NO_OWNER)
 
 
 def own_edges(graph: ReplayGraph) -> OwnedGraph:
-    """The graph's edges with the owner of each (see the module docstring)."""
+    """The graph's edges with the holder of each (see the module docstring)."""
     src, dst, delay, kind = graph.edges.arrays()
     events = sum(len(t) for t in graph.traces)
     owner = np.full(len(src), NO_OWNER, dtype=np.int64)
@@ -64,8 +76,9 @@ def own_edges(graph: ReplayGraph) -> OwnedGraph:
     peer = (kind == _PEER) & (src >= 2 * events)  # join -> a member's end
     owner[peer] = dst[peer] // 2
     thread = np.flatnonzero(kind == _THREAD)
-    owner[thread] = _thread_owners(graph, src[thread], dst[thread], events)
-    return OwnedGraph(graph=graph, src=src, dst=dst, delay=delay, kind=kind, owner=owner, events=events)
+    owners = _thread_owners(graph, src[thread], dst[thread], events)
+    owner[thread] = np.where(owners != NO_OWNER, owners, events + dst[thread])  # else a host stretch
+    return OwnedGraph(graph=graph, src=src, dst=dst, delay=delay, kind=kind, holder=owner, events=events)
 
 
 def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray, events: int) -> np.ndarray:

@@ -136,8 +136,10 @@ def _figure(w: WhatIf) -> str:
 def _description(w: WhatIf) -> str:
     changes = []
     if w.other_dir is not None:
-        changes.append(f"every operator's, kernel's and collective transfer's own time from {w.other_dir} "
-                       f"(matched per rank, iteration and occurrence)")
+        what = ("every operator's, kernel's and collective transfer's own time" if w.ops_only else
+                "every operator's, kernel's and collective transfer's own time and every host stretch (a thread's "
+                "time between operators)")
+        changes.append(f"{what} from {w.other_dir} (matched per rank, iteration and occurrence; waits recomputed)")
     changes += [f"{c} ({w.scale_hits.get(c.rsplit('=', 1)[0], 0)} events)" for c in w.changes]
     return (f"Changes: {'; '.join(changes) or 'none'}. Predicted by re-evaluating the replay graph of the trace set "
             f"(thread order, launches, streams, syncs, collectives matched across ranks) with the changed "

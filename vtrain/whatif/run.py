@@ -27,7 +27,7 @@ from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
-from vtrain.whatif.changes import Scale, scale_factors
+from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import CriticalPath, PathFinder, mean_by
 from vtrain.whatif.match import Matching, match_events
 from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
@@ -35,13 +35,19 @@ from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
 
 @dataclass
 class TraceSet:
-    """One recording: its graph with owned edges, its annotated event frame (measured times) and own times."""
+    """One recording: its graph with the holder of every edge, its annotated event frame (measured times) and
+    the time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`)."""
 
     path: Path
     config: RunConfig | None
     owned: OwnedGraph
     frame: pl.DataFrame
-    own: np.ndarray
+    held: np.ndarray
+
+    @property
+    def own(self) -> np.ndarray:
+        """Every event's own time (µs)."""
+        return self.held[:self.owned.events]
 
 
 @dataclass
@@ -52,6 +58,7 @@ class WhatIf:
     other_dir: Path | None
     changes: list[str]
     scale_hits: dict[str, int]
+    ops_only: bool
     iterations: list[int]
     steady: list[int]
     measured_us: dict[int, float]
@@ -91,7 +98,8 @@ class WhatIf:
                              if self.other_measured_us is not None else {})}
                          for i in self.iterations]
         out = {**self.summary(), "trace_dir": str(self.trace_dir),
-               "other_dir": str(self.other_dir) if self.other_dir else None, "changes": self.changes,
+               "other_dir": str(self.other_dir) if self.other_dir else None, "ops_only": self.ops_only,
+               "changes": self.changes,
                "scale_hits": self.scale_hits, "steady_iterations": self.steady, "iterations": per_iteration,
                "critical_path": {"baseline_ms": _ms_dict(mean_by(self.baseline_paths, "by_class")),
                                  "predicted_ms": _ms_dict(mean_by(self.predicted_paths, "by_class"))},
@@ -114,38 +122,44 @@ def load_trace_set(trace_dir: str | Path) -> TraceSet:
     frame = annotate(timeline(graph, graph.measured))
     if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
         raise InputError("no ProfilerStep#N spans: a what-if compares iterations", trace_dir)
-    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, own=owned.own_time)
+    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
 
 
 def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
-            warn: Callable[[str], None] = lambda _: None) -> WhatIf:
-    """Predict ``trace_dir``'s iterations with durations from ``other_dir`` (when given), then ``scales``."""
+            ops_only: bool = False, warn: Callable[[str], None] = lambda _: None) -> WhatIf:
+    """Predict ``trace_dir``'s iterations with durations from ``other_dir`` (when given), then ``scales``.
+
+    From ``other_dir`` come every operator's, kernel's and collective transfer's own time and, unless
+    ``ops_only``, every host stretch (a thread's time between operators), each matched op by op.
+    """
     base = load_trace_set(trace_dir)
     other = load_trace_set(other_dir) if other_dir is not None else None
-    return predict(base, scales or [], other, warn)
+    return predict(base, scales or [], other, ops_only, warn)
 
 
-def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None,
+def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, ops_only: bool = False,
             warn: Callable[[str], None] = lambda _: None) -> WhatIf:
     """The what-if of already loaded trace sets (see :func:`what_if`)."""
     notes: list[str] = []
-    new_own, matching = base.own, None
+    new_held, matching = base.held, None
     if other is not None:
         _check_same_job(base, other)
         matching = match_events(base.frame, other.frame, base.own, other.own)
-        partner = matching.other_event
-        new_own = np.where(partner >= 0, other.own[np.maximum(partner, 0)], base.own)
+        partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
+        new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
         counts = matching.counts
         if counts["base"] or counts["other"]:
             notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
                          f"(they keep their own duration); {counts['other']} in {other.path} have none in "
                          f"{base.path}")
-    classes, names = base.frame["op_class"].to_list(), base.frame["name"].to_list()
-    factors, hits = scale_factors(scales, classes, names, counted=base.own > 0)
+    host_stretches = 2 * base.owned.events
+    classes = base.frame["op_class"].to_list() + [HOST] * host_stretches
+    names = base.frame["name"].to_list() + [None] * host_stretches
+    factors, hits = scale_factors(scales, classes, names, counted=base.held > 0)
     for label, n in hits.items():
         if n == 0:
             notes.append(f"{label}: no event of {base.path} holds time of this kind; nothing changed")
-    delay = edited_delays(base.owned, base.own, new_own * factors)
+    delay = edited_delays(base.owned, base.held, new_held * factors)
     owned = base.owned
     times, released = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
     replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
@@ -159,7 +173,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None,
     steady = all_iterations[1:] or all_iterations
     return WhatIf(
         trace_dir=base.path, other_dir=other.path if other else None,
-        changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits,
+        changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits, ops_only=ops_only,
         iterations=all_iterations, steady=steady,
         measured_us=_job_times(base.frame, MEASURED), replayed_us=_job_times(baseline, REPLAYED),
         predicted_us=_job_times(predicted, REPLAYED),
@@ -172,19 +186,29 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None,
         notes=notes)
 
 
-def edited_delays(owned: OwnedGraph, own: np.ndarray, new_own: np.ndarray) -> np.ndarray:
-    """Edge delays with every event's owned edges rescaled to its new own time (an event that had none gets
-    the new time spread evenly over its owned edges)."""
+def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> np.ndarray:
+    """Edge delays with every holder's edges rescaled to its new time (a holder that had none gets the new time
+    spread evenly over its edges)."""
     delay = owned.delay.copy()
-    has = owned.owner != NO_OWNER
-    event = owned.owner[has]
-    before = own[event]
-    after = new_own[event]
-    edges_per_event = np.bincount(event, minlength=len(own))[event]
+    has = owned.holder != NO_OWNER
+    event = owned.holder[has]
+    before = held[event]
+    after = new_held[event]
+    edges_per_event = np.bincount(event, minlength=len(held))[event]
     delay[has] = np.where(before > 0, delay[has] * np.divide(after, before, out=np.zeros_like(after),
                                                              where=before > 0),
                           after / edges_per_event)
     return delay
+
+
+def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> np.ndarray:
+    """Per holder of the base, the other recording's holder (-1: none): an event's partner event, and (with
+    ``host``) the host stretch ending at the partner's matching point."""
+    events = len(other_event)
+    points = np.arange(2 * events)
+    partner_of_point = other_event[points // 2]
+    stretches = np.where(partner_of_point >= 0, other_events + 2 * partner_of_point + points % 2, -1)
+    return np.concatenate([other_event, stretches if host else np.full(2 * events, -1)])
 
 
 def _check_same_job(base: TraceSet, other: TraceSet) -> None:
