@@ -21,18 +21,22 @@ from vtrain.whatif.run import TraceSet, edited_delays, load_trace_set, predict, 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
-def one_thread_iterations() -> list[dict]:
+def one_thread_iterations(mm: float = 1.0, drop_first_add: bool = False) -> list[dict]:
     """Two iterations of one thread. Per iteration (400 µs): an add (40), a linear (150: 20 of its own around
-    an mm of 130), a softmax (40), an mm (140), Python gaps between them. GEMM time on the path: 290 µs."""
+    an mm of 130), a softmax (40), an mm (140), Python gaps between them. GEMM time on the path: 290 µs.
+    ``mm`` multiplies the mm durations (the rest of the timeline follows); ``drop_first_add`` leaves out the
+    first iteration's add (its time stays a gap)."""
     events = []
-    for step, base in ((1, 0.0), (2, 400.0)):
-        events += [
-            cpu(f"ProfilerStep#{step}", base, 400, cat="user_annotation"),
-            cpu("aten::add", base + 2, 40),
-            cpu("aten::linear", base + 50, 150), cpu("aten::mm", base + 60, 130),
-            cpu("aten::softmax", base + 205, 40),
-            cpu("aten::mm", base + 250, 140),
-        ]
+    base = 0.0
+    for step in (1, 2):
+        first, second = 130 * mm, 140 * mm
+        length = 130 + first + second
+        events.append(cpu(f"ProfilerStep#{step}", base, length, cat="user_annotation"))
+        if not (drop_first_add and step == 1):
+            events.append(cpu("aten::add", base + 2, 40))
+        events += [cpu("aten::linear", base + 50, 20 + first), cpu("aten::mm", base + 60, first),
+                   cpu("aten::softmax", base + 75 + first, 40), cpu("aten::mm", base + 120 + first, second)]
+        base += length
     return events
 
 
