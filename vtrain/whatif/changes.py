@@ -2,7 +2,8 @@
 pattern (``--scale-kernel REGEX=FACTOR``).
 
 The classes are the validation's operator classes (:mod:`vtrain.validate.opclass`): an event is classed by
-the CPU operator that ran or launched it, a collective by its type. A pattern is searched in the event's own
+the CPU operator that ran or launched it, a collective by its type. On GPU ranks the rules change device
+activities only (the CPU operator that launched a GEMM is not the GEMM); on CPU-only ranks the operators. A pattern is searched in the event's own
 name (the kernel's on GPU ranks; on CPU-only ranks the operators are the kernels). ``host`` scales the host
 stretches (a thread's time between operators). An event matched by several rules gets the product of their
 factors.
@@ -45,8 +46,11 @@ class Scale:
     pattern: re.Pattern[str] | None = None
     every_collective: bool = False
 
-    def applies(self, op_class: str, name: str | None) -> bool:
-        """Whether the rule scales a holder of this class and name (host stretches have no name)."""
+    def applies(self, op_class: str | None, name: str | None) -> bool:
+        """Whether the rule scales a holder of this class and name (host stretches have no name; a holder no
+        rule may scale has neither)."""
+        if op_class is None:
+            return False
         if self.pattern is not None:
             return name is not None and self.pattern.search(name) is not None
         if self.every_collective:
@@ -85,7 +89,7 @@ def _split(text: str, flag: str) -> tuple[str, float]:
     return key.strip(), factor
 
 
-def scale_factors(scales: list[Scale], op_classes: list[str], names: list[str | None],
+def scale_factors(scales: list[Scale], op_classes: list[str | None], names: list[str | None],
                   counted: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """Per holder (event or host stretch), the product of the factors of every rule that applies; and how many
     of the ``counted`` holders (those that hold time) each rule hit."""

@@ -19,6 +19,7 @@ from vtrain.whatif.owners import NO_OWNER, OwnedGraph
 
 #: labels of the edges that belong to no event
 HOST_LABEL = "(host: Python and gaps between ops)"
+HOST_OPS_LABEL = "(host: CPU operators and runtime calls of GPU ranks)"
 _UNOWNED_LABEL = {WAKE: "(wake-up after a wait)"}
 _TIE_US = 1e-6
 

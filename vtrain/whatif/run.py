@@ -28,7 +28,7 @@ from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
 from vtrain.whatif.changes import HOST, Scale, scale_factors
-from vtrain.whatif.critical import CriticalPath, PathFinder, mean_by
+from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
 from vtrain.whatif.match import Matching, match_events
 from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
 
@@ -152,10 +152,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
             notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
                          f"(they keep their own duration); {counts['other']} in {other.path} have none in "
                          f"{base.path}")
-    host_stretches = 2 * base.owned.events
-    classes = base.frame["op_class"].to_list() + [HOST] * host_stretches
-    names = base.frame["name"].to_list() + [None] * host_stretches
-    factors, hits = scale_factors(scales, classes, names, counted=base.held > 0)
+    factors, hits = scale_factors(scales, *_scalable(base), counted=base.held > 0)
     for label, n in hits.items():
         if n == 0:
             notes.append(f"{label}: no event of {base.path} holds time of this kind; nothing changed")
@@ -201,6 +198,18 @@ def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> 
     return delay
 
 
+def _scalable(base: TraceSet) -> tuple[list[str | None], list[str | None]]:
+    """Class and name of every holder a scale rule may change (``None``: none may): on GPU ranks the device
+    activities (a CPU operator there only launches its kernels), on CPU-only ranks every operator and collective;
+    then the host stretches (class ``host``, no name)."""
+    frame = base.frame
+    scalable = (frame["kind"] == "device") | ~frame["gpu_rank"]
+    classes = [c if ok else None for c, ok in zip(frame["op_class"], scalable)]
+    names = [n if ok else None for n, ok in zip(frame["name"], scalable)]
+    host_stretches = 2 * base.owned.events
+    return classes + [HOST] * host_stretches, names + [None] * host_stretches
+
+
 def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> np.ndarray:
     """Per holder of the base, the other recording's holder (-1: none): an event's partner event, and (with
     ``host``) the host stretch ending at the partner's matching point."""
@@ -235,8 +244,11 @@ def _job_times(frame: pl.DataFrame, side: Side) -> dict[int, float]:
 
 def _paths(base: TraceSet, delay: np.ndarray, times: np.ndarray, frame: pl.DataFrame,
            steady: list[int]) -> list[CriticalPath]:
-    """The critical path of every steady iteration: from its latest point (any rank) back to its start."""
-    finder = PathFinder(base.owned, delay, times, frame["op_class"].to_list(), frame["name"].to_list())
+    """The critical path of every steady iteration: from its latest point (any rank) back to its start. On GPU
+    ranks, the CPU operators' own time is host time (launching), not their class's work."""
+    classes = [c if kind == "device" or not gpu else HOST_OPS_LABEL
+               for c, kind, gpu in zip(frame["op_class"], frame["kind"], frame["gpu_rank"])]
+    finder = PathFinder(base.owned, delay, times, classes, frame["name"].to_list())
     ends = times[1:2 * frame.height:2]
     starts = iterations(frame, REPLAYED).group_by("iteration").agg(pl.col("start").min())
     start_of = dict(zip(starts["iteration"].to_list(), starts["start"].to_list()))
