@@ -4,12 +4,13 @@ depend on the scaled operators moves at all."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.test_replay_graph import cpu, write_trace
+from tests.test_replay_graph import cpu, gpu_trace, write_trace  # noqa: F401 (gpu_trace is a fixture)
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import EDGE_KINDS, THREAD
@@ -129,3 +130,37 @@ def _reachable(src: np.ndarray, dst: np.ndarray, n: int, seeds: np.ndarray) -> n
                 seen[q] = True
                 stack.append(q)
     return seen
+
+
+def test_on_a_gpu_rank_a_class_scales_its_kernels_not_the_cpu_operator_that_launched_them(gpu_trace: Path) -> None:
+    """The GEMM kernel (265 µs) halves; aten::mm on the CPU (its launch) keeps its 50 µs; the memcpy queued
+    behind the GEMM and the add starts 132.5 µs earlier."""
+    result = what_if(gpu_trace, [parse_scale("gemm=0.5")])
+    frame = result.replay.events
+    durations = dict(zip(frame["name"], frame["sim_dur"]))
+    assert durations["ampere_sgemm_128x64_nn"] == pytest.approx(132.5)
+    assert durations["aten::mm"] == pytest.approx(50.0)
+    starts = dict(zip(frame["name"], frame["sim_ts"]))
+    assert starts["Memcpy DtoH (Device -> Pageable)"] == pytest.approx(405 - 132.5)
+    assert result.scale_hits == {"gemm": 1}
+
+
+def test_a_kernel_renamed_by_another_build_is_matched_by_the_operator_that_launched_it(gpu_trace: Path,
+                                                                                       tmp_path: Path) -> None:
+    """The other recording picked another GEMM kernel (another name, 100 µs): it still replaces the GEMM, found
+    by the operator that launched it (the kernel's External id is aten::mm's, as PyTorch writes them)."""
+    document = json.loads((gpu_trace / "rank-0.json").read_text())
+    for event in document["traceEvents"]:
+        if event["name"] == "aten::mm":
+            event["args"]["External id"] = 101
+    (gpu_trace / "rank-0.json").write_text(json.dumps(document))
+    for event in document["traceEvents"]:
+        if event["name"] == "ampere_sgemm_128x64_nn":
+            event["name"], event["dur"] = "sm80_xmma_gemm_f32f32_tn_n", 100
+    other = tmp_path / "other-build"
+    other.mkdir()
+    (other / "rank-0.json").write_text(json.dumps(document))
+    result = what_if(gpu_trace, [], other)
+    assert result.matching is not None and result.matching.counts == {"base": 0, "other": 0}
+    durations = dict(zip(result.replay.events["name"], result.replay.events["sim_dur"]))
+    assert durations["ampere_sgemm_128x64_nn"] == pytest.approx(100.0)
