@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_replay_graph import cpu, gpu_trace, write_trace  # noqa: F401 (gpu_trace is a fixture)
+from tests import test_replay_graph
+from tests.test_replay_graph import cpu, write_trace
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import EDGE_KINDS, THREAD
@@ -20,6 +21,7 @@ from vtrain.whatif.owners import NO_OWNER, own_edges
 from vtrain.whatif.run import TraceSet, edited_delays, load_trace_set, predict, what_if
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
+gpu_trace = test_replay_graph.gpu_trace  # the fixture: one GPU rank launching a GEMM, an add and a memcpy
 
 
 def one_thread_iterations(mm: float = 1.0, drop_first_add: bool = False) -> list[dict]:

@@ -13,8 +13,8 @@ from vtrain.report.html import html_table
 from vtrain.report.markdown import markdown_table
 from vtrain.report.tables import Table, ms, pct, share
 from vtrain.report.write import write_json
-from vtrain.whatif.critical import mean_by
 from vtrain.validate.compare import error_pct
+from vtrain.whatif.critical import mean_by
 from vtrain.whatif.run import WhatIf, to_ms
 
 _TOP_OPS = 15
