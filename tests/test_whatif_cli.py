@@ -20,9 +20,10 @@ runner = CliRunner()
 
 @pytest.fixture()
 def pair(tmp_path: Path) -> tuple[Path, Path]:
-    """A one-thread job and a second recording of it whose GEMMs take twice as long, without its first add."""
+    """A one-thread job and a second recording of it whose GEMMs take twice as long, without its first add, and
+    whose softmax calls an operator of its own (its time is the softmax's)."""
     write_trace(tmp_path / "a", 0, one_thread_iterations())
-    write_trace(tmp_path / "b", 0, one_thread_iterations(mm=2.0, drop_first_add=True))
+    write_trace(tmp_path / "b", 0, one_thread_iterations(mm=2.0, drop_first_add=True, split_softmax=True))
     return tmp_path / "a", tmp_path / "b"
 
 
@@ -53,9 +54,13 @@ def test_durations_from_names_what_it_could_not_match(pair: tuple[Path, Path], t
     assert result["other_measured_ms"] == pytest.approx(0.4 + 0.27)  # iteration 2 of b: the mm take 270 more
     assert result["predicted_ms"] == pytest.approx(0.67) and abs(result["error_pct"]) < 1e-6
     details = json.loads((tmp_path / "o" / "whatif.json").read_text())
-    assert details["unmatched"]["base"] == 1 and details["unmatched"]["other"] == 0
+    assert details["unmatched"]["base"] == 1 and details["unmatched"]["other"] == 2
+    assert {r["name"] for r in details["unmatched"]["other_names"]} == {"aten::narrow"}
     assert details["unmatched"]["base_names"][0]["name"] == "aten::add"
     assert "1 event(s) with own time" in done.stderr
+    predicted = read_trace_set(tmp_path / "o" / "predicted")[0]
+    softmax = [d for n, d in zip(predicted.name, predicted.dur) if n == "aten::softmax"]
+    assert softmax == pytest.approx([40.0, 40.0])  # 30 of its own + its child's 10 in the other recording
     assert "aten::add" in (tmp_path / "o" / "report.md").read_text()
 
 

@@ -24,11 +24,12 @@ TRACES = Path(__file__).resolve().parents[1] / "traces"
 gpu_trace = test_replay_graph.gpu_trace  # the fixture: one GPU rank launching a GEMM, an add and a memcpy
 
 
-def one_thread_iterations(mm: float = 1.0, drop_first_add: bool = False) -> list[dict]:
+def one_thread_iterations(mm: float = 1.0, drop_first_add: bool = False, split_softmax: bool = False) -> list[dict]:
     """Two iterations of one thread. Per iteration (400 µs): an add (40), a linear (150: 20 of its own around
     an mm of 130), a softmax (40), an mm (140), Python gaps between them. GEMM time on the path: 290 µs.
     ``mm`` multiplies the mm durations (the rest of the timeline follows); ``drop_first_add`` leaves out the
-    first iteration's add (its time stays a gap)."""
+    first iteration's add (its time stays a gap); ``split_softmax`` gives the softmax a child operator of
+    10 µs (the same 40 µs in all)."""
     events = []
     base = 0.0
     for step in (1, 2):
@@ -39,6 +40,8 @@ def one_thread_iterations(mm: float = 1.0, drop_first_add: bool = False) -> list
             events.append(cpu("aten::add", base + 2, 40))
         events += [cpu("aten::linear", base + 50, 20 + first), cpu("aten::mm", base + 60, first),
                    cpu("aten::softmax", base + 75 + first, 40), cpu("aten::mm", base + 120 + first, second)]
+        if split_softmax:
+            events.append(cpu("aten::narrow", base + 80 + first, 10))
         base += length
     return events
 

@@ -48,6 +48,7 @@ class OwnedGraph:
     kind: np.ndarray
     holder: np.ndarray  # per edge: an event (its own time), events + point (a host stretch), or NO_OWNER
     events: int  # number of events (points 0 .. 2*events-1 are theirs; joins follow)
+    parent: np.ndarray  # per event: the event that encloses it on its thread, or NO_OWNER
 
     @property
     def holders(self) -> int:
@@ -76,13 +77,16 @@ def own_edges(graph: ReplayGraph) -> OwnedGraph:
     peer = (kind == _PEER) & (src >= 2 * events)  # join -> a member's end
     owner[peer] = dst[peer] // 2
     thread = np.flatnonzero(kind == _THREAD)
-    owners = _thread_owners(graph, src[thread], dst[thread], events)
+    owners, parent = _thread_owners(graph, src[thread], dst[thread], events)
     owner[thread] = np.where(owners != NO_OWNER, owners, events + dst[thread])  # else a host stretch
-    return OwnedGraph(graph=graph, src=src, dst=dst, delay=delay, kind=kind, holder=owner, events=events)
+    return OwnedGraph(graph=graph, src=src, dst=dst, delay=delay, kind=kind, holder=owner, events=events,
+                      parent=parent)
 
 
-def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray, events: int) -> np.ndarray:
-    """The innermost operator or runtime call of every thread stretch (a ``thread`` edge ``src -> dst``).
+def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray,
+                   events: int) -> tuple[np.ndarray, np.ndarray]:
+    """The innermost operator or runtime call of every thread stretch (a ``thread`` edge ``src -> dst``), and
+    the enclosing event of every event on a thread (NO_OWNER: none).
 
     Thread edges chain each thread's points in order; walking a chain with a stack of the events entered so far
     gives the innermost event of every stretch.
@@ -91,6 +95,7 @@ def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray, events:
     successor = dict(zip(src.tolist(), range(len(src))))  # point -> its thread edge
     has_predecessor = set(dst.tolist())
     owners = np.full(len(src), NO_OWNER, dtype=np.int64)
+    parent = np.full(events, NO_OWNER, dtype=np.int64)
     for head in src.tolist():
         if head in has_predecessor:
             continue
@@ -99,6 +104,8 @@ def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray, events:
         while point is not None:
             event = point // 2
             if point % 2 == 0:
+                if stack:
+                    parent[event] = stack[-1]
                 stack.append(event)
             elif event in stack:
                 del stack[len(stack) - 1 - stack[::-1].index(event):]
@@ -108,7 +115,7 @@ def _thread_owners(graph: ReplayGraph, src: np.ndarray, dst: np.ndarray, events:
             if stack and owning[stack[-1]]:
                 owners[edge] = stack[-1]
             point = int(dst[edge])
-    return owners
+    return owners, parent
 
 
 def _owning_events(graph: ReplayGraph, events: int) -> np.ndarray:

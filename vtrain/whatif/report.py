@@ -84,7 +84,8 @@ def unmatched(w: WhatIf) -> list[tuple[str, Table]]:
         return []
     out = []
     for title, frame in ((f"in {w.trace_dir} only (kept their own duration)", w.matching.unmatched_base),
-                         (f"in {w.other_dir} only", w.matching.unmatched_other)):
+                         (f"in {w.other_dir} only (their time counts for the matched operator around them)",
+                          w.matching.unmatched_other)):
         out.append((title, (["name", "kind", "events", "own time ms"],
                             [[r["name"], r["kind"], str(r["events"]), ms(r["own_ms"])]
                              for r in frame.head(20).iter_rows(named=True)])))

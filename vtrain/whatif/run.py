@@ -148,6 +148,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         matching = match_events(base.frame, other.frame, base.own, other.own)
         partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
         new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
+        new_held[:base.owned.events] += _unmatched_children_time(matching.other_event, other)
         counts = matching.counts
         if counts["base"] or counts["other"]:
             notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
@@ -209,6 +210,24 @@ def _scalable(base: TraceSet) -> tuple[list[str | None], list[str | None]]:
     names = [n if ok else None for n, ok in zip(frame["name"], scalable)]
     host_stretches = 2 * base.owned.events
     return classes + [HOST] * host_stretches, names + [None] * host_stretches
+
+
+def _unmatched_children_time(other_event: np.ndarray, other: TraceSet) -> np.ndarray:
+    """Per base event, the own time of the other recording's events without a partner that its partner
+    encloses (through other unmatched events): work the other recording split off into operators of its own
+    (``aten::cat`` on two threads calls ``aten::narrow``/``aten::slice``) stays its caller's."""
+    base_of = np.full(other.owned.events, -1, dtype=np.int64)
+    matched = other_event >= 0
+    base_of[other_event[matched]] = np.flatnonzero(matched)
+    extra = np.zeros(len(other_event))
+    parent = other.owned.parent
+    for event in np.flatnonzero((base_of < 0) & (other.own > 0)).tolist():
+        ancestor = parent[event]
+        while ancestor != NO_OWNER and base_of[ancestor] < 0:
+            ancestor = parent[ancestor]
+        if ancestor != NO_OWNER:
+            extra[base_of[ancestor]] += other.own[event]
+    return extra
 
 
 def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> np.ndarray:
