@@ -144,16 +144,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     notes: list[str] = []
     new_held, matching = base.held, None
     if other is not None:
-        _check_same_job(base, other)
-        matching = match_events(base.frame, other.frame, base.own, other.own)
-        partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
-        new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
-        new_held[:base.owned.events] += _unmatched_children_time(matching.other_event, other)
-        counts = matching.counts
-        if counts["base"] or counts["other"]:
-            notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
-                         f"(they keep their own duration); {counts['other']} in {other.path} have none in "
-                         f"{base.path}")
+        new_held, matching = _durations_from(base, other, ops_only, notes)
     factors, hits = scale_factors(scales, *_scalable(base), counted=base.held > 0)
     for label, n in hits.items():
         if n == 0:
@@ -183,6 +174,22 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         replay=Replay(traces=owned.graph.traces, events=predicted, origin=owned.graph.origin,
                       stats=owned.graph.stats, edge_counts={}, notes=notes),
         notes=notes)
+
+
+def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
+                    notes: list[str]) -> tuple[np.ndarray, Matching]:
+    """Every holder's time taken from ``other`` where it has a partner there (see :func:`what_if`)."""
+    _check_same_job(base, other)
+    matching = match_events(base.frame, other.frame, base.own, other.own)
+    partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
+    new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
+    new_held[:base.owned.events] += _unmatched_children_time(matching.other_event, other)
+    counts = matching.counts
+    if counts["base"] or counts["other"]:
+        notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
+                     f"(they keep their own duration); {counts['other']} in {other.path} have none in "
+                     f"{base.path} (their time counts for the matched operator around them)")
+    return new_held, matching
 
 
 def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> np.ndarray:
