@@ -36,6 +36,8 @@ def record_command(
     steps: int = typer.Option(3, "--steps", help="Profiled iterations."),
     warmup: int = typer.Option(1, "--warmup", help="Iterations run under the profiler before recording."),
     seed: int = typer.Option(1234, "--seed", help="Seed of the weights and the synthetic data."),
+    threads: int | None = typer.Option(None, "--threads", help="Intra-op threads per rank (default: the cores "
+                                       "shared evenly among the ranks); recorded in run.yaml."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace folder to write (rank-N.json.gz, run.yaml)."),
     force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
 ) -> None:
@@ -50,7 +52,8 @@ def record_command(
     from vtrain.record.launcher import RankFailure, record  # torch is imported only when recording
 
     try:
-        result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force)
+        result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force,
+                        threads=threads)
     except RankFailure as exc:
         print(f"error: {output}: {exc}", file=sys.stderr)
         raise typer.Exit(EXIT_RANK_FAILED) from None

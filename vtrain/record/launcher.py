@@ -59,7 +59,7 @@ def resolve_device(requested: str) -> str:
 
 
 def describe_run(config: RunConfig, device: str, steps: int, warmup: int, seed: int,
-                 gpus_per_node: int | None = None) -> RunConfig:
+                 gpus_per_node: int | None = None, threads: int | None = None) -> RunConfig:
     """``config`` with hardware, software and recording filled in for this machine."""
     world = config.parallelism.world_size
     cuda = device == "cuda"
@@ -78,6 +78,8 @@ def describe_run(config: RunConfig, device: str, steps: int, warmup: int, seed: 
         "backend": "nccl" if cuda else "gloo",
     }
     recording = {"steps": steps, "warmup": warmup, "seed": seed, "optimizer": "adam", "lr": LEARNING_RATE}
+    if threads is not None:
+        recording["threads"] = threads  # intra-op threads per rank (torch.set_num_threads)
     return replace(config, hardware=hardware, software=software, recording=recording)
 
 
@@ -103,11 +105,13 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
 
 
 def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 1234,
-           device: str = "auto", force: bool = False, timeout_s: float = 600.0) -> Recording | None:
+           device: str = "auto", force: bool = False, timeout_s: float = 600.0,
+           threads: int | None = None) -> Recording | None:
     """Record ``config`` into the folder ``out``: one ``rank-N.json.gz`` per rank plus ``run.yaml``.
 
     Starts one process per rank, or, when this process was started by torchrun, runs as its rank (then only
-    rank 0 publishes the folder and gets a :class:`Recording`; other ranks get ``None``).
+    rank 0 publishes the folder and gets a :class:`Recording`; other ranks get ``None``). ``threads`` is the
+    number of intra-op threads per rank (default: the machine's cores shared evenly among its ranks).
     """
     started = time.perf_counter()
     device = resolve_device(device)
@@ -115,7 +119,9 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
     config = replace(config, hardware=replace(config.hardware, device_count=world))
     check_recordable(config, steps, warmup, device)
     out = check_output(out, force=force)
-    threads = max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1 (got {threads})")
+    threads = threads or max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
     if _under_torchrun():
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
 
@@ -128,7 +134,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
                           device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
                           timeout_s=timeout_s, log_dir=rendezvous)
             _spawn(job, world)
-        described = describe_run(config, device, steps, warmup, seed)
+        described = describe_run(config, device, steps, warmup, seed, threads=threads)
         return _publish(staging, out, described, world, force, started)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -211,7 +217,7 @@ def _record_as_torchrun_rank(config: RunConfig, out: Path, steps: int, warmup: i
         return None
     try:
         described = describe_run(config, device, steps, warmup, seed,
-                                 gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+                                 gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)), threads=threads)
         return _publish(staging, out, described, world, force=True, started=started)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -58,6 +58,12 @@ def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:
     return _event_frame(graph, graph.measured)
 
 
+def timeline(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
+    """The event frame of ``graph`` with every point at ``times`` (as :func:`vtrain.replay.engine.evaluate`
+    returns them; ``graph.measured`` gives the measured timeline): one row per event, in global event order."""
+    return _event_frame(graph, times)
+
+
 def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
     calls = {(c.rank, c.event): c for c in graph.calls}
     frames = []

@@ -1,0 +1,49 @@
+"""`vtrain whatif A --durations-from B` on the shipped pairs (traces/whatif/: one job recorded at two operator
+speeds, --threads 1 and 2) predicts B's measured iteration time within 3 %, in both directions, and the report
+names the operators that moved the critical path."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRACES
+from vtrain.runconfig import load_run_config
+from vtrain.whatif.report import moved_ops
+from vtrain.whatif.run import TraceSet, load_trace_set, predict
+
+PAIRS_DIR = TRACES / "whatif"
+JOBS = sorted(p.name.removesuffix("-threads1") for p in PAIRS_DIR.glob("*-threads1"))
+
+
+@lru_cache(maxsize=2)
+def loaded(path: Path) -> TraceSet:
+    return load_trace_set(path)
+
+
+def test_the_pairs_cover_pipeline_data_and_3d_parallel_jobs() -> None:
+    layouts = set()
+    for job in JOBS:
+        one, two = (load_run_config(PAIRS_DIR / f"{job}-threads{n}" / "run.yaml") for n in (1, 2))
+        assert (one.model, one.parallelism) == (two.model, two.parallelism)  # the same job
+        assert (one.recording["threads"], two.recording["threads"]) == (1, 2)
+        p = one.parallelism
+        layouts.add("pipeline" if p.pp > 1 and p.tp == p.dp == 1 else "data" if p.dp > 1 and p.tp == p.pp == 1
+                    else "3d" if min(p.tp, p.pp, p.dp) > 1 else "other")
+    assert {"pipeline", "data", "3d"} <= layouts
+
+
+@pytest.mark.parametrize("job", JOBS)
+@pytest.mark.parametrize("direction", ["1->2", "2->1"])
+def test_durations_from_the_other_recording_predict_it_within_3_percent(job: str, direction: str) -> None:
+    base_threads, other_threads = direction.split("->")
+    base = loaded(PAIRS_DIR / f"{job}-threads{base_threads}")
+    other = loaded(PAIRS_DIR / f"{job}-threads{other_threads}")
+    result = predict(base, [], other)
+    summary = result.summary()
+    assert abs(summary["error_pct"]) < 3.0, summary
+    assert abs(summary["change_pct"]) > 10.0  # the two speeds differ: the test is not a replay of itself
+    moved = moved_ops(result)[1]
+    assert moved and any(row[1] == "gemm" for row in moved[:5])

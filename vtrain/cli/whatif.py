@@ -1,0 +1,77 @@
+"""`vtrain whatif TRACE_DIR [--scale CLASS=FACTOR ...] [--scale-kernel REGEX=FACTOR ...]
+[--durations-from OTHER_TRACE_DIR] [-o OUT_DIR] [--json]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
+from vtrain.outputs import check_output
+
+REPORTS = Path("reports")
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
+
+
+@user_errors
+def whatif_command(
+    trace_dir: Path = typer.Argument(..., help="Folder with one Kineto trace per rank (a measured run)."),
+    scale: list[str] = typer.Option([], "--scale", help="CLASS=FACTOR: multiply the duration of every operator "
+                                                        "of a class (gemm, attention, elementwise/norm, memory, "
+                                                        "convolution, other, all_reduce, all_gather, "
+                                                        "reduce_scatter, all_to_all, send/recv, broadcast, comm, "
+                                                        "host). "
+                                                        "Repeatable."),
+    scale_kernel: list[str] = typer.Option([], "--scale-kernel", help="REGEX=FACTOR: multiply the duration of "
+                                                                      "every kernel/operator whose name matches. "
+                                                                      "Repeatable."),
+    durations_from: Path | None = typer.Option(None, "--durations-from", help="Another recording of the same job: "
+                                                                              "take every op's and kernel's "
+                                                                              "duration from it."),
+    ops_only: bool = typer.Option(False, "--ops-only", help="With --durations-from: take only operators', kernels' "
+                                                            "and transfers' durations; keep this trace set's host "
+                                                            "time between operators."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default reports/whatif-<trace "
+                                                                    "dir name>/)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Re-time a measured run's own dependency graph with changed durations; report the predicted iteration
+    time, the new critical path and predicted Chrome traces."""
+    from vtrain.whatif.changes import parse_scale, parse_scale_kernel
+
+    scales = [parse_scale(s) for s in scale] + [parse_scale_kernel(s) for s in scale_kernel]
+    if ops_only and durations_from is None:
+        raise InputError("--ops-only needs --durations-from", trace_dir)
+    if not scales and durations_from is None:
+        raise InputError("nothing to change: give --scale, --scale-kernel or --durations-from", trace_dir)
+    for folder in (trace_dir, durations_from):
+        if folder is not None and not folder.is_dir():
+            raise InputError("not a folder", folder)
+    target = output or REPORTS / f"whatif-{trace_dir.resolve().name}"
+    check_output(target, inputs=[trace_dir, durations_from], force=True, what="report folder")
+
+    from vtrain.report.write import staged_folder
+    from vtrain.whatif.report import write_whatif_report
+    from vtrain.whatif.run import what_if
+
+    result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=_warn)
+    with staged_folder(target) as staging:
+        write_whatif_report(result, staging)
+    summary = result.summary()
+    if as_json:
+        print(json.dumps({**summary, "report": str(target)}))
+        return
+    line = (f"{trace_dir}: measured {summary['measured_ms']:.1f} ms, predicted {summary['predicted_ms']:.1f} ms "
+            f"({summary['change_pct']:+.2f} %)")
+    if "other_measured_ms" in summary:
+        line += (f"; {durations_from} measured {summary['other_measured_ms']:.1f} ms, "
+                 f"error {summary['error_pct']:+.2f} %")
+    print(line)
+    print(f"report: {target}")

@@ -1,0 +1,299 @@
+"""``what_if``: re-time a measured run's own dependency graph under changed durations.
+
+The flow: build the replay graph of the trace set once (:func:`vtrain.replay.build.build_graph`), find which
+edges hold each event's own time (:mod:`vtrain.whatif.owners`), give every event a new own time (from another
+recording of the same job, matched op by op, and/or multiplied per class or name pattern), evaluate the graph
+with the edited delays (:func:`vtrain.replay.engine.evaluate`: waits, including each collective's wait for its
+last member, follow from the new arrival times), and read iteration times and critical paths off the result.
+Unchanged durations reproduce the replay exactly.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from vtrain.errors import InputError
+from vtrain.naming import ITERATION_PREFIX
+from vtrain.replay.build import build_graph
+from vtrain.replay.engine import evaluate
+from vtrain.replay.run import Replay, timeline
+from vtrain.replay.trace import read_trace_set
+from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.validate.compare import error_pct
+from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
+from vtrain.whatif.changes import HOST, Scale, scale_factors
+from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
+from vtrain.whatif.match import Matching, match_events
+from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
+
+
+@dataclass
+class TraceSet:
+    """One recording: its graph with the holder of every edge, its annotated event frame (measured times) and
+    the time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`)."""
+
+    path: Path
+    config: RunConfig | None
+    owned: OwnedGraph
+    frame: pl.DataFrame
+    held: np.ndarray
+
+    @property
+    def own(self) -> np.ndarray:
+        """Every event's own time (µs)."""
+        return self.held[:self.owned.events]
+
+
+@dataclass
+class WhatIf:
+    """The prediction: iteration times (µs, job time = mean over ranks) per profiled iteration."""
+
+    trace_dir: Path
+    other_dir: Path | None
+    changes: list[str]
+    scale_hits: dict[str, int]
+    ops_only: bool
+    iterations: list[int]
+    steady: list[int]
+    measured_us: dict[int, float]
+    replayed_us: dict[int, float]
+    predicted_us: dict[int, float]
+    other_measured_us: dict[int, float] | None
+    baseline_paths: list[CriticalPath]
+    predicted_paths: list[CriticalPath]
+    matching: Matching | None
+    replay: Replay  # the predicted timeline, for the Chrome traces
+    notes: list[str] = field(default_factory=list)
+
+    def medianto_ms(self, series: dict[int, float] | None) -> float | None:
+        """The median over the steady iterations, in ms."""
+        if not series:
+            return None
+        values = [series[i] for i in self.steady if i in series]
+        return statistics.median(values) / 1e3 if values else None
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers (``--json``)."""
+        measured, predicted = self.medianto_ms(self.measured_us), self.medianto_ms(self.predicted_us)
+        out: dict[str, Any] = {"measured_ms": measured, "predicted_ms": predicted,
+                               "change_pct": error_pct(predicted, measured),
+                               "replay_ms": self.medianto_ms(self.replayed_us)}
+        if self.other_measured_us is not None:
+            other = self.medianto_ms(self.other_measured_us)
+            out.update(other_measured_ms=other, error_pct=error_pct(predicted, other))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything the report shows, as plain data (``whatif.json``)."""
+        per_iteration = [{"iteration": i, "steady": i in self.steady,
+                          "measured_ms": to_ms(self.measured_us.get(i)), "replay_ms": to_ms(self.replayed_us.get(i)),
+                          "predicted_ms": to_ms(self.predicted_us.get(i)),
+                          **({"other_measured_ms": to_ms(self.other_measured_us.get(i))}
+                             if self.other_measured_us is not None else {})}
+                         for i in self.iterations]
+        out = {**self.summary(), "trace_dir": str(self.trace_dir),
+               "other_dir": str(self.other_dir) if self.other_dir else None, "ops_only": self.ops_only,
+               "changes": self.changes,
+               "scale_hits": self.scale_hits, "steady_iterations": self.steady, "iterations": per_iteration,
+               "critical_path": {"baseline_ms": _ms_dict(mean_by(self.baseline_paths, "by_class")),
+                                 "predicted_ms": _ms_dict(mean_by(self.predicted_paths, "by_class"))},
+               "notes": self.notes}
+        if self.matching is not None:
+            out["unmatched"] = {**self.matching.counts,
+                                "base_names": self.matching.unmatched_base.head(20).to_dicts(),
+                                "other_names": self.matching.unmatched_other.head(20).to_dicts()}
+        return out
+
+
+def load_trace_set(trace_dir: str | Path) -> TraceSet:
+    """Read a trace folder (and its ``run.yaml`` when there is one) and build its graph."""
+    trace_dir = Path(trace_dir)
+    traces = read_trace_set(trace_dir)
+    run_yaml = trace_dir / "run.yaml"
+    config = load_run_config(run_yaml) if run_yaml.exists() else None
+    graph = build_graph(traces, config)
+    owned = own_edges(graph)
+    frame = annotate(timeline(graph, graph.measured))
+    if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
+        raise InputError("no ProfilerStep#N spans: a what-if compares iterations", trace_dir)
+    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
+
+
+def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
+            ops_only: bool = False, warn: Callable[[str], None] = lambda _: None) -> WhatIf:
+    """Predict ``trace_dir``'s iterations with durations from ``other_dir`` (when given), then ``scales``.
+
+    From ``other_dir`` come every operator's, kernel's and collective transfer's own time and, unless
+    ``ops_only``, every host stretch (a thread's time between operators), each matched op by op.
+    """
+    base = load_trace_set(trace_dir)
+    other = load_trace_set(other_dir) if other_dir is not None else None
+    return predict(base, scales or [], other, ops_only, warn)
+
+
+def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, ops_only: bool = False,
+            warn: Callable[[str], None] = lambda _: None) -> WhatIf:
+    """The what-if of already loaded trace sets (see :func:`what_if`)."""
+    notes: list[str] = []
+    new_held, matching = base.held, None
+    if other is not None:
+        new_held, matching = _durations_from(base, other, ops_only, notes)
+    factors, hits = scale_factors(scales, *_scalable(base), counted=base.held > 0)
+    for label, n in hits.items():
+        if n == 0:
+            notes.append(f"{label}: no event of {base.path} holds time of this kind; nothing changed")
+    delay = edited_delays(base.owned, base.held, new_held * factors)
+    owned = base.owned
+    times, released = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
+    replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
+    if released:
+        notes.append(f"{released} event points were released from dependency cycles")
+    for line in notes:
+        warn(line)
+    predicted = _with_times(base.frame, times)
+    baseline = _with_times(base.frame, replayed)
+    all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
+    steady = all_iterations[1:] or all_iterations
+    return WhatIf(
+        trace_dir=base.path, other_dir=other.path if other else None,
+        changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits, ops_only=ops_only,
+        iterations=all_iterations, steady=steady,
+        measured_us=_job_times(base.frame, MEASURED), replayed_us=_job_times(baseline, REPLAYED),
+        predicted_us=_job_times(predicted, REPLAYED),
+        other_measured_us=_job_times(other.frame, MEASURED) if other else None,
+        baseline_paths=_paths(base, owned.delay, replayed, baseline, steady),
+        predicted_paths=_paths(base, delay, times, predicted, steady),
+        matching=matching,
+        replay=Replay(traces=owned.graph.traces, events=predicted, origin=owned.graph.origin,
+                      stats=owned.graph.stats, edge_counts={}, notes=notes),
+        notes=notes)
+
+
+def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
+                    notes: list[str]) -> tuple[np.ndarray, Matching]:
+    """Every holder's time taken from ``other`` where it has a partner there (see :func:`what_if`)."""
+    _check_same_job(base, other)
+    matching = match_events(base.frame, other.frame, base.own, other.own)
+    partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
+    new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
+    new_held[:base.owned.events] += _unmatched_children_time(matching.other_event, other)
+    counts = matching.counts
+    if counts["base"] or counts["other"]:
+        notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
+                     f"(they keep their own duration); {counts['other']} in {other.path} have none in "
+                     f"{base.path} (their time counts for the matched operator around them)")
+    return new_held, matching
+
+
+def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> np.ndarray:
+    """Edge delays with every holder's edges rescaled to its new time (a holder that had none gets the new time
+    spread evenly over its edges)."""
+    delay = owned.delay.copy()
+    has = owned.holder != NO_OWNER
+    event = owned.holder[has]
+    before = held[event]
+    after = new_held[event]
+    edges_per_event = np.bincount(event, minlength=len(held))[event]
+    delay[has] = np.where(before > 0, delay[has] * np.divide(after, before, out=np.zeros_like(after),
+                                                             where=before > 0),
+                          after / edges_per_event)
+    return delay
+
+
+def _scalable(base: TraceSet) -> tuple[list[str | None], list[str | None]]:
+    """Class and name of every holder a scale rule may change (``None``: none may): on GPU ranks the device
+    activities (a CPU operator there only launches its kernels), on CPU-only ranks every operator and collective;
+    then the host stretches (class ``host``, no name)."""
+    frame = base.frame
+    scalable = (frame["kind"] == "device") | ~frame["gpu_rank"]
+    classes = [c if ok else None for c, ok in zip(frame["op_class"], scalable)]
+    names = [n if ok else None for n, ok in zip(frame["name"], scalable)]
+    host_stretches = 2 * base.owned.events
+    return classes + [HOST] * host_stretches, names + [None] * host_stretches
+
+
+def _unmatched_children_time(other_event: np.ndarray, other: TraceSet) -> np.ndarray:
+    """Per base event, the own time of the other recording's events without a partner that its partner
+    encloses (through other unmatched events): work the other recording split off into operators of its own
+    (``aten::cat`` on two threads calls ``aten::narrow``/``aten::slice``) stays its caller's."""
+    base_of = np.full(other.owned.events, -1, dtype=np.int64)
+    matched = other_event >= 0
+    base_of[other_event[matched]] = np.flatnonzero(matched)
+    extra = np.zeros(len(other_event))
+    parent = other.owned.parent
+    for event in np.flatnonzero((base_of < 0) & (other.own > 0)).tolist():
+        ancestor = parent[event]
+        while ancestor != NO_OWNER and base_of[ancestor] < 0:
+            ancestor = parent[ancestor]
+        if ancestor != NO_OWNER:
+            extra[base_of[ancestor]] += other.own[event]
+    return extra
+
+
+def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> np.ndarray:
+    """Per holder of the base, the other recording's holder (-1: none): an event's partner event, and (with
+    ``host``) the host stretch ending at the partner's matching point."""
+    events = len(other_event)
+    points = np.arange(2 * events)
+    partner_of_point = other_event[points // 2]
+    stretches = np.where(partner_of_point >= 0, other_events + 2 * partner_of_point + points % 2, -1)
+    return np.concatenate([other_event, stretches if host else np.full(2 * events, -1)])
+
+
+def _check_same_job(base: TraceSet, other: TraceSet) -> None:
+    ranks = sorted(base.frame["rank"].unique().to_list())
+    other_ranks = sorted(other.frame["rank"].unique().to_list())
+    if ranks != other_ranks:
+        raise InputError(f"ranks {other_ranks} are not those of {base.path} ({ranks}): not the same job", other.path)
+    if base.config is not None and other.config is not None and (
+            base.config.model != other.config.model or base.config.parallelism != other.config.parallelism):
+        raise InputError(f"run.yaml describes another model or parallelism than {base.path}/run.yaml: not the "
+                         f"same job", other.path)
+
+
+def _with_times(frame: pl.DataFrame, times: np.ndarray) -> pl.DataFrame:
+    start = times[0:2 * frame.height:2]
+    return frame.with_columns(sim_ts=pl.Series(start), sim_dur=pl.Series(times[1:2 * frame.height:2] - start))
+
+
+def _job_times(frame: pl.DataFrame, side: Side) -> dict[int, float]:
+    """Per iteration, the mean over ranks of the iteration time (as `vtrain validate` defines it)."""
+    table = iterations(frame, side).group_by("iteration").agg(pl.col("time_us").mean())
+    return dict(zip(table["iteration"].to_list(), table["time_us"].to_list()))
+
+
+def _paths(base: TraceSet, delay: np.ndarray, times: np.ndarray, frame: pl.DataFrame,
+           steady: list[int]) -> list[CriticalPath]:
+    """The critical path of every steady iteration: from its latest point (any rank) back to its start. On GPU
+    ranks, the CPU operators' own time is host time (launching), not their class's work."""
+    classes = [c if kind == "device" or not gpu else HOST_OPS_LABEL
+               for c, kind, gpu in zip(frame["op_class"], frame["kind"], frame["gpu_rank"])]
+    finder = PathFinder(base.owned, delay, times, classes, frame["name"].to_list())
+    ends = times[1:2 * frame.height:2]
+    starts = iterations(frame, REPLAYED).group_by("iteration").agg(pl.col("start").min())
+    start_of = dict(zip(starts["iteration"].to_list(), starts["start"].to_list()))
+    iteration = frame["iteration"].to_numpy()
+    paths = []
+    for n in steady:
+        members = np.flatnonzero(iteration == n)
+        if len(members) == 0 or n not in start_of:
+            continue
+        last = members[np.argmax(ends[members])]
+        paths.append(finder.path(n, 2 * int(last) + 1, start_of[n]))
+    return paths
+
+
+def to_ms(value: float | None) -> float | None:
+    """µs -> ms (``None`` stays ``None``)."""
+    return None if value is None else value / 1e3
+
+
+def _ms_dict(values: dict[str, float]) -> dict[str, float]:
+    return {key: value / 1e3 for key, value in sorted(values.items(), key=lambda kv: -kv[1])}
