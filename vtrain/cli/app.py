@@ -26,6 +26,7 @@ COMMANDS = {
     "validate": ("vtrain.cli.validate", "validate_command"),
     "calibrate": ("vtrain.cli.calibrate", "calibrate_command"),
     "fit": ("vtrain.cli.fit", "fit_command"),
+    "plan": ("vtrain.cli.plan", "plan_command"),
 }
 
 #: for a command that parses its own arguments: all of them, help included, are handed to it unparsed

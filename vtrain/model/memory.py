@@ -1,9 +1,30 @@
-"""Parameter, gradient, optimizer-state and activation bytes of one pipeline stage on one GPU.
+"""Peak memory of one GPU of a pipeline stage: model states, stored activations and communication buffers.
 
-Activations follow the reference layer (no dropout): a layer keeps its input and LayerNorm inputs ([b,s,h]),
-q, k, v and the attention context ([b,s,h/t] each), the softmax output ([b·a/t, s, s]) and the GELU input and
-output ([b,s,4h/t] each); with full recomputation it keeps only its input. The number of micro-batches in flight
-is the schedule's peak (all m for GPipe, p − stage for 1F1B, Megatron's warm-up count + 1 for interleaved).
+**Model states** per parameter (mixed precision as Megatron trains, no optimizer sharding): fp16/bf16 runs keep
+16-bit parameters and gradients (2 + 2 bytes), fp32 master weights (4) and Adam's two fp32 moments (4 + 4):
+16 bytes. fp32 runs keep fp32 parameters, gradients and moments (4 + 4 + 8): 16 bytes, no master copy.
+
+**Activations** are Korthikanti et al.'s per-layer formula ("Reducing Activation Recomputation in Large
+Transformer Models", 2022, Eq. 2 with tensor parallelism, no sequence parallelism) for the model vtrain
+simulates and records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``), which has no dropout: the
+formula's dropout masks (2·sbh + as²b/t bytes) and the dropped-out attention probabilities (2·as²b/t) are not
+there. What one layer keeps for its backward, in elements, for one micro-batch::
+
+    4·sbh          LayerNorm 1 input (the layer input), QKV input, LayerNorm 2 input, fc1 input
+    12·sbh/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
+    a·s²·b/t       the softmax output (kept for its own backward and for probs @ v)
+
+With full recomputation a layer keeps only its input (sbh), and the layer being recomputed holds its full set
+once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the vocabulary-parallel
+cross-entropy (b·s·V/t floats, computed in place over the fp32 logits).
+
+**Micro-batches in flight**: the schedule's peak of forwards whose backward has not run yet on the stage: all m
+for GPipe, ``min(p − stage, m)`` for 1F1B, Megatron's warm-up count + 1 model-chunk passes for interleaved 1F1B
+(``tests/test_memory_model.py`` checks each against a walk of the schedule's own order).
+
+**Communication buffers**: pipeline send and receive buffers of one [b, s, h] activation each way (4 when
+p > 1) and, with data parallelism, two gradient buckets of ``dp_bucket_mb`` (the one being reduced and the one
+being filled).
 """
 
 from __future__ import annotations
@@ -12,8 +33,14 @@ import math
 from dataclasses import dataclass
 
 from vtrain.model.gpt import GptShape, embedding_parameters, head_parameters, layer_parameters
-from vtrain.model.partition import Chunk
+from vtrain.model.partition import Chunk, partition
 from vtrain.runconfig import RunConfig
+
+GIB = 2**30
+FP32_BYTES = 4
+
+#: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments)
+STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 12), "bf16": (2, 2, 12)}
 
 
 @dataclass(frozen=True)
@@ -23,13 +50,21 @@ class StageMemory:
     stage: int
     parameter_bytes: int
     gradient_bytes: int
-    optimizer_bytes: int  # Adam's two moments
-    activation_bytes: int  # stored activations of all micro-batches in flight
-    in_flight: int  # micro-batches whose activations are held at the peak
+    optimizer_bytes: int  # fp32 master weights (mixed precision) and Adam's two moments
+    activation_bytes: int  # stored activations of all micro-batches in flight (+ one recomputed layer)
+    buffer_bytes: int  # pipeline send/receive buffers and gradient buckets
+    in_flight: int  # micro-batches (model-chunk passes, interleaved) whose activations are held at the peak
 
     @property
     def total_bytes(self) -> int:
-        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+        return (self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+                + self.buffer_bytes)
+
+    def gib(self) -> dict[str, float]:
+        """Each part and the total in GiB."""
+        return {"parameters": self.parameter_bytes / GIB, "gradients": self.gradient_bytes / GIB,
+                "optimizer": self.optimizer_bytes / GIB, "activations": self.activation_bytes / GIB,
+                "buffers": self.buffer_bytes / GIB, "total": self.total_bytes / GIB}
 
 
 def stage_parameters(shape: GptShape, chunks: list[Chunk]) -> list[tuple[int, ...]]:
@@ -49,41 +84,64 @@ def block_parameters(shape: GptShape, chunk: Chunk) -> list[tuple[int, ...]]:
 
 
 def layer_activation_elements(shape: GptShape, recompute: bool) -> int:
-    """Elements one layer keeps for its backward, for one micro-batch."""
+    """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout)."""
     b, s, h, t = shape.b, shape.s, shape.h, shape.t
     if recompute:
         return b * s * h
-    full = 3 * b * s * h  # layer input, LayerNorm 1 input is the same tensor; LayerNorm 2 input, fc1 input
-    sharded = 4 * b * s * h // t + 2 * b * s * shape.ffn  # q, k, v, context; GELU input and output
-    return full + sharded + (b * shape.a // t) * s * s  # softmax output
+    return 4 * b * s * h + 12 * b * s * h // t + (shape.a // t) * b * s * s
+
+
+def head_activation_bytes(shape: GptShape) -> int:
+    """Bytes the head keeps for one micro-batch: LayerNorm input and output, the fp32 softmax over the
+    vocabulary shard."""
+    return 2 * shape.tokens * shape.h * shape.element_bytes + shape.tokens * shape.vocab_per_rank * FP32_BYTES
 
 
 def in_flight_micro_batches(config: RunConfig, stage: int) -> int:
-    """Peak number of micro-batches whose activations a stage holds."""
+    """Peak number of forward passes (model-chunk passes for interleaved 1F1B) whose activations a stage holds."""
     p, m, v = config.parallelism.pp, config.parallelism.micro_batches, config.parallelism.virtual_stages
     schedule = config.parallelism.schedule
     if schedule == "gpipe":
         return m
-    if p == 1:
-        return 1
-    if schedule == "interleaved":
-        warmup = min((p - stage - 1) * 2 + (v - 1) * p, m * v)
-        return math.ceil((warmup + 1) / v)
+    if schedule == "interleaved" and v > 1:
+        total = m * v
+        warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+        return min(warmup + 1, total)
     return min(p - stage, m)
 
 
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
     """Peak memory of one GPU of the stage holding ``chunks``."""
+    par = config.parallelism
     params = sum(math.prod(p) for p in stage_parameters(shape, chunks))
+    parameter, gradient, optimizer = STATE_BYTES[config.precision]
     element = shape.element_bytes
-    recompute = config.parallelism.recompute == "full"
-    per_mb = 0
-    for chunk in chunks:
-        per_mb += chunk.layers * layer_activation_elements(shape, recompute)
-        if chunk.has_head:
-            per_mb += shape.tokens * (shape.h + shape.vocab_per_rank)  # final norm input, softmax
+    recompute = par.recompute == "full"
+    layers = sum(chunk.layers for chunk in chunks)
+    per_pass = layers * layer_activation_elements(shape, recompute) * element / len(chunks)
+    head = head_activation_bytes(shape) if any(chunk.has_head for chunk in chunks) else 0
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
+    if par.schedule != "interleaved" or par.virtual_stages == 1:
+        in_flight_chunks = in_flight * len(chunks)
+    else:
+        in_flight_chunks = in_flight
+    head_in_flight = in_flight if par.schedule == "gpipe" else 1  # else the head's backward follows at once
+    activations = per_pass * in_flight_chunks + head * head_in_flight
+    if recompute and layers:
+        activations += layer_activation_elements(shape, False) * element  # the layer being recomputed
+    buffers = (4 * shape.activation_bytes if par.pp > 1 else 0) \
+        + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
     return StageMemory(
-        stage=chunks[0].stage, parameter_bytes=params * element, gradient_bytes=params * element,
-        optimizer_bytes=2 * params * element, activation_bytes=per_mb * element * in_flight, in_flight=in_flight,
+        stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,
+        optimizer_bytes=params * optimizer, activation_bytes=int(activations), buffer_bytes=buffers,
+        in_flight=in_flight,
     )
+
+
+def peak_stage_memory(config: RunConfig) -> StageMemory:
+    """The stage that needs the most memory in a consistent ``config``. Only the first and the last stage can
+    be it: the others hold no embedding or head, and no more micro-batches in flight than the first."""
+    chunks = partition(config)
+    shape = GptShape.from_config(config)
+    ends = [chunks[0]] if len(chunks) == 1 else [chunks[0], chunks[-1]]
+    return max((stage_memory(config, shape, stage_chunks) for stage_chunks in ends), key=lambda m: m.total_bytes)

@@ -12,12 +12,13 @@ from typing import Any
 
 from vtrain.devices import DeviceModel, device_for_config
 from vtrain.graph.build import ExecutionGraph, build_graph
+from vtrain.graph.work import GraphInputs
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
-from vtrain.model.partition import partition
+from vtrain.model.partition import Chunk, partition
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collectives import CollectiveResolver
-from vtrain.simulate.latency import SOURCES, OpLatencyResolver
+from vtrain.simulate.latency import SOURCES, HostGapResolver, OpLatencyResolver
 from vtrain.simulate.scheduler import Schedule, critical_path, schedule
 from vtrain.simulate.summary import CATEGORIES, StageSummary, coverage, describe_task, stage_summaries
 from vtrain.simulate.workload import WorkloadResolver
@@ -75,7 +76,7 @@ class Simulation:
             "stages": [
                 {"stage": s.stage, "rank": s.rank, "busy_ms": s.busy_us * ms, "idle_ms": s.idle_us * ms,
                  "breakdown_ms": {k: v * ms for k, v in s.breakdown_us.items()},
-                 "memory_gib": _memory_gib(m)}
+                 "memory_gib": m.gib()}
                 for s, m in zip(self.stages, self.memory)
             ],
             "critical_path": [
@@ -86,13 +87,6 @@ class Simulation:
             "graph": {"tasks": len(tasks), "edges": self.graph.graph.number_of_edges(),
                       "streams": len(self.graph.streams)},
         }
-
-
-def _memory_gib(memory: StageMemory) -> dict[str, float]:
-    gib = 1 / 2**30
-    return {"parameters": memory.parameter_bytes * gib, "gradients": memory.gradient_bytes * gib,
-            "optimizer": memory.optimizer_bytes * gib, "activations": memory.activation_bytes * gib,
-            "total": memory.total_bytes * gib}
 
 
 def simulate(config: RunConfig, profile: Profile | None = None, device: DeviceModel | None = None,
@@ -121,13 +115,73 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _simulate(config: RunConfig, profile: Profile | None, device: DeviceModel) -> Simulation:
-    device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
-    ops = OpLatencyResolver(profile, device, device_type)
-    collectives = CollectiveResolver(profile, device, device_type, config.hardware.gpus_per_node)
-    workload = WorkloadResolver(config, ops, collectives)
+def resolve_work(config: RunConfig, profile: Profile | None, device: DeviceModel,
+                 shared: SharedResolvers | None = None,
+                 ) -> tuple[list[list[Chunk]], GraphInputs, OpLatencyResolver, CollectiveResolver]:
+    """The partition of a consistent ``config`` and every task's resolved work (what the graph is built from),
+    with the resolvers that resolved it (from ``shared`` when given: a sweep's runs share them)."""
+    shared = shared or SharedResolvers(profile, device)
     chunks = partition(config)
-    graph = build_graph(config, workload.graph_inputs(chunks))
+    collectives = shared.collectives(config)
+    placed = WorkloadResolver(config, shared.bare_ops(config), collectives)
+    stage_of = placed.profile_stages()
+    ops, gaps = shared.ops(config, frozenset(placed.placed(chunks)), stage_of)
+    inputs = WorkloadResolver(config, ops, collectives, gaps).graph_inputs(chunks)
+    return chunks, inputs, ops, collectives
+
+
+class SharedResolvers:
+    """The latency resolvers of one profile and device model, shared by every run resolved through it.
+
+    Collective latencies depend only on the collective, group, bytes and rank stride, so one resolver serves all
+    runs with the same node size. Operator latencies are calibrated (interference factors, host gaps) on the
+    operators a run places, so runs share an operator resolver when they place the same signatures on the same
+    profile stages. Every run resolved through it gets what a fresh :func:`resolve_work` would give it.
+    """
+
+    def __init__(self, profile: Profile | None, device: DeviceModel) -> None:
+        self.profile = profile
+        self.device = device
+        self._collectives: dict[tuple[str, int], CollectiveResolver] = {}
+        self._bare: dict[str, OpLatencyResolver] = {}
+        self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
+                        tuple[OpLatencyResolver, HostGapResolver]] = {}
+
+    def collectives(self, config: RunConfig) -> CollectiveResolver:
+        """The collective resolver for the config's device type and node size."""
+        key = (_device_type(config), config.hardware.gpus_per_node)
+        if key not in self._collectives:
+            self._collectives[key] = CollectiveResolver(self.profile, self.device, *key)
+        return self._collectives[key]
+
+    def bare_ops(self, config: RunConfig) -> OpLatencyResolver:
+        """An uncalibrated operator resolver, never resolved with (to ask a workload what it places)."""
+        device_type = _device_type(config)
+        if device_type not in self._bare:
+            self._bare[device_type] = OpLatencyResolver(self.profile, self.device, device_type)
+        return self._bare[device_type]
+
+    def ops(self, config: RunConfig, placed: frozenset[tuple[str, str, str]],
+            stage_of: dict[int, int] | None) -> tuple[OpLatencyResolver, HostGapResolver]:
+        """The operator resolver and host-gap resolver calibrated for these placed signatures and stages."""
+        device_type = _device_type(config)
+        key = (device_type, placed, tuple(sorted(stage_of.items())) if stage_of is not None else None)
+        if key not in self._ops:
+            ops = OpLatencyResolver(self.profile, self.device, device_type)
+            gaps = HostGapResolver(self.profile, device_type)
+            gaps.fit(set(placed), stage_of)
+            ops.calibrate(gaps.events, stage_of)
+            self._ops[key] = (ops, gaps)
+        return self._ops[key]
+
+
+def _device_type(config: RunConfig) -> str:
+    return "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
+
+
+def _simulate(config: RunConfig, profile: Profile | None, device: DeviceModel) -> Simulation:
+    chunks, inputs, ops, collectives = resolve_work(config, profile, device)
+    graph = build_graph(config, inputs)
     result = schedule(graph)
     par = config.parallelism
     ranks = [stage * par.tp * par.dp for stage in range(par.pp)]

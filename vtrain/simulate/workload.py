@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import polars as pl
 
@@ -49,15 +50,27 @@ class ResolvedStep:
         return self.gap.latency_us if self.gap is not None else 0.0
 
 
-class WorkloadResolver:
-    """Turns a run config into :class:`GraphInputs` using the op and collective resolvers."""
+@lru_cache(maxsize=256)
+def optimizer_steps(shape: GptShape, params: tuple[tuple[int, ...], ...]) -> tuple[Step, ...]:
+    """The optimizer's steps over one stage's parameters (stages with the same shards share them)."""
+    return tuple(gpt.optimizer_step(shape, list(params)))
 
-    def __init__(self, config: RunConfig, ops: OpLatencyResolver, collectives: CollectiveResolver) -> None:
+
+class WorkloadResolver:
+    """Turns a run config into :class:`GraphInputs` using the op and collective resolvers.
+
+    ``gaps``: a host-gap resolver already fitted, with ``ops`` already calibrated, for this run's placed
+    operators (:meth:`placed`) and profile stages (:meth:`profile_stages`), as a sweep shares them between runs
+    that place the same operators; by default both are fitted here."""
+
+    def __init__(self, config: RunConfig, ops: OpLatencyResolver, collectives: CollectiveResolver,
+                 gaps: HostGapResolver | None = None) -> None:
         self.config = config
         self.shape = GptShape.from_config(config)
         self.ops = ops
         self.collectives = collectives
-        self.gaps = HostGapResolver(ops.profile, ops.device_type)
+        self._fitted = gaps is not None
+        self.gaps = gaps if gaps is not None else HostGapResolver(ops.profile, ops.device_type)
         self._steps: dict[tuple[str, str, bool, int | None], tuple[tuple[ResolvedStep, ...], float, float, float]] = {}
         self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
 
@@ -116,7 +129,7 @@ class WorkloadResolver:
             return _BACKWARD_STEPS[kind](self.shape, accumulate)
         return _FORWARD_STEPS[kind](self.shape)  # forward or recompute
 
-    def _profile_stages(self) -> dict[int, int] | None:
+    def profile_stages(self) -> dict[int, int] | None:
         """The pipeline stage of each rank of the profile's timeline, from its ``vtrain/forward stage=S`` spans,
         when the profile has as many ranks and stages as this run (its own recording), else ``None``: another
         run's stages say nothing about this one's."""
@@ -135,14 +148,14 @@ class WorkloadResolver:
         stage_of = {rank: found.pop() for rank, found in stages.items()}
         return stage_of if set(stage_of.values()) == set(range(par.pp)) else None
 
-    def _placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
+    def placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
         """Signatures of every operator the run places (what the host gaps are measured between)."""
         kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
         steps = [step for kind in kinds for phase, accumulate in (("forward", False), ("backward", False),
                                                                   ("backward", True))
                  for step in self._block_steps(kind, phase, accumulate)]
-        steps += [step for stage_chunks in chunks
-                  for step in gpt.optimizer_step(self.shape, stage_parameters(self.shape, stage_chunks))]
+        steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in chunks}
+                  for step in optimizer_steps(self.shape, params)]
         return {step.signature for step in steps if isinstance(step, Op)}
 
     def forward(self, chunk: Chunk) -> PhaseWork:
@@ -162,7 +175,7 @@ class WorkloadResolver:
 
     def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
         """Adam over the parameter shards of a stage."""
-        steps = gpt.optimizer_step(self.shape, stage_parameters(self.shape, chunks))
+        steps = optimizer_steps(self.shape, tuple(stage_parameters(self.shape, chunks)))
         where = chunks[0].stage if self._per_stage else None
         resolved = tuple(self.resolve_step(s, "optimizer", where) for s in steps)
         compute, host = sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved)
@@ -203,10 +216,11 @@ class WorkloadResolver:
     def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
         """Resolved work for every (stage, chunk) of the partition."""
         par = self.config.parallelism
-        stage_of = self._profile_stages()
+        stage_of = self.profile_stages()
         self._per_stage = stage_of is not None
-        self.gaps.fit(self._placed(chunks), stage_of)
-        self.ops.calibrate(self.gaps.events, stage_of)
+        if not self._fitted:
+            self.gaps.fit(self.placed(chunks), stage_of)
+            self.ops.calibrate(self.gaps.events, stage_of)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)

@@ -1,0 +1,125 @@
+"""`vtrain plan MODEL --gpus N[,N...] --profile PROFILE ...`: sweep the design space, price it, find the
+frontier."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
+from vtrain.outputs import check_output
+from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE, Pricing
+from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig, load_run_config
+
+if TYPE_CHECKING:
+    from vtrain.plan.sweep import PlanTable
+
+PLANS = Path("plans")
+
+
+@user_errors
+def plan_command(
+    model: Path | None = typer.Argument(None, help="Run config (run.yaml, vtrain YAML/JSON or vTrain's config "
+                                                   "JSON): its model, global batch, precision and hardware; its own "
+                                                   "parallelism is the reference plan. Or give --layers ... instead."),
+    gpus: str = typer.Option(..., "--gpus", help="GPU counts: N, N,M,... or ..N for every count up to N."),
+    profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
+    device_memory: float | None = typer.Option(None, "--device-memory", min=0.1,
+                                               help="GiB per GPU (default: the device's)."),
+    price: float = typer.Option(DEFAULT_PRICE_PER_GPU_HOUR, "--price-per-gpu-hour", min=0.0,
+                                help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
+    tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, help=f"Tokens to train on (default "
+                                                                            f"{TOKENS_SOURCE})."),
+    global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="Sequences per iteration."),
+    max_iteration_s: float | None = typer.Option(None, "--max-iteration-s", min=0.0,
+                                                 help="Best plan: at most this many seconds per iteration."),
+    budget_usd: float | None = typer.Option(None, "--budget-usd", min=0.0, help="Best plan: at most this cost."),
+    max_micro_batch: int = typer.Option(8, "--max-micro-batch", min=1, help="Largest micro-batch tried."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Plan folder (default plans/<model name>)."),
+    force: bool = typer.Option(False, "--force", help="Replace the plan folder if vtrain wrote it."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Processes timing plans in parallel."),
+    ray: str | None = typer.Option(None, "--ray", is_flag=False, flag_value="local",
+                                   help="Time plans as Ray tasks: on the cluster at ADDRESS, or a local instance "
+                                        "(--ray alone). Needs pip install 'vtrain[ray]'."),
+    layers: int | None = typer.Option(None, "--layers", min=1, help="Model without a run config: layers."),
+    hidden: int | None = typer.Option(None, "--hidden", min=1, help="Hidden size."),
+    heads: int | None = typer.Option(None, "--heads", min=1, help="Attention heads."),
+    seq: int | None = typer.Option(None, "--seq", min=1, help="Sequence length."),
+    vocab: int = typer.Option(51200, "--vocab", min=1, help="Vocabulary size."),
+    device: str = typer.Option("A100", "--device", help="Device without a run config."),
+) -> None:
+    """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
+    time-versus-cost frontier."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vtrain.plan.report import breakdowns, summary, write_plan_folder
+    from vtrain.plan.space import parse_gpus
+    from vtrain.plan.sweep import sweep
+    from vtrain.tables.store import load_profile
+
+    base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
+    counts = parse_gpus(gpus, base)
+    name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
+    target = output if output is not None else PLANS / name
+    check_output(target, inputs=[model, profile], force=force)
+    table_profile = load_profile(profile) if profile is not None else None
+    console = Console(stderr=True)
+    with Progress(TextColumn("timing plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("plans", total=None)
+        table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
+                      pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
+                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers, ray_address=ray,
+                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+    details = breakdowns(table, table_profile)
+    write_plan_folder(table, target, details)
+    if as_json:
+        print(json.dumps({**summary(table), "output": str(target)}, indent=2, default=str))
+        return
+    _print_summary(table, target)
+
+
+def _base_config(model: Path | None, global_batch: int | None, layers: int | None, hidden: int | None,
+                 heads: int | None, seq: int | None, vocab: int, device: str) -> RunConfig:
+    """The run config whose model, batch, precision and hardware are swept."""
+    if model is not None:
+        base = load_run_config(model)
+        return base.with_overrides(global_batch=global_batch) if global_batch is not None else base
+    missing = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--heads", heads),
+                                        ("--seq", seq), ("--global-batch", global_batch)) if value is None]
+    if missing:
+        raise InputError(f"give a run config or the model's {', '.join(missing)}")
+    return RunConfig(model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
+                     parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
+                     hardware=replace(HardwareConfig(), device=device))
+
+
+def _print_summary(table: PlanTable, target: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vtrain.plan.report import label
+
+    out = Console()
+    counts = table.counts
+    out.print(f"{counts['enumerated']} plans: {counts['invalid']} invalid, {counts['out_of_memory']} out of "
+              f"memory, {counts['simulated']} simulated")
+    grid = Table(title="time-versus-cost frontier")
+    for column in ("plan", "GPUs", "GiB", "s/iter", "MFU", "days", "USD"):
+        grid.add_column(column)
+    for row in table.frontier().iter_rows(named=True):
+        grid.add_row(label(row), str(row["gpus"]), f"{row['memory_gib']:.1f}", f"{row['iteration_ms'] / 1e3:.2f}",
+                     f"{row['mfu']:.1%}", f"{row['days']:.1f}", f"{row['usd']:,.0f}")
+    out.print(grid)
+    for title, row in (("cheapest within limits", table.best()), ("reference", table.reference)):
+        if row is not None and row.get("iteration_ms") is not None:
+            out.print(f"{title}: {label(row)} on {row['gpus']} GPUs, {row['iteration_ms'] / 1e3:.2f} s/iteration, "
+                      f"{row['days']:.1f} days, ${row['usd']:,.0f}")
+    out.print(f"wrote {target}")

@@ -1,0 +1,34 @@
+"""Timing a sweep's groups of plans as Ray tasks (``pip install vtrain[ray]``), on an existing cluster or a
+local instance: the same function on the same groups as the process pool, so the same numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from vtrain.errors import InputError
+
+
+def run_on_ray(address: str, function: Callable[..., Any], base: Any, profile: Any, device: Any,
+               groups: list[Any]) -> Iterator[Any]:
+    """Yield ``function(base, profile, device, group)`` for every group, each run as one Ray task, as they
+    finish. ``address``: a cluster's address (``ray://host:10001``, ``auto``) or ``local`` to start one here.
+    The shared arguments are put in Ray's object store once."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--ray needs Ray: pip install 'vtrain[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=None if address == "local" else address, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(function)
+        shared = [ray.put(value) for value in (base, profile, device)]
+        pending = [remote.remote(*shared, group) for group in groups]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()

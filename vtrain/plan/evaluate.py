@@ -1,0 +1,54 @@
+"""Timing one plan: its work resolved through the sweep's shared resolvers, its iteration from the pipeline
+timeline (the iteration time :func:`vtrain.simulate.simulate` gives, without building the graph), and the share
+of its predicted device time whose latencies were measured, interpolated or modelled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
+from vtrain.plan.timeline import iteration_timeline
+from vtrain.runconfig import RunConfig
+from vtrain.simulate.latency import SOURCES
+from vtrain.simulate.run import SharedResolvers, resolve_work
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The predicted iteration of one plan."""
+
+    iteration_us: float
+    idle_us: float  # mean per stage: pipeline bubble and exposed pp / dp communication
+    coverage: dict[str, float]  # share of predicted device time by latency source
+
+
+def time_plan(config: RunConfig, shared: SharedResolvers) -> Timing:
+    """Predict one iteration of a consistent ``config``."""
+    _, inputs, _, _ = resolve_work(config, shared.profile, shared.device, shared)
+    timeline = iteration_timeline(config.parallelism, inputs)
+    return Timing(timeline.iteration_us, timeline.idle_us, _coverage(config, inputs))
+
+
+def _coverage(config: RunConfig, inputs: GraphInputs) -> dict[str, float]:
+    """Predicted device time by source over every pass, transfer, bucket and optimizer step of the
+    representative GPUs (as :func:`vtrain.simulate.summary.coverage` counts the graph's tasks)."""
+    par = config.parallelism
+    m, transfers = par.micro_batches, 2 * par.micro_batches * (par.pp * par.virtual_stages - 1)
+    totals = dict.fromkeys(SOURCES, 0.0)
+    uses: list[tuple[PhaseWork | CommWork, int]] = [(work, m) for work in inputs.forward.values()]
+    uses += [(work, m - 1 if accumulate else 1) for (_, _, accumulate), work in inputs.backward.items()]
+    uses += [(work, 1) for work in inputs.optimizer.values()]
+    uses += [(bucket.comm, 1) for buckets in inputs.dp_buckets.values() for bucket in buckets]
+    if inputs.pp_transfer is not None:
+        uses.append((inputs.pp_transfer, transfers))
+    for work, count in uses:
+        for resolution in _resolutions(work):
+            totals[resolution.source] += resolution.latency_us * count
+    total = sum(totals.values())
+    return {key: value / total if total > 0 else 0.0 for key, value in totals.items()}
+
+
+def _resolutions(work: PhaseWork | BlockWork | CommWork) -> list:
+    if isinstance(work, CommWork):
+        return [work.resolution]
+    return [step.resolution for block in work.blocks for step in block.steps]

@@ -1,0 +1,216 @@
+"""The plan folder: every plan as Parquet and CSV, the frontier, ``report.md``, ``report.html`` (plotly:
+cost versus time with the frontier and the reference plan, memory per plan, breakdown of the best plans) and
+``summary.json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import polars as pl
+
+from vtrain.plan.cost import PRICE_SOURCE, TOKENS_SOURCE, DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS
+from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
+from vtrain.report.write import staged_folder, write_json
+from vtrain.runconfig import RunConfig
+from vtrain.simulate import simulate
+from vtrain.simulate.summary import CATEGORIES
+from vtrain.tables.store import Profile
+
+#: the columns of the frontier and best-plan tables
+SHOWN = ("gpus", "tp", "dp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap",
+         "memory_gib", "iteration_ms", "mfu", "days", "usd")
+BREAKDOWN_PLANS = 6
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where a plan's iteration goes (a full `vtrain simulate` of it), in milliseconds per category."""
+
+    label: str
+    iteration_ms: float
+    breakdown_ms: dict[str, float]
+
+
+def label(row: dict[str, Any]) -> str:
+    """``t8 d12 p35 mb1 1f1b full overlap`` for a plan row."""
+    schedule = row["schedule"] + (f" v{row['virtual_stages']}" if row["virtual_stages"] > 1 else "")
+    return (f"t{row['tp']} d{row['dp']} p{row['pp']} mb{row['micro_batch']} {schedule} "
+            f"{'recompute' if row['recompute'] == 'full' else 'no-recompute'}"
+            f"{' overlap' if row['dp_overlap'] else ''}")
+
+
+def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:
+    """Full simulations of up to ``limit`` frontier plans (spread from fastest to cheapest), the best plan and
+    the reference, for their breakdown."""
+    frontier = table.frontier().rows(named=True)
+    step = max(1, -(-len(frontier) // limit))
+    rows = frontier[::step][:limit]
+    for extra in (table.best(), table.reference):
+        if extra is not None and extra.get("fits") and all(label(extra) != label(r) for r in rows):
+            rows.append(extra)
+    result = []
+    for row in rows:
+        config = _config(table.base, row)
+        sim = simulate(config, profile)
+        result.append(Breakdown(label(row), sim.iteration_us / 1e3,
+                                {key: value / 1e3 for key, value in sim.breakdown_us.items()}))
+    return result
+
+
+def _config(base: RunConfig, row: dict[str, Any]) -> RunConfig:
+    from vtrain.plan.space import Candidate
+
+    return Candidate(row["gpus"], row["tp"], row["pp"], row["dp"], row["micro_batch"], row["schedule"],
+                     row["virtual_stages"], row["recompute"], row["dp_overlap"]).config(base)
+
+
+def summary(table: PlanTable) -> dict[str, Any]:
+    """The JSON summary (``--json``, ``summary.json``)."""
+    counts = table.counts
+    return {
+        "plans": counts["enumerated"],
+        "pruned": {"invalid": counts["invalid"], "out_of_memory": counts["out_of_memory"]},
+        "simulated": counts["simulated"],
+        "frontier": table.frontier().to_dicts(),
+        "best": table.best(),
+        "reference": table.reference,
+        "device": table.device, "device_memory_gib": table.device_memory_gib, "profile": table.profile,
+        "limits": {"max_iteration_s": table.max_iteration_s, "budget_usd": table.budget_usd},
+        "pricing": {"tokens": table.pricing.tokens, "price_per_gpu_hour": table.pricing.price_per_gpu_hour,
+                    "price_source": _price_source(table), "tokens_source": _tokens_source(table)},
+    }
+
+
+def _price_source(table: PlanTable) -> str:
+    return PRICE_SOURCE if table.pricing.price_per_gpu_hour == DEFAULT_PRICE_PER_GPU_HOUR else "--price-per-gpu-hour"
+
+
+def _tokens_source(table: PlanTable) -> str:
+    return TOKENS_SOURCE if table.pricing.tokens == DEFAULT_TOKENS else "--tokens"
+
+
+def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) -> None:
+    """Write the plan folder atomically (staged beside ``folder``, renamed into place)."""
+    with staged_folder(folder) as staging:
+        table.plans.write_parquet(staging / "plans.parquet")
+        table.plans.write_csv(staging / "plans.csv")
+        table.frontier().write_csv(staging / "frontier.csv")
+        write_json(staging / "summary.json", summary(table))
+        (staging / "report.md").write_text(render_markdown(table, details))
+        (staging / "report.html").write_text(render_html(table, details))
+
+
+def render_markdown(table: PlanTable, details: list[Breakdown]) -> str:
+    """``report.md``."""
+    counts, base = table.counts, table.base
+    m = base.model
+    lines = [
+        f"# Training plans: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq}, vocab {m.vocab}",
+        "",
+        f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
+        f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`.",
+        f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
+        f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)}).",
+        "",
+        f"- enumerated: {counts['enumerated']}",
+        f"- pruned as invalid (divisibility): {counts['invalid']}",
+        f"- pruned as out of memory: {counts['out_of_memory']}",
+        f"- simulated: {counts['simulated']}",
+        "",
+        "## Time-versus-cost frontier",
+        "",
+        _markdown_table(table.frontier().to_dicts()),
+    ]
+    best = table.best()
+    limits = ", ".join(part for part in (
+        f"iteration <= {table.max_iteration_s:g} s" if table.max_iteration_s is not None else "",
+        f"cost <= ${table.budget_usd:,.0f}" if table.budget_usd is not None else "") if part) or "no limits"
+    lines += ["", f"## Cheapest plan ({limits})", "", _markdown_table([best]) if best else "none meets them"]
+    if table.reference is not None:
+        lines += ["", "## Reference plan (the given config's own parallelism)", "",
+                  _markdown_table([table.reference])]
+    if details:
+        lines += ["", "## Breakdown of the best plans (full simulation, ms per GPU)", "",
+                  "| plan | iteration | " + " | ".join(CATEGORIES) + " |",
+                  "| --- | --- |" + " --- |" * len(CATEGORIES)]
+        lines += [f"| {d.label} | {d.iteration_ms:,.0f} | "
+                  + " | ".join(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES) + " |" for d in details]
+    lines += ["", "Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns "
+              "(measured / interpolated / modelled) give the share of predicted device time from each source."]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    header = "| plan | GPUs | memory GiB | iteration s | MFU | days | USD |\n| --- | --- | --- | --- | --- | --- | --- |"
+    body = [f"| {label(r)} | {r['gpus']} | {r['memory_gib']:.1f} | {r['iteration_ms'] / 1e3:.2f} | "
+            f"{r['mfu']:.1%} | {r['days']:.1f} | {r['usd']:,.0f} |" for r in rows]
+    return "\n".join([header, *body])
+
+
+def render_html(table: PlanTable, details: list[Breakdown]) -> str:
+    """``report.html``: one page, plotly.js inlined once."""
+    figures = [_cost_time_figure(table), _memory_figure(table)]
+    if details:
+        figures.append(_breakdown_figure(details))
+    plots = [figure.to_html(full_html=False, include_plotlyjs="inline" if k == 0 else False)
+             for k, figure in enumerate(figures)]
+    counts = table.counts
+    intro = (f"<p>{counts['enumerated']} plans enumerated: {counts['invalid']} invalid, "
+             f"{counts['out_of_memory']} out of {table.device_memory_gib:g} GiB, {counts['simulated']} simulated. "
+             f"Priced at ${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)}) for "
+             f"{table.pricing.tokens:.3g} tokens ({_tokens_source(table)}).</p>")
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>vtrain plan</title></head><body>"
+            f"<h1>vtrain plan</h1>{intro}{''.join(plots)}</body></html>\n")
+
+
+def _hover(frame: pl.DataFrame) -> list[str]:
+    return [f"{label(r)}<br>{r['gpus']} GPUs, {r['iteration_ms'] / 1e3:.2f} s/iteration, "
+            f"{r['memory_gib']:.1f} GiB, MFU {r['mfu']:.1%}" for r in frame.iter_rows(named=True)]
+
+
+def _cost_time_figure(table: PlanTable) -> go.Figure:
+    plans, frontier = table.simulated(), table.frontier()
+    figure = go.Figure()
+    figure.add_trace(go.Scatter(x=plans["days"], y=plans["usd"], mode="markers", name="simulated plans",
+                                marker={"size": 6, "color": plans["gpus"], "colorscale": "Viridis",
+                                        "colorbar": {"title": "GPUs"}, "opacity": 0.7},
+                                text=_hover(plans), hoverinfo="text"))
+    figure.add_trace(go.Scatter(x=frontier["days"], y=frontier["usd"], mode="lines+markers", name="Pareto frontier",
+                                line={"color": "crimson"}, text=_hover(frontier), hoverinfo="text"))
+    for row, name, symbol in ((table.reference, "reference", "star"), (table.best(), "cheapest within limits",
+                                                                        "diamond")):
+        if row is not None and row.get("days") is not None:
+            figure.add_trace(go.Scatter(x=[row["days"]], y=[row["usd"]], mode="markers+text", name=name,
+                                        text=[f"{name}: {label(row)}"], textposition="top center",
+                                        marker={"size": 16, "symbol": symbol, "color": "black"}))
+    figure.update_layout(title="Training cost versus time", xaxis_title="training days", yaxis_title="USD",
+                         height=560)
+    return figure
+
+
+def _memory_figure(table: PlanTable) -> go.Figure:
+    valid = table.plans.filter(pl.col("status") != INVALID).with_row_index("plan")
+    figure = go.Figure()
+    for status, color in ((SIMULATED, "seagreen"), (OUT_OF_MEMORY, "lightgray")):
+        part = valid.filter(pl.col("status") == status)
+        text = [f"{label(r)}<br>{r['gpus']} GPUs, {r['memory_gib']:.1f} GiB" for r in part.iter_rows(named=True)]
+        figure.add_trace(go.Scatter(x=part["tp"] * part["pp"], y=part["memory_gib"], mode="markers",
+                                    name="fits" if status == SIMULATED else "out of memory",
+                                    marker={"color": color, "size": 5}, text=text, hoverinfo="text"))
+    figure.add_hline(y=table.device_memory_gib, line_dash="dash", annotation_text="device memory")
+    figure.update_layout(title="Peak memory per GPU of every valid plan", xaxis_title="model-parallel GPUs (t·p)",
+                         yaxis_title="GiB", xaxis_type="log", yaxis_type="log", height=480)
+    return figure
+
+
+def _breakdown_figure(details: list[Breakdown]) -> go.Figure:
+    figure = go.Figure()
+    for key in CATEGORIES:
+        figure.add_trace(go.Bar(name=key, y=[d.label for d in details], x=[d.breakdown_ms[key] / 1e3 for d in details],
+                                orientation="h"))
+    figure.update_layout(barmode="stack", title="Where the iteration goes (full simulation of the best plans)",
+                         xaxis_title="seconds per iteration (mean over GPUs)", height=120 + 50 * len(details))
+    return figure

@@ -1,0 +1,114 @@
+"""The design space of a training run: every (t, d, p, micro-batch, schedule, virtual stages, recomputation,
+gradient all-reduce overlap) for a number of GPUs, and which of them are valid.
+
+Per GPU count N the grid is: t a power of two up to the GPUs of one node (tensor parallelism stays inside a
+node, as in Megatron), p every divisor of N/t, d = N/(t·p); micro-batch 1 … ``max_micro_batch``; the schedule
+1F1B or GPipe (one model chunk per stage) or interleaved 1F1B with v model chunks for every divisor v > 1 of
+the layer count; recomputation none or full; the all-reduce overlapped or not (only when d > 1: without data
+parallelism there is nothing to overlap). A point is *invalid* when the run config rejects it
+(:meth:`vtrain.runconfig.RunConfig.constraint_errors`: heads, hidden or layers not divisible, global batch not
+divisible by d·micro-batch, interleaved micro-batches not divisible by p), or when it asks for a pipeline
+schedule without a pipeline (GPipe or interleaved with p = 1 is 1F1B).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from vtrain.errors import InputError
+from vtrain.runconfig import RunConfig
+
+#: schedules with one model chunk per stage; interleaved takes each divisor v > 1 of the layers
+FLAT_SCHEDULES = ("1f1b", "gpipe")
+RECOMPUTE = ("none", "full")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the design space."""
+
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    dp_overlap: bool
+
+    def config(self, base: RunConfig) -> RunConfig:
+        """``base`` (model, precision, hardware, global batch) with this point's parallelism and GPU count."""
+        run = base.with_overrides(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch,
+                                  schedule=self.schedule, virtual_stages=self.virtual_stages,
+                                  recompute=self.recompute, dp_overlap=self.dp_overlap)
+        return replace(run, hardware=replace(run.hardware, device_count=self.gpus))
+
+    def as_row(self) -> dict[str, object]:
+        """The point's columns in the plan table."""
+        return {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
+                "schedule": self.schedule, "virtual_stages": self.virtual_stages, "recompute": self.recompute,
+                "dp_overlap": self.dp_overlap}
+
+
+def parse_gpus(spec: str, base: RunConfig) -> list[int]:
+    """GPU counts from ``--gpus``: ``N[,N...]``, or ``..N`` for every count up to N that some valid
+    (t, d, p) reaches (t a power of two within a node, p dividing the layers, d dividing the global batch)."""
+    counts: set[int] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        upto = part.startswith("..")
+        try:
+            value = int(part[2:] if upto else part)
+        except ValueError:
+            raise InputError(f"--gpus: {part!r} is not a number of GPUs (N, N,M or ..N)") from None
+        if value < 1:
+            raise InputError(f"--gpus: {value} GPUs (must be >= 1)")
+        counts.update(_reachable(value, base) if upto else {value})
+    return sorted(counts)
+
+
+def _reachable(limit: int, base: RunConfig) -> set[int]:
+    layers, batch = base.model.layers, base.parallelism.global_batch
+    counts = set()
+    for t in _tensor_sizes(limit, base.hardware.gpus_per_node):
+        for p in _divisors(layers):
+            for d in _divisors(batch):
+                if t * p * d <= limit:
+                    counts.add(t * p * d)
+    return counts
+
+
+def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8) -> Iterator[Candidate]:
+    """Every grid point for ``gpus`` GPUs (valid or not)."""
+    interleaved = [("interleaved", v) for v in _divisors(base.model.layers) if v > 1]
+    schedules = [(name, 1) for name in FLAT_SCHEDULES] + interleaved
+    for t in _tensor_sizes(gpus, base.hardware.gpus_per_node):
+        for p in _divisors(gpus // t):
+            d = gpus // (t * p)
+            for micro_batch in range(1, max_micro_batch + 1):
+                for schedule, v in schedules:
+                    for recompute in RECOMPUTE:
+                        for overlap in ((False, True) if d > 1 else (False,)):
+                            yield Candidate(gpus, t, p, d, micro_batch, schedule, v, recompute, overlap)
+
+
+def invalid_reason(candidate: Candidate, base: RunConfig) -> str | None:
+    """Why a point is invalid (the first broken constraint), or ``None``."""
+    if candidate.pp == 1 and candidate.schedule != "1f1b":
+        return f"{candidate.schedule} needs pp > 1 (with one stage it is 1f1b)"
+    errors = candidate.config(base).constraint_errors()
+    return errors[0] if errors else None
+
+
+def _tensor_sizes(gpus: int, node: int) -> list[int]:
+    sizes, t = [], 1
+    while t <= min(gpus, max(node, 1)):
+        if gpus % t == 0:
+            sizes.append(t)
+        t *= 2
+    return sizes
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]

@@ -1,0 +1,244 @@
+"""The sweep: enumerate a design space, prune what is invalid or does not fit in memory, time the rest once each
+in parallel, and price every timed plan.
+
+Plans that share their operator shapes and stage shards (t, micro-batch, p, v) are timed together, in one
+worker, through one :class:`~vtrain.simulate.run.SharedResolvers`: their per-layer latencies, calibration and
+optimizer steps are resolved once. Groups run over ``workers`` processes, or as Ray tasks (``ray_address``):
+the same function on the same groups, so the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from itertools import groupby
+from multiprocessing import get_context
+from typing import Any
+
+import polars as pl
+
+from vtrain.devices import DeviceModel, device_for_config
+from vtrain.model.memory import GIB, peak_stage_memory
+from vtrain.model.ops import PRECISION_DTYPE
+from vtrain.plan.cost import Pricing, plan_cost
+from vtrain.plan.evaluate import time_plan
+from vtrain.plan.pareto import pareto_frontier
+from vtrain.plan.space import Candidate, candidates, invalid_reason
+from vtrain.runconfig import RunConfig
+from vtrain.simulate.latency import SOURCES
+from vtrain.simulate.run import SharedResolvers
+from vtrain.tables.store import Profile
+
+#: a plan's status in the table
+SIMULATED, INVALID, OUT_OF_MEMORY = "simulated", "invalid", "out_of_memory"
+
+Progress = Callable[[int, int], None]  # (plans timed so far, plans to time)
+
+
+@dataclass
+class PlanTable:
+    """Every enumerated plan of a sweep (one row each, pruned ones included) and what it was swept with."""
+
+    plans: pl.DataFrame
+    base: RunConfig
+    pricing: Pricing
+    device_memory_gib: float
+    device: str
+    max_iteration_s: float | None = None
+    budget_usd: float | None = None
+    reference: dict[str, Any] | None = None  # the base config's own plan, timed the same way
+    profile: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Plans enumerated, pruned as invalid, pruned as out of memory, simulated."""
+        status = self.plans["status"]
+        return {"enumerated": self.plans.height, "invalid": int((status == INVALID).sum()),
+                "out_of_memory": int((status == OUT_OF_MEMORY).sum()),
+                "simulated": int((status == SIMULATED).sum())}
+
+    def simulated(self) -> pl.DataFrame:
+        """The timed plans (they fit in device memory)."""
+        return self.plans.filter(pl.col("status") == SIMULATED)
+
+    def frontier(self) -> pl.DataFrame:
+        """The time-versus-cost Pareto frontier of the timed plans, fastest first."""
+        return pareto_frontier(self.simulated())
+
+    def best(self) -> dict[str, Any] | None:
+        """The cheapest timed plan within the iteration-time limit and the budget (fastest among equally
+        cheap), or ``None`` when none is."""
+        limits = self.simulated().filter(pl.col("meets_limits")).sort(["usd", "days"])
+        return limits.row(0, named=True) if limits.height else None
+
+
+def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *,
+          device_memory_gib: float | None = None, pricing: Pricing = Pricing(), max_micro_batch: int = 8,
+          max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
+          ray_address: str | None = None, progress: Progress | None = None) -> PlanTable:
+    """Sweep the design space of ``base``'s model and global batch over ``gpus`` GPU counts.
+
+    Every grid point (:func:`vtrain.plan.space.candidates`) gets a row: invalid ones say why, those whose
+    largest stage exceeds ``device_memory_gib`` (default: the device's memory) say by how much, the rest are
+    timed with ``profile`` exactly as `vtrain simulate` would time them and priced with ``pricing``. Plans over
+    ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``base`` itself (its
+    own parallelism) is timed too, as :attr:`PlanTable.reference`. ``ray_address`` ("local" for a local
+    instance) runs the timing as Ray tasks instead of ``workers`` processes.
+    """
+    device = device_for_config(base)
+    memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
+    rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch)
+    timings = _time_all(base, profile, device, to_time, workers, ray_address, progress)
+    peak = device.peak_for(PRECISION_DTYPE[base.precision])
+    for index, timing in timings.items():
+        rows[index].update(_priced(base, rows[index], timing, pricing, peak, max_iteration_s, budget_usd))
+    plans = pl.DataFrame(rows, schema=_SCHEMA)
+    reference = _reference(base, profile, device, memory_gib, pricing, peak, max_iteration_s, budget_usd)
+    return PlanTable(plans=plans, base=base, pricing=pricing, device_memory_gib=memory_gib, device=device.name,
+                     max_iteration_s=max_iteration_s, budget_usd=budget_usd, reference=reference,
+                     profile=str(profile.path) if profile is not None and profile.path is not None else None,
+                     settings={"max_micro_batch": max_micro_batch, "workers": workers, "ray": ray_address})
+
+
+def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None,
+              **options: Any) -> dict[str, Any] | None:
+    """The cheapest plan of :func:`sweep` (same arguments) within its limits, as a row of the plan table."""
+    return sweep(base, gpus, profile, **options).best()
+
+
+_SCHEMA = {
+    "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
+    "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
+    "status": pl.String, "reason": pl.String, "fits": pl.Boolean, "memory_gib": pl.Float64,
+    "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64, "idle_ms": pl.Float64,
+    "tokens_per_s": pl.Float64, "mfu": pl.Float64, "days": pl.Float64, "usd": pl.Float64,
+    "measured": pl.Float64, "interpolated": pl.Float64, "modelled": pl.Float64, "meets_limits": pl.Boolean,
+}
+
+
+def _device_memory_gib(device: DeviceModel) -> float:
+    if device.memory_bytes is None:
+        raise ValueError(f"the device model {device.name} has no memory size: give --device-memory")
+    return device.memory_bytes / GIB
+
+
+def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float,
+           max_micro_batch: int) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+    """A row per grid point, and the points left to time (row index, point)."""
+    rows: list[dict[str, Any]] = []
+    to_time: list[tuple[int, Candidate]] = []
+    for count in gpus:
+        for candidate in candidates(base, count, max_micro_batch):
+            row: dict[str, Any] = candidate.as_row()
+            reason = invalid_reason(candidate, base)
+            if reason is not None:
+                row.update(status=INVALID, reason=reason, fits=None)
+            else:
+                config = candidate.config(base)
+                need = peak_stage_memory(config).total_bytes / GIB
+                fits = need <= memory_gib
+                row.update(fits=fits, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
+                           micro_batches=config.parallelism.micro_batches)
+                if fits:
+                    row["status"] = SIMULATED
+                    to_time.append((len(rows), candidate))
+                else:
+                    row.update(status=OUT_OF_MEMORY, reason=f"needs {need:.1f} GiB of {memory_gib:g} GiB")
+            rows.append(row)
+    return rows, to_time
+
+
+def _group_key(candidate: Candidate) -> tuple[int, int, int, int, int]:
+    """Plans with the same operator shapes and stage shards share their resolved latencies."""
+    return (candidate.gpus, candidate.tp, candidate.micro_batch, candidate.pp, candidate.virtual_stages)
+
+
+def _groups(to_time: list[tuple[int, Candidate]]) -> list[list[tuple[int, Candidate]]]:
+    ordered = sorted(to_time, key=lambda item: _group_key(item[1]))
+    return [list(group) for _, group in groupby(ordered, key=lambda item: _group_key(item[1]))]
+
+
+def time_group(base: RunConfig, profile: Profile | None, device: DeviceModel,
+               group: list[tuple[int, Candidate]]) -> list[tuple[int, dict[str, Any]]]:
+    """Time a group of plans through one set of shared resolvers (what a worker or a Ray task runs)."""
+    shared = SharedResolvers(profile, device)
+    results = []
+    for index, candidate in group:
+        timing = time_plan(candidate.config(base), shared)
+        results.append((index, {"iteration_us": timing.iteration_us, "idle_us": timing.idle_us,
+                                **timing.coverage}))
+    return results
+
+
+def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_time: list[tuple[int, Candidate]],
+              workers: int, ray_address: str | None, progress: Progress | None) -> dict[int, dict[str, Any]]:
+    groups = _groups(to_time)
+    if ray_address is not None:
+        from vtrain.plan.distributed import run_on_ray
+
+        finished = run_on_ray(ray_address, time_group, base, profile, device, groups)
+    elif workers > 1 and len(groups) > 1:
+        finished = _run_in_processes(workers, base, profile, device, groups)
+    else:
+        finished = (time_group(base, profile, device, group) for group in groups)
+    timings: dict[int, dict[str, Any]] = {}
+    for results in finished:
+        timings.update(results)
+        if progress is not None:
+            progress(len(timings), len(to_time))
+    return timings
+
+
+#: what a worker process times with (set once by its initializer, so nothing large is sent per task). Workers
+#: are spawned, not forked: polars' thread pool does not survive a fork.
+_WORKER_STATE: dict[str, Any] = {}
+
+
+def _run_in_processes(workers: int, base: RunConfig, profile: Profile | None, device: DeviceModel,
+                      groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    largest_first = sorted(groups, key=len, reverse=True)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                             initializer=_init_worker, initargs=(base, profile, device)) as pool:
+        futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def _init_worker(base: RunConfig, profile: Profile | None, device: DeviceModel) -> None:
+    _WORKER_STATE.update(base=base, profile=profile, device=device)
+
+
+def _time_group_in_worker(group: list[tuple[int, Candidate]]) -> list[tuple[int, dict[str, Any]]]:
+    state = _WORKER_STATE
+    return time_group(state["base"], state["profile"], state["device"], group)
+
+
+def _priced(base: RunConfig, row: dict[str, Any], timing: dict[str, Any], pricing: Pricing, peak: float,
+            max_iteration_s: float | None, budget_usd: float | None) -> dict[str, Any]:
+    iteration_s = timing["iteration_us"] / 1e6
+    cost = plan_cost(iteration_s, row["gpus"], base.model, base.parallelism.global_batch, pricing, peak)
+    meets = (max_iteration_s is None or iteration_s <= max_iteration_s) and \
+        (budget_usd is None or cost.usd <= budget_usd)
+    return {"iteration_ms": timing["iteration_us"] / 1e3, "idle_ms": timing["idle_us"] / 1e3,
+            "tokens_per_s": cost.tokens_per_s, "mfu": cost.mfu, "days": cost.days, "usd": cost.usd,
+            **{source: timing[source] for source in SOURCES}, "meets_limits": meets}
+
+
+def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, memory_gib: float,
+               pricing: Pricing, peak: float, max_iteration_s: float | None,
+               budget_usd: float | None) -> dict[str, Any] | None:
+    """The base config's own plan, timed and priced like the others (``None`` when it is not consistent)."""
+    par = base.parallelism
+    if base.constraint_errors():
+        return None
+    candidate = Candidate(par.world_size, par.tp, par.pp, par.dp, par.micro_batch, par.schedule,
+                          par.virtual_stages, par.recompute, par.dp_overlap)
+    row: dict[str, Any] = candidate.as_row()
+    need = peak_stage_memory(base).total_bytes / GIB
+    row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
+               micro_batches=par.micro_batches)
+    [(_, timing)] = time_group(base, profile, device, [(0, candidate)])
+    row.update(_priced(base, row, timing, pricing, peak, max_iteration_s, budget_usd))
+    return row
