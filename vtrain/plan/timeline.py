@@ -2,7 +2,7 @@
 
 This is the schedule :func:`vtrain.simulate.scheduler.schedule` computes for the graph
 :func:`vtrain.graph.build.build_graph` builds, computed on the pipeline's own structure: each stage's compute
-stream runs its passes in the schedule's order (:func:`vtrain.graph.schedules.stage_order`), a pass starts once
+stream runs its passes in the schedule's order (:func:`vtrain.parallel.stage_order`), a pass starts once
 the previous one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is
 done and the previous transfer on the sender's stream is done (a sender's transfers become ready in the order of
 its passes, so first come, first served is that order); gradient buckets are reduced first come, first served
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtrain.graph.schedules import FORWARD, stage_order
+from vtrain.parallel import FORWARD, stage_order
 from vtrain.graph.work import GraphInputs
 from vtrain.runconfig import ParallelConfig
 
