@@ -27,6 +27,8 @@ COMMANDS = {
     "calibrate": ("vtrain.cli.calibrate", "calibrate_command"),
     "fit": ("vtrain.cli.fit", "fit_command"),
     "plan": ("vtrain.cli.plan", "plan_command"),
+    "cluster": ("vtrain.cli.cluster", "cluster_command"),
+    "size": ("vtrain.cli.size", "size_command"),
 }
 
 #: for a command that parses its own arguments: all of them, help included, are handed to it unparsed

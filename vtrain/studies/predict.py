@@ -13,6 +13,7 @@ set of latency resolvers for every plan) and its cost
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from vtrain.plan.space import Candidate
@@ -130,3 +131,17 @@ def best_plan_rows(base: RunConfig, plans: list[tuple[Candidate, float]],
         rows.append({**candidate.as_row(), "memory_gib": memory, "iteration_ms": iteration_s * 1e3,
                      "tokens_per_s": cost.tokens_per_s, "mfu": cost.mfu, **timing.coverage})
     return rows
+
+
+def plan_throughput(profile_dir: Path | None, cluster: Cluster, max_micro_batch: int = 4) -> PlanThroughput:
+    """A :class:`PlanThroughput` on the profile folder ``profile_dir`` (None: every latency modelled)."""
+    from vtrain.tables.store import load_profile
+
+    return PlanThroughput(load_profile(profile_dir) if profile_dir is not None else None, cluster, max_micro_batch)
+
+
+def describe(cluster: Cluster) -> str:
+    """``A100, 8 GPUs per node, 1600 Gbit/s per node`` for a report."""
+    network = f"{cluster.inter_node_gbps:g} Gbit/s per node" if cluster.inter_node_gbps else "the profile's network"
+    memory = f", {cluster.device_memory_gib:g} GiB per GPU" if cluster.device_memory_gib else ""
+    return f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}"
