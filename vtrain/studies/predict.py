@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vtrain.plan.space import Candidate
-from vtrain.runconfig import HardwareConfig, ParallelConfig, RunConfig
+from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 from vtrain.simulate.run import SharedResolvers
 from vtrain.studies.throughput import Prediction, Workload
 from vtrain.tables.store import Profile
@@ -145,3 +145,13 @@ def describe(cluster: Cluster) -> str:
     network = f"{cluster.inter_node_gbps:g} Gbit/s per node" if cluster.inter_node_gbps else "the profile's network"
     memory = f", {cluster.device_memory_gib:g} GiB per GPU" if cluster.device_memory_gib else ""
     return f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}"
+
+
+def peak_flops(cluster: Cluster) -> float:
+    """Peak FLOP/s of one of the cluster's GPUs at its precision (the device's datasheet)."""
+    from vtrain.devices import device_for_config
+    from vtrain.model.ops import PRECISION_DTYPE
+
+    config = RunConfig(model=ModelConfig(layers=1, hidden=64, heads=1, seq=1), precision=cluster.precision,
+                       hardware=replace(HardwareConfig(), device=cluster.device))
+    return device_for_config(config).peak_for(PRECISION_DTYPE[cluster.precision])
