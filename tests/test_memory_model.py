@@ -1,0 +1,144 @@
+"""The memory model against memory measured by torch's allocator (CPU, profiler memory events) for the reference
+model that `vtrain record` trains, and its micro-batches in flight against the schedules' own orders.
+
+No GPU was lent while this was written: the measurements are the CPU allocator's (``torch.profiler`` with
+``profile_memory=True``), which allocates exactly the tensors the model keeps (no caching allocator).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from vtrain.graph.schedules import FORWARD, stage_order
+from vtrain.model.gpt import GptShape
+from vtrain.model.memory import (head_activation_bytes, in_flight_micro_batches, layer_activation_elements,
+                                 peak_stage_memory)
+from vtrain.record.model import Init, build_chunks
+from vtrain.record.parallel import TensorParallel
+from vtrain.runconfig import ModelConfig, RunConfig, run_config_from_dict
+
+SHAPES = [  # layers, hidden, heads, seq, vocab, micro-batch
+    (4, 256, 8, 256, 1024, 2),   # attention scores dominate the activations
+    (2, 512, 8, 128, 2048, 4),   # hidden-sized tensors dominate
+    (3, 384, 6, 64, 4096, 2),    # the head's vocabulary softmax is large
+]
+
+
+def _config(shape: tuple[int, ...], recompute: str, **parallelism: object) -> RunConfig:
+    layers, hidden, heads, seq, vocab, micro_batch = shape
+    return run_config_from_dict({
+        "model": {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab},
+        "parallelism": {"micro_batch": micro_batch, "global_batch": micro_batch, "recompute": recompute,
+                        **parallelism},
+        "precision": "fp32"})
+
+
+def _live_bytes(prof: profile, tmp_path: Path) -> tuple[int, int]:
+    """Peak and final bytes of the allocations made while profiling (each free paired with its allocation by
+    address; blocks allocated before the profiler started are left out)."""
+    path = tmp_path / "memory.json"
+    prof.export_chrome_trace(str(path))
+    events = sorted((e["ts"], e["args"]["Ev Idx"], e["args"]["Addr"], e["args"]["Bytes"])
+                    for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "[memory]")
+    live: dict[int, int] = {}
+    total = peak = 0
+    for _, _, address, nbytes in events:
+        if nbytes > 0:
+            live[address] = nbytes
+            total += nbytes
+        elif address in live:
+            total -= live.pop(address)
+        peak = max(peak, total)
+    return peak, total
+
+
+def _reference_model(config: RunConfig) -> torch.nn.Module:
+    init = Init(1, TensorParallel(), torch.float32, torch.device("cpu"))
+    return build_chunks(config.model, 0, 1, 1, init, recompute=config.parallelism.recompute == "full")[0]
+
+
+def _batch(config: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    size = (config.parallelism.micro_batch, config.model.seq)
+    return (torch.randint(0, config.model.vocab, size, generator=generator),
+            torch.randint(0, config.model.vocab, size, generator=generator))
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, ...], recompute: str,
+                                                              tmp_path: Path) -> None:
+    config = _config(shape, recompute)
+    model = _reference_model(config)
+    ids, labels = _batch(config)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = model(ids, labels)
+    _, kept = _live_bytes(prof, tmp_path)
+    gpt = GptShape.from_config(config)
+    predicted = (config.model.layers * layer_activation_elements(gpt, recompute == "full") * gpt.element_bytes
+                 + head_activation_bytes(gpt))
+    assert loss.requires_grad
+    assert kept == pytest.approx(predicted, rel=0.10)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_peak_of_training_steps_matches_the_model(shape: tuple[int, ...], recompute: str, tmp_path: Path) -> None:
+    """Model built, two Adam steps, gradients kept between steps (as Megatron's gradient buffer keeps them):
+    the allocator's peak against parameters + gradients + Adam moments + activations."""
+    config = _config(shape, recompute)
+    ids, labels = _batch(config)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = _reference_model(config)
+        optimizer = torch.optim.Adam(model.parameters())
+        for _ in range(2):
+            model(ids, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    peak, _ = _live_bytes(prof, tmp_path)
+    assert peak_stage_memory(config).total_bytes == pytest.approx(peak, rel=0.10)
+
+
+def _walked_peak(schedule: str, p: int, m: int, stage: int, v: int) -> int:
+    """The most forward passes whose backward has not run, walking the stage's order."""
+    held = peak = 0
+    for phase, _, _ in stage_order(schedule, p, m, stage, v):
+        held += 1 if phase == FORWARD else -1
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [
+    ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("gpipe", 3, 6, 1), ("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2),
+    ("interleaved", 4, 4, 3), ("interleaved", 3, 9, 5)])
+def test_micro_batches_in_flight_follow_the_schedule(schedule: str, p: int, m: int, v: int) -> None:
+    config = run_config_from_dict({
+        "model": {"layers": p * v * 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 128},
+        "parallelism": {"pp": p, "micro_batch": 1, "global_batch": m, "schedule": schedule, "virtual_stages": v},
+        "hardware": {"device_count": p}})
+    for stage in range(p):
+        assert in_flight_micro_batches(config, stage) == _walked_peak(schedule, p, m, stage, v)
+
+
+def test_mixed_precision_keeps_16_bytes_per_parameter_and_half_the_activations() -> None:
+    fp32 = _config(SHAPES[0], "none")
+    fp16 = run_config_from_dict({**fp32.to_dict(), "precision": "fp16"})
+    wide, half = peak_stage_memory(fp32), peak_stage_memory(fp16)
+    params = wide.parameter_bytes // 4
+    assert half.parameter_bytes + half.gradient_bytes + half.optimizer_bytes == 16 * params
+    assert wide.parameter_bytes + wide.gradient_bytes + wide.optimizer_bytes == 16 * params
+    softmax = GptShape.from_config(fp16).tokens * fp16.model.vocab * 4  # the head's softmax stays fp32
+    assert half.activation_bytes - softmax == pytest.approx((wide.activation_bytes - softmax) / 2, rel=1e-6)
+
+
+def test_pipeline_and_data_parallel_buffers() -> None:
+    alone = peak_stage_memory(_config(SHAPES[1], "none"))
+    parallel = peak_stage_memory(_config(SHAPES[1], "none", pp=2, dp=2, global_batch=8, dp_bucket_mb=25))
+    gpt = GptShape.from_config(_config(SHAPES[1], "none"))
+    assert alone.buffer_bytes == 0
+    assert parallel.buffer_bytes == 4 * gpt.activation_bytes + 2 * 25 * 2**20
