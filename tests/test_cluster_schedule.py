@@ -140,3 +140,9 @@ def test_each_job_and_size_is_predicted_once():
     jobs = [job("A", 2), job("B", 4), job("C", 1, arrival_h=0.5)]
     simulate_cluster(jobs, 2, Speeds(throughput, [1, 2]), "vtrain")
     assert sorted(calls) == [1, 2]  # all three share one workload
+
+
+def test_allocation_sizes_are_powers_of_two_the_cluster_and_what_jobs_asked_for():
+    from vtrain.studies.cluster import allocation_sizes
+
+    assert allocation_sizes(48, [24, 64]) == [1, 2, 4, 8, 16, 24, 32, 48]

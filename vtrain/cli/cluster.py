@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.errors import InputError
 from vtrain.outputs import check_output, staged
+
+if TYPE_CHECKING:
+    from vtrain.studies.cluster import Job, Speeds
 
 REPORTS = Path("reports")
 
@@ -36,7 +40,7 @@ def cluster_command(
     max_micro_batch: int = typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried."),
 ) -> None:
     """Simulate the jobs on a shared cluster under a FIFO baseline and a throughput-aware (vtrain) policy."""
-    from vtrain.studies.cluster import POLICIES, Speeds, simulate_cluster
+    from vtrain.studies.cluster import POLICIES, Speeds, allocation_sizes, simulate_cluster
     from vtrain.studies.cluster_report import ClusterStudy, study_summary, write_cluster_files
     from vtrain.studies.jobs import read_jobs
     from vtrain.studies.predict import Cluster, describe, plan_throughput
@@ -66,18 +70,7 @@ def cluster_command(
     print(f"wrote {target} ({throughput.sweeps} (job, GPUs) plans searched)")
 
 
-def allocation_sizes(cluster_gpus: int, asked: list[int]) -> list[int]:
-    """The allocations the vtrain policy chooses from: every power of two up to the cluster, the whole cluster
-    and what the jobs asked for."""
-    sizes = {cluster_gpus, *(g for g in asked if g <= cluster_gpus)}
-    size = 1
-    while size <= cluster_gpus:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
-
-
-def _check_runnable(jobs: list, gpus: int, speeds, policies: list[str], path: Path) -> None:
+def _check_runnable(jobs: list[Job], gpus: int, speeds: Speeds, policies: list[str], path: Path) -> None:
     """Every job must run under every policy asked for: one line naming the first that cannot."""
     for job in jobs:
         if "baseline" in policies:

@@ -145,6 +145,17 @@ class Speeds:
         return [g for g in self.sizes if g <= limit and self.at(job, g) is not None]
 
 
+def allocation_sizes(cluster_gpus: int, asked: list[int]) -> list[int]:
+    """The allocations the vtrain policy chooses from: every power of two up to the cluster, the whole cluster
+    and what the jobs asked for."""
+    sizes = {cluster_gpus, *(g for g in asked if g <= cluster_gpus)}
+    size = 1
+    while size <= cluster_gpus:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
 #: (jobs waiting or running in arrival order, their remaining tokens, their current GPUs, cluster GPUs, speeds)
 #: -> the new GPUs of each job (0 or absent: it waits)
 Policy = Callable[[list[Job], dict[str, float], dict[str, int], int, Speeds], dict[str, int]]

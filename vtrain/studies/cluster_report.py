@@ -10,7 +10,7 @@ from typing import Any
 
 from vtrain.report.document import Bullets, Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
-from vtrain.studies.cluster import Job, Schedule, Speeds
+from vtrain.studies.cluster import Job, JobResult, Schedule, Speeds
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def _job_table(schedule: Schedule) -> tuple[list[str], list[list[str]]]:
     return ["job", "arrival h", "start h", "end h", "JCT h", "GPU-hours", "deadline met", "allocations"], rows
 
 
-def _allocations(job) -> str:
+def _allocations(job: JobResult) -> str:
     return "; ".join(f"{s.gpus} GPUs {s.plan} {s.start_h:.2f}-{s.end_h:.2f} h" for s in job.segments)
 
 
