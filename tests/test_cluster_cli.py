@@ -64,8 +64,8 @@ def test_both_policies_json_and_report(tmp_path: Path) -> None:
      "tokens must be above 0"),
     ("jobs:\n  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpu: 2}\n",
      "unknown key gpu"),
-    ("jobs:\n  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpus: 2}\n"
-     "  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpus: 2}\n",
+    (("jobs:\n  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpus: 2}\n"
+      "  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpus: 2}\n"),
      "names must be unique"),
     ("jobs:\n  - {name: a, layers: 4, hidden: 512, heads: 8, seq: 256, tokens: 1e+8, arrival_h: 0, gpus: 3}\n",
      "no plan runs it on the 3 GPUs"),

@@ -7,8 +7,15 @@ import math
 import pytest
 
 from vtrain.runconfig import ModelConfig
-from vtrain.studies.sizing import (Budget, best, chinchilla_loss, chinchilla_optimum, parameter_count,
-                                   size_with_fixed_mfu, size_with_plans)
+from vtrain.studies.sizing import (
+    Budget,
+    best,
+    chinchilla_loss,
+    chinchilla_optimum,
+    parameter_count,
+    size_with_fixed_mfu,
+    size_with_plans,
+)
 from vtrain.studies.throughput import Prediction
 
 A100_PEAK = 312e12
@@ -18,7 +25,7 @@ def dense_grid(aspect: int = 128) -> list[ModelConfig]:
     """Shapes from 0.1B to ~1T parameters, 2 % apart in hidden size (layers = hidden / aspect)."""
     shapes, hidden = [], 768.0
     while hidden < 40000:
-        h = int(round(hidden / 64)) * 64
+        h = round(hidden / 64) * 64
         shapes.append(ModelConfig(layers=max(1, h // aspect), hidden=h, heads=h // 64, seq=2048, vocab=51200))
         hidden *= 1.02
     return shapes

@@ -31,7 +31,7 @@ def test_picks_and_savings(tmp_path: Path) -> None:
              plan(8, 8, 1, 1, days=12, usd=60),      # cheapest, slower
              plan(32, 8, 2, 2, days=5, usd=90),      # fastest (no slower than the original, but dearer than 80)
              plan(4, 4, 1, 1, days=1, usd=1, status="out_of_memory")]
-    reference, picked = choices(folder(tmp_path, original, plans))
+    _, picked = choices(folder(tmp_path, original, plans))
     got = {c.why: (c.row["gpus"], c.row["tp"], c.row["dp"]) for c in picked}
     assert got == {"best plan on the same GPUs": (16, 4, 2), "cheapest plan no slower than the original": (16, 4, 2),
                    "cheapest plan": (8, 8, 1), "fastest plan": (32, 8, 2)}

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtrain.parallel import FORWARD, stage_order
 from vtrain.graph.work import GraphInputs
+from vtrain.parallel import FORWARD, stage_order
 from vtrain.runconfig import ParallelConfig
 
 

@@ -68,11 +68,11 @@ def cluster_document(study: ClusterStudy) -> Document:
     sections.append(Section("Predicted speeds (tokens/s, best plan) per job and allocation",
                             [TableBlock(_speed_table(study))]))
     sections.append(Section("Policies", [Bullets([
-        "baseline: first come, first served; each job gets exactly the GPUs it asked for once that many are free "
-        "and every earlier job has started, and keeps them to the end.",
-        "vtrain: at every arrival and completion the cluster is handed out again, step by step, to the job whose "
-        "predicted speed gains the most per added GPU, measured as the share of its remaining work done per "
-        "hour; allocations are the sizes listed below the speeds.",
+        ("baseline: first come, first served; each job gets exactly the GPUs it asked for once that many are "
+         "free and every earlier job has started, and keeps them to the end."),
+        ("vtrain: at every arrival and completion the cluster is handed out again, step by step, to the job "
+         "whose predicted speed gains the most per added GPU, measured as the share of its remaining work done "
+         "per hour; allocations are the sizes in the speed table."),
     ])]))
     return Document(title="Multi-tenant cluster: baseline versus vtrain-aware scheduling", heading=heading,
                     sections=sections)
