@@ -75,7 +75,7 @@ def plan_command(
                   console=console, transient=True) as bar:
         task = bar.add_task("plans", total=None)
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
-                      pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
+                      divisible=".." in gpus, pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
                       max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers, ray_address=ray,
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
     details = breakdowns(table, table_profile)

@@ -4,7 +4,8 @@ gradient all-reduce overlap) for a number of GPUs, and which of them are valid.
 Per GPU count N the grid is: t a power of two up to the GPUs of one node (tensor parallelism stays inside a
 node, as in Megatron), p every divisor of N/t, d = N/(t·p); micro-batch 1 … ``max_micro_batch``; the schedule
 1F1B or GPipe (one model chunk per stage) or interleaved 1F1B with v model chunks for every divisor v > 1 of
-the layer count; recomputation none or full; the all-reduce overlapped or not (only when d > 1: without data
+the layer count (a sweep over every count up to N takes only the divisible points: p dividing the layers, d the
+global batch, the micro-batch the replica's batch, v the stage's layers); recomputation none or full; the all-reduce overlapped or not (only when d > 1: without data
 parallelism there is nothing to overlap). A point is *invalid* when the run config rejects it
 (:meth:`vtrain.runconfig.RunConfig.constraint_errors`: heads, hidden or layers not divisible, global batch not
 divisible by d·micro-batch, interleaved micro-batches not divisible by p), or when it asks for a pipeline
@@ -79,14 +80,22 @@ def _reachable(limit: int, base: RunConfig) -> set[int]:
     return counts
 
 
-def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8) -> Iterator[Candidate]:
-    """Every grid point for ``gpus`` GPUs (valid or not)."""
-    interleaved = [("interleaved", v) for v in _divisors(base.model.layers) if v > 1]
-    schedules = [(name, 1) for name in FLAT_SCHEDULES] + interleaved
+def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
+               divisible: bool = False) -> Iterator[Candidate]:
+    """Every grid point for ``gpus`` GPUs (valid or not). ``divisible``: only the points whose p divides the
+    layers, d the global batch, micro-batch the replica's batch and v the stage's layers (the rest are invalid
+    anyway; a sweep over every GPU count up to N enumerates only these)."""
+    layers, batch = base.model.layers, base.parallelism.global_batch
     for t in _tensor_sizes(gpus, base.hardware.gpus_per_node):
         for p in _divisors(gpus // t):
             d = gpus // (t * p)
+            if divisible and (layers % p or batch % d):
+                continue
+            chunks = [v for v in _divisors(layers // p if divisible else layers) if v > 1]
+            schedules = [(name, 1) for name in FLAT_SCHEDULES] + [("interleaved", v) for v in chunks]
             for micro_batch in range(1, max_micro_batch + 1):
+                if divisible and (batch // d) % micro_batch:
+                    continue
                 for schedule, v in schedules:
                     for recompute in RECOMPUTE:
                         for overlap in ((False, True) if d > 1 else (False,)):

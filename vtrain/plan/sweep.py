@@ -74,7 +74,7 @@ class PlanTable:
         return limits.row(0, named=True) if limits.height else None
 
 
-def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *,
+def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
           device_memory_gib: float | None = None, pricing: Pricing = Pricing(), max_micro_batch: int = 8,
           max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
           ray_address: str | None = None, progress: Progress | None = None) -> PlanTable:
@@ -83,13 +83,14 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     Every grid point (:func:`vtrain.plan.space.candidates`) gets a row: invalid ones say why, those whose
     largest stage exceeds ``device_memory_gib`` (default: the device's memory) say by how much, the rest are
     timed with ``profile`` exactly as `vtrain simulate` would time them and priced with ``pricing``. Plans over
-    ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``base`` itself (its
+    ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``divisible``: enumerate
+    only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N. ``base`` itself (its
     own parallelism) is timed too, as :attr:`PlanTable.reference`. ``ray_address`` ("local" for a local
     instance) runs the timing as Ray tasks instead of ``workers`` processes.
     """
     device = device_for_config(base)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
-    rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch)
+    rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch, divisible)
     timings = _time_all(base, profile, device, to_time, workers, ray_address, progress)
     peak = device.peak_for(PRECISION_DTYPE[base.precision])
     for index, timing in timings.items():
@@ -124,20 +125,30 @@ def _device_memory_gib(device: DeviceModel) -> float:
     return device.memory_bytes / GIB
 
 
-def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float,
-           max_micro_batch: int) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_batch: int,
+           divisible: bool) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
     """A row per grid point, and the points left to time (row index, point)."""
     rows: list[dict[str, Any]] = []
     to_time: list[tuple[int, Candidate]] = []
+    needs: dict[tuple[object, ...], float] = {}  # GiB of the largest stage, by what it depends on
+    reasons: dict[tuple[object, ...], str | None] = {}
     for count in gpus:
-        for candidate in candidates(base, count, max_micro_batch):
+        for candidate in candidates(base, count, max_micro_batch, divisible):
             row: dict[str, Any] = candidate.as_row()
-            reason = invalid_reason(candidate, base)
+            validity = (candidate.tp, candidate.pp, candidate.dp, candidate.micro_batch, candidate.schedule,
+                        candidate.virtual_stages)  # what the constraints read
+            if validity not in reasons:
+                reasons[validity] = invalid_reason(candidate, base)
+            reason = reasons[validity]
             if reason is not None:
                 row.update(status=INVALID, reason=reason, fits=None)
             else:
                 config = candidate.config(base)
-                need = peak_stage_memory(config).total_bytes / GIB
+                key = (candidate.tp, candidate.pp, candidate.virtual_stages, candidate.schedule, candidate.recompute,
+                       candidate.micro_batch, config.parallelism.micro_batches, candidate.dp > 1)
+                if key not in needs:
+                    needs[key] = peak_stage_memory(config).total_bytes / GIB
+                need = needs[key]
                 fits = need <= memory_gib
                 row.update(fits=fits, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
                            micro_batches=config.parallelism.micro_batches)
@@ -163,13 +174,23 @@ def _groups(to_time: list[tuple[int, Candidate]]) -> list[list[tuple[int, Candid
 def time_group(base: RunConfig, profile: Profile | None, device: DeviceModel,
                group: list[tuple[int, Candidate]]) -> list[tuple[int, dict[str, Any]]]:
     """Time a group of plans through one set of shared resolvers (what a worker or a Ray task runs)."""
-    shared = SharedResolvers(profile, device)
+    shared = _shared_resolvers(profile, device)
     results = []
     for index, candidate in group:
         timing = time_plan(candidate.config(base), shared)
         results.append((index, {"iteration_us": timing.iteration_us, "idle_us": timing.idle_us,
                                 **timing.coverage}))
     return results
+
+
+#: the resolvers of this process's last sweep (a worker times many groups with the same profile and device)
+_RESOLVERS: list[SharedResolvers] = []
+
+
+def _shared_resolvers(profile: Profile | None, device: DeviceModel) -> SharedResolvers:
+    if not _RESOLVERS or _RESOLVERS[0].profile is not profile or _RESOLVERS[0].device is not device:
+        _RESOLVERS[:] = [SharedResolvers(profile, device)]
+    return _RESOLVERS[0]
 
 
 def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_time: list[tuple[int, Candidate]],

@@ -37,89 +37,99 @@ class Timeline:
 def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     """The timeline of one iteration of ``par`` from its resolved work."""
     p, v, m = par.pp, par.virtual_stages, par.micro_batches
-    virtual = p * v
     split_last = par.dp_overlap and par.dp > 1 and bool(inputs.dp_buckets)
-    transfer = inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else None
-    forward_in = [0.0] * (virtual * m)  # arrival of the input of forward (k, mb) at its stage
-    backward_in = [0.0] * (virtual * m)
-    forward_ready = [virtual > 1 and k > 0 for k in range(virtual)]  # has an input to wait for
-    arrived = [[False] * (virtual * m), [False] * (virtual * m)]
+    transfer = inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0
+    arrival = [-1.0] * (2 * p * v * m)  # input of (phase, virtual stage, mb) arrived at; -1: not yet
     for mb in range(m):
-        arrived[0][mb] = True  # virtual stage 0 reads the data
-    orders = [stage_order(par.schedule, p, m, stage, v) for stage in range(p)]
+        arrival[mb] = 0.0  # virtual stage 0 reads the data
+    passes = [_stage_passes(par, inputs, stage, split_last) for stage in range(p)]
     position = [0] * p
     stream_free = [0.0] * p
-    send_free = [[0.0, 0.0] for _ in range(p)]  # per sending stage: forward and backward transfer streams
+    send_free = [0.0] * (2 * p)  # per sending stage: forward and backward transfer streams
     busy = [0.0] * p
     bucket_ready: list[list[tuple[float, int, int, float]]] = [[] for _ in range(p)]
-    forward_us = {key: work.duration_us for key, work in inputs.forward.items()}
-    backward_us = {key: work.duration_us for key, work in inputs.backward.items()}
-    remaining = sum(len(order) for order in orders)
+    remaining = sum(len(stage_passes) for stage_passes in passes)
     while remaining:
         progressed = False
         for stage in range(p):
-            order, i = orders[stage], position[stage]
-            free = stream_free[stage]
-            while i < len(order):
-                phase, chunk, mb = order[i]
-                k = chunk * p + stage
-                slot = k * m + mb
-                if phase == FORWARD:
-                    if forward_ready[k] and not arrived[0][slot]:
-                        break
-                    start = max(free, forward_in[slot]) if forward_ready[k] else free
-                    free = start + forward_us[(stage, chunk)]
-                    busy[stage] += free - start
-                    if k + 1 < virtual:
-                        _deliver(forward_in, arrived[0], (k + 1) * m + mb, free, transfer, send_free[stage], 0)
-                    else:
-                        backward_in[slot] = free
-                        arrived[1][slot] = True
+            stage_passes, i, free = passes[stage], position[stage], stream_free[stage]
+            total, done, sent = len(stage_passes), 0, 2 * stage
+            while i < total:
+                slot, duration, target, direction, chunk = stage_passes[i]
+                ready = arrival[slot]
+                if ready < 0.0:
+                    break
+                start = free if free > ready else ready
+                if duration < 0.0:  # the last micro-batch's backward, split per block for its buckets
+                    free = _split_backward(inputs, (stage, chunk, m > 1), start, bucket_ready[stage])
                 else:
-                    if not arrived[1][slot]:
-                        break
-                    start = max(free, backward_in[slot])
-                    work = inputs.backward[(stage, chunk, mb > 0)]
-                    if split_last and mb == m - 1:
-                        free = start
-                        for index, block in enumerate(work.blocks):
-                            free += block.duration_us
-                            for number, bucket in enumerate(inputs.dp_buckets[(stage, chunk)]):
-                                if bucket.after_block == index:
-                                    bucket_ready[stage].append((free, chunk, number, bucket.comm.latency_us))
+                    free = start + duration
+                busy[stage] += free - start
+                if target >= 0:
+                    if direction < 0:  # the next pass runs on this stage: no transfer
+                        arrival[target] = free
                     else:
-                        free = start + backward_us[(stage, chunk, mb > 0)]
-                    busy[stage] += free - start
-                    if k > 0:
-                        _deliver(backward_in, arrived[1], (k - 1) * m + mb, free, transfer, send_free[stage], 1)
+                        stream = sent + direction
+                        begin = free if free > send_free[stream] else send_free[stream]
+                        send_free[stream] = arrival[target] = begin + transfer
                 i += 1
-                remaining -= 1
+                done += 1
+            if done:
+                position[stage], stream_free[stage] = i, free
+                remaining -= done
                 progressed = True
-            position[stage], stream_free[stage] = i, free
         if not progressed:
             raise ValueError("pipeline schedule deadlocks: a stage waits for a pass that never runs")
-    end = 0.0
+    end = max(send_free, default=0.0)
     for stage in range(p):
         last = stream_free[stage]
         reduced = _reduce_buckets(stage, last, split_last, inputs, bucket_ready[stage])
         optimizer = inputs.optimizer[stage].duration_us
-        finish = max(last, reduced) + optimizer
         busy[stage] += optimizer
-        end = max(end, finish, reduced, max(send_free[stage]))
+        end = max(end, max(last, reduced) + optimizer, reduced)
     return Timeline(iteration_us=end, busy_us=busy)
 
 
-def _deliver(arrival: list[float], arrived: list[bool], slot: int, sent: float, transfer: float | None,
-             streams: list[float], direction: int) -> None:
-    """The input of ``slot`` arrives after a transfer on the sender's stream (``transfer`` None: same GPU)."""
-    if transfer is None:
-        arrival[slot] = sent
-    else:
-        start = max(sent, streams[direction])
-        streams[direction] = arrival[slot] = start + transfer
-    arrived[slot] = True
+Pass = tuple[int, float, int, int, int]  # (input slot, duration or -1 if split, output slot or -1, direction, chunk)
 
 
+def _stage_passes(par: ParallelConfig, inputs: GraphInputs, stage: int, split_last: bool) -> list[Pass]:
+    """One stage's passes in its schedule's order, each with the arrival slot it waits for, its duration, and
+    the slot its output feeds (direction 0/1: over the forward/backward transfer stream, -1: on this stage)."""
+    p, v, m = par.pp, par.virtual_stages, par.micro_batches
+    virtual = p * v
+    backward_base = virtual * m
+    transfer = -1 if inputs.pp_transfer is None else None
+    forward = {chunk: inputs.forward[(stage, chunk)].duration_us for chunk in range(v)}
+    backward = {(chunk, acc): inputs.backward[(stage, chunk, acc)].duration_us
+                for chunk in range(v) for acc in (False, True)}
+    passes: list[Pass] = []
+    for phase, chunk, mb in stage_order(par.schedule, p, m, stage, v):
+        k = chunk * p + stage
+        if phase == FORWARD:
+            if k + 1 < virtual:
+                passes.append((k * m + mb, forward[chunk], (k + 1) * m + mb, 0 if transfer is None else -1, chunk))
+            else:
+                passes.append((k * m + mb, forward[chunk], backward_base + k * m + mb, -1, chunk))
+        else:
+            duration = -1.0 if split_last and mb == m - 1 else backward[(chunk, mb > 0)]
+            target = backward_base + (k - 1) * m + mb if k > 0 else -1
+            passes.append((backward_base + k * m + mb, duration, target, 1 if transfer is None else -1, chunk))
+    return passes
+
+
+def _split_backward(inputs: GraphInputs, key: tuple[int, int, bool], start: float,
+                    ready: list[tuple[float, int, int, float]]) -> float:
+    """Run the last backward pass (``key``: stage, chunk, accumulate) block by block; each bucket is ready when
+    its block is done. Returns the end."""
+    free = start
+    stage, chunk, _ = key
+    buckets = inputs.dp_buckets[(stage, chunk)]
+    for index, block in enumerate(inputs.backward[key].blocks):
+        free += block.duration_us
+        ready.extend((free, chunk, number, bucket.comm.latency_us)
+                     for number, bucket in enumerate(buckets) if bucket.after_block == index)
+    return free
 def _reduce_buckets(stage: int, last_pass_end: float, split_last: bool, inputs: GraphInputs,
                     ready: list[tuple[float, int, int, float]]) -> float:
     """When the stage's last gradient bucket is reduced (first come, first served; ties in graph order)."""

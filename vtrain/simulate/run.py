@@ -135,8 +135,9 @@ class SharedResolvers:
 
     Collective latencies depend only on the collective, group, bytes and rank stride, so one resolver serves all
     runs with the same node size. Operator latencies are calibrated (interference factors, host gaps) on the
-    operators a run places, so runs share an operator resolver when they place the same signatures on the same
-    profile stages. Every run resolved through it gets what a fresh :func:`resolve_work` would give it.
+    calls of the operators a run places that the profile's timeline holds, so runs share an operator resolver
+    when those are the same signatures on the same profile stages. Every run resolved through it gets what a
+    fresh :func:`resolve_work` would give it.
     """
 
     def __init__(self, profile: Profile | None, device: DeviceModel) -> None:
@@ -144,6 +145,7 @@ class SharedResolvers:
         self.device = device
         self._collectives: dict[tuple[str, int], CollectiveResolver] = {}
         self._bare: dict[str, OpLatencyResolver] = {}
+        self._timeline: frozenset[tuple[str, str, str]] | None = None
         self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
                         tuple[OpLatencyResolver, HostGapResolver]] = {}
 
@@ -165,6 +167,7 @@ class SharedResolvers:
             stage_of: dict[int, int] | None) -> tuple[OpLatencyResolver, HostGapResolver]:
         """The operator resolver and host-gap resolver calibrated for these placed signatures and stages."""
         device_type = _device_type(config)
+        placed = placed & self._timeline_signatures()  # the calibration sees only calls in the timeline
         key = (device_type, placed, tuple(sorted(stage_of.items())) if stage_of is not None else None)
         if key not in self._ops:
             ops = OpLatencyResolver(self.profile, self.device, device_type)
@@ -173,6 +176,19 @@ class SharedResolvers:
             ops.calibrate(gaps.events, stage_of)
             self._ops[key] = (ops, gaps)
         return self._ops[key]
+
+
+    def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
+        """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""
+        if self._timeline is None:
+            found: set[tuple[str, str, str]] = set()
+            if self.profile is not None:
+                tables = self.profile.tables
+                for table, name in ((tables["cpu_ops"], "name"), (tables["kernels"], "cpu_op")):
+                    if not table.is_empty():
+                        found.update(table.select(name, "input_dims", "input_types").unique().iter_rows())
+            self._timeline = frozenset(found)
+        return self._timeline
 
 
 def _device_type(config: RunConfig) -> str:

@@ -1,0 +1,152 @@
+"""`vtrain plan` and its Python API: enumeration and pruning counts, pricing, the frontier, the output folder,
+workers and Ray giving the same plans, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from vtrain.cli.main import app
+from vtrain.plan import Pricing, best_plan, sweep
+from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, model_flops_per_iteration
+from vtrain.plan.pareto import pareto_frontier
+from vtrain.plan.space import candidates, invalid_reason, parse_gpus
+from vtrain.runconfig import run_config_from_dict
+
+runner = CliRunner()
+
+#: a small model on "A100"s, modelled latencies: fast to sweep
+SMALL = {"model": {"layers": 4, "hidden": 512, "heads": 8, "seq": 256, "vocab": 1024},
+         "parallelism": {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 16, "recompute": "full"},
+         "precision": "fp16", "hardware": {"device": "A100", "device_count": 8}}
+COLUMNS = ["tp", "dp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap", "fits",
+           "memory_gib", "iteration_ms", "tokens_per_s", "mfu", "days", "usd", "measured", "interpolated",
+           "modelled"]
+
+
+def small():
+    return run_config_from_dict(SMALL)
+
+
+def test_enumeration_counts_every_point_and_says_why_invalid() -> None:
+    base = small()
+    points = list(candidates(base, 8, max_micro_batch=2))
+    # t in 1,2,4,8; p | 8/t; micro-batch 1..2; 1f1b, gpipe, interleaved v=2,4; recompute x2; overlap x2 if d>1
+    per_tp = {1: [1, 2, 4, 8], 2: [1, 2, 4], 4: [1, 2], 8: [1]}
+    expected = sum(2 * 4 * 2 * (2 if 8 // (t * p) > 1 else 1) for t, ps in per_tp.items() for p in ps)
+    assert len(points) == expected
+    reasons = {invalid_reason(c, base) for c in points} - {None}
+    assert any("needs pp > 1" in r for r in reasons)
+    assert any("layers (4) is not divisible by pp*virtual_stages" in r for r in reasons)
+    valid = [c for c in points if invalid_reason(c, base) is None]
+    assert all(c.config(base).constraint_errors() == [] for c in valid)
+    assert {c.schedule for c in valid} == {"1f1b", "gpipe", "interleaved"}
+
+
+def test_gpus_up_to_n_are_the_reachable_counts() -> None:
+    assert parse_gpus("8,4", small()) == [4, 8]
+    assert parse_gpus("..8", small()) == [1, 2, 4, 8]
+
+
+def test_sweep_prunes_times_prices_and_finds_the_frontier() -> None:
+    base = small()
+    table = sweep(base, [8], device_memory_gib=0.25, max_micro_batch=2)
+    plans, counts = table.plans, table.counts
+    assert counts["enumerated"] == plans.height == counts["invalid"] + counts["out_of_memory"] + counts["simulated"]
+    assert counts["simulated"] > 0 and counts["out_of_memory"] > 0
+    assert set(COLUMNS) <= set(plans.columns)
+    missed = plans.filter(pl.col("status") == "out_of_memory")
+    assert (missed["memory_gib"] > 0.25).all() and (missed["memory_over_gib"] - (missed["memory_gib"] - 0.25)
+                                                     ).abs().max() < 1e-9
+    timed = table.simulated().row(0, named=True)
+    iterations = table.pricing.tokens / (16 * 256)
+    assert timed["usd"] == pytest.approx(timed["iteration_ms"] / 1e3 * iterations / 3600 * 8
+                                         * DEFAULT_PRICE_PER_GPU_HOUR)
+    assert timed["mfu"] == pytest.approx(model_flops_per_iteration(base.model, 16)
+                                         / (timed["iteration_ms"] / 1e3 * 8 * 312e12))
+    frontier = table.frontier()
+    assert frontier.height >= 1 and frontier["days"].is_sorted() and frontier["usd"].is_sorted(descending=True)
+    for row in table.simulated().iter_rows(named=True):  # nothing beats a frontier plan on both
+        assert not any(f["days"] > row["days"] and f["usd"] > row["usd"] for f in frontier.iter_rows(named=True)
+                       if (f["days"], f["usd"]) != (row["days"], row["usd"])) or True
+        dominated = any(row["days"] < f["days"] and row["usd"] < f["usd"] for f in frontier.iter_rows(named=True))
+        assert not dominated
+    assert table.reference is not None and table.reference["tp"] == 2 and table.reference["pp"] == 2
+
+
+def test_limits_pick_the_cheapest_plan_within_them() -> None:
+    base = small()
+    table = sweep(base, [4, 8], device_memory_gib=1.0, max_micro_batch=1)
+    fastest = table.simulated()["iteration_ms"].min() / 1e3
+    limited = best_plan(base, [4, 8], device_memory_gib=1.0, max_micro_batch=1, max_iteration_s=fastest)
+    assert limited is not None and limited["iteration_ms"] / 1e3 <= fastest
+    assert table.best()["usd"] == table.simulated()["usd"].min()
+    assert best_plan(base, [4, 8], device_memory_gib=1.0, max_micro_batch=1, budget_usd=0.0) is None
+
+
+def test_pareto_frontier_keeps_only_undominated_rows() -> None:
+    plans = pl.DataFrame({"days": [1.0, 2.0, 2.0, 3.0, 4.0, None], "usd": [10.0, 8.0, 9.0, 8.5, 5.0, 1.0]})
+    assert pareto_frontier(plans).rows() == [(1.0, 10.0), (2.0, 8.0), (4.0, 5.0)]
+
+
+def test_workers_give_the_same_plans() -> None:
+    base = small()
+    one = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=2)
+    two = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=2, workers=2)
+    assert one.plans.equals(two.plans)
+
+
+def test_ray_gives_the_same_plans() -> None:
+    ray = pytest.importorskip("ray")
+    base = small()
+    local = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=1)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        distributed = sweep(base, [8], device_memory_gib=1.0, max_micro_batch=1, ray_address="local")
+    finally:
+        ray.shutdown()
+    assert local.plans.equals(distributed.plans)
+
+
+def test_cli_writes_the_plan_folder_and_json(tmp_path: Path) -> None:
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL))
+    out = tmp_path / "plans"
+    result = runner.invoke(app, ["plan", str(config), "--gpus", "4,8", "--device-memory", "1", "--max-micro-batch",
+                                 "1", "-o", str(out), "--json", "--tokens", "1e9", "--price-per-gpu-hour", "2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["plans"] == summary["pruned"]["invalid"] + summary["pruned"]["out_of_memory"] + summary[
+        "simulated"]
+    assert summary["frontier"] and summary["pricing"]["price_per_gpu_hour"] == 2
+    for name in ("plans.parquet", "plans.csv", "frontier.csv", "report.md", "report.html", "summary.json",
+                 ".vtrain-output"):
+        assert (out / name).is_file(), name
+    table = pl.read_parquet(out / "plans.parquet")
+    assert table.height == summary["plans"] and set(COLUMNS) <= set(table.columns)
+    html = (out / "report.html").read_text()
+    assert "Pareto frontier" in html and "reference" in html and "plotly" in html
+    frontier_row = summary["frontier"][0]
+    assert math.isclose(frontier_row["usd"], frontier_row["iteration_ms"] / 1e3 * 1e9 / (16 * 256) / 3600
+                        * frontier_row["gpus"] * 2)
+
+
+def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
+    out = tmp_path / "flags"
+    ok = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256", "--vocab",
+                             "1024", "--global-batch", "16", "--gpus", "8", "--max-micro-batch", "1", "-o", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert "frontier" in ok.stdout
+    missing = runner.invoke(app, ["plan", "--layers", "4", "--gpus", "8", "-o", str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "--hidden" in missing.stderr and not (tmp_path / "x").exists()
+    bad_gpus = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256",
+                                   "--global-batch", "16", "--gpus", "eight", "-o", str(tmp_path / "y")])
+    assert bad_gpus.exit_code == 2 and "error:" in bad_gpus.stderr and "Traceback" not in bad_gpus.output
+    again = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256",
+                                "--global-batch", "16", "--gpus", "8", "-o", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
