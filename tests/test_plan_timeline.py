@@ -73,9 +73,11 @@ def test_a_deadlocking_order_is_an_error() -> None:
     _, inputs, _, _ = resolve_work(config, None, device_for_config(config))
     backwards_first = replace(config.parallelism, schedule="1f1b")
     original = timeline.stage_order
+    timeline._stage_passes.cache_clear()  # pass lists are cached per schedule shape
     try:
         timeline.stage_order = lambda *args: list(reversed(original(*args)))
         with pytest.raises(ValueError, match="deadlock"):
             timeline.iteration_timeline(backwards_first, inputs)
     finally:
         timeline.stage_order = original
+        timeline._stage_passes.cache_clear()

@@ -44,9 +44,10 @@ def plan_command(
     force: bool = typer.Option(False, "--force", help="Replace the plan folder if vtrain wrote it."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     workers: int = typer.Option(1, "--workers", min=1, help="Processes timing plans in parallel."),
-    ray: str | None = typer.Option(None, "--ray", is_flag=False, flag_value="local",
-                                   help="Time plans as Ray tasks: on the cluster at ADDRESS, or a local instance "
-                                        "(--ray alone). Needs pip install 'vtrain[ray]'."),
+    ray: bool = typer.Option(False, "--ray", help="Time plans as Ray tasks (pip install 'vtrain[ray]'): on the "
+                                                  "cluster at --ray-address, else RAY_ADDRESS, else a local one."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (ray://HOST:10001, "
+                                                                       "auto); implies --ray."),
     layers: int | None = typer.Option(None, "--layers", min=1, help="Model without a run config: layers."),
     hidden: int | None = typer.Option(None, "--hidden", min=1, help="Hidden size."),
     heads: int | None = typer.Option(None, "--heads", min=1, help="Attention heads."),
@@ -76,7 +77,8 @@ def plan_command(
         task = bar.add_task("plans", total=None)
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
                       divisible=".." in gpus, pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
-                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers, ray_address=ray,
+                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers,
+                      ray_address=ray_address or ("local" if ray else None),
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
     details = breakdowns(table, table_profile)
     write_plan_folder(table, target, details)

@@ -15,6 +15,7 @@ and a graph node, so a sweep can time thousands of runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vtrain.graph.work import GraphInputs
 from vtrain.parallel import FORWARD, stage_order
@@ -42,7 +43,9 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     arrival = [-1.0] * (2 * p * v * m)  # input of (phase, virtual stage, mb) arrived at; -1: not yet
     for mb in range(m):
         arrival[mb] = 0.0  # virtual stage 0 reads the data
-    passes = [_stage_passes(par, inputs, stage, split_last) for stage in range(p)]
+    local = inputs.pp_transfer is None
+    passes = [_stage_passes(par.schedule, p, m, v, stage, local, split_last) for stage in range(p)]
+    durations = [_stage_durations(inputs, stage, v) for stage in range(p)]
     position = [0] * p
     stream_free = [0.0] * p
     send_free = [0.0] * (2 * p)  # per sending stage: forward and backward transfer streams
@@ -53,17 +56,17 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
         progressed = False
         for stage in range(p):
             stage_passes, i, free = passes[stage], position[stage], stream_free[stage]
-            total, done, sent = len(stage_passes), 0, 2 * stage
+            total, done, sent, stage_durations = len(stage_passes), 0, 2 * stage, durations[stage]
             while i < total:
-                slot, duration, target, direction, chunk = stage_passes[i]
+                slot, kind, target, direction = stage_passes[i]
                 ready = arrival[slot]
                 if ready < 0.0:
                     break
                 start = free if free > ready else ready
-                if duration < 0.0:  # the last micro-batch's backward, split per block for its buckets
-                    free = _split_backward(inputs, (stage, chunk, m > 1), start, bucket_ready[stage])
+                if kind < 0:  # the last micro-batch's backward of chunk -kind-1, split per block for its buckets
+                    free = _split_backward(inputs, (stage, -kind - 1, m > 1), start, bucket_ready[stage])
                 else:
-                    free = start + duration
+                    free = start + stage_durations[kind]
                 busy[stage] += free - start
                 if target >= 0:
                     if direction < 0:  # the next pass runs on this stage: no transfer
@@ -90,31 +93,39 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     return Timeline(iteration_us=end, busy_us=busy)
 
 
-Pass = tuple[int, float, int, int, int]  # (input slot, duration or -1 if split, output slot or -1, direction, chunk)
+Pass = tuple[int, int, int, int]  # (input slot, kind, output slot or -1, direction)
 
 
-def _stage_passes(par: ParallelConfig, inputs: GraphInputs, stage: int, split_last: bool) -> list[Pass]:
-    """One stage's passes in its schedule's order, each with the arrival slot it waits for, its duration, and
-    the slot its output feeds (direction 0/1: over the forward/backward transfer stream, -1: on this stage)."""
-    p, v, m = par.pp, par.virtual_stages, par.micro_batches
+def _stage_durations(inputs: GraphInputs, stage: int, v: int) -> list[float]:
+    """A stage's pass durations by kind: forward of chunk c is kind c, backward of chunk c is v + 2c (first
+    micro-batch) or v + 2c + 1 (accumulating)."""
+    forward = [inputs.forward[(stage, chunk)].duration_us for chunk in range(v)]
+    backward = [inputs.backward[(stage, chunk, accumulate)].duration_us for chunk in range(v)
+                for accumulate in (False, True)]
+    return forward + backward
+
+
+@lru_cache(maxsize=512)
+def _stage_passes(schedule: str, p: int, m: int, v: int, stage: int, local: bool, split_last: bool) -> list[Pass]:
+    """One stage's passes in its schedule's order, each with the arrival slot it waits for, its kind (see
+    :func:`_stage_durations`; -c-1: the split last backward of chunk c), and the slot its output feeds
+    (direction 0/1: over the forward/backward transfer stream, -1: on this stage, ``local``: no transfers).
+    Plans that differ only in durations share it."""
     virtual = p * v
     backward_base = virtual * m
-    transfer = -1 if inputs.pp_transfer is None else None
-    forward = {chunk: inputs.forward[(stage, chunk)].duration_us for chunk in range(v)}
-    backward = {(chunk, acc): inputs.backward[(stage, chunk, acc)].duration_us
-                for chunk in range(v) for acc in (False, True)}
     passes: list[Pass] = []
-    for phase, chunk, mb in stage_order(par.schedule, p, m, stage, v):
+    append = passes.append
+    for phase, chunk, mb in stage_order(schedule, p, m, stage, v):
         k = chunk * p + stage
         if phase == FORWARD:
             if k + 1 < virtual:
-                passes.append((k * m + mb, forward[chunk], (k + 1) * m + mb, 0 if transfer is None else -1, chunk))
+                append((k * m + mb, chunk, (k + 1) * m + mb, -1 if local else 0))
             else:
-                passes.append((k * m + mb, forward[chunk], backward_base + k * m + mb, -1, chunk))
+                append((k * m + mb, chunk, backward_base + k * m + mb, -1))
         else:
-            duration = -1.0 if split_last and mb == m - 1 else backward[(chunk, mb > 0)]
+            kind = -chunk - 1 if split_last and mb == m - 1 else v + 2 * chunk + (mb > 0)
             target = backward_base + (k - 1) * m + mb if k > 0 else -1
-            passes.append((backward_base + k * m + mb, duration, target, 1 if transfer is None else -1, chunk))
+            append((backward_base + k * m + mb, kind, target, -1 if local else 1))
     return passes
 
 
