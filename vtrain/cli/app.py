@@ -28,6 +28,8 @@ COMMANDS = {
     "fit": ("vtrain.cli.fit", "fit_command"),
     "plan": ("vtrain.cli.plan", "plan_command"),
     "whatif": ("vtrain.cli.whatif", "whatif_command"),
+    "cluster": ("vtrain.cli.cluster", "cluster_command"),
+    "size": ("vtrain.cli.size", "size_command"),
 }
 
 #: for a command that parses its own arguments: all of them, help included, are handed to it unparsed

@@ -1,0 +1,48 @@
+"""`vtrain size` from the command line on the shipped A100 profile."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from vtrain.studies.sizing import chinchilla_loss
+
+PROFILE = REPO / "profiles" / "a100"
+
+
+def vtrain(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "size", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+
+
+def test_answer_is_the_lowest_loss_shape_and_its_plan(tmp_path: Path) -> None:
+    out = tmp_path / "size"
+    result = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    s = json.loads(result.stdout)
+    assert {"parameters", "tokens", "layers", "hidden", "heads", "plan", "loss"} <= set(s)
+    runnable = [c for c in s["candidates"] if c["plan"] is not None]
+    assert s["loss"] == min(c["loss"] for c in runnable)
+    assert s["loss"] == pytest.approx(chinchilla_loss(s["parameters"], s["tokens"]))
+    plan = s["plan"]
+    assert plan["tp"] * plan["dp"] * plan["pp"] == 8
+    assert s["tokens"] == pytest.approx(plan["tokens_per_s"] * 2 * 86400)
+    # a 530B model does not fit on 8 GPUs
+    assert any(c["plan"] is None and c["parameters"] > 5e11 for c in s["candidates"])
+    closed = s["fixed_mfu"]["closed_form"]
+    assert 6 * closed["parameters"] * closed["tokens"] == pytest.approx(s["fixed_mfu"]["flops"])
+    assert math.isclose(s["fixed_mfu"]["flops"], 8 * 312e12 * 0.4 * 2 * 86400, rel_tol=1e-9)
+    for name in ("report.md", "report.html", "size.json", "candidates.csv"):
+        assert (out / name).is_file()
+
+
+def test_unknown_loss_model(tmp_path: Path) -> None:
+    result = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "--loss-model", "kaplan", "-o", tmp_path / "x")
+    assert result.returncode == 2 and result.stderr.startswith("error: --loss-model must be one of")
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,72 @@
+"""`vtrain size --gpus N --days D --profile P [--loss-model chinchilla] [-o OUT] [--json]`: the model shape and
+token count with the lowest loss for a budget of GPUs and days, each shape at its best plan's speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
+from vtrain.outputs import check_output, staged
+
+REPORTS = Path("reports")
+LOSS_MODELS = ("chinchilla",)
+
+
+@user_errors
+def size_command(
+    gpus: int = typer.Option(..., "--gpus", min=1, max=1 << 20, help="GPUs in the budget."),
+    days: float = typer.Option(..., "--days", min=0.001, max=3650, help="Days in the budget."),
+    profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
+    loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
+                                                                      "2022)."),
+    mfu: float = typer.Option(0.4, "--mfu", min=0.01, max=1.0, help="The fixed MFU of the comparison answer."),
+    seq: int = typer.Option(2048, "--seq", min=1, max=1 << 21, help="Sequence length."),
+    vocab: int = typer.Option(51200, "--vocab", min=1, max=1 << 22, help="Vocabulary size."),
+    global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default "
+                                                                     "reports/size-<GPUs>x<days>d)."),
+    force: bool = typer.Option(False, "--force", help="Replace the report folder if vtrain wrote it."),
+    as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
+    device: str = typer.Option("A100", "--device", help="GPU type."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=1024, help="GPUs per node."),
+    inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.001, max=1e6,
+                                                 help="Network bandwidth per node, Gbit/s (default: the profile's)."),
+    device_memory: float | None = typer.Option(None, "--device-memory", min=0.1, help="GiB per GPU."),
+    max_micro_batch: int = typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried."),
+) -> None:
+    """Search GPT shapes used in practice for the lowest loss a budget of GPUs and days buys."""
+    from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput
+    from vtrain.studies.size_report import SizeStudy, size_summary, write_size_files
+    from vtrain.studies.sizing import Budget, best, practice_shapes, size_with_fixed_mfu, size_with_plans
+
+    if loss_model not in LOSS_MODELS:
+        raise InputError(f"--loss-model must be one of {', '.join(LOSS_MODELS)} (got {loss_model!r})")
+    target = output if output is not None else REPORTS / f"size-{gpus}x{days:g}d"
+    check_output(target, inputs=[profile], force=force)
+    hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
+                       device_memory_gib=device_memory)
+    throughput = plan_throughput(profile, hardware, max_micro_batch)
+    budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
+    shapes = practice_shapes(seq, vocab)
+    planned = size_with_plans(shapes, budget, throughput, global_batch)
+    if best(planned) is None:
+        raise InputError(f"no shape has a plan that runs on {gpus} GPUs (divisibility or device memory)")
+    study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu), mfu, describe(hardware),
+                      str(profile) if profile else None)
+    with staged(target) as staging:
+        write_size_files(study, staging)
+    summary = size_summary(study)
+    if as_json:
+        print(json.dumps({**summary, "output": str(target)}, indent=2))
+        return
+    closed = summary["fixed_mfu"]["closed_form"]
+    print(f"with real plans: {summary['parameters'] / 1e9:.1f}B parameters (l{summary['layers']} "
+          f"h{summary['hidden']} a{summary['heads']}, {summary['plan_label']}, MFU {summary['plan']['mfu']:.1%}) "
+          f"on {summary['tokens'] / 1e9:,.0f}B tokens, loss {summary['loss']:.4f}")
+    print(f"at a fixed {mfu:.0%} MFU: {closed['parameters'] / 1e9:.1f}B parameters on {closed['tokens'] / 1e9:,.0f}B "
+          f"tokens, loss {closed['loss']:.4f} (closed form)")
+    print(f"wrote {target}")

@@ -1,0 +1,100 @@
+"""Reading a cluster's job list (``JOBS.yaml``), strictly.
+
+::
+
+    jobs:
+      - {name: gpt-13b, layers: 40, hidden: 5120, heads: 40, seq: 2048, tokens: 2.0e9, arrival_h: 0, gpus: 32}
+      - {name: gpt-1.3b, layers: 24, hidden: 2048, heads: 16, seq: 2048, vocab: 51200, tokens: 5.0e9,
+         arrival_h: 1.5, deadline_h: 6, gpus: 8, global_batch: 512}
+
+``vocab`` (default 51200), ``deadline_h`` (hours after arrival), ``gpus`` (what the job asks for; the baseline
+policy needs it) and ``global_batch`` (sequences per iteration, default 512) are optional.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from vtrain.configfile import read_config_file
+from vtrain.errors import InputError
+from vtrain.limits import integer_problem
+from vtrain.runconfig import ModelConfig
+from vtrain.studies.cluster import Job
+from vtrain.studies.throughput import Workload
+
+DEFAULT_VOCAB = 51200
+DEFAULT_GLOBAL_BATCH = 512
+_REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
+_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch")
+#: more jobs than this is not a study one runs on a laptop (each job is swept on every allocation size)
+MAX_JOBS = 200
+
+
+def read_jobs(path: Path) -> list[Job]:
+    """The jobs of ``path``; :class:`InputError` naming the file and the first problem."""
+    data = read_config_file(path, "jobs file")
+    if not isinstance(data, dict) or set(data) != {"jobs"} or not isinstance(data["jobs"], list):
+        raise InputError("a jobs file is a mapping with one key, jobs: a list of jobs", path)
+    entries = data["jobs"]
+    if not entries:
+        raise InputError("no jobs", path)
+    if len(entries) > MAX_JOBS:
+        raise InputError(f"{len(entries)} jobs (at most {MAX_JOBS})", path)
+    jobs = [_job(entry, index, path) for index, entry in enumerate(entries)]
+    names = [job.name for job in jobs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise InputError(f"job names must be unique: {', '.join(duplicates)}", path)
+    return jobs
+
+
+def _job(entry: Any, index: int, path: Path) -> Job:
+    where = f"job {index + 1}"
+    if not isinstance(entry, dict):
+        raise InputError(f"{where} is not a mapping", path)
+    missing = [key for key in _REQUIRED if key not in entry]
+    unknown = sorted(set(map(str, entry)) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}", path)
+    if unknown:
+        raise InputError(f"{where}: unknown key {', '.join(unknown)} (known: {', '.join(_REQUIRED + _OPTIONAL)})",
+                         path)
+    name = entry["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"{where}: name must be a non-empty string", path)
+    where = f"job {name!r}"
+    entry = {"vocab": DEFAULT_VOCAB, "global_batch": DEFAULT_GLOBAL_BATCH, **entry}
+    for key in ("layers", "hidden", "heads", "seq", "vocab", "global_batch"):
+        problem = integer_problem(key, entry[key])
+        if problem:
+            raise InputError(f"{where}: {problem}", path)
+    if entry["hidden"] % entry["heads"]:
+        raise InputError(f"{where}: hidden ({entry['hidden']}) is not divisible by heads ({entry['heads']})", path)
+    if entry.get("gpus") is not None:
+        problem = integer_problem("device_count", entry["gpus"])
+        if problem:
+            raise InputError(f"{where}: gpus: {problem}", path)
+    tokens = _number(entry["tokens"], "tokens", where, path, positive=True)
+    arrival = _number(entry["arrival_h"], "arrival_h", where, path, positive=False)
+    deadline = entry.get("deadline_h")
+    if deadline is not None:
+        deadline = _number(deadline, "deadline_h", where, path, positive=True)
+    model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
+                        vocab=entry["vocab"])
+    return Job(name=name, workload=Workload(model, entry["global_batch"]), tokens=tokens, arrival_h=arrival,
+               deadline_h=deadline, gpus=entry.get("gpus"))
+
+
+def _number(value: Any, key: str, where: str, path: Path, positive: bool) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 2.0e9 (no exponent sign) as a string; YAML 1.2 as a number
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{where}: {key} must be a finite number (got {value!r})", path)
+    if value < 0 or (positive and value == 0):
+        raise InputError(f"{where}: {key} must be {'above' if positive else 'at least'} 0 (got {value!r})", path)
+    return float(value)

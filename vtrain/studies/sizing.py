@@ -1,0 +1,127 @@
+"""Compute-optimal model sizing: for a budget of GPUs and days, which model shape and how many tokens give the
+lowest loss, when each shape's speed is its best plan's (not a fixed share of peak FLOP/s).
+
+Loss model: the parametric fit of Hoffmann et al., "Training Compute-Optimal Large Language Models"
+(NeurIPS 2022, arXiv:2203.15556), Section 3.3 / Eq. (2) and Appendix D.2:
+``L(N, D) = E + A / N^α + B / D^β`` with E = 1.69, A = 406.4, B = 410.7, α = 0.34, β = 0.28, N parameters and D
+training tokens. Minimising it under ``C = 6·N·D`` gives their closed form (Eq. 4):
+``N_opt = G·(C/6)^a``, ``D_opt = G⁻¹·(C/6)^b`` with ``G = (αA / (βB))^(1/(α+β))``, ``a = β/(α+β)``,
+``b = α/(α+β)``.
+
+A shape's training tokens are its predicted speed × the budget's seconds on all the GPUs: for a fixed model the
+loss only falls with more tokens, so every shape trains for the whole budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vtrain.runconfig import ModelConfig
+from vtrain.studies.throughput import Prediction, Throughput, Workload
+
+#: Hoffmann et al. (2022), Eq. (2) fitted constants (Approach 3)
+CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+CHINCHILLA_SOURCE = ("Chinchilla parametric fit L(N, D) = E + A/N^α + B/D^β, E=1.69, A=406.4, B=410.7, α=0.34, "
+                     "β=0.28 (Hoffmann et al., 2022, arXiv:2203.15556, Eq. 2)")
+
+#: GPT shapes trained in practice (layers, hidden, heads): GPT-3's family (Brown et al., 2020, Table 2.1),
+#: OPT-30B and OPT-66B (Zhang et al., 2022, Table 1), Megatron's 39B–530B (Narayanan et al., SC21, Table 1)
+PRACTICE_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (24, 2048, 16), (32, 2560, 32), (32, 4096, 32), (40, 5120, 40), (48, 7168, 56), (48, 8192, 64),
+    (60, 10240, 80), (64, 9216, 72), (80, 12288, 96), (96, 12288, 96), (96, 16384, 128), (105, 20480, 128),
+)
+
+
+def chinchilla_loss(parameters: float, tokens: float) -> float:
+    """Predicted loss of a model of ``parameters`` trained on ``tokens`` (Hoffmann et al., 2022, Eq. 2)."""
+    c = CHINCHILLA
+    return c["E"] + c["A"] / parameters ** c["alpha"] + c["B"] / tokens ** c["beta"]
+
+
+def chinchilla_optimum(flops: float) -> tuple[float, float]:
+    """The loss-minimising (parameters, tokens) for ``flops`` training FLOPs, with C = 6·N·D (Eq. 4)."""
+    c = CHINCHILLA
+    alpha, beta = c["alpha"], c["beta"]
+    g = (alpha * c["A"] / (beta * c["B"])) ** (1 / (alpha + beta))
+    a, b = beta / (alpha + beta), alpha / (alpha + beta)
+    return g * (flops / 6) ** a, (flops / 6) ** b / g
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """Parameters of a GPT model, embeddings included: ``12·l·h² + 13·l·h + (V + s)·h + 2·h`` (Narayanan et al.,
+    SC21, Section 5.1, plus the position embedding and the final layer norm)."""
+    l, h = model.layers, model.hidden
+    return 12 * l * h * h + 13 * l * h + (model.vocab + model.seq) * h + 2 * h
+
+
+@dataclass(frozen=True)
+class Sized:
+    """One shape under the budget: its speed, the tokens it gets through and the loss it reaches."""
+
+    model: ModelConfig
+    parameters: int
+    prediction: Prediction | None  # None: no plan runs it on the budget's GPUs
+    tokens: float
+    loss: float
+
+    def to_dict(self) -> dict[str, object]:
+        m = self.model
+        return {"parameters": self.parameters, "tokens": self.tokens, "layers": m.layers, "hidden": m.hidden,
+                "heads": m.heads, "seq": m.seq, "vocab": m.vocab, "loss": self.loss,
+                "tokens_per_s": self.prediction.tokens_per_s if self.prediction else None,
+                "plan": dict(self.prediction.plan) if self.prediction else None,
+                "plan_label": self.prediction.label if self.prediction else None}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """GPUs for some time, and the FLOP/s one GPU peaks at."""
+
+    gpus: int
+    days: float
+    peak_flops: float
+
+    @property
+    def seconds(self) -> float:
+        return self.days * 86400
+
+    def flops(self, mfu: float) -> float:
+        """Training FLOPs the budget buys at a model FLOPs utilisation ``mfu``."""
+        return self.gpus * self.peak_flops * mfu * self.seconds
+
+
+def size_with_plans(shapes: Sequence[ModelConfig], budget: Budget, throughput: Throughput,
+                    global_batch: int) -> list[Sized]:
+    """Every shape's tokens and loss when it trains at its best plan's speed on the budget's GPUs."""
+    results = []
+    for model in shapes:
+        prediction = throughput(Workload(model, global_batch), budget.gpus)
+        tokens = prediction.tokens_per_s * budget.seconds if prediction is not None else 0.0
+        parameters = parameter_count(model)
+        loss = chinchilla_loss(parameters, tokens) if tokens > 0 else math.inf
+        results.append(Sized(model, parameters, prediction, tokens, loss))
+    return results
+
+
+def size_with_fixed_mfu(shapes: Sequence[ModelConfig], budget: Budget, mfu: float) -> list[Sized]:
+    """Every shape's tokens and loss when any model runs at ``mfu`` of peak: D = C / (6·N)."""
+    flops = budget.flops(mfu)
+    results = []
+    for model in shapes:
+        parameters = parameter_count(model)
+        tokens = flops / (6 * parameters)
+        results.append(Sized(model, parameters, None, tokens, chinchilla_loss(parameters, tokens)))
+    return results
+
+
+def best(sized: Sequence[Sized]) -> Sized | None:
+    """The lowest-loss shape (None when no shape runs)."""
+    runnable = [s for s in sized if math.isfinite(s.loss)]
+    return min(runnable, key=lambda s: s.loss) if runnable else None
+
+
+def practice_shapes(seq: int, vocab: int) -> list[ModelConfig]:
+    """:data:`PRACTICE_SHAPES` as models of sequence length ``seq`` and vocabulary ``vocab``."""
+    return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab) for l, h, a in PRACTICE_SHAPES]
