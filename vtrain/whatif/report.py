@@ -3,14 +3,12 @@ traces (``predicted/rank-N.json.gz``: Perfetto opens them, HTA loads them like t
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import plotly.graph_objects as go
 
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.report.html import html_table
-from vtrain.report.markdown import markdown_table
+from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct, share
 from vtrain.report.write import write_json
 from vtrain.validate.compare import error_pct
@@ -92,46 +90,38 @@ def unmatched(w: WhatIf) -> list[tuple[str, Table]]:
     return out
 
 
+def document(w: WhatIf, *, with_figures: bool = False) -> doc.Document:
+    """The report's sections, in order; with ``with_figures`` the critical path per class, before and after."""
+    sections = [
+        doc.Section("Iteration time", [doc.TableBlock(headline(w)), doc.TableBlock(per_iteration(w)),
+                                       *([doc.Figure(_figure(w))] if with_figures else [])]),
+        doc.Section("Critical path per class (mean per steady iteration)",
+                    [doc.Text(_path_note(), note=True), doc.TableBlock(critical_classes(w))]),
+        doc.Section("Operators that moved the critical path", [doc.TableBlock(moved_ops(w))]),
+        *(doc.Section(f"Unmatched events {title}", [doc.TableBlock(table)]) for title, table in unmatched(w)),
+    ]
+    if w.notes:
+        sections.append(doc.Section("Notes", [doc.Bullets(list(w.notes))]))
+    return doc.Document(f"What-if: {w.trace_dir}", [doc.Text(_description(w))], sections)
+
+
 def render_markdown(w: WhatIf) -> str:
     """The whole report as Markdown."""
-    lines = [f"# What-if: {w.trace_dir}", "", _description(w), "", "## Iteration time", "",
-             markdown_table(headline(w)), markdown_table(per_iteration(w)),
-             "## Critical path per class (mean per steady iteration)", "", _path_note(), "",
-             markdown_table(critical_classes(w)), "## Operators that moved the critical path", "",
-             markdown_table(moved_ops(w))]
-    for title, table in unmatched(w):
-        lines += [f"## Unmatched events {title}", "", markdown_table(table)]
-    if w.notes:
-        lines += ["## Notes", ""] + [f"- {n}" for n in w.notes]
-    return "\n".join(lines) + "\n"
+    return doc.render_markdown(document(w))
 
 
 def render_html(w: WhatIf) -> str:
     """The whole report as one self-contained page."""
-    parts = [f"<h1>What-if: {html.escape(str(w.trace_dir))}</h1>", f"<p>{html.escape(_description(w))}</p>",
-             "<h2>Iteration time</h2>", html_table(headline(w)), html_table(per_iteration(w)),
-             _figure(w), "<h2>Critical path per class (mean per steady iteration)</h2>",
-             f"<p class='note'>{html.escape(_path_note())}</p>", html_table(critical_classes(w)),
-             "<h2>Operators that moved the critical path</h2>", html_table(moved_ops(w))]
-    for title, table in unmatched(w):
-        parts += [f"<h2>Unmatched events {html.escape(title)}</h2>", html_table(table)]
-    if w.notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in w.notes) + "</ul>")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>vtrain whatif</title><style>"
-            "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
-            "table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}"
-            "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
-            "th:first-child,td:first-child{text-align:left}.note{color:#555}</style></head><body>"
-            + "\n".join(parts) + "</body></html>\n")
+    return doc.render_html(document(w, with_figures=True), page_title="vtrain whatif")
 
 
-def _figure(w: WhatIf) -> str:
+def _figure(w: WhatIf) -> go.Figure:
     before, after = mean_by(w.baseline_paths, "by_class"), mean_by(w.predicted_paths, "by_class")
     keys = sorted(set(before) | set(after), key=lambda k: -before.get(k, 0.0))
     figure = go.Figure([go.Bar(name="replay", x=keys, y=[before.get(k, 0.0) / 1e3 for k in keys]),
                         go.Bar(name="predicted", x=keys, y=[after.get(k, 0.0) / 1e3 for k in keys])])
     figure.update_layout(barmode="group", title="Critical path per class (ms per steady iteration)", height=420)
-    return figure.to_html(full_html=False, include_plotlyjs="inline")
+    return figure
 
 
 def _description(w: WhatIf) -> str:
