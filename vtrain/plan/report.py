@@ -13,6 +13,7 @@ import polars as pl
 
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
+from vtrain.report import document as doc
 from vtrain.report.write import staged_folder, write_json
 from vtrain.runconfig import RunConfig
 from vtrain.simulate import simulate
@@ -103,67 +104,56 @@ def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) 
         (staging / "report.html").write_text(render_html(table, details))
 
 
-def render_markdown(table: PlanTable, details: list[Breakdown]) -> str:
-    """``report.md``."""
-    counts, base = table.counts, table.base
-    m = base.model
-    lines = [
-        f"# Training plans: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq}, vocab {m.vocab}",
-        "",
-        (f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
-         f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."),
-        (f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
-         f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)})."),
-        "",
-        f"- enumerated: {counts['enumerated']}",
-        f"- pruned as invalid (divisibility): {counts['invalid']}",
-        f"- pruned as out of memory: {counts['out_of_memory']}",
-        f"- simulated: {counts['simulated']}",
-        "",
-        "## Time-versus-cost frontier",
-        "",
-        _markdown_table(table.frontier().to_dicts()),
-    ]
+def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool = False) -> doc.Document:
+    """The report's sections, in order; with ``with_figures`` the cost-time scatter with the frontier, memory per
+    plan and the breakdown of the best plans."""
+    counts, base, m = table.counts, table.base, table.base.model
+    heading: list[doc.Block] = [
+        doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
+                 f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."),
+        doc.Text(f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
+                 f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)})."),
+        doc.Bullets([f"enumerated: {counts['enumerated']}", f"pruned as invalid (divisibility): {counts['invalid']}",
+                     f"pruned as out of memory: {counts['out_of_memory']}", f"simulated: {counts['simulated']}"])]
+    if with_figures:
+        heading += [doc.Figure(_cost_time_figure(table)), doc.Figure(_memory_figure(table))]
     best = table.best()
     limits = ", ".join(part for part in (
         f"iteration <= {table.max_iteration_s:g} s" if table.max_iteration_s is not None else "",
         f"cost <= ${table.budget_usd:,.0f}" if table.budget_usd is not None else "") if part) or "no limits"
-    lines += ["", f"## Cheapest plan ({limits})", "", _markdown_table([best]) if best else "none meets them"]
+    sections = [doc.Section("Time-versus-cost frontier", [doc.TableBlock(_plan_table(table.frontier().to_dicts()))]),
+                doc.Section(f"Cheapest plan ({limits})", [doc.TableBlock(_plan_table([best])) if best
+                                                          else doc.Text("none meets them")])]
     if table.reference is not None:
-        lines += ["", "## Reference plan (the given config's own parallelism)", "",
-                  _markdown_table([table.reference])]
+        sections.append(doc.Section("Reference plan (the given config's own parallelism)",
+                                    [doc.TableBlock(_plan_table([table.reference]))]))
     if details:
-        lines += ["", "## Breakdown of the best plans (full simulation, ms per GPU)", "",
-                  "| plan | iteration | " + " | ".join(CATEGORIES) + " |",
-                  "| --- | --- |" + " --- |" * len(CATEGORIES)]
-        lines += [(f"| {d.label} | {d.iteration_ms:,.0f} | "
-                   + " | ".join(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES) + " |") for d in details]
-    lines += ["", ("Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns "
-                   "(measured / interpolated / modelled) give the share of predicted device time from each source.")]
-    return "\n".join(lines) + "\n"
+        breakdown = (["plan", "iteration", *CATEGORIES],
+                     [[d.label, f"{d.iteration_ms:,.0f}", *(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES)]
+                      for d in details])
+        sections.append(doc.Section("Breakdown of the best plans (full simulation, ms per GPU)", [
+            doc.TableBlock(breakdown), *([doc.Figure(_breakdown_figure(details))] if with_figures else [])]))
+    sections.append(doc.Section("Every plan", [doc.Text(
+        "Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns (measured / "
+        "interpolated / modelled) give the share of predicted device time from each source.")]))
+    title = f"Training plans: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq}, vocab {m.vocab}"
+    return doc.Document(title, heading, sections)
 
 
-def _markdown_table(rows: list[dict[str, Any]]) -> str:
-    header = "| plan | GPUs | memory GiB | iteration s | MFU | days | USD |\n| --- | --- | --- | --- | --- | --- | --- |"
-    body = [f"| {label(r)} | {r['gpus']} | {r['memory_gib']:.1f} | {r['iteration_ms'] / 1e3:.2f} | "
-            f"{r['mfu']:.1%} | {r['days']:.1f} | {r['usd']:,.0f} |" for r in rows]
-    return "\n".join([header, *body])
+def render_markdown(table: PlanTable, details: list[Breakdown]) -> str:
+    """``report.md``."""
+    return doc.render_markdown(document(table, details))
 
 
 def render_html(table: PlanTable, details: list[Breakdown]) -> str:
-    """``report.html``: one page, plotly.js inlined once."""
-    figures = [_cost_time_figure(table), _memory_figure(table)]
-    if details:
-        figures.append(_breakdown_figure(details))
-    plots = [figure.to_html(full_html=False, include_plotlyjs="inline" if k == 0 else False)
-             for k, figure in enumerate(figures)]
-    counts = table.counts
-    intro = (f"<p>{counts['enumerated']} plans enumerated: {counts['invalid']} invalid, "
-             f"{counts['out_of_memory']} out of {table.device_memory_gib:g} GiB, {counts['simulated']} simulated. "
-             f"Priced at ${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)}) for "
-             f"{table.pricing.tokens:.3g} tokens ({_tokens_source(table)}).</p>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>vtrain plan</title></head><body>"
-            f"<h1>vtrain plan</h1>{intro}{''.join(plots)}</body></html>\n")
+    """``report.html``: the same sections and the charts, plotly.js inlined once."""
+    return doc.render_html(document(table, details, with_figures=True), page_title="vtrain plan")
+
+
+def _plan_table(rows: list[dict[str, Any]]) -> doc.Table:
+    header = ["plan", "GPUs", "memory GiB", "iteration s", "MFU", "days", "USD"]
+    return header, [[label(r), str(r["gpus"]), f"{r['memory_gib']:.1f}", f"{r['iteration_ms'] / 1e3:.2f}",
+                     f"{r['mfu']:.1%}", f"{r['days']:.1f}", f"{r['usd']:,.0f}"] for r in rows]
 
 
 def _hover(frame: pl.DataFrame) -> list[str]:
