@@ -70,7 +70,7 @@ def staged(target: Path) -> Iterator[Path]:
         staging.mkdir()
         mark(staging)
         yield staging
-        _replace(target, staging)
+        publish(target, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:  # innermost first; only if still empty
@@ -160,7 +160,7 @@ def _sibling(target: Path, kind: str) -> Path:
     return target.with_name(f".{target.name}.vtrain-{kind}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def _replace(target: Path, staging: Path) -> None:
+def publish(target: Path, staging: Path) -> None:
     """Rename ``staging`` to ``target``; an existing target is moved aside first and removed after. Ctrl-C and
     SIGTERM wait until this is done (they arrive right after), so an interrupt never leaves the old output moved
     aside and the new one not yet in place."""

@@ -1,6 +1,7 @@
 """Starting a recording: check the request, run the ranks, and publish the trace folder atomically.
 
-The ranks write into a hidden staging folder next to the target (``.NAME.partial-XXXX``); only when every rank
+The ranks write into a hidden staging folder next to the target (:func:`vtrain.outputs.staged`; under torchrun
+``.NAME.partial-<run id>``, shared by the ranks); only when every rank
 has finished, every trace carries its ``distributedInfo`` and ``run.yaml`` is written is the folder renamed to
 the target. A rank that fails makes the whole recording fail with :class:`RankFailure` (the other ranks are
 stopped), and the staging folder is removed.
@@ -16,7 +17,6 @@ import platform
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import vtrain
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, mark
+from vtrain.outputs import check_output, mark, publish, staged
 from vtrain.record.worker import LEARNING_RATE, RankJob, run_rank, trace_name
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
 
@@ -125,19 +125,15 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
     if _under_torchrun():
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
+    with staged(out) as staging:
         with tempfile.TemporaryDirectory(prefix="vtrain-rendezvous-") as rendezvous:
             job = RankJob(config=config, staging=str(staging), init_method=f"file://{rendezvous}/store",
                           device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
                           timeout_s=timeout_s, log_dir=rendezvous)
             _spawn(job, world)
         described = describe_run(config, device, steps, warmup, seed, threads=threads)
-        return _publish(staging, out, described, world, force, started)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        recorded, losses = _finish(staging, described, world)
+    return Recording(path=out, config=recorded, losses=losses, seconds=time.perf_counter() - started)
 
 
 def _spawn(job: RankJob, world: int) -> None:
@@ -154,9 +150,8 @@ def _spawn(job: RankJob, world: int) -> None:
         raise RankFailure(f"rank {exc.error_index} died ({how})") from None
 
 
-def _publish(staging: Path, out: Path, config: RunConfig, world: int, force: bool,
-             started: float) -> Recording:
-    """Check the traces, gather the losses, write run.yaml and move the folder into place."""
+def _finish(staging: Path, config: RunConfig, world: int) -> tuple[RunConfig, list[float]]:
+    """Check the traces, gather the losses and write run.yaml into the staging folder."""
     for rank in range(world):
         _check_trace(staging / trace_name(rank), rank, world)
     per_rank = []
@@ -166,15 +161,7 @@ def _publish(staging: Path, out: Path, config: RunConfig, world: int, force: boo
     losses = [sum(step) / len(step) for step in zip(*per_rank)] if per_rank else []
     config = replace(config, recording={**config.recording, "loss": [round(x, 6) for x in losses]})
     save_run_config(config, staging / "run.yaml")
-    mark(staging)
-    if out.exists() and force:
-        old = out.parent / f".{out.name}.replaced-{uuid.uuid4().hex[:8]}"
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(out)
-    return Recording(path=out, config=config, losses=losses, seconds=time.perf_counter() - started)
+    return config, losses
 
 
 def _check_trace(path: Path, rank: int, world: int) -> None:
@@ -218,6 +205,9 @@ def _record_as_torchrun_rank(config: RunConfig, out: Path, steps: int, warmup: i
     try:
         described = describe_run(config, device, steps, warmup, seed,
                                  gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)), threads=threads)
-        return _publish(staging, out, described, world, force=True, started=started)
+        recorded, losses = _finish(staging, described, world)
+        mark(staging)
+        publish(out, staging)
+        return Recording(path=out, config=recorded, losses=losses, seconds=time.perf_counter() - started)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -3,14 +3,12 @@ against measured, error histogram, error by dimension) and ``metrics.json``; a s
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.report.document import STYLE as _STYLE
-from vtrain.report.document import html_table, markdown_table
+from vtrain.report import document as doc
 from vtrain.report.tables import Table
 from vtrain.report.write import write_json
 from vtrain.validate.measurements import MeasurementValidation
@@ -42,22 +40,36 @@ def dimension_table(frame: pl.DataFrame, dim: str) -> Table:
     return [dim, "rows", "MAPE", "mean signed error"], rows
 
 
+def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Document:
+    """The report's sections, in order; with ``with_figures`` predicted against measured and the error
+    histogram."""
+    heading: list[doc.Block] = [
+        doc.Text(f"Profile `{v.profile}`; {v.hardware.gpus_per_node} GPUs per node; inter-node "
+                 f"{v.hardware.inter_node_gbps or 'fitted'} Gbit/s; intra-node "
+                 f"{v.hardware.intra_node_gbps or 'fitted'} GB/s. Rows the profile was fitted on are predicted but "
+                 "not scored (grey in the plot)."),
+        doc.TableBlock(headline(v)), *(doc.Figure(f) for f in (_figures(v) if with_figures else []))]
+    sections = [
+        doc.Section("Where the device model's numbers come from",
+                    [doc.Bullets([f"{key}: {value}" for key, value in sorted(v.device_provenance.items())])]),
+        doc.Section("Ten worst-predicted rows", [doc.TableBlock(worst_rows(v))]),
+        doc.Section("Error by dimension", [doc.TableBlock(dimension_table(frame, dim))
+                                           for dim, frame in v.by_dimension().items()]),
+    ]
+    return doc.Document(f"Validation against measured iteration times: {v.measurements.name}", heading, sections)
+
+
 def render_markdown(v: MeasurementValidation) -> str:
     """``report.md``."""
-    parts = [f"# Validation against measured iteration times: {v.measurements.name}", "",
-             f"Profile `{v.profile}`; {v.hardware.gpus_per_node} GPUs per node; inter-node "
-             f"{v.hardware.inter_node_gbps or 'fitted'} Gbit/s; intra-node {v.hardware.intra_node_gbps or 'fitted'}"
-             " GB/s. Rows the profile was fitted on are predicted but not scored.", "",
-             markdown_table(headline(v)), "", "## Where the device model's numbers come from", ""]
-    parts += [f"- {key}: {value}" for key, value in sorted(v.device_provenance.items())]
-    parts += ["", "## Ten worst-predicted rows", "", markdown_table(worst_rows(v)), "", "## Error by dimension"]
-    for dim, frame in v.by_dimension().items():
-        parts += ["", markdown_table(dimension_table(frame, dim))]
-    return "\n".join(parts) + "\n"
+    return doc.render_markdown(document(v))
 
 
 def render_html(v: MeasurementValidation) -> str:
-    """``report.html``: one page, plotly.js inlined once."""
+    """``report.html``: the same sections and the plots, plotly.js inlined once."""
+    return doc.render_html(document(v, with_figures=True), page_title="vtrain validate --measurements")
+
+
+def _figures(v: MeasurementValidation) -> list[go.Figure]:
     scored = v.scored
     fitted = v.table.filter(pl.col("fitted") & pl.col("predicted_ms").is_not_null())
     scatter = go.Figure()
@@ -75,18 +87,7 @@ def render_html(v: MeasurementValidation) -> str:
                           yaxis_type="log", xaxis_title="measured ms", yaxis_title="predicted ms", height=520)
     histogram = go.Figure(go.Histogram(x=scored["error_pct"].to_list(), nbinsx=60, marker_color="#f58518"))
     histogram.update_layout(title="Error of the scored rows (%)", xaxis_title="error %", height=360)
-    parts = [f"<h1>Validation against measured iteration times: {html.escape(v.measurements.name)}</h1>",
-             f"<p>Profile {html.escape(str(v.profile))}. Rows the profile was fitted on are shown in grey and "
-             "not scored.</p>", html_table(headline(v)),
-             scatter.to_html(full_html=False, include_plotlyjs="inline"),
-             histogram.to_html(full_html=False, include_plotlyjs=False),
-             "<h2>Ten worst-predicted rows</h2>", html_table(worst_rows(v)), "<h2>Error by dimension</h2>"]
-    parts += [html_table(dimension_table(frame, dim)) for dim, frame in v.by_dimension().items()]
-    parts += ["<h2>Where the device model's numbers come from</h2><ul>"
-              + "".join(f"<li>{html.escape(k)}: {html.escape(str(val))}</li>"
-                        for k, val in sorted(v.device_provenance.items())) + "</ul>"]
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>vtrain validate --measurements</title>"
-            f"<style>{_STYLE}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
+    return [scatter, histogram]
 
 
 def write_measurement_report(v: MeasurementValidation, folder: Path) -> None:
