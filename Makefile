@@ -23,7 +23,7 @@ demo: venv
 	$(VENV)/bin/vtrain validate traces/t2p2d2 -o reports/demo
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/benchmarks
 
 bench: venv
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only
