@@ -24,7 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from vtrain.runconfig import RunConfig
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -39,6 +42,12 @@ class Layout:
     tp: int
     pp: int
     dp: int
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Layout:
+        """The layout of a run config's parallelism."""
+        p = config.parallelism
+        return cls(tp=p.tp, pp=p.pp, dp=p.dp)
 
     @property
     def world_size(self) -> int:
@@ -71,6 +80,11 @@ class Layout:
         """The ranks of ``rank``'s pipeline (one per stage), in stage order."""
         _, d, t = self.coords(rank)
         return [self.rank(p, d, t) for p in range(self.pp)]
+
+    def group_stride(self, purpose: str) -> tuple[int, int]:
+        """Size and rank stride of a ``tp``, ``dp`` or ``pp`` (one send/receive pair) group: tp ranks are adjacent,
+        dp ranks ``tp`` apart, pipeline neighbours ``tp * dp`` apart."""
+        return {"tp": (self.tp, 1), "dp": (self.dp, self.tp), "pp": (2, self.tp * self.dp)}[purpose]
 
     def channels(self, wrap_around: bool) -> list[tuple[int, int, str]]:
         """Every pipeline channel ``(src_stage, dst_stage, kind)``; ``wrap_around`` adds last -> first stage

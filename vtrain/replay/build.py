@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vtrain.naming import iteration_id
+from vtrain.parallel import Layout
 from vtrain.replay.collectives import (
     COLLECTIVE_ANNOTATION,
     GROUP_UNKNOWN,
@@ -34,7 +35,6 @@ from vtrain.replay.collectives import (
     Collective,
     CollectiveMatch,
     GroupResolver,
-    Layout,
     SpanIndex,
     collective_kind,
     match_collectives,

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from vtrain.ingest.collectives import canonical_collective, parse_nccl_kernel
 from vtrain.naming import parse_span_name
+from vtrain.parallel import Layout
 from vtrain.replay.trace import CPU, DEVICE, RankTrace
-from vtrain.runconfig import RunConfig
 
 #: CPU-side collective annotations written by the c10d backends (gloo:all_reduce, nccl:send, ...)
 COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl|mpi|ucc):")
@@ -43,27 +43,6 @@ PEERS_MISSING = "peers have no trace in the folder"
 SEQUENCE_MISMATCH = "peers issued a different sequence of collectives"
 MATCHING_OFF = "matching across ranks was turned off"
 OUT_OF_ORDER = "a member ended before another arrived (calls cut off by the profiling window)"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Megatron's rank layout, as ``vtrain record`` uses it: ``rank = pp * (dp * tp) + dp * tp + tp``."""
-
-    tp: int
-    pp: int
-    dp: int
-
-    @classmethod
-    def of(cls, config: RunConfig) -> Layout:
-        p = config.parallelism
-        return cls(tp=p.tp, pp=p.pp, dp=p.dp)
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """``(pp_rank, dp_rank, tp_rank)`` of a global rank."""
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
-
-    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
-        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
 
 
 @dataclass
@@ -157,14 +136,13 @@ class GroupResolver:
     def _from_span(self, span: dict[str, str]) -> tuple[int, ...] | None:
         layout = self.layout
         assert layout is not None
-        pp_rank, dp_rank, tp_rank = layout.coords(self.rank)
         purpose = span.get("purpose")
         if purpose == "tp":
-            return tuple(layout.rank(pp_rank, dp_rank, t) for t in range(layout.tp))
+            return tuple(layout.tp_group(self.rank))
         if purpose == "dp":
-            return tuple(layout.rank(pp_rank, d, tp_rank) for d in range(layout.dp))
-        if purpose == "pp" and span.get("peer", "").isdigit():
-            peer = layout.rank(int(span["peer"]), dp_rank, tp_rank)
+            return tuple(layout.dp_group(self.rank))
+        if purpose == "pp" and span.get("peer", "").isdigit() and int(span["peer"]) < layout.pp:
+            peer = layout.pp_group(self.rank)[int(span["peer"])]
             return tuple(sorted((self.rank, peer)))
         return None
 

@@ -17,6 +17,7 @@ from vtrain.graph.work import GraphInputs
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.partition import Chunk, partition
+from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collectives import CollectiveResolver
 from vtrain.simulate.latency import SOURCES, HostGapResolver, OpLatencyResolver
@@ -202,8 +203,8 @@ def _simulate(config: RunConfig, profile: Profile | None, device: DeviceModel) -
     chunks, inputs, ops, collectives = resolve_work(config, profile, device)
     graph = build_graph(config, inputs)
     result = schedule(graph)
-    par = config.parallelism
-    ranks = [stage * par.tp * par.dp for stage in range(par.pp)]
+    layout = Layout.of(config)
+    ranks = [layout.rank(stage, 0, 0) for stage in range(layout.pp)]
     shape = GptShape.from_config(config)
     distinct = Counter(r.source for r in (*ops.resolved(), *collectives.resolved()))
     return Simulation(

@@ -24,6 +24,7 @@ from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
 from vtrain.naming import SPAN_PREFIX, parse_span_name
+from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collectives import CollectiveResolver, wait_once
 from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
@@ -88,8 +89,7 @@ class WorkloadResolver:
 
     def _group(self, purpose: str) -> tuple[int, int]:
         """Group size and rank stride of a tp/dp/pp group (tp ranks adjacent, then dp, then pp)."""
-        p = self.config.parallelism
-        return {"tp": (p.tp, 1), "dp": (p.dp, p.tp), "pp": (2, p.tp * p.dp)}[purpose]
+        return Layout.of(self.config).group_stride(purpose)
 
     def _block(self, kind: str, phase: str, layer: int | None, stage: int, accumulate: bool = False) -> BlockWork:
         where = stage if self._per_stage else None

@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.replay.collectives import Layout
+from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.run import Replay, read_timeline
 from vtrain.replay.trace import read_trace_set
@@ -109,7 +109,7 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
     predicted = annotate(read_timeline(predicted_traces))
     layout = Layout.of(config)
     ranks = frame["rank"].unique().to_list()
-    rank_map = {rank: layout.rank(layout.coords(rank)[0], 0, 0) for rank in ranks}
+    rank_map = {rank: layout.rank(layout.stage(rank), 0, 0) for rank in ranks}
     tested = pl.col("iteration").is_in(test)
     m_it = iterations(frame, MEASURED).filter(tested)
     p_it = iterations(predicted, MEASURED)
@@ -205,4 +205,4 @@ def with_stage(table: pl.DataFrame, stage_of: dict[int, int]) -> pl.DataFrame:
 
 def stage_of_ranks(ranks: list[int], layout: Layout) -> dict[int, int]:
     """The pipeline stage of each rank in the run's layout."""
-    return {rank: layout.coords(rank)[0] for rank in ranks}
+    return {rank: layout.stage(rank) for rank in ranks}

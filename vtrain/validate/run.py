@@ -12,8 +12,8 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
+from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.collectives import Layout
 from vtrain.replay.run import replay
 from vtrain.replay.trace import SYNC, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
@@ -167,7 +167,7 @@ def _stage_of(traces: list, config: RunConfig | None) -> dict[int, int]:
     if config is None:
         return {}
     layout = Layout.of(config)
-    return {t.rank: layout.coords(t.rank)[0] for t in traces}
+    return {t.rank: layout.stage(t.rank) for t in traces}
 
 
 def _measured_summary(table: pl.DataFrame, steady: list[int]) -> dict[str, Any]:
