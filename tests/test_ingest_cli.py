@@ -116,7 +116,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
     cases["two jobs"] = (tmp / "two-jobs", "world size 4 here but 2 in rank-0.json.gz")
     anonymous = json.loads(text)
     del anonymous["distributedInfo"]
-    _write(tmp / "no-rank", "trace.json", json.dumps(anonymous).encode())
+    _write(tmp / "no-rank", "host_1.trace.json", json.dumps(anonymous).encode())
+    _write(tmp / "no-rank", "host_2.trace.json", json.dumps(anonymous).encode())  # one file alone is rank 0
     cases["no rank anywhere"] = (tmp / "no-rank", "cannot tell the rank")
     return cases
 

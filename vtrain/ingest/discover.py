@@ -31,12 +31,20 @@ def rank_from_file_name(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_only_trace(path: Path) -> bool:
+    """Whether ``path`` is the only trace file of its folder."""
+    return find_trace_files(path.parent) == [path]
+
+
 def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> tuple[int, int | None]:
-    """The rank (``distributedInfo.rank``, else from the file name) and the world size if the trace says it."""
+    """The rank (``distributedInfo.rank``, else from the file name, else 0 for the only trace file of its folder:
+    a single-process job's ``host_pid.timestamp.pt.trace.json``) and the world size if the trace says it."""
     info = distributed_info or {}
     rank = info.get("rank")
     if rank is None:
         rank = rank_from_file_name(path)
+    if rank is None and is_only_trace(path):
+        rank = 0
     if rank is None:
         raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
                          "file name (name it rank-N.json.gz)", path)

@@ -17,7 +17,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import TraceHeader, readable_trace
-from vtrain.ingest.discover import find_trace_files, rank_and_world_size
+from vtrain.ingest.discover import find_trace_files, rank_and_world_size, rank_from_file_name
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
@@ -52,6 +52,8 @@ def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
             text = load_text(path, progress)
             source, events = _read_rank(path, text, sources, progress)
         sources.append(source)
+        if (source.header.distributedInfo or {}).get("rank") is None and rank_from_file_name(path) is None:
+            warn(f"{path}: no rank in the trace or its name; the only trace of its folder is taken as rank 0")
         hashes[path] = text.sha256
         del text
         _check_events(path, events, warn)
