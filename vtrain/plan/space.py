@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from vtrain.errors import InputError
-from vtrain.runconfig import RunConfig
+from vtrain.runconfig import RECOMPUTE, RunConfig
 
 #: schedules with one model chunk per stage; interleaved takes each divisor v > 1 of the layers
 FLAT_SCHEDULES = ("1f1b", "gpipe")
-RECOMPUTE = ("none", "full")
 
 
 @dataclass(frozen=True)
