@@ -4,6 +4,9 @@ predicted, one above the other, the error per operator class and the per-operato
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -115,28 +118,30 @@ def timeline_figure(v: Validation) -> go.Figure | None:
 
 def class_error_figure(v: Validation) -> go.Figure | None:
     """Error of each operator class's total time, per prediction."""
-    figure = go.Figure()
-    for comparison in (v.replay, v.model):
-        if comparison is None or not comparison.classes:
-            continue
-        figure.add_trace(go.Bar(x=[r["op_class"] for r in comparison.classes],
-                                y=[r["error_pct"] for r in comparison.classes], name=comparison.name))
-    if not figure.data:
-        return None
-    figure.update_layout(title="Error per operator class (total time, %)", yaxis_title="error %", barmode="group")
-    return figure
+    return _per_prediction(
+        v, lambda c: c.classes,
+        lambda c: go.Bar(x=[r["op_class"] for r in c.classes], y=[r["error_pct"] for r in c.classes], name=c.name),
+        title="Error per operator class (total time, %)", yaxis_title="error %", barmode="group")
 
 
 def histogram_figure(v: Validation) -> go.Figure | None:
     """Distribution of per-operator errors."""
+    return _per_prediction(
+        v, lambda c: c.op_errors_pct,
+        lambda c: go.Histogram(x=[max(-200.0, min(200.0, x)) for x in c.op_errors_pct], name=c.name, opacity=0.6,
+                               nbinsx=80),
+        title="Per-operator error (%, clipped to ±200)", barmode="overlay", xaxis_title="error %",
+        yaxis_title="operators")
+
+
+def _per_prediction(v: Validation, has_data: Callable[[Comparison], Any],
+                    trace: Callable[[Comparison], Any], **layout: Any) -> go.Figure | None:
+    """One trace per prediction (replay, model) that ``has_data``; None when neither has."""
     figure = go.Figure()
     for comparison in (v.replay, v.model):
-        if comparison is None or not comparison.op_errors_pct:
-            continue
-        clipped = [max(-200.0, min(200.0, x)) for x in comparison.op_errors_pct]
-        figure.add_trace(go.Histogram(x=clipped, name=comparison.name, opacity=0.6, nbinsx=80))
+        if comparison is not None and has_data(comparison):
+            figure.add_trace(trace(comparison))
     if not figure.data:
         return None
-    figure.update_layout(title="Per-operator error (%, clipped to ±200)", barmode="overlay",
-                         xaxis_title="error %", yaxis_title="operators")
+    figure.update_layout(**layout)
     return figure
