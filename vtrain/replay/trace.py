@@ -28,11 +28,6 @@ from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
 
-#: the category the replay stores for each kind of device activity (one spelling for every generation)
-_DEVICE_CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
-#: CPU categories folded to one spelling ("Operator" of PyTorch 1.8-1.9 is a cpu_op)
-_CPU_CATEGORY = {"operator": "cpu_op"}
-
 
 class _Event(msgspec.Struct, gc=False):
     """A Chrome-trace event with every field left loosely typed."""
@@ -206,10 +201,14 @@ class _Reader:
         return folded
 
     def _category(self, kind: str, category: str, name: str) -> str:
+        """The category in one spelling: device activities by their kind (an MTIA DMA is a ``gpu_memcpy``), CPU
+        categories as today's PyTorch writes them (``Operator`` -> ``cpu_op``), others in lower case."""
         if kind == DEVICE:
-            return _DEVICE_CATEGORY[kineto.device_kind(category, name)]
-        folded = category.lower()
-        folded = _CPU_CATEGORY.get(folded, folded)
+            folded = kineto.canonical_category(kineto.device_kind(category, name))
+        elif kind == CPU:
+            folded = kineto.canonical_category(category)
+        else:
+            folded = category.lower()
         return self.strings.setdefault(folded, folded)
 
     def _lane(self, tid: Any) -> int | None:
