@@ -104,7 +104,7 @@ def study_candidates(base: RunConfig, gpus: int, max_micro_batch: int,
     from vtrain.plan.space import candidates, invalid_reason
 
     chosen: dict[tuple[int, int, int], tuple[Candidate, float]] = {}
-    for candidate in candidates(base, gpus, max_micro_batch):
+    for candidate in candidates(base, gpus, max_micro_batch, divisible=True):  # the rest are invalid anyway
         key = (candidate.tp, candidate.pp, candidate.micro_batch)
         if candidate.schedule != "1f1b" or candidate.dp_overlap != (candidate.dp > 1) or key in chosen:
             continue  # "none" comes before "full" recomputation: the first that fits is kept
