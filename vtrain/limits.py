@@ -76,10 +76,10 @@ def integer_problem(name: str, value: Any) -> str | None:
 
 def real_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` as the positive real field ``name`` (None when it is fine)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         return f"{name} must be a number (got {shown(value)})"
     low, high = REAL_BOUNDS[name]
-    if not math.isfinite(value) or not low < value <= high:
+    if not _within(value, low, high):
         return f"{name} must be a finite number above {low:g} and at most {high:g} (got {shown(value)})"
     return None
 
@@ -104,9 +104,18 @@ def fitted_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` as the fitted parameter ``name`` (None when it is fine or not bounded)."""
     if name not in FITTED_BOUNDS or value is None and name == "flops_per_s":  # memory-bound: no FLOP rate
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         return f"{name} must be a number (got {shown(value)})"
     low, high = FITTED_BOUNDS[name]
-    if not math.isfinite(value) or not low < value <= high:
+    if not _within(value, low, high):
         return f"{name} = {shown(value)} is outside ({max(low, 0):g}, {high:g}]"
     return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _within(value: float, low: float, high: float) -> bool:
+    """``value`` is finite, above ``low`` and at most ``high``."""
+    return math.isfinite(value) and low < value <= high
