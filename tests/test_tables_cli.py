@@ -51,3 +51,11 @@ def test_wide_terminal_adds_kernel_names(profile: Path) -> None:
     narrow, wide = _tables(profile, 80), _tables(profile, 200)
     assert "kernels" in wide and "kernels" not in narrow
     assert "algbw GB/s" in wide and "busbw GB/s" in narrow
+
+
+def test_a_markdown_cell_stays_on_its_row() -> None:
+    """A name from a user's file (a job, an operator) may hold a line break or a pipe: the row must not split."""
+    from vtrain.report.document import markdown_table
+
+    table = markdown_table((["job", "n"], [["gpt\nsmall", "1"], ["a|b\r\nc", "2"]]))
+    assert table.splitlines()[2:] == ["| gpt small | 1 |", "| a\\|b  c | 2 |"]

@@ -85,8 +85,13 @@ def markdown_table(table: Table) -> str:
     if not rows:
         return "_none_\n"
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_markdown_cell(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_cell(text: str) -> str:
+    """A cell on one line: a ``|`` escaped, a line break (a name from a user's file may hold one) as a space."""
+    return " ".join(text.split("\n")).replace("\r", " ").replace("|", "\\|")
 
 
 def html_table(table: Table) -> str:
