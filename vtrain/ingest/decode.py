@@ -48,7 +48,7 @@ class EventArgs(msgspec.Struct, gc=False):
     group_size: int | None = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
-    pg_ranks: str | None = msgspec.field(default=None, name="Process Group Ranks")
+    pg_ranks: str | list[int] | None = msgspec.field(default=None, name="Process Group Ranks")  # text or a list
 
 
 class EventFields(msgspec.Struct, gc=False):

@@ -229,7 +229,8 @@ def _collective_arg_columns(args: list[EventArgs]) -> dict[str, Column]:
         "arg_group_size": [a.group_size for a in args],
         "arg_dtype": [a.dtype for a in args],
         "arg_pg_name": [a.pg_name for a in args],
-        "arg_pg_ranks": [a.pg_ranks for a in args],
+        "arg_pg_ranks": [a.pg_ranks if not isinstance(a.pg_ranks, list) else msgspec.json.encode(a.pg_ranks).decode()
+                         for a in args],  # a list as its JSON text, as the replay keeps it
     }
 
 
