@@ -10,14 +10,10 @@ from pathlib import Path
 import typer
 
 from vtrain.calibrate.run import calibrate, write_calibration
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.report.drift import print_drift
 
 REPORTS = Path("reports")
-
-
-def _warn(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr)
 
 
 @user_errors
@@ -38,7 +34,7 @@ def calibrate_command(
     """Ingest new traces as a version of a base profile; report what drifted (operators, collectives, kernels,
     software versions, a reference run's predicted time) and write the new profile with its lineage."""
     result = calibrate(trace_dir, base, output, report_dir=report_dir or REPORTS / f"calibrate-{output.name}",
-                       reference=reference, suite=suite, force=force, warn=_warn)
+                       reference=reference, suite=suite, force=force, warn=warn)
     write_calibration(result, force=force)
     if as_json:
         sys.stdout.write(json.dumps(result.summary()) + "\n")

@@ -26,6 +26,11 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def warn(line: str) -> None:
+    """Print ``warning: <line>`` on stderr: suspicious but usable input, never silence."""
+    print(f"warning: {line}", file=sys.stderr)
+
+
 def user_errors(command: F) -> F:
     """Decorate a typer command so that :class:`InputError` prints ``error: <file>: <problem>`` and exits 2."""
 

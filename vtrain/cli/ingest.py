@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vtrain.cli.errors import OneLineParser, report
+from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
@@ -57,9 +57,6 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     check_output(output, inputs=[trace_dir], force=force, what="profile folder")
     files = find_trace_files(trace_dir)
     total = sum(f.stat().st_size for f in files)
-
-    def warn(line: str) -> None:
-        print(f"warning: {line}", file=sys.stderr)
 
     # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
     watched = total >= PROGRESS_BYTES and sys.stderr.isatty()

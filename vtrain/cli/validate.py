@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
 from vtrain.limits import real_problem
@@ -23,10 +23,6 @@ from vtrain.validate.suite import check, load_suite
 
 EXIT_TOO_FAR = 1
 REPORTS = Path("reports")
-
-
-def _warn(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr)
 
 
 @user_errors
@@ -83,7 +79,7 @@ def validate_command(
     _check_inputs(trace_dir, config)
     with staged_folder(target) as staging:
         result = validate_traces(trace_dir, staging, config_path=config, profile_dir=profile, with_hta=not no_hta,
-                                 warn=_warn)
+                                 warn=warn)
         write_report_files(result, staging)
     errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
     passed = all(check(e, max_error) for e in errors)
@@ -118,7 +114,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
             folder = staging / entry.name
             folder.mkdir()
             result = validate_traces(entry.traces, folder, config_path=entry.config, profile_dir=entry.profile,
-                                     with_hta=with_hta, warn=_warn)
+                                     with_hta=with_hta, warn=warn)
             write_report_files(result, folder)
             results.append(SetResult(entry=entry, summary=result.summary()))
         (staging / "suite.md").write_text(render_suite_markdown(loaded, results))
@@ -149,7 +145,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
             raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
     check_output(target, inputs=[path, profile], force=True, what="report folder")
-    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, _warn, recompute)
+    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn, recompute)
     with staged_folder(target) as staging:
         write_measurement_report(result, staging)
     summary = result.to_dict()

@@ -4,20 +4,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
 from vtrain.outputs import check_output
 
 REPORTS = Path("reports")
-
-
-def _warn(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr)
 
 
 @user_errors
@@ -61,7 +56,7 @@ def whatif_command(
     from vtrain.whatif.report import write_whatif_report
     from vtrain.whatif.run import what_if
 
-    result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=_warn)
+    result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=warn)
     with staged_folder(target) as staging:
         write_whatif_report(result, staging)
     summary = result.summary()
