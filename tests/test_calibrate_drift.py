@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import TRACES
-from vtrain.calibrate import run as calibrate_run
+from vtrain.calibrate import calibration as calibrate_run
 from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare
 from vtrain.calibrate.profile import derive_profile, metadata_sha256, verify_lineage
 from vtrain.cli.main import app

@@ -23,7 +23,7 @@ from vtrain.model.memory import (
 )
 from vtrain.parallel import FORWARD, stage_order
 from vtrain.record.model import Init, build_chunks
-from vtrain.record.parallel import TensorParallel
+from vtrain.record.process_groups import TensorParallel
 from vtrain.runconfig import RunConfig, run_config_from_dict
 
 SHAPES = [  # layers, hidden, heads, seq, vocab, micro-batch

@@ -18,7 +18,7 @@ from vtrain.replay.graph import EDGE_KINDS, THREAD
 from vtrain.replay.trace import read_trace_set
 from vtrain.whatif.changes import parse_scale, parse_scale_kernel
 from vtrain.whatif.owners import NO_OWNER, own_edges
-from vtrain.whatif.run import TraceSet, edited_delays, load_trace_set, predict, what_if
+from vtrain.whatif.retime import TraceSet, edited_delays, load_trace_set, predict, what_if
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 gpu_trace = test_replay_graph.gpu_trace  # the fixture: one GPU rank launching a GEMM, an add and a memcpy

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import TRACES
 from vtrain.runconfig import load_run_config
 from vtrain.whatif.report import moved_ops
-from vtrain.whatif.run import TraceSet, load_trace_set, predict
+from vtrain.whatif.retime import TraceSet, load_trace_set, predict
 
 PAIRS_DIR = TRACES / "whatif"
 JOBS = sorted(p.name.removesuffix("-threads1") for p in PAIRS_DIR.glob("*-threads1"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from vtrain.calibrate.run import calibrate, write_calibration
+from vtrain.calibrate.calibration import calibrate, write_calibration
 from vtrain.cli.errors import user_errors, warn
 from vtrain.report.drift import print_drift
 

@@ -54,7 +54,7 @@ def whatif_command(
 
     from vtrain.report.write import staged_folder
     from vtrain.whatif.report import write_whatif_report
-    from vtrain.whatif.run import what_if
+    from vtrain.whatif.retime import what_if
 
     result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=warn)
     with staged_folder(target) as staging:

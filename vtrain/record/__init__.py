@@ -4,7 +4,7 @@ Modules, in the order a rank uses them:
 
 * :mod:`~vtrain.record.launcher` — checks the request, starts the ranks, publishes the trace folder atomically;
 * :mod:`~vtrain.record.worker` — one rank: process groups, model, schedule, optimizer, profiled iterations;
-* :mod:`~vtrain.record.parallel` — rank layout (tp fastest, then dp, then pp) and process groups;
+* :mod:`~vtrain.record.process_groups` — torch.distributed process groups on :mod:`vtrain.parallel`'s rank layout;
 * :mod:`~vtrain.record.model` — the GPT decoder (Megatron layout) split by tp and pp;
 * :mod:`~vtrain.record.tensor_parallel` — Megatron's TP communication and vocabulary-parallel pieces;
 * :mod:`~vtrain.record.recompute` — full activation recomputation, one checkpoint per layer;

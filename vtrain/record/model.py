@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vtrain.record.parallel import TensorParallel
+from vtrain.record.process_groups import TensorParallel
 from vtrain.record.recompute import full_recompute
 from vtrain.record.spans import backward_span, close_on_backward, current, open_on_backward, span
 from vtrain.record.tensor_parallel import (

@@ -16,7 +16,7 @@ from torch import nn
 
 from vtrain.parallel import ACTIVATION, BACKWARD, FORWARD, GRADIENT, Pass
 from vtrain.record.dataparallel import GradientBuckets
-from vtrain.record.parallel import Groups
+from vtrain.record.process_groups import Groups
 from vtrain.record.spans import at, span
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from vtrain.naming import span_name
-from vtrain.record.parallel import TensorParallel
+from vtrain.record.process_groups import TensorParallel
 from vtrain.record.spans import current
 
 

@@ -21,7 +21,7 @@ from vtrain.parallel import Layout, stage_order
 from vtrain.record.data import global_batch, replica_micro_batches
 from vtrain.record.dataparallel import GradientBuckets
 from vtrain.record.model import Init, build_chunks
-from vtrain.record.parallel import build_groups
+from vtrain.record.process_groups import build_groups
 from vtrain.record.pipeline import PipelineStage
 from vtrain.record.profiling import trace_profiler
 from vtrain.record.spans import span

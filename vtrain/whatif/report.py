@@ -13,7 +13,7 @@ from vtrain.report.tables import Table, ms, pct, share
 from vtrain.report.write import write_json
 from vtrain.validate.compare import error_pct
 from vtrain.whatif.critical import mean_by
-from vtrain.whatif.run import WhatIf, to_ms
+from vtrain.whatif.retime import WhatIf, to_ms
 
 _TOP_OPS = 15
 
