@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.collective_cost import AlphaBeta
+from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
 from vtrain.devices.catalog import canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
@@ -118,8 +118,8 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
 def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     """The device on a cluster whose nodes have ``gbps`` Gbit/s of network each: multi-node collective curves
     keep their fitted latency and take that rate as their bus bandwidth (GB/s = Gbit/s / 8)."""
-    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps")) if c.nodes > 1
-                   else c for c in device.collectives)
+    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps"))
+                   if link_name(c.nodes) == INTER_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "inter_node.bandwidth_gbps": "config"}
     inter = replace(device.inter_node, bandwidth_gbps=gbps / 8.0)
     return replace(device, collectives=curves, inter_node=inter, provenance=provenance)
@@ -148,7 +148,7 @@ def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     collective curves keep their latency and scale their bus bandwidth by the ratio."""
     ratio = gbps / device.intra_node.bandwidth_gbps
     curves = tuple(replace(c, bus_gbps=c.bus_gbps * ratio, sources=(*c.sources, "--intra-node-gbps"))
-                   if c.nodes <= 1 else c for c in device.collectives)
+                   if link_name(c.nodes) == INTRA_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "intra_node.bandwidth_gbps": "config"}
     return replace(device, collectives=curves, intra_node=replace(device.intra_node, bandwidth_gbps=gbps),
                    provenance=provenance)
