@@ -64,16 +64,18 @@ def modules(root: Path) -> dict[str, Path]:
 
 def imports(path: Path, known: dict[str, Path], name: str) -> Iterator[tuple[str, int, bool]]:
     """``(imported module, line, at import time)`` for every import of a module of the package in ``path``
-    (``from a.b import c`` imports ``a.b.c`` when that is a module, else ``a.b``); imports under
-    ``if TYPE_CHECKING:`` are left out."""
+    (``from a.b import c`` imports ``a.b.c`` when that is a module, else ``a.b``; relative imports are resolved);
+    imports under ``if TYPE_CHECKING:`` are left out."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     top = root_package(name)
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     for node, at_import in _walk(tree.body, at_import=True):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                       for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*here[:len(here) - node.level + 1], *([node.module] if node.module else [])]
+                            ) if node.level else node.module or ""
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
         for target in targets:
@@ -185,7 +187,7 @@ def test_the_checks_catch_a_backward_import_and_a_cycle(tmp_path: Path) -> None:
     """A made-up package: ``low`` imports ``high`` (against the order), ``a`` and ``b`` import each other at import
     time; an import inside a function or under TYPE_CHECKING is no cycle, and the latter no dependency."""
     root = tmp_path / "pkg"
-    root.mkdir()
+    (root / "sub").mkdir(parents=True)
     files = {
         "__init__.py": "",
         "low.py": "from pkg.high import thing\n",
@@ -193,14 +195,17 @@ def test_the_checks_catch_a_backward_import_and_a_cycle(tmp_path: Path) -> None:
         "a.py": "import pkg.b\n",
         "b.py": "from pkg import a\n",
         "lazy.py": "def f():\n    from pkg import late\n",
+        "sub/__init__.py": "",
+        "sub/deep.py": "from ..high import thing\nfrom . import other\n",
+        "sub/other.py": "",
         "late.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import top\nimport pkg.lazy\n",
         "top.py": "",
     }
     for name, text in files.items():
         (root / name).write_text(text)
-    layers = [("base", ("pkg", "pkg.a", "pkg.b", "pkg.lazy", "pkg.late")), ("low", ("pkg.low",)),
+    layers = [("base", ("pkg", "pkg.a", "pkg.b", "pkg.lazy", "pkg.late")), ("low", ("pkg.low", "pkg.sub")),
               ("high", ("pkg.high", "pkg.top"))]
-    assert set(against_the_flow(root, layers)) == {("pkg.low", "pkg.high")}
+    assert set(against_the_flow(root, layers)) == {("pkg.low", "pkg.high"), ("pkg.sub.deep", "pkg.high")}
     assert [sorted(c) for c in import_cycles(root)] == [sorted(["pkg.a", "pkg.b", "pkg.a"])]
 
 
