@@ -1,5 +1,7 @@
 """The imports follow the data: traces → ingest → tables → fit / devices → simulate → validate → report, and no
-module imports one that (directly or not) imports it back.
+module imports one that (directly or not) imports it back. A stage imports the stages before it; the tables sit
+below the sources that write them (ingest and the importers use their schemas), the workload and device models
+below the simulator, and the reports below the workflows and the command line that write them.
 
 Walks every module of vtrain/ with ``ast`` (imports inside functions included; those under ``if TYPE_CHECKING:``
 are annotations and left out) and checks each import against :data:`LAYERS`, the allowed order, lowest first. A
@@ -19,7 +21,8 @@ import pytest
 
 from tests.conftest import REPO
 
-#: the allowed order of imports, lowest first (a module may import from its own layer or any lower one)
+#: the allowed order of imports, lowest first (a module imports lower layers, and its own layer within its
+#: package or in the foundation)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation: shared vocabularies and plumbing", (
         "vtrain", "vtrain.errors", "vtrain.limits", "vtrain.configfile", "vtrain.runconfig", "vtrain.parallel",
