@@ -8,7 +8,6 @@ import pytest
 
 from tests.conftest import REPO
 from vtrain.devices.catalog import device_model
-from vtrain.devices.fitted import kernel_shape
 from vtrain.fit.device import kernel_samples
 from vtrain.fit.held_out import held_out_mape
 from vtrain.fit.kernel_model import (
@@ -22,6 +21,7 @@ from vtrain.fit.kernel_model import (
     shapes_of,
     usable,
 )
+from vtrain.fit.operators import kernel_shape
 from vtrain.importers import read_llmcompass, read_vidur_compute
 from vtrain.model.ops import make_op
 

@@ -59,3 +59,39 @@ def test_a_markdown_cell_stays_on_its_row() -> None:
 
     table = markdown_table((["job", "n"], [["gpt\nsmall", "1"], ["a|b\r\nc", "2"]]))
     assert table.splitlines()[2:] == ["| gpt small | 1 |", "| a\\|b  c | 2 |"]
+
+
+def test_large_jobs_fit_80_columns_without_eliding_a_name_or_a_number() -> None:
+    """A 1024-GPU reduce-scatter of 3 GiB over CollNet taking 1.2 s, called 123,456 times, and a flash-attention
+    backward over four bf16 tensors: at 80 columns the names wrap (never "…") and every number is whole."""
+    import io
+
+    from rich.console import Console
+
+    from vtrain.cli.tables import nccl_table, op_table
+    from vtrain.tables.store import conform
+
+    nccl = conform(pl.DataFrame([
+        {"collective": "reduce_scatter", "group_size": 1024, "bytes": 3 << 30, "count": 123456,
+         "median_us": 1234567.8, "algbw_gbps": 2.6, "busbw_gbps": 2.61, "algorithm": "COLLNET_DIRECT"},
+        {"collective": "all_reduce", "group_size": 8, "bytes": 1 << 20, "count": 2, "median_us": 44.7,
+         "algbw_gbps": 23.4, "busbw_gbps": 40.95, "algorithm": "NVLS_TREE"}]), "nccl_latency")
+    dims = "[[8, 16, 2048, 128], [8, 16, 2048, 128], [8, 16, 2048, 128], [8, 16, 2048, 128]]"
+    ops = conform(pl.DataFrame([{
+        "op": "aten::_scaled_dot_product_flash_attention_backward", "input_dims": dims,
+        "input_types": '["c10::BFloat16"]', "device_type": "cuda", "kernels": "k", "n_kernels": 1,
+        "count": 1234567, "median_us": 123456.7, "p10_us": 99999.9, "p90_us": 1234567.8, "mean_us": 1.0}]),
+        "op_latency")
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(op_table(ops, 5, wide=False))
+    console.print(nccl_table(nccl, 5, wide=False))
+    out = console.export_text()
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    cells = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()]
+    first, last = "".join(c[0] for c in cells), "".join(c[-1] for c in cells)  # a wrapped cell, put back together
+    for name in ("aten::_scaled_dot_product_flash_attention_backward", "reduce_scatter", "all_reduce"):
+        assert name in first, name
+    for name in ("COLLNET_DIRECT", "NVLS_TREE"):
+        assert name in last, name
+    for number in ("1,234,567", "123456.7", "99999.9", "1234567.8", "123,456", "3.0 GiB", "2.61", "40.95"):
+        assert number in out, number

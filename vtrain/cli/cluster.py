@@ -10,6 +10,15 @@ from typing import TYPE_CHECKING
 import typer
 
 from vtrain.cli.errors import user_errors
+from vtrain.cli.options import (
+    device_memory_option,
+    device_option,
+    force_option,
+    gpus_per_node_option,
+    inter_node_gbps_option,
+    max_micro_batch_option,
+    profile_option,
+)
 from vtrain.errors import InputError
 from vtrain.outputs import check_output, staged
 
@@ -24,20 +33,19 @@ def cluster_command(
     jobs_file: Path = typer.Argument(..., help="JOBS.yaml: jobs: [{name, layers, hidden, heads, seq, tokens, "
                                                "arrival_h, vocab?, deadline_h?, gpus?, global_batch?}]."),
     gpus: int = typer.Option(..., "--gpus", min=1, max=1 << 20, help="GPUs in the cluster."),
-    profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
+    profile: Path | None = profile_option(),
     policy: str = typer.Option("all", "--policy", help="baseline, vtrain or all."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default "
                                                                      "reports/cluster-<jobs file name>)."),
-    force: bool = typer.Option(False, "--force", help="Replace the report folder if vtrain wrote it."),
+    force: bool = force_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the summary per policy as JSON."),
     resize_overhead_min: float = typer.Option(5.0, "--resize-overhead-min", min=0.0, max=1e4,
                                               help="Minutes a running job loses when resized (checkpoint-restart)."),
-    device: str = typer.Option("A100", "--device", help="GPU type."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=1024, help="GPUs per node."),
-    inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.001, max=1e6,
-                                                 help="Network bandwidth per node, Gbit/s (default: the profile's)."),
-    device_memory: float | None = typer.Option(None, "--device-memory", min=0.1, help="GiB per GPU."),
-    max_micro_batch: int = typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried."),
+    device: str = device_option(),
+    gpus_per_node: int = gpus_per_node_option(),
+    inter_node_gbps: float | None = inter_node_gbps_option(),
+    device_memory: float | None = device_memory_option(),
+    max_micro_batch: int = max_micro_batch_option(),
 ) -> None:
     """Simulate the jobs on a shared cluster under a FIFO baseline and a throughput-aware (vtrain) policy."""
     from vtrain.studies.cluster import POLICIES, Speeds, allocation_sizes, simulate_cluster

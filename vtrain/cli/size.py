@@ -9,6 +9,15 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors
+from vtrain.cli.options import (
+    device_memory_option,
+    device_option,
+    force_option,
+    gpus_per_node_option,
+    inter_node_gbps_option,
+    max_micro_batch_option,
+    profile_option,
+)
 from vtrain.errors import InputError
 from vtrain.outputs import check_output, staged
 
@@ -20,7 +29,7 @@ LOSS_MODELS = ("chinchilla",)
 def size_command(
     gpus: int = typer.Option(..., "--gpus", min=1, max=1 << 20, help="GPUs in the budget."),
     days: float = typer.Option(..., "--days", min=0.001, max=3650, help="Days in the budget."),
-    profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
+    profile: Path | None = profile_option(),
     loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
                                                                       "2022)."),
     mfu: float = typer.Option(0.4, "--mfu", min=0.01, max=1.0, help="The fixed MFU of the comparison answer."),
@@ -29,14 +38,13 @@ def size_command(
     global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default "
                                                                      "reports/size-<GPUs>x<days>d)."),
-    force: bool = typer.Option(False, "--force", help="Replace the report folder if vtrain wrote it."),
+    force: bool = force_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
-    device: str = typer.Option("A100", "--device", help="GPU type."),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=1024, help="GPUs per node."),
-    inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.001, max=1e6,
-                                                 help="Network bandwidth per node, Gbit/s (default: the profile's)."),
-    device_memory: float | None = typer.Option(None, "--device-memory", min=0.1, help="GiB per GPU."),
-    max_micro_batch: int = typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried."),
+    device: str = device_option(),
+    gpus_per_node: int = gpus_per_node_option(),
+    inter_node_gbps: float | None = inter_node_gbps_option(),
+    device_memory: float | None = device_memory_option(),
+    max_micro_batch: int = max_micro_batch_option(),
 ) -> None:
     """Search GPT shapes used in practice for the lowest loss a budget of GPUs and days buys."""
     from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput

@@ -1,7 +1,8 @@
 """`vtrain tables PROFILE_DIR [--top N]`.
 
-The tables fit the terminal: operator names are never abbreviated (a long one wraps), shapes wrap, numbers never
-wrap, and at narrow widths the least needed columns (dtypes, algorithm bandwidth, kernel names) go first.
+The tables fit the terminal: operator and collective names are never abbreviated (a long one wraps), shapes and
+NCCL algorithms wrap, numbers never wrap, and at narrow widths the least needed columns (dtypes, algorithm
+bandwidth, kernel names) go first.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ def nccl_table(nccl_latency: pl.DataFrame, top: int, wide: bool) -> Table:
     nccl = nccl_latency.head(top)
     table = Table(title=f"nccl_latency: {min(top, nccl.height)} of {nccl_latency.height} rows",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("collective", no_wrap=True)
+    table.add_column("collective", overflow="fold")
     columns = ["group", "bytes", "count", "median µs", *(["algbw GB/s"] if wide else []), "busbw GB/s"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("algorithm", no_wrap=True)
+    table.add_column("algorithm", overflow="fold")
     for row in nccl.iter_rows(named=True):
         busbw = "-" if row["busbw_gbps"] is None else f"{row['busbw_gbps']:.2f}"
         cells = [row["collective"], str(row["group_size"] or "?"), size(row["bytes"]), f"{row['count']:,}",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vtrain.collective_cost import Link
 from vtrain.devices.cpu import measured_cpu
-from vtrain.devices.model import DeviceModel, Link
+from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
 from vtrain.runconfig import RunConfig
 

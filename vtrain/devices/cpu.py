@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import time
 
-from vtrain.devices.model import DeviceModel, Link
+from vtrain.collective_cost import Link
+from vtrain.devices.model import DeviceModel
 
 _GEMM_SIZE = 512
 _COPY_BYTES = 64 * 2**20

@@ -2,31 +2,40 @@
 
 It keeps the datasheet model's fields (peaks, memory size, links for anything not measured) and adds:
 
-- ``gemm`` / ``memory_bound``: :class:`~vtrain.fit.kernel_model.KernelModel`, latency as a function of the shape,
-  interpolated between measured kernels and bounded by the roofline floor (:mod:`vtrain.fit.kernel_model`);
-- ``collectives``: α-β fits per collective, group size and node count (nccl-tests, vidur, traces);
+- ``gemm`` / ``memory_bound``: :class:`KernelLatency`, an operator's device time from the shape of its kernel,
+  interpolated between measured kernels and bounded by the roofline floor (fitted by :mod:`vtrain.fit.kernel_model`,
+  applied to operators by :mod:`vtrain.fit.operators`);
+- ``collectives``: :class:`~vtrain.collective_cost.AlphaBeta` fits per collective, group size and node count
+  (nccl-tests, vidur, traces), with the stand-ins and fallbacks of :mod:`vtrain.collective_cost`;
 - ``host``: :class:`HostOverhead`, the CPU time that framework, dispatcher and launch add to every operator and
   collective, and the arrival jitter of a collective's ranks (fitted to measured iteration times; zero when
   nothing was fitted).
 
-Each fitted number keeps where it came from in ``provenance`` (``fitted:<sources>``).
+Each fitted number keeps where it came from in ``provenance`` (``fitted:<sources>``). This module holds the
+stored model; fitting it is :mod:`vtrain.fit`'s.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from vtrain.collective_cost import STAND_INS, AlphaBeta, has_no_peers
 from vtrain.devices.model import DeviceModel
-from vtrain.fit.collectives import AlphaBeta
-from vtrain.fit.kernel_model import GEMM, KernelModel, KernelShape, memory_kind, summary
-from vtrain.model.ops import DTYPE_BYTES, Op, first_dtype, gemm_dims, largest_elements, row_length
+from vtrain.model.ops import Op
 
-#: collectives that can stand in for one another when only one was measured, with the time ratio
-_STAND_INS = {"all_gather": ("all_reduce", 0.5), "reduce_scatter": ("all_reduce", 0.5),
-              "broadcast": ("all_reduce", 0.5), "reduce": ("all_reduce", 0.5),
-              "send": ("send_recv", 1.0), "recv": ("send_recv", 1.0)}
+
+class KernelLatency(Protocol):
+    """A fitted model of operators' device time (:class:`vtrain.fit.operators.OperatorKernelModel`)."""
+
+    def op_latency(self, op: Op) -> tuple[float, str]:
+        """Device time of one operator and where it came from."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """The model's settings as plain data."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,8 @@ class HostOverhead:
 class FittedDevice(DeviceModel):
     """A :class:`DeviceModel` with fitted kernel models, collective α-β curves and host overheads."""
 
-    gemm: KernelModel | None = None
-    memory_bound: KernelModel | None = None
+    gemm: KernelLatency | None = None
+    memory_bound: KernelLatency | None = None
     collectives: tuple[AlphaBeta, ...] = ()
     host: HostOverhead = field(default_factory=HostOverhead)
 
@@ -75,8 +84,7 @@ class FittedDevice(DeviceModel):
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
         if model is None:
             return super().op_latency(op)
-        latency, where = model.time_us(kernel_shape(op))
-        return latency, f"fitted kernel model, {where}: {model.describe()}"
+        return model.op_latency(op)
 
     def host_op_us(self) -> float:
         return self.host.op_us
@@ -89,8 +97,8 @@ class FittedDevice(DeviceModel):
         group size and node count, else the nearest measured group size on as many nodes (on the most nodes
         measured when the group spans more)."""
         wanted = [(collective, 1.0)]
-        if collective in _STAND_INS:
-            wanted.append(_STAND_INS[collective])
+        if collective in STAND_INS:
+            wanted.append(STAND_INS[collective])
         for name, ratio in wanted:
             same = [f for f in self.collectives if f.collective == name and f.nodes == nodes]
             if not same and nodes > 1:  # more nodes than measured: the curves of the most nodes measured
@@ -106,7 +114,7 @@ class FittedDevice(DeviceModel):
 
     def collective_us(self, collective: str, group_size: int, nbytes: float, nodes: int) -> tuple[float, str]:
         """The fitted α-β curve of this collective (or its stand-in) on as many nodes, else the links' model."""
-        if group_size <= 1 and collective not in ("send", "recv", "send_recv"):
+        if has_no_peers(collective, group_size):
             return 0.0, "no peers"
         found = self.collective_fit(collective, group_size, nodes)
         if found is None:
@@ -120,20 +128,9 @@ class FittedDevice(DeviceModel):
     def fitted_summary(self) -> dict[str, Any]:
         """The fitted parameters as plain data (for profile metadata and reports)."""
         return {
-            "gemm": summary(self.gemm) if self.gemm else None,
-            "memory_bound": summary(self.memory_bound) if self.memory_bound else None,
+            "gemm": self.gemm.summary() if self.gemm else None,
+            "memory_bound": self.memory_bound.summary() if self.memory_bound else None,
             "collectives": [c.to_dict() for c in self.collectives],
             "host": self.host.to_dict(),
         }
 
-
-def kernel_shape(op: Op) -> KernelShape:
-    """The shape the kernel model sees of one operator."""
-    if op.is_gemm and op.flops > 0:
-        batch, m, k, n = gemm_dims(op)
-        element = DTYPE_BYTES.get(first_dtype(op.input_types), 2)  # operands and output, as the benchmarks count
-        return KernelShape(flops=op.flops, bytes=element * batch * (m * k + k * n + m * n), batch=batch, m=m, k=k,
-                           n=n, kind=GEMM)
-    kind = memory_kind(op.name)
-    row = row_length(op) if kind in ("layernorm", "softmax") else 1.0
-    return KernelShape(flops=0.0, bytes=op.bytes, elements=largest_elements(op), row=row, kind=kind)

@@ -7,45 +7,10 @@ with :func:`dataclasses.replace` and still say where each number came from.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from vtrain.collective_cost import Link, link_name
 from vtrain.model.ops import Op, first_dtype
-from vtrain.tables.schema import bus_bandwidth_factor
-
-#: ring steps (each costing one link latency alpha) of each collective over n ranks
-_RING_STEPS = {
-    "all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1,
-    "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1, "reduce": lambda n: n - 1,
-    "send": lambda n: 1, "recv": lambda n: 1, "send_recv": lambda n: 1,
-}
-
-
-@dataclass(frozen=True)
-class Link:
-    """One class of link between two ranks: per-step latency and per-GPU, per-direction bandwidth."""
-
-    alpha_us: float  # latency of one step of a collective
-    bandwidth_gbps: float  # GB/s (1e9 bytes/s) per GPU per direction
-
-    def collective_us(self, collective: str, group_size: int, nbytes: float) -> tuple[float, str]:
-        """α-β time of one collective over ``group_size`` ranks and the algorithm (ring or tree) it assumes.
-
-        Ring: steps·α + bytes·busbw_factor/β. All-reduces may instead use a tree: 2·⌈log2 n⌉·α + 2·bytes/β,
-        whichever is faster (as NCCL's tuner picks).
-        """
-        n = group_size
-        if n <= 1 and collective not in ("send", "recv", "send_recv"):
-            return 0.0, "none"
-        steps = _RING_STEPS.get(collective, lambda k: k - 1)(n)
-        bandwidth = self.bandwidth_gbps * 1e3  # bytes per microsecond
-        factor = bus_bandwidth_factor(collective, n) if collective in _RING_STEPS else 1.0
-        ring = steps * self.alpha_us + nbytes * factor / bandwidth
-        if collective == "all_reduce" and n > 2:
-            tree = 2 * math.ceil(math.log2(n)) * self.alpha_us + 2.0 * nbytes / bandwidth
-            if tree < ring:
-                return tree, "tree"
-        return ring, "ring"
 
 
 @dataclass(frozen=True)
@@ -91,12 +56,13 @@ class DeviceModel:
         return 0.0
 
     def collective_us(self, collective: str, group_size: int, nbytes: float, nodes: int) -> tuple[float, str]:
-        """Modelled time of one collective and how it was obtained: the α-β model of the intra-node link when
-        the group fits in one node, else of the inter-node link."""
-        link = self.intra_node if nodes <= 1 else self.inter_node
+        """Modelled time of one collective and how it was obtained: the α-β model
+        (:mod:`vtrain.collective_cost`) of the intra-node link when the group fits in one node, else of the
+        inter-node link."""
+        name = link_name(nodes)
+        link: Link = getattr(self, name)
         latency, algorithm = link.collective_us(collective, group_size, nbytes)
-        where = "intra-node" if nodes <= 1 else "inter-node"
-        return latency, f"alpha-beta {algorithm} {where} {link.bandwidth_gbps:g} GB/s"
+        return latency, f"alpha-beta {algorithm} {name.replace('_', '-')} {link.bandwidth_gbps:g} GB/s"
 
     def describe(self) -> str:
         """One line naming the device and where its numbers come from."""

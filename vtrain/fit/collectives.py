@@ -1,48 +1,19 @@
-"""Fitting an α-β model per collective, group size and node count to measured collective times.
+"""Fitting an α-β model (:class:`~vtrain.collective_cost.AlphaBeta`) per collective, group size and node count to
+measured collective times.
 
     time = alpha_us + bytes · busbw_factor(collective, n) / bus_bandwidth
 
-as nccl-tests defines bus bandwidth, so ``bus_gbps`` is directly comparable with nccl-tests' busbw column. The
-two parameters are a linear least-squares fit of relative errors (each row divided by its measured time), so
-small and large messages weigh alike.
+as nccl-tests defines bus bandwidth (:mod:`vtrain.collective_cost`), so ``bus_gbps`` is directly comparable with
+nccl-tests' busbw column. The two parameters are a linear least-squares fit of relative errors (each row divided
+by its measured time), so small and large messages weigh alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import numpy as np
 import polars as pl
 
-from vtrain.tables.schema import bus_bandwidth_factor
-
-
-@dataclass(frozen=True)
-class AlphaBeta:
-    """Fitted latency and bus bandwidth of one collective over ``group_size`` ranks on ``nodes`` nodes."""
-
-    collective: str
-    group_size: int
-    nodes: int
-    alpha_us: float
-    bus_gbps: float  # GB/s (1e9 bytes/s), nccl-tests' bus bandwidth
-    samples: int
-    mape_pct: float
-    sources: tuple[str, ...]
-
-    def time_us(self, nbytes: float, group_size: int | None = None) -> float:
-        """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports), over this curve's
-        group size or, extrapolating with the same latency and bus bandwidth, over ``group_size`` ranks."""
-        factor = bus_bandwidth_factor(self.collective, group_size or self.group_size)
-        return self.alpha_us + nbytes * factor / (self.bus_gbps * 1e3)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "sources": list(self.sources)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AlphaBeta:
-        return cls(**{**data, "sources": tuple(data.get("sources", ()))})
+from vtrain.collective_cost import AlphaBeta, bus_bandwidth_factor
 
 
 def fit_collectives(table: pl.DataFrame) -> list[AlphaBeta]:

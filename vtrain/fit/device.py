@@ -17,12 +17,14 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
 from vtrain.devices.catalog import canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
-from vtrain.fit.collectives import AlphaBeta, fit_collectives
-from vtrain.fit.kernel_model import GEMM, MEMORY, KernelModel, fit_kernel_model
+from vtrain.fit.collectives import fit_collectives
+from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
+from vtrain.fit.operators import OperatorKernelModel
 from vtrain.model.ops import GEMM_OPS, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, empty_table
@@ -67,7 +69,7 @@ def kernel_samples(benchmarks: pl.DataFrame, kind: str) -> pl.DataFrame:
     return benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES))
 
 
-def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[KernelModel | None, KernelModel | None]:
+def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[OperatorKernelModel | None, OperatorKernelModel | None]:
     """The GEMM and memory-bound kernel models of the profile's benchmarks and traced GEMMs (None: too few)."""
     imported = profile.tables.get("op_benchmarks", empty_table("op_benchmarks"))  # absent in a fresh ingest
     benchmarks = pl.concat([imported, traced_gemms(profile)], how="diagonal_relaxed")
@@ -75,9 +77,9 @@ def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[KernelModel | None
             _try_fit(kernel_samples(benchmarks, MEMORY), MEMORY, base))
 
 
-def _try_fit(samples: pl.DataFrame, kind: str, base: DeviceModel) -> KernelModel | None:
+def _try_fit(samples: pl.DataFrame, kind: str, base: DeviceModel) -> OperatorKernelModel | None:
     try:
-        return fit_kernel_model(samples, kind, base.peak_for("c10::Half"), base.memory_bandwidth)
+        return OperatorKernelModel(fit_kernel_model(samples, kind, base.peak_for("c10::Half"), base.memory_bandwidth))
     except ValueError:
         return None
 
@@ -116,8 +118,8 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
 def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     """The device on a cluster whose nodes have ``gbps`` Gbit/s of network each: multi-node collective curves
     keep their fitted latency and take that rate as their bus bandwidth (GB/s = Gbit/s / 8)."""
-    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps")) if c.nodes > 1
-                   else c for c in device.collectives)
+    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps"))
+                   if link_name(c.nodes) == INTER_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "inter_node.bandwidth_gbps": "config"}
     inter = replace(device.inter_node, bandwidth_gbps=gbps / 8.0)
     return replace(device, collectives=curves, inter_node=inter, provenance=provenance)
@@ -146,7 +148,7 @@ def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
     collective curves keep their latency and scale their bus bandwidth by the ratio."""
     ratio = gbps / device.intra_node.bandwidth_gbps
     curves = tuple(replace(c, bus_gbps=c.bus_gbps * ratio, sources=(*c.sources, "--intra-node-gbps"))
-                   if c.nodes <= 1 else c for c in device.collectives)
+                   if link_name(c.nodes) == INTRA_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "intra_node.bandwidth_gbps": "config"}
     return replace(device, collectives=curves, intra_node=replace(device.intra_node, bandwidth_gbps=gbps),
                    provenance=provenance)

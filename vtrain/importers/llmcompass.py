@@ -45,10 +45,10 @@ from pathlib import Path
 
 import polars as pl
 
+from vtrain.collective_cost import with_bandwidths
 from vtrain.errors import InputError
 from vtrain.importers._read import LINE, csv_rows, numbers
 from vtrain.importers._work import HALF, HALF_DTYPE, gemm_work
-from vtrain.importers.nccl_tests import with_bandwidths
 from vtrain.tables.store import conform
 
 SOURCE = "llmcompass"

@@ -10,8 +10,9 @@ Two layouts are read:
 
 Each row combines the timings of one message size (out-of-place and in-place: ``count`` 2): ``median_us`` is their
 median, ``p10_us``/``p90_us`` the fastest and the slowest of them (with so few timings these bound the true
-percentiles), ``algbw_gbps`` = bytes / median time and ``busbw_gbps`` = algbw x :func:`bus_bandwidth_factor`, as
-nccl-tests defines them. ``bytes`` is nccl-tests' size column (for all-gather the output buffer, as in traces).
+percentiles), ``algbw_gbps`` = bytes / median time and ``busbw_gbps`` = algbw x
+:func:`~vtrain.collective_cost.bus_bandwidth_factor`, as nccl-tests defines them. ``bytes`` is nccl-tests' size
+column (for all-gather the output buffer, as in traces).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import polars as pl
 
+from vtrain.collective_cost import with_bandwidths
 from vtrain.errors import InputError
 from vtrain.importers._read import LINE, csv_rows, numbers, read_text
-from vtrain.tables.schema import bus_bandwidth_factor
 from vtrain.tables.store import conform
 
 SOURCE = "nccl-tests"
@@ -71,15 +72,6 @@ def read_nccl_tests(path: str | Path, group_size: int | None = None, nodes: int 
         device_type=pl.lit("cuda"), nodes=pl.lit(nodes), source=pl.lit(SOURCE),
     )
     return conform(with_bandwidths(frame), "nccl_latency")
-
-
-def with_bandwidths(frame: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` (``collective``, ``group_size``, ``bytes``, ``median_us``) with ``algbw_gbps`` (bytes / time,
-    1e9 B/s) and ``busbw_gbps`` (algbw x nccl-tests' bus factor of the collective and group size)."""
-    factors = [bus_bandwidth_factor(name, size) for name, size in zip(frame["collective"], frame["group_size"],
-                                                                      strict=True)]
-    return frame.with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3).with_columns(
-        busbw_gbps=pl.col("algbw_gbps") * pl.Series(factors, dtype=pl.Float64))
 
 
 def collective_name(test: str) -> str | None:

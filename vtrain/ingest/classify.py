@@ -9,19 +9,17 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from vtrain.tables.schema import COMMUNICATION, COMPUTATION, MEMORY, OTHER
+
 _COMM = re.compile(r"^nccl.*Kernel")
 _MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 
-COMPUTATION = "computation"
-COMMUNICATION = "communication"
-MEMORY = "memory"
-OTHER = "other"
-
 
 @lru_cache(maxsize=None)
 def kernel_class(name: str) -> str:
-    """``communication``, ``memory``, ``computation`` or ``other`` for a device activity's name."""
+    """The ``kernel_class`` of a device activity's name: ``communication``, ``memory``, ``computation`` or
+    ``other`` (:data:`vtrain.tables.schema.KERNEL_CLASSES`)."""
     if _COMM.match(name):
         return COMMUNICATION
     if _MEMORY.match(name):

@@ -1,5 +1,6 @@
 """Collective latencies: the profile's ``nccl_latency`` table interpolated in message size per group size, else
-the α-β model of the device's links (ring or tree, intra- or inter-node).
+the device's model (its fitted α-β curves, else the α-β model of its links: ring or tree, intra- or inter-node;
+the arithmetic and its fallbacks are :mod:`vtrain.collective_cost`'s).
 
 A table row gives the mean time of one call (its median when the source has no mean: a step's expected time is
 what adds up over an iteration). Rows measured in traces and matched across ranks hold the transfer alone, from
@@ -14,11 +15,11 @@ reduction) is different: replicas that lag behind by a persistent amount make th
 call, yet the chain ends only that lag later. :func:`wait_once` gives such a chain its largest wait once, on its
 last call.
 
-Ranks are laid out as Megatron lays them out: tensor-parallel ranks adjacent, then data-parallel, then pipeline
-stages, ``node_size`` consecutive ranks per node. A group whose members fit in one node uses the intra-node link.
-A measured curve stands only for groups spanning as many nodes as it was measured on (rows without a node count,
-from traces, stand for any), and not for links whose rate the run's config replaces (the device's provenance
-says ``config``): then the device's fitted or datasheet model applies.
+A group spans the nodes :func:`~vtrain.collective_cost.nodes_spanned` says (Megatron's rank layout) and uses the
+link :func:`~vtrain.collective_cost.link_name` picks. A measured curve stands only for groups spanning as many
+nodes as it was measured on (rows without a node count, from traces, stand for any), and not for links whose rate
+the run's config replaces (the device's provenance says ``config``): then the device's fitted or datasheet model
+applies.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
+from vtrain.collective_cost import INTER_NODE, INTRA_NODE, link_name, nodes_spanned
 from vtrain.devices.model import DeviceModel
 from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
 from vtrain.tables.store import Profile
@@ -79,7 +81,7 @@ class CollectiveResolver:
             self._index(profile, device_type)
 
     def _index(self, profile: Profile, device_type: str) -> None:
-        replaced = frozenset(key for key in ("intra_node", "inter_node")
+        replaced = frozenset(key for key in (INTRA_NODE, INTER_NODE)
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
         self._curves = _curves(profile.nccl_latency, device_type, replaced)
 
@@ -97,7 +99,7 @@ class CollectiveResolver:
 
     def _resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
         names = _P2P_NAMES if collective in _P2P_NAMES else (collective,)
-        nodes = -(-rank_stride * group_size // self.node_size)
+        nodes = nodes_spanned(group_size, rank_stride, self.node_size)
         for name in names:
             curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:
@@ -131,7 +133,7 @@ def _curves(table: pl.DataFrame, device_type: str,
         latency = mean if mean is not None else median
         if latency is None or nbytes is None or group_size is None:
             continue
-        if nodes is not None and ("inter_node" if nodes > 1 else "intra_node") in replaced:
+        if nodes is not None and link_name(nodes) in replaced:
             continue
         waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
         points.setdefault((collective, group_size, nodes), {})[int(nbytes)] = (float(latency), float(waited))

@@ -41,10 +41,10 @@ from collections.abc import Iterable
 import numpy as np
 import polars as pl
 
-from vtrain.ingest.classify import COMMUNICATION
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
 from vtrain.tables.latency import in_communication, op_nesting
 from vtrain.tables.matching import match_calls
+from vtrain.tables.schema import COMMUNICATION
 
 ALL, OTHER = "all", "other"
 DATA_PARALLEL = "dp"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from vtrain.ingest.classify import COMMUNICATION
+from vtrain.collective_cost import with_bandwidths
 from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
-from vtrain.tables.schema import bus_bandwidth_factor
+from vtrain.tables.schema import COMMUNICATION
 from vtrain.tables.store import conform
 
 SIGNATURE = ["op", "input_dims", "input_types", "device_type"]
@@ -192,9 +192,6 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None)
              duration_source=pl.col("duration_source").first())
         .drop("mean_us")
         .join(typical, on=keys, nulls_equal=True)
-        .with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3, source=pl.lit("trace"))
+        .with_columns(source=pl.lit("trace"))
     )
-    factors = [None if g is None else bus_bandwidth_factor(c, g)
-               for c, g in zip(table["collective"], table["group_size"])]
-    table = table.with_columns(busbw_gbps=pl.col("algbw_gbps") * pl.Series(factors, dtype=pl.Float64))
-    return conform(table.sort(keys, nulls_last=True), "nccl_latency")
+    return conform(with_bandwidths(table).sort(keys, nulls_last=True), "nccl_latency")

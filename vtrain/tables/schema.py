@@ -23,11 +23,15 @@ KERNELS = {
     "rank": pl.Int32, "device": pl.Int32, "stream": pl.Int64, "name": pl.String,
     "kind": pl.String,  # kernel | memcpy | memset
     "memory_kind": pl.String,  # e.g. "DtoD (Device -> Device)" for memcpy, "Device" for memset, else null
-    "kernel_class": pl.String,  # HTA's classification: computation | communication | memory
+    "kernel_class": pl.String,  # HTA's classification (vtrain.ingest.classify): one of KERNEL_CLASSES
     "ts": pl.Float64, "dur": pl.Float64, "correlation": pl.Int64, "external_id": pl.Int64,
     "cpu_op": pl.String, "input_dims": pl.String, "input_types": pl.String,
     "iteration": pl.Int64,
 }
+
+#: ``kernels.kernel_class``: what a device activity does, by its name (HTA's rule: :mod:`vtrain.ingest.classify`)
+COMPUTATION, COMMUNICATION, MEMORY, OTHER = "computation", "communication", "memory", "other"
+KERNEL_CLASSES = (COMPUTATION, COMMUNICATION, MEMORY, OTHER)
 
 CPU_OPS = {
     "rank": pl.Int32, "tid": pl.Int64, "cat": pl.String, "name": pl.String,
@@ -69,7 +73,7 @@ NCCL_LATENCY = {
     "count": pl.Int64, "median_us": pl.Float64, "p10_us": pl.Float64, "p90_us": pl.Float64,
     "algorithm": pl.String,
     "algbw_gbps": pl.Float64,  # bytes / time, GB/s (1e9), as nccl-tests
-    "busbw_gbps": pl.Float64,  # algbw x nccl-tests' factor (all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, else 1)
+    "busbw_gbps": pl.Float64,  # algbw x nccl-tests' bus factor (vtrain.collective_cost.bus_bandwidth_factor)
     "nodes": pl.Int32,  # nodes the group spans (1 = intra-node); null when the source does not say
     "source": pl.String,  # where the row was measured: "trace", "nccl-tests", "vidur", ...
     "mean_us": pl.Float64,  # mean time (the expectation of a sum of calls; traces: of a typical iteration, the
@@ -100,12 +104,3 @@ TABLES = {
 #: tables a profile may lack (written by older vtrain versions); they load as empty tables
 OPTIONAL_TABLES = ("op_benchmarks", "graph_launches")
 
-
-def bus_bandwidth_factor(collective: str, group_size: int) -> float:
-    """nccl-tests' factor from algorithm bandwidth to bus bandwidth."""
-    n = max(group_size, 1)
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0

@@ -1,0 +1,45 @@
+"""Command-line options that several commands share, each defined once: the same flag, default, bounds and help
+wherever it appears. `vtrain cluster` and `vtrain size` plan on the same hardware options and write a report
+folder the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+
+def profile_option() -> Any:
+    """``--profile``: the profile folder whose tables and device model time the plans."""
+    return typer.Option(None, "--profile", help="Profile folder (latency tables, device model).")
+
+
+def force_option() -> Any:
+    """``--force``: replace a report folder vtrain wrote."""
+    return typer.Option(False, "--force", help="Replace the report folder if vtrain wrote it.")
+
+
+def device_option() -> Any:
+    """``--device``: the GPU type."""
+    return typer.Option("A100", "--device", help="GPU type.")
+
+
+def gpus_per_node_option() -> Any:
+    """``--gpus-per-node``."""
+    return typer.Option(8, "--gpus-per-node", min=1, max=1024, help="GPUs per node.")
+
+
+def inter_node_gbps_option() -> Any:
+    """``--inter-node-gbps``: the network rate per node, replacing the profile's."""
+    return typer.Option(None, "--inter-node-gbps", min=0.001, max=1e6,
+                        help="Network bandwidth per node, Gbit/s (default: the profile's).")
+
+
+def device_memory_option() -> Any:
+    """``--device-memory``: GiB per GPU, replacing the device's."""
+    return typer.Option(None, "--device-memory", min=0.1, help="GiB per GPU.")
+
+
+def max_micro_batch_option() -> Any:
+    """``--max-micro-batch``: the largest micro-batch a plan may use."""
+    return typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried.")

@@ -1,0 +1,156 @@
+"""Collective cost arithmetic, in one place: what one collective over n ranks costs on a link, and how nccl-tests'
+bus bandwidth relates a message size to a time. The simulator, the device models, the fitted α-β curves, the
+trace tables and the benchmark importers all take their numbers from here.
+
+The rule:
+
+- **Bus bandwidth factor** (nccl-tests' PERFORMANCE.md): bus bandwidth = algorithm bandwidth (bytes / time) x
+  2(n-1)/n for an all-reduce, (n-1)/n for an all-gather, reduce-scatter or all-to-all, and 1 for everything
+  else (broadcast, reduce, point-to-point, a collective it does not name). A group of fewer than one rank counts
+  as one. ``bytes`` is nccl-tests' size column: the whole buffer (for an all-gather the output, as traces say).
+- **Ring** (α-β): ``steps·α + bytes·factor/β`` with β the link's per-GPU, per-direction bandwidth. Steps: 2(n-1)
+  for an all-reduce (reduce-scatter then all-gather), 1 for a point-to-point transfer (send, recv, send_recv),
+  n-1 for every other collective, unknown ones included.
+- **Tree**: an all-reduce over more than two ranks may instead run as a tree, ``2·⌈log2 n⌉·α + 2·bytes/β``;
+  the faster of ring and tree is taken, as NCCL's tuner picks.
+- **No peers**: a collective over one rank costs nothing; a point-to-point transfer always costs its step.
+- **Link**: ranks are laid out as Megatron lays them out (tensor-parallel ranks adjacent, then data-parallel, then
+  pipeline stages, ``node_size`` consecutive ranks per node), so a group of n ranks spaced ``stride`` apart spans
+  ⌈stride·n / node_size⌉ nodes; a group inside one node (or whose node count is unknown) uses the intra-node
+  link, any other the inter-node link.
+- **Fitted curve** (:class:`AlphaBeta`): ``α + bytes·factor(n)/bus bandwidth`` per collective, group size and
+  node count, so its bus bandwidth reads like nccl-tests' busbw column; over another group size it keeps its α
+  and bus bandwidth.
+- **Stand-ins**: where only an all-reduce was measured, an all-gather, reduce-scatter, broadcast or reduce takes
+  half its time (half the ring steps and half the bus factor); a send or a recv takes a send_recv's time.
+
+Which number times a collective (the first that applies):
+
+1. the profile's measured ``nccl_latency`` curve of the collective and group size on as many nodes (trace rows,
+   which carry no node count, stand for any), interpolated in message size, unless the run's config replaces
+   that link's rate; a pipeline transfer takes a ``send``, else ``send_recv``, else ``recv`` curve
+   (:mod:`vtrain.simulate.collectives`);
+2. the fitted device's :class:`AlphaBeta` curve of the collective on as many nodes (the most nodes measured when
+   the group spans more), the same group size else the nearest, else the curve of its stand-in
+   (:meth:`vtrain.devices.fitted.FittedDevice.collective_fit`);
+3. the α-β model of the link (:meth:`Link.collective_us`): datasheet values, or the run config's link rates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import polars as pl
+
+#: point-to-point transfers: one step, bus factor 1, never free
+POINT_TO_POINT = ("send", "recv", "send_recv")
+#: the two classes of link a device model has (its field names)
+INTRA_NODE, INTER_NODE = "intra_node", "inter_node"
+#: collectives that stand in for another when only that one was measured, with the time ratio
+STAND_INS = {"all_gather": ("all_reduce", 0.5), "reduce_scatter": ("all_reduce", 0.5),
+             "broadcast": ("all_reduce", 0.5), "reduce": ("all_reduce", 0.5),
+             "send": ("send_recv", 1.0), "recv": ("send_recv", 1.0)}
+#: bytes per microsecond in one GB/s (1e9 bytes/s)
+_BYTES_PER_US_PER_GBPS = 1e3
+
+
+def bus_bandwidth_factor(collective: str, group_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth."""
+    n = max(group_size, 1)
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def ring_steps(collective: str, group_size: int) -> int:
+    """Steps of a ring collective over ``group_size`` ranks (each costs one link latency α)."""
+    if collective in POINT_TO_POINT:
+        return 1
+    if collective == "all_reduce":
+        return 2 * (group_size - 1)
+    return group_size - 1
+
+
+def has_no_peers(collective: str, group_size: int) -> bool:
+    """True when the collective moves nothing: one rank, and not a point-to-point transfer."""
+    return group_size <= 1 and collective not in POINT_TO_POINT
+
+
+def transfer_us(collective: str, group_size: int, nbytes: float, bus_gbps: float) -> float:
+    """The bandwidth term: ``bytes·factor / bus bandwidth`` in microseconds (``bus_gbps`` in GB/s)."""
+    return nbytes * bus_bandwidth_factor(collective, group_size) / (bus_gbps * _BYTES_PER_US_PER_GBPS)
+
+
+def nodes_spanned(group_size: int, rank_stride: int, node_size: int) -> int:
+    """Nodes a group of ``group_size`` ranks spaced ``rank_stride`` apart spans, ``node_size`` ranks per node."""
+    return -(-rank_stride * group_size // max(node_size, 1))
+
+
+def link_name(nodes: int | None) -> str:
+    """The link a group on ``nodes`` nodes uses: :data:`INTRA_NODE` within one node (or an unknown count), else
+    :data:`INTER_NODE`."""
+    return INTER_NODE if nodes is not None and nodes > 1 else INTRA_NODE
+
+
+@dataclass(frozen=True)
+class Link:
+    """One class of link between two ranks: per-step latency and per-GPU, per-direction bandwidth."""
+
+    alpha_us: float  # latency of one step of a collective
+    bandwidth_gbps: float  # GB/s (1e9 bytes/s) per GPU per direction
+
+    def collective_us(self, collective: str, group_size: int, nbytes: float) -> tuple[float, str]:
+        """α-β time of one collective over ``group_size`` ranks and the algorithm (ring or tree) it assumes
+        (``none`` when it has no peers)."""
+        n = group_size
+        if has_no_peers(collective, n):
+            return 0.0, "none"
+        ring = ring_steps(collective, n) * self.alpha_us + transfer_us(collective, n, nbytes, self.bandwidth_gbps)
+        if collective == "all_reduce" and n > 2:
+            bandwidth = self.bandwidth_gbps * _BYTES_PER_US_PER_GBPS
+            tree = 2 * math.ceil(math.log2(n)) * self.alpha_us + 2.0 * nbytes / bandwidth
+            if tree < ring:
+                return tree, "tree"
+        return ring, "ring"
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Fitted latency and bus bandwidth of one collective over ``group_size`` ranks on ``nodes`` nodes (fitted by
+    :func:`vtrain.fit.collectives.fit_collectives`)."""
+
+    collective: str
+    group_size: int
+    nodes: int
+    alpha_us: float
+    bus_gbps: float  # GB/s (1e9 bytes/s), nccl-tests' bus bandwidth
+    samples: int
+    mape_pct: float
+    sources: tuple[str, ...]
+
+    def time_us(self, nbytes: float, group_size: int | None = None) -> float:
+        """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports), over this curve's
+        group size or, extrapolating with the same latency and bus bandwidth, over ``group_size`` ranks."""
+        return self.alpha_us + transfer_us(self.collective, group_size or self.group_size, nbytes, self.bus_gbps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The curve as plain data (profile metadata)."""
+        return {**asdict(self), "sources": list(self.sources)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AlphaBeta:
+        """Read :meth:`to_dict`'s form; raises ``TypeError`` when a field is missing or unknown."""
+        return cls(**{**data, "sources": tuple(data.get("sources", ()))})
+
+
+def with_bandwidths(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` (``collective``, ``group_size``, ``bytes``, ``median_us``) with ``algbw_gbps`` (bytes / median
+    time, 1e9 B/s) and ``busbw_gbps`` (algbw x :func:`bus_bandwidth_factor`; null where the group size is)."""
+    factors = [None if size is None else bus_bandwidth_factor(name, size)
+               for name, size in zip(frame["collective"], frame["group_size"], strict=True)]
+    return frame.with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3).with_columns(
+        busbw_gbps=pl.col("algbw_gbps") * pl.Series(factors, dtype=pl.Float64))
