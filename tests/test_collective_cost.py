@@ -136,8 +136,10 @@ def _with_links(device: DeviceModel, link: Link) -> DeviceModel:
     return replace(device, intra_node=link, inter_node=link)
 
 
-@pytest.mark.xfail(strict=True, reason="known: ceil(stride·n / node_size) counts the empty nodes between members "
-                                       "spaced a node or more apart (a pipeline pair 16 ranks apart on 8-GPU nodes "
-                                       "spans 2 nodes, not 4); fixing it changes predictions, so it waits")
 def test_members_a_node_or_more_apart_span_one_node_each() -> None:
-    assert nodes_spanned(2, 16, 8) == 2
+    assert nodes_spanned(2, 16, 8) == 2  # a pipeline pair 16 ranks apart on 8-GPU nodes
+    assert nodes_spanned(4, 8, 8) == 4  # a data-parallel group at t = 8
+    assert nodes_spanned(4, 2, 8) == 1  # t = 2, d = 4: ranks 0, 2, 4, 6
+    assert nodes_spanned(4, 3, 8) == 2  # ranks 0, 3, 6, 9
+    assert nodes_spanned(16, 1, 8) == 2  # t = 16
+    assert nodes_spanned(1, 64, 8) == 1

@@ -178,7 +178,7 @@ def test_the_named_imports_against_the_flow_are_gone() -> None:
     bad = against_the_flow(PACKAGE)
     assert not [key for key in bad if key[0].startswith(("vtrain.tables", "vtrain.devices"))]
     assert not [key for key in bad if package(key[0]) == "vtrain.calibrate" and package(key[1]) == "vtrain.report"
-                and key[0] != "vtrain.calibrate.run"]
+                and key[0] != "vtrain.calibrate.calibration"]
 
 
 def test_every_module_has_a_layer() -> None:
@@ -212,11 +212,11 @@ def test_the_checks_catch_a_backward_import_and_a_cycle(tmp_path: Path) -> None:
     assert [sorted(c) for c in import_cycles(root)] == [sorted(["pkg.a", "pkg.b", "pkg.a"])]
 
 
-@pytest.mark.parametrize("name", ["vtrain.fit.device", "vtrain.fit.iterations", "vtrain.calibrate.run",
+@pytest.mark.parametrize("name", ["vtrain.fit.device", "vtrain.fit.iterations", "vtrain.calibrate.calibration",
                                   "vtrain.calibrate.drift"])
 def test_longest_prefix_wins(name: str) -> None:
     expected = {"vtrain.fit.device": "fit: device models fitted to tables",
                 "vtrain.fit.iterations": "fit through the simulator: host overheads, the `vtrain fit` build",
-                "vtrain.calibrate.run": "workflows: calibrate, what-if, plan",
+                "vtrain.calibrate.calibration": "workflows: calibrate, what-if, plan",
                 "vtrain.calibrate.drift": "validate: predictions against measurements; calibration's drift"}
     assert LAYERS[layer(name)][0] == expected[name]

@@ -86,8 +86,17 @@ def transfer_us(collective: str, group_size: int, nbytes: float, bus_gbps: float
 
 
 def nodes_spanned(group_size: int, rank_stride: int, node_size: int) -> int:
-    """Nodes a group of ``group_size`` ranks spaced ``rank_stride`` apart spans, ``node_size`` ranks per node."""
-    return -(-rank_stride * group_size // max(node_size, 1))
+    """Nodes a group of ``group_size`` ranks spaced ``rank_stride`` apart spans, ``node_size`` ranks per node.
+
+    The first member sits at the start of a node (Megatron's layout aligns every group that way): members a node or
+    more apart each have a node of their own, closer ones share the nodes their span ``(n - 1)·stride + 1`` covers.
+    """
+    node_size = max(node_size, 1)
+    if group_size <= 1:
+        return 1
+    if rank_stride >= node_size:
+        return group_size
+    return (group_size - 1) * rank_stride // node_size + 1
 
 
 def link_name(nodes: int | None) -> str:
