@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from sklearn.neighbors import KDTree
+
+if TYPE_CHECKING:
+    from sklearn.neighbors import KDTree
 
 GEMM, MEMORY = "gemm", "memory"
 #: the memory-bound kinds the model tells apart (one feature each)
@@ -61,7 +64,7 @@ class KernelModel:
     kind: str  # GEMM | MEMORY
     peak_flops: float
     peak_bytes_per_s: float
-    tree: KDTree  # the measured shapes' features
+    points: np.ndarray  # the measured shapes' features, one row each
     targets: np.ndarray  # their log(time / floor)
     low: np.ndarray  # per-feature minimum over the training shapes
     high: np.ndarray  # per-feature maximum
@@ -86,6 +89,13 @@ class KernelModel:
             cached = self._cache[features] = (self.floor_us(shape) * math.exp(ratio),
                                               INTERPOLATED if inside else EXTRAPOLATED)
         return cached
+
+    @cached_property
+    def tree(self) -> KDTree:
+        """scikit-learn's k-d tree of the measured shapes (built, and scikit-learn imported, on first use)."""
+        from sklearn.neighbors import KDTree
+
+        return KDTree(self.points)
 
     def ratios(self, x: np.ndarray) -> np.ndarray:
         """log(time / floor) at the feature rows ``x``: the inverse-distance-weighted mean of the nearest measured
@@ -114,8 +124,8 @@ def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_b
     floors = np.array([_floor_us(kind, s, peak_flops, peak_bytes_per_s) for s in shapes])
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
-    return KernelModel(kind, peak_flops, peak_bytes_per_s, KDTree(x), y, x.min(0), x.max(0), float(y.max()),
-                       rows.height, sources)
+    return KernelModel(kind, peak_flops, peak_bytes_per_s, x, y, x.min(0), x.max(0), float(y.max()), rows.height,
+                       sources)
 
 
 def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:

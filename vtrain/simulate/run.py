@@ -86,7 +86,7 @@ class Simulation:
                  "duration_ms": tasks[i].duration_us * ms}
                 for i in self.critical_path
             ],
-            "graph": {"tasks": len(tasks), "edges": self.graph.graph.number_of_edges(),
+            "graph": {"tasks": len(tasks), "edges": len(self.graph.edges),
                       "streams": len(self.graph.streams)},
         }
 
