@@ -1,6 +1,10 @@
 """A kernel latency model that holds at every shape: interpolation between the nearest measured shapes in
-log-shape space (inverse-distance weighting of the k nearest, found with scikit-learn's k-d tree) between a physical
-floor and ceiling.
+log-shape space (inverse-distance weighting of the k nearest, and of every other shape as near as the k-th) between
+a physical floor and ceiling.
+
+Many shapes were measured more than once (vidur measured the same residual add once per tensor-parallel degree;
+up to 32 rows share one shape in ``profiles/a100``): all of a shape's measurements count, so a prediction does not
+depend on which of them a search happens to meet first.
 
 The model does not predict the time itself but how far a kernel is above its roofline floor,
 
@@ -83,12 +87,31 @@ class KernelModel:
         cached = self._cache.get(features)
         if cached is None:
             x = np.array(features)
-            ratio = float(self.ratios(x[None, :])[0])
-            nearest = float(self.tree.query(x[None, :], k=1)[0][0, 0])
-            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and nearest <= NEAR
-            cached = self._cache[features] = (self.floor_us(shape) * math.exp(ratio),
+            distances, index = self.nearest(x)
+            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and distances[0] <= NEAR
+            cached = self._cache[features] = (self.floor_us(shape) * math.exp(self._ratio(distances, index)),
                                               INTERPOLATED if inside else EXTRAPOLATED)
         return cached
+
+    @property
+    def neighbours(self) -> int:
+        """How many measured shapes a prediction weighs at least."""
+        return min(SETTINGS["neighbours"], len(self.targets))
+
+    def nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The measured shapes a prediction at the feature row ``x`` weighs: the :attr:`neighbours` nearest and
+        every other one as near as the last of them, nearest first (ties: lower row first); their distances and
+        rows. Found by a scan of every measured shape: a simulation asks for a few hundred shapes, one at a time,
+        and the scan spares it importing scikit-learn, which took longer than the simulation. The squared distance
+        is summed feature by feature, as the k-d tree of :meth:`ratios` sums it, so the two find the same
+        distances to the last bit."""
+        squared = np.zeros(len(self.points))
+        for j, value in enumerate(x):
+            squared += (self.points[:, j] - value) ** 2
+        index = np.flatnonzero(squared <= np.partition(squared, self.neighbours - 1)[self.neighbours - 1])
+        distances = np.sqrt(squared[index])
+        order = np.lexsort((index, distances))
+        return distances[order], index[order]
 
     @cached_property
     def tree(self) -> KDTree:
@@ -98,16 +121,25 @@ class KernelModel:
         return KDTree(self.points)
 
     def ratios(self, x: np.ndarray) -> np.ndarray:
-        """log(time / floor) at the feature rows ``x``: the inverse-distance-weighted mean of the nearest measured
-        shapes' (an exact match: its own), kept between 0 (the floor) and the ceiling."""
-        k = min(SETTINGS["neighbours"], len(self.targets))
-        distances, index = self.tree.query(x, k=k)
-        distances, index = distances.reshape(len(x), k), index.reshape(len(x), k)
-        weights = 1.0 / np.maximum(distances, 1e-9)
-        exact = distances[:, :1] < 1e-9
-        weights = np.where(exact, (distances < 1e-9).astype(float), weights)
-        mean = np.sum(weights * self.targets[index], axis=1) / np.sum(weights, axis=1)
-        return np.clip(mean, 0.0, self.ceiling)
+        """log(time / floor) at a batch of feature rows ``x``, the neighbours of each (those of :meth:`nearest`)
+        found with the k-d tree."""
+        kth = self.tree.query(x, k=self.neighbours)[0][:, -1]
+        found, distances = self.tree.query_radius(x, kth * (1 + 1e-9), return_distance=True)
+        ratios = np.empty(len(x))
+        for row, (index, distance) in enumerate(zip(found, distances)):
+            keep = distance <= kth[row]
+            order = np.lexsort((index[keep], distance[keep]))
+            ratios[row] = self._ratio(distance[keep][order], index[keep][order])
+        return ratios
+
+    def _ratio(self, distances: np.ndarray, index: np.ndarray) -> float:
+        """log(time / floor) from the neighbours of one shape (nearest first): the inverse-distance-weighted mean
+        of their targets (an exact match: the mean of the exact matches, every measurement of that shape), kept
+        between 0 (the floor) and the ceiling."""
+        exact = distances[0] < 1e-9
+        weights = (distances < 1e-9).astype(float) if exact else 1.0 / distances
+        mean = float(np.sum(weights * self.targets[index]) / np.sum(weights))
+        return min(max(mean, 0.0), self.ceiling)
 
     def describe(self) -> str:
         return f"nearest of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
