@@ -151,9 +151,9 @@ def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_b
     rows = usable(samples)
     if rows.height < 10:
         raise ValueError(f"{rows.height} usable samples, need at least 10")
-    shapes = shapes_of(rows, kind)
-    x = np.array([_features(kind, s) for s in shapes])
-    floors = np.array([_floor_us(kind, s, peak_flops, peak_bytes_per_s) for s in shapes])
+    columns = shape_columns(rows, kind)
+    x = features_of(kind, columns)
+    floors = floors_of(kind, columns, peak_flops, peak_bytes_per_s)
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
     return KernelModel(kind, peak_flops, peak_bytes_per_s, x, y, x.min(0), x.max(0), float(y.max()), rows.height,
@@ -171,23 +171,44 @@ def usable(samples: pl.DataFrame) -> pl.DataFrame:
                           & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
 
 
+def shape_columns(rows: pl.DataFrame, kind: str) -> dict[str, np.ndarray]:
+    """The :class:`KernelShape` fields of every ``op_benchmarks`` row, one array per field (a missing or zero
+    size is 1; memory-bound rows without an element count have bytes / 4; ``row`` is the reduced row's length
+    for layernorm and softmax, else 1)."""
+    def number(name: str, default: float) -> np.ndarray:
+        if name not in rows.columns:
+            return np.full(rows.height, default)
+        values = rows[name].cast(pl.Float64).fill_null(0.0).to_numpy()
+        return np.where(values == 0.0, default, values)
+
+    nbytes = rows["bytes"].cast(pl.Float64).to_numpy()
+    if kind == GEMM:
+        return {"flops": number("flops", 0.0), "bytes": nbytes, "batch": number("batch", 1.0),
+                "m": number("m", 1.0), "k": number("k", 1.0), "n": number("n", 1.0)}
+    classes = rows["op_class"].to_list() if "op_class" in rows.columns else [None] * rows.height
+    labels = rows["label"].to_list() if "label" in rows.columns else [None] * rows.height
+    pairs = list(zip(classes, labels))
+    kind_of = {pair: _memory_kind_of(*pair) for pair in set(pairs)}
+    kinds = np.array([kind_of[pair] for pair in pairs])
+    elements = number("elements", 0.0)
+    reduced = np.isin(np.array(classes, dtype=object), ["layernorm", "softmax"])
+    return {"flops": np.zeros(rows.height), "bytes": nbytes,
+            "elements": np.where(elements == 0.0, nbytes / 4, elements),
+            "row": np.where(reduced, number("n", 1.0), 1.0), "kind": kinds}
+
+
 def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
     """The :class:`KernelShape` of every ``op_benchmarks`` row."""
-    shapes = []
-    for r in rows.iter_rows(named=True):
-        elements = float(r.get("elements") or 0.0)
-        if kind == GEMM:
-            shapes.append(KernelShape(flops=float(r["flops"] or 0.0), bytes=float(r["bytes"]),
-                                      batch=float(r.get("batch") or 1), m=float(r["m"] or 1),
-                                      k=float(r["k"] or 1), n=float(r["n"] or 1)))
-        else:
-            row = float(r["n"]) if r.get("op_class") in ("layernorm", "softmax") and r.get("n") else 1.0
-            kind_of = memory_kind(str(r.get("op_class")))
-            if kind_of == "elementwise":
-                kind_of = _LABEL_KINDS.get(str(r.get("label")), kind_of)
-            shapes.append(KernelShape(flops=0.0, bytes=float(r["bytes"]), elements=elements or float(r["bytes"]) / 4,
-                                      row=row, kind=kind_of))
-    return shapes
+    columns = shape_columns(rows, kind)
+    names = list(columns)
+    return [KernelShape(**{name: value if name == "kind" else float(value) for name, value in zip(names, values)})
+            for values in zip(*columns.values())]
+
+
+def _memory_kind_of(op_class: str | None, label: str | None) -> str:
+    """The memory-bound kind of an ``op_benchmarks`` row: its class's, or for element-wise rows its label's."""
+    kind = memory_kind(str(op_class))
+    return _LABEL_KINDS.get(str(label), kind) if kind == "elementwise" else kind
 
 
 def memory_kind(name: str) -> str:
@@ -200,11 +221,33 @@ def memory_kind(name: str) -> str:
     return "elementwise"
 
 
+def _log2(value: float) -> float:
+    return math.log2(max(value, 1.0))
+
+
 def _features(kind: str, s: KernelShape) -> list[float]:
-    log = lambda v: math.log2(max(v, 1.0))
     if kind == GEMM:
-        return [log(s.batch), log(s.m), log(s.k), log(s.n), log(s.flops), log(s.bytes)]
-    return [log(s.elements), log(s.bytes), log(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
+        return [_log2(s.batch), _log2(s.m), _log2(s.k), _log2(s.n), _log2(s.flops), _log2(s.bytes)]
+    return [_log2(s.elements), _log2(s.bytes), _log2(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
+
+
+def features_of(kind: str, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """:func:`_features` of every row of :func:`shape_columns`, one row each (the logarithms taken once per
+    distinct value, with :func:`math.log2`, so that a row's features are those of its shape to the last bit)."""
+    def logs(values: np.ndarray) -> np.ndarray:
+        distinct, where = np.unique(values, return_inverse=True)
+        return np.array([_log2(float(v)) for v in distinct])[where.ravel()]
+
+    if kind == GEMM:
+        return np.column_stack([logs(columns[name]) for name in ("batch", "m", "k", "n", "flops", "bytes")])
+    sizes = [logs(columns[name]) for name in ("elements", "bytes", "row")]
+    return np.column_stack([*sizes, *((columns["kind"] == k).astype(float) for k in MEMORY_KINDS)])
+
+
+def floors_of(kind: str, columns: dict[str, np.ndarray], peak_flops: float, peak_bytes_per_s: float) -> np.ndarray:
+    """:meth:`KernelModel.floor_us` of every row of :func:`shape_columns`."""
+    compute = columns["flops"] / peak_flops if kind == GEMM else np.zeros(len(columns["bytes"]))
+    return np.maximum(compute, columns["bytes"] / peak_bytes_per_s) * 1e6
 
 
 def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
@@ -212,9 +255,9 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
     rows = usable(rows)
     if rows.height == 0:
         return None
-    shapes = shapes_of(rows, model.kind)
-    ratios = model.ratios(np.array([_features(model.kind, s) for s in shapes]))
-    predicted = np.array([model.floor_us(s) for s in shapes]) * np.exp(ratios)
+    columns = shape_columns(rows, model.kind)
+    ratios = model.ratios(features_of(model.kind, columns))
+    predicted = floors_of(model.kind, columns, model.peak_flops, model.peak_bytes_per_s) * np.exp(ratios)
     return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
 
 
