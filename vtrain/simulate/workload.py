@@ -213,7 +213,15 @@ class WorkloadResolver:
         definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
         backward of the block holding its last parameter is done (an index into ``backward.blocks``). The
         buckets are one chain of reductions: replicas' straggler wait counts once, on the last
-        (:func:`~vtrain.simulate.collectives.wait_once`)."""
+        (:func:`~vtrain.simulate.collectives.wait_once`). Each chunk gets its own objects (a task's work is
+        counted by its identity: :func:`~vtrain.simulate.summary.coverage`)."""
+        key = self._key("buckets", tuple((block.kind, block.phase) for block in backward.blocks))
+        if key not in self._resolved:
+            self._resolved[key] = [(bucket.after_block, bucket.comm) for bucket in self._buckets(backward)]
+        return [Bucket(after, CommWork(comm.op, comm.bytes, comm.group_size, comm.latency_us, comm.resolution))
+                for after, comm in self._resolved[key]]  # type: ignore[attr-defined]
+
+    def _buckets(self, backward: PhaseWork) -> list[Bucket]:
         limit = self.config.parallelism.dp_bucket_mb * 2**20
         element = self.shape.element_bytes
         buckets: list[Bucket] = []
