@@ -86,7 +86,8 @@ class WorkloadResolver:
         self.collectives = collectives
         self._fitted = gaps is not None
         self.gaps = gaps if gaps is not None else HostGapResolver(ops.profile, ops.device_type)
-        self._resolved: ResolvedWork = resolved if resolved is not None else {}
+        # shared only with a shared gap resolver: its identity is part of every key
+        self._resolved: ResolvedWork = resolved if resolved is not None and gaps is not None else {}
         self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
         layout = Layout.of(config)
         # everything else a resolution depends on: shapes, resolvers, tp and dp groups, bucket size
