@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from multiprocessing import get_context
@@ -101,10 +102,11 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     pricing = pricing or Pricing()
     device = shared.device if shared is not None else device_for_run(base, profile)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
-    rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch, divisible, within)
-    if select is not None:
-        to_time = _selected(rows, to_time, select)
-    timings = _time_all(base, profile, device, to_time, workers, ray_address, progress, shared)
+    with _worker_pool(workers if ray_address is None else 1, base, profile, device) as pool:
+        rows, to_time = _prune_all(pool, base, list(gpus), memory_gib, max_micro_batch, divisible, within)
+        if select is not None:
+            to_time = _selected(rows, to_time, select)
+        timings = _time_all(base, profile, device, to_time, pool, ray_address, progress, shared)
     peak = device.peak_for(PRECISION_DTYPE[base.precision])
     for index, timing in timings.items():
         rows[index].update(_priced(base, rows[index], timing, pricing, peak, max_iteration_s, budget_usd))
@@ -136,6 +138,22 @@ def _device_memory_gib(device: DeviceModel) -> float:
     if device.memory_bytes is None:
         raise ValueError(f"the device model {device.name} has no memory size: give --device-memory")
     return device.memory_bytes / GIB
+
+
+def _prune_all(pool: ProcessPoolExecutor | None, base: RunConfig, gpus: list[int], memory_gib: float,
+               max_micro_batch: int, divisible: bool,
+               within: Within | None) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+    """:func:`_prune` over every GPU count, one count per task over the worker processes when there are some."""
+    if pool is None:
+        return _prune(base, gpus, memory_gib, max_micro_batch, divisible, within)
+    futures = [pool.submit(_prune, base, [count], memory_gib, max_micro_batch, divisible, within) for count in gpus]
+    rows: list[dict[str, Any]] = []
+    to_time: list[tuple[int, Candidate]] = []
+    for future in futures:  # in the order of the counts
+        count_rows, count_to_time = future.result()
+        to_time += [(len(rows) + index, candidate) for index, candidate in count_to_time]
+        rows += count_rows
+    return rows, to_time
 
 
 def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_batch: int,
@@ -221,15 +239,15 @@ def _shared_resolvers(profile: Profile | None, device: DeviceModel) -> SharedRes
 
 
 def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_time: list[tuple[int, Candidate]],
-              workers: int, ray_address: str | None, progress: Progress | None,
+              pool: ProcessPoolExecutor | None, ray_address: str | None, progress: Progress | None,
               shared: SharedResolvers | None = None) -> dict[int, dict[str, Any]]:
     groups = _groups(to_time)
     if ray_address is not None:
         from vtrain.plan.distributed import run_on_ray
 
         finished = run_on_ray(ray_address, time_group, base, profile, device, groups)
-    elif workers > 1 and len(groups) > 1:
-        finished = _run_in_processes(workers, base, profile, device, groups)
+    elif pool is not None and len(groups) > 1:
+        finished = _run_in_processes(pool, groups)
     else:
         finished = (time_group(base, profile, device, group, shared) for group in groups)
     timings: dict[int, dict[str, Any]] = {}
@@ -245,14 +263,25 @@ def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _run_in_processes(workers: int, base: RunConfig, profile: Profile | None, device: DeviceModel,
-                      groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
-    largest_first = sorted(groups, key=len, reverse=True)
+@contextmanager
+def _worker_pool(workers: int, base: RunConfig, profile: Profile | None,
+                 device: DeviceModel) -> Iterator[ProcessPoolExecutor | None]:
+    """``workers`` spawned processes holding ``base``, ``profile`` and ``device`` (``None`` for one worker: this
+    process)."""
+    if workers <= 1:
+        yield None
+        return
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker, initargs=(base, profile, device)) as pool:
-        futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
-        for future in as_completed(futures):
-            yield future.result()
+        yield pool
+
+
+def _run_in_processes(pool: ProcessPoolExecutor,
+                      groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    largest_first = sorted(groups, key=len, reverse=True)
+    futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
+    for future in as_completed(futures):
+        yield future.result()
 
 
 def _init_worker(base: RunConfig, profile: Profile | None, device: DeviceModel) -> None:
