@@ -33,26 +33,27 @@ def parser() -> OneLineParser:
     parsed.add_argument("config", type=Path, metavar="CONFIG",
                         help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config schema, or vTrain's "
                              "config JSON.")
-    parsed.add_argument("--profile", type=Path, help="Profile folder from `vtrain ingest` (op and NCCL latencies); "
-                                                     "without it every latency is modelled.")
-    parsed.add_argument("-o", "--output", type=Path, help="Write the predicted timeline here: one Chrome trace per "
-                                                          "simulated rank.")
+    parsed.add_argument("--profile", type=Path, metavar="DIR",
+                        help="Profile folder from `vtrain ingest` (op and NCCL latencies); without it every latency is "
+                             "modelled.")
+    parsed.add_argument("-o", "--output", type=Path, metavar="OUT_DIR",
+                        help="Write the predicted timeline here: one Chrome trace per simulated rank.")
     parsed.add_argument("--json", dest="as_json", action="store_true", help="Print the summary as JSON.")
     parsed.add_argument("--force", action="store_true", help="Replace the output folder if it exists.")
     overrides = parsed.add_argument_group("overrides of the run config")
-    overrides.add_argument("--tp", type=int, help="Override tensor-parallel size.")
-    overrides.add_argument("--pp", type=int, help="Override pipeline-parallel size.")
-    overrides.add_argument("--dp", type=int, help="Override data-parallel size.")
-    overrides.add_argument("--micro-batch", type=int, help="Override sequences per micro-batch.")
-    overrides.add_argument("--global-batch", type=int, help="Override sequences per iteration.")
-    overrides.add_argument("--schedule", help="Override schedule: 1f1b, gpipe, interleaved.")
-    overrides.add_argument("--virtual-stages", type=int, help="Override model chunks per stage.")
-    overrides.add_argument("--recompute", help="Override recomputation: none or full.")
+    overrides.add_argument("--tp", type=int, metavar="N", help="Override tensor-parallel size.")
+    overrides.add_argument("--pp", type=int, metavar="N", help="Override pipeline-parallel size.")
+    overrides.add_argument("--dp", type=int, metavar="N", help="Override data-parallel size.")
+    overrides.add_argument("--micro-batch", type=int, metavar="N", help="Override sequences per micro-batch.")
+    overrides.add_argument("--global-batch", type=int, metavar="N", help="Override sequences per iteration.")
+    overrides.add_argument("--schedule", metavar="NAME", help="Override schedule: 1f1b, gpipe, interleaved.")
+    overrides.add_argument("--virtual-stages", type=int, metavar="V", help="Override model chunks per stage.")
+    overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none or full.")
     overrides.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction,
                            help="Override overlapping of the gradient all-reduce.")
-    overrides.add_argument("--dp-bucket-mb", type=float, help="Override gradient bucket size (MiB).")
-    overrides.add_argument("--gpus", type=int, help="Override the number of devices.")
-    overrides.add_argument("--device", help="Override the device (A100, H100, cpu, ...).")
+    overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
+    overrides.add_argument("--gpus", type=int, metavar="N", help="Override the number of devices.")
+    overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...).")
     return parsed
 
 
