@@ -194,10 +194,11 @@ class WorkloadResolver:
 
     def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
         """Adam over the parameter shards of a stage."""
-        params = tuple(stage_parameters(self.shape, chunks))
         where = chunks[0].stage if self._per_stage else None
-        key = self._key("optimizer", params, where)
+        # the parameters depend on the blocks a stage holds, not on which layers they are
+        key = self._key("optimizer", tuple((c.layers, c.has_embedding, c.has_head) for c in chunks), where)
         if key not in self._resolved:
+            params = tuple(stage_parameters(self.shape, chunks))
             resolved = tuple(self.resolve_step(s, "optimizer", where) for s in optimizer_steps(self.shape, params))
             self._resolved[key] = (resolved, sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved))
         resolved, compute, host = self._resolved[key]  # type: ignore[misc]
