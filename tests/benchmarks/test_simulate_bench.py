@@ -108,7 +108,8 @@ def test_vtrain_simulate_mtnlg_530b_process(benchmark) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     subprocess.run(command, capture_output=True, cwd=REPO, env=env, check=True)  # warm the file cache
     benchmark.group = "vtrain simulate MT-NLG 530B as a process"
-    result = benchmark.pedantic(lambda: subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env),
+    result = benchmark.pedantic(lambda: subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env,
+                                                       check=False),
                                 rounds=5, iterations=1)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("iteration time")

@@ -130,7 +130,7 @@ def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, 
                 ready = arrival[slot]
                 if ready < 0.0:
                     break
-                start = free if free > ready else ready
+                start = free if free > ready else ready  # noqa: FURB136 - as the scheduler compares
                 if backward_pass and split_last and mb == m - 1:  # block by block: each bucket ready after its own
                     row = stage * v + chunk
                     free = start
@@ -149,7 +149,7 @@ def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, 
                         arrival[target] = free
                     else:
                         stream = 2 * stage + direction
-                        begin = free if free > send_free[stream] else send_free[stream]
+                        begin = free if free > send_free[stream] else send_free[stream]  # noqa: FURB136
                         send_free[stream] = begin + transfer
                         arrival[target] = send_free[stream]
                 i += 1
