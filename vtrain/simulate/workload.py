@@ -90,13 +90,15 @@ class WorkloadResolver:
         self._resolved: ResolvedWork = resolved if resolved is not None and gaps is not None else {}
         self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
         layout = Layout.of(config)
-        # everything else a resolution depends on: shapes, resolvers, tp and dp groups, bucket size
-        self._depends = (self.shape, id(self.ops), id(self.gaps), id(collectives), layout.group_stride("tp"),
-                         layout.group_stride("dp"), config.parallelism.dp_bucket_mb)
+        # everything else a resolution depends on (shapes, resolvers, tp and dp groups, bucket size), as one token
+        # per distinct combination, so that a key is cheap to hash
+        depends = (self.shape, id(self.ops), id(self.gaps), id(collectives), layout.group_stride("tp"),
+                   layout.group_stride("dp"), config.parallelism.dp_bucket_mb)
+        self._depends = self._resolved.setdefault(("depends", *depends), object())
 
     def _key(self, *what: object) -> tuple[object, ...]:
         """The key of ``what`` in the resolved work shared with other runs."""
-        return (*what, *self._depends, self._per_stage)
+        return (*what, self._depends, self._per_stage)
 
     def resolve_step(self, step: Step, phase: str, stage: int | None = None) -> ResolvedStep:
         """Resolve one op (profile or device model, and the gap before it in ``phase`` on ``stage``) or
