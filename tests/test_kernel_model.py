@@ -98,3 +98,68 @@ def test_shapes_of_reads_benchmark_rows(benchmarks: pl.DataFrame) -> None:
     qkv = benchmarks.filter(label="attn_pre_proj", m=4096, tp=1).head(1)
     (shape,) = shapes_of(qkv, GEMM)
     assert (shape.m, shape.k, shape.n) == (4096, 2560, 3 * 2560)
+
+
+@pytest.fixture(scope="module")
+def a100_models() -> tuple[KernelModel, KernelModel]:
+    """The kernel models of the shipped profile (13,598 GEMM and 20,165 memory-bound rows, many shapes measured
+    several times)."""
+    from vtrain.fit.device import device_from_profile
+    from vtrain.tables.store import load_profile
+
+    device = device_from_profile(load_profile(REPO / "profiles" / "a100"))
+    assert device.gemm is not None and device.memory_bound is not None
+    return device.gemm, device.memory_bound
+
+
+def _mtnlg_shapes() -> list[object]:
+    """The kernel shapes of MT-NLG 530B's layers at every tensor-parallel degree and micro-batch a plan tries."""
+    from vtrain.model import gpt
+    from vtrain.model.gpt import GptShape
+    from vtrain.model.ops import Op
+    from vtrain.runconfig import load_run_config
+
+    base = load_run_config(REPO / "examples" / "mtnlg-530b.json")
+    shapes = []
+    for tp in (1, 2, 4, 8):
+        for micro_batch in (1, 2, 8):
+            config = base.with_overrides(tp=tp, micro_batch=micro_batch)
+            shape = GptShape.from_config(config)
+            steps = [*gpt.layer_forward(shape), *gpt.layer_backward(shape, accumulate=True)]
+            shapes += [kernel_shape(step) for step in steps if isinstance(step, Op)]
+    return shapes
+
+
+def test_the_scan_finds_what_the_k_d_tree_finds(a100_models: tuple[KernelModel, KernelModel]) -> None:
+    """A simulation's one-shape-at-a-time scan and the batch k-d tree give the same prediction to the last bit, on
+    the profile's own measured shapes (every 7th row: exact matches, most of them measured more than once) and
+    on MT-NLG's (beyond the measured ones)."""
+    import numpy as np
+
+    from vtrain.fit.kernel_model import _features
+
+    for model in a100_models:
+        queries = [tuple(row) for row in model.points[::7]]
+        queries += [tuple(_features(model.kind, s)) for s in _mtnlg_shapes()
+                    if (s.kind == GEMM) == (model.kind == GEMM)]
+        x = np.array(queries)
+        by_tree = model.ratios(x)
+        by_scan = [model._ratio(*model.nearest(row)) for row in x]
+        assert list(by_tree) == by_scan
+
+
+def test_every_measurement_of_a_repeated_shape_counts(a100_models: tuple[KernelModel, KernelModel]) -> None:
+    """A shape measured n > 4 times is predicted from all n measurements (their mean log slowdown), not from
+    whichever 4 a search meets first."""
+    import numpy as np
+
+    memory = a100_models[1]
+    shapes, counts = np.unique(memory.points, axis=0, return_counts=True)
+    repeated = shapes[counts > memory.neighbours]
+    assert len(repeated) > 10
+    for shape in repeated[:50]:
+        rows = np.flatnonzero((memory.points == shape).all(axis=1))
+        distances, index = memory.nearest(shape)
+        assert sorted(index) == list(rows)
+        expected = min(max(float(np.mean(memory.targets[rows])), 0.0), memory.ceiling)
+        assert memory._ratio(distances, index) == pytest.approx(expected, rel=1e-12)

@@ -64,7 +64,8 @@ def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str) -> N
                                                                        rel=1e-12)
 
 
-def test_a_deadlocking_order_is_an_error() -> None:
+def test_a_deadlocking_order_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtrain.parallel import pass_at, passes_per_stage
     from vtrain.plan import timeline
 
     config = run_config_from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 64},
@@ -73,12 +74,12 @@ def test_a_deadlocking_order_is_an_error() -> None:
 
     _, inputs, _, _ = resolve_work(config, None, device_for_config(config))
     backwards_first = replace(config.parallelism, schedule="1f1b")
-    original = timeline.stage_order
-    timeline._stage_passes.cache_clear()  # pass lists are cached per schedule shape
-    try:
-        timeline.stage_order = lambda *args: list(reversed(original(*args)))
-        with pytest.raises(ValueError, match="deadlock"):
-            timeline.iteration_timeline(backwards_first, inputs)
-    finally:
-        timeline.stage_order = original
-        timeline._stage_passes.cache_clear()
+
+    def reversed_order(schedule: int, p: int, m: int, stage: int, v: int, k: int) -> tuple[int, int, int]:
+        return pass_at(schedule, p, m, stage, v, passes_per_stage(schedule, m, v) - 1 - k)
+
+    # the walk as plain Python (its compiled form cannot be given another order), each stage's order reversed
+    monkeypatch.setattr(timeline, "_pass_at", reversed_order)
+    monkeypatch.setattr(timeline, "_walk", timeline._walk.py_func)
+    with pytest.raises(ValueError, match="deadlock"):
+        timeline.iteration_timeline(backwards_first, inputs)

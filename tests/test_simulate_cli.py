@@ -72,3 +72,22 @@ def test_writes_traces_and_refuses_to_clobber(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [".vtrain-output", "rank-0.json.gz", "rank-2.json.gz", "run.yaml"]
     again = vtrain(TINY, "-o", out)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_the_prediction_path_imports_no_typer_scikit_learn_or_networkx() -> None:
+    """`vtrain simulate` parses its own arguments, evaluates the profile's kernel models from their arrays and
+    schedules plain lists: typer, pydantic, scikit-learn and networkx (over a second of start-up between them on a
+    busy machine) are not imported, while the prediction is the fitted device's."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['vtrain', 'simulate', {str(MTNLG)!r}, '--profile', {str(REPO / 'profiles' / 'a100')!r}, "
+            "'--json']\n"
+            "try:\n    runpy.run_module('vtrain.cli.main', run_name='__main__')\n"
+            "except SystemExit as stop:\n    assert not stop.code, stop.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'pydantic', 'sklearn', 'networkx'}), "
+            "file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+    summary = json.loads(result.stdout)
+    assert summary["coverage"]["modelled"] == 1.0 and "fitted" in summary["device"]["provenance"]["gemm"]

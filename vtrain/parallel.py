@@ -15,8 +15,10 @@ which order a pipeline stage runs its passes. Record, graph, memory, simulate, r
   ``v − 1 − (k // p) % v``; virtual stage ``chunk * p + stage`` holds a contiguous block of layers. With one
   chunk it is 1F1B.
 
-To add a schedule, add its order function to :data:`SCHEDULES`; the simulator, the recorder and the memory
-model's micro-batches in flight (:func:`peak_in_flight`, read off the order itself) follow.
+Each order is :func:`pass_at` in closed form. To add a schedule, give it a number in :data:`SCHEDULE_CODES`, a
+branch in :func:`pass_at` and an order function in :data:`SCHEDULES`; the simulator, the plan's timeline, the
+recorder and the memory model's micro-batches in flight (:func:`peak_in_flight`, read off the order itself)
+follow.
 """
 
 from __future__ import annotations
@@ -103,40 +105,70 @@ class Pass(NamedTuple):
     micro_batch: int
 
 
+#: each schedule's number, as :func:`pass_at` takes it
+GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
+SCHEDULE_CODES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED}
+
+
+def pass_at(schedule: int, p: int, m: int, stage: int, v: int, k: int) -> tuple[int, int, int]:
+    """The ``k``-th pass of a stage's order under the schedule numbered ``schedule`` (:data:`SCHEDULE_CODES`), in
+    closed form: (1 for a backward pass, else 0; model chunk; micro-batch). Plain integer arithmetic, so that the
+    plan's compiled timeline (:mod:`vtrain.plan.timeline`) runs the very orders of :func:`stage_order`.
+
+    * GPipe: all forwards, then all backwards, in micro-batch order;
+    * 1F1B: ``min(p - stage - 1, m)`` warm-up forwards, forward and backward alternately, the cool-down backwards;
+    * interleaved (``v`` > 1; with one chunk it is 1F1B): the same over the ``m * v`` chunk passes, Megatron's
+      warm-up, the k-th forward step of a stage on chunk ``(k // p) % v``, the k-th backward on the mirrored one.
+    """
+    if schedule == GPIPE:
+        return (0, 0, k) if k < m else (1, 0, k - m)
+    if schedule == ONE_F_ONE_B or v == 1:
+        warmup = min(p - stage - 1, m)
+        if k < warmup:
+            return 0, 0, k
+        if k < 2 * m - warmup:
+            j = k - warmup
+            return (0, 0, warmup + j // 2) if j % 2 == 0 else (1, 0, j // 2)
+        return 1, 0, k - m
+    total = m * v
+    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+    backward, step = 1, k - total  # the cool-down
+    if k < warmup:
+        backward, step = 0, k
+    elif k < 2 * total - warmup:
+        j = k - warmup
+        backward, step = (0, warmup + j // 2) if j % 2 == 0 else (1, j // 2)
+    chunk = (step % (p * v)) // p
+    if backward:
+        chunk = v - 1 - chunk
+    return backward, chunk, (step // (p * v)) * p + step % p
+
+
+def passes_per_stage(schedule: int, m: int, v: int) -> int:
+    """How many passes a stage's order holds: a forward and a backward per micro-batch and model chunk."""
+    return 2 * m * (v if schedule == INTERLEAVED else 1)
+
+
+def _order(schedule: int, p: int, m: int, stage: int, v: int) -> list[Pass]:
+    phases = (FORWARD, BACKWARD)
+    return [Pass(phases[backward], chunk, mb) for backward, chunk, mb in
+            (pass_at(schedule, p, m, stage, v, k) for k in range(passes_per_stage(schedule, m, v)))]
+
+
 def gpipe(p: int, m: int, stage: int, v: int = 1) -> list[Pass]:
     """All forwards, then all backwards, in micro-batch order."""
-    return [Pass(FORWARD, 0, i) for i in range(m)] + [Pass(BACKWARD, 0, i) for i in range(m)]
+    return _order(GPIPE, p, m, stage, 1)
 
 
 def one_f_one_b(p: int, m: int, stage: int, v: int = 1) -> list[Pass]:
     """PipeDream-Flush / Megatron's non-interleaved 1F1B."""
-    warmup = min(p - stage - 1, m)
-    order = [Pass(FORWARD, 0, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [Pass(FORWARD, 0, warmup + i), Pass(BACKWARD, 0, i)]
-    order += [Pass(BACKWARD, 0, i) for i in range(m - warmup, m)]
-    return order
+    return _order(ONE_F_ONE_B, p, m, stage, 1)
 
 
 def interleaved(p: int, m: int, stage: int, v: int) -> list[Pass]:
     """Megatron's interleaved 1F1B over ``v`` model chunks per stage (``m`` divisible by ``p``); 1F1B when
     ``v`` is 1."""
-    if v == 1:
-        return one_f_one_b(p, m, stage)
-    total = m * v
-    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
-
-    def step(k: int, phase: str) -> Pass:
-        chunk = (k % (p * v)) // p
-        if phase == BACKWARD:
-            chunk = v - 1 - chunk
-        return Pass(phase, chunk, (k // (p * v)) * p + k % p)
-
-    order = [step(k, FORWARD) for k in range(warmup)]
-    for k in range(total - warmup):
-        order += [step(warmup + k, FORWARD), step(k, BACKWARD)]
-    order += [step(k, BACKWARD) for k in range(total - warmup, total)]
-    return order
+    return _order(INTERLEAVED, p, m, stage, v)
 
 
 #: every schedule by name: ``order(p, m, stage, v)``

@@ -2,8 +2,8 @@
 
 A command's module is imported only when that command runs (or when the help lists the commands): importing
 every command's dependencies up front (networkx, plotly, the simulator, ...) made each command start over half
-a second later. `vtrain ingest` parses its own arguments (see :mod:`vtrain.cli.ingest`): here it is a command
-that hands them over.
+a second later. `vtrain ingest` and `vtrain simulate` parse their own arguments (see :mod:`vtrain.cli.ingest`):
+here they are commands that hand them over.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 
 #: command name -> (module, function)
 COMMANDS = {
-    "ingest": ("vtrain.cli.app", "ingest_command"),
+    "ingest": ("vtrain.cli.app", "own_arguments_command"),
     "tables": ("vtrain.cli.tables", "tables_command"),
     "record": ("vtrain.cli.record", "record_command"),
-    "simulate": ("vtrain.cli.simulate", "simulate_command"),
+    "simulate": ("vtrain.cli.app", "own_arguments_command"),
     "validate": ("vtrain.cli.validate", "validate_command"),
     "calibrate": ("vtrain.cli.calibrate", "calibrate_command"),
     "fit": ("vtrain.cli.fit", "fit_command"),
@@ -37,11 +37,11 @@ _OWN_ARGUMENTS = {"context_settings": {"ignore_unknown_options": True, "allow_ex
                   "add_help_option": False}
 
 
-def ingest_command(ctx: typer.Context) -> None:
-    """Hand the arguments to `vtrain ingest`'s own parser."""
-    from vtrain.cli.ingest import main
+def own_arguments_command(ctx: typer.Context) -> None:
+    """Hand the arguments to the command's own parser (`vtrain ingest`, `vtrain simulate`)."""
+    from vtrain.cli.main import OWN_ARGUMENTS
 
-    raise typer.Exit(main(ctx.args))
+    raise typer.Exit(importlib.import_module(OWN_ARGUMENTS[str(ctx.info_name)]).main(ctx.args))
 
 
 class _LazyCommands(TyperGroup):
@@ -55,10 +55,10 @@ class _LazyCommands(TyperGroup):
             return None
         module, function = COMMANDS[cmd_name]
         settings: dict[str, Any] = {}
-        if cmd_name == "ingest":
-            from vtrain.cli.ingest import HELP
+        if module == __name__:  # a command that parses its own arguments
+            from vtrain.cli.main import OWN_ARGUMENTS
 
-            settings = {"help": HELP, **_OWN_ARGUMENTS}
+            settings = {"help": importlib.import_module(OWN_ARGUMENTS[cmd_name]).HELP, **_OWN_ARGUMENTS}
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         single.command(cmd_name, **settings)(getattr(importlib.import_module(module), function))
         return typer.main.get_command(single)

@@ -1,7 +1,8 @@
 """Entry point of `python -m vtrain.cli.main` and of the `vtrain` console script.
 
-`vtrain ingest` parses its own arguments and runs without importing typer (see :mod:`vtrain.cli.ingest`); every
-other command goes through the typer app of :mod:`vtrain.cli.app`, imported only then. A usage error (an unknown
+`vtrain ingest` and `vtrain simulate` parse their own arguments and run without importing typer (see
+:mod:`vtrain.cli.ingest`, :mod:`vtrain.cli.simulate`); every other command goes through the typer app of
+:mod:`vtrain.cli.app`, imported only then. A usage error (an unknown
 flag, ``--top 0``) is one line ``error: <problem>`` and exit code 2, like bad input.
 
 Ctrl-C (SIGINT) and SIGTERM stop any command the same way: the staging folder being written is removed on the way
@@ -11,10 +12,14 @@ no traceback, and the exit code is 130 (143). A second signal during that clean-
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from types import FrameType
 from typing import Any, NoReturn
+
+#: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
+OWN_ARGUMENTS = {"ingest": "vtrain.cli.ingest", "simulate": "vtrain.cli.simulate"}
 
 #: signal -> (line printed, exit code): 128 + the signal's number, as shells report it
 _STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
@@ -48,10 +53,8 @@ def main() -> None:
 
 
 def _run(args: list[str]) -> None:
-    if args[:1] == ["ingest"]:
-        from vtrain.cli.ingest import main as ingest
-
-        sys.exit(ingest(args[1:]))
+    if args[:1] and args[0] in OWN_ARGUMENTS:
+        sys.exit(importlib.import_module(OWN_ARGUMENTS[args[0]]).main(args[1:]))
     from typer._click.exceptions import ClickException
 
     from vtrain.cli.app import app

@@ -1,54 +1,83 @@
-"""`vtrain simulate CONFIG [--profile DIR] [-o OUT_DIR] [--json]`: predict one training iteration."""
+"""`vtrain simulate CONFIG [--profile DIR] [-o OUT_DIR] [--json]`: predict one training iteration.
+
+Its arguments are parsed with argparse, not typer, and the simulator is imported only once they are read: with
+typer, pydantic and rich loaded for the arguments, every `vtrain simulate` started 0.2 s later (see
+:mod:`vtrain.cli.ingest`, which does the same).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import typer
+from vtrain.cli.errors import OneLineParser, report
+from vtrain.errors import InputError
 
-from vtrain.cli.errors import user_errors
-from vtrain.outputs import check_output
-from vtrain.runconfig import load_run_config
-from vtrain.simulate import Simulation, simulate
-from vtrain.simulate.chrome_trace import write_chrome_traces
-from vtrain.simulate.summary import CATEGORIES, describe_task
-from vtrain.tables.store import load_profile
+if TYPE_CHECKING:
+    from vtrain.simulate import Simulation
+
+#: the command's one-line description (also in `vtrain --help`)
+HELP = "Predict the iteration time, breakdown and timeline of a run config."
 
 _SHOWN_STAGES = 8
 _SHOWN_PATH = 4
 
 
-@user_errors
-def simulate_command(
-    config: Path = typer.Argument(..., help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config "
-                                            "schema, or vTrain's config JSON."),
-    profile: Path | None = typer.Option(None, "--profile", help="Profile folder from `vtrain ingest` (op and "
-                                                                  "NCCL latencies); without it every latency is "
-                                                                  "modelled."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write the predicted timeline here: one "
-                                                                     "Chrome trace per simulated rank."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
-    tp: int | None = typer.Option(None, "--tp", help="Override tensor-parallel size."),
-    pp: int | None = typer.Option(None, "--pp", help="Override pipeline-parallel size."),
-    dp: int | None = typer.Option(None, "--dp", help="Override data-parallel size."),
-    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Override sequences per micro-batch."),
-    global_batch: int | None = typer.Option(None, "--global-batch", help="Override sequences per iteration."),
-    schedule: str | None = typer.Option(None, "--schedule", help="Override schedule: 1f1b, gpipe, interleaved."),
-    virtual_stages: int | None = typer.Option(None, "--virtual-stages", help="Override model chunks per stage."),
-    recompute: str | None = typer.Option(None, "--recompute", help="Override recomputation: none or full."),
-    dp_overlap: bool | None = typer.Option(None, "--dp-overlap/--no-dp-overlap",
-                                           help="Override overlapping of the gradient all-reduce."),
-    dp_bucket_mb: float | None = typer.Option(None, "--dp-bucket-mb", help="Override gradient bucket size (MiB)."),
-    gpus: int | None = typer.Option(None, "--gpus", help="Override the number of devices."),
-    device: str | None = typer.Option(None, "--device", help="Override the device (A100, H100, cpu, ...)."),
-) -> None:
-    """Predict the iteration time, breakdown and timeline of a run config."""
-    run = load_run_config(config).with_overrides(
-        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, schedule=schedule,
-        virtual_stages=virtual_stages, recompute=recompute, dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb)
+def parser() -> OneLineParser:
+    """The command line of `vtrain simulate` (usage errors exit 2, as typer's do)."""
+    parsed = OneLineParser(prog="vtrain simulate", description=HELP)
+    parsed.add_argument("config", type=Path, metavar="CONFIG",
+                        help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config schema, or vTrain's "
+                             "config JSON.")
+    parsed.add_argument("--profile", type=Path, metavar="DIR",
+                        help="Profile folder from `vtrain ingest` (op and NCCL latencies); without it every latency is "
+                             "modelled.")
+    parsed.add_argument("-o", "--output", type=Path, metavar="OUT_DIR",
+                        help="Write the predicted timeline here: one Chrome trace per simulated rank.")
+    parsed.add_argument("--json", dest="as_json", action="store_true", help="Print the summary as JSON.")
+    parsed.add_argument("--force", action="store_true", help="Replace the output folder if it exists.")
+    overrides = parsed.add_argument_group("overrides of the run config")
+    overrides.add_argument("--tp", type=int, metavar="N", help="Override tensor-parallel size.")
+    overrides.add_argument("--pp", type=int, metavar="N", help="Override pipeline-parallel size.")
+    overrides.add_argument("--dp", type=int, metavar="N", help="Override data-parallel size.")
+    overrides.add_argument("--micro-batch", type=int, metavar="N", help="Override sequences per micro-batch.")
+    overrides.add_argument("--global-batch", type=int, metavar="N", help="Override sequences per iteration.")
+    overrides.add_argument("--schedule", metavar="NAME", help="Override schedule: 1f1b, gpipe, interleaved.")
+    overrides.add_argument("--virtual-stages", type=int, metavar="V", help="Override model chunks per stage.")
+    overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none or full.")
+    overrides.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction,
+                           help="Override overlapping of the gradient all-reduce.")
+    overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
+    overrides.add_argument("--gpus", type=int, metavar="N", help="Override the number of devices.")
+    overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...).")
+    return parsed
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run `vtrain simulate` with the arguments that follow the command's name; returns the exit code."""
+    args = vars(parser().parse_args(argv))
+    try:
+        simulate_command(**args)
+    except InputError as exc:
+        return report(exc)
+    return 0
+
+
+def simulate_command(config: Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
+                     force: bool = False, gpus: int | None = None, device: str | None = None,
+                     **overrides: object) -> None:
+    """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism, ``gpus`` and
+    ``device`` of its hardware) and print the summary; with ``output``, write the predicted traces there."""
+    from vtrain.outputs import check_output
+    from vtrain.runconfig import load_run_config
+    from vtrain.simulate import simulate
+    from vtrain.tables.store import load_profile
+
+    run = load_run_config(config).with_overrides(**overrides)
     if gpus is not None or device is not None:
         hardware = run.hardware
         run = replace(run, hardware=replace(hardware,
@@ -58,7 +87,11 @@ def simulate_command(
         check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None
     sim = simulate(run, table, source=config)
-    written = write_chrome_traces(sim, output, overwrite=force) if output is not None else []
+    written = []
+    if output is not None:
+        from vtrain.simulate.chrome_trace import write_chrome_traces
+
+        written = write_chrome_traces(sim, output, overwrite=force)
     if as_json:
         summary = sim.to_dict()
         summary["traces"] = [str(path) for path in written]
@@ -71,6 +104,8 @@ def simulate_command(
 
 def format_summary(sim: Simulation) -> str:
     """The human-readable summary."""
+    from vtrain.simulate.summary import CATEGORIES, describe_task
+
     ms = 1e-3
     par = sim.config.parallelism
     total = sim.iteration_us

@@ -1,6 +1,10 @@
 """A kernel latency model that holds at every shape: interpolation between the nearest measured shapes in
-log-shape space (inverse-distance weighting of the k nearest, found with scikit-learn's k-d tree) between a physical
-floor and ceiling.
+log-shape space (inverse-distance weighting of the k nearest, and of every other shape as near as the k-th) between
+a physical floor and ceiling.
+
+Many shapes were measured more than once (vidur measured the same residual add once per tensor-parallel degree;
+up to 32 rows share one shape in ``profiles/a100``): all of a shape's measurements count, so a prediction does not
+depend on which of them a search happens to meet first.
 
 The model does not predict the time itself but how far a kernel is above its roofline floor,
 
@@ -20,11 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from sklearn.neighbors import KDTree
+
+if TYPE_CHECKING:
+    from sklearn.neighbors import KDTree
 
 GEMM, MEMORY = "gemm", "memory"
 #: the memory-bound kinds the model tells apart (one feature each)
@@ -61,7 +68,7 @@ class KernelModel:
     kind: str  # GEMM | MEMORY
     peak_flops: float
     peak_bytes_per_s: float
-    tree: KDTree  # the measured shapes' features
+    points: np.ndarray  # the measured shapes' features, one row each
     targets: np.ndarray  # their log(time / floor)
     low: np.ndarray  # per-feature minimum over the training shapes
     high: np.ndarray  # per-feature maximum
@@ -80,24 +87,59 @@ class KernelModel:
         cached = self._cache.get(features)
         if cached is None:
             x = np.array(features)
-            ratio = float(self.ratios(x[None, :])[0])
-            nearest = float(self.tree.query(x[None, :], k=1)[0][0, 0])
-            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and nearest <= NEAR
-            cached = self._cache[features] = (self.floor_us(shape) * math.exp(ratio),
+            distances, index = self.nearest(x)
+            inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and distances[0] <= NEAR
+            cached = self._cache[features] = (self.floor_us(shape) * math.exp(self._ratio(distances, index)),
                                               INTERPOLATED if inside else EXTRAPOLATED)
         return cached
 
+    @property
+    def neighbours(self) -> int:
+        """How many measured shapes a prediction weighs at least."""
+        return min(SETTINGS["neighbours"], len(self.targets))
+
+    def nearest(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The measured shapes a prediction at the feature row ``x`` weighs: the :attr:`neighbours` nearest and
+        every other one as near as the last of them, nearest first (ties: lower row first); their distances and
+        rows. Found by a scan of every measured shape: a simulation asks for a few hundred shapes, one at a time,
+        and the scan spares it importing scikit-learn, which took longer than the simulation. The squared distance
+        is summed feature by feature, as the k-d tree of :meth:`ratios` sums it, so the two find the same
+        distances to the last bit."""
+        squared = np.zeros(len(self.points))
+        for j, value in enumerate(x):
+            squared += (self.points[:, j] - value) ** 2
+        index = np.flatnonzero(squared <= np.partition(squared, self.neighbours - 1)[self.neighbours - 1])
+        distances = np.sqrt(squared[index])
+        order = np.lexsort((index, distances))
+        return distances[order], index[order]
+
+    @cached_property
+    def tree(self) -> KDTree:
+        """scikit-learn's k-d tree of the measured shapes (built, and scikit-learn imported, on first use)."""
+        from sklearn.neighbors import KDTree
+
+        return KDTree(self.points)
+
     def ratios(self, x: np.ndarray) -> np.ndarray:
-        """log(time / floor) at the feature rows ``x``: the inverse-distance-weighted mean of the nearest measured
-        shapes' (an exact match: its own), kept between 0 (the floor) and the ceiling."""
-        k = min(SETTINGS["neighbours"], len(self.targets))
-        distances, index = self.tree.query(x, k=k)
-        distances, index = distances.reshape(len(x), k), index.reshape(len(x), k)
-        weights = 1.0 / np.maximum(distances, 1e-9)
-        exact = distances[:, :1] < 1e-9
-        weights = np.where(exact, (distances < 1e-9).astype(float), weights)
-        mean = np.sum(weights * self.targets[index], axis=1) / np.sum(weights, axis=1)
-        return np.clip(mean, 0.0, self.ceiling)
+        """log(time / floor) at a batch of feature rows ``x``, the neighbours of each (those of :meth:`nearest`)
+        found with the k-d tree."""
+        kth = self.tree.query(x, k=self.neighbours)[0][:, -1]
+        found, distances = self.tree.query_radius(x, kth * (1 + 1e-9), return_distance=True)
+        ratios = np.empty(len(x))
+        for row, (index, distance) in enumerate(zip(found, distances)):
+            keep = distance <= kth[row]
+            order = np.lexsort((index[keep], distance[keep]))
+            ratios[row] = self._ratio(distance[keep][order], index[keep][order])
+        return ratios
+
+    def _ratio(self, distances: np.ndarray, index: np.ndarray) -> float:
+        """log(time / floor) from the neighbours of one shape (nearest first): the inverse-distance-weighted mean
+        of their targets (an exact match: the mean of the exact matches, every measurement of that shape), kept
+        between 0 (the floor) and the ceiling."""
+        exact = distances[0] < 1e-9
+        weights = (distances < 1e-9).astype(float) if exact else 1.0 / distances
+        mean = float(np.sum(weights * self.targets[index]) / np.sum(weights))
+        return min(max(mean, 0.0), self.ceiling)
 
     def describe(self) -> str:
         return f"nearest of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
@@ -109,13 +151,13 @@ def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_b
     rows = usable(samples)
     if rows.height < 10:
         raise ValueError(f"{rows.height} usable samples, need at least 10")
-    shapes = shapes_of(rows, kind)
-    x = np.array([_features(kind, s) for s in shapes])
-    floors = np.array([_floor_us(kind, s, peak_flops, peak_bytes_per_s) for s in shapes])
+    columns = shape_columns(rows, kind)
+    x = features_of(kind, columns)
+    floors = floors_of(kind, columns, peak_flops, peak_bytes_per_s)
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
-    return KernelModel(kind, peak_flops, peak_bytes_per_s, KDTree(x), y, x.min(0), x.max(0), float(y.max()),
-                       rows.height, sources)
+    return KernelModel(kind, peak_flops, peak_bytes_per_s, x, y, x.min(0), x.max(0), float(y.max()), rows.height,
+                       sources)
 
 
 def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
@@ -129,23 +171,44 @@ def usable(samples: pl.DataFrame) -> pl.DataFrame:
                           & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
 
 
+def shape_columns(rows: pl.DataFrame, kind: str) -> dict[str, np.ndarray]:
+    """The :class:`KernelShape` fields of every ``op_benchmarks`` row, one array per field (a missing or zero
+    size is 1; memory-bound rows without an element count have bytes / 4; ``row`` is the reduced row's length
+    for layernorm and softmax, else 1)."""
+    def number(name: str, default: float) -> np.ndarray:
+        if name not in rows.columns:
+            return np.full(rows.height, default)
+        values = rows[name].cast(pl.Float64).fill_null(0.0).to_numpy()
+        return np.where(values == 0.0, default, values)
+
+    nbytes = rows["bytes"].cast(pl.Float64).to_numpy()
+    if kind == GEMM:
+        return {"flops": number("flops", 0.0), "bytes": nbytes, "batch": number("batch", 1.0),
+                "m": number("m", 1.0), "k": number("k", 1.0), "n": number("n", 1.0)}
+    classes = rows["op_class"].to_list() if "op_class" in rows.columns else [None] * rows.height
+    labels = rows["label"].to_list() if "label" in rows.columns else [None] * rows.height
+    pairs = list(zip(classes, labels))
+    kind_of = {pair: _memory_kind_of(*pair) for pair in set(pairs)}
+    kinds = np.array([kind_of[pair] for pair in pairs])
+    elements = number("elements", 0.0)
+    reduced = np.isin(np.array(classes, dtype=object), ["layernorm", "softmax"])
+    return {"flops": np.zeros(rows.height), "bytes": nbytes,
+            "elements": np.where(elements == 0.0, nbytes / 4, elements),
+            "row": np.where(reduced, number("n", 1.0), 1.0), "kind": kinds}
+
+
 def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
     """The :class:`KernelShape` of every ``op_benchmarks`` row."""
-    shapes = []
-    for r in rows.iter_rows(named=True):
-        elements = float(r.get("elements") or 0.0)
-        if kind == GEMM:
-            shapes.append(KernelShape(flops=float(r["flops"] or 0.0), bytes=float(r["bytes"]),
-                                      batch=float(r.get("batch") or 1), m=float(r["m"] or 1),
-                                      k=float(r["k"] or 1), n=float(r["n"] or 1)))
-        else:
-            row = float(r["n"]) if r.get("op_class") in ("layernorm", "softmax") and r.get("n") else 1.0
-            kind_of = memory_kind(str(r.get("op_class")))
-            if kind_of == "elementwise":
-                kind_of = _LABEL_KINDS.get(str(r.get("label")), kind_of)
-            shapes.append(KernelShape(flops=0.0, bytes=float(r["bytes"]), elements=elements or float(r["bytes"]) / 4,
-                                      row=row, kind=kind_of))
-    return shapes
+    columns = shape_columns(rows, kind)
+    names = list(columns)
+    return [KernelShape(**{name: value if name == "kind" else float(value) for name, value in zip(names, values)})
+            for values in zip(*columns.values())]
+
+
+def _memory_kind_of(op_class: str | None, label: str | None) -> str:
+    """The memory-bound kind of an ``op_benchmarks`` row: its class's, or for element-wise rows its label's."""
+    kind = memory_kind(str(op_class))
+    return _LABEL_KINDS.get(str(label), kind) if kind == "elementwise" else kind
 
 
 def memory_kind(name: str) -> str:
@@ -158,11 +221,33 @@ def memory_kind(name: str) -> str:
     return "elementwise"
 
 
+def _log2(value: float) -> float:
+    return math.log2(max(value, 1.0))
+
+
 def _features(kind: str, s: KernelShape) -> list[float]:
-    log = lambda v: math.log2(max(v, 1.0))
     if kind == GEMM:
-        return [log(s.batch), log(s.m), log(s.k), log(s.n), log(s.flops), log(s.bytes)]
-    return [log(s.elements), log(s.bytes), log(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
+        return [_log2(s.batch), _log2(s.m), _log2(s.k), _log2(s.n), _log2(s.flops), _log2(s.bytes)]
+    return [_log2(s.elements), _log2(s.bytes), _log2(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
+
+
+def features_of(kind: str, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """:func:`_features` of every row of :func:`shape_columns`, one row each (the logarithms taken once per
+    distinct value, with :func:`math.log2`, so that a row's features are those of its shape to the last bit)."""
+    def logs(values: np.ndarray) -> np.ndarray:
+        distinct, where = np.unique(values, return_inverse=True)
+        return np.array([_log2(float(v)) for v in distinct])[where.ravel()]
+
+    if kind == GEMM:
+        return np.column_stack([logs(columns[name]) for name in ("batch", "m", "k", "n", "flops", "bytes")])
+    sizes = [logs(columns[name]) for name in ("elements", "bytes", "row")]
+    return np.column_stack([*sizes, *((columns["kind"] == k).astype(float) for k in MEMORY_KINDS)])
+
+
+def floors_of(kind: str, columns: dict[str, np.ndarray], peak_flops: float, peak_bytes_per_s: float) -> np.ndarray:
+    """:meth:`KernelModel.floor_us` of every row of :func:`shape_columns`."""
+    compute = columns["flops"] / peak_flops if kind == GEMM else np.zeros(len(columns["bytes"]))
+    return np.maximum(compute, columns["bytes"] / peak_bytes_per_s) * 1e6
 
 
 def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
@@ -170,9 +255,9 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
     rows = usable(rows)
     if rows.height == 0:
         return None
-    shapes = shapes_of(rows, model.kind)
-    ratios = model.ratios(np.array([_features(model.kind, s) for s in shapes]))
-    predicted = np.array([model.floor_us(s) for s in shapes]) * np.exp(ratios)
+    columns = shape_columns(rows, model.kind)
+    ratios = model.ratios(features_of(model.kind, columns))
+    predicted = floors_of(model.kind, columns, model.peak_flops, model.peak_bytes_per_s) * np.exp(ratios)
     return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
 
 

@@ -20,12 +20,15 @@ the graph in :attr:`ExecutionGraph.stream_order`; communication streams have no 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import networkx as nx
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
 from vtrain.parallel import FORWARD, stage_order
 from vtrain.runconfig import RunConfig
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("pp", "dp")
@@ -62,13 +65,42 @@ class Stream:
 
 @dataclass
 class ExecutionGraph:
-    """Tasks, their streams and the dependency graph (node ``i`` is ``tasks[i]``)."""
+    """Tasks, their streams and their data dependencies (task ``i`` is ``tasks[i]``).
 
-    graph: nx.DiGraph  # data dependencies
+    The dependencies are plain lists (the scheduler walks them); :attr:`graph` is the same as a networkx graph,
+    built on first use (importing networkx costs a simulation a third of a second)."""
+
+    edges: list[tuple[int, int]]  # data dependencies, each once, in the order they were added
     tasks: list[Task]
     streams: list[Stream]
     stream_order: dict[int, list[int]]  # ordered stream -> its tasks in execution order
     stages: int
+
+    @cached_property
+    def successors(self) -> list[list[int]]:
+        """The tasks that wait for each task's data."""
+        found: list[list[int]] = [[] for _ in self.tasks]
+        for before, after in self.edges:
+            found[before].append(after)
+        return found
+
+    @cached_property
+    def predecessors(self) -> list[list[int]]:
+        """The tasks whose data each task waits for."""
+        found: list[list[int]] = [[] for _ in self.tasks]
+        for before, after in self.edges:
+            found[after].append(before)
+        return found
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """The dependencies as a networkx graph (node ``i`` is ``tasks[i]``)."""
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        graph.add_nodes_from(range(len(self.tasks)))
+        graph.add_edges_from(self.edges)
+        return graph
 
 
 class _Builder:
@@ -164,7 +196,5 @@ def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
         b.edges.append((stage_last[stage], optimizer))
         b.edges += [(task, optimizer) for task in reduced]
 
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(len(b.tasks)))
-    graph.add_edges_from(b.edges)
-    return ExecutionGraph(graph=graph, tasks=b.tasks, streams=b.streams, stream_order=b.stream_order, stages=p)
+    return ExecutionGraph(edges=list(dict.fromkeys(b.edges)), tasks=b.tasks, streams=b.streams,
+                          stream_order=b.stream_order, stages=p)

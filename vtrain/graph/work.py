@@ -8,7 +8,6 @@ expand a task back into its ops without resolving anything again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -30,25 +29,22 @@ class BlockWork:
 
 @dataclass(frozen=True)
 class PhaseWork:
-    """The blocks one pass runs, in execution order."""
+    """The blocks one pass runs, in execution order, and their times summed (when it is made: every pass's are
+    read, and a cached property takes a lock on each first read)."""
 
     blocks: tuple[BlockWork, ...]
+    compute_us: float = field(init=False, compare=False, repr=False)
+    tp_us: float = field(init=False, compare=False, repr=False)
+    host_us: float = field(init=False, compare=False, repr=False)
+    duration_us: float = field(init=False, compare=False, repr=False)
 
-    @cached_property
-    def compute_us(self) -> float:
-        return sum(b.compute_us for b in self.blocks)
-
-    @cached_property
-    def tp_us(self) -> float:
-        return sum(b.tp_us for b in self.blocks)
-
-    @cached_property
-    def host_us(self) -> float:
-        return sum(b.host_us for b in self.blocks)
-
-    @cached_property
-    def duration_us(self) -> float:
-        return self.compute_us + self.host_us + self.tp_us
+    def __post_init__(self) -> None:
+        compute = sum(b.compute_us for b in self.blocks)
+        tp = sum(b.tp_us for b in self.blocks)
+        host = sum(b.host_us for b in self.blocks)
+        for name, value in (("compute_us", compute), ("tp_us", tp), ("host_us", host),
+                            ("duration_us", compute + host + tp)):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ of its predicted device time whose latencies were measured, interpolated or mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
 from vtrain.plan.timeline import iteration_timeline
@@ -24,9 +24,27 @@ class Timing:
 
 def time_plan(config: RunConfig, shared: SharedResolvers) -> Timing:
     """Predict one iteration of a consistent ``config``."""
-    _, inputs, _, _ = resolve_work(config, shared.profile, shared.device, shared)
+    inputs, coverage = _work(config, shared)
     timeline = iteration_timeline(config.parallelism, inputs)
-    return Timing(timeline.iteration_us, timeline.idle_us, _coverage(config, inputs))
+    return Timing(timeline.iteration_us, timeline.idle_us, coverage)
+
+
+def _work(config: RunConfig, shared: SharedResolvers) -> tuple[GraphInputs, dict[str, float]]:
+    """The resolved work of a plan and its coverage; the last plan's again when the two differ only in the order
+    of their passes (1F1B or GPipe) or in whether the gradient all-reduce overlaps, which change neither a pass,
+    a transfer nor a bucket (a sweep times such plans one after the other)."""
+    par = config.parallelism
+    same_work = replace(config, parallelism=replace(par, schedule="1f1b" if par.virtual_stages == 1 else par.schedule,
+                                                    dp_overlap=False))
+    last = shared.work.get(_LAST_WORK)
+    if last is None or last[0] != same_work:
+        _, inputs, _, _ = resolve_work(config, shared.profile, shared.device, shared)
+        last = shared.work[_LAST_WORK] = (same_work, inputs, _coverage(config, inputs))
+    return last[1], last[2]  # type: ignore[index]
+
+
+#: the key of the last plan's work in :attr:`SharedResolvers.work`
+_LAST_WORK = ("plan", "last work")
 
 
 def _coverage(config: RunConfig, inputs: GraphInputs) -> dict[str, float]:

@@ -4,14 +4,21 @@ cost versus time with the frontier and the reference plan, memory per plan, brea
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE
+from vtrain.plan.cost import (
+    DEFAULT_PRICE_PER_GPU_HOUR,
+    DEFAULT_TOKENS,
+    PRICE_SOURCE,
+    TOKENS_SOURCE,
+)
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
 from vtrain.report import document as doc
 from vtrain.report.write import staged_folder, write_json
@@ -45,20 +52,29 @@ def label(row: dict[str, Any]) -> str:
 
 def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:
     """Full simulations of up to ``limit`` frontier plans (spread from fastest to cheapest), the best plan and
-    the reference, for their breakdown."""
+    the reference, for their breakdown; over the sweep's worker processes when it had some (one such simulation
+    of 800,000 tasks, t8 d1 p105 of MT-NLG, takes longer than the whole sweep)."""
     frontier = table.frontier().rows(named=True)
     step = max(1, -(-len(frontier) // limit))
     rows = frontier[::step][:limit]
     for extra in (table.best(), table.reference):
         if extra is not None and extra.get("fits") and all(label(extra) != label(r) for r in rows):
             rows.append(extra)
-    result = []
-    for row in rows:
-        config = _config(table.base, row)
-        sim = simulate(config, profile)
-        result.append(Breakdown(label(row), sim.iteration_us / 1e3,
-                                {key: value / 1e3 for key, value in sim.breakdown_us.items()}))
-    return result
+    configs = [_config(table.base, row) for row in rows]
+    workers = min(int(table.settings.get("workers") or 1), len(configs))
+    if workers <= 1:
+        return [_breakdown(label(row), config, profile) for row, config in zip(rows, configs)]
+    tasks = [config.parallelism.pp * config.parallelism.virtual_stages * config.parallelism.micro_batches
+             for config in configs]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {i: pool.submit(_breakdown, label(rows[i]), configs[i], profile)
+                   for i in sorted(range(len(configs)), key=lambda i: -tasks[i])}  # the largest first
+        return [futures[i].result() for i in range(len(configs))]
+
+
+def _breakdown(name: str, config: RunConfig, profile: Profile | None) -> Breakdown:
+    sim = simulate(config, profile)
+    return Breakdown(name, sim.iteration_us / 1e3, {key: value / 1e3 for key, value in sim.breakdown_us.items()})
 
 
 def _config(base: RunConfig, row: dict[str, Any]) -> RunConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from multiprocessing import get_context
@@ -31,10 +32,12 @@ from vtrain.simulate.latency import SOURCES
 from vtrain.simulate.run import SharedResolvers
 from vtrain.tables.store import Profile
 
-#: a plan's status in the table
-SIMULATED, INVALID, OUT_OF_MEMORY = "simulated", "invalid", "out_of_memory"
+#: a plan's status in the table (``skipped``: valid and fits, but the sweep's ``select`` did not pick it)
+SIMULATED, INVALID, OUT_OF_MEMORY, SKIPPED = "simulated", "invalid", "out_of_memory", "skipped"
 
 Progress = Callable[[int, int], None]  # (plans timed so far, plans to time)
+Within = Callable[[Candidate], bool]  # which grid points a sweep enumerates
+Select = Callable[[list[Candidate]], list[Candidate]]  # which of the plans that fit a sweep times
 
 
 @dataclass
@@ -78,7 +81,8 @@ class PlanTable:
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
           device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,
           max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
-          ray_address: str | None = None, progress: Progress | None = None) -> PlanTable:
+          ray_address: str | None = None, progress: Progress | None = None, within: Within | None = None,
+          select: Select | None = None, shared: SharedResolvers | None = None) -> PlanTable:
     """Sweep the design space of ``base``'s model and global batch over ``gpus`` GPU counts.
 
     Every grid point (:func:`vtrain.plan.space.candidates`) gets a row: invalid ones say why, those whose
@@ -89,17 +93,25 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     own parallelism) is timed too, as :attr:`PlanTable.reference`. ``ray_address`` ("local" for a local
     instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
     script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
+
+    A part of the design space: ``within`` keeps the grid points it is true for (the others are not in the
+    table); ``select`` picks, from the valid plans that fit (in enumeration order), those to time (the others are
+    ``skipped``). ``shared``: the latency resolvers (and their device) to time with in this process, as a caller
+    that sweeps many times with one profile keeps them (worker processes and Ray tasks make their own).
     """
     pricing = pricing or Pricing()
-    device = device_for_run(base, profile)
+    device = shared.device if shared is not None else device_for_run(base, profile)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
-    rows, to_time = _prune(base, gpus, memory_gib, max_micro_batch, divisible)
-    timings = _time_all(base, profile, device, to_time, workers, ray_address, progress)
+    with _worker_pool(workers if ray_address is None else 1, base, profile, device) as pool:
+        rows, to_time = _prune_all(pool, base, list(gpus), memory_gib, max_micro_batch, divisible, within)
+        if select is not None:
+            to_time = _selected(rows, to_time, select)
+        timings = _time_all(base, profile, device, to_time, pool, ray_address, progress, shared)
     peak = device.peak_for(PRECISION_DTYPE[base.precision])
     for index, timing in timings.items():
         rows[index].update(_priced(base, rows[index], timing, pricing, peak, max_iteration_s, budget_usd))
     plans = pl.DataFrame(rows, schema=_SCHEMA)
-    reference = _reference(base, profile, device, memory_gib, pricing, peak, max_iteration_s, budget_usd)
+    reference = _reference(base, profile, device, memory_gib, pricing, peak, max_iteration_s, budget_usd, shared)
     return PlanTable(plans=plans, base=base, pricing=pricing, device_memory_gib=memory_gib, device=device.name,
                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, reference=reference,
                      profile=str(profile.path) if profile is not None and profile.path is not None else None,
@@ -128,15 +140,33 @@ def _device_memory_gib(device: DeviceModel) -> float:
     return device.memory_bytes / GIB
 
 
+def _prune_all(pool: ProcessPoolExecutor | None, base: RunConfig, gpus: list[int], memory_gib: float,
+               max_micro_batch: int, divisible: bool,
+               within: Within | None) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+    """:func:`_prune` over every GPU count, one count per task over the worker processes when there are some."""
+    if pool is None:
+        return _prune(base, gpus, memory_gib, max_micro_batch, divisible, within)
+    futures = [pool.submit(_prune, base, [count], memory_gib, max_micro_batch, divisible, within) for count in gpus]
+    rows: list[dict[str, Any]] = []
+    to_time: list[tuple[int, Candidate]] = []
+    for future in futures:  # in the order of the counts
+        count_rows, count_to_time = future.result()
+        to_time += [(len(rows) + index, candidate) for index, candidate in count_to_time]
+        rows += count_rows
+    return rows, to_time
+
+
 def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_batch: int,
-           divisible: bool) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
-    """A row per grid point, and the points left to time (row index, point)."""
+           divisible: bool, within: Within | None = None) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+    """A row per grid point (``within`` the part swept), and the points left to time (row index, point)."""
     rows: list[dict[str, Any]] = []
     to_time: list[tuple[int, Candidate]] = []
     needs: dict[tuple[object, ...], float] = {}  # GiB of the largest stage, by what it depends on
     reasons: dict[tuple[object, ...], str | None] = {}
     for count in gpus:
         for candidate in candidates(base, count, max_micro_batch, divisible):
+            if within is not None and not within(candidate):
+                continue
             row: dict[str, Any] = candidate.as_row()
             validity = (candidate.tp, candidate.pp, candidate.dp, candidate.micro_batch, candidate.schedule,
                         candidate.virtual_stages)  # what the constraints read
@@ -164,6 +194,16 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
     return rows, to_time
 
 
+def _selected(rows: list[dict[str, Any]], to_time: list[tuple[int, Candidate]],
+              select: Select) -> list[tuple[int, Candidate]]:
+    """The plans ``select`` picks to time; the others that fit are marked skipped."""
+    picked = {id(candidate) for candidate in select([candidate for _, candidate in to_time])}
+    for index, candidate in to_time:
+        if id(candidate) not in picked:
+            rows[index].update(status=SKIPPED, reason="not selected")
+    return [(index, candidate) for index, candidate in to_time if id(candidate) in picked]
+
+
 def _group_key(candidate: Candidate) -> tuple[int, int, int, int, int]:
     """Plans with the same operator shapes and stage shards share their resolved latencies."""
     return (candidate.gpus, candidate.tp, candidate.micro_batch, candidate.pp, candidate.virtual_stages)
@@ -175,9 +215,11 @@ def _groups(to_time: list[tuple[int, Candidate]]) -> list[list[tuple[int, Candid
 
 
 def time_group(base: RunConfig, profile: Profile | None, device: DeviceModel,
-               group: list[tuple[int, Candidate]]) -> list[tuple[int, dict[str, Any]]]:
-    """Time a group of plans through one set of shared resolvers (what a worker or a Ray task runs)."""
-    shared = _shared_resolvers(profile, device)
+               group: list[tuple[int, Candidate]], shared: SharedResolvers | None = None,
+               ) -> list[tuple[int, dict[str, Any]]]:
+    """Time a group of plans through one set of shared resolvers (what a worker or a Ray task runs): ``shared``,
+    else this process's for ``profile`` and ``device``."""
+    shared = shared or _shared_resolvers(profile, device)
     results = []
     for index, candidate in group:
         timing = time_plan(candidate.config(base), shared)
@@ -197,16 +239,17 @@ def _shared_resolvers(profile: Profile | None, device: DeviceModel) -> SharedRes
 
 
 def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_time: list[tuple[int, Candidate]],
-              workers: int, ray_address: str | None, progress: Progress | None) -> dict[int, dict[str, Any]]:
+              pool: ProcessPoolExecutor | None, ray_address: str | None, progress: Progress | None,
+              shared: SharedResolvers | None = None) -> dict[int, dict[str, Any]]:
     groups = _groups(to_time)
     if ray_address is not None:
         from vtrain.plan.distributed import run_on_ray
 
         finished = run_on_ray(ray_address, time_group, base, profile, device, groups)
-    elif workers > 1 and len(groups) > 1:
-        finished = _run_in_processes(workers, base, profile, device, groups)
+    elif pool is not None and len(groups) > 1:
+        finished = _run_in_processes(pool, groups)
     else:
-        finished = (time_group(base, profile, device, group) for group in groups)
+        finished = (time_group(base, profile, device, group, shared) for group in groups)
     timings: dict[int, dict[str, Any]] = {}
     for results in finished:
         timings.update(results)
@@ -220,14 +263,25 @@ def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _run_in_processes(workers: int, base: RunConfig, profile: Profile | None, device: DeviceModel,
-                      groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
-    largest_first = sorted(groups, key=len, reverse=True)
+@contextmanager
+def _worker_pool(workers: int, base: RunConfig, profile: Profile | None,
+                 device: DeviceModel) -> Iterator[ProcessPoolExecutor | None]:
+    """``workers`` spawned processes holding ``base``, ``profile`` and ``device`` (``None`` for one worker: this
+    process)."""
+    if workers <= 1:
+        yield None
+        return
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker, initargs=(base, profile, device)) as pool:
-        futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
-        for future in as_completed(futures):
-            yield future.result()
+        yield pool
+
+
+def _run_in_processes(pool: ProcessPoolExecutor,
+                      groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    largest_first = sorted(groups, key=len, reverse=True)
+    futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
+    for future in as_completed(futures):
+        yield future.result()
 
 
 def _init_worker(base: RunConfig, profile: Profile | None, device: DeviceModel) -> None:
@@ -252,7 +306,7 @@ def _priced(base: RunConfig, row: dict[str, Any], timing: dict[str, Any], pricin
 
 def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, memory_gib: float,
                pricing: Pricing, peak: float, max_iteration_s: float | None,
-               budget_usd: float | None) -> dict[str, Any] | None:
+               budget_usd: float | None, shared: SharedResolvers | None = None) -> dict[str, Any] | None:
     """The base config's own plan, timed and priced like the others (``None`` when it is not consistent)."""
     par = base.parallelism
     if base.constraint_errors():
@@ -263,6 +317,6 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
     need = peak_stage_memory(base).total_bytes / GIB
     row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
                micro_batches=par.micro_batches)
-    [(_, timing)] = time_group(base, profile, device, [(0, candidate)])
+    [(_, timing)] = time_group(base, profile, device, [(0, candidate)], shared)
     row.update(_priced(base, row, timing, pricing, peak, max_iteration_s, budget_usd))
     return row

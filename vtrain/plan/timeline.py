@@ -2,24 +2,33 @@
 
 This is the schedule :func:`vtrain.simulate.scheduler.schedule` computes for the graph
 :func:`vtrain.graph.build.build_graph` builds, computed on the pipeline's own structure: each stage's compute
-stream runs its passes in the schedule's order (:func:`vtrain.parallel.stage_order`), a pass starts once
-the previous one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is
-done and the previous transfer on the sender's stream is done (a sender's transfers become ready in the order of
-its passes, so first come, first served is that order); gradient buckets are reduced first come, first served
-(ties in the graph's task order); the optimizer runs after the last backward pass and every bucket of the stage.
+stream runs its passes in the schedule's order (:func:`vtrain.parallel.pass_at`), a pass starts once the previous
+one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is done and the
+previous transfer on the sender's stream is done (a sender's transfers become ready in the order of its passes,
+so first come, first served is that order); gradient buckets are reduced first come, first served (ties in the
+graph's task order); the optimizer runs after the last backward pass and every bucket of the stage.
 ``tests/test_plan_timeline.py`` checks that it gives :func:`vtrain.simulate.simulate`'s iteration time for every
-schedule, with and without overlap and recomputation. It allocates one float per pass instead of a task object
-and a graph node, so a sweep can time thousands of runs.
+schedule, with and without overlap and recomputation.
+
+A sweep times hundreds of plans of up to 2·p·v·m = 400,000 passes each, so the walk over the passes
+(:func:`_walk`) is compiled with numba: it does per pass what the graph's scheduler does per task, the same
+additions and comparisons in the same order, so the same numbers, about a hundred times faster than in Python.
+Plan with p = 105 then take no longer than those with p = 35: their time is resolving the work, not the walk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+
+import numpy as np
+from numba import njit
 
 from vtrain.graph.work import GraphInputs
-from vtrain.parallel import FORWARD, stage_order
+from vtrain.parallel import SCHEDULE_CODES, pass_at, passes_per_stage
 from vtrain.runconfig import ParallelConfig
+
+_pass_at = njit(cache=True)(pass_at)
+_passes_per_stage = njit(cache=True)(passes_per_stage)
 
 
 @dataclass(frozen=True)
@@ -39,42 +48,110 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     """The timeline of one iteration of ``par`` from its resolved work."""
     p, v, m = par.pp, par.virtual_stages, par.micro_batches
     split_last = par.dp_overlap and par.dp > 1 and bool(inputs.dp_buckets)
-    transfer = inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0
-    arrival = [-1.0] * (2 * p * v * m)  # input of (phase, virtual stage, mb) arrived at; -1: not yet
-    for mb in range(m):
-        arrival[mb] = 0.0  # virtual stage 0 reads the data
-    local = inputs.pp_transfer is None
-    passes = [_stage_passes(par.schedule, p, m, v, stage, local, split_last) for stage in range(p)]
-    durations = [_stage_durations(inputs, stage, v) for stage in range(p)]
-    position = [0] * p
-    stream_free = [0.0] * p
-    send_free = [0.0] * (2 * p)  # per sending stage: forward and backward transfer streams
-    busy = [0.0] * p
-    bucket_ready: list[list[tuple[float, int, int, float]]] = [[] for _ in range(p)]
-    remaining = sum(len(stage_passes) for stage_passes in passes)
+    work = _Work.of(inputs, p, v, m, split_last)
+    end, busy = _walk(SCHEDULE_CODES[par.schedule], p, m, v, inputs.pp_transfer is None, split_last,
+                      inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0, work.forward,
+                      work.backward, work.optimizer, work.block_us, work.block_first, work.bucket_block,
+                      work.bucket_us, work.bucket_first)
+    if end < 0.0:
+        raise ValueError("pipeline schedule deadlocks: a stage waits for a pass that never runs")
+    return Timeline(iteration_us=float(end), busy_us=busy.tolist())
+
+
+@dataclass(frozen=True)
+class _Work:
+    """The durations the walk reads, as arrays: passes per (stage, chunk[, accumulating]), the optimizer per
+    stage, and per (stage, chunk) (row ``stage * v + chunk``, from ``*_first[row]`` to ``*_first[row + 1]``) the
+    blocks of the last backward pass when it is split and the gradient buckets (the block after which each is
+    ready, its all-reduce)."""
+
+    forward: np.ndarray  # (p, v)
+    backward: np.ndarray  # (p, v, 2): first micro-batch, accumulating
+    optimizer: np.ndarray  # (p,)
+    block_us: np.ndarray
+    block_first: np.ndarray
+    bucket_block: np.ndarray
+    bucket_us: np.ndarray
+    bucket_first: np.ndarray
+
+    @classmethod
+    def of(cls, inputs: GraphInputs, p: int, v: int, m: int, split_last: bool) -> _Work:
+        keys = [(stage, chunk) for stage in range(p) for chunk in range(v)]
+        blocks = [inputs.backward[(*key, m > 1)].blocks if split_last else () for key in keys]
+        buckets = [inputs.dp_buckets.get(key, []) for key in keys]
+        return cls(
+            forward=np.array([inputs.forward[key].duration_us for key in keys]).reshape(p, v),
+            backward=np.array([inputs.backward[(*key, accumulate)].duration_us for key in keys
+                               for accumulate in (False, True)]).reshape(p, v, 2),
+            optimizer=np.array([inputs.optimizer[stage].duration_us for stage in range(p)]),
+            block_us=np.array([block.duration_us for each in blocks for block in each], dtype=np.float64),
+            block_first=np.cumsum([0] + [len(each) for each in blocks]),
+            bucket_block=np.array([bucket.after_block for each in buckets for bucket in each], dtype=np.int64),
+            bucket_us=np.array([bucket.comm.latency_us for each in buckets for bucket in each], dtype=np.float64),
+            bucket_first=np.cumsum([0] + [len(each) for each in buckets]))
+
+
+@njit(cache=True)
+def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, transfer: float,
+          forward: np.ndarray, backward: np.ndarray, optimizer: np.ndarray, block_us: np.ndarray,
+          block_first: np.ndarray, bucket_block: np.ndarray, bucket_us: np.ndarray,
+          bucket_first: np.ndarray) -> tuple[float, np.ndarray]:  # pragma: no cover - compiled
+    """When the iteration ends (-1: the order deadlocks) and each stage's busy time.
+
+    Stages are walked in turn, each as far as the inputs of its next passes have arrived. A pass reads the
+    arrival slot of its (phase, virtual stage, micro-batch) and writes that of the pass it feeds: directly on the
+    same stage, else through the sender's forward or backward transfer stream."""
+    virtual = p * v
+    backward_base = virtual * m
+    arrival = np.full(2 * backward_base, -1.0)
+    arrival[:m] = 0.0  # virtual stage 0 reads the data
+    total = _passes_per_stage(schedule, m, v)
+    position = np.zeros(p, np.int64)
+    stream_free = np.zeros(p)
+    send_free = np.zeros(2 * p)
+    busy = np.zeros(p)
+    ready_at = np.zeros(len(bucket_us))  # a split pass's buckets: when each is ready
+    remaining = p * total
     while remaining:
         progressed = False
         for stage in range(p):
-            stage_passes, i, free = passes[stage], position[stage], stream_free[stage]
-            total, done, sent, stage_durations = len(stage_passes), 0, 2 * stage, durations[stage]
+            i, free, done = position[stage], stream_free[stage], 0
             while i < total:
-                slot, kind, target, direction = stage_passes[i]
+                backward_pass, chunk, mb = _pass_at(schedule, p, m, stage, v, i)
+                k = chunk * p + stage
+                if backward_pass:
+                    slot = backward_base + k * m + mb
+                    target = backward_base + (k - 1) * m + mb if k > 0 else -1
+                    direction = -1 if local else 1
+                else:
+                    slot = k * m + mb
+                    target = (k + 1) * m + mb if k + 1 < virtual else backward_base + k * m + mb
+                    direction = -1 if local or k + 1 == virtual else 0
                 ready = arrival[slot]
                 if ready < 0.0:
                     break
-                start = free if free > ready else ready  # noqa: FURB136 - no call in the hot loop
-                if kind < 0:  # the last micro-batch's backward of chunk -kind-1, split per block for its buckets
-                    free = _split_backward(inputs, (stage, -kind - 1, m > 1), start, bucket_ready[stage])
+                start = free if free > ready else ready  # noqa: FURB136 - as the scheduler compares
+                if backward_pass and split_last and mb == m - 1:  # block by block: each bucket ready after its own
+                    row = stage * v + chunk
+                    free = start
+                    for index in range(block_first[row + 1] - block_first[row]):
+                        free += block_us[block_first[row] + index]
+                        for bucket in range(bucket_first[row], bucket_first[row + 1]):
+                            if bucket_block[bucket] == index:
+                                ready_at[bucket] = free
+                elif backward_pass:
+                    free = start + backward[stage, chunk, 1 if mb > 0 else 0]
                 else:
-                    free = start + stage_durations[kind]
+                    free = start + forward[stage, chunk]
                 busy[stage] += free - start
                 if target >= 0:
                     if direction < 0:  # the next pass runs on this stage: no transfer
                         arrival[target] = free
                     else:
-                        stream = sent + direction
+                        stream = 2 * stage + direction
                         begin = free if free > send_free[stream] else send_free[stream]  # noqa: FURB136
-                        send_free[stream] = arrival[target] = begin + transfer
+                        send_free[stream] = begin + transfer
+                        arrival[target] = send_free[stream]
                 i += 1
                 done += 1
             if done:
@@ -82,73 +159,29 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
                 remaining -= done
                 progressed = True
         if not progressed:
-            raise ValueError("pipeline schedule deadlocks: a stage waits for a pass that never runs")
-    end = max(send_free, default=0.0)
+            return -1.0, busy
+    end = 0.0
+    for stream in range(2 * p):
+        end = max(end, send_free[stream])
     for stage in range(p):
         last = stream_free[stage]
-        reduced = _reduce_buckets(stage, last, split_last, inputs, bucket_ready[stage])
-        optimizer = inputs.optimizer[stage].duration_us
-        busy[stage] += optimizer
-        end = max(end, max(last, reduced) + optimizer, reduced)
-    return Timeline(iteration_us=end, busy_us=busy)
+        reduced = _reduce_buckets(stage, v, last, split_last, ready_at, bucket_us, bucket_first)
+        busy[stage] += optimizer[stage]
+        end = max(end, max(last, reduced) + optimizer[stage], reduced)
+    return end, busy
 
 
-Pass = tuple[int, int, int, int]  # (input slot, kind, output slot or -1, direction)
-
-
-def _stage_durations(inputs: GraphInputs, stage: int, v: int) -> list[float]:
-    """A stage's pass durations by kind: forward of chunk c is kind c, backward of chunk c is v + 2c (first
-    micro-batch) or v + 2c + 1 (accumulating)."""
-    forward = [inputs.forward[(stage, chunk)].duration_us for chunk in range(v)]
-    backward = [inputs.backward[(stage, chunk, accumulate)].duration_us for chunk in range(v)
-                for accumulate in (False, True)]
-    return forward + backward
-
-
-@lru_cache(maxsize=512)
-def _stage_passes(schedule: str, p: int, m: int, v: int, stage: int, local: bool, split_last: bool) -> list[Pass]:
-    """One stage's passes in its schedule's order, each with the arrival slot it waits for, its kind (see
-    :func:`_stage_durations`; -c-1: the split last backward of chunk c), and the slot its output feeds
-    (direction 0/1: over the forward/backward transfer stream, -1: on this stage, ``local``: no transfers).
-    Plans that differ only in durations share it."""
-    virtual = p * v
-    backward_base = virtual * m
-    passes: list[Pass] = []
-    append = passes.append
-    for phase, chunk, mb in stage_order(schedule, p, m, stage, v):
-        k = chunk * p + stage
-        if phase == FORWARD:
-            if k + 1 < virtual:
-                append((k * m + mb, chunk, (k + 1) * m + mb, -1 if local else 0))
-            else:
-                append((k * m + mb, chunk, backward_base + k * m + mb, -1))
-        else:
-            kind = -chunk - 1 if split_last and mb == m - 1 else v + 2 * chunk + (mb > 0)
-            target = backward_base + (k - 1) * m + mb if k > 0 else -1
-            append((backward_base + k * m + mb, kind, target, -1 if local else 1))
-    return passes
-
-
-def _split_backward(inputs: GraphInputs, key: tuple[int, int, bool], start: float,
-                    ready: list[tuple[float, int, int, float]]) -> float:
-    """Run the last backward pass (``key``: stage, chunk, accumulate) block by block; each bucket is ready when
-    its block is done. Returns the end."""
-    free = start
-    stage, chunk, _ = key
-    buckets = inputs.dp_buckets[(stage, chunk)]
-    for index, block in enumerate(inputs.backward[key].blocks):
-        free += block.duration_us
-        ready.extend((free, chunk, number, bucket.comm.latency_us)
-                     for number, bucket in enumerate(buckets) if bucket.after_block == index)
-    return free
-def _reduce_buckets(stage: int, last_pass_end: float, split_last: bool, inputs: GraphInputs,
-                    ready: list[tuple[float, int, int, float]]) -> float:
-    """When the stage's last gradient bucket is reduced (first come, first served; ties in graph order)."""
-    if not split_last:
-        ready = [(last_pass_end, chunk, number, bucket.comm.latency_us)
-                 for (bucket_stage, chunk), buckets in sorted(inputs.dp_buckets.items()) if bucket_stage == stage
-                 for number, bucket in enumerate(buckets)]
+@njit(cache=True)
+def _reduce_buckets(stage: int, v: int, last_pass_end: float, split_last: bool, ready_at: np.ndarray,
+                    bucket_us: np.ndarray, bucket_first: np.ndarray) -> float:  # pragma: no cover - compiled
+    """When the stage's last gradient bucket is reduced: first come, first served, ties in the graph's order
+    (chunk, then bucket); without overlap every bucket is ready when the stage's last pass ends."""
+    first, last = bucket_first[stage * v], bucket_first[stage * v + v]
+    order = np.arange(first, last)
+    if split_last:  # a stable sort by ready time keeps (chunk, bucket) order among ties
+        order = order[np.argsort(ready_at[first:last], kind="mergesort")]
     free = 0.0
-    for at, _, _, latency in sorted(ready):
-        free = max(free, at) + latency
+    for bucket in order:
+        at = ready_at[bucket] if split_last else last_pass_end
+        free = max(free, at) + bucket_us[bucket]
     return free

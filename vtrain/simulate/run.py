@@ -23,7 +23,7 @@ from vtrain.simulate.collectives import CollectiveResolver
 from vtrain.simulate.latency import SOURCES, HostGapResolver, OpLatencyResolver
 from vtrain.simulate.scheduler import Schedule, critical_path, schedule
 from vtrain.simulate.summary import CATEGORIES, StageSummary, coverage, describe_task, stage_summaries
-from vtrain.simulate.workload import WorkloadResolver
+from vtrain.simulate.workload import ResolvedWork, WorkloadResolver
 from vtrain.tables.store import Profile
 
 
@@ -86,7 +86,7 @@ class Simulation:
                  "duration_ms": tasks[i].duration_us * ms}
                 for i in self.critical_path
             ],
-            "graph": {"tasks": len(tasks), "edges": self.graph.graph.number_of_edges(),
+            "graph": {"tasks": len(tasks), "edges": len(self.graph.edges),
                       "streams": len(self.graph.streams)},
         }
 
@@ -130,7 +130,7 @@ def resolve_work(config: RunConfig, profile: Profile | None, device: DeviceModel
     placed = WorkloadResolver(config, shared.bare_ops(config), collectives)
     stage_of = placed.profile_stages()
     ops, gaps = shared.ops(config, frozenset(placed.placed(chunks)), stage_of)
-    inputs = WorkloadResolver(config, ops, collectives, gaps).graph_inputs(chunks)
+    inputs = WorkloadResolver(config, ops, collectives, gaps, shared.work).graph_inputs(chunks)
     return chunks, inputs, ops, collectives
 
 
@@ -140,8 +140,9 @@ class SharedResolvers:
     Collective latencies depend only on the collective, group, bytes and rank stride, so one resolver serves all
     runs with the same node size. Operator latencies are calibrated (interference factors, host gaps) on the
     calls of the operators a run places that the profile's timeline holds, so runs share an operator resolver
-    when those are the same signatures on the same profile stages. Every run resolved through it gets what a
-    fresh :func:`resolve_work` would give it.
+    when those are the same signatures on the same profile stages; and they share what was resolved with those
+    (:attr:`work`: blocks, optimizer steps, gradient buckets). Every run resolved through it gets what a fresh
+    :func:`resolve_work` would give it.
     """
 
     def __init__(self, profile: Profile | None, device: DeviceModel) -> None:
@@ -152,6 +153,7 @@ class SharedResolvers:
         self._timeline: frozenset[tuple[str, str, str]] | None = None
         self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
                         tuple[OpLatencyResolver, HostGapResolver]] = {}
+        self.work: ResolvedWork = {}
 
     def collectives(self, config: RunConfig) -> CollectiveResolver:
         """The collective resolver for the config's device type and node size."""

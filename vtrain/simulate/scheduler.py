@@ -3,7 +3,7 @@
 A task becomes ready when all its predecessors (and, on an ordered stream, the task before it on the stream)
 have finished; ready tasks are taken from a heap in order of ready time and start as soon as their stream is
 free. Compute streams run in the schedule's order; communication streams serve tasks first come, first served.
-The hot loop runs on plain lists built once from the networkx graph.
+The hot loop runs on plain lists.
 """
 
 from __future__ import annotations
@@ -32,12 +32,8 @@ def schedule(graph: ExecutionGraph) -> Schedule:
     """Simulate the graph; raises ``ValueError`` if it has a cycle (some task never becomes ready)."""
     tasks = graph.tasks
     n = len(tasks)
-    successors: list[list[int]] = [[] for _ in range(n)]
-    waiting = [0] * n
-    for node, children in graph.graph.adjacency():
-        successors[node] = list(children)
-        for child in children:
-            waiting[child] += 1
+    successors = graph.successors
+    waiting = [len(before) for before in graph.predecessors]
     next_on_stream = [-1] * n  # ordered streams: a task also waits for its predecessor on the stream
     for order in graph.stream_order.values():
         for before, after in zip(order, order[1:]):

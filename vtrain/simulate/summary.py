@@ -58,7 +58,7 @@ def receives_posted(graph: ExecutionGraph, result: Schedule) -> dict[int, float]
             continue
         stage, previous_end = graph.streams[stream].stage, 0.0
         for i in order:
-            for j in graph.graph.predecessors(i):
+            for j in graph.predecessors[i]:
                 if graph.tasks[j].kind == "pp" and graph.tasks[j].peer == stage:
                     posted[j] = min(previous_end, result.start_us[j])
             previous_end = result.end_us[i]

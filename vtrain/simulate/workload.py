@@ -57,23 +57,48 @@ def optimizer_steps(shape: GptShape, params: tuple[tuple[int, ...], ...]) -> tup
     return tuple(gpt.optimizer_step(shape, list(params)))
 
 
+@lru_cache(maxsize=256)
+def block_steps(shape: GptShape, kind: str, phase: str, accumulate: bool) -> tuple[Step, ...]:
+    """The steps of one block (embedding, layer, head) in one phase (forward, recompute, backward)."""
+    if phase == "backward":
+        return tuple(_BACKWARD_STEPS[kind](shape, accumulate))
+    return tuple(_FORWARD_STEPS[kind](shape))  # forward or recompute
+
+
+#: what a :class:`WorkloadResolver` resolved, by what it depends on; runs that share it (a sweep's, through
+#: :class:`~vtrain.simulate.run.SharedResolvers`) resolve each distinct block, optimizer step and bucket list once
+ResolvedWork = dict[tuple[object, ...], object]
+
+
 class WorkloadResolver:
     """Turns a run config into :class:`GraphInputs` using the op and collective resolvers.
 
     ``gaps``: a host-gap resolver already fitted, with ``ops`` already calibrated, for this run's placed
     operators (:meth:`placed`) and profile stages (:meth:`profile_stages`), as a sweep shares them between runs
-    that place the same operators; by default both are fitted here."""
+    that place the same operators; by default both are fitted here. ``resolved``: what runs resolved through the
+    same resolvers resolved before (keyed by everything it depends on), shared with this one."""
 
     def __init__(self, config: RunConfig, ops: OpLatencyResolver, collectives: CollectiveResolver,
-                 gaps: HostGapResolver | None = None) -> None:
+                 gaps: HostGapResolver | None = None, resolved: ResolvedWork | None = None) -> None:
         self.config = config
         self.shape = GptShape.from_config(config)
         self.ops = ops
         self.collectives = collectives
         self._fitted = gaps is not None
         self.gaps = gaps if gaps is not None else HostGapResolver(ops.profile, ops.device_type)
-        self._steps: dict[tuple[str, str, bool, int | None], tuple[tuple[ResolvedStep, ...], float, float, float]] = {}
+        # shared only with a shared gap resolver: its identity is part of every key
+        self._resolved: ResolvedWork = resolved if resolved is not None and gaps is not None else {}
         self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
+        layout = Layout.of(config)
+        # everything else a resolution depends on (shapes, resolvers, tp and dp groups, bucket size), as one token
+        # per distinct combination, so that a key is cheap to hash
+        depends = (self.shape, id(self.ops), id(self.gaps), id(collectives), layout.group_stride("tp"),
+                   layout.group_stride("dp"), config.parallelism.dp_bucket_mb)
+        self._depends = self._resolved.setdefault(("depends", *depends), object())
+
+    def _key(self, *what: object) -> tuple[object, ...]:
+        """The key of ``what`` in the resolved work shared with other runs."""
+        return (*what, self._depends, self._per_stage)
 
     def resolve_step(self, step: Step, phase: str, stage: int | None = None) -> ResolvedStep:
         """Resolve one op (profile or device model, and the gap before it in ``phase`` on ``stage``) or
@@ -93,14 +118,15 @@ class WorkloadResolver:
 
     def _block(self, kind: str, phase: str, layer: int | None, stage: int, accumulate: bool = False) -> BlockWork:
         where = stage if self._per_stage else None
-        key = (kind, phase, accumulate, where)
-        if key not in self._steps:
-            resolved = tuple(self.resolve_step(s, phase, where) for s in self._block_steps(kind, phase, accumulate))
+        key = self._key("block", kind, phase, accumulate, where)
+        if key not in self._resolved:
+            resolved = tuple(self.resolve_step(s, phase, where) for s in block_steps(self.shape, kind, phase,
+                                                                                    accumulate))
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
             host = max(0.0, self._issued_us(resolved) - tp - compute)
-            self._steps[key] = (resolved, compute, tp, host)
-        resolved, compute, tp, host = self._steps[key]
+            self._resolved[key] = (resolved, compute, tp, host)
+        resolved, compute, tp, host = self._resolved[key]  # type: ignore[misc]
         return BlockWork(kind, phase, layer, resolved, compute, tp, host)
 
     def _issued_us(self, resolved: tuple[ResolvedStep, ...]) -> float:
@@ -123,11 +149,6 @@ class WorkloadResolver:
                 issued += host_op
             finished = max(issued, finished) + r.latency_us
         return finished
-
-    def _block_steps(self, kind: str, phase: str, accumulate: bool) -> list[Step]:
-        if phase == "backward":
-            return _BACKWARD_STEPS[kind](self.shape, accumulate)
-        return _FORWARD_STEPS[kind](self.shape)  # forward or recompute
 
     def profile_stages(self) -> dict[int, int] | None:
         """The pipeline stage of each rank of the profile's timeline, from its ``vtrain/forward stage=S`` spans,
@@ -153,7 +174,7 @@ class WorkloadResolver:
         kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
         steps = [step for kind in kinds for phase, accumulate in (("forward", False), ("backward", False),
                                                                   ("backward", True))
-                 for step in self._block_steps(kind, phase, accumulate)]
+                 for step in block_steps(self.shape, kind, phase, accumulate)]
         steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in chunks}
                   for step in optimizer_steps(self.shape, params)]
         return {step.signature for step in steps if isinstance(step, Op)}
@@ -175,10 +196,14 @@ class WorkloadResolver:
 
     def optimizer(self, chunks: list[Chunk]) -> PhaseWork:
         """Adam over the parameter shards of a stage."""
-        steps = optimizer_steps(self.shape, tuple(stage_parameters(self.shape, chunks)))
         where = chunks[0].stage if self._per_stage else None
-        resolved = tuple(self.resolve_step(s, "optimizer", where) for s in steps)
-        compute, host = sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved)
+        # the parameters depend on the blocks a stage holds, not on which layers they are
+        key = self._key("optimizer", tuple((c.layers, c.has_embedding, c.has_head) for c in chunks), where)
+        if key not in self._resolved:
+            params = tuple(stage_parameters(self.shape, chunks))
+            resolved = tuple(self.resolve_step(s, "optimizer", where) for s in optimizer_steps(self.shape, params))
+            self._resolved[key] = (resolved, sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved))
+        resolved, compute, host = self._resolved[key]  # type: ignore[misc]
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
 
     def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
@@ -192,7 +217,15 @@ class WorkloadResolver:
         definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
         backward of the block holding its last parameter is done (an index into ``backward.blocks``). The
         buckets are one chain of reductions: replicas' straggler wait counts once, on the last
-        (:func:`~vtrain.simulate.collectives.wait_once`)."""
+        (:func:`~vtrain.simulate.collectives.wait_once`). Each chunk gets its own objects (a task's work is
+        counted by its identity: :func:`~vtrain.simulate.summary.coverage`)."""
+        key = self._key("buckets", tuple((block.kind, block.phase) for block in backward.blocks))
+        if key not in self._resolved:
+            self._resolved[key] = [(bucket.after_block, bucket.comm) for bucket in self._buckets(backward)]
+        return [Bucket(after, CommWork(comm.op, comm.bytes, comm.group_size, comm.latency_us, comm.resolution))
+                for after, comm in self._resolved[key]]  # type: ignore[attr-defined]
+
+    def _buckets(self, backward: PhaseWork) -> list[Bucket]:
         limit = self.config.parallelism.dp_bucket_mb * 2**20
         element = self.shape.element_bytes
         buckets: list[Bucket] = []

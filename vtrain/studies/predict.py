@@ -1,23 +1,22 @@
 """The one place the studies ask `vtrain plan` for a speed: the best plan of a workload on a number of GPUs.
 
-Each (workload, GPUs) is searched once and kept. The studies search hundreds of (model, GPU count) pairs, so they
-search a part of `vtrain plan`'s design space (:func:`study_candidates`): every (t, d, p) and micro-batch up to
-``max_micro_batch``, with 1F1B and the gradient all-reduce overlapped (when d > 1), and recomputation only where
-the plan does not fit without it (recomputing never makes an iteration faster). Everything else is `vtrain
-plan`'s: its enumeration and validity rules (:mod:`vtrain.plan.space`), its memory model, its timing of a plan
-(:func:`vtrain.plan.evaluate.time_plan`, `vtrain simulate`'s iteration time from the profile, through one
-set of latency resolvers for every plan) and its cost
-(:func:`vtrain.plan.cost.plan_cost`). With the GPU count fixed, the fastest plan is the cheapest.
+Each (workload, GPUs) is searched once and kept, by `vtrain plan`'s sweep (:func:`vtrain.plan.sweep.sweep`). The
+studies search hundreds of (model, GPU count) pairs, so they sweep a part of the design space: every (t, d, p)
+and micro-batch up to ``max_micro_batch``, with 1F1B and the gradient all-reduce overlapped (when d > 1)
+(:func:`studied`), and recomputation only where the plan does not fit without it (:func:`first_that_fits`:
+recomputing never makes an iteration faster). Everything else is the sweep's: enumeration and validity rules,
+memory model, timing (`vtrain simulate`'s iteration time from the profile, through one set of latency resolvers
+for every sweep) and cost. With the GPU count fixed, the fastest plan is the cheapest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from vtrain.plan.space import Candidate
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
+from vtrain.simulate.latency import SOURCES
 from vtrain.simulate.run import SharedResolvers
 from vtrain.studies.throughput import Prediction, Workload
 from vtrain.tables.store import Profile
@@ -56,11 +55,14 @@ class PlanThroughput:
 
     def _best(self, workload: Workload, gpus: int) -> Prediction | None:
         from vtrain.plan.report import label
+        from vtrain.plan.sweep import sweep
 
         self.sweeps += 1
         base = self.base_config(workload, gpus)
-        rows = best_plan_rows(base, study_candidates(base, gpus, self.max_micro_batch, self.memory_gib(base)),
-                              self._resolvers(base))
+        table = sweep(base, [gpus], self.profile, divisible=True, device_memory_gib=self.memory_gib(base),
+                      max_micro_batch=self.max_micro_batch, within=studied, select=first_that_fits,
+                      shared=self._resolvers(base))
+        rows = [{key: row[key] for key in _PLAN_KEYS} for row in table.simulated().iter_rows(named=True)]
         if not rows:
             return None
         best = max(rows, key=lambda row: row["tokens_per_s"])
@@ -97,41 +99,24 @@ class PlanThroughput:
                          precision=c.precision, hardware=hardware)
 
 
-def study_candidates(base: RunConfig, gpus: int, max_micro_batch: int,
-                     memory_gib: float) -> list[tuple[Candidate, float]]:
-    """The valid plans of the studies' part of the design space that fit in ``memory_gib``, with their memory."""
-    from vtrain.model.memory import GIB, peak_stage_memory
-    from vtrain.plan.space import candidates, invalid_reason
+#: what a prediction says of its plan: the plan table's columns for the point, its memory, time, speed and sources
+_PLAN_KEYS = ("gpus", "tp", "dp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap",
+              "memory_gib", "iteration_ms", "tokens_per_s", "mfu", *SOURCES)
 
-    chosen: dict[tuple[int, int, int], tuple[Candidate, float]] = {}
-    for candidate in candidates(base, gpus, max_micro_batch, divisible=True):  # the rest are invalid anyway
-        key = (candidate.tp, candidate.pp, candidate.micro_batch)
-        if candidate.schedule != "1f1b" or candidate.dp_overlap != (candidate.dp > 1) or key in chosen:
-            continue  # "none" comes before "full" recomputation: the first that fits is kept
-        if invalid_reason(candidate, base) is not None:
-            continue
-        need = peak_stage_memory(candidate.config(base)).total_bytes / GIB
-        if need <= memory_gib:
-            chosen[key] = (candidate, need)
+
+def studied(candidate: Candidate) -> bool:
+    """The studies' part of the design space: 1F1B, the gradient all-reduce overlapped when there is one (the
+    divisible points only: the sweep is asked for them)."""
+    return candidate.schedule == "1f1b" and candidate.dp_overlap == (candidate.dp > 1)
+
+
+def first_that_fits(fitting: list[Candidate]) -> list[Candidate]:
+    """Of the plans that fit, per (t, p, micro-batch), the first in enumeration order: without recomputation
+    when that fits, else with it."""
+    chosen: dict[tuple[int, int, int], Candidate] = {}
+    for candidate in fitting:
+        chosen.setdefault((candidate.tp, candidate.pp, candidate.micro_batch), candidate)
     return list(chosen.values())
-
-
-def best_plan_rows(base: RunConfig, plans: list[tuple[Candidate, float]],
-                   shared: SharedResolvers) -> list[dict[str, Any]]:
-    """Each plan timed as `vtrain plan` times it, with its speed, MFU and where its latencies came from."""
-    from vtrain.model.ops import PRECISION_DTYPE
-    from vtrain.plan.cost import Pricing, plan_cost
-    from vtrain.plan.evaluate import time_plan
-
-    peak = shared.device.peak_for(PRECISION_DTYPE[base.precision])
-    rows = []
-    for candidate, memory in plans:
-        timing = time_plan(candidate.config(base), shared)
-        iteration_s = timing.iteration_us / 1e6
-        cost = plan_cost(iteration_s, candidate.gpus, base.model, base.parallelism.global_batch, Pricing(), peak)
-        rows.append({**candidate.as_row(), "memory_gib": memory, "iteration_ms": iteration_s * 1e3,
-                     "tokens_per_s": cost.tokens_per_s, "mfu": cost.mfu, **timing.coverage})
-    return rows
 
 
 def plan_throughput(profile_dir: Path | None, cluster: Cluster, max_micro_batch: int = 4) -> PlanThroughput:
