@@ -109,7 +109,7 @@ def a100_models() -> tuple[KernelModel, KernelModel]:
 
     device = device_from_profile(load_profile(REPO / "profiles" / "a100"))
     assert device.gemm is not None and device.memory_bound is not None
-    return device.gemm, device.memory_bound
+    return device.gemm.model, device.memory_bound.model
 
 
 def _mtnlg_shapes() -> list[object]:
