@@ -16,20 +16,19 @@ import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import read_bytes
 from vtrain.replay.run import Replay
 
 
 def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
-    """One ``rank-N.json.gz`` per rank in ``out_dir`` (which must exist); returns the files written."""
+    """One ``rank-N.json.gz`` per rank in ``out_dir`` (which must exist), from the traces' content kept in memory
+    (``RankTrace.source``: the files are not read again); returns the files written."""
     written = []
     for trace in replay.traces:
         mine = replay.events.filter(pl.col("rank") == trace.rank).sort("event")
-        start = (mine["sim_ts"].to_numpy() + replay.origin)
-        dur = mine["sim_dur"].to_numpy()
-        moved = dict(zip(trace.index, zip(np.round(start, 3).tolist(), np.round(dur, 3).tolist())))
+        start = np.round(mine["sim_ts"].to_numpy() + replay.origin, 3)
+        dur = np.round(mine["sim_dur"].to_numpy(), 3)
         path = out_dir / f"rank-{trace.rank}.json.gz"
-        _rewrite(trace.path, path, moved)
+        _rewrite(trace.source, trace.path, path, np.frombuffer(trace.index, dtype=np.int64), start, dur)
         written.append(path)
     return written
 
@@ -51,14 +50,17 @@ def _phase(raw: msgspec.Raw) -> str:
         return ""
 
 
-def _rewrite(source: Path, target: Path, moved: dict[int, tuple[float, float]]) -> None:
-    data, _digest = read_bytes(source)
+def _rewrite(content: bytes, source: Path, target: Path, index: np.ndarray, start: np.ndarray,
+             dur: np.ndarray) -> None:
+    """Write ``content`` (a trace's gzip-compressed text) to ``target`` with event ``index[k]`` moved to
+    ``start[k]`` and ``dur[k]``."""
     try:
-        document = _TOP_LEVEL.decode(data)
+        document = _TOP_LEVEL.decode(gzip.decompress(content))
         raw_events = _EVENTS.decode(document.pop("traceEvents"))
-    except (msgspec.DecodeError, KeyError) as exc:
+    except (msgspec.DecodeError, KeyError, OSError) as exc:
         raise InputError(f"cannot re-read the trace to write its replay: {exc}", source) from None
-    del data
+    row_of = np.full(len(raw_events), -1, dtype=np.int64)
+    row_of[index] = np.arange(len(index))
     encode = msgspec.json.Encoder().encode
     with gzip.open(target, "wb", compresslevel=1) as handle:
         handle.write(b"{\n")
@@ -67,9 +69,10 @@ def _rewrite(source: Path, target: Path, moved: dict[int, tuple[float, float]]) 
         handle.write(b'"traceEvents": [\n')
         first = True
         for position, raw in enumerate(raw_events):
-            if position in moved:
+            row = row_of[position]
+            if row >= 0:
                 event = msgspec.json.decode(raw)
-                event["ts"], event["dur"] = moved[position]
+                event["ts"], event["dur"] = float(start[row]), float(dur[row])
                 text = encode(event)
             elif _phase(raw) in ("s", "f"):
                 continue

@@ -6,14 +6,21 @@ synchronisations, memcpys, event record/wait) and, where newer PyTorch versions 
 the ``cudaEventRecord`` they wait on.
 
 What an event is comes from :mod:`vtrain.kineto` (categories in any case and generation, ROCm and MTIA
-categories, arg keys in any spelling, hex stream ids). Events are decoded tolerantly: an event that is not an
-object, or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file
-that is not a trace at all is an error. (Ingest's own event decoder is strict about arg types, so the replay
-decodes the events itself and reuses only ingest's file reading and header decoding.)
+categories, arg keys in any spelling, hex stream ids). Events are decoded by the tolerant decoder of
+:mod:`vtrain.ingest.decode` (:func:`~vtrain.ingest.decode.iter_loose_batches`): an event that is not an object,
+or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file that is
+not a trace at all is an error.
+
+A file is read once: ``read_rank_trace(path, sink)`` hands every decoded batch to ``sink`` as well (`vtrain
+validate` builds ingest's tables from them), and keeps the file's content compressed in ``RankTrace.source`` for
+writing the replayed trace (:mod:`vtrain.replay.chrome`) without reading the file again.
 """
 
 from __future__ import annotations
 
+import gzip
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,34 +29,15 @@ import msgspec
 
 from vtrain import kineto
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes, readable_trace
+from vtrain.ingest.decode import LooseEvent, decode_header, iter_loose_batches, read_stored, readable_trace
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
 
 
-class _Event(msgspec.Struct, gc=False):
-    """A Chrome-trace event with every field left loosely typed."""
-
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: dict[str, Any] | None = None
-
-
-class _LooseEvent(_Event, gc=False):
-    """The fallback for an event whose ``args`` is not an object."""
-
-    args: Any = None  # type: ignore[assignment]
-
-
-_BATCH = msgspec.json.Decoder(list[_Event])
-_ONE = msgspec.json.Decoder(_Event)
-_LOOSE = msgspec.json.Decoder(_LooseEvent)
+#: receives every decoded batch of a file's events, with the rank and the file's header (see read_rank_trace)
+Sink = Callable[[int, list[LooseEvent | None], list[float | None], list[float | None]], None]
 
 
 @dataclass
@@ -61,6 +49,8 @@ class RankTrace:
     ``user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, the runtime category in lower case,
     ``cuda_sync``). ``lane`` is the thread id for cpu and runtime events and the stream for device and sync
     events. ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
+    The numeric columns ``lane``, ``ts``, ``dur`` and ``index`` are compact arrays (8 bytes an event). ``source``
+    is the file's JSON text, gzip-compressed (the file's own bytes when it is gzip).
     """
 
     rank: int
@@ -70,9 +60,9 @@ class RankTrace:
     kind: list[str]
     cat: list[str]
     name: list[str]
-    lane: list[int]
-    ts: list[float]
-    dur: list[float]
+    lane: array  # of int64
+    ts: array  # of float64
+    dur: array  # of float64
     correlation: list[int | None]
     external_id: list[int | None]
     wait_on_stream: list[int | None]
@@ -82,8 +72,9 @@ class RankTrace:
     pg_ranks: list[str | None]
     pg_name: list[str | None]
     input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
-    index: list[int]
+    index: array  # of int64
     dropped: int = 0
+    source: bytes = b""
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -93,50 +84,35 @@ class RankTrace:
         return DEVICE in self.kind
 
 
-def read_rank_trace(path: Path) -> RankTrace:
-    """Decode one rank file; errors name the file."""
+def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
+    """Decode one rank file (read once); errors name the file. ``sink``, if given, gets every batch of decoded
+    events with the file's rank and the batch's start times and durations as numbers."""
     with readable_trace(path):
-        return _read_rank_trace(path)
+        return _read_rank_trace(path, sink)
 
 
-def _read_rank_trace(path: Path) -> RankTrace:
-    data, _digest = read_bytes(path)
+def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
+    stored, data = read_stored(path)
     header = decode_header(data, path)
-    del data
+    source = stored if stored is not data else gzip.compress(data, compresslevel=1)
+    del data, stored
     info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
     rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
     groups = info.get("pg_config")
     trace = RankTrace(rank=rank, path=path, world_size=world_size,
                       process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
-                      kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
-                      wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
-                      pg_name=[], input_dims=[], index=[])
+                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
+                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
+                      pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
     reader = _Reader(trace)
-    raw = header.traceEvents
-    for start in range(0, len(raw), BATCH_EVENTS):
-        reader.add(_decode(raw[start:start + BATCH_EVENTS]), start)
+    for offset, events in iter_loose_batches(header):
+        times = [_number(event.ts) if event is not None else None for event in events]
+        durations = [_number(event.dur) if event is not None else None for event in events]
+        reader.add(events, times, durations, offset)
+        if sink is not None:
+            sink(rank, events, times, durations)
+    header.traceEvents.clear()
     return trace
-
-
-def _decode(raw: list[msgspec.Raw]) -> list[_Event | None]:
-    """A batch of events; when one of them does not decode, each is decoded on its own (``None`` if it is not
-    an object)."""
-    try:
-        return list(_BATCH.decode(b"[" + b",".join(raw) + b"]"))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass
-    events: list[_Event | None] = []
-    for item in raw:
-        try:
-            events.append(_ONE.decode(item))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            try:
-                loose = _LOOSE.decode(item)
-                loose.args = None
-                events.append(loose)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                events.append(None)
-    return events
 
 
 class _Reader:
@@ -148,7 +124,8 @@ class _Reader:
         self.named_lanes: dict[str, int] = {}  # thread ids that are names, not numbers
         self.keys: dict[str, str] = {}  # arg key as written -> folded (kineto.arg_key)
 
-    def add(self, events: list[_Event | None], offset: int) -> None:
+    def add(self, events: list[LooseEvent | None], times: list[float | None], durations: list[float | None],
+            offset: int) -> None:
         trace = self.trace
         for position, event in enumerate(events):
             if event is None or event.ph != "X" or not isinstance(event.cat, str):
@@ -158,7 +135,7 @@ class _Reader:
                 continue
             name = event.name if isinstance(event.name, str) else ""
             args = self._args(event.args)
-            ts, dur = _number(event.ts), _number(event.dur)
+            ts, dur = times[position], durations[position]
             lane = (self._lane(event.tid) if kind in (CPU, RUNTIME)
                     else kineto.parse_stream(args.get("stream")))
             if lane is None and kind != CPU and kind != RUNTIME:
