@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import gzip
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -36,8 +35,16 @@ from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
 
 
-#: receives every decoded batch of a file's events, with the rank and the file's header (see read_rank_trace)
-Sink = Callable[[int, list[LooseEvent | None], list[float | None], list[float | None]], None]
+class Sink(Protocol):
+    """Another reader of the events decoded for the replay (`vtrain validate`'s latency tables): it gets every
+    batch of a file's events, then the file's :class:`RankTrace` once the file is read."""
+
+    def add(self, events: list[LooseEvent | None], times: list[float | None],
+            durations: list[float | None]) -> None:
+        """A batch of events with their start times and durations read as numbers (``None`` where unusable)."""
+
+    def close(self, trace: RankTrace) -> None:
+        """The file is read."""
 
 
 @dataclass
@@ -86,7 +93,7 @@ class RankTrace:
 
 def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
     """Decode one rank file (read once); errors name the file. ``sink``, if given, gets every batch of decoded
-    events with the file's rank and the batch's start times and durations as numbers."""
+    events, then the trace."""
     with readable_trace(path):
         return _read_rank_trace(path, sink)
 
@@ -110,8 +117,10 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
         durations = [_number(event.dur) if event is not None else None for event in events]
         reader.add(events, times, durations, offset)
         if sink is not None:
-            sink(rank, events, times, durations)
+            sink.add(events, times, durations)
     header.traceEvents.clear()
+    if sink is not None:
+        sink.close(trace)
     return trace
 
 
@@ -243,12 +252,13 @@ def _elements(dims: Any) -> int | None:
     return total
 
 
-def read_trace_set(trace_dir: str | Path) -> list[RankTrace]:
-    """Every rank file of a trace folder, sorted by rank; two files claiming one rank is an error."""
+def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
+    """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
+    claiming one rank is an error."""
     traces: list[RankTrace] = []
     seen: dict[int, Path] = {}
     for path in find_trace_files(trace_dir):
-        trace = read_rank_trace(path)
+        trace = read_rank_trace(path, sink)
         if trace.rank in seen:
             raise InputError(f"rank {trace.rank} is claimed by both {seen[trace.rank].name} and {path.name}", path)
         seen[trace.rank] = path
