@@ -220,13 +220,17 @@ _LOOSE_ONE = msgspec.json.Decoder(LooseEvent)
 _ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject)
 
 
+#: events per batch of the tolerant decoder: its events hold their args as dicts, so a batch is kept small
+LOOSE_BATCH_EVENTS = 20_000
+
+
 def iter_loose_batches(header: TraceHeader) -> Iterator[tuple[int, list[LooseEvent | None]]]:
-    """Decode ``traceEvents`` tolerantly in batches of :data:`BATCH_EVENTS`: ``(index of the batch's first
+    """Decode ``traceEvents`` tolerantly in batches of :data:`LOOSE_BATCH_EVENTS`: ``(index of the batch's first
     event, events)``, with ``None`` for an entry that is not a JSON object. Never fails: a malformed event is for
     its reader to count."""
     raw = header.traceEvents
-    for start in range(0, len(raw), BATCH_EVENTS):
-        yield start, decode_loose_events(raw[start:start + BATCH_EVENTS])
+    for start in range(0, len(raw), LOOSE_BATCH_EVENTS):
+        yield start, decode_loose_events(raw[start:start + LOOSE_BATCH_EVENTS])
 
 
 def decode_loose_events(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
