@@ -3,6 +3,11 @@
 The top level is decoded with ``traceEvents`` kept as raw JSON slices (no Python object per field), then the
 events are decoded in batches into small typed structs holding only the fields vtrain keeps. Memory therefore
 grows with the kept fields, not with the JSON text, and every error names the file and what is wrong.
+
+Two event decoders: the strict one (:func:`iter_event_batches`, :class:`TraceEvent`: a field of the wrong type
+fails the file, naming the event) and the tolerant one (:func:`iter_loose_batches`, :class:`LooseEvent`: every
+field loosely typed, for readers that count and leave out what they cannot use: the replay and `vtrain validate`,
+which turns its events into ingest's typed events with :func:`typed_event`).
 """
 
 from __future__ import annotations

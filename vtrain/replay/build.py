@@ -46,7 +46,17 @@ from vtrain.replay.context import (
     DependencyStats,
     RankContext,
 )
-from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions, precedes
+from vtrain.replay.graph import (
+    ANCHOR,
+    ISSUE,
+    PEER,
+    THREAD,
+    WAITED,
+    WORK,
+    EdgeList,
+    ReplayOptions,
+    precedes,
+)
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
 from vtrain.replay.threads import ThreadChain, blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace

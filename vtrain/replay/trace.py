@@ -28,7 +28,13 @@ import msgspec
 
 from vtrain import kineto
 from vtrain.errors import InputError
-from vtrain.ingest.decode import LooseEvent, decode_header, iter_loose_batches, read_stored, readable_trace
+from vtrain.ingest.decode import (
+    LooseEvent,
+    decode_header,
+    iter_loose_batches,
+    read_stored,
+    readable_trace,
+)
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: what an event is in the replay

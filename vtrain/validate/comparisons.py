@@ -31,7 +31,15 @@ from vtrain.validate.model import (
 )
 from vtrain.validate.opclass import GEMM
 from vtrain.validate.terms import term_notes
-from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, breakdown, iterations, ops, spans
+from vtrain.validate.timeline import (
+    MEASURED,
+    REPLAYED,
+    annotate,
+    breakdown,
+    iterations,
+    ops,
+    spans,
+)
 
 Warn = Callable[[str], None]
 

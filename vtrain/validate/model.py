@@ -79,7 +79,9 @@ class ModelPrediction:
 
 def predict(config: RunConfig, profile: Profile, profile_source: str, config_source: str | Path) -> ModelPrediction:
     """Simulate ``config`` from ``profile`` (in memory: nothing is written)."""
-    from vtrain.simulate import simulate  # imports the model (and torch): only when a run is described
+    from vtrain.simulate import (
+        simulate,  # imports the model (and torch): only when a run is described
+    )
 
     simulation = simulate(config, profile, source=str(config_source))
     summary = simulation.to_dict()

@@ -21,7 +21,12 @@ from vtrain.replay.run import Replay, replay
 from vtrain.replay.trace import SYNC, RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import Comparison
-from vtrain.validate.comparisons import ModelRun, compare_model, compare_replay, predict_model
+from vtrain.validate.comparisons import (
+    ModelRun,
+    compare_model,
+    compare_replay,
+    predict_model,
+)
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
