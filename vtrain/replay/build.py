@@ -46,17 +46,7 @@ from vtrain.replay.context import (
     DependencyStats,
     RankContext,
 )
-from vtrain.replay.graph import (
-    ANCHOR,
-    ISSUE,
-    PEER,
-    THREAD,
-    WAITED,
-    WORK,
-    EdgeList,
-    ReplayOptions,
-    precedes,
-)
+from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions, precedes
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
 from vtrain.replay.threads import ThreadChain, blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
