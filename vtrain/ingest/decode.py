@@ -13,7 +13,6 @@ which turns its events into ingest's typed events with :func:`typed_event`).
 from __future__ import annotations
 
 import hashlib
-import io
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,20 +125,6 @@ def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tup
             return gunzip(handle, path, progress, digest), digest.hexdigest()
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-
-
-def read_stored(path: Path) -> tuple[bytes, bytes | bytearray]:
-    """The file's bytes as stored and its JSON text (the same object for a plain file; gunzipped for gzip), from
-    one read of the file. Errors name the file, as :func:`read_bytes`'s do."""
-    try:
-        with path.open("rb") as handle:
-            gzip = is_gzip(handle, path)
-            stored = handle.read()
-    except OSError as exc:
-        raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    if not gzip:
-        return stored, stored
-    return stored, gunzip(io.BytesIO(stored), path, None, hashlib.sha256())
 
 
 def is_gzip(handle: BinaryIO, path: Path) -> bool:

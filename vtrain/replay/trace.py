@@ -12,15 +12,17 @@ or whose time or lane is unusable, is counted in ``dropped`` rather than failing
 not a trace at all is an error.
 
 A file is read once: ``read_rank_trace(path, sink)`` hands every decoded batch to ``sink`` as well (`vtrain
-validate` builds ingest's tables from them), and keeps the file's content compressed in ``RankTrace.source`` for
-writing the replayed trace (:mod:`vtrain.replay.chrome`) without reading the file again.
+validate` builds ingest's tables from them), and keeps the file's text in ``RankTrace.source`` (a
+:class:`KeptText`: compressed, batch by batch) for writing the replayed trace (:mod:`vtrain.replay.chrome`)
+without reading the file again, and without ever holding the whole text twice.
 """
 
 from __future__ import annotations
 
-import gzip
+import zlib
 from array import array
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,13 +34,32 @@ from vtrain.ingest.decode import (
     LooseEvent,
     decode_header,
     iter_loose_batches,
-    read_stored,
+    read_bytes,
     readable_trace,
 )
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
+
+
+@dataclass
+class KeptText:
+    """A trace file's text, kept to write its replay: the top-level fields other than ``traceEvents`` as JSON
+    text, and the events, in batches of :data:`~vtrain.ingest.decode.LOOSE_BATCH_EVENTS` (each batch's raw events
+    joined by ``,\\n`` and zlib-compressed), so that they can be rewritten one batch at a time."""
+
+    fields: list[tuple[str, bytes]] = field(default_factory=list)
+    batches: list[bytes] = field(default_factory=list)
+
+    def events(self) -> Iterator[list[msgspec.Raw]]:
+        """The raw events, batch by batch."""
+        for batch in self.batches:
+            yield _RAW_EVENTS.decode(b"[" + zlib.decompress(batch) + b"]")
+
+
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class Sink(Protocol):
@@ -63,7 +84,7 @@ class RankTrace:
     ``cuda_sync``). ``lane`` is the thread id for cpu and runtime events and the stream for device and sync
     events. ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
     The numeric columns ``lane``, ``ts``, ``dur`` and ``index`` are compact arrays (8 bytes an event). ``source``
-    is the file's JSON text, gzip-compressed (the file's own bytes when it is gzip).
+    is the file's text, compressed (:class:`KeptText`).
     """
 
     rank: int
@@ -87,7 +108,7 @@ class RankTrace:
     input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
     index: array  # of int64
     dropped: int = 0
-    source: bytes = b""
+    source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -105,10 +126,11 @@ def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
 
 
 def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
-    stored, data = read_stored(path)
+    data, _digest = read_bytes(path)
     header = decode_header(data, path)
-    source = stored if stored is not data else gzip.compress(data, compresslevel=1)
-    del data, stored
+    source = KeptText(fields=[(key, bytes(value)) for key, value in _TOP_LEVEL.decode(data).items()
+                              if key != "traceEvents"])
+    del data
     info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
     rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
     groups = info.get("pg_config")
@@ -118,13 +140,15 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
                       external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
                       pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
     reader = _Reader(trace)
+    raw = header.traceEvents
     for offset, events in iter_loose_batches(header):
+        source.batches.append(zlib.compress(b",\n".join(raw[offset:offset + len(events)]), 1))
         times = [_number(event.ts) if event is not None else None for event in events]
         durations = [_number(event.dur) if event is not None else None for event in events]
         reader.add(events, times, durations, offset)
         if sink is not None:
             sink.add(events, times, durations)
-    header.traceEvents.clear()
+    raw.clear()
     if sink is not None:
         sink.close(trace)
     return trace

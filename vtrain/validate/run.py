@@ -18,7 +18,7 @@ from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.run import Replay, replay
-from vtrain.replay.trace import SYNC, RankTrace, read_trace_set
+from vtrain.replay.trace import SYNC, KeptText, RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import Comparison
 from vtrain.validate.comparisons import (
@@ -172,7 +172,7 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
     replay_dir.mkdir(parents=True, exist_ok=True)
     write_replayed_traces(prepared.replayed, replay_dir)
     for trace in traces:
-        trace.source = b""  # written: the compressed text is not needed any more
+        trace.source = KeptText()  # written: the text is not needed any more
 
     model_result, model_frame = None, None
     if prepared.model is not None and prepared.config is not None:
