@@ -148,6 +148,7 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
         reader.add(events, times, durations, offset)
         if sink is not None:
             sink.add(events, times, durations)
+        raw[offset:offset + len(events)] = [None] * len(events)  # read: free each event's raw slice
     raw.clear()
     if sink is not None:
         sink.close(trace)
