@@ -91,7 +91,6 @@ class Prepared:
     model: ModelRun | None
     model_reason: str | None
     warnings: list[str]
-    note: Warn
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
@@ -158,7 +157,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         note(f"model-driven prediction skipped: {model_reason}")
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
-                    model_reason=model_reason, warnings=warnings, note=note)
+                    model_reason=model_reason, warnings=warnings)
 
 
 def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
