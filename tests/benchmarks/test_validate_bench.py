@@ -1,18 +1,21 @@
 """Speed and memory of the replay and of `vtrain validate`.
 
-Run with `make bench`: the replay of the real 2-rank-of-V100 trace in process, and the whole `vtrain validate`
+Run with `make bench`: the replay of the real 2-rank-of-V100 trace in process, the whole `vtrain validate`
 process (without HTA, whose own parsing is benchmarked against ingest) on the generated 127 MB trace, with its
-peak RSS in extra_info.
+peak RSS in extra_info, and validate against its peer, HTA's parse of the same folder (`TraceAnalysis`), in the
+same run: each tool's time and peak RSS side by side in HTA's row.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.benchmarks.conftest import ProcessCost, run_measured
+from tests.benchmarks.test_ingest_bench import HTA_PARSE
 from tests.conftest import TRACES
 from vtrain.replay.run import replay
 from vtrain.replay.trace import read_trace_set
@@ -43,3 +46,35 @@ def test_validate_100mb_whole_process(benchmark, request: pytest.FixtureRequest,
     benchmark.pedantic(once, rounds=1, iterations=1)
     benchmark.extra_info["max_rss_mb"] = round(max(c.max_rss_mb for c in costs), 1)
     benchmark.extra_info["input_mb"] = round(sum(f.stat().st_size for f in trace_100mb.iterdir()) / 1e6, 1)
+
+
+#: each tool's runs on the generated trace, to put them side by side
+_PEER_RUNS: dict[str, list[ProcessCost]] = {}
+
+
+@pytest.mark.parametrize("tool", ["validate", "hta"])
+def test_validate_vs_hta_parse(benchmark, tool: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """`vtrain validate --no-hta` (read once, replay, compare, write the replayed trace and the report) against
+    HTA's parse alone of the same 127 MB folder, whole processes; the peak RSS per trace byte is the figure of
+    issue 17 (HTA's users report about 4.75 bytes per trace byte)."""
+    if not benchmark.enabled:
+        pytest.skip("a whole-process measurement: runs with `make bench` only")
+    trace_100mb: Path = request.getfixturevalue("trace_100mb")
+    benchmark.group = "validate vs HTA's parse, 127 MB trace (whole process)"
+    command = ([sys.executable, "-m", "vtrain.cli.main", "validate", str(trace_100mb), "-o",
+                str(tmp_path / "report"), "--no-hta"] if tool == "validate"
+               else [sys.executable, "-c", HTA_PARSE, str(trace_100mb)])
+    costs: list[ProcessCost] = []
+    benchmark.pedantic(lambda: costs.append(run_measured(command)), rounds=1, iterations=1)
+    input_mb = sum(f.stat().st_size for f in trace_100mb.iterdir()) / 1e6
+    peak = max(c.max_rss_mb for c in costs)
+    benchmark.extra_info.update(max_rss_mb=round(peak, 1), input_mb=round(input_mb, 1),
+                                rss_per_trace_byte=round(peak / input_mb, 2))
+    _PEER_RUNS[tool] = costs
+    if tool == "hta" and "validate" in _PEER_RUNS:
+        ours, theirs = _PEER_RUNS["validate"], _PEER_RUNS["hta"]
+        benchmark.extra_info.update(
+            validate_s=round(statistics.median(c.seconds for c in ours), 2),
+            hta_parse_s=round(statistics.median(c.seconds for c in theirs), 2),
+            validate_max_rss_mb=round(max(c.max_rss_mb for c in ours), 1),
+            hta_parse_max_rss_mb=round(max(c.max_rss_mb for c in theirs), 1))

@@ -18,7 +18,7 @@ from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
 from vtrain.runconfig import load_run_config
-from vtrain.validate.run import validate_traces
+from vtrain.validate.run import finish_validation, prepare_validation, validate_traces
 from vtrain.validate.suite import check, load_suite
 
 EXIT_TOO_FAR = 1
@@ -77,9 +77,9 @@ def validate_command(
     target = output or REPORTS / trace_dir.resolve().name
     check_output(target, inputs=[trace_dir, config, profile], force=True, what="report folder")
     _check_inputs(trace_dir, config)
-    with staged_folder(target) as staging:
-        result = validate_traces(trace_dir, staging, config_path=config, profile_dir=profile, with_hta=not no_hta,
-                                 warn=warn)
+    prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn)
+    with staged_folder(target) as staging:  # created only now, when there are results to write
+        result = finish_validation(prepared, staging, with_hta=not no_hta)
         write_report_files(result, staging)
     errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
     passed = all(check(e, max_error) for e in errors)
@@ -95,7 +95,7 @@ def validate_command(
 
 def _check_inputs(trace_dir: Path, config: Path | None) -> None:
     """The checks that need no trace parsed (a folder with traces, a readable and consistent run config), made
-    before the report's staging folder is created: bad input leaves nothing behind, not even for a moment."""
+    before any work: bad input is refused at once."""
     find_trace_files(trace_dir)
     if config is not None:
         load_run_config(config).validate(config)

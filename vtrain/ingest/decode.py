@@ -3,6 +3,11 @@
 The top level is decoded with ``traceEvents`` kept as raw JSON slices (no Python object per field), then the
 events are decoded in batches into small typed structs holding only the fields vtrain keeps. Memory therefore
 grows with the kept fields, not with the JSON text, and every error names the file and what is wrong.
+
+Two event decoders: the strict one (:func:`iter_event_batches`, :class:`TraceEvent`: a field of the wrong type
+fails the file, naming the event) and the tolerant one (:func:`iter_loose_batches`, :class:`LooseEvent`: every
+field loosely typed, for readers that count and leave out what they cannot use: the replay and `vtrain validate`,
+which turns its events into ingest's typed events with :func:`typed_event`).
 """
 
 from __future__ import annotations
@@ -177,6 +182,107 @@ def iter_event_batches(header: TraceHeader, path: Path) -> Iterator[list[TraceEv
             yield TRACE_EVENTS_DECODER.decode(chunk)
         except msgspec.ValidationError as exc:
             raise InputError(f"malformed trace event: {_describe_validation(exc)}", path) from None
+
+
+class LooseEvent(msgspec.Struct, gc=False):
+    """A Chrome-trace event with every field left loosely typed: what :func:`decode_loose_events` returns. The
+    readers that use it (the replay, `vtrain validate`) check each field themselves and leave out what they
+    cannot use, counting it, instead of failing the file."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: dict[str, Any] | None = None
+
+
+class _ArgsNotAnObject(LooseEvent, gc=False):
+    """The fallback for an event whose ``args`` is not an object (its args are then ignored)."""
+
+    args: Any = None  # type: ignore[assignment]
+
+
+_LOOSE_BATCH = msgspec.json.Decoder(list[LooseEvent])
+_LOOSE_ONE = msgspec.json.Decoder(LooseEvent)
+_ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject)
+
+
+#: events per batch of the tolerant decoder: its events hold their args as dicts, so a batch is kept small
+LOOSE_BATCH_EVENTS = 20_000
+
+
+def iter_loose_batches(header: TraceHeader) -> Iterator[tuple[int, list[LooseEvent | None]]]:
+    """Decode ``traceEvents`` tolerantly in batches of :data:`LOOSE_BATCH_EVENTS`: ``(index of the batch's first
+    event, events)``, with ``None`` for an entry that is not a JSON object. Never fails: a malformed event is for
+    its reader to count."""
+    raw = header.traceEvents
+    for start in range(0, len(raw), LOOSE_BATCH_EVENTS):
+        yield start, decode_loose_events(raw[start:start + LOOSE_BATCH_EVENTS])
+
+
+def decode_loose_events(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
+    """A batch of raw events as :class:`LooseEvent`; when one of them does not decode, each is decoded on its
+    own (``None`` if it is not an object, ``args=None`` if its args are not an object)."""
+    try:
+        return list(_LOOSE_BATCH.decode(b"[" + b",".join(raw) + b"]"))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    events: list[LooseEvent | None] = []
+    for item in raw:
+        try:
+            events.append(_LOOSE_ONE.decode(item))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            try:
+                loose = _ARGS_NOT_AN_OBJECT.decode(item)
+                loose.args = None
+                events.append(loose)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                events.append(None)
+    return events
+
+
+#: EventArgs fields kept as raw JSON text, by their key in a trace
+_RAW_ARGS = {f.encode_name: f.name for f in msgspec.structs.fields(EventArgs) if f.type is msgspec.Raw}
+#: the other EventArgs fields, by their key in a trace
+_ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(EventArgs) if f.type is not msgspec.Raw}
+
+
+def typed_event(event: LooseEvent, ts: float | None, dur: float | None) -> TraceEvent | None:
+    """A loosely decoded complete event as the typed :class:`TraceEvent` ingest's tables are built from, with
+    ``ts`` and ``dur`` already read as numbers; ``None`` when ``cat`` or ``name`` is not text. An argument of the
+    wrong type (``"External id": "5"`` is read as 5; a list where a number belongs) is left out, not the event."""
+    cat, name = event.cat, event.name
+    if not isinstance(cat, str) or not isinstance(name, str):
+        return None
+    pid = event.pid if isinstance(event.pid, (int, str)) and not isinstance(event.pid, bool) else None
+    tid = event.tid if isinstance(event.tid, (int, str)) and not isinstance(event.tid, bool) else None
+    args = typed_args(event.args) if event.args else None
+    return TraceEvent(cat=cat, name=name, pid=pid, tid=tid, ts=ts, dur=dur, args=args, ph="X")
+
+
+def typed_args(args: dict[str, Any]) -> EventArgs:
+    """An event's ``args`` object as :class:`EventArgs`; numbers written as strings are read, values that do not
+    fit their field are left out."""
+    values = {key: value for key, value in args.items() if key not in _RAW_ARGS}
+    try:
+        typed = msgspec.convert(values, EventArgs, strict=False)
+    except msgspec.ValidationError:
+        typed = EventArgs()
+        for key, value in values.items():
+            field = _ARG_FIELDS.get(key)
+            try:
+                one = msgspec.convert({key: value}, EventArgs, strict=False) if field else None
+            except msgspec.ValidationError:
+                continue
+            if one is not None:
+                setattr(typed, field, getattr(one, field))
+    for key, field in _RAW_ARGS.items():
+        if key in args:
+            setattr(typed, field, msgspec.Raw(msgspec.json.encode(args[key])))
+    return typed
 
 
 def _describe_validation(exc: msgspec.ValidationError) -> str:

@@ -15,21 +15,21 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from vtrain.errors import InputError
-from vtrain.ingest.decode import read_bytes
 from vtrain.replay.run import Replay
+from vtrain.replay.trace import KeptText
 
 
 def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
-    """One ``rank-N.json.gz`` per rank in ``out_dir`` (which must exist); returns the files written."""
+    """One ``rank-N.json.gz`` per rank in ``out_dir`` (which must exist), from the traces' content kept in memory
+    (``RankTrace.source``: the files are not read again), one batch of events at a time; returns the files
+    written."""
     written = []
     for trace in replay.traces:
         mine = replay.events.filter(pl.col("rank") == trace.rank).sort("event")
-        start = (mine["sim_ts"].to_numpy() + replay.origin)
-        dur = mine["sim_dur"].to_numpy()
-        moved = dict(zip(trace.index, zip(np.round(start, 3).tolist(), np.round(dur, 3).tolist())))
+        start = np.round(mine["sim_ts"].to_numpy() + replay.origin, 3)
+        dur = np.round(mine["sim_dur"].to_numpy(), 3)
         path = out_dir / f"rank-{trace.rank}.json.gz"
-        _rewrite(trace.path, path, moved)
+        _rewrite(trace.source, path, np.frombuffer(trace.index, dtype=np.int64), start, dur)
         written.append(path)
     return written
 
@@ -38,8 +38,6 @@ class _Phase(msgspec.Struct):
     ph: Any = ""
 
 
-_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _PHASE = msgspec.json.Decoder(_Phase)
 
 
@@ -51,32 +49,32 @@ def _phase(raw: msgspec.Raw) -> str:
         return ""
 
 
-def _rewrite(source: Path, target: Path, moved: dict[int, tuple[float, float]]) -> None:
-    data, _digest = read_bytes(source)
-    try:
-        document = _TOP_LEVEL.decode(data)
-        raw_events = _EVENTS.decode(document.pop("traceEvents"))
-    except (msgspec.DecodeError, KeyError) as exc:
-        raise InputError(f"cannot re-read the trace to write its replay: {exc}", source) from None
-    del data
+def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray, dur: np.ndarray) -> None:
+    """Write the trace ``text`` to ``target``, batch by batch, with event ``index[k]`` moved to ``start[k]`` and
+    ``dur[k]``."""
     encode = msgspec.json.Encoder().encode
     with gzip.open(target, "wb", compresslevel=1) as handle:
         handle.write(b"{\n")
-        for key, value in document.items():
-            handle.write(encode(key) + b": " + bytes(value) + b",\n")
+        for key, value in text.fields:
+            handle.write(encode(key) + b": " + value + b",\n")
         handle.write(b'"traceEvents": [\n')
         first = True
-        for position, raw in enumerate(raw_events):
-            if position in moved:
-                event = msgspec.json.decode(raw)
-                event["ts"], event["dur"] = moved[position]
-                text = encode(event)
-            elif _phase(raw) in ("s", "f"):
-                continue
-            else:
-                text = bytes(raw)
-            if not first:
-                handle.write(b",\n")
-            handle.write(text)
-            first = False
+        row, position = 0, 0  # the next moved event (index is increasing) and the position in traceEvents
+        for batch in text.events():
+            for raw in batch:
+                if row < len(index) and index[row] == position:
+                    event = msgspec.json.decode(raw)
+                    event["ts"], event["dur"] = float(start[row]), float(dur[row])
+                    text_out = encode(event)
+                    row += 1
+                elif _phase(raw) in ("s", "f"):
+                    position += 1
+                    continue
+                else:
+                    text_out = bytes(raw)
+                position += 1
+                if not first:
+                    handle.write(b",\n")
+                handle.write(text_out)
+                first = False
         handle.write(b"\n]\n}\n")

@@ -79,7 +79,7 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
             "event": pl.Series(range(n), dtype=pl.Int64),
             "kind": pl.Series(trace.kind, dtype=pl.String), "cat": pl.Series(trace.cat, dtype=pl.String),
             "name": pl.Series(trace.name, dtype=pl.String),
-            "lane": pl.Series(trace.lane, dtype=pl.Int64),
+            "lane": pl.Series(np.frombuffer(trace.lane, dtype=np.int64)),
             "launch": pl.Series([launches.get(i) for i in range(n)], dtype=pl.Int64),
             "external_id": pl.Series(trace.external_id, dtype=pl.Int64),
             "input_dims": pl.Series(trace.input_dims, dtype=pl.String),

@@ -6,50 +6,72 @@ synchronisations, memcpys, event record/wait) and, where newer PyTorch versions 
 the ``cudaEventRecord`` they wait on.
 
 What an event is comes from :mod:`vtrain.kineto` (categories in any case and generation, ROCm and MTIA
-categories, arg keys in any spelling, hex stream ids). Events are decoded tolerantly: an event that is not an
-object, or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file
-that is not a trace at all is an error. (Ingest's own event decoder is strict about arg types, so the replay
-decodes the events itself and reuses only ingest's file reading and header decoding.)
+categories, arg keys in any spelling, hex stream ids). Events are decoded by the tolerant decoder of
+:mod:`vtrain.ingest.decode` (:func:`~vtrain.ingest.decode.iter_loose_batches`): an event that is not an object,
+or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file that is
+not a trace at all is an error.
+
+A file is read once: ``read_rank_trace(path, sink)`` hands every decoded batch to ``sink`` as well (`vtrain
+validate` builds ingest's tables from them), and keeps the file's text in ``RankTrace.source`` (a
+:class:`KeptText`: compressed, batch by batch) for writing the replayed trace (:mod:`vtrain.replay.chrome`)
+without reading the file again, and without ever holding the whole text twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from vtrain import kineto
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BATCH_EVENTS, decode_header, read_bytes, readable_trace
+from vtrain.ingest.decode import (
+    LooseEvent,
+    decode_header,
+    iter_loose_batches,
+    read_bytes,
+    readable_trace,
+)
 from vtrain.ingest.discover import find_trace_files, rank_and_world_size
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
 
 
-class _Event(msgspec.Struct, gc=False):
-    """A Chrome-trace event with every field left loosely typed."""
+@dataclass
+class KeptText:
+    """A trace file's text, kept to write its replay: the top-level fields other than ``traceEvents`` as JSON
+    text, and the events, in batches of :data:`~vtrain.ingest.decode.LOOSE_BATCH_EVENTS` (each batch's raw events
+    joined by ``,\\n`` and zlib-compressed), so that they can be rewritten one batch at a time."""
 
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: dict[str, Any] | None = None
+    fields: list[tuple[str, bytes]] = field(default_factory=list)
+    batches: list[bytes] = field(default_factory=list)
 
-
-class _LooseEvent(_Event, gc=False):
-    """The fallback for an event whose ``args`` is not an object."""
-
-    args: Any = None  # type: ignore[assignment]
+    def events(self) -> Iterator[list[msgspec.Raw]]:
+        """The raw events, batch by batch."""
+        for batch in self.batches:
+            yield _RAW_EVENTS.decode(b"[" + zlib.decompress(batch) + b"]")
 
 
-_BATCH = msgspec.json.Decoder(list[_Event])
-_ONE = msgspec.json.Decoder(_Event)
-_LOOSE = msgspec.json.Decoder(_LooseEvent)
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class Sink(Protocol):
+    """Another reader of the events decoded for the replay (`vtrain validate`'s latency tables): it gets every
+    batch of a file's events, then the file's :class:`RankTrace` once the file is read."""
+
+    def add(self, events: list[LooseEvent | None], times: list[float | None],
+            durations: list[float | None]) -> None:
+        """A batch of events with their start times and durations read as numbers (``None`` where unusable)."""
+
+    def close(self, trace: RankTrace) -> None:
+        """The file is read."""
 
 
 @dataclass
@@ -61,6 +83,8 @@ class RankTrace:
     ``user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, the runtime category in lower case,
     ``cuda_sync``). ``lane`` is the thread id for cpu and runtime events and the stream for device and sync
     events. ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
+    The numeric columns ``lane``, ``ts``, ``dur`` and ``index`` are compact arrays (8 bytes an event). ``source``
+    is the file's text, compressed (:class:`KeptText`).
     """
 
     rank: int
@@ -70,9 +94,9 @@ class RankTrace:
     kind: list[str]
     cat: list[str]
     name: list[str]
-    lane: list[int]
-    ts: list[float]
-    dur: list[float]
+    lane: array  # of int64
+    ts: array  # of float64
+    dur: array  # of float64
     correlation: list[int | None]
     external_id: list[int | None]
     wait_on_stream: list[int | None]
@@ -82,8 +106,9 @@ class RankTrace:
     pg_ranks: list[str | None]
     pg_name: list[str | None]
     input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
-    index: list[int]
+    index: array  # of int64
     dropped: int = 0
+    source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -93,50 +118,41 @@ class RankTrace:
         return DEVICE in self.kind
 
 
-def read_rank_trace(path: Path) -> RankTrace:
-    """Decode one rank file; errors name the file."""
+def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
+    """Decode one rank file (read once); errors name the file. ``sink``, if given, gets every batch of decoded
+    events, then the trace."""
     with readable_trace(path):
-        return _read_rank_trace(path)
+        return _read_rank_trace(path, sink)
 
 
-def _read_rank_trace(path: Path) -> RankTrace:
+def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
     data, _digest = read_bytes(path)
     header = decode_header(data, path)
+    source = KeptText(fields=[(key, bytes(value)) for key, value in _TOP_LEVEL.decode(data).items()
+                              if key != "traceEvents"])
     del data
     info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
     rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
     groups = info.get("pg_config")
     trace = RankTrace(rank=rank, path=path, world_size=world_size,
                       process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
-                      kind=[], cat=[], name=[], lane=[], ts=[], dur=[], correlation=[], external_id=[],
-                      wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[], pg_ranks=[],
-                      pg_name=[], input_dims=[], index=[])
+                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
+                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
+                      pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
     reader = _Reader(trace)
     raw = header.traceEvents
-    for start in range(0, len(raw), BATCH_EVENTS):
-        reader.add(_decode(raw[start:start + BATCH_EVENTS]), start)
+    for offset, events in iter_loose_batches(header):
+        source.batches.append(zlib.compress(b",\n".join(raw[offset:offset + len(events)]), 1))
+        times = [_number(event.ts) if event is not None else None for event in events]
+        durations = [_number(event.dur) if event is not None else None for event in events]
+        reader.add(events, times, durations, offset)
+        if sink is not None:
+            sink.add(events, times, durations)
+        raw[offset:offset + len(events)] = [None] * len(events)  # read: free each event's raw slice
+    raw.clear()
+    if sink is not None:
+        sink.close(trace)
     return trace
-
-
-def _decode(raw: list[msgspec.Raw]) -> list[_Event | None]:
-    """A batch of events; when one of them does not decode, each is decoded on its own (``None`` if it is not
-    an object)."""
-    try:
-        return list(_BATCH.decode(b"[" + b",".join(raw) + b"]"))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass
-    events: list[_Event | None] = []
-    for item in raw:
-        try:
-            events.append(_ONE.decode(item))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            try:
-                loose = _LOOSE.decode(item)
-                loose.args = None
-                events.append(loose)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                events.append(None)
-    return events
 
 
 class _Reader:
@@ -148,7 +164,8 @@ class _Reader:
         self.named_lanes: dict[str, int] = {}  # thread ids that are names, not numbers
         self.keys: dict[str, str] = {}  # arg key as written -> folded (kineto.arg_key)
 
-    def add(self, events: list[_Event | None], offset: int) -> None:
+    def add(self, events: list[LooseEvent | None], times: list[float | None], durations: list[float | None],
+            offset: int) -> None:
         trace = self.trace
         for position, event in enumerate(events):
             if event is None or event.ph != "X" or not isinstance(event.cat, str):
@@ -158,7 +175,7 @@ class _Reader:
                 continue
             name = event.name if isinstance(event.name, str) else ""
             args = self._args(event.args)
-            ts, dur = _number(event.ts), _number(event.dur)
+            ts, dur = times[position], durations[position]
             lane = (self._lane(event.tid) if kind in (CPU, RUNTIME)
                     else kineto.parse_stream(args.get("stream")))
             if lane is None and kind != CPU and kind != RUNTIME:
@@ -266,12 +283,13 @@ def _elements(dims: Any) -> int | None:
     return total
 
 
-def read_trace_set(trace_dir: str | Path) -> list[RankTrace]:
-    """Every rank file of a trace folder, sorted by rank; two files claiming one rank is an error."""
+def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
+    """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
+    claiming one rank is an error."""
     traces: list[RankTrace] = []
     seen: dict[int, Path] = {}
     for path in find_trace_files(trace_dir):
-        trace = read_rank_trace(path)
+        trace = read_rank_trace(path, sink)
         if trace.rank in seen:
             raise InputError(f"rank {trace.rank} is claimed by both {seen[trace.rank].name} and {path.name}", path)
         seen[trace.rank] = path

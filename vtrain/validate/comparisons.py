@@ -5,24 +5,41 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.run import Replay, read_timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig
+from vtrain.tables.store import Profile
 from vtrain.validate import compare
 from vtrain.validate.align import align_events, align_sequences, align_spans
 from vtrain.validate.compare import Comparison
-from vtrain.validate.model import held_out_profile, load_given_profile, predict, split_iterations
+from vtrain.validate.model import (
+    ModelPrediction,
+    Split,
+    held_out_profile,
+    load_given_profile,
+    predict,
+    split_iterations,
+    write_prediction,
+)
 from vtrain.validate.opclass import GEMM
 from vtrain.validate.terms import term_notes
-from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, breakdown, iterations, ops, spans
+from vtrain.validate.timeline import (
+    MEASURED,
+    REPLAYED,
+    annotate,
+    breakdown,
+    iterations,
+    ops,
+    spans,
+)
 
 Warn = Callable[[str], None]
 
@@ -84,27 +101,47 @@ def kept_waits(replayed: Replay) -> dict[str, dict[str, float | int]]:
             for cause in KEPT_CAUSES if stats.kept_count[cause]}
 
 
-def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profile_dir: str | Path | None,
-                   steady: list[int], frame: pl.DataFrame, out_dir: Path,
-                   note: Warn) -> tuple[Comparison | None, str | None, pl.DataFrame | None]:
-    """The model against the measurement: simulate ``config`` from a profile of every other steady
-    iterations (or ``profile_dir``), write its traces into ``out_dir``, compare with the other iterations.
+@dataclass
+class ModelRun:
+    """The model's prediction of a trace folder, before it is compared: which iterations built its profile and
+    which are tested, and what it predicted."""
 
-    Returns the comparison, or ``None`` and the reason when the simulator failed, and the predicted timeline.
-    """
+    split: Split
+    test: list[int]
+    source: str  # where the profile came from
+    from_traces: bool  # the profile was built from the traces' own iterations (no --profile)
+    prediction: ModelPrediction
+
+
+def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profile_dir: str | Path | None,
+                  steady: list[int], ingested: Profile | None, note: Warn) -> tuple[ModelRun | None, str | None]:
+    """Simulate ``config`` from a profile of every other steady iteration of ``ingested`` (the traces' own
+    tables, :mod:`vtrain.validate.profile`), or from ``profile_dir``. Returns the run, or ``None`` and the
+    reason when the simulator failed."""
     split = split_iterations(steady)
     if profile_dir is not None:
         profile = load_given_profile(Path(profile_dir))
         test, source = steady, f"--profile {profile_dir}"
     else:
-        profile = held_out_profile(ingest_traces(trace_dir), split.profile)
+        assert ingested is not None, "the traces' tables are needed without --profile"
+        profile = held_out_profile(ingested, split.profile)
         test, source = split.test, f"{trace_dir}: {split.describe()}"
         if not split.held_out:
             note(f"{trace_dir}: too few steady iterations to hold some out; the profile saw the tested iteration")
     try:
-        prediction = predict(config, profile, out_dir, source, config_source)
+        prediction = predict(config, profile, source, config_source)
     except Exception as exc:  # the simulator is another package: report its failure (never hide it) and keep
-        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}", None  # the replay's results
+        return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}"  # the replay's results
+    return ModelRun(split=split, test=test, source=source, from_traces=profile_dir is None,
+                    prediction=prediction), None
+
+
+def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
+                  out_dir: Path) -> tuple[Comparison, pl.DataFrame]:
+    """The model against the measurement: write the predicted traces into ``out_dir``, read them back and compare
+    them with the tested iterations. Returns the comparison and the predicted timeline."""
+    split, test, source, prediction = run.split, run.test, run.source, run.prediction
+    write_prediction(prediction, out_dir)
     predicted_traces = read_trace_set(out_dir)
     predicted = annotate(read_timeline(predicted_traces))
     layout = Layout.of(config)
@@ -125,9 +162,9 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
                                   predicted_iteration)
     n = rank_iterations(m_it)
     measured_ms = median_job(rows, "measured_ms")
-    profiled_ms = measured_job_ms(frame, split.profile) if profile_dir is None else None
-    speed = gemm_time_ratio(measured_ops, split.profile, test) if profile_dir is None else None
-    details = {"profile": source, "profile_iterations": split.profile if profile_dir is None else None,
+    profiled_ms = measured_job_ms(frame, split.profile) if run.from_traces else None
+    speed = gemm_time_ratio(measured_ops, split.profile, test) if run.from_traces else None
+    details = {"profile": source, "profile_iterations": split.profile if run.from_traces else None,
                "test_iterations": test, "coverage": prediction.coverage,
                "simulated_breakdown_ms": prediction.breakdown_ms, "simulated_terms": prediction.terms,
                "profile_iterations_measured_ms": profiled_ms,
@@ -160,7 +197,8 @@ def compare_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested), breakdown(predicted, MEASURED)),
         op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
         ops_table=aligned_ops, spans_table=aligned_spans)
-    return comparison, None, predicted
+    run.prediction.simulation = None  # written and compared: not needed any more
+    return comparison, predicted
 
 
 def measured_job_ms(frame: pl.DataFrame, selected: list[int]) -> float | None:

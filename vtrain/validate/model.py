@@ -4,9 +4,9 @@ the iterations under test.
 Unless ``--profile`` is given, the profile is built from the same traces, from every other steady iteration
 only; the iterations in between are what the prediction is compared with. Interleaving (rather than first half
 against second half) keeps a slow drift of the machine's speed over the recording, which no profile can
-follow, out of the comparison: both sides sample the same stretch of time. The simulator writes its predicted
-timeline as Chrome traces (one per pipeline stage); they are read back like measured traces, so both sides are
-measured with the same rulers.
+follow, out of the comparison: both sides sample the same stretch of time. The simulation runs before anything
+is written; its predicted timeline is then written as Chrome traces (one per pipeline stage, in the report) and
+read back like measured traces, so both sides are measured with the same rulers.
 """
 
 from __future__ import annotations
@@ -66,28 +66,36 @@ def held_out_profile(profile: Profile, iterations: list[int]) -> Profile:
 
 @dataclass
 class ModelPrediction:
-    """What the simulator predicted and from which latencies."""
+    """What the simulator predicted and from which latencies; ``simulation`` is kept until its traces are
+    written (:func:`write_prediction`)."""
 
-    predicted_dir: Path
     iteration_ms: float
     breakdown_ms: dict[str, float]
     coverage: dict[str, float]
     profile_source: str
     terms: dict[str, Any]  # the measured terms beside latencies (:func:`vtrain.validate.terms.simulated_terms`)
+    simulation: Any  # vtrain.simulate.run.Simulation (imported only when a run is described)
 
 
-def predict(config: RunConfig, profile: Profile, out_dir: Path, profile_source: str,
-            config_source: str | Path) -> ModelPrediction:
-    """Simulate ``config`` from ``profile`` and write the predicted traces into ``out_dir``."""
-    from vtrain.simulate import simulate  # imports the model (and torch): only when a run is described
-    from vtrain.simulate.chrome_trace import write_chrome_traces
+def predict(config: RunConfig, profile: Profile, profile_source: str, config_source: str | Path) -> ModelPrediction:
+    """Simulate ``config`` from ``profile`` (in memory: nothing is written)."""
+    from vtrain.simulate import (
+        simulate,  # imports the model (and torch): only when a run is described
+    )
 
     simulation = simulate(config, profile, source=str(config_source))
-    write_chrome_traces(simulation, out_dir, overwrite=True)
     summary = simulation.to_dict()
-    return ModelPrediction(predicted_dir=out_dir, iteration_ms=summary["iteration_time_ms"],
-                           breakdown_ms=summary["breakdown_ms"], coverage=summary["coverage"],
-                           profile_source=profile_source, terms=simulated_terms(simulation))
+    return ModelPrediction(iteration_ms=summary["iteration_time_ms"], breakdown_ms=summary["breakdown_ms"],
+                           coverage=summary["coverage"], profile_source=profile_source,
+                           terms=simulated_terms(simulation), simulation=simulation)
+
+
+def write_prediction(prediction: ModelPrediction, out_dir: Path) -> None:
+    """The predicted timeline as Chrome traces in ``out_dir`` (one per simulated rank, as `vtrain simulate`
+    writes them)."""
+    from vtrain.simulate.chrome_trace import write_chrome_traces
+
+    write_chrome_traces(prediction.simulation, out_dir, overwrite=True)
 
 
 def load_given_profile(path: Path) -> Profile:

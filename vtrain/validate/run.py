@@ -1,4 +1,7 @@
-"""``validate_traces``: the measured side, both predictions and their diffs for one trace folder."""
+"""``validate_traces``: the measured side, both predictions and their diffs for one trace folder.
+
+In two steps: :func:`prepare_validation` reads each trace file once, replays and simulates, writing nothing;
+:func:`finish_validation` writes the predicted traces (into the report's staging folder) and compares."""
 
 from __future__ import annotations
 
@@ -14,12 +17,18 @@ from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.run import replay
-from vtrain.replay.trace import SYNC, read_trace_set
+from vtrain.replay.run import Replay, replay
+from vtrain.replay.trace import SYNC, KeptText, RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.compare import Comparison
-from vtrain.validate.comparisons import compare_model, compare_replay
+from vtrain.validate.comparisons import (
+    ModelRun,
+    compare_model,
+    compare_replay,
+    predict_model,
+)
 from vtrain.validate.hta import hta_summary
+from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
 
 Warn = Callable[[str], None]
@@ -65,6 +74,25 @@ class Validation:
         }
 
 
+@dataclass
+class Prepared:
+    """A trace folder read, replayed and (when the run is described) simulated: everything of a validation that
+    needs no file written (:func:`prepare_validation`); :func:`finish_validation` writes the predicted traces and
+    compares."""
+
+    trace_dir: Path
+    traces: list[RankTrace]
+    config: RunConfig | None
+    config_source: str | None
+    replayed: Replay
+    frame: pl.DataFrame  # the annotated replay (measured and replayed times of every event)
+    all_iterations: list[int]
+    steady: list[int]
+    model: ModelRun | None
+    model_reason: str | None
+    warnings: list[str]
+
+
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
                     profile_dir: str | Path | None = None, with_hta: bool = True,
                     warn: Warn = lambda _: None) -> Validation:
@@ -73,14 +101,26 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     Predicted traces are written under ``work_dir`` (``predicted/replay``, ``predicted/model``). ``with_hta``
     off skips HTA's side-by-side analysis (it parses every trace folder once more).
     """
+    prepared = prepare_validation(trace_dir, config_path=config_path, profile_dir=profile_dir, warn=warn)
+    return finish_validation(prepared, work_dir, with_hta=with_hta)
+
+
+def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None = None,
+                       profile_dir: str | Path | None = None, warn: Warn = lambda _: None) -> Prepared:
+    """Read every trace file once, replay the set and simulate the described run, writing nothing.
+
+    The replay's decoding of each file also feeds ingest's tables for the model's profile
+    (:class:`vtrain.validate.profile.RankTablesSink`) when the run is described and no ``profile_dir`` is given.
+    """
     trace_dir = Path(trace_dir)
-    traces = read_trace_set(trace_dir)
+    config, config_source = _run_config(trace_dir, config_path)
+    sink = RankTablesSink() if config is not None and profile_dir is None else None
+    traces = read_trace_set(trace_dir, sink)
     if not any(kind != SYNC for trace in traces for kind in trace.kind):
         dropped = sum(trace.dropped for trace in traces)
         raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
                          + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
                          trace_dir)
-    config, config_source = _run_config(trace_dir, config_path)
     _check_world(config, config_source, traces)
     warnings: list[str] = []
 
@@ -95,8 +135,7 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
     for line in replayed.notes:
         note(line)
     frame = annotate(replayed.events)
-    measured_iterations = iterations(frame, MEASURED)
-    all_iterations = sorted(measured_iterations["iteration"].unique().to_list())
+    all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
     steady = all_iterations[1:] or all_iterations
@@ -104,22 +143,39 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         note(f"{trace_dir}: no ProfilerStep#N spans; the whole trace is taken as one iteration")
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
-    stage_of = _stage_of(traces, config)
-    replay_result = compare_replay(frame, steady, stage_of, replayed)
-    predicted_root = work_dir / "predicted"
-    replay_dir = predicted_root / "replay"
-    replay_dir.mkdir(parents=True, exist_ok=True)
-    write_replayed_traces(replayed, replay_dir)
 
-    model_result, model_reason, model_frame = None, None, None
+    model, model_reason = None, None
     if config is None:
         model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
                         "to simulate")
     else:
-        model_result, model_reason, model_frame = compare_model(
-            trace_dir, config, config_source or "", profile_dir, steady, frame, predicted_root / "model", note)
-    if model_reason and model_result is None:
+        ingested = sink.profile(trace_dir, traces[0].world_size if traces else None) if sink else None
+        del sink
+        model, model_reason = predict_model(trace_dir, config, config_source or "", profile_dir, steady, ingested,
+                                            note)
+    if model_reason and model is None:
         note(f"model-driven prediction skipped: {model_reason}")
+    return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
+                    replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
+                    model_reason=model_reason, warnings=warnings)
+
+
+def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
+    """Write the predicted traces under ``work_dir`` (``predicted/replay``, ``predicted/model``), compare both
+    predictions with the measurement and (``with_hta``) run HTA on the three folders."""
+    trace_dir, traces, frame, steady = prepared.trace_dir, prepared.traces, prepared.frame, prepared.steady
+    measured_iterations = iterations(frame, MEASURED)
+    replay_result = compare_replay(frame, steady, _stage_of(traces, prepared.config), prepared.replayed)
+    predicted_root = work_dir / "predicted"
+    replay_dir = predicted_root / "replay"
+    replay_dir.mkdir(parents=True, exist_ok=True)
+    write_replayed_traces(prepared.replayed, replay_dir)
+    for trace in traces:
+        trace.source = KeptText()  # written: the text is not needed any more
+
+    model_result, model_frame = None, None
+    if prepared.model is not None and prepared.config is not None:
+        model_result, model_frame = compare_model(prepared.model, prepared.config, frame, predicted_root / "model")
 
     device = "cuda" if frame["gpu_rank"].any() else "cpu"
     hta = (_hta(trace_dir, replay_dir, predicted_root / "model" if model_result else None, device) if with_hta
@@ -131,9 +187,9 @@ def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str |
         timelines["model"] = _timeline_rows(model_frame, MEASURED, None)
     return Validation(
         trace_dir=trace_dir, ranks=[t.rank for t in traces], world_size=traces[0].world_size if traces else None,
-        device=device, config_source=config_source, iterations=all_iterations, steady=steady,
+        device=device, config_source=prepared.config_source, iterations=prepared.all_iterations, steady=steady,
         measured=_measured_summary(measured_iterations, steady), replay=replay_result, model=model_result,
-        model_reason=model_reason, hta=hta, timelines=timelines, warnings=warnings,
+        model_reason=prepared.model_reason, hta=hta, timelines=timelines, warnings=prepared.warnings,
         iteration_table=measured_iterations.join(
             iterations(frame, REPLAYED).select("rank", "iteration", replay_time_us="time_us"),
             on=["rank", "iteration"], how="left"))

@@ -84,7 +84,8 @@ def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
     )
     if steps.is_empty():  # no iteration marks: the whole trace is one iteration
         return frame.with_columns(iteration=pl.lit(0, dtype=pl.Int64))
-    order = frame.with_row_index("_row").sort("ts")
+    # placed on the few columns it needs (sorting the whole frame would copy every name), then put back in order
+    order = frame.select("rank", "event", "kind", "ts", "launch").with_row_index("_row").sort("ts")
     placed = (
         order.join_asof(steps.sort("step_ts"), left_on="ts", right_on="step_ts", by="rank", strategy="backward",
                         check_sortedness=False)
@@ -98,7 +99,7 @@ def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
                       .then(pl.coalesce("launch_iteration", "iteration")).otherwise(pl.col("iteration")))
         .drop("launch_iteration")
     )
-    return placed.sort("_row").drop("_row")
+    return frame.with_columns(iteration=placed.sort("_row")["iteration"])
 
 
 def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:

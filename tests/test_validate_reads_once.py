@@ -1,0 +1,122 @@
+"""`vtrain validate` reads each trace file once: the replay's tolerant decoding also gives ingest's tables for
+the model's profile (the same tables `vtrain ingest` builds), the replayed traces are written from the text kept
+in memory, and the report's staging folder is created only once there are results to write."""
+
+from __future__ import annotations
+
+import builtins
+import gzip
+import io
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+from typer.testing import CliRunner
+
+import vtrain.cli.validate as validate_cli
+from tests.conftest import TRACES
+from vtrain.cli.main import app
+from vtrain.ingest.discover import find_trace_files
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.replay.trace import read_trace_set
+from vtrain.validate.profile import RankTablesSink
+from vtrain.validate.run import validate_traces
+
+RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: the model side is built from the traces
+A100 = TRACES / "hta-a100-2rank-nccl"  # NCCL collectives with their metadata, process groups
+
+
+def _count_opens(monkeypatch: pytest.MonkeyPatch, paths: list[Path]) -> Counter[Path]:
+    """Count every open of ``paths`` through Python's ``open`` (``Path.open`` and ``gzip.open`` use it)."""
+    watched = {p.resolve() for p in paths}
+    opened: Counter[Path] = Counter()
+    real = io.open
+
+    def counting(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, (str, os.PathLike)) and Path(file).resolve() in watched:
+            opened[Path(file).resolve()] += 1
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting)
+    monkeypatch.setattr(builtins, "open", counting)
+    return opened
+
+
+def test_validate_opens_each_trace_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replay, the model's profile (ingest's tables) and the replayed traces from one read of each file."""
+    folder = tmp_path / "run"
+    shutil.copytree(RECORDED, folder)
+    files = find_trace_files(folder)
+    opened = _count_opens(monkeypatch, files)
+    result = validate_traces(folder, tmp_path / "work", with_hta=False)
+    assert result.model is not None, result.model_reason
+    assert dict(opened) == {f.resolve(): 1 for f in files}
+    assert sorted(p.name for p in (tmp_path / "work" / "predicted" / "replay").iterdir()) == [
+        "rank-0.json.gz", "rank-1.json.gz"]
+
+
+@pytest.mark.parametrize("folder", [RECORDED, A100], ids=["t1p1d2", "a100-nccl"])
+def test_tables_from_the_replays_decoding_are_ingests(folder: Path) -> None:
+    """The tables built from the replay's decoded events equal `vtrain ingest`'s (its own strict decoder)."""
+    sink = RankTablesSink()
+    traces = read_trace_set(folder, sink)
+    mine = sink.profile(folder, traces[0].world_size)
+    ingested = ingest_traces(folder)
+    assert mine["cpu_ops"].height > 0 and mine["collectives"].height > 0
+    assert folder == RECORDED or mine["kernels"].height > 0  # t1p1d2 ran on CPUs
+    for table in ("kernels", "cpu_ops", "collectives"):
+        assert_frame_equal(mine[table], ingested[table])
+    assert mine.metadata["world_size"] == ingested.metadata["world_size"]
+    assert mine.metadata["iterations"] == ingested.metadata["iterations"]
+
+
+def test_an_argument_of_the_wrong_type_does_not_fail_the_file(tmp_path: Path) -> None:
+    """``"External id": "5"`` (a number as a string) fails `vtrain ingest`'s strict decoder; validate's tolerant one
+    reads it as the number, and a list where a number belongs is left out, not the event."""
+    folder = tmp_path / "run"
+    shutil.copytree(A100, folder)
+    path = folder / "rank-0.json.gz"
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})]
+    ops[10]["args"]["External id"] = str(ops[10]["args"]["External id"])
+    ops[11]["args"]["Group size"] = [1, 2]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[3]["args"]["correlation"] = str(kernels[3]["args"]["correlation"])
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+
+    sink, plain = RankTablesSink(), RankTablesSink()
+    read_trace_set(folder, sink)
+    read_trace_set(A100, plain)
+    for table in ("kernels", "cpu_ops", "collectives"):
+        assert_frame_equal(sink.profile(folder, 2)[table], plain.profile(A100, 2)[table])
+    with pytest.raises(Exception, match="malformed trace event"):
+        ingest_traces(folder)
+
+
+def test_the_staging_folder_appears_only_when_results_are_written(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the traces are read, replayed and simulated nothing is in the output's parent: a kill then leaves
+    nothing behind."""
+    parent = tmp_path / "out"
+    parent.mkdir()
+    seen: list[list[str]] = []
+    real = validate_cli.prepare_validation
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        prepared = real(*args, **kwargs)
+        seen.append(sorted(p.name for p in parent.iterdir()))
+        return prepared
+
+    monkeypatch.setattr(validate_cli, "prepare_validation", watched)
+    result = CliRunner().invoke(app, ["validate", str(A100), "-o", str(parent / "result"), "--no-hta", "--json"])
+    assert result.exit_code == 0, result.output
+    assert seen == [[]]
+    assert sorted(p.name for p in parent.iterdir()) == ["result"]
+    assert (parent / "result" / "predicted" / "replay" / "rank-0.json.gz").exists()
+    assert pl.read_parquet(parent / "result" / "tables" / "iterations.parquet").height > 0
