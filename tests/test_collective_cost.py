@@ -26,10 +26,10 @@ from vtrain.collective_cost import (
 from vtrain.devices import DATASHEET_DEVICES
 from vtrain.devices.fitted import FittedDevice
 from vtrain.devices.model import DeviceModel
-from vtrain.fit.collectives import fit_collectives
+from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.importers import read_nccl_tests
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.collective_latency import CollectiveResolver
 from vtrain.simulate.latency import MODELLED
 
 NCCL = REPO / "tests" / "data" / "a100" / "vtrain-a100" / "nccl-tests-allreduce-a100"

@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from vtrain.cli.main import app
 from vtrain.devices.fitted import HostOverhead
 from vtrain.errors import InputError
-from vtrain.fit.collectives import fit_collectives
+from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.device import device_from_profile, device_metadata, fit_device
 from vtrain.importers import read_llmcompass, read_nccl_tests
 from vtrain.model.ops import make_op

@@ -6,7 +6,7 @@ below the simulator, and the reports below the workflows and the command line th
 Walks every module of vtrain/ with ``ast`` (imports inside functions included; those under ``if TYPE_CHECKING:``
 are annotations and left out) and checks each import against :data:`LAYERS`, the allowed order, lowest first. A
 module belongs to the layer of the longest prefix that names it. It may import a module of a lower layer, or of
-its own layer when both are in one package (``vtrain.fit.device`` → ``vtrain.fit.collectives``) or the layer is
+its own layer when both are in one package (``vtrain.fit.device`` → ``vtrain.fit.alpha_beta``) or the layer is
 the foundation (shared vocabularies and plumbing, which import only each other). Everything else is an import
 against the flow.
 """

@@ -17,11 +17,11 @@ import pytest
 
 from tests.conftest import TRACES
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.replay.run import read_timeline
+from vtrain.replay.replayer import read_timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
-from vtrain.validate.comparisons import measured_job_ms
+from vtrain.validate.predictions import measured_job_ms
 from vtrain.validate.model import held_out_profile, split_iterations
 from vtrain.validate.timeline import annotate
 

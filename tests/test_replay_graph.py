@@ -12,7 +12,7 @@ import pytest
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import EDGE_KINDS, EVENT, INFERRED, PEER, THREAD, WAKE, WORK, end_point, start_point
-from vtrain.replay.run import replay_traces
+from vtrain.replay.replayer import replay_traces
 from vtrain.replay.trace import read_trace_set
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import TRACES
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.run import Replay, replay
+from vtrain.replay.replayer import Replay, replay
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import load_run_config
 from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, iterations

@@ -8,7 +8,7 @@ import pytest
 
 from vtrain.devices import DATASHEET_DEVICES, Link
 from vtrain.model.ops import make_op
-from vtrain.simulate.collectives import CollectiveResolver, wait_once
+from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
 from vtrain.simulate.latency import (
     INTERFERENCE,
     INTERPOLATED,

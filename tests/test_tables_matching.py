@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import TRACES
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.replay.collectives import Layout
+from vtrain.replay.collective_matching import Layout
 from vtrain.runconfig import load_run_config
 from vtrain.tables.latency import MATCHED_DURATION, RAW_DURATION, nccl_latency
 from vtrain.tables.matching import MATCHED, METADATA, POINT_TO_POINT, match_calls

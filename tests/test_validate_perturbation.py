@@ -16,7 +16,7 @@ from tests.conftest import TRACES
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.tables.store import write_profile
 from vtrain.validate.opclass import GEMM, op_class
-from vtrain.validate.run import validate_traces
+from vtrain.validate.traces import validate_traces
 
 RUN = TRACES / "t1p1d2"
 SLOWER = 2.0

@@ -26,7 +26,7 @@ from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.trace import read_trace_set
 from vtrain.validate.profile import RankTablesSink
-from vtrain.validate.run import validate_traces
+from vtrain.validate.traces import validate_traces
 
 RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: the model side is built from the traces
 A100 = TRACES / "hta-a100-2rank-nccl"  # NCCL collectives with their metadata, process groups

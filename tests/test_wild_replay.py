@@ -26,9 +26,9 @@ from vtrain.replay.context import (
 )
 from vtrain.replay.engine import evaluate
 from vtrain.replay.graph import end_point, start_point
-from vtrain.replay.run import Replay, replay
+from vtrain.replay.replayer import Replay, replay
 from vtrain.replay.trace import read_trace_set
-from vtrain.validate.run import validate_traces
+from vtrain.validate.traces import validate_traces
 from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, iterations
 
 WILD = TRACES / "wild"

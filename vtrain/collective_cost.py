@@ -29,7 +29,7 @@ Which number times a collective (the first that applies):
 1. the profile's measured ``nccl_latency`` curve of the collective and group size on as many nodes (trace rows,
    which carry no node count, stand for any), interpolated in message size, unless the run's config replaces
    that link's rate; a pipeline transfer takes a ``send``, else ``send_recv``, else ``recv`` curve
-   (:mod:`vtrain.simulate.collectives`);
+   (:mod:`vtrain.simulate.collective_latency`);
 2. the fitted device's :class:`AlphaBeta` curve of the collective on as many nodes (the most nodes measured when
    the group spans more), the same group size else the nearest, else the curve of its stand-in
    (:meth:`vtrain.devices.fitted.FittedDevice.collective_fit`);
@@ -130,7 +130,7 @@ class Link:
 @dataclass(frozen=True)
 class AlphaBeta:
     """Fitted latency and bus bandwidth of one collective over ``group_size`` ranks on ``nodes`` nodes (fitted by
-    :func:`vtrain.fit.collectives.fit_collectives`)."""
+    :func:`vtrain.fit.alpha_beta.fit_collectives`)."""
 
     collective: str
     group_size: int

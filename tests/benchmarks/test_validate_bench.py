@@ -17,7 +17,7 @@ import pytest
 from tests.benchmarks.conftest import ProcessCost, run_measured
 from tests.benchmarks.test_ingest_bench import HTA_PARSE
 from tests.conftest import TRACES
-from vtrain.replay.run import replay
+from vtrain.replay.replayer import replay
 from vtrain.replay.trace import read_trace_set
 
 V100 = TRACES / "hta-v100-2rank"

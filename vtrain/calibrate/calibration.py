@@ -25,7 +25,7 @@ from vtrain.report.drift import write_drift_report
 from vtrain.report.write import staged_folder
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.tables.store import Profile, write_profile
-from vtrain.validate.run import validate_traces
+from vtrain.validate.traces import validate_traces
 from vtrain.validate.suite import Suite, load_suite
 
 Warn = Callable[[str], None]

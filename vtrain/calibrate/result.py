@@ -11,7 +11,7 @@ from vtrain.calibrate.drift import GONE, MIN_CHANGE, NEW, Drift, Z
 from vtrain.tables.store import Profile
 
 if TYPE_CHECKING:
-    from vtrain.validate.run import Validation
+    from vtrain.validate.traces import Validation
 
 
 @dataclass

@@ -18,7 +18,7 @@ from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
 from vtrain.runconfig import load_run_config
-from vtrain.validate.run import finish_validation, prepare_validation, validate_traces
+from vtrain.validate.traces import finish_validation, prepare_validation, validate_traces
 from vtrain.validate.suite import check, load_suite
 
 EXIT_TOO_FAR = 1

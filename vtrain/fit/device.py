@@ -22,7 +22,7 @@ from vtrain.devices.catalog import canonical_device_name, device_for_config, dev
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
-from vtrain.fit.collectives import fit_collectives
+from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
 from vtrain.fit.operators import OperatorKernelModel
 from vtrain.model.ops import GEMM_OPS, gemm_dims, make_op

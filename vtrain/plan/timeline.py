@@ -1,6 +1,6 @@
 """The iteration time of a run straight from its resolved work, without building the execution graph.
 
-This is the schedule :func:`vtrain.simulate.scheduler.schedule` computes for the graph
+This is the schedule :func:`vtrain.simulate.list_scheduler.schedule` computes for the graph
 :func:`vtrain.graph.build.build_graph` builds, computed on the pipeline's own structure: each stage's compute
 stream runs its passes in the schedule's order (:func:`vtrain.parallel.pass_at`), a pass starts once the previous
 one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is done and the

@@ -7,7 +7,7 @@ Per rank:
   when the device activity it waited for ends, an idle thread resumes when what woke it finished.
 * **device streams** (:mod:`vtrain.replay.streams`): an activity starts after its launch, its stream
   predecessor and what its stream waits for.
-* **collectives** (this module and :mod:`vtrain.replay.collectives`): NCCL kernels on GPU ranks, ``gloo:*``
+* **collectives** (this module and :mod:`vtrain.replay.collective_matching`): NCCL kernels on GPU ranks, ``gloo:*``
   annotations on CPU-only ranks, issued by a ``c10d::*`` operator; matched across ranks, each member ends at
   the last member's arrival plus its own transfer time.
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from vtrain.naming import iteration_id
 from vtrain.parallel import Layout
-from vtrain.replay.collectives import (
+from vtrain.replay.collective_matching import (
     COLLECTIVE_ANNOTATION,
     GROUP_UNKNOWN,
     ISSUING_OP,

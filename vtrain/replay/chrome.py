@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from vtrain.replay.run import Replay
+from vtrain.replay.replayer import Replay
 from vtrain.replay.trace import KeptText
 
 

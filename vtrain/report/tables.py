@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vtrain.report.document import Table  # header, rows
-from vtrain.validate.compare import Comparison
+from vtrain.validate.diff import Comparison
 
 
 def ms(value: float | None) -> str:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vtrain.report import tables
-from vtrain.validate.run import Validation
+from vtrain.validate.traces import Validation
 
 
 def print_summary(v: Validation, report_dir: str, console: Console | None = None) -> None:

@@ -12,8 +12,8 @@ from plotly.subplots import make_subplots
 
 from vtrain.report import document as doc
 from vtrain.report import tables
-from vtrain.validate.compare import Comparison
-from vtrain.validate.run import Validation
+from vtrain.validate.diff import Comparison
+from vtrain.validate.traces import Validation
 
 _PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
             "#bab0ac"]

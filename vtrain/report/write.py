@@ -11,7 +11,7 @@ from typing import Any
 
 from vtrain.outputs import check_output, staged
 from vtrain.report.validation import render_html, render_markdown
-from vtrain.validate.run import Validation
+from vtrain.validate.traces import Validation
 
 
 def staged_folder(target: Path) -> AbstractContextManager[Path]:

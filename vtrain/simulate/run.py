@@ -19,9 +19,9 @@ from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.partition import Chunk, partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
-from vtrain.simulate.collectives import CollectiveResolver
+from vtrain.simulate.collective_latency import CollectiveResolver
 from vtrain.simulate.latency import SOURCES, HostGapResolver, OpLatencyResolver
-from vtrain.simulate.scheduler import Schedule, critical_path, schedule
+from vtrain.simulate.list_scheduler import Schedule, critical_path, schedule
 from vtrain.simulate.summary import CATEGORIES, StageSummary, coverage, describe_task, stage_summaries
 from vtrain.simulate.workload import ResolvedWork, WorkloadResolver
 from vtrain.tables.store import Profile

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from vtrain.graph.build import ExecutionGraph, Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.simulate.latency import SOURCES, Resolution
-from vtrain.simulate.scheduler import Schedule
+from vtrain.simulate.list_scheduler import Schedule
 
 CATEGORIES = ("compute", "host", "tp", "pp", "dp", "bubble", "optimizer")
 

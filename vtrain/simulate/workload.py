@@ -26,7 +26,7 @@ from vtrain.model.partition import Chunk
 from vtrain.naming import SPAN_PREFIX, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
-from vtrain.simulate.collectives import CollectiveResolver, wait_once
+from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
 from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
 
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward}
@@ -217,7 +217,7 @@ class WorkloadResolver:
         definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
         backward of the block holding its last parameter is done (an index into ``backward.blocks``). The
         buckets are one chain of reductions: replicas' straggler wait counts once, on the last
-        (:func:`~vtrain.simulate.collectives.wait_once`). Each chunk gets its own objects (a task's work is
+        (:func:`~vtrain.simulate.collective_latency.wait_once`). Each chunk gets its own objects (a task's work is
         counted by its identity: :func:`~vtrain.simulate.summary.coverage`)."""
         key = self._key("buckets", tuple((block.kind, block.phase) for block in backward.blocks))
         if key not in self._resolved:

@@ -1,6 +1,6 @@
 """The measured terms a simulation added beside operator and collective latencies, for the report: the host gap
 before each operator, the interference on operator medians and the straggler wait of collectives among
-replicas (see :mod:`vtrain.simulate.latency` and :mod:`vtrain.simulate.collectives`).
+replicas (see :mod:`vtrain.simulate.latency` and :mod:`vtrain.simulate.collective_latency`).
 
 Totals are per rank and iteration: the mean over pipeline stages of what each stage's compute stream and its
 data-parallel reductions hold.

@@ -1,6 +1,6 @@
 """Tables read off a timeline of events, the same way for the measured and the replayed times.
 
-The event frame comes from :func:`vtrain.replay.run.replay` and holds both: the measured ``ts``/``dur`` and
+The event frame comes from :func:`vtrain.replay.replayer.replay` and holds both: the measured ``ts``/``dur`` and
 the replayed ``sim_ts``/``sim_dur`` of every event. :func:`annotate` adds what does not depend on the times
 (iteration, launching operator, operator class); the other functions take a :data:`Side` and read the
 matching columns, so that every definition is literally the same on both sides.

@@ -23,10 +23,10 @@ from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
-from vtrain.replay.run import Replay, timeline
+from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
-from vtrain.validate.compare import error_pct
+from vtrain.validate.diff import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by

@@ -13,13 +13,13 @@ import polars as pl
 
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
-from vtrain.replay.run import Replay, read_timeline
+from vtrain.replay.replayer import Replay, read_timeline
 from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile
-from vtrain.validate import compare
+from vtrain.validate import diff
 from vtrain.validate.align import align_events, align_sequences, align_spans
-from vtrain.validate.compare import Comparison
+from vtrain.validate.diff import Comparison
 from vtrain.validate.model import (
     ModelPrediction,
     Split,
@@ -49,7 +49,7 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
     tested = pl.col("iteration").is_in(steady)
     m_it = iterations(frame, MEASURED).filter(tested)
     p_it = iterations(frame, REPLAYED).filter(tested)
-    rows = compare.iteration_rows(m_it, p_it)
+    rows = diff.iteration_rows(m_it, p_it)
     m_spans = with_stage(spans(frame, MEASURED).filter(tested), stage_of)
     aligned_spans = align_spans(m_spans, spans(frame, REPLAYED).filter(tested))
     m_ops = ops(frame, MEASURED).filter(tested)
@@ -83,13 +83,13 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
         notes.append(f"{unmatched} collective call(s) keep their measured duration ({reasons})")
     return Comparison(
         name="replay", measured_ms=median_job(rows, "measured_ms"), predicted_ms=median_job(rows, "predicted_ms"),
-        iterations=rows, phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
-        micro_batches=compare.micro_batch_rows(aligned_spans),
-        classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
-        one_side_only=compare.one_side_rows(aligned_ops, n),
-        breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested),
+        iterations=rows, phases=diff.phase_rows(aligned_spans), stages=diff.stage_rows(aligned_spans),
+        micro_batches=diff.micro_batch_rows(aligned_spans),
+        classes=diff.class_rows(aligned_ops, n), worst_ops=diff.worst_op_rows(aligned_ops, n),
+        one_side_only=diff.one_side_rows(aligned_ops, n),
+        breakdown=diff.breakdown_rows(breakdown(frame, MEASURED).filter(tested),
                                          breakdown(frame, REPLAYED).filter(tested)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
+        op_errors_pct=diff.op_error_sample(aligned_ops), notes=notes, details=details,
         ops_table=aligned_ops, spans_table=aligned_spans)
 
 
@@ -154,7 +154,7 @@ def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
     predicted_ms = prediction.iteration_ms
     job = m_it.group_by("iteration").agg(measured_ms=pl.col("time_us").mean() / 1e3).sort("iteration")
     rows = [{"iteration": it, "measured_ms": m, "predicted_ms": predicted_ms,
-             "error_pct": compare.error_pct(predicted_ms, m)} for it, m in job.iter_rows()]
+             "error_pct": diff.error_pct(predicted_ms, m)} for it, m in job.iter_rows()]
     m_spans = with_stage(spans(frame, MEASURED).filter(tested), stage_of_ranks(ranks, layout))
     aligned_spans = align_spans(m_spans, spans(predicted, MEASURED), rank_map, {it: predicted_iteration for it in test})
     measured_ops = ops(frame, MEASURED)
@@ -168,15 +168,15 @@ def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
                "test_iterations": test, "coverage": prediction.coverage,
                "simulated_breakdown_ms": prediction.breakdown_ms, "simulated_terms": prediction.terms,
                "profile_iterations_measured_ms": profiled_ms,
-               "in_sample_error_pct": compare.error_pct(predicted_ms, profiled_ms),
-               "iteration_drift_pct": compare.error_pct(measured_ms, profiled_ms),
+               "in_sample_error_pct": diff.error_pct(predicted_ms, profiled_ms),
+               "iteration_drift_pct": diff.error_pct(measured_ms, profiled_ms),
                "tested_gemm_time_ratio": speed}
     notes = [f"latencies: {share:.1%} {kind}" for kind, share in prediction.coverage.items() if share > 0]
     notes += term_notes(prediction.terms)
     if profiled_ms is not None and split.held_out:
         notes.append(f"the profiled iterations {split.profile} took {profiled_ms:.3f} ms (the prediction is "
-                     f"{compare.error_pct(predicted_ms, profiled_ms):+.2f} % from them); the tested ones {test} took "
-                     f"{measured_ms:.3f} ms, {compare.error_pct(measured_ms, profiled_ms):+.2f} % from the profiled "
+                     f"{diff.error_pct(predicted_ms, profiled_ms):+.2f} % from them); the tested ones {test} took "
+                     f"{measured_ms:.3f} ms, {diff.error_pct(measured_ms, profiled_ms):+.2f} % from the profiled "
                      f"ones: a change between iterations that no prediction from the profile can follow")
         if speed is not None:
             notes.append(f"the tested iterations' GEMMs took x{speed:.3f} the time of the profiled ones' (the same "
@@ -190,12 +190,12 @@ def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
                      f"own at the average speed")
     comparison = Comparison(
         name="model", measured_ms=measured_ms, predicted_ms=predicted_ms, iterations=rows,
-        phases=compare.phase_rows(aligned_spans), stages=compare.stage_rows(aligned_spans),
-        micro_batches=compare.micro_batch_rows(aligned_spans),
-        classes=compare.class_rows(aligned_ops, n), worst_ops=compare.worst_op_rows(aligned_ops, n),
-        one_side_only=compare.one_side_rows(aligned_ops, n),
-        breakdown=compare.breakdown_rows(breakdown(frame, MEASURED).filter(tested), breakdown(predicted, MEASURED)),
-        op_errors_pct=compare.op_error_sample(aligned_ops), notes=notes, details=details,
+        phases=diff.phase_rows(aligned_spans), stages=diff.stage_rows(aligned_spans),
+        micro_batches=diff.micro_batch_rows(aligned_spans),
+        classes=diff.class_rows(aligned_ops, n), worst_ops=diff.worst_op_rows(aligned_ops, n),
+        one_side_only=diff.one_side_rows(aligned_ops, n),
+        breakdown=diff.breakdown_rows(breakdown(frame, MEASURED).filter(tested), breakdown(predicted, MEASURED)),
+        op_errors_pct=diff.op_error_sample(aligned_ops), notes=notes, details=details,
         ops_table=aligned_ops, spans_table=aligned_spans)
     run.prediction.simulation = None  # written and compared: not needed any more
     return comparison, predicted

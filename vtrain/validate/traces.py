@@ -17,11 +17,11 @@ from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.run import Replay, replay
+from vtrain.replay.replayer import Replay, replay
 from vtrain.replay.trace import SYNC, KeptText, RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig, load_run_config
-from vtrain.validate.compare import Comparison
-from vtrain.validate.comparisons import (
+from vtrain.validate.diff import Comparison
+from vtrain.validate.predictions import (
     ModelRun,
     compare_model,
     compare_replay,
