@@ -120,3 +120,27 @@ def test_the_staging_folder_appears_only_when_results_are_written(tmp_path: Path
     assert sorted(p.name for p in parent.iterdir()) == ["result"]
     assert (parent / "result" / "predicted" / "replay" / "rank-0.json.gz").exists()
     assert pl.read_parquet(parent / "result" / "tables" / "iterations.parquet").height > 0
+
+
+def test_a_suite_creates_its_staging_folder_only_once_the_first_set_is_prepared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--suite`` prepares its first set before the staging folder exists, and every set is prepared once."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"name: two\nsets:\n  - name: first\n    traces: {A100}\n  - name: second\n    traces: {A100}\n")
+    parent = tmp_path / "out"
+    parent.mkdir()
+    seen: list[list[str]] = []
+    real = validate_cli.prepare_validation
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        prepared = real(*args, **kwargs)
+        seen.append(sorted(p.name.split("-vtrain-staging")[0] for p in parent.iterdir()))
+        return prepared
+
+    monkeypatch.setattr(validate_cli, "prepare_validation", watched)
+    result = CliRunner().invoke(app, ["validate", "--suite", str(suite), "-o", str(parent / "result"), "--no-hta",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(seen) == 2 and seen[0] == [] and seen[1] != []  # the second set is prepared into the staging folder
+    assert sorted(p.name for p in parent.iterdir()) == ["result"]
+    assert sorted(p.name for p in (parent / "result").iterdir() if p.is_dir()) == ["first", "second"]

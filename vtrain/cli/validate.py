@@ -18,8 +18,8 @@ from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
 from vtrain.runconfig import load_run_config
-from vtrain.validate.traces import finish_validation, prepare_validation, validate_traces
-from vtrain.validate.suite import check, load_suite
+from vtrain.validate.suite import SuiteEntry, check, load_suite
+from vtrain.validate.traces import Prepared, finish_validation, prepare_validation
 
 EXIT_TOO_FAR = 1
 REPORTS = Path("reports")
@@ -109,12 +109,17 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
     for entry in loaded.entries:
         _check_inputs(entry.traces, entry.config)
     results: list[SetResult] = []
-    with staged_folder(target) as staging:
-        for entry in loaded.entries:
+
+    def prepare(entry: SuiteEntry) -> Prepared:
+        return prepare_validation(entry.traces, config_path=entry.config, profile_dir=entry.profile, warn=warn)
+
+    first = prepare(loaded.entries[0])
+    with staged_folder(target) as staging:  # created only once the first set has results to write
+        for index, entry in enumerate(loaded.entries):
+            prepared = first if index == 0 else prepare(entry)
             folder = staging / entry.name
             folder.mkdir()
-            result = validate_traces(entry.traces, folder, config_path=entry.config, profile_dir=entry.profile,
-                                     with_hta=with_hta, warn=warn)
+            result = finish_validation(prepared, folder, with_hta=with_hta)
             write_report_files(result, folder)
             results.append(SetResult(entry=entry, summary=result.summary()))
         (staging / "suite.md").write_text(render_suite_markdown(loaded, results))
