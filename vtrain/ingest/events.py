@@ -67,7 +67,7 @@ def read_rank_events(text: TraceText, events: Span | None, progress: Progress | 
                      span_bytes: int = SPAN_BYTES, events_per_span: int = SPAN_EVENTS) -> RankEvents:
     """The frames of a rank's complete events (``events``, see :func:`~vtrain.ingest.spans.read_header`), span by
     span; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file reported its bytes while it
-    was read)."""
+    was read). The text of each span is released once decoded: only the frames stay."""
     json_text = JsonText()
     parts = []
     decoded = 0
@@ -76,6 +76,7 @@ def read_rank_events(text: TraceText, events: Span | None, progress: Progress | 
         nonlocal decoded
         part, count = span_frames(text, span, json_text)
         parts.append(part)
+        text.release(span.end)  # decoded: its pages of text are not needed again
         decoded += span.end - span.start
         if progress and not text.compressed:
             progress(span.end - span.start)
