@@ -1,0 +1,90 @@
+"""Wall time and peak memory of a command together with every process it starts (a pool of workers).
+
+``/usr/bin/time``'s peak RSS is that of the largest single process, which understates a command that reads with
+several worker processes: here the resident sets of the process and all its descendants are summed from ``/proc``
+every few milliseconds, and the peak of the sum is reported beside the largest single process's own peak.
+
+    python -m tests.benchmarks.tree_rss vtrain ingest TRACE_DIR -o PROFILE --workers 2
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: seconds between two samples of the process tree
+SAMPLE_S = 0.02
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class TreeCost:
+    """A command's wall time, the peak of its process tree's summed RSS, and the largest single process's own
+    peak RSS (what ``/usr/bin/time`` reports)."""
+
+    seconds: float
+    tree_max_rss_mb: float
+    max_rss_mb: float
+    code: int
+    stderr: str
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return found
+
+
+def _tree_rss(root: int) -> int:
+    """The summed resident bytes of ``root`` and its descendants."""
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            continue
+        stack += _children(pid)
+    return total
+
+
+def run_tree_measured(command: list[str]) -> TreeCost:
+    """Run ``command`` (output discarded, stderr kept) and measure it (see the module docstring). The peak of a
+    single process comes from ``wait4``, whose usage of a process covers the descendants it waited for."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(process.pid))
+            time.sleep(SAMPLE_S)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    return TreeCost(seconds=seconds, tree_max_rss_mb=max(peak / 2**20, usage.ru_maxrss / 1024),
+                    max_rss_mb=usage.ru_maxrss / 1024, code=os.waitstatus_to_exitcode(status),
+                    stderr=stderr[-2000:])
+
+
+if __name__ == "__main__":
+    cost = run_tree_measured(sys.argv[1:])
+    print(json.dumps(cost.__dict__ | {"stderr": cost.stderr[-300:]}))
+    sys.exit(cost.code)
