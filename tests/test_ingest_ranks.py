@@ -212,3 +212,28 @@ def test_ctrl_c_stops_the_workers_and_leaves_nothing(tmp_path: Path) -> None:
     assert process.returncode == 130, err
     assert err.splitlines() == ["interrupted"], err
     assert list(parent.iterdir()) == []
+
+
+def test_latency_tables_from_the_spool_equal_those_of_the_texts(tmp_path: Path) -> None:
+    """The spooled operator calls are read as categories (a tenth of the memory): ``op_latency`` must be what
+    the calls as texts give, ties between kernel sequences included (the lexically first wins, not the first
+    seen)."""
+    from vtrain.ingest.pipeline import IngestedRanks
+    from vtrain.ingest.rank import RankResult, spool_file
+    from vtrain.tables.latency import gpu_op_calls, op_latency
+
+    profile = ingest_traces(A100)
+    calls = gpu_op_calls(profile["kernels"])
+    assert_frame_equal(profile["op_latency"], op_latency(calls), check_row_order=False)
+
+    tie = pl.DataFrame({"rank": [0, 0], "external_id": [1, 2], "op": ["aten::mm"] * 2, "input_dims": [None, None],
+                        "input_types": [None, None], "kernels": ["zz_gemm", "aa_gemm"], "n_kernels": [1, 1],
+                        "dur": [1.0, 2.0], "device_type": ["cuda"] * 2},
+                       schema_overrides={"input_dims": pl.String, "input_types": pl.String, "n_kernels": pl.Int32})
+    tie.write_ipc(spool_file(tmp_path, 0, "calls"))
+    profile["collectives"].head(0).write_ipc(spool_file(tmp_path, 0, "collectives"))
+    profile["cpu_ops"].head(0).write_ipc(spool_file(tmp_path, 0, "comm_ops"))
+    ranks = IngestedRanks(tmp_path, [RankResult(index=0, path=tmp_path, rows={"kernels": 2})], {})
+    table = ranks.latency_tables()["op_latency"]
+    assert_frame_equal(table, op_latency(tie), check_row_order=False)
+    assert table["kernels"].to_list() == ["aa_gemm"] and table.schema == op_latency(tie).schema

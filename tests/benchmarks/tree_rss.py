@@ -1,7 +1,7 @@
 """Wall time and peak memory of a command together with every process it starts (a pool of workers).
 
 ``/usr/bin/time``'s peak RSS is that of the largest single process, which understates a command that reads with
-several worker processes: here the resident sets of the process and all its descendants are summed from ``/proc``
+several worker processes: here the resident sets of the process and all its descendants are summed (psutil)
 every few milliseconds, and the peak of the sum is reported beside the largest single process's own peak.
 
     python -m tests.benchmarks.tree_rss vtrain ingest TRACE_DIR -o PROFILE --workers 2
@@ -16,11 +16,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 #: seconds between two samples of the process tree
 SAMPLE_S = 0.02
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
@@ -35,26 +35,18 @@ class TreeCost:
     stderr: str
 
 
-def _children(pid: int) -> list[int]:
-    found = []
+def _tree_rss(root: psutil.Process) -> int:
+    """The summed resident bytes of ``root`` and its descendants (0 for a process gone meanwhile)."""
+    total = 0
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            found += [int(c) for c in (task / "children").read_text().split()]
-    except OSError:
-        pass
-    return found
-
-
-def _tree_rss(root: int) -> int:
-    """The summed resident bytes of ``root`` and its descendants."""
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for process in processes:
         try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
+            total += process.memory_info().rss
+        except psutil.Error:
             continue
-        stack += _children(pid)
     return total
 
 
@@ -63,13 +55,14 @@ def run_tree_measured(command: list[str]) -> TreeCost:
     single process comes from ``wait4``, whose usage of a process covers the descendants it waited for."""
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root = psutil.Process(process.pid)
     peak = 0
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(process.pid))
+            peak = max(peak, _tree_rss(root))
             time.sleep(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)

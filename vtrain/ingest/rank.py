@@ -2,7 +2,7 @@
 
 This is the unit of work of `vtrain ingest`, run in the ingesting process or in a worker process
 (:mod:`vtrain.ingest.pipeline`): it takes a file and a spool folder and returns a small, picklable
-:class:`RankResult`. The rank's tables go to Parquet files in the spool, so the rank's events are freed before the
+:class:`RankResult`. The rank's tables go to Arrow IPC files in the spool, so the rank's events are freed before the
 next rank is read and the memory of a whole ingest is that of one rank at a time per process. Warnings are
 collected, not printed, so that they come out in file order whichever process read the file; an error is kept with
 the rank's header when the header was read, so that the checks across ranks still come first, as in a serial run.
@@ -75,13 +75,13 @@ class RankResult:
         return self.rows.get("kernels", 0) > 0
 
     def spooled(self, spool: Path, table: str) -> Path:
-        """The Parquet file of one of this rank's :data:`SPOOLED` tables."""
+        """The Arrow IPC file of one of this rank's :data:`SPOOLED` tables."""
         return spool_file(spool, self.index, table)
 
 
 def spool_file(spool: Path, index: int, table: str) -> Path:
     """Where the rank file number ``index`` (in folder order) keeps its table ``table``."""
-    return spool / f"{index:06d}-{table}.parquet"
+    return spool / f"{index:06d}-{table}.arrow"
 
 
 def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None = None) -> RankResult:
@@ -170,7 +170,7 @@ def _keep(result: RankResult, tables: RankTables, spool: Path) -> None:
                                           | pl.col("name").str.starts_with(_COMM_OP_PREFIXES[1])),
     }
     for name, frame in frames.items():
-        frame.write_parquet(result.spooled(spool, name))
+        frame.write_ipc(result.spooled(spool, name), compression="lz4")  # 4x faster to write than Parquet
         result.rows[name] = frame.height
     result.iterations = tables.iterations
     result.counts = tables.counts
