@@ -237,3 +237,43 @@ def test_latency_tables_from_the_spool_equal_those_of_the_texts(tmp_path: Path) 
     table = ranks.latency_tables()["op_latency"]
     assert_frame_equal(table, op_latency(tie), check_row_order=False)
     assert table["kernels"].to_list() == ["aa_gemm"] and table.schema == op_latency(tie).schema
+
+
+def test_ray_gives_the_serial_tables(six_ranks: Path) -> None:
+    """Ranks read as Ray tasks on a local instance (as `vtrain ingest --ray`): the same profile, in the same
+    order, as in one process."""
+    ray = pytest.importorskip("ray")
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception when its node does not start
+        pytest.skip(f"a local Ray instance did not start on this machine: {exc}")
+    try:
+        on_ray = ingest_traces(six_ranks, ray_address="local")
+    finally:
+        ray.shutdown()
+    _assert_same_profile(ingest_traces(six_ranks), on_ray)
+
+
+def test_ray_tasks_finishing_in_any_order_give_the_serial_tables(six_ranks: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a Ray cluster: the Ray runner replaced by one that runs the same task function in this process
+    and returns the ranks last first, as tasks on a cluster may finish. The spooled tables travel as bytes and
+    the ranks are taken in folder order."""
+    from vtrain.plan import distributed
+
+    seen = []
+
+    def last_first(address, function, base, profile, device, groups):  # noqa: ANN001, ANN202 - run_on_ray's
+        seen.append(address)
+        results = [function(base, profile, device, group) for group in groups]
+        yield from reversed(results)
+
+    monkeypatch.setattr(distributed, "run_on_ray", last_first)
+    _assert_same_profile(ingest_traces(six_ranks), ingest_traces(six_ranks, ray_address="ray://head:10001"))
+    assert seen == ["ray://head:10001"]
+    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(six_ranks), "-o",
+                           str(six_ranks.parent / "no-ray"), "--ray-address", "ray://nowhere:1"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Ray" in done.stderr, done.stderr
+    assert not [p for p in six_ranks.parent.iterdir() if p.name.startswith(".no-ray")]  # no staging folder left
+    assert not (six_ranks.parent / "no-ray").exists()

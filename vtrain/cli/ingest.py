@@ -41,6 +41,12 @@ def parser() -> OneLineParser:
     parsed.add_argument("--workers", type=_workers, default=None, metavar="K",
                         help="Processes reading rank files in parallel (default: one per CPU core, at most one per "
                              "file; 1 for a folder under 64 MB).")
+    parsed.add_argument("--ray", action="store_true",
+                        help="Read rank files as Ray tasks (pip install 'vtrain[ray]'): on the cluster at "
+                             "--ray-address, else RAY_ADDRESS, else a local one. The trace folder must be at the same "
+                             "path on every node.")
+    parsed.add_argument("--ray-address", metavar="ADDRESS",
+                        help="Ray cluster address (ray://HOST:10001, auto); implies --ray.")
     return parsed
 
 
@@ -59,16 +65,18 @@ def main(argv: Sequence[str]) -> int:
     """Run `vtrain ingest` with the arguments that follow the command's name; returns the exit code."""
     args = parser().parse_args(argv)
     try:
-        ingest(args.trace_dir, args.output, force=args.force, as_json=args.as_json, workers=args.workers)
+        ingest(args.trace_dir, args.output, force=args.force, as_json=args.as_json, workers=args.workers,
+               ray_address=args.ray_address or ("local" if args.ray else None))
     except InputError as exc:
         return report(exc)
     return 0
 
 
 def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool = False,
-           workers: int | None = None) -> None:
+           workers: int | None = None, ray_address: str | None = None) -> None:
     """Ingest ``trace_dir`` into the profile folder ``output`` with ``workers`` processes (by default
-    :func:`~vtrain.ingest.pipeline.default_workers`) and print a summary on stdout."""
+    :func:`~vtrain.ingest.pipeline.default_workers`), or as Ray tasks at ``ray_address``, and print a summary on
+    stdout."""
     # the process ends after the command: freezing the heap at exit spares the collector's walk over every object
     # at shutdown (a tenth of a second with polars loaded)
     atexit.register(gc.freeze)
@@ -79,9 +87,9 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
 
     # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
     if total >= PROGRESS_BYTES and sys.stderr.isatty():
-        ranks, rows = _ingest_with_progress(trace_dir, output, total, workers)
+        ranks, rows = _ingest_with_progress(trace_dir, output, total, workers, ray_address)
     else:
-        ranks, rows = ingest_to_folder(trace_dir, output, warn=warn, workers=workers)
+        ranks, rows = ingest_to_folder(trace_dir, output, warn=warn, workers=workers, ray_address=ray_address)
     metadata = ranks.metadata
     summary = {
         "profile": str(output),
@@ -97,15 +105,15 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     _print_summary(output, summary)
 
 
-def _ingest_with_progress(trace_dir: Path, output: Path, total: int, workers: int) -> tuple[IngestedRanks,
-                                                                                            dict[str, int]]:
+def _ingest_with_progress(trace_dir: Path, output: Path, total: int, workers: int,
+                          ray_address: str | None) -> tuple[IngestedRanks, dict[str, int]]:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("ingest"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("read", total=total)
-        return ingest_to_folder(trace_dir, output, warn=warn, workers=workers,
+        return ingest_to_folder(trace_dir, output, warn=warn, workers=workers, ray_address=ray_address,
                                 progress=lambda n: bar.advance(task, n))
 
 

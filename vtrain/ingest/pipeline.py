@@ -2,8 +2,8 @@
 
 Ranks are read one at a time per process (:func:`vtrain.ingest.rank.ingest_rank`), each writing its tables to a
 spool folder, so memory is bounded by one rank's events, not by the folder; with ``workers`` > 1 the files are
-read by a pool of processes, rank-parallel, and the results taken in file order (the same tables, warnings and
-errors as a serial run). The profile's tables are then put together from the spool: streamed from the spooled
+read by a pool of processes, rank-parallel, or beyond one machine as Ray tasks (as `vtrain plan --ray` does),
+and the results taken in file order (the same tables, warnings and errors as a serial run). The profile's tables are then put together from the spool: streamed from the spooled
 files into the profile folder (:func:`ingest_to_folder`, what `vtrain ingest` does) or read into memory
 (:func:`ingest_traces`, for the commands and tests that use a profile at once).
 """
@@ -28,7 +28,7 @@ import polars as pl
 import vtrain
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
-from vtrain.ingest.rank import RankResult, RankSource, ingest_rank, rank_row
+from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
 from vtrain.outputs import staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import METADATA_FILE, Profile, conform
@@ -126,23 +126,26 @@ def _rank(result: RankResult) -> int:
 
 
 def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None, progress: Progress | None = None,
-                  workers: int = 1) -> Profile:
+                  workers: int = 1, ray_address: str | None = None) -> Profile:
     """Read every rank file of ``trace_dir`` and build the profile tables and metadata, in memory."""
     with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:
-        ranks = ingest_ranks(trace_dir, Path(spool), warn=warn, progress=progress, workers=workers)
+        ranks = ingest_ranks(trace_dir, Path(spool), warn=warn, progress=progress, workers=workers,
+                             ray_address=ray_address)
         tables = {table: ranks.event_table(table) for table in EVENT_TABLES}
         return Profile(tables={**tables, **ranks.latency_tables()}, metadata=ranks.metadata)
 
 
 def ingest_to_folder(trace_dir: str | Path, output: Path, *, warn: Warn = lambda _: None,
-                     progress: Progress | None = None, workers: int = 1) -> tuple[IngestedRanks, dict[str, int]]:
+                     progress: Progress | None = None, workers: int = 1,
+                     ray_address: str | None = None) -> tuple[IngestedRanks, dict[str, int]]:
     """Ingest ``trace_dir`` into the profile folder ``output`` (which :func:`vtrain.outputs.check_output` must
     have allowed): staged beside it with the spool inside, and renamed into place when complete. Returns the
     ingested ranks and the rows of each table."""
     with staged(output) as staging:
         spool = staging / ".ranks"
         spool.mkdir()
-        ranks = ingest_ranks(trace_dir, spool, warn=warn, progress=progress, workers=workers)
+        ranks = ingest_ranks(trace_dir, spool, warn=warn, progress=progress, workers=workers,
+                             ray_address=ray_address)
         rows = ranks.write_tables(staging)
         shutil.rmtree(spool)
         (staging / METADATA_FILE).write_text(json.dumps(ranks.metadata, indent=2, sort_keys=False) + "\n")
@@ -150,14 +153,17 @@ def ingest_to_folder(trace_dir: str | Path, output: Path, *, warn: Warn = lambda
 
 
 def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: None,
-                 progress: Progress | None = None, workers: int = 1) -> IngestedRanks:
-    """Ingest every rank file of ``trace_dir`` into ``spool`` with ``workers`` processes; the checks across
-    ranks, warnings and errors come in folder order, as in a serial run."""
+                 progress: Progress | None = None, workers: int = 1, ray_address: str | None = None) -> IngestedRanks:
+    """Ingest every rank file of ``trace_dir`` into ``spool`` with ``workers`` processes, or as Ray tasks on the
+    cluster at ``ray_address`` (see :func:`_map_ranks_on_ray`); the checks across ranks, warnings and errors come
+    in folder order, as in a serial run."""
     files = find_trace_files(trace_dir)
     started = time.time()
     results: list[RankResult] = []
     sources: list[RankSource] = []
-    for result in _map_ranks(files, spool, workers, progress):
+    mapped = (_map_ranks_on_ray(ray_address, files, spool, progress) if ray_address
+              else _map_ranks(files, spool, workers, progress))
+    for result in mapped:
         if result.source:
             _check_against(result.source, sources)
         if result.error:
@@ -190,6 +196,38 @@ def _map_ranks(files: list[Path], spool: Path, workers: int, progress: Progress 
             if progress:
                 progress(result.path.stat().st_size)
             yield result
+
+
+def _map_ranks_on_ray(address: str, files: list[Path], spool: Path,
+                      progress: Progress | None) -> Iterator[RankResult]:
+    """:func:`~vtrain.ingest.rank.ingest_rank` of every file as one Ray task each (``pip install
+    'vtrain[ray]'``; ``address`` as for `vtrain plan --ray-address`, see :func:`vtrain.plan.distributed.run_on_ray`),
+    in folder order. A task reads its file at the same path on its node (the folder must be on a shared file
+    system) and returns its spooled tables as bytes, which are written to ``spool`` here: only the trace folder
+    needs to be shared."""
+    from vtrain.plan.distributed import run_on_ray
+
+    done: dict[int, RankResult] = {}
+    jobs = list(enumerate(files))
+    for result, tables in run_on_ray(address, _ingest_rank_shipped, None, None, None, jobs):
+        for name, data in tables.items():
+            result.spooled(spool, name).write_bytes(data)
+        if progress:
+            progress(result.path.stat().st_size)
+        done[result.index] = result
+        while len(jobs) > 0 and jobs[0][0] in done:  # the next in folder order is in
+            yield done.pop(jobs.pop(0)[0])
+
+
+def _ingest_rank_shipped(_base: None, _profile: None, _device: None,
+                         job: tuple[int, Path]) -> tuple[RankResult, dict[str, bytes]]:
+    """A Ray task (called as :func:`vtrain.plan.distributed.run_on_ray` calls its function, with nothing
+    shared): one rank ingested into a spool of its own, returned with the spooled files' bytes."""
+    index, path = job
+    with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:
+        result = ingest_rank(index, path, Path(spool))
+        tables = {name: result.spooled(Path(spool), name).read_bytes() for name in SPOOLED} if not result.error else {}
+    return result, tables
 
 
 def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
