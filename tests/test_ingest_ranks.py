@@ -277,3 +277,18 @@ def test_ray_tasks_finishing_in_any_order_give_the_serial_tables(six_ranks: Path
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Ray" in done.stderr, done.stderr
     assert not [p for p in six_ranks.parent.iterdir() if p.name.startswith(".no-ray")]  # no staging folder left
     assert not (six_ranks.parent / "no-ray").exists()
+
+
+def test_a_folder_of_gpu_and_cpu_only_ranks(tmp_path: Path) -> None:
+    """A GPU rank (the real A100 trace, rank 0 of 2) beside a CPU-only one (rank 1 of the recorded gloo run
+    t1p1d2): operator latencies come from kernels on the first and from CPU ops on the second, in one table."""
+    from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, op_latency
+
+    shutil.copy(A100 / "rank-0.json.gz", tmp_path / "rank-0.json.gz")
+    shutil.copy(TRACES / "t1p1d2" / "rank-1.json.gz", tmp_path / "rank-1.json.gz")
+    profile = ingest_traces(tmp_path, workers=2)
+    columns = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
+    calls = pl.concat([gpu_op_calls(profile["kernels"]).select(columns),
+                       cpu_op_calls(profile["cpu_ops"].filter(pl.col("rank") == 1)).select(columns)])
+    assert set(profile["op_latency"]["device_type"]) == {"cuda", "cpu"}
+    assert_frame_equal(profile["op_latency"], op_latency(calls), check_row_order=False)

@@ -2,10 +2,11 @@
 
 Ranks are read one at a time per process (:func:`vtrain.ingest.rank.ingest_rank`), each writing its tables to a
 spool folder, so memory is bounded by one rank's events, not by the folder; with ``workers`` > 1 the files are
-read by a pool of processes, rank-parallel, or beyond one machine as Ray tasks (as `vtrain plan --ray` does),
-and the results taken in file order (the same tables, warnings and errors as a serial run). The profile's tables are then put together from the spool: streamed from the spooled
-files into the profile folder (:func:`ingest_to_folder`, what `vtrain ingest` does) or read into memory
-(:func:`ingest_traces`, for the commands and tests that use a profile at once).
+read by a pool of processes, rank-parallel, or beyond one machine as Ray tasks (as `vtrain plan --ray` does), and
+the results are taken in file order (the same tables, warnings and errors as a serial run). The profile's tables
+are then put together from the spool: streamed from the spooled files into the profile folder
+(:func:`ingest_to_folder`, what `vtrain ingest` does) or read into memory (:func:`ingest_traces`, for the
+commands and tests that use a profile at once).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class IngestedRanks:
         cpu_ops = _read(self.spooled("cpu_ops", cpu_only), "cpu_ops")
         calls = [gpu_calls.select(_CALL_COLUMNS)] if gpu_calls.height else []
         if cpu_ops.height:
-            calls.append(cpu_op_calls(cpu_ops).select(_CALL_COLUMNS))
+            calls.append(cpu_op_calls(cpu_ops).select(_CALL_COLUMNS)
+                         .with_columns(pl.col(_CALL_TEXT).cast(pl.Categorical)))
         return {
             "op_latency": op_latency(pl.concat(calls) if calls else pl.DataFrame()),
             "nccl_latency": nccl_latency(self.event_table("collectives"), _read(self.spooled("comm_ops"), "cpu_ops")),
@@ -104,8 +106,6 @@ class IngestedRanks:
 
 
 _CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
-
-
 #: the text columns of the operator calls: the same few hundred texts repeated on millions of calls
 _CALL_TEXT = ["op", "input_dims", "input_types", "device_type", "kernels"]
 
