@@ -90,7 +90,7 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
     result = RankResult(index=index, path=path)
     try:
         with readable_trace(path):
-            text = load_text(path, progress)
+            text = load_text(path, progress, scratch=spool)
             events = _read_rank(result, text, progress)
             result.sha256 = text.sha256
             del text

@@ -55,13 +55,15 @@ class TraceText:
             self._released = end
 
 
-def load_text(path: Path, progress: Progress | None = None) -> TraceText:
-    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
+def load_text(path: Path, progress: Progress | None = None, scratch: Path | None = None) -> TraceText:
+    """Map a plain JSON file, or gunzip a gzip file into an unnamed file in ``scratch`` (the system's temporary
+    folder by default, which may be in memory: `vtrain ingest` gives the folder it writes in) and map that; errors
+    name the file (empty, not gzip, truncated, ...)."""
     try:
         with path.open("rb") as handle:
             if is_gzip(handle, path):
                 digest = hashlib.sha256()
-                with tempfile.TemporaryFile(prefix="vtrain-ingest-") as plain:
+                with tempfile.TemporaryFile(prefix="vtrain-ingest-", dir=scratch) as plain:
                     gunzip_to(handle, plain, path, progress, digest)
                     return TraceText(path, mmap.mmap(plain.fileno(), 0, access=mmap.ACCESS_COPY), True,
                                      digest.hexdigest())
