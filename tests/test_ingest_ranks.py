@@ -35,7 +35,7 @@ A100 = TRACES / "hta-a100-2rank-nccl"
 _UNORDERED = {"op_latency"}
 
 
-def _assert_same_profile(a, b) -> None:  # noqa: ANN001 - two Profiles
+def _assert_same_profile(a, b) -> None:
     assert a.tables.keys() == b.tables.keys()
     for name in a.tables:
         assert_frame_equal(a[name], b[name], check_row_order=name not in _UNORDERED)
@@ -159,7 +159,7 @@ def test_a_gzip_file_of_several_members_is_read_whole(tmp_path: Path) -> None:
         load_text(folder / "rank-0.json.gz")
 
 
-def _with_source_of(profile, folder: Path):  # noqa: ANN001, ANN202 - a Profile
+def _with_source_of(profile, folder: Path):
     """``profile`` as if read from ``folder``'s one file (its name, size and hash differ)."""
     source = json.loads(json.dumps(profile.metadata["sources"][0]))
     file = next(folder.iterdir())
@@ -263,7 +263,7 @@ def test_ray_tasks_finishing_in_any_order_give_the_serial_tables(six_ranks: Path
 
     seen = []
 
-    def last_first(address, function, base, profile, device, groups):  # noqa: ANN001, ANN202 - run_on_ray's
+    def last_first(address, function, base, profile, device, groups):
         seen.append(address)
         results = [function(base, profile, device, group) for group in groups]
         yield from reversed(results)
