@@ -11,7 +11,8 @@ column is absent or a cell empty, the command's flags (or vTrain's settings) app
 counts as empty.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
-e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`) are kept with the reason in ``problem`` and are never simulated: :func:`row_problem`.
+e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`, an inter-node rate no link has) are kept
+with the reason in ``problem`` and are never simulated: :func:`row_problem`.
 """
 
 from __future__ import annotations
