@@ -44,11 +44,12 @@ PARALLEL_MIN_BYTES = 64 << 20
 
 
 def default_workers(files: list[Path]) -> int:
-    """Processes for ingesting ``files``: one per CPU core and file, but one for a small folder (starting a
-    worker costs about as much as ingesting 20 MB of trace)."""
+    """Processes for ingesting ``files``: one per CPU core this process may run on and per file, but one for a
+    small folder (starting a worker costs about as much as ingesting 20 MB of trace)."""
     if sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
         return 1
-    return max(1, min(len(files), os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(len(files), cores))
 
 
 @dataclass
