@@ -204,7 +204,7 @@ def test_ctrl_c_stops_the_workers_and_leaves_nothing(tmp_path: Path) -> None:
                                 str(parent / "result"), "--workers", "2"], cwd=REPO, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not list(parent.glob(".result.vtrain-staging-*/.ranks/*-kernels.parquet")):  # a worker finished a rank
+    while not list(parent.glob(".result.vtrain-staging-*/.ranks/*-kernels.arrow")):  # a worker finished a rank
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.01)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks.trace_folder import SM80_RANK, V100_RANK, make_trace_folder
-from tests.benchmarks.tree_rss import TreeCost, run_tree_measured
+from tests.benchmarks.tree_rss import TreeCost, measured_from_a_fresh_process
 from vtrain.ingest.pipeline import default_workers
 
 HTA_PARSE = ("from hta.trace_analysis import TraceAnalysis; import sys; "
@@ -44,7 +44,7 @@ def _measure(benchmark, tool: str, folder: Path, out: Path, group: str) -> TreeC
     costs: list[TreeCost] = []
 
     def once() -> None:
-        cost = run_tree_measured(_command(tool, folder, out))
+        cost = measured_from_a_fresh_process(_command(tool, folder, out))
         assert cost.code == 0, cost.stderr
         costs.append(cost)
 
