@@ -102,6 +102,15 @@ def test_warnings_and_errors_come_in_folder_order_whichever_process_read_the_fil
             ingest_traces(folder, workers=workers)
         errors[workers] = str(caught.value)
     assert errors[1] == errors[3] and errors[1].startswith(str(folder / "rank-2.json"))
+    # the command: one line, and nothing left once the workers, still writing other ranks, are stopped
+    out = tmp_path / "out"
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
+                               str(out / "result"), "--workers", "3"], cwd=REPO, capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 2 and done.stderr.splitlines() == [f"warning: {warnings[1][0]}",
+                                                                     f"error: {errors[1]}"], done.stderr
+        assert not out.exists()
     (folder / "rank-2.json").unlink()
     for workers in (1, 3):
         with pytest.raises(InputError, match="rank 1 is claimed by both rank-1.json and rank-3.json"):

@@ -20,6 +20,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,16 +165,19 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     sources: list[RankSource] = []
     mapped = (_map_ranks_on_ray(ray_address, files, spool, progress) if ray_address
               else _map_ranks(files, spool, workers, progress))
-    for result in mapped:
-        if result.source:
-            _check_against(result.source, sources)
-        if result.error:
-            raise result.error
-        for line in result.warnings:
-            warn(line)
-        assert result.source is not None
-        sources.append(result.source)
-        results.append(result)
+    # closed on any error or interrupt before it goes further: the workers are stopped before anyone removes the
+    # spool they write in
+    with closing(mapped):
+        for result in mapped:
+            if result.source:
+                _check_against(result.source, sources)
+            if result.error:
+                raise result.error
+            for line in result.warnings:
+                warn(line)
+            assert result.source is not None
+            sources.append(result.source)
+            results.append(result)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if missing:
