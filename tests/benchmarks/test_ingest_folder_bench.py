@@ -23,8 +23,12 @@ from tests.benchmarks.trace_folder import SM80_RANK, V100_RANK, make_trace_folde
 from tests.benchmarks.tree_rss import TreeCost, measured_from_a_fresh_process
 from vtrain.ingest.pipeline import default_workers
 
-HTA_PARSE = ("from hta.trace_analysis import TraceAnalysis; import sys; "
-             "TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)")
+#: HTA's parse of a folder, checked to have read every rank (HTA finds a file's rank by a regular expression and
+#: takes files it finds none in as rank 0, one overwriting the other)
+HTA_PARSE = ("from hta.trace_analysis import TraceAnalysis; import os, sys; "
+             "parsed = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True); "
+             "files = [f for f in os.listdir(sys.argv[1]) if '.json' in f]; "
+             "assert len(parsed.t.traces) == len(files), (len(parsed.t.traces), len(files))")
 #: folder sizes (GB) measured for vtrain alone, besides 1 GB, when asked for in VTRAIN_BENCH_GB
 BIG_GB = [float(gb) for gb in os.environ.get("VTRAIN_BENCH_GB", "").split(",") if gb.strip()]
 #: peak memory allowed for the ingesting process and for each worker, whatever the folder's size (a worker holds
