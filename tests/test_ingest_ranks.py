@@ -95,7 +95,9 @@ def test_warnings_and_errors_come_in_folder_order_whichever_process_read_the_fil
     # pool, although another worker may read rank 3 first
     (folder / "rank-2.json").write_text((folder / "rank-2.json").read_text()[:-1000])
     path = folder / "rank-3.json"
-    path.write_text(path.read_text().replace('"rank":3', '"rank":1', 1))
+    header = path.read_text()
+    assert '"rank": 3' in header[:10_000]
+    path.write_text(header.replace('"rank": 3', '"rank": 1', 1))
     errors = {}
     for workers in (1, 3):
         with pytest.raises(InputError) as caught:
