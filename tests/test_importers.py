@@ -453,3 +453,39 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
     assert "\n" not in text
     assert caught.value.path is not None and text.startswith(caught.value.path)
     assert Path(caught.value.path) in (path, tmp_path / "transformer_A100.csv", tmp_path / "matmul_A100.csv")
+
+
+def test_inter_node_rate_of_zero_or_empty_falls_back_to_the_flag(tmp_path):
+    """Tables write 0 (or nothing) for a link rate that was not measured: the command's flag applies. A rate that
+    no link has (negative, not finite, beyond any network) refuses the row, as an absurd shape does."""
+    path = tmp_path / "rates.csv"
+    run = "16,64,2,2048,16,24,2048,2,4,2,812.5"
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},inter-node Gbps\n"
+                    f"{run},0\n{run},\n{run},0.0\n{run},400\n{run},-100\n{run},nan\n{run},1e9\n")
+    table = read_measurements(path)
+    rates = [measurement_config(row, inter_node_gbps=100.0).hardware.inter_node_gbps
+             for row in table.head(4).iter_rows(named=True)]
+    assert rates == [100.0, 100.0, 100.0, 400.0]
+    assert measurement_config(table.row(0, named=True)).hardware.inter_node_gbps is None  # no flag: the default
+    problems = table["problem"].to_list()
+    assert problems[:4] == [None] * 4
+    assert all("inter_node_gbps must be a finite number above 0" in p for p in problems[4:]), problems
+
+
+def test_measurement_shapes_are_bounded_by_the_physical_limits(tmp_path):
+    """The one home of the bounds is vtrain/limits.py: a row is refused where a run config would be (2,000
+    layers, 300,000 hidden, 8,192 micro-batches per replica), and the largest allowed value is accepted."""
+    from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES
+
+    path = tmp_path / "shapes.csv"
+    layers, hidden = INTEGER_BOUNDS["layers"][1], INTEGER_BOUNDS["hidden"][1]
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)}\n"
+                    f"8,16,2,1024,16,{layers},1024,2,2,2,100\n8,16,2,1024,16,2000,1024,2,2,2,100\n"
+                    f"8,16,2,{hidden},16,24,1024,2,2,2,100\n8,16,2,300000,16,24,1024,2,2,2,100\n"
+                    f"8,{2 * MAX_MICRO_BATCHES},1,1024,16,24,1024,2,2,2,100\n"
+                    f"8,{4 * MAX_MICRO_BATCHES},1,1024,16,24,1024,2,2,2,100\n")
+    problems = read_measurements(path)["problem"].to_list()
+    assert problems[0] is None and problems[2] is None and problems[4] is None
+    assert problems[1] == f"layers = 2000 is beyond any real run (at most {layers:,})"
+    assert problems[3] == f"hidden = 300000 is beyond any real run (at most {hidden:,})"
+    assert "8192 micro-batches per replica" in problems[5]

@@ -7,10 +7,12 @@ names and values may carry surrounding whitespace and the file a UTF-8 byte-orde
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`, any order, names matched
 without regard to case, spaces, hyphens or underscores): schedule, virtual stages, vocabulary, recomputation,
 gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s and framework. Where a
-column is absent or a cell empty, the command's flags (or vTrain's settings) apply.
+column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
+counts as empty.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
-e.g. 2.4e10 layers) are kept with the reason in ``problem`` and are never simulated: :func:`row_problem`.
+e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`, an inter-node rate no link has) are kept
+with the reason in ``problem`` and are never simulated: :func:`row_problem`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.importers._read import LINE, csv_rows
+from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names -> the normalised ones
@@ -52,9 +55,11 @@ COLUMNS = {
     "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "iteration_ms": pl.Float64,
     **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
 }
-#: the largest value of a shape column a real run can have (beyond it a row is refused, not simulated)
-SHAPE_LIMITS = {"gpus": 10**6, "global_batch": 10**7, "micro_batch": 10**5, "hidden": 10**6, "heads": 10**4,
-                "layers": 10**4, "seq": 10**7, "tp": 10**4, "dp": 10**6, "pp": 10**4}
+#: shape column -> its field in :data:`vtrain.limits.INTEGER_BOUNDS`, the physical bounds every run config is
+#: checked against (beyond them a row is refused, not simulated)
+SHAPE_FIELDS = {"gpus": "device_count", "global_batch": "global_batch", "micro_batch": "micro_batch",
+                "hidden": "hidden", "heads": "heads", "layers": "layers", "seq": "seq", "tp": "tp", "dp": "dp",
+                "pp": "pp"}
 #: vTrain's training settings for these runs (Megatron-DeepSpeed, as in its configs)
 VOCAB = 50257
 PRECISION = "fp16"
@@ -86,6 +91,8 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))
+    if "inter_node_gbps" in rows.columns:
+        rows = _with_link_rates(rows)
     integers = [name for name, dtype in COLUMNS.items() if dtype == pl.Int64 and name in SINGLE_NODE_COLUMNS.values()]
     rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name) for name in integers)
     return rows.select(
@@ -148,13 +155,30 @@ def _problem(row: dict[str, Any]) -> str | None:
     measured = row["iteration_ms"]
     if not math.isfinite(measured) or measured <= 0:
         return f"measured iteration time is not a positive number ({measured!r} ms)"
-    for name, limit in SHAPE_LIMITS.items():
+    for name, field in SHAPE_FIELDS.items():
         value = row[name]
         if not math.isfinite(value) or value != int(value) or value < 1:
             return f"{name} = {value:g} is not a positive integer"
-        if value > limit:
-            return f"{name} = {value:g} is beyond any real run (at most {limit:g})"
+        low, high = INTEGER_BOUNDS[field]
+        if not low <= value <= high:
+            return f"{name} = {value:g} is beyond any real run (at most {high:,})"
+    micro_batches = row["global_batch"] / (row["dp"] * row["micro_batch"])
+    if micro_batches > MAX_MICRO_BATCHES:
+        return (f"{micro_batches:g} micro-batches per replica (global batch / (dp x micro batch)) is beyond any real "
+                f"run (at most {MAX_MICRO_BATCHES:,})")
     return None
+
+
+def _with_link_rates(rows: pl.DataFrame) -> pl.DataFrame:
+    """The inter-node Gbit/s column with ``0`` read as absent (the command's flag applies, as for an empty cell:
+    tables write 0 for "not measured", and no link runs at 0); a rate outside
+    :data:`vtrain.limits.REAL_BOUNDS` (negative, not finite, beyond any network) makes the row's problem."""
+    rates = rows["inter_node_gbps"].to_list()
+    problems = [problem or (None if rate is None or rate == 0 else real_problem("inter_node_gbps", rate))
+                for problem, rate in zip(rows["problem"].to_list(), rates)]
+    return rows.with_columns(inter_node_gbps=pl.Series([None if rate == 0 else rate for rate in rates],
+                                                       dtype=pl.Float64),
+                             problem=pl.Series(problems, dtype=pl.String))
 
 
 def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Path) -> pl.Expr:

@@ -63,12 +63,17 @@ def span_frames(text: TraceText, span: Span, json_text: JsonText) -> tuple[Event
     return part, count
 
 
+#: one cache of canonical ``Input Dims`` texts per process: the ranks of a job repeat each other's shapes, and a
+#: worker reads many ranks (on a 1.7 MB rank with shapes recorded, a fresh cache per rank cost a fifth of its time)
+_JSON_TEXT = JsonText()
+
+
 def read_rank_events(text: TraceText, events: Span | None, progress: Progress | None = None, *,
                      span_bytes: int = SPAN_BYTES, events_per_span: int = SPAN_EVENTS) -> RankEvents:
     """The frames of a rank's complete events (``events``, see :func:`~vtrain.ingest.spans.read_header`), span by
     span; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file reported its bytes while it
-    was read)."""
-    json_text = JsonText()
+    was read). The text of each span is released once decoded: only the frames stay."""
+    json_text = _JSON_TEXT
     parts = []
     decoded = 0
 
@@ -76,6 +81,7 @@ def read_rank_events(text: TraceText, events: Span | None, progress: Progress | 
         nonlocal decoded
         part, count = span_frames(text, span, json_text)
         parts.append(part)
+        text.release(span.end)  # decoded: its pages of text are not needed again
         decoded += span.end - span.start
         if progress and not text.compressed:
             progress(span.end - span.start)

@@ -96,7 +96,10 @@ class EventsPart:
 
 
 class JsonText:
-    """Canonical JSON text of raw ``Input Dims`` / ``Input type`` values, cached (they repeat a lot)."""
+    """Canonical JSON text of raw ``Input Dims`` / ``Input type`` values, cached (they repeat a lot); the cache
+    is emptied when it reaches :data:`MAX_ENTRIES` texts, so that it stays small however many files it serves."""
+
+    MAX_ENTRIES = 1 << 16
 
     def __init__(self) -> None:
         self._cache: dict[bytes, str] = {}
@@ -105,6 +108,8 @@ class JsonText:
         """One text per raw value (``None`` where absent); ``None`` when no event has a value."""
         if not any(raws):
             return None
+        if len(self._cache) >= self.MAX_ENTRIES:
+            self._cache.clear()
         cache = self._cache
         texts: list[str | None] = []
         for raw in raws:

@@ -1,126 +1,263 @@
-"""`vtrain ingest`: a folder of per-rank Kineto traces -> a profile (tables + metadata)."""
+"""`vtrain ingest`: a folder of per-rank Kineto traces -> a profile (tables + metadata).
+
+Ranks are read one at a time per process (:func:`vtrain.ingest.rank.ingest_rank`), each writing its tables to a
+spool folder, so memory is bounded by one rank's events, not by the folder; with ``workers`` > 1 the files are
+read by a pool of processes, rank-parallel, or beyond one machine as Ray tasks (as `vtrain plan --ray` does), and
+the results are taken in file order (the same tables, warnings and errors as a serial run). The profile's tables
+are then put together from the spool: streamed from the spooled files into the profile folder
+(:func:`ingest_to_folder`, what `vtrain ingest` does) or read into memory (:func:`ingest_traces`, for the
+commands and tests that use a profile at once).
+"""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import platform
+import shutil
+import signal
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import polars as pl
 
 import vtrain
 from vtrain.errors import InputError
-from vtrain.ingest.assemble import RankTables, assemble_rank
-from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader, readable_trace
-from vtrain.ingest.discover import find_trace_files, rank_and_world_size, rank_from_file_name
-from vtrain.ingest.events import read_rank_events
-from vtrain.ingest.extract import RankEvents
-from vtrain.ingest.spans import read_header, read_header_around_events
-from vtrain.ingest.text import TraceText, load_text
-from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
-from vtrain.tables.store import Profile
+from vtrain.ingest.discover import find_trace_files
+from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
+from vtrain.outputs import staged
+from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
+from vtrain.tables.store import METADATA_FILE, Profile, conform
 
 Warn = Callable[[str], None]
 Progress = Callable[[int], None]
 
+#: the profile's tables that are the spooled per-rank tables one after the other
+EVENT_TABLES = ("kernels", "cpu_ops", "collectives", "graph_launches")
+#: below this many bytes of trace files a pool of processes costs more than it saves
+PARALLEL_MIN_BYTES = 64 << 20
+
+
+def default_workers(files: list[Path]) -> int:
+    """Processes for ingesting ``files``: one per CPU core this process may run on and per file, but one for a
+    small folder (starting a worker costs about as much as ingesting 20 MB of trace)."""
+    if sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(len(files), cores))
+
 
 @dataclass
-class RankSource:
-    """One rank's trace file and what its header says."""
+class IngestedRanks:
+    """Every rank of a folder, ingested into ``spool``: what each left to report, and the profile's metadata."""
 
-    path: Path
-    rank: int
-    world_size: int | None
-    header: TraceHeader
+    spool: Path
+    results: list[RankResult]
+    metadata: dict[str, Any]
+
+    def spooled(self, table: str, ranks: list[RankResult] | None = None) -> list[Path]:
+        """The spooled files of ``table`` of ``ranks`` (all by default), in folder order."""
+        return [r.spooled(self.spool, table) for r in (self.results if ranks is None else ranks)]
+
+    def event_table(self, table: str) -> pl.DataFrame:
+        """One of :data:`EVENT_TABLES`, every rank's rows in folder order."""
+        return _read(self.spooled(table), table)
+
+    def latency_tables(self) -> dict[str, pl.DataFrame]:
+        """``op_latency`` and ``nccl_latency``. Operator calls come from the ranks' kernels, or on ranks without
+        device activity from their CPU ops (:func:`vtrain.tables.latency.cpu_op_calls`, which needs all those
+        ranks' CPU ops at once)."""
+        cpu_only = [r for r in self.results if not r.has_device_activity]
+        gpu_calls = _read(self.spooled("calls"), None, categorical=_CALL_TEXT)
+        cpu_ops = _read(self.spooled("cpu_ops", cpu_only), "cpu_ops")
+        calls = [gpu_calls.select(_CALL_COLUMNS)] if gpu_calls.height else []
+        if cpu_ops.height:
+            calls.append(cpu_op_calls(cpu_ops).select(_CALL_COLUMNS)
+                         .with_columns(pl.col(_CALL_TEXT).cast(pl.Categorical)))
+        return {
+            "op_latency": op_latency(pl.concat(calls) if calls else pl.DataFrame()),
+            "nccl_latency": nccl_latency(self.event_table("collectives"), _read(self.spooled("comm_ops"), "cpu_ops")),
+        }
+
+    def write_tables(self, folder: Path) -> dict[str, int]:
+        """Write every table into ``folder`` (the event tables streamed from the spool, never all in memory);
+        returns the rows of each."""
+        rows = {}
+        for table in EVENT_TABLES:
+            files = self.spooled(table)
+            if files:
+                pl.scan_ipc(files).sink_parquet(folder / f"{table}.parquet")
+            else:
+                conform(pl.DataFrame(), table).write_parquet(folder / f"{table}.parquet")
+            rows[table] = sum(r.rows[table] for r in self.results)
+        for table, frame in self.latency_tables().items():
+            frame.write_parquet(folder / f"{table}.parquet")
+            rows[table] = frame.height
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """Per-rank kernel counts and time per HTA kernel class, and iteration counts (see
+        :func:`rank_summary`)."""
+        return {str(r.source.rank): r.summary for r in sorted(self.results, key=_rank) if r.source}
 
 
-def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None,
-                  progress: Progress | None = None) -> Profile:
-    """Read every rank file of ``trace_dir`` and build the profile tables and metadata."""
+_CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
+#: the text columns of the operator calls: the same few hundred texts repeated on millions of calls
+_CALL_TEXT = ["op", "input_dims", "input_types", "device_type", "kernels"]
+
+
+def _read(files: list[Path], table: str | None, categorical: list[str] | None = None) -> pl.DataFrame:
+    """The spooled ``files`` one after the other (an empty ``table`` when there are none); the ``categorical``
+    columns are read as categories, batch by batch (a tenth of the memory of the texts)."""
+    if not files:
+        return conform(pl.DataFrame(), table) if table else pl.DataFrame()
+    frames = pl.scan_ipc(files)
+    if categorical:
+        return frames.with_columns(pl.col(categorical).cast(pl.Categorical)).collect(engine="streaming")
+    return frames.collect()
+
+
+def _rank(result: RankResult) -> int:
+    return result.source.rank if result.source else -1
+
+
+def ingest_traces(trace_dir: str | Path, *, warn: Warn = lambda _: None, progress: Progress | None = None,
+                  workers: int = 1, ray_address: str | None = None) -> Profile:
+    """Read every rank file of ``trace_dir`` and build the profile tables and metadata, in memory."""
+    with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:
+        ranks = ingest_ranks(trace_dir, Path(spool), warn=warn, progress=progress, workers=workers,
+                             ray_address=ray_address)
+        tables = {table: ranks.event_table(table) for table in EVENT_TABLES}
+        return Profile(tables={**tables, **ranks.latency_tables()}, metadata=ranks.metadata)
+
+
+def ingest_to_folder(trace_dir: str | Path, output: Path, *, warn: Warn = lambda _: None,
+                     progress: Progress | None = None, workers: int = 1,
+                     ray_address: str | None = None) -> tuple[IngestedRanks, dict[str, int]]:
+    """Ingest ``trace_dir`` into the profile folder ``output`` (which :func:`vtrain.outputs.check_output` must
+    have allowed): staged beside it with the spool inside, and renamed into place when complete. Returns the
+    ingested ranks and the rows of each table."""
+    with staged(output) as staging:
+        spool = staging / ".ranks"
+        spool.mkdir()
+        ranks = ingest_ranks(trace_dir, spool, warn=warn, progress=progress, workers=workers,
+                             ray_address=ray_address)
+        rows = ranks.write_tables(staging)
+        shutil.rmtree(spool)
+        (staging / METADATA_FILE).write_text(json.dumps(ranks.metadata, indent=2, sort_keys=False) + "\n")
+    return ranks, rows
+
+
+def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: None,
+                 progress: Progress | None = None, workers: int = 1, ray_address: str | None = None) -> IngestedRanks:
+    """Ingest every rank file of ``trace_dir`` into ``spool`` with ``workers`` processes, or as Ray tasks on the
+    cluster at ``ray_address`` (see :func:`_map_ranks_on_ray`); the checks across ranks, warnings and errors come
+    in folder order, as in a serial run."""
     files = find_trace_files(trace_dir)
     started = time.time()
-    ranks: list[RankTables] = []
+    results: list[RankResult] = []
     sources: list[RankSource] = []
-    hashes: dict[Path, str] = {}
-    for path in files:
-        with readable_trace(path):
-            text = load_text(path, progress)
-            source, events = _read_rank(path, text, sources, progress)
-        sources.append(source)
-        if (source.header.distributedInfo or {}).get("rank") is None and rank_from_file_name(path) is None:
-            warn(f"{path}: no rank in the trace or its name; the only trace of its folder is taken as rank 0")
-        hashes[path] = text.sha256
-        del text
-        _check_events(path, events, warn)
-        tables = assemble_rank(source.rank, events, source.header.distributedInfo)
-        _report_rank(path, tables, warn)
-        ranks.append(tables)
+    mapped = (_map_ranks_on_ray(ray_address, files, spool, progress) if ray_address
+              else _map_ranks(files, spool, workers, progress))
+    # closed on any error or interrupt before it goes further: the workers are stopped before anyone removes the
+    # spool they write in
+    with closing(mapped):
+        for result in mapped:
+            if result.source:
+                _check_against(result.source, sources)
+            if result.error:
+                raise result.error
+            for line in result.warnings:
+                warn(line)
+            assert result.source is not None
+            sources.append(result.source)
+            results.append(result)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if missing:
         shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
         warn(f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})")
-    profile = _build_profile(ranks)
-    profile.metadata = _metadata(Path(trace_dir), sources, ranks, hashes, world_size, missing, started)
-    return profile
+    metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
+    return IngestedRanks(spool=spool, results=results, metadata=metadata)
 
 
-def _read_rank(path: Path, text: TraceText, earlier: list[RankSource],
-               progress: Progress | None) -> tuple[RankSource, RankEvents]:
-    """A rank file's header and events. The header is first read without parsing the events for it (see
-    :func:`~vtrain.ingest.spans.read_header_around_events`: 0.07 s of a 127 MB trace), which is right when the
-    events then decode; else it is all read again the usual way, which reports what is wrong."""
-    around = read_header_around_events(text)
-    if around:
-        try:
-            source = _rank_source(path, around[0])
-            _check_against(source, earlier)
-            return source, read_rank_events(text, around[1], progress)
-        except (InputError, msgspec.DecodeError):
-            pass
-    header, span = read_header(text)
-    source = _rank_source(path, header)
-    _check_against(source, earlier)
-    return source, read_rank_events(text, span, progress)
+def _map_ranks(files: list[Path], spool: Path, workers: int, progress: Progress | None) -> Iterator[RankResult]:
+    """:func:`~vtrain.ingest.rank.ingest_rank` of every file, in folder order: in this process, or by a pool of
+    ``workers`` processes (``progress`` then gets each file's size as it is done)."""
+    if workers <= 1 or len(files) == 1:
+        for index, path in enumerate(files):
+            yield ingest_rank(index, path, spool, progress)
+        return
+    context = multiprocessing.get_context("spawn")  # forking a process that runs polars' threads can deadlock
+    with _one_thread_each(), context.Pool(min(workers, len(files)), initializer=_ignore_interrupts) as pool:
+        jobs = [(index, path, spool) for index, path in enumerate(files)]
+        for result in pool.imap(_ingest_rank_job, jobs):
+            if progress:
+                progress(result.path.stat().st_size)
+            yield result
 
 
-def _check_events(path: Path, events: RankEvents, warn: Warn) -> None:
-    """Events ingest cannot read are said, never skipped in silence; a file with events of which none can be
-    read is an error (it would give an empty profile)."""
-    counts = events.counts
-    if not counts.events:
-        warn(f"{path}: the trace holds no events (traceEvents is empty): nothing of this rank is in the profile")
-    unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
-                                                    (counts.uncategorised, "category (cat)")) if n]
-    if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
-        raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call"
-                         + (f" ({', '.join(unread)})" if unread else ""), path)
-    if unread:
-        warn(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
-             + ", ".join(unread))
+def _map_ranks_on_ray(address: str, files: list[Path], spool: Path,
+                      progress: Progress | None) -> Iterator[RankResult]:
+    """:func:`~vtrain.ingest.rank.ingest_rank` of every file as one Ray task each (``pip install
+    'vtrain[ray]'``; ``address`` as for `vtrain plan --ray-address`, see :func:`vtrain.plan.distributed.run_on_ray`),
+    in folder order. A task reads its file at the same path on its node (the folder must be on a shared file
+    system) and returns its spooled tables as bytes, which are written to ``spool`` here: only the trace folder
+    needs to be shared."""
+    from vtrain.plan.distributed import run_on_ray
+
+    done: dict[int, RankResult] = {}
+    jobs = list(enumerate(files))
+    for result, tables in run_on_ray(address, _ingest_rank_shipped, None, None, None, jobs):
+        for name, data in tables.items():
+            result.spooled(spool, name).write_bytes(data)
+        if progress:
+            progress(result.path.stat().st_size)
+        done[result.index] = result
+        while len(jobs) > 0 and jobs[0][0] in done:  # the next in folder order is in
+            yield done.pop(jobs.pop(0)[0])
 
 
-def _report_rank(path: Path, tables: RankTables, warn: Warn) -> None:
-    """Warnings for what a rank's tables leave out or could not link, each with its count."""
-    if tables.dropped:
-        warn(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
-    if tables.absurd:
-        warn(f"{path}: left out {tables.absurd} device activities with an absurd duration (not finite, or longer "
-             f"than the trace's host span): not counted as device time")
-    if tables.unlaunched:
-        warn(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no launching runtime "
-             f"call in the file (a pruned trace, or launched before profiling began): their launch time is their "
-             f"start")
+def _ingest_rank_shipped(_base: None, _profile: None, _device: None,
+                         job: tuple[int, Path]) -> tuple[RankResult, dict[str, bytes]]:
+    """A Ray task (called as :func:`vtrain.plan.distributed.run_on_ray` calls its function, with nothing
+    shared): one rank ingested into a spool of its own, returned with the spooled files' bytes."""
+    index, path = job
+    with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:
+        result = ingest_rank(index, path, Path(spool))
+        tables = {name: result.spooled(Path(spool), name).read_bytes() for name in SPOOLED} if not result.error else {}
+    return result, tables
 
 
-def _rank_source(path: Path, header: TraceHeader) -> RankSource:
-    rank, world_size = rank_and_world_size(path, header.distributedInfo)
-    return RankSource(path=path, rank=rank, world_size=world_size, header=header)
+def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
+    return ingest_rank(*job)
+
+
+def _ignore_interrupts() -> None:
+    """In a worker: Ctrl-C reaches every process of the terminal's group; the ingesting process alone handles it
+    (it stops the pool and removes what was written)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _one_thread_each:
+    """Workers start with one polars thread each (``POLARS_MAX_THREADS``, read when polars is imported): the
+    parallelism is across ranks."""
+
+    def __enter__(self) -> None:
+        self._before = os.environ.get("POLARS_MAX_THREADS")
+        os.environ["POLARS_MAX_THREADS"] = "1"
+
+    def __exit__(self, *_: object) -> None:
+        if self._before is None:
+            os.environ.pop("POLARS_MAX_THREADS", None)
+        else:
+            os.environ["POLARS_MAX_THREADS"] = self._before
 
 
 def _check_against(source: RankSource, earlier: list[RankSource]) -> None:
@@ -140,26 +277,9 @@ def _world_size(sources: list[RankSource]) -> int | None:
     return sizes.pop() if sizes else None
 
 
-def _build_profile(ranks: list[RankTables]) -> Profile:
-    kernels = pl.concat([r.kernels for r in ranks])
-    cpu_ops = pl.concat([r.cpu_ops for r in ranks])
-    collectives = pl.concat([r.collectives for r in ranks])
-    graph_launches = pl.concat([r.graph_launches for r in ranks])
-    gpu_ranks = set(kernels["rank"].unique().to_list())
-    cpu_only = cpu_ops.filter(~pl.col("rank").is_in(list(gpu_ranks)))
-    calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
-    return Profile(tables={
-        "kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives, "graph_launches": graph_launches,
-        "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops),
-    })
-
-
-_CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
-
-
-def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables], hashes: dict[Path, str],
-              world_size: int | None, missing: list[int], started: float) -> dict[str, Any]:
-    device = _device_properties(sources, ranks)
+def _metadata(trace_dir: Path, results: list[RankResult], world_size: int | None, missing: list[int],
+              started: float) -> dict[str, Any]:
+    sources = [r.source for r in results if r.source]
     first_info = next((s.header.distributedInfo for s in sources if s.header.distributedInfo), {}) or {}
     headers = [s.header for s in sources]
     return {
@@ -169,7 +289,7 @@ def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables
         "ingest_seconds": round(time.time() - started, 3),
         "parent": None,
         "source_dir": str(trace_dir),
-        "device": device,
+        "device": _device_properties(results),
         "software": {
             "pytorch": _first(h.pytorch_version for h in headers),
             "cuda_runtime": _first(h.cuda_runtime_version for h in headers),
@@ -183,34 +303,26 @@ def _metadata(trace_dir: Path, sources: list[RankSource], ranks: list[RankTables
         "world_size": world_size,
         "ranks": sorted(s.rank for s in sources),
         "ranks_missing": missing,
-        "iterations": sorted({i for r in ranks for i in r.iterations}),
-        "dropped_events": sum(r.dropped for r in ranks),
+        "iterations": sorted({i for r in results for i in r.iterations}),
+        "dropped_events": sum(r.counts.dropped for r in results),
         "sources": [
-            {"file": s.path.name, "rank": s.rank, "bytes": s.path.stat().st_size, "sha256": hashes[s.path],
-             "base_time_ns": s.header.baseTimeNanoseconds, **_activity_counts(r)}
-            for s, r in zip(sources, ranks)
+            {"file": r.path.name, "rank": r.source.rank, "bytes": r.path.stat().st_size, "sha256": r.sha256,
+             "base_time_ns": r.source.header.baseTimeNanoseconds, **r.activity_counts}
+            for r in results if r.source
         ],
     }
-
-
-def _activity_counts(tables: RankTables) -> dict[str, int]:
-    """A rank's device activities and where each went: ``device_activities`` = ``kernel_rows`` +
-    ``dropped_activities`` (missing or negative duration) + ``absurd_activities``."""
-    return {"device_activities": tables.device_activities, "kernel_rows": tables.kernels.height,
-            "dropped_activities": tables.counts.device_dropped, "absurd_activities": tables.absurd,
-            "unlaunched_activities": tables.unlaunched, "graph_launches": tables.graph_launches.height}
 
 
 def _first(values: Any) -> Any:
     return next((v for v in values if v not in (None, "")), None)
 
 
-def _device_properties(sources: list[RankSource], ranks: list[RankTables]) -> dict[str, Any]:
+def _device_properties(results: list[RankResult]) -> dict[str, Any]:
     """The device of the first rank that lists deviceProperties; for traces without them, only the type (``cuda``,
     ``rocm``, ``mtia``: :func:`vtrain.kineto.accelerator`; ``cpu`` where no rank has device activity)."""
-    kind = next((r.accelerator for r in ranks if r.accelerator), "cpu")
-    for source in sources:
-        for props in source.header.deviceProperties or []:
+    kind = next((r.accelerator for r in results if r.accelerator), "cpu")
+    for result in results:
+        for props in (result.source.header.deviceProperties if result.source else None) or []:
             if props.get("name"):
                 return {
                     "name": props["name"],
@@ -225,18 +337,6 @@ def _device_properties(sources: list[RankSource], ranks: list[RankTables]) -> di
 
 def rank_summary(profile: Profile) -> dict[str, Any]:
     """Per-rank kernel counts and time per HTA kernel class (over the whole trace), plus iteration counts."""
-    kernels = profile["kernels"]
-    per_rank: dict[str, Any] = {}
-    for rank in profile.metadata.get("ranks", []):
-        mine = kernels.filter(pl.col("rank") == rank)
-        by_class = dict(mine.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
-        iterations = profile["cpu_ops"].filter(
-            (pl.col("rank") == rank) & pl.col("name").str.starts_with("ProfilerStep#")).height
-        per_rank[str(rank)] = {
-            "kernels": mine.height,
-            "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
-            "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
-            "memory_us": round(by_class.get(MEMORY, 0.0), 3),
-            "iterations": iterations,
-        }
-    return per_rank
+    kernels, cpu_ops = profile["kernels"], profile["cpu_ops"]
+    return {str(rank): rank_row(kernels.filter(pl.col("rank") == rank), cpu_ops.filter(pl.col("rank") == rank))
+            for rank in profile.metadata.get("ranks", [])}

@@ -1,16 +1,25 @@
-"""A trace file's JSON text: mapped (plain files) or gunzipped, writable in place, and the file's sha256."""
+"""A trace file's JSON text: mapped, writable in place, and the file's sha256.
+
+A plain file is mapped as it is; a gzip file is first decompressed into an unnamed temporary file, which is mapped
+in turn. Either way the text is read through a private mapping whose pages can be handed back once their events
+are decoded (:meth:`TraceText.release`), so a rank's text never has to be resident all at once: memory is bounded
+by the decoded events, not by the file.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import mmap
+import tempfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import gunzip, is_gzip
+from vtrain.ingest.decode import READ_CHUNK, is_gzip
 
 Progress = Callable[[int], None]
 
@@ -23,6 +32,7 @@ class TraceText:
     buffer: mmap.mmap | bytearray
     compressed: bool
     _digest: Future[str] | str
+    _released: int = 0
 
     @property
     def sha256(self) -> str:
@@ -34,19 +44,59 @@ class TraceText:
                 raise InputError(f"cannot read file: {exc.strerror or exc}", self.path) from None
         return self._digest
 
+    def release(self, end: int) -> None:
+        """Hand the mapped pages of the text before ``end`` back to the system: their events are decoded and
+        are not read again (a later read would still see the same bytes, paged in again from the file)."""
+        if not isinstance(self.buffer, mmap.mmap):
+            return
+        end -= end % mmap.PAGESIZE
+        if end > self._released:
+            self.buffer.madvise(mmap.MADV_DONTNEED, self._released, end - self._released)
+            self._released = end
 
-def load_text(path: Path, progress: Progress | None = None) -> TraceText:
-    """Map a plain JSON file, or gunzip a gzip file; errors name the file (empty, not gzip, truncated, ...)."""
+
+def load_text(path: Path, progress: Progress | None = None, scratch: Path | None = None) -> TraceText:
+    """Map a plain JSON file, or gunzip a gzip file into an unnamed file in ``scratch`` (the system's temporary
+    folder by default, which may be in memory: `vtrain ingest` gives the folder it writes in) and map that; errors
+    name the file (empty, not gzip, truncated, ...)."""
     try:
         with path.open("rb") as handle:
             if is_gzip(handle, path):
                 digest = hashlib.sha256()
-                data = gunzip(handle, path, progress, digest)
-                return TraceText(path, data, True, digest.hexdigest())
+                with tempfile.TemporaryFile(prefix="vtrain-ingest-", dir=scratch) as plain:
+                    gunzip_to(handle, plain, path, progress, digest)
+                    return TraceText(path, mmap.mmap(plain.fileno(), 0, access=mmap.ACCESS_COPY), True,
+                                     digest.hexdigest())
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
     return TraceText(path, buffer, False, _hash_in_background(path))
+
+
+def gunzip_to(handle: BinaryIO, out: BinaryIO, path: Path, progress: Progress | None, digest: Any) -> None:
+    """Decompress the gzip file ``handle`` into ``out`` a chunk at a time (every member of a multi-member file, as
+    ``gzip`` and ``zcat`` read it); ``digest`` is fed the compressed bytes and ``progress`` their count. Errors
+    name the file: corrupt or truncated gzip data, no data at all."""
+    inflater = zlib.decompressobj(wbits=31)
+    written = 0
+    fed = False  # whether the current member has had any bytes
+    while chunk := handle.read(READ_CHUNK):
+        digest.update(chunk)
+        if progress:
+            progress(len(chunk))
+        while chunk:
+            try:
+                written += out.write(inflater.decompress(chunk))
+            except zlib.error as exc:
+                raise InputError(f"corrupt gzip data: {exc}", path) from None
+            fed, chunk = True, b""
+            if inflater.eof and (rest := inflater.unused_data.lstrip(b"\0")):  # the next member
+                chunk, inflater, fed = rest, zlib.decompressobj(wbits=31), False
+    if fed and not inflater.eof:
+        raise InputError("truncated gzip file (the compressed stream ends early)", path)
+    if not written:
+        raise InputError("file is empty (gzip holds no data)", path)
+    out.flush()
 
 
 def _hash_in_background(path: Path) -> Future[str]:

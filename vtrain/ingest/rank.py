@@ -1,0 +1,199 @@
+"""Ingesting one rank file: its header and events, its tables written to a spool folder, and what to report.
+
+This is the unit of work of `vtrain ingest`, run in the ingesting process or in a worker process
+(:mod:`vtrain.ingest.pipeline`): it takes a file and a spool folder and returns a small, picklable
+:class:`RankResult`. The rank's tables go to Arrow IPC files in the spool, so the rank's events are freed before the
+next rank is read and the memory of a whole ingest is that of one rank at a time per process. Warnings are
+collected, not printed, so that they come out in file order whichever process read the file; an error is kept with
+the rank's header when the header was read, so that the checks across ranks still come first, as in a serial run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from vtrain.errors import InputError
+from vtrain.ingest.assemble import RankTables, assemble_rank
+from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
+from vtrain.ingest.decode import TraceHeader, readable_trace
+from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
+from vtrain.ingest.events import read_rank_events
+from vtrain.ingest.extract import EventCounts, RankEvents
+from vtrain.ingest.spans import read_header, read_header_around_events
+from vtrain.ingest.text import TraceText, load_text
+from vtrain.naming import ITERATION_PREFIX
+from vtrain.tables.latency import gpu_op_calls
+
+Progress = Callable[[int], None]
+
+#: the tables of a rank written to the spool: the profile's event tables, the rank's operator calls (for
+#: ``op_latency``) and the CPU ops that collectives are matched with (for ``nccl_latency``)
+SPOOLED = ("kernels", "cpu_ops", "collectives", "graph_launches", "calls", "comm_ops")
+#: CPU ops that :func:`vtrain.tables.matching.match_calls` reads: issuing c10d ops and vtrain's comm spans
+_COMM_OP_PREFIXES = ("c10d::", "vtrain/comm")
+
+
+@dataclass
+class RankSource:
+    """One rank's trace file and what its header says."""
+
+    path: Path
+    rank: int
+    world_size: int | None
+    header: TraceHeader
+
+
+@dataclass
+class RankResult:
+    """What the ingest of one rank file leaves beside its spooled tables (see the module docstring).
+
+    ``source`` is ``None`` when the file failed before its rank was known; ``error`` is the file's error, if any.
+    """
+
+    index: int
+    path: Path
+    source: RankSource | None = None
+    error: InputError | None = None
+    warnings: list[str] = field(default_factory=list)
+    sha256: str = ""
+    iterations: list[int] = field(default_factory=list)
+    counts: EventCounts = field(default_factory=EventCounts)
+    activity_counts: dict[str, int] = field(default_factory=dict)
+    accelerator: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_device_activity(self) -> bool:
+        """Whether the rank has kernel rows (its operators' latencies come from them, not from CPU ops)."""
+        return self.rows.get("kernels", 0) > 0
+
+    def spooled(self, spool: Path, table: str) -> Path:
+        """The Arrow IPC file of one of this rank's :data:`SPOOLED` tables."""
+        return spool_file(spool, self.index, table)
+
+
+def spool_file(spool: Path, index: int, table: str) -> Path:
+    """Where the rank file number ``index`` (in folder order) keeps its table ``table``."""
+    return spool / f"{index:06d}-{table}.arrow"
+
+
+def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None = None) -> RankResult:
+    """Read one rank file, write its tables to ``spool`` and return what is left to report (never raises an
+    :class:`InputError`: it is returned in the result)."""
+    result = RankResult(index=index, path=path)
+    try:
+        with readable_trace(path):
+            text = load_text(path, progress, scratch=spool)
+            events = _read_rank(result, text, progress)
+            result.sha256 = text.sha256
+            del text
+        _check_events(path, events, result.warnings)
+        assert result.source is not None
+        if (result.source.header.distributedInfo or {}).get("rank") is None and rank_from_file_name(path) is None:
+            result.warnings.insert(0, f"{path}: no rank in the trace or its name; the only trace of its folder is "
+                                      f"taken as rank 0")
+        tables = assemble_rank(result.source.rank, events, result.source.header.distributedInfo)
+        del events
+        _report_rank(path, tables, result.warnings)
+        _keep(result, tables, spool)
+    except InputError as exc:
+        result.error = exc
+    return result
+
+
+def _read_rank(result: RankResult, text: TraceText, progress: Progress | None) -> RankEvents:
+    """A rank file's header (into ``result.source``) and events. The header is first read without parsing the
+    events for it (see :func:`~vtrain.ingest.spans.read_header_around_events`: 0.07 s of a 127 MB trace), which
+    is right when the events then decode; else it is all read again the usual way, which reports what is
+    wrong."""
+    around = read_header_around_events(text)
+    if around:
+        try:
+            result.source = _rank_source(result.path, around[0])
+            return read_rank_events(text, around[1], progress)
+        except (InputError, msgspec.DecodeError):
+            result.source = None
+    header, span = read_header(text)
+    result.source = _rank_source(result.path, header)
+    return read_rank_events(text, span, progress)
+
+
+def _rank_source(path: Path, header: TraceHeader) -> RankSource:
+    rank, world_size = rank_and_world_size(path, header.distributedInfo)
+    return RankSource(path=path, rank=rank, world_size=world_size, header=header)
+
+
+def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
+    """Events ingest cannot read are said, never skipped in silence; a file with events of which none can be
+    read is an error (it would give an empty profile)."""
+    counts = events.counts
+    if not counts.events:
+        warnings.append(f"{path}: the trace holds no events (traceEvents is empty): nothing of this rank is in the "
+                        f"profile")
+    unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
+                                                    (counts.uncategorised, "category (cat)")) if n]
+    if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
+        raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call"
+                         + (f" ({', '.join(unread)})" if unread else ""), path)
+    if unread:
+        warnings.append(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
+                        + ", ".join(unread))
+
+
+def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
+    """Warnings for what a rank's tables leave out or could not link, each with its count."""
+    if tables.dropped:
+        warnings.append(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
+    if tables.absurd:
+        warnings.append(f"{path}: left out {tables.absurd} device activities with an absurd duration (not finite, "
+                        f"or longer than the trace's host span): not counted as device time")
+    if tables.unlaunched:
+        warnings.append(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no "
+                        f"launching runtime call in the file (a pruned trace, or launched before profiling began): "
+                        f"their launch time is their start")
+
+
+def _keep(result: RankResult, tables: RankTables, spool: Path) -> None:
+    """Write the rank's tables to the spool and keep their counts and summary in ``result``."""
+    frames = {
+        "kernels": tables.kernels, "cpu_ops": tables.cpu_ops, "collectives": tables.collectives,
+        "graph_launches": tables.graph_launches,
+        "calls": gpu_op_calls(tables.kernels),
+        "comm_ops": tables.cpu_ops.filter(pl.col("name").str.starts_with(_COMM_OP_PREFIXES[0])
+                                          | pl.col("name").str.starts_with(_COMM_OP_PREFIXES[1])),
+    }
+    for name, frame in frames.items():
+        frame.write_ipc(result.spooled(spool, name), compression="lz4")  # 4x faster to write than Parquet
+        result.rows[name] = frame.height
+    result.iterations = tables.iterations
+    result.counts = tables.counts
+    result.accelerator = tables.accelerator
+    result.activity_counts = activity_counts(tables)
+    result.summary = rank_row(tables.kernels, tables.cpu_ops)
+
+
+def activity_counts(tables: RankTables) -> dict[str, int]:
+    """A rank's device activities and where each went: ``device_activities`` = ``kernel_rows`` +
+    ``dropped_activities`` (missing or negative duration) + ``absurd_activities``."""
+    return {"device_activities": tables.device_activities, "kernel_rows": tables.kernels.height,
+            "dropped_activities": tables.counts.device_dropped, "absurd_activities": tables.absurd,
+            "unlaunched_activities": tables.unlaunched, "graph_launches": tables.graph_launches.height}
+
+
+def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
+    """One rank's kernel count and time per HTA kernel class (over the whole trace), and its iteration count."""
+    by_class = dict(kernels.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
+    return {
+        "kernels": kernels.height,
+        "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
+        "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
+        "memory_us": round(by_class.get(MEMORY, 0.0), 3),
+        "iterations": cpu_ops.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height,
+    }
