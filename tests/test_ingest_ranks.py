@@ -271,7 +271,7 @@ def test_ray_tasks_finishing_in_any_order_give_the_serial_tables(six_ranks: Path
     """Without a Ray cluster: the Ray runner replaced by one that runs the same task function in this process
     and returns the ranks last first, as tasks on a cluster may finish. The spooled tables travel as bytes and
     the ranks are taken in folder order."""
-    from vtrain.plan import distributed
+    from vtrain import distributed
 
     seen = []
 

@@ -103,6 +103,24 @@ def test_fields_of_other_phases_are_not_read(tmp_path: Path) -> None:
     _assert_same_tables(plain, _write(tmp_path / "odd", trace))
 
 
+def test_numbers_written_as_strings_are_read_as_the_numbers(tmp_path: Path) -> None:
+    """Some exporters write ids and durations as JSON strings (`"External id": "5"`, `"dur": "12.5"`): the same
+    tables as the numbers give."""
+    trace = _trace(A100)
+    plain = _write(tmp_path / "plain", trace)
+    changed = 0
+    for event in trace["traceEvents"]:
+        args = event.get("args") or {}
+        for key in ("External id", "correlation"):
+            if isinstance(args.get(key), int):
+                args[key] = str(args[key])
+                changed += 1
+        if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float)) and changed % 3 == 0:
+            event["dur"] = str(event["dur"])
+    assert changed > 1000
+    _assert_same_tables(plain, _write(tmp_path / "strings", trace))
+
+
 @pytest.mark.parametrize(("field", "value"), [("dur", '"long"'), ("ts", '"early"'), ("ts", "[1,\n2]"),
                                             ("ts", "1e400"), ("ts", '{"a": 1}, "b": 2')])
 @pytest.mark.parametrize("span_bytes", [10_000, 8 << 20])

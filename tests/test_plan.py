@@ -156,7 +156,7 @@ def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
 
 
 def test_cli_ray_flags_reach_the_ray_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vtrain.plan import distributed
+    from vtrain import distributed
 
     addresses = []
 

@@ -93,7 +93,7 @@ class TraceHeader(msgspec.Struct):
 
 _HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
 #: decodes a JSON array of trace events
-TRACE_EVENTS_DECODER = msgspec.json.Decoder(list[TraceEvent])
+TRACE_EVENTS_DECODER = msgspec.json.Decoder(list[TraceEvent], strict=False)  # "5" for 5, as in ingest/events.py
 
 
 @contextmanager

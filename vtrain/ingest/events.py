@@ -37,7 +37,10 @@ OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s",
                 "M", "V", "v", "R", "c", "(", ")", "=")
 _SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="ph", gc=False)
                  for number, phase in enumerate(OTHER_PHASES))
-_COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]])  # type: ignore[misc]
+#: not strict: a number written as a string (`"External id": "5"`, as some exporters write ids) is read as the
+#: number; a field that holds no number at all still fails the file, naming the event
+_COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]],  # type: ignore[misc]
+                                                strict=False)
 
 
 def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent],

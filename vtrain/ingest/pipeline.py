@@ -206,11 +206,11 @@ def _map_ranks(files: list[Path], spool: Path, workers: int, progress: Progress 
 def _map_ranks_on_ray(address: str, files: list[Path], spool: Path,
                       progress: Progress | None) -> Iterator[RankResult]:
     """:func:`~vtrain.ingest.rank.ingest_rank` of every file as one Ray task each (``pip install
-    'vtrain[ray]'``; ``address`` as for `vtrain plan --ray-address`, see :func:`vtrain.plan.distributed.run_on_ray`),
+    'vtrain[ray]'``; ``address`` as for `vtrain plan --ray-address`, see :func:`vtrain.distributed.run_on_ray`),
     in folder order. A task reads its file at the same path on its node (the folder must be on a shared file
     system) and returns its spooled tables as bytes, which are written to ``spool`` here: only the trace folder
     needs to be shared."""
-    from vtrain.plan.distributed import run_on_ray
+    from vtrain.distributed import run_on_ray
 
     done: dict[int, RankResult] = {}
     jobs = list(enumerate(files))
@@ -226,7 +226,7 @@ def _map_ranks_on_ray(address: str, files: list[Path], spool: Path,
 
 def _ingest_rank_shipped(_base: None, _profile: None, _device: None,
                          job: tuple[int, Path]) -> tuple[RankResult, dict[str, bytes]]:
-    """A Ray task (called as :func:`vtrain.plan.distributed.run_on_ray` calls its function, with nothing
+    """A Ray task (called as :func:`vtrain.distributed.run_on_ray` calls its function, with nothing
     shared): one rank ingested into a spool of its own, returned with the spooled files' bytes."""
     index, path = job
     with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:

@@ -13,7 +13,7 @@ The Python API (what `vtrain plan` runs)::
 Modules: :mod:`~vtrain.plan.space` (enumeration and validity), :mod:`vtrain.model.memory` (the memory model),
 :mod:`~vtrain.plan.timeline` and :mod:`~vtrain.plan.evaluate` (timing one plan), :mod:`~vtrain.plan.cost`
 (pricing), :mod:`~vtrain.plan.pareto` (the frontier), :mod:`~vtrain.plan.sweep` (the runner, processes or Ray
-via :mod:`~vtrain.plan.distributed`), :mod:`~vtrain.plan.report` (the plan folder).
+via :mod:`~vtrain.distributed`), :mod:`~vtrain.plan.report` (the plan folder).
 """
 
 from vtrain.plan.cost import Pricing

@@ -243,7 +243,7 @@ def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_
               shared: SharedResolvers | None = None) -> dict[int, dict[str, Any]]:
     groups = _groups(to_time)
     if ray_address is not None:
-        from vtrain.plan.distributed import run_on_ray
+        from vtrain.distributed import run_on_ray
 
         finished = run_on_ray(ray_address, time_group, base, profile, device, groups)
     elif pool is not None and len(groups) > 1:

@@ -1,5 +1,6 @@
-"""Timing a sweep's groups of plans as Ray tasks (``pip install vtrain[ray]``), on an existing cluster or a
-local instance: the same function on the same groups as the process pool, so the same numbers."""
+"""Running tasks as Ray tasks (``pip install vtrain[ray]``), on an existing cluster or a local instance: `vtrain
+plan`'s groups of plans and `vtrain ingest`'s rank files go through the same function as their process pools, so
+the numbers are the same."""
 
 from __future__ import annotations
 
