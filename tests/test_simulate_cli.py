@@ -91,3 +91,16 @@ def test_the_prediction_path_imports_no_typer_scikit_learn_or_networkx() -> None
     assert result.stderr.strip().splitlines()[-1] == "[]"
     summary = json.loads(result.stdout)
     assert summary["coverage"]["modelled"] == 1.0 and "fitted" in summary["device"]["provenance"]["gemm"]
+
+
+def test_a_reader_that_goes_away_stops_it_quietly() -> None:
+    """`vtrain simulate ... --json | head -1`: the pipe closes under the output; no traceback, exit 141 (as shells
+    report SIGPIPE)."""
+    command = [sys.executable, "-m", "vtrain.cli.main", "simulate", str(REPO / "examples" / "mtnlg-530b.json"),
+               "--profile", str(REPO / "profiles" / "a100"), "--json"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before it writes a byte: every write fails, whatever the output's size
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141
+    assert "Traceback" not in stderr and stderr == ""

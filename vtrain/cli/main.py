@@ -13,6 +13,7 @@ no traceback, and the exit code is 130 (143). A second signal during that clean-
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from types import FrameType
@@ -23,6 +24,8 @@ OWN_ARGUMENTS = {"ingest": "vtrain.cli.ingest", "simulate": "vtrain.cli.simulate
 
 #: signal -> (line printed, exit code): 128 + the signal's number, as shells report it
 _STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+#: exit code when stdout's reader has gone: 128 + SIGPIPE, as shells report a tool killed by it
+_BROKEN_PIPE = 141
 
 
 class Stopped(BaseException):
@@ -50,6 +53,9 @@ def main() -> None:
         line, code = _STOPS[signal.Signals(stop.signum)]
         print(line, file=sys.stderr)
         sys.exit(code)
+    except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        sys.exit(_BROKEN_PIPE)
 
 
 def _run(args: list[str]) -> None:
