@@ -144,3 +144,37 @@ def test_a_suite_creates_its_staging_folder_only_once_the_first_set_is_prepared(
     assert len(seen) == 2 and seen[0] == [] and seen[1] != []  # the second set is prepared into the staging folder
     assert sorted(p.name for p in parent.iterdir()) == ["result"]
     assert sorted(p.name for p in (parent / "result").iterdir() if p.is_dir()) == ["first", "second"]
+
+
+def test_the_models_prediction_is_read_from_memory_as_its_files_would_be(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The predicted traces are written for the report, and the comparison takes the same events from memory:
+    nothing under ``predicted/model`` is read back, and the events kept equal the files' events read back."""
+    import vtrain.replay.trace as replay_trace
+    from vtrain.runconfig import load_run_config
+    from vtrain.validate.model import predict, write_prediction
+
+    read: list[Path] = []
+    real = replay_trace.read_bytes
+
+    def recording(path: Path, *args: Any, **kwargs: Any) -> Any:
+        read.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(replay_trace, "read_bytes", recording)
+    result = validate_traces(RECORDED, tmp_path / "work", with_hta=False)
+    assert result.model is not None, result.model_reason
+    assert read and not [p for p in read if "predicted" in p.parts]
+
+    config = load_run_config(RECORDED / "run.yaml")
+    prediction = predict(config, ingest_traces(RECORDED), "traces", RECORDED / "run.yaml")
+    kept = write_prediction(prediction, tmp_path / "model")
+    from_files = read_trace_set(tmp_path / "model")
+    assert [t.rank for t in kept] == [t.rank for t in from_files] and kept
+    for mine, theirs in zip(kept, from_files):
+        assert len(mine.kind) > 100
+        for column in ("kind", "cat", "name", "lane", "ts", "dur", "correlation", "external_id", "collective_name",
+                       "elements", "pg_ranks", "pg_name", "input_dims", "index"):
+            assert list(getattr(mine, column)) == list(getattr(theirs, column)), column
+        assert (mine.world_size, mine.process_groups, mine.dropped) == (
+            theirs.world_size, theirs.process_groups, theirs.dropped)

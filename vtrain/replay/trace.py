@@ -131,14 +131,7 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
     source = KeptText(fields=[(key, bytes(value)) for key, value in _TOP_LEVEL.decode(data).items()
                               if key != "traceEvents"])
     del data
-    info = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
-    rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
-    groups = info.get("pg_config")
-    trace = RankTrace(rank=rank, path=path, world_size=world_size,
-                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
-                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
-                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
-                      pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
+    trace = _empty_trace(path, header.distributedInfo, source)
     reader = _Reader(trace)
     raw = header.traceEvents
     for offset, events in iter_loose_batches(header):
@@ -153,6 +146,28 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
     if sink is not None:
         sink.close(trace)
     return trace
+
+
+def rank_trace_of_events(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> RankTrace:
+    """One rank's trace from its header and events already in memory (`vtrain validate` reads the simulator's
+    prediction this way instead of reading back the files it writes), by the same rules as a file's; ``path``
+    names the file the events are written to."""
+    trace = _empty_trace(path, header.get("distributedInfo"), KeptText())
+    loose = msgspec.convert(events, list[LooseEvent], strict=False)
+    _Reader(trace).add(loose, [_number(e.ts) for e in loose], [_number(e.dur) for e in loose], 0)
+    return trace
+
+
+def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTrace:
+    """A rank's trace with no events yet: its rank, world size and process groups from ``distributedInfo``."""
+    info = distributed_info if isinstance(distributed_info, dict) else {}
+    rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
+    groups = info.get("pg_config")
+    return RankTrace(rank=rank, path=path, world_size=world_size,
+                     process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
+                     kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
+                     external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
+                     pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
 
 
 class _Reader:

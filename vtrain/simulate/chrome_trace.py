@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,12 @@ def trace_file_name(rank: int) -> str:
     return f"rank-{rank}.json.gz"
 
 
-def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool = False) -> list[Path]:
-    """Write one trace per simulated rank and the run config (``run.yaml``) into ``out_dir``, atomically."""
+def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool = False,
+                        keep: Callable[[Path, dict[str, Any], list[dict[str, Any]]], None] | None = None) -> list[Path]:
+    """Write one trace per simulated rank and the run config (``run.yaml``) into ``out_dir``, atomically.
+
+    ``keep``, if given, also gets each rank's file path, header and events as written (`vtrain validate` reads
+    the prediction from them rather than reading the files back)."""
     target = check_output(out_dir, force=overwrite)
     with staged(target) as staging:
         names = []
@@ -69,10 +74,13 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
                 "traceName": f"vtrain simulate: rank {rank} (pipeline stage {stage})",
                 "displayTimeUnit": "ms",
             }
+            kept: list[dict[str, Any]] | None = [] if keep is not None else None
             with gzip.open(staging / trace_file_name(rank), "wb", compresslevel=1) as handle:
-                with _EventWriter(handle, header) as writer:
+                with _EventWriter(handle, header, kept) as writer:
                     _RankTrace(sim, stage, writer).write()
             names.append(trace_file_name(rank))
+            if keep is not None and kept is not None:
+                keep(target / trace_file_name(rank), header, kept)
         save_run_config(sim.config, staging / "run.yaml")
     return [target / name for name in names]
 
@@ -83,8 +91,8 @@ class _EventWriter:
 
     BATCH = 20_000
 
-    def __init__(self, handle: Any, header: dict[str, Any]) -> None:
-        self.handle, self.header = handle, header
+    def __init__(self, handle: Any, header: dict[str, Any], kept: list[dict[str, Any]] | None = None) -> None:
+        self.handle, self.header, self.kept = handle, header, kept
         self.pending: list[dict[str, Any]] = []
         self.first = True
         self.encode = msgspec.json.Encoder().encode
@@ -98,6 +106,8 @@ class _EventWriter:
 
     def append(self, event: dict[str, Any]) -> None:
         self.pending.append(event)
+        if self.kept is not None:
+            self.kept.append(event)
         if len(self.pending) >= self.BATCH:
             self.flush()
 

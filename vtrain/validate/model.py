@@ -5,8 +5,9 @@ Unless ``--profile`` is given, the profile is built from the same traces, from e
 only; the iterations in between are what the prediction is compared with. Interleaving (rather than first half
 against second half) keeps a slow drift of the machine's speed over the recording, which no profile can
 follow, out of the comparison: both sides sample the same stretch of time. The simulation runs before anything
-is written; its predicted timeline is then written as Chrome traces (one per pipeline stage, in the report) and
-read back like measured traces, so both sides are measured with the same rulers.
+is written; its predicted timeline is then written as Chrome traces (one per pipeline stage, in the report), and
+the same events, kept in memory as they are written, are read by the replay's rules like measured traces, so both
+sides are measured with the same rulers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
+from vtrain.replay.trace import RankTrace, rank_trace_of_events
 from vtrain.runconfig import RunConfig
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import Profile, load_profile
@@ -90,12 +92,15 @@ def predict(config: RunConfig, profile: Profile, profile_source: str, config_sou
                            terms=simulated_terms(simulation), simulation=simulation)
 
 
-def write_prediction(prediction: ModelPrediction, out_dir: Path) -> None:
+def write_prediction(prediction: ModelPrediction, out_dir: Path) -> list[RankTrace]:
     """The predicted timeline as Chrome traces in ``out_dir`` (one per simulated rank, as `vtrain simulate`
-    writes them)."""
+    writes them), and the same events as the replay reads them, taken in memory as they are written."""
     from vtrain.simulate.chrome_trace import write_chrome_traces
 
-    write_chrome_traces(prediction.simulation, out_dir, overwrite=True)
+    traces: list[RankTrace] = []
+    write_chrome_traces(prediction.simulation, out_dir, overwrite=True,
+                        keep=lambda path, header, events: traces.append(rank_trace_of_events(path, header, events)))
+    return sorted(traces, key=lambda trace: trace.rank)
 
 
 def load_given_profile(path: Path) -> Profile:

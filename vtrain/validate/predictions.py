@@ -14,7 +14,6 @@ import polars as pl
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.replayer import Replay, read_timeline
-from vtrain.replay.trace import read_trace_set
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile
 from vtrain.validate import diff
@@ -138,11 +137,10 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
 
 def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
                   out_dir: Path) -> tuple[Comparison, pl.DataFrame]:
-    """The model against the measurement: write the predicted traces into ``out_dir``, read them back and compare
-    them with the tested iterations. Returns the comparison and the predicted timeline."""
+    """The model against the measurement: write the predicted traces into ``out_dir`` and compare the same events,
+    kept in memory, with the tested iterations. Returns the comparison and the predicted timeline."""
     split, test, source, prediction = run.split, run.test, run.source, run.prediction
-    write_prediction(prediction, out_dir)
-    predicted_traces = read_trace_set(out_dir)
+    predicted_traces = write_prediction(prediction, out_dir)
     predicted = annotate(read_timeline(predicted_traces))
     layout = Layout.of(config)
     ranks = frame["rank"].unique().to_list()
