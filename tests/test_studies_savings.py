@@ -8,8 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from vtrain.cli.savings import main
 from vtrain.errors import InputError
-from vtrain.studies.savings import choices, main, savings_table
+from vtrain.studies.savings import choices, savings_table
 
 
 def plan(gpus: int, tp: int, dp: int, pp: int, days: float, usd: float, status: str = "simulated") -> dict:

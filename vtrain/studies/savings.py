@@ -1,6 +1,6 @@
 """Cost-optimal parallelisation: what the plans `vtrain plan` found save over the plan a run actually used.
 
-``python -m vtrain.studies.savings PLAN_DIR [PLAN_DIR ...]`` reads each plan folder (``summary.json``: the
+``python -m vtrain.cli.savings PLAN_DIR [PLAN_DIR ...]`` (:func:`savings_table`) reads each plan folder (``summary.json``: the
 reference plan, i.e. the run config's own parallelism; ``plans.parquet``: every plan) and prints, per folder, a
 Markdown table of the original plan against the best plan on the same GPUs, the cheapest plan no slower than the
 original, and the cheapest and the fastest plans overall, with the time and money each saves.
@@ -9,7 +9,6 @@ original, and the cheapest and the fastest plans overall, with the time and mone
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,22 +63,3 @@ def _line(name: str, row: dict[str, Any], reference: dict[str, Any]) -> str:
     money_saved = 1 - row["usd"] / reference["usd"]
     return (f"| {name} | {row['gpus']:,} | {row['iteration_ms'] / 1e3:.2f} | {row['mfu']:.1%} | {row['days']:.1f} "
             f"| {row['usd']:,.0f} | {time_saved:+.1%} | {money_saved:+.1%} |")
-
-
-def main(argv: list[str]) -> int:
-    """Print the comparison of every plan folder named in ``argv``."""
-    from vtrain.cli.errors import report
-
-    if not argv:
-        print("usage: python -m vtrain.studies.savings PLAN_DIR [PLAN_DIR ...]", file=sys.stderr)
-        return 2
-    try:
-        for folder in map(Path, argv):
-            print(f"### {folder.name}\n\n{savings_table(folder)}")
-    except InputError as exc:
-        return report(exc)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
