@@ -48,6 +48,20 @@ def _count_opens(monkeypatch: pytest.MonkeyPatch, paths: list[Path]) -> Counter[
     return opened
 
 
+def _watch_preparing(monkeypatch: pytest.MonkeyPatch, parent: Path) -> list[list[str]]:
+    """What is in ``parent`` (staging folders by the name they stage) each time a trace folder has been prepared."""
+    seen: list[list[str]] = []
+    real = validate_cli.prepare_validation
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        prepared = real(*args, **kwargs)
+        seen.append(sorted(p.name.split(".vtrain-staging")[0] for p in parent.iterdir()))
+        return prepared
+
+    monkeypatch.setattr(validate_cli, "prepare_validation", watched)
+    return seen
+
+
 def test_validate_opens_each_trace_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Replay, the model's profile (ingest's tables) and the replayed traces from one read of each file."""
     folder = tmp_path / "run"
@@ -105,15 +119,7 @@ def test_the_staging_folder_appears_only_when_results_are_written(tmp_path: Path
     nothing behind."""
     parent = tmp_path / "out"
     parent.mkdir()
-    seen: list[list[str]] = []
-    real = validate_cli.prepare_validation
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        prepared = real(*args, **kwargs)
-        seen.append(sorted(p.name for p in parent.iterdir()))
-        return prepared
-
-    monkeypatch.setattr(validate_cli, "prepare_validation", watched)
+    seen = _watch_preparing(monkeypatch, parent)
     result = CliRunner().invoke(app, ["validate", str(A100), "-o", str(parent / "result"), "--no-hta", "--json"])
     assert result.exit_code == 0, result.output
     assert seen == [[]]
@@ -129,15 +135,7 @@ def test_a_suite_creates_its_staging_folder_only_once_the_first_set_is_prepared(
     suite.write_text(f"name: two\nsets:\n  - name: first\n    traces: {A100}\n  - name: second\n    traces: {A100}\n")
     parent = tmp_path / "out"
     parent.mkdir()
-    seen: list[list[str]] = []
-    real = validate_cli.prepare_validation
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        prepared = real(*args, **kwargs)
-        seen.append(sorted(p.name.split("-vtrain-staging")[0] for p in parent.iterdir()))
-        return prepared
-
-    monkeypatch.setattr(validate_cli, "prepare_validation", watched)
+    seen = _watch_preparing(monkeypatch, parent)
     result = CliRunner().invoke(app, ["validate", "--suite", str(suite), "-o", str(parent / "result"), "--no-hta",
                                       "--json"])
     assert result.exit_code == 0, result.output
