@@ -4,6 +4,7 @@ bus factor and the same time."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -29,6 +30,7 @@ from vtrain.devices.model import DeviceModel
 from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.importers import read_nccl_tests
 from vtrain.ingest.pipeline import ingest_traces
+from vtrain.parallel import Layout
 from vtrain.simulate.collective_latency import CollectiveResolver
 from vtrain.simulate.latency import MODELLED
 
@@ -134,6 +136,27 @@ def _fields(device: DeviceModel) -> dict[str, object]:
 
 def _with_links(device: DeviceModel, link: Link) -> DeviceModel:
     return replace(device, intra_node=link, inter_node=link)
+
+
+@pytest.mark.parametrize("node_size", [4, 6, 8])
+def test_the_widest_group_of_every_layout_is_counted(node_size: int) -> None:
+    """Against the groups themselves: for every layout of up to 64 ranks, the nodes spanned by the widest
+    tensor-parallel group, data-parallel group and pair of neighbouring pipeline stages (6-GPU nodes included,
+    where a t = 4 group straddles two nodes)."""
+    def widest(groups: list[list[int]]) -> int:
+        return max(len({rank // node_size for rank in group}) for group in groups)
+
+    for tp, dp, pp in itertools.product([1, 2, 3, 4, 8], [1, 2, 3, 4], [1, 2, 3, 5]):
+        layout = Layout(tp=tp, pp=pp, dp=dp)
+        ranks = range(layout.world_size)
+        pairs = [[rank, rank + tp * dp] for rank in ranks if layout.stage(rank) < pp - 1] or [[0]]
+        for purpose, groups in (("tp", [layout.tp_group(r) for r in ranks]), ("dp", [layout.dp_group(r) for r in ranks]),
+                                ("pp", pairs)):
+            size, stride = layout.group_stride(purpose)
+            if purpose == "pp" and pp == 1:
+                continue
+            spanned = nodes_spanned(size, stride, node_size, layout.world_size, neighbours=purpose == "pp")
+            assert spanned == widest(groups), (purpose, tp, dp, pp)
 
 
 def test_members_a_node_or_more_apart_span_one_node_each() -> None:

@@ -85,18 +85,32 @@ def transfer_us(collective: str, group_size: int, nbytes: float, bus_gbps: float
     return nbytes * bus_bandwidth_factor(collective, group_size) / (bus_gbps * _BYTES_PER_US_PER_GBPS)
 
 
-def nodes_spanned(group_size: int, rank_stride: int, node_size: int) -> int:
-    """Nodes a group of ``group_size`` ranks spaced ``rank_stride`` apart spans, ``node_size`` ranks per node.
+def nodes_spanned(group_size: int, rank_stride: int, node_size: int, world_size: int | None = None,
+                  neighbours: bool = False) -> int:
+    """Nodes the widest group of ``group_size`` ranks spaced ``rank_stride`` apart spans, ``node_size`` ranks per
+    node, in a run of ``world_size`` ranks (unknown: as many as make every start occur). Every group takes part in
+    the same collective at the same time, so the widest one sets its link.
 
-    The first member sits at the start of a node (Megatron's layout aligns every group that way): members a node or
-    more apart each have a node of their own, closer ones share the nodes their span ``(n - 1)·stride + 1`` covers.
+    Groups (tensor- and data-parallel) tile the ranks in blocks of ``group_size · rank_stride`` (Megatron's layout:
+    member ``j`` of group ``i < stride`` of block ``b`` is rank ``b·n·stride + i + j·stride``), so a group starts
+    wherever such a rank falls in a node, not always at a node's start: on 8-GPU nodes the data-parallel groups of
+    t = 2, d = 3 start at ranks 0, 1, 6, 7, ... and the one of ranks 6, 8, 10 spans two nodes. Pipeline
+    ``neighbours`` (pairs) do not tile: a pair starts at every rank but the last stage's, so the pairs of a run on
+    more than one node cross a node boundary somewhere. Members a node or more apart each have a node of their own.
     """
     node_size = max(node_size, 1)
     if group_size <= 1:
         return 1
     if rank_stride >= node_size:
         return group_size
-    return (group_size - 1) * rank_stride // node_size + 1
+    world = world_size if world_size is not None else group_size * rank_stride * node_size
+    if neighbours:  # a pair starts at each rank below the last stage
+        offsets = set(range(min(max(world - rank_stride, 1), node_size)))
+    else:  # where in a node the groups of each block start
+        block = group_size * rank_stride
+        offsets = {(b * block + i) % node_size for b in range(max(min(world // block, node_size), 1))
+                   for i in range(rank_stride)}
+    return max((offset + (group_size - 1) * rank_stride) // node_size + 1 for offset in offsets)
 
 
 def link_name(nodes: int | None) -> str:

@@ -31,7 +31,14 @@ import polars as pl
 
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, link_name, nodes_spanned
 from vtrain.devices.model import DeviceModel
-from vtrain.simulate.latency import INTERPOLATED, MEASURED, MODELLED, STRAGGLER_WAIT, TRANSFER, Resolution
+from vtrain.simulate.latency import (
+    INTERPOLATED,
+    MEASURED,
+    MODELLED,
+    STRAGGLER_WAIT,
+    TRANSFER,
+    Resolution,
+)
 from vtrain.tables.store import Profile
 
 #: which rows of the table stand for a pipeline send (first present wins)
@@ -76,7 +83,7 @@ class CollectiveResolver:
         self.device = device
         self.node_size = max(node_size, 1)
         self._curves: dict[tuple[str, int, int | None], _Curve] = {}
-        self._cache: dict[tuple[str, int, int, int], Resolution] = {}
+        self._cache: dict[tuple[str, int, int, int, int | None], Resolution] = {}
         if profile is not None:
             self._index(profile, device_type)
 
@@ -85,21 +92,24 @@ class CollectiveResolver:
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
         self._curves = _curves(profile.nccl_latency, device_type, replaced)
 
-    def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
-        """Latency of one collective over ``group_size`` ranks spaced ``rank_stride`` apart."""
-        key = (collective, group_size, nbytes, rank_stride)
+    def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
+                world_size: int | None = None) -> Resolution:
+        """Latency of one collective over ``group_size`` ranks spaced ``rank_stride`` apart, in a run of
+        ``world_size`` ranks (:func:`~vtrain.collective_cost.nodes_spanned`: which nodes its groups span)."""
+        key = (collective, group_size, nbytes, rank_stride, world_size)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._resolve(collective, group_size, nbytes, rank_stride)
+            cached = self._cache[key] = self._resolve(collective, group_size, nbytes, rank_stride, world_size)
         return cached
 
     def resolved(self) -> list[Resolution]:
         """Every distinct resolution made so far."""
         return list(self._cache.values())
 
-    def _resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int) -> Resolution:
+    def _resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
+                 world_size: int | None) -> Resolution:
         names = _P2P_NAMES if collective in _P2P_NAMES else (collective,)
-        nodes = nodes_spanned(group_size, rank_stride, self.node_size)
+        nodes = nodes_spanned(group_size, rank_stride, self.node_size, world_size, neighbours=collective in _P2P_NAMES)
         for name in names:
             curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import polars as pl
 
+from vtrain.collective_cost import nodes_spanned
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
@@ -90,11 +91,17 @@ class WorkloadResolver:
         self._resolved: ResolvedWork = resolved if resolved is not None and gaps is not None else {}
         self._per_stage = False  # the profile is this run's own: interference and gaps per pipeline stage
         layout = Layout.of(config)
+        self._world = layout.world_size
         # everything else a resolution depends on (shapes, resolvers, tp and dp groups, bucket size), as one token
         # per distinct combination, so that a key is cheap to hash
         depends = (self.shape, id(self.ops), id(self.gaps), id(collectives), layout.group_stride("tp"),
-                   layout.group_stride("dp"), config.parallelism.dp_bucket_mb)
+                   layout.group_stride("dp"), self._tp_nodes(), config.parallelism.dp_bucket_mb)
         self._depends = self._resolved.setdefault(("depends", *depends), object())
+
+    def _tp_nodes(self) -> int:
+        """Nodes the widest tensor-parallel group spans (the blocks' collectives depend on it, not on the world)."""
+        size, stride = Layout.of(self.config).group_stride("tp")
+        return nodes_spanned(size, stride, self.config.hardware.gpus_per_node, self._world)
 
     def _key(self, *what: object) -> tuple[object, ...]:
         """The key of ``what`` in the resolved work shared with other runs."""
@@ -110,7 +117,7 @@ class WorkloadResolver:
                                                         f"{gap.latency_us:.1f} us before it ({phase})")
             return ResolvedStep(step, resolution, gap)
         group, stride = self._group(step.purpose)
-        return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride))
+        return ResolvedStep(step, self.collectives.resolve(step.op, group, step.bytes, stride, self._world))
 
     def _group(self, purpose: str) -> tuple[int, int]:
         """Group size and rank stride of a tp/dp/pp group (tp ranks adjacent, then dp, then pp)."""
@@ -209,7 +216,7 @@ class WorkloadResolver:
     def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
         """A pipeline transfer or data-parallel all-reduce of ``nbytes``."""
         group, stride = self._group(purpose)
-        resolution = self.collectives.resolve(op, group, nbytes, stride)
+        resolution = self.collectives.resolve(op, group, nbytes, stride, self._world)
         return CommWork(op, nbytes, group, resolution.latency_us, resolution)
 
     def buckets(self, backward: PhaseWork) -> list[Bucket]:
