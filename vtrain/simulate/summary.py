@@ -44,8 +44,9 @@ class StageSummary:
 
     @property
     def idle_us(self) -> float:
-        """Time within the iteration without any device activity on this GPU."""
-        return sum(self.breakdown_us.values()) - self.busy_us
+        """Time within the iteration without any device activity on this GPU (never below 0: the difference of two
+        sums of the same intervals can round to -1e-12 on the busiest stage, printed as -0.0)."""
+        return max(sum(self.breakdown_us.values()) - self.busy_us, 0.0)
 
 
 def receives_posted(graph: ExecutionGraph, result: Schedule) -> dict[int, float]:
