@@ -12,8 +12,10 @@ differently (which pass runs while another stage waits).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TypeVar
 
 import polars as pl
 
@@ -64,6 +66,8 @@ def block_steps(shape: GptShape, kind: str, phase: str, accumulate: bool) -> tup
         return tuple(_BACKWARD_STEPS[kind](shape, accumulate))
     return tuple(_FORWARD_STEPS[kind](shape))  # forward or recompute
 
+
+_Made = TypeVar("_Made")
 
 #: what a :class:`WorkloadResolver` resolved, by what it depends on; runs that share it (a sweep's, through
 #: :class:`~vtrain.simulate.run.SharedResolvers`) resolve each distinct block, optimizer step and bucket list once
@@ -170,12 +174,14 @@ class WorkloadResolver:
         return stage_of if set(stage_of.values()) == set(range(par.pp)) else None
 
     def placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
-        """Signatures of every operator the run places (what the host gaps are measured between)."""
-        kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
+        """Signatures of every operator the run places (what the host gaps are measured between), read from one
+        stage of each shape."""
+        stages = {tuple(chunk.shape for chunk in stage_chunks): stage_chunks for stage_chunks in chunks}.values()
+        kinds = {kind for stage_chunks in stages for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
         steps = [step for kind in kinds for phase, accumulate in (("forward", False), ("backward", False),
                                                                   ("backward", True))
                  for step in block_steps(self.shape, kind, phase, accumulate)]
-        steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in chunks}
+        steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in stages}
                   for step in optimizer_steps(self.shape, params)]
         return {step.signature for step in steps if isinstance(step, Op)}
 
@@ -246,8 +252,14 @@ class WorkloadResolver:
         return [replace(bucket, comm=replace(bucket.comm, latency_us=resolution.latency_us, resolution=resolution))
                 for bucket, resolution in zip(buckets, chain)]
 
-    def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
-        """Resolved work for every (stage, chunk) of the partition."""
+    def graph_inputs(self, chunks: list[list[Chunk]], *, by_shape: bool = False) -> GraphInputs:
+        """Resolved work for every (stage, chunk) of the partition.
+
+        ``by_shape``: chunks that hold the same blocks (on the same stage when the gaps are per stage) share one
+        forward pass, backward passes and gradient buckets, and stages of the same chunks one optimizer step, made
+        for the first of them (their blocks name its layers): the same durations and resolutions, for callers that
+        read only those (the plan's timeline and coverage); a pipeline of p one-layer stages makes three shapes,
+        not p."""
         par = self.config.parallelism
         stage_of = self.profile_stages()
         self._per_stage = stage_of is not None
@@ -257,14 +269,31 @@ class WorkloadResolver:
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)
+        made: dict[tuple[object, ...], object] = {}
+
+        def once(key: tuple[object, ...], make: Callable[[], _Made]) -> _Made:
+            if not by_shape:
+                return make()
+            if key not in made:
+                made[key] = make()
+            return made[key]  # type: ignore[return-value]
+
         for stage_chunks in chunks:
             for chunk in stage_chunks:
-                key = (chunk.stage, chunk.chunk)
-                inputs.forward[key] = self.forward(chunk)
+                key, shape = (chunk.stage, chunk.chunk), self._chunk_shape(chunk)
+                inputs.forward[key] = once(("forward", shape), lambda: self.forward(chunk))
                 for accumulate in (False, True):
-                    inputs.backward[(*key, accumulate)] = self.backward(chunk, accumulate)
+                    inputs.backward[(*key, accumulate)] = once(("backward", shape, accumulate),
+                                                               lambda: self.backward(chunk, accumulate))
                 if par.dp > 1:
-                    inputs.dp_buckets[key] = self.buckets(inputs.backward[(*key, par.micro_batches > 1)])
+                    last = inputs.backward[(*key, par.micro_batches > 1)]
+                    inputs.dp_buckets[key] = once(("buckets", shape), lambda: self.buckets(last))
             stage = stage_chunks[0].stage
-            inputs.optimizer[stage] = self.optimizer(stage_chunks)
+            inputs.optimizer[stage] = once(("optimizer", *map(self._chunk_shape, stage_chunks)),
+                                           lambda: self.optimizer(stage_chunks))
         return inputs
+
+    def _chunk_shape(self, chunk: Chunk) -> tuple[object, ...]:
+        """What a chunk's resolved work depends on besides the run: its blocks, and its stage when the gaps are
+        per stage."""
+        return chunk.shape, chunk.stage if self._per_stage else None
