@@ -56,9 +56,10 @@ def _coverage(config: RunConfig, inputs: GraphInputs) -> dict[str, float]:
     additions a loop over the steps would)."""
     uses = _uses(config, inputs)
     distinct: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by identity: chunks of one shape share their work
+    blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # and blocks of one kind their steps
     for work, _ in uses:
         if id(work) not in distinct:
-            distinct[id(work)] = _steps(work)
+            distinct[id(work)] = _steps(work, blocks)
     steps = [distinct[id(work)] for work, _ in uses]
     sources = np.concatenate([source for source, _ in steps])
     used = np.concatenate([latency for _, latency in steps]) * np.repeat(
@@ -82,9 +83,19 @@ def _uses(config: RunConfig, inputs: GraphInputs) -> list[tuple[PhaseWork | Comm
     return uses
 
 
-def _steps(work: PhaseWork | CommWork) -> tuple[np.ndarray, np.ndarray]:
-    """The source (an index into :data:`SOURCES`) and latency of each step of ``work``, in order."""
-    resolutions = [work.resolution] if isinstance(work, CommWork) else [
-        step.resolution for block in work.blocks for step in block.steps]
+def _steps(work: PhaseWork | CommWork, blocks: dict[int, tuple[np.ndarray, np.ndarray]]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The source (an index into :data:`SOURCES`) and latency of each step of ``work``, in order; ``blocks``: those
+    of the blocks' steps already read, by the identity of their steps."""
+    if isinstance(work, CommWork):
+        return _arrays([work.resolution])
+    for block in work.blocks:
+        if id(block.steps) not in blocks:
+            blocks[id(block.steps)] = _arrays([step.resolution for step in block.steps])
+    parts = [blocks[id(block.steps)] for block in work.blocks]
+    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
+
+
+def _arrays(resolutions: list) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([SOURCES.index(r.source) for r in resolutions], dtype=np.int64),
             np.array([r.latency_us for r in resolutions], dtype=np.float64))
