@@ -12,10 +12,8 @@ differently (which pass runs while another stage waits).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TypeVar
 
 import polars as pl
 
@@ -67,7 +65,8 @@ def block_steps(shape: GptShape, kind: str, phase: str, accumulate: bool) -> tup
     return tuple(_FORWARD_STEPS[kind](shape))  # forward or recompute
 
 
-_Made = TypeVar("_Made")
+#: a chunk's forward pass, backward passes (first micro-batch, accumulating) and gradient buckets
+_ChunkWork = tuple[PhaseWork, PhaseWork, PhaseWork, list[Bucket] | None]
 
 #: what a :class:`WorkloadResolver` resolved, by what it depends on; runs that share it (a sweep's, through
 #: :class:`~vtrain.simulate.run.SharedResolvers`) resolve each distinct block, optimizer step and bucket list once
@@ -269,29 +268,32 @@ class WorkloadResolver:
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)
-        made: dict[tuple[object, ...], object] = {}
-
-        def once(key: tuple[object, ...], make: Callable[[], _Made]) -> _Made:
-            if not by_shape:
-                return make()
-            if key not in made:
-                made[key] = make()
-            return made[key]  # type: ignore[return-value]
-
+        chunk_work: dict[tuple[object, ...], _ChunkWork] = {}
+        optimizer: dict[tuple[object, ...], PhaseWork] = {}
         for stage_chunks in chunks:
             for chunk in stage_chunks:
-                key, shape = (chunk.stage, chunk.chunk), self._chunk_shape(chunk)
-                inputs.forward[key] = once(("forward", shape), lambda: self.forward(chunk))
-                for accumulate in (False, True):
-                    inputs.backward[(*key, accumulate)] = once(("backward", shape, accumulate),
-                                                               lambda: self.backward(chunk, accumulate))
-                if par.dp > 1:
-                    last = inputs.backward[(*key, par.micro_batches > 1)]
-                    inputs.dp_buckets[key] = once(("buckets", shape), lambda: self.buckets(last))
-            stage = stage_chunks[0].stage
-            inputs.optimizer[stage] = once(("optimizer", *map(self._chunk_shape, stage_chunks)),
-                                           lambda: self.optimizer(stage_chunks))
+                shape = self._chunk_shape(chunk)
+                if not by_shape or shape not in chunk_work:
+                    chunk_work[shape] = self._chunk_work(chunk)
+                key = (chunk.stage, chunk.chunk)
+                inputs.forward[key], inputs.backward[(*key, False)], inputs.backward[(*key, True)], buckets = \
+                    chunk_work[shape]
+                if buckets is not None:
+                    inputs.dp_buckets[key] = buckets
+            shape = tuple(self._chunk_shape(chunk) for chunk in stage_chunks)
+            if not by_shape or shape not in optimizer:
+                optimizer[shape] = self.optimizer(stage_chunks)
+            inputs.optimizer[stage_chunks[0].stage] = optimizer[shape]
         return inputs
+
+    def _chunk_work(self, chunk: Chunk) -> _ChunkWork:
+        """A chunk's forward pass, backward passes (of the first micro-batch, then accumulating) and gradient
+        buckets (``None`` without data parallelism)."""
+        par = self.config.parallelism
+        forward = self.forward(chunk)
+        backward = (self.backward(chunk, False), self.backward(chunk, True))
+        buckets = self.buckets(backward[par.micro_batches > 1]) if par.dp > 1 else None
+        return forward, *backward, buckets
 
     def _chunk_shape(self, chunk: Chunk) -> tuple[object, ...]:
         """What a chunk's resolved work depends on besides the run: its blocks, and its stage when the gaps are
