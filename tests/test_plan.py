@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from xml.etree import ElementTree
 
 import polars as pl
 import pytest
@@ -15,6 +16,7 @@ from vtrain.cli.main import app
 from vtrain.plan import best_plan, sweep
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, model_flops_per_iteration
 from vtrain.plan.pareto import pareto_frontier
+from vtrain.plan.report import label
 from vtrain.plan.space import candidates, invalid_reason, parse_gpus
 from vtrain.runconfig import run_config_from_dict
 
@@ -127,8 +129,8 @@ def test_cli_writes_the_plan_folder_and_json(tmp_path: Path) -> None:
     assert summary["plans"] == summary["pruned"]["invalid"] + summary["pruned"]["out_of_memory"] + summary[
         "simulated"]
     assert summary["frontier"] and summary["pricing"]["price_per_gpu_hour"] == 2
-    for name in ("plans.parquet", "plans.csv", "frontier.csv", "report.md", "report.html", "summary.json",
-                 ".vtrain-output"):
+    for name in ("plans.parquet", "plans.csv", "frontier.csv", "report.md", "report.html", "frontier.svg",
+                 "summary.json", ".vtrain-output"):
         assert (out / name).is_file(), name
     table = pl.read_parquet(out / "plans.parquet")
     assert table.height == summary["plans"] and set(COLUMNS) <= set(table.columns)
@@ -137,6 +139,40 @@ def test_cli_writes_the_plan_folder_and_json(tmp_path: Path) -> None:
     frontier_row = summary["frontier"][0]
     assert math.isclose(frontier_row["usd"], frontier_row["iteration_ms"] / 1e3 * 1e9 / (16 * 256) / 3600
                         * frontier_row["gpus"] * 2)
+
+
+def _svg_texts(path: Path) -> list[str]:
+    """Every text of an SVG file, which must parse as XML with an ``svg`` root."""
+    root = ElementTree.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return ["".join(node.itertext()) for node in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_cli_writes_the_frontier_chart_as_svg(tmp_path: Path) -> None:
+    """frontier.svg marks the reference (the run config's own plan) and the cheapest plan within the limit; a
+    limit no plan meets marks no cheapest plan."""
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL))
+    out = tmp_path / "plans"
+    result = runner.invoke(app, ["plan", str(config), "--gpus", "4,8", "--device-memory", "1", "--max-micro-batch",
+                                 "2", "--max-iteration-s", "0.01", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    texts = _svg_texts(out / "frontier.svg")
+    assert f"reference: {label(summary['reference'])}" in texts
+    assert f"cheapest within limits: {label(summary['best'])}" in texts
+    assert label(summary["best"]) != label(summary["reference"]) and "0.01 s per iteration" in texts
+    assert (out / "frontier.svg").stat().st_size < 300_000
+
+    flags = tmp_path / "flags"
+    result = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256",
+                                 "--vocab", "1024", "--global-batch", "16", "--gpus", "8", "--max-micro-batch", "1",
+                                 "--max-iteration-s", "1e-9", "-o", str(flags), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["best"] is None and summary["simulated"] > 0
+    texts = _svg_texts(flags / "frontier.svg")
+    assert "Pareto frontier" in texts and not any(text.startswith("cheapest") for text in texts)
 
 
 def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:

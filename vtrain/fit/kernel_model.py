@@ -110,12 +110,20 @@ class KernelModel:
         is summed feature by feature, as the k-d tree of :meth:`ratios` sums it, so the two find the same
         distances to the last bit."""
         squared = np.zeros(len(self.points))
-        for j, value in enumerate(x):
-            squared += (self.points[:, j] - value) ** 2
+        difference = np.empty(len(self.points))
+        for column, value in zip(self.columns, x):
+            np.subtract(column, value, out=difference)
+            squared += np.square(difference, out=difference)
         index = np.flatnonzero(squared <= np.partition(squared, self.neighbours - 1)[self.neighbours - 1])
         distances = np.sqrt(squared[index])
         order = np.lexsort((index, distances))
         return distances[order], index[order]
+
+    @cached_property
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """Each feature of the measured shapes as one contiguous array (what :meth:`nearest` scans; a column of
+        :attr:`points` is strided)."""
+        return tuple(np.ascontiguousarray(self.points[:, j]) for j in range(self.points.shape[1]))
 
     @cached_property
     def tree(self) -> KDTree:

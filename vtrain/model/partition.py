@@ -24,6 +24,11 @@ class Chunk:
     has_head: bool
 
     @property
+    def shape(self) -> tuple[int, bool, bool]:
+        """What the chunk holds, not which layers: (layers, embedding?, head?)."""
+        return self.layers, self.has_embedding, self.has_head
+
+    @property
     def layer_ids(self) -> range:
         return range(self.first_layer, self.first_layer + self.layers)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
+import numpy as np
+
+from vtrain.graph.work import CommWork, GraphInputs, PhaseWork
 from vtrain.plan.timeline import iteration_timeline
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.latency import SOURCES
@@ -38,7 +40,7 @@ def _work(config: RunConfig, shared: SharedResolvers) -> tuple[GraphInputs, dict
                                                     dp_overlap=False))
     last = shared.work.get(_LAST_WORK)
     if last is None or last[0] != same_work:
-        _, inputs, _, _ = resolve_work(config, shared.profile, shared.device, shared)
+        _, inputs, _, _ = resolve_work(config, shared.profile, shared.device, shared, by_shape=True)
         last = shared.work[_LAST_WORK] = (same_work, inputs, _coverage(config, inputs))
     return last[1], last[2]  # type: ignore[index]
 
@@ -49,24 +51,51 @@ _LAST_WORK = ("plan", "last work")
 
 def _coverage(config: RunConfig, inputs: GraphInputs) -> dict[str, float]:
     """Predicted device time by source over every pass, transfer, bucket and optimizer step of the
-    representative GPUs (as :func:`vtrain.simulate.summary.coverage` counts the graph's tasks)."""
+    representative GPUs (as :func:`vtrain.simulate.summary.coverage` counts the graph's tasks): each step's
+    latency times its uses, added up per source in the order of the uses (a sequential cumulative sum makes the
+    additions a loop over the steps would)."""
+    uses = _uses(config, inputs)
+    distinct: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by identity: chunks of one shape share their work
+    blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # and blocks of one kind their steps
+    for work, _ in uses:
+        if id(work) not in distinct:
+            distinct[id(work)] = _steps(work, blocks)
+    steps = [distinct[id(work)] for work, _ in uses]
+    sources = np.concatenate([source for source, _ in steps])
+    used = np.concatenate([latency for _, latency in steps]) * np.repeat(
+        np.array([count for _, count in uses], dtype=np.int64), [len(source) for source, _ in steps])
+    totals = {key: float(np.cumsum(np.concatenate(([0.0], used[sources == index])))[-1])
+              for index, key in enumerate(SOURCES)}
+    total = sum(totals.values())
+    return {key: value / total if total > 0 else 0.0 for key, value in totals.items()}
+
+
+def _uses(config: RunConfig, inputs: GraphInputs) -> list[tuple[PhaseWork | CommWork, int]]:
+    """Every work of an iteration with how many times the representative GPUs run it."""
     par = config.parallelism
     m, transfers = par.micro_batches, 2 * par.micro_batches * (par.pp * par.virtual_stages - 1)
-    totals = dict.fromkeys(SOURCES, 0.0)
     uses: list[tuple[PhaseWork | CommWork, int]] = [(work, m) for work in inputs.forward.values()]
     uses += [(work, m - 1 if accumulate else 1) for (_, _, accumulate), work in inputs.backward.items()]
     uses += [(work, 1) for work in inputs.optimizer.values()]
     uses += [(bucket.comm, 1) for buckets in inputs.dp_buckets.values() for bucket in buckets]
     if inputs.pp_transfer is not None:
         uses.append((inputs.pp_transfer, transfers))
-    for work, count in uses:
-        for resolution in _resolutions(work):
-            totals[resolution.source] += resolution.latency_us * count
-    total = sum(totals.values())
-    return {key: value / total if total > 0 else 0.0 for key, value in totals.items()}
+    return uses
 
 
-def _resolutions(work: PhaseWork | BlockWork | CommWork) -> list:
+def _steps(work: PhaseWork | CommWork, blocks: dict[int, tuple[np.ndarray, np.ndarray]]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The source (an index into :data:`SOURCES`) and latency of each step of ``work``, in order; ``blocks``: those
+    of the blocks' steps already read, by the identity of their steps."""
     if isinstance(work, CommWork):
-        return [work.resolution]
-    return [step.resolution for block in work.blocks for step in block.steps]
+        return _arrays([work.resolution])
+    for block in work.blocks:
+        if id(block.steps) not in blocks:
+            blocks[id(block.steps)] = _arrays([step.resolution for step in block.steps])
+    parts = [blocks[id(block.steps)] for block in work.blocks]
+    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
+
+
+def _arrays(resolutions: list) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([SOURCES.index(r.source) for r in resolutions], dtype=np.int64),
+            np.array([r.latency_us for r in resolutions], dtype=np.float64))

@@ -1,6 +1,6 @@
 """The plan folder: every plan as Parquet and CSV, the frontier, ``report.md``, ``report.html`` (plotly:
-cost versus time with the frontier and the reference plan, memory per plan, breakdown of the best plans) and
-``summary.json``."""
+cost versus time with the frontier and the reference plan, memory per plan, breakdown of the best plans),
+``frontier.svg`` (the cost-versus-time chart as a static image) and ``summary.json``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from vtrain.plan.cost import (
     DEFAULT_TOKENS,
     PRICE_SOURCE,
     TOKENS_SOURCE,
+    plan_cost,
 )
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
 from vtrain.report import document as doc
@@ -118,6 +119,7 @@ def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) 
         write_json(staging / "summary.json", summary(table))
         (staging / "report.md").write_text(render_markdown(table, details))
         (staging / "report.html").write_text(render_html(table, details))
+        write_frontier_svg(table, staging / "frontier.svg")
 
 
 def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool = False) -> doc.Document:
@@ -177,8 +179,30 @@ def _hover(frame: pl.DataFrame) -> list[str]:
             f"{r['memory_gib']:.1f} GiB, MFU {r['mfu']:.1%}" for r in frame.iter_rows(named=True)]
 
 
+@dataclass(frozen=True)
+class CostTimeChart:
+    """What the cost-versus-time chart shows, in report.html (plotly) and in ``frontier.svg`` (matplotlib)."""
+
+    plans: pl.DataFrame  # every timed plan
+    frontier: pl.DataFrame  # fastest first
+    marked: list[tuple[str, dict[str, Any]]]  # (what it is, its row): the reference and the cheapest within limits
+    limit_days: float | None  # --max-iteration-s as training days
+    iterations: float  # iterations to train on the priced tokens: days = iteration s x iterations / 86,400
+
+
+def cost_time_chart(table: PlanTable) -> CostTimeChart:
+    """The chart's data, from the plan table."""
+    base = table.base
+    iterations = plan_cost(1.0, 1, base.model, base.parallelism.global_batch, table.pricing, 1.0).iterations
+    marked = [(name, row) for name, row in (("reference", table.reference), ("cheapest within limits", table.best()))
+              if row is not None and row.get("days") is not None]
+    limit = table.max_iteration_s * iterations / 86400 if table.max_iteration_s is not None else None
+    return CostTimeChart(table.simulated(), table.frontier(), marked, limit, iterations)
+
+
 def _cost_time_figure(table: PlanTable) -> go.Figure:
-    plans, frontier = table.simulated(), table.frontier()
+    chart = cost_time_chart(table)
+    plans, frontier = chart.plans, chart.frontier
     figure = go.Figure()
     figure.add_trace(go.Scatter(x=plans["days"], y=plans["usd"], mode="markers", name="simulated plans",
                                 marker={"size": 6, "color": plans["gpus"], "colorscale": "Viridis",
@@ -186,15 +210,63 @@ def _cost_time_figure(table: PlanTable) -> go.Figure:
                                 text=_hover(plans), hoverinfo="text"))
     figure.add_trace(go.Scatter(x=frontier["days"], y=frontier["usd"], mode="lines+markers", name="Pareto frontier",
                                 line={"color": "crimson"}, text=_hover(frontier), hoverinfo="text"))
-    for row, name, symbol in ((table.reference, "reference", "star"), (table.best(), "cheapest within limits",
-                                                                        "diamond")):
-        if row is not None and row.get("days") is not None:
-            figure.add_trace(go.Scatter(x=[row["days"]], y=[row["usd"]], mode="markers+text", name=name,
-                                        text=[f"{name}: {label(row)}"], textposition="top center",
-                                        marker={"size": 16, "symbol": symbol, "color": "black"}))
+    for name, row in chart.marked:
+        figure.add_trace(go.Scatter(x=[row["days"]], y=[row["usd"]], mode="markers+text", name=name,
+                                    text=[f"{name}: {label(row)}"], textposition="top center",
+                                    marker={"size": 16, "symbol": _SYMBOLS[name][0], "color": "black"}))
     figure.update_layout(title="Training cost versus time", xaxis_title="training days", yaxis_title="USD",
                          height=560)
     return figure
+
+
+def _number(value: float, _: int) -> str:
+    return f"{value:g}"
+
+
+def _leading(value: float) -> int:
+    """The first significant digit of a positive ``value``."""
+    return int(f"{value:e}"[0])
+
+
+def _dollars(value: float, _: int) -> str:
+    return f"${value / 1e6:g}M" if value >= 1e6 else f"${value:,.0f}"
+
+
+#: the marked plans' symbols (plotly, matplotlib)
+_SYMBOLS = {"reference": ("star", "*"), "cheapest within limits": ("diamond", "D")}
+
+
+def write_frontier_svg(table: PlanTable, path: Path) -> None:
+    """``frontier.svg``: the cost-versus-time chart of report.html as a static image (matplotlib; text kept as
+    SVG text, no timestamp, fixed ids, so the same plans give the same file)."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    chart = cost_time_chart(table)
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "vtrain", "font.size": 9}):
+        figure = Figure(figsize=(9, 6), layout="constrained")
+        axes = figure.add_subplot()
+        points = axes.scatter(chart.plans["days"], chart.plans["usd"], c=chart.plans["gpus"], cmap="viridis", s=12,
+                              alpha=0.7, linewidths=0, label="simulated plans")
+        figure.colorbar(points, ax=axes, label="GPUs")
+        axes.plot(chart.frontier["days"], chart.frontier["usd"], "-o", color="crimson", markersize=3,
+                  label="Pareto frontier")
+        if chart.limit_days is not None:
+            axes.axvline(chart.limit_days, color="gray", linestyle="--", linewidth=1,
+                         label=f"{table.max_iteration_s:g} s per iteration")
+        for name, row in chart.marked:
+            axes.plot([row["days"]], [row["usd"]], _SYMBOLS[name][1], color="black", markersize=9,
+                      markerfacecolor="none" if name == "reference" else "black", label=f"{name}: {label(row)}")
+        axes.set(xscale="log", yscale="log", ylabel="USD",
+                 title=f"Training cost versus time ({len(chart.plans)} plans)",
+                 xlabel=f"training days ({table.pricing.tokens / 1e9:g}B tokens: {chart.iterations:,.0f} iterations)")
+        for axis, form in ((axes.xaxis, _number), (axes.yaxis, _dollars)):
+            axis.set_major_formatter(FuncFormatter(form))
+            axis.set_minor_formatter(FuncFormatter(lambda value, at, form=form: form(value, at) if _leading(value)
+                                                   in (2, 3, 5) else ""))
+        figure.legend(loc="outside lower center", ncols=2, fontsize=8)
+        figure.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
 
 
 def _memory_figure(table: PlanTable) -> go.Figure:

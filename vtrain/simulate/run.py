@@ -120,17 +120,19 @@ def _gc_paused() -> Iterator[None]:
 
 
 def resolve_work(config: RunConfig, profile: Profile | None, device: DeviceModel,
-                 shared: SharedResolvers | None = None,
+                 shared: SharedResolvers | None = None, *, by_shape: bool = False,
                  ) -> tuple[list[list[Chunk]], GraphInputs, OpLatencyResolver, CollectiveResolver]:
     """The partition of a consistent ``config`` and every task's resolved work (what the graph is built from),
-    with the resolvers that resolved it (from ``shared`` when given: a sweep's runs share them)."""
+    with the resolvers that resolved it (from ``shared`` when given: a sweep's runs share them). ``by_shape``:
+    chunks of the same shape share their work (:meth:`~vtrain.simulate.workload.WorkloadResolver.graph_inputs`),
+    for callers that read only durations and resolutions."""
     shared = shared or SharedResolvers(profile, device)
     chunks = partition(config)
     collectives = shared.collectives(config)
     placed = WorkloadResolver(config, shared.bare_ops(config), collectives)
     stage_of = placed.profile_stages()
     ops, gaps = shared.ops(config, frozenset(placed.placed(chunks)), stage_of)
-    inputs = WorkloadResolver(config, ops, collectives, gaps, shared.work).graph_inputs(chunks)
+    inputs = WorkloadResolver(config, ops, collectives, gaps, shared.work).graph_inputs(chunks, by_shape=by_shape)
     return chunks, inputs, ops, collectives
 
 

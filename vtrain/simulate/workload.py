@@ -66,6 +66,9 @@ def block_steps(shape: GptShape, kind: str, phase: str, accumulate: bool) -> tup
     return tuple(_FORWARD_STEPS[kind](shape))  # forward or recompute
 
 
+#: a chunk's forward pass, backward passes (first micro-batch, accumulating) and gradient buckets
+_ChunkWork = tuple[PhaseWork, PhaseWork, PhaseWork, list[Bucket] | None]
+
 #: what a :class:`WorkloadResolver` resolved, by what it depends on; runs that share it (a sweep's, through
 #: :class:`~vtrain.simulate.run.SharedResolvers`) resolve each distinct block, optimizer step and bucket list once
 ResolvedWork = dict[tuple[object, ...], object]
@@ -177,12 +180,14 @@ class WorkloadResolver:
         return stage_of if set(stage_of.values()) == set(range(par.pp)) else None
 
     def placed(self, chunks: list[list[Chunk]]) -> set[tuple[str, str, str]]:
-        """Signatures of every operator the run places (what the host gaps are measured between)."""
-        kinds = {kind for stage_chunks in chunks for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
+        """Signatures of every operator the run places (what the host gaps are measured between), read from one
+        stage of each shape."""
+        stages = {tuple(chunk.shape for chunk in stage_chunks): stage_chunks for stage_chunks in chunks}.values()
+        kinds = {kind for stage_chunks in stages for chunk in stage_chunks for kind, _ in chunk.forward_blocks()}
         steps = [step for kind in kinds for phase, accumulate in (("forward", False), ("backward", False),
                                                                   ("backward", True))
                  for step in block_steps(self.shape, kind, phase, accumulate)]
-        steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in chunks}
+        steps += [step for params in {tuple(stage_parameters(self.shape, stage_chunks)) for stage_chunks in stages}
                   for step in optimizer_steps(self.shape, params)]
         return {step.signature for step in steps if isinstance(step, Op)}
 
@@ -253,8 +258,14 @@ class WorkloadResolver:
         return [replace(bucket, comm=replace(bucket.comm, latency_us=resolution.latency_us, resolution=resolution))
                 for bucket, resolution in zip(buckets, chain)]
 
-    def graph_inputs(self, chunks: list[list[Chunk]]) -> GraphInputs:
-        """Resolved work for every (stage, chunk) of the partition."""
+    def graph_inputs(self, chunks: list[list[Chunk]], *, by_shape: bool = False) -> GraphInputs:
+        """Resolved work for every (stage, chunk) of the partition.
+
+        ``by_shape``: chunks that hold the same blocks (on the same stage when the gaps are per stage) share one
+        forward pass, backward passes and gradient buckets, and stages of the same chunks one optimizer step, made
+        for the first of them (their blocks name its layers): the same durations and resolutions, for callers that
+        read only those (the plan's timeline and coverage); a pipeline of p one-layer stages makes three shapes,
+        not p."""
         par = self.config.parallelism
         stage_of = self.profile_stages()
         self._per_stage = stage_of is not None
@@ -264,14 +275,34 @@ class WorkloadResolver:
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)
+        chunk_work: dict[tuple[object, ...], _ChunkWork] = {}
+        optimizer: dict[tuple[object, ...], PhaseWork] = {}
         for stage_chunks in chunks:
             for chunk in stage_chunks:
+                shape = self._chunk_shape(chunk)
+                if not by_shape or shape not in chunk_work:
+                    chunk_work[shape] = self._chunk_work(chunk)
                 key = (chunk.stage, chunk.chunk)
-                inputs.forward[key] = self.forward(chunk)
-                for accumulate in (False, True):
-                    inputs.backward[(*key, accumulate)] = self.backward(chunk, accumulate)
-                if par.dp > 1:
-                    inputs.dp_buckets[key] = self.buckets(inputs.backward[(*key, par.micro_batches > 1)])
-            stage = stage_chunks[0].stage
-            inputs.optimizer[stage] = self.optimizer(stage_chunks)
+                inputs.forward[key], inputs.backward[(*key, False)], inputs.backward[(*key, True)], buckets = \
+                    chunk_work[shape]
+                if buckets is not None:
+                    inputs.dp_buckets[key] = buckets
+            shape = tuple(self._chunk_shape(chunk) for chunk in stage_chunks)
+            if not by_shape or shape not in optimizer:
+                optimizer[shape] = self.optimizer(stage_chunks)
+            inputs.optimizer[stage_chunks[0].stage] = optimizer[shape]
         return inputs
+
+    def _chunk_work(self, chunk: Chunk) -> _ChunkWork:
+        """A chunk's forward pass, backward passes (of the first micro-batch, then accumulating) and gradient
+        buckets (``None`` without data parallelism)."""
+        par = self.config.parallelism
+        forward = self.forward(chunk)
+        backward = (self.backward(chunk, False), self.backward(chunk, True))
+        buckets = self.buckets(backward[par.micro_batches > 1]) if par.dp > 1 else None
+        return forward, *backward, buckets
+
+    def _chunk_shape(self, chunk: Chunk) -> tuple[object, ...]:
+        """What a chunk's resolved work depends on besides the run: its blocks, and its stage when the gaps are
+        per stage."""
+        return chunk.shape, chunk.stage if self._per_stage else None
