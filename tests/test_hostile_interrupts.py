@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -226,7 +226,19 @@ def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_pa
     assert [p.name for p in target.parent.iterdir()] == ["result"]
 
 
-def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Ctrl-C handled as Python does by default (KeyboardInterrupt), whatever handler an earlier test or library
+    left in place (the full suite once ran this test with Ctrl-C ignored: "DID NOT RAISE"), restored afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          python_sigint: None) -> None:
     """Ctrl-C while the new output replaces the old one (here: right after the old one was moved aside) arrives
     once the swap is done: never the old output moved aside and the new one not in place."""
     target = tmp_path / "result"
