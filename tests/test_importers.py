@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -397,6 +398,14 @@ def bad_vidur_flag(tmp: Path) -> Path:
     return write(tmp / "mlp.csv", [",".join(header), ",".join(first).replace("False", "maybe")])
 
 
+def with_extra_columns(names: list[str], values: list[str]) -> Callable[[Path], Path]:
+    """A ground-truth table with ``names`` added to its header and ``values`` to each of its two data rows."""
+    def make(tmp: Path) -> Path:
+        header, *rows = ground_truth_lines()[:3]
+        return write(tmp / "gt.csv", [",".join([header, *names]), *(",".join([row, *values]) for row in rows)])
+    return make
+
+
 def in_folder(tmp: Path, name: str, lines: list[str]) -> Path:
     write(tmp / name, lines)
     return tmp
@@ -422,6 +431,12 @@ CASES = {
                    read_measurements, "line 3: 12 fields where the header has 11"),
     "not text": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x1f\x8b\x08\x00\xff\xfe"), read_measurements,
                  "not a text file"),
+    # an extra column named as vtrain names a required one internally was a polars DuplicateError traceback
+    "extra column named tp": (with_extra_columns(["tp"], ["1"]), read_measurements, "unknown column 'tp'"),
+    "optional column twice, two spellings": (with_extra_columns(["schedule", "Schedule"], ["1f1b", "gpipe"]),
+                                             read_measurements, "columns 'schedule' and 'Schedule' both give"),
+    "optional column twice, same name": (with_extra_columns(["schedule", "schedule"], ["1f1b", "gpipe"]),
+                                         read_measurements, "unknown column 'schedule #2'"),
     "nccl csv bad time": (
         lambda tmp: write(tmp / "allreduce_8gpu.csv", [NCCL_CSV_HEADER, "1048576,262144,float,92790,19.78,92150,19.91",
                                                         "2097152,524288,float,fast,39.36,92970,39.47"]),

@@ -82,10 +82,12 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     if required != single:
         raise InputError(f"not a vTrain measurement table: expected the columns [{PARAMETERS_COLUMN},] "
                          f"{','.join(single)}; found {','.join(names)}", path)
+    given = [name for name in rows.columns if name != LINE]  # a repeated name has " #2" added
+    optional = _optional_names(given[len(single) + (names[0] == PARAMETERS_COLUMN):], path)
     numeric = [*single, *([PARAMETERS_COLUMN] if names[0] == PARAMETERS_COLUMN else [])]
     rows = _as_numbers(rows, numeric, path)
     rows = rows.rename({**SINGLE_NODE_COLUMNS, PARAMETERS_COLUMN: "params_billion"}, strict=False)
-    rows = rows.rename(_optional_names(names[len(single) + (names[0] == PARAMETERS_COLUMN):], path))
+    rows = rows.rename(optional)
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r) for r in rows.iter_rows(named=True)], dtype=pl.String))
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
@@ -131,6 +133,9 @@ def _optional_names(names: list[str], path: Path) -> dict[str, str]:
         if _key(name) not in accepted:
             raise InputError(f"unknown column {name!r} (optional columns: "
                              f"{', '.join(aliases[0] for aliases, _ in OPTIONAL_COLUMNS.values())})", path)
+        twice = [given for given, meant in renamed.items() if meant == accepted[_key(name)]]
+        if twice:
+            raise InputError(f"columns {twice[0]!r} and {name!r} both give {accepted[_key(name)]!r}", path)
         renamed[name] = accepted[_key(name)]
     return renamed
 
