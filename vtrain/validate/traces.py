@@ -17,8 +17,9 @@ from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.replayer import Replay, replay
-from vtrain.replay.trace import SYNC, KeptText, RankTrace, read_trace_set
+from vtrain.replay.build import GraphBuilder
+from vtrain.replay.replayer import Replay, replay_graph
+from vtrain.replay.trace import KeptRank, KeptText, RankTrace, read_ranks
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.predictions import (
@@ -81,7 +82,7 @@ class Prepared:
     compares."""
 
     trace_dir: Path
-    traces: list[RankTrace]
+    traces: list[KeptRank]
     config: RunConfig | None
     config_source: str | None
     replayed: Replay
@@ -115,8 +116,14 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     trace_dir = Path(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
-    traces = read_trace_set(trace_dir, sink)
-    if not any(kind != SYNC for trace in traces for kind in trace.kind):
+    graph = GraphBuilder(config)
+
+    def keep(trace: RankTrace) -> KeptRank:  # a rank's graph is built as it is read: only its part is kept
+        graph.add(trace)
+        return trace.kept()
+
+    traces = read_ranks(trace_dir, keep, sink)
+    if not any(trace.replayable for trace in traces):
         dropped = sum(trace.dropped for trace in traces)
         raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
                          + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
@@ -131,10 +138,12 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-    replayed = replay(traces, config)
+    replayed = replay_graph(graph.graph(traces))
+    del graph
     for line in replayed.notes:
         note(line)
     frame = annotate(replayed.events)
+    replayed.events = frame  # the annotated frame holds every column of the replay's: one frame is kept
     all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
