@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from vtrain.replay.build import ReplayGraph, build_graph
 from vtrain.replay.collective_matching import Collective
 from vtrain.replay.context import DependencyStats
 from vtrain.replay.engine import evaluate
-from vtrain.replay.graph import ReplayOptions, kind_name
+from vtrain.replay.graph import EDGE_KINDS, EdgeList, ReplayOptions, kind_name
 from vtrain.replay.trace import RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig
 
@@ -44,17 +45,22 @@ def replay(traces: list[RankTrace], config: RunConfig | None = None,
     return replay_graph(build_graph(traces, config, options))
 
 
-def replay_graph(graph: ReplayGraph) -> Replay:
+def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> Replay:
     """Replay a built graph (:func:`vtrain.replay.build.build_graph`, or a
-    :class:`~vtrain.replay.build.GraphBuilder` fed one rank at a time)."""
+    :class:`~vtrain.replay.build.GraphBuilder` fed one rank at a time); its edges are released once evaluated.
+
+    ``each_rank``, if given, is applied to each rank's event frame before the ranks' frames are put together
+    (`vtrain validate` annotates them so: the working memory of the annotation is then one rank's)."""
     times, released = evaluate(graph.measured, *graph.edges.arrays()[:3])
     notes: list[str] = []
     if released:
         notes.append(f"{released} of {len(times)} event points were released from dependency cycles (events with "
                      f"equal timestamps, or collectives matched in an impossible order)")
-    counts = Counter(graph.edges.kind)
-    return Replay(traces=graph.traces, events=_event_frame(graph, times), origin=graph.origin, stats=graph.stats,
-                  edge_counts={kind_name(code): n for code, n in sorted(counts.items())}, notes=notes)
+    counts = np.bincount(graph.edges.arrays()[3], minlength=len(EDGE_KINDS))
+    graph.edges = EdgeList()
+    return Replay(traces=graph.traces, events=_event_frame(graph, times, each_rank), origin=graph.origin,
+                  stats=graph.stats, notes=notes,
+                  edge_counts={kind_name(code): int(n) for code, n in enumerate(counts) if n})
 
 
 def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:
@@ -70,7 +76,8 @@ def timeline(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
     return _event_frame(graph, times)
 
 
-def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
+def _event_frame(graph: ReplayGraph, times: np.ndarray,
+                 each_rank: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> pl.DataFrame:
     calls: dict[int, dict[int, Collective]] = defaultdict(dict)  # rank -> event -> its collective call
     for call in graph.calls:
         calls[call.rank][call.event] = call
@@ -84,7 +91,7 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
         mine = calls[part.rank]
         at = sorted(mine)
         columns = trace.event_columns()
-        frames.append(pl.DataFrame({
+        frame = pl.DataFrame({
             "rank": pl.repeat(part.rank, n, dtype=pl.Int32, eager=True),
             "event": pl.Series(np.arange(n, dtype=np.int64)),
             "kind": columns["kind"].cast(pl.String), "cat": columns["cat"].cast(pl.String),
@@ -96,8 +103,9 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
             "matched": _at(n, at, [mine[i].matched for i in at], pl.Boolean),
             "ts": pl.Series(ts, dtype=pl.Float64), "dur": pl.Series(end - ts, dtype=pl.Float64),
             "sim_ts": pl.Series(start, dtype=pl.Float64), "sim_dur": pl.Series(stop - start, dtype=pl.Float64),
-        }))
-    return pl.concat(frames) if frames else pl.DataFrame()
+        })
+        frames.append(each_rank(frame) if each_rank is not None else frame)
+    return pl.concat(frames, rechunk=False) if frames else pl.DataFrame()
 
 
 def _at(n: int, positions: list[int], values: list, dtype: pl.DataType) -> pl.Series:

@@ -138,12 +138,11 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-    replayed = replay_graph(graph.graph(traces))
+    replayed = replay_graph(graph.graph(traces), each_rank=annotate)  # annotated rank by rank
     del graph
     for line in replayed.notes:
         note(line)
-    frame = annotate(replayed.events)
-    replayed.events = frame  # the annotated frame holds every column of the replay's: one frame is kept
+    frame = replayed.events
     all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
