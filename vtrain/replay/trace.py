@@ -176,6 +176,10 @@ class KeptRank:
         """The event frame's columns read off the events (as :meth:`RankTrace.event_columns`)."""
         return self.columns
 
+    def release_columns(self) -> None:
+        """Forget the event columns (once the replay's event frame holds them)."""
+        self.columns = self.columns.clear()
+
 
 def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
     """Decode one rank file (read once); errors name the file. ``sink``, if given, gets every batch of decoded

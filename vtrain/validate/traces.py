@@ -36,6 +36,9 @@ Warn = Callable[[str], None]
 
 #: operators drawn per timeline in the report (the longest ones of the iteration shown)
 TIMELINE_OPS = 4000
+#: columns of the replay's event frame that only :func:`~vtrain.validate.timeline.annotate` reads: a validation
+#: keeps the annotated frame without them
+ANNOTATION_ONLY = ("cat", "lane", "external_id", "launch", "work_op")
 
 
 @dataclass
@@ -138,8 +141,10 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-    replayed = replay_graph(graph.graph(traces), each_rank=annotate)  # annotated rank by rank
+    replayed = replay_graph(graph.graph(traces), each_rank=_annotated)  # annotated rank by rank
     del graph
+    for trace in traces:
+        trace.release_columns()
     for line in replayed.notes:
         note(line)
     frame = replayed.events
@@ -201,6 +206,11 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
         iteration_table=measured_iterations.join(
             iterations(frame, REPLAYED).select("rank", "iteration", replay_time_us="time_us"),
             on=["rank", "iteration"], how="left"))
+
+
+def _annotated(frame: pl.DataFrame) -> pl.DataFrame:
+    """One rank's event frame annotated, less the columns only the annotation reads."""
+    return annotate(frame).drop(ANNOTATION_ONLY)
 
 
 def _run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[RunConfig | None, str | None]:
