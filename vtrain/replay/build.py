@@ -133,9 +133,10 @@ class GraphBuilder:
         return part
 
     def graph(self, traces: list, match_across_ranks: bool = True) -> ReplayGraph:
-        """The whole graph; ``traces`` (one per rank added, any order) is what the graph keeps of each rank."""
+        """The whole graph; ``traces`` (one per rank added, any order) is what the graph keeps of each rank. The
+        ranks' parts go into the graph: the builder is empty afterwards."""
         traces = sorted(traces, key=lambda trace: trace.rank)
-        parts = [self.parts[trace.rank] for trace in traces]
+        parts = [self.parts.pop(trace.rank) for trace in traces]
         offsets: list[int] = []
         total = 0
         for part in parts:

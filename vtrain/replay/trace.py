@@ -40,7 +40,11 @@ from vtrain.ingest.decode import (
     read_bytes,
     readable_trace,
 )
-from vtrain.ingest.discover import find_trace_files, rank_and_world_size, rank_from_file_name
+from vtrain.ingest.discover import (
+    find_trace_files,
+    rank_and_world_size,
+    rank_from_file_name,
+)
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC

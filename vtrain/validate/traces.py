@@ -119,10 +119,10 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     trace_dir = Path(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
-    graph = GraphBuilder(config)
+    builder = GraphBuilder(config)
 
     def keep(trace: RankTrace) -> KeptRank:  # a rank's graph is built as it is read: only its part is kept
-        graph.add(trace)
+        builder.add(trace)
         return trace.kept()
 
     traces = read_ranks(trace_dir, keep, sink)
@@ -141,8 +141,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-    replayed = replay_graph(graph.graph(traces), each_rank=_annotated)  # annotated rank by rank
-    del graph
+    replayed = replay_graph(builder.graph(traces), each_rank=_annotated)  # annotated rank by rank
     for trace in traces:
         trace.release_columns()
     for line in replayed.notes:
