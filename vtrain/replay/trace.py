@@ -147,8 +147,7 @@ class RankTrace:
         """What is kept of this rank once its part of the replay graph is built."""
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, replayable=self.replayable,
-                        has_device_activity=self.has_device_activity, columns=self.event_columns(), index=self.index,
-                        source=self.source)
+                        columns=self.event_columns(), index=self.index, source=self.source)
 
 
 #: the event frame's columns read off the events (the others are times, launches and collectives)
@@ -168,7 +167,6 @@ class KeptRank:
     process_groups: list[dict[str, Any]]
     dropped: int
     replayable: bool
-    has_device_activity: bool
     columns: pl.DataFrame
     index: array  # of int64
     source: KeptText
