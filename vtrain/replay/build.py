@@ -48,7 +48,7 @@ from vtrain.replay.context import (
 )
 from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions, precedes
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
-from vtrain.replay.threads import ThreadChain, blocking_calls, build_chains
+from vtrain.replay.threads import blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
 from vtrain.replay.waits import ThreadWaits
 from vtrain.runconfig import RunConfig
@@ -58,17 +58,37 @@ _ISSUE_SLACK_US = 50.0
 
 
 @dataclass
+class RankPart:
+    """What the graph keeps of one rank once the rank's own edges are built (its events can then be dropped):
+    points numbered from 0 (placed after the ranks before it when the graph is put together), compact arrays
+    of a few bytes per event and edge, and the rank's collective calls (a few per iteration)."""
+
+    rank: int
+    ts: np.ndarray  # float64, every event's measured start (µs)
+    dur: np.ndarray  # float64, its measured duration
+    edges: EdgeList
+    calls: list[Collective]
+    launch: np.ndarray  # int64, the launching runtime call of each device activity (local index), else -1
+    host: dict[int, int]  # cpu collective hosted on a chain thread -> tid
+    #: the threads that host collectives (where their wait() is looked up): tid -> (points, their times)
+    hosting_chains: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass
 class ReplayGraph:
     """The graph of a trace set: edges between event points and the measured time of every point."""
 
-    traces: list[RankTrace]
+    traces: list  # per rank, sorted by rank: its RankTrace, or what was kept of it (see GraphBuilder)
+    parts: list[RankPart]  # per rank, in the same order
     offsets: list[int]  # global number of each rank's first event
     edges: EdgeList
     measured: np.ndarray  # per point (two per event, then one join per matched collective), µs since ``origin``
     origin: float
     matches: list[CollectiveMatch]
     calls: list[Collective]  # every collective call, matched or not
-    launches: list[dict[int, int | None]]  # per rank: device activity -> its launch call (local indices)
     stats: DependencyStats
 
 
@@ -78,40 +98,89 @@ def build_graph(traces: list[RankTrace], config: RunConfig | None = None, option
 
     With ``match_across_ranks`` off, every collective keeps its measured duration.
     """
-    options = options or ReplayOptions()
-    layout = Layout.of(config) if config is not None else None
-    edges = EdgeList()
-    stats = DependencyStats()
-    offsets: list[int] = []
-    total = 0
+    builder = GraphBuilder(config, options)
     for trace in traces:
-        offsets.append(total)
-        total += len(trace)
-    origin = min((min(t.ts) for t in traces if len(t)), default=0.0)
-    measured = np.empty(2 * total, dtype=np.float64)
-    collectives: list[Collective] = []
-    builders: dict[int, _RankBuilder] = {}
-    for trace, offset in zip(traces, offsets):
-        ts = np.asarray(trace.ts, dtype=np.float64) - origin
-        measured[2 * offset:2 * (offset + len(trace)):2] = ts
-        measured[2 * offset + 1:2 * (offset + len(trace)):2] = ts + np.asarray(trace.dur, dtype=np.float64)
-        builder = _RankBuilder(RankContext(trace, offset, options, edges, stats))
+        builder.add(trace)
+    return builder.graph(traces, match_across_ranks)
+
+
+class GraphBuilder:
+    """Builds a replay graph rank by rank: :meth:`add` builds one rank's edges and keeps only its
+    :class:`RankPart`, so that a trace set can be read one file at a time; :meth:`graph` puts the ranks
+    together (in rank order) and adds the collectives' ends, which need every rank."""
+
+    def __init__(self, config: RunConfig | None = None, options: ReplayOptions | None = None) -> None:
+        self.options = options or ReplayOptions()
+        self.layout = Layout.of(config) if config is not None else None
+        self.stats = DependencyStats()
+        self.parts: dict[int, RankPart] = {}
+
+    def add(self, trace: RankTrace) -> RankPart:
+        """Build the edges of one rank (numbered from 0) and keep its part."""
+        builder = _RankBuilder(RankContext(trace, 0, self.options, EdgeList(), self.stats))
         builder.build()
-        builders[trace.rank] = builder
-        collectives.extend(builder.collectives(layout))
-    if match_across_ranks:
-        matches, unmatched = match_collectives(collectives, {t.rank for t in traces})
-    else:
-        matches, unmatched = [], Counter({MATCHING_OFF: len(collectives)})
-        for call in collectives:
-            call.reason = MATCHING_OFF
-    stats.collectives_matched = len(matches)
-    stats.collective_calls_unmatched = unmatched
-    joins = _collective_edges(builders, collectives, matches, options, edges, stats, first_join=2 * total)
-    measured = np.concatenate([measured, np.asarray(joins, dtype=np.float64) - origin])
-    return ReplayGraph(traces=traces, offsets=offsets, edges=edges, measured=measured, origin=origin,
-                       matches=matches, calls=collectives,
-                       launches=[builders[t.rank].streams.launch for t in traces], stats=stats)
+        launch = np.full(len(trace), -1, dtype=np.int64)
+        for activity, call in builder.streams.launch.items():
+            if call is not None:
+                launch[activity] = call
+        part = RankPart(rank=trace.rank, ts=np.asarray(trace.ts, dtype=np.float64),
+                        dur=np.asarray(trace.dur, dtype=np.float64), edges=builder.ctx.edges,
+                        calls=builder.collectives(self.layout), launch=launch, host=builder.host,
+                        hosting_chains={tid: (np.asarray(builder.chain_of[tid].points, dtype=np.int64),
+                                              np.asarray(builder.chain_of[tid].times, dtype=np.float64))
+                                        for tid in set(builder.host.values())})
+        self.parts[trace.rank] = part
+        return part
+
+    def graph(self, traces: list, match_across_ranks: bool = True) -> ReplayGraph:
+        """The whole graph; ``traces`` (one per rank added, any order) is what the graph keeps of each rank. The
+        ranks' parts go into the graph: the builder is empty afterwards."""
+        traces = sorted(traces, key=lambda trace: trace.rank)
+        parts = [self.parts.pop(trace.rank) for trace in traces]
+        offsets: list[int] = []
+        total = 0
+        for part in parts:
+            offsets.append(total)
+            total += len(part)
+        origin = min((float(part.ts.min()) for part in parts if len(part)), default=0.0)
+        measured = np.empty(2 * total, dtype=np.float64)
+        edges = EdgeList()
+        collectives: list[Collective] = []
+        for part, offset in zip(parts, offsets):
+            ts = part.ts - origin
+            measured[2 * offset:2 * (offset + len(part)):2] = ts
+            measured[2 * offset + 1:2 * (offset + len(part)):2] = ts + part.dur
+            edges.extend(part.edges, 2 * offset)
+            part.edges = EdgeList()  # moved into the whole graph's edges
+            collectives.extend(part.calls)
+        stats = self.stats
+        if match_across_ranks:
+            matches, unmatched = match_collectives(collectives, {part.rank for part in parts})
+        else:
+            matches, unmatched = [], Counter({MATCHING_OFF: len(collectives)})
+            for call in collectives:
+                call.reason = MATCHING_OFF
+        stats.collectives_matched = len(matches)
+        stats.collective_calls_unmatched = unmatched
+        placed = {part.rank: _Placed(part, offset) for part, offset in zip(parts, offsets)}
+        joins = _collective_edges(placed, collectives, matches, self.options, edges, stats, first_join=2 * total)
+        measured = np.concatenate([measured, np.asarray(joins, dtype=np.float64) - origin])
+        return ReplayGraph(traces=traces, parts=parts, offsets=offsets, edges=edges, measured=measured,
+                           origin=origin, matches=matches, calls=collectives, stats=stats)
+
+
+@dataclass
+class _Placed:
+    """A rank's part with the global number of its first event."""
+
+    part: RankPart
+    offset: int
+
+    def start(self, i: int) -> int:
+        return 2 * (self.offset + i)
+
+    def stop(self, i: int) -> int:
+        return 2 * (self.offset + i) + 1
 
 
 class _RankBuilder:
@@ -254,16 +323,18 @@ class _RankBuilder:
         return calls
 
 
-def _waiting_point(chain: ThreadChain, finished: float, options: ReplayOptions) -> tuple[int, float] | None:
-    """The point of the issuing thread just before an asynchronous collective's end, with the delay, when the
-    end followed it closely (the thread called ``wait()`` there)."""
-    position = bisect_right(chain.times, finished) - 1
-    if position >= 0 and finished - chain.times[position] <= options.collective_slack_us:
-        return chain.points[position], finished - chain.times[position]
+def _waiting_point(chain: tuple[np.ndarray, np.ndarray], finished: float,
+                   options: ReplayOptions) -> tuple[int, float] | None:
+    """The point of the issuing thread (its points and their times) just before an asynchronous collective's
+    end, with the delay, when the end followed it closely (the thread called ``wait()`` there)."""
+    points, times = chain
+    position = int(np.searchsorted(times, finished, side="right")) - 1
+    if position >= 0 and finished - times[position] <= options.collective_slack_us:
+        return int(points[position]), float(finished - times[position])
     return None
 
 
-def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective], matches: list[CollectiveMatch],
+def _collective_edges(placed: dict[int, _Placed], calls: list[Collective], matches: list[CollectiveMatch],
                       options: ReplayOptions, edges: EdgeList, stats: DependencyStats,
                       first_join: int) -> list[float]:
     """End edges of every collective call: from the last arrival of its members when matched, else its measured
@@ -279,27 +350,27 @@ def _collective_edges(builders: dict[int, _RankBuilder], calls: list[Collective]
         join = first_join + len(joins)
         joins.append(max(m.arrival_ts for m in match.members))
         for other in match.members:
-            edges.add(builders[other.rank].ctx.start(other.arrival_event), join, 0.0, PEER)
+            edges.add(placed[other.rank].start(other.arrival_event), join, 0.0, PEER)
         shortest = min(match.transfer_us)
         for member, transfer in zip(match.members, match.transfer_us):
             matched.add((member.rank, member.event))
-            builder = builders[member.rank]
-            end = builder.ctx.stop(member.event)
-            tid = builder.host.get(member.event)
+            rank = placed[member.rank]
+            end = rank.stop(member.event)
+            tid = rank.part.host.get(member.event)
             waited = None
             if tid is not None and match.by_clock and transfer - shortest > options.collective_slack_us:
-                waited = _waiting_point(builder.chain_of[tid], member.ts + member.dur, options)
+                waited = _waiting_point(rank.part.hosting_chains[tid], member.ts + member.dur, options)
             if waited is None:
                 edges.add(join, end, transfer, PEER)
                 stats.collective_ends["peers"] += 1
             else:
                 edges.add(join, end, shortest, PEER)
-                edges.add(waited[0], end, waited[1], WAITED)
+                edges.add(waited[0] + 2 * rank.offset, end, waited[1], WAITED)
                 stats.collective_ends["waited"] += 1
     unmatched = [call for call in calls if (call.rank, call.event) not in matched]
     for call in unmatched:
-        builder = builders[call.rank]
-        edges.add(builder.ctx.start(call.event), builder.ctx.stop(call.event), call.dur, WORK)
+        rank = placed[call.rank]
+        edges.add(rank.start(call.event), rank.stop(call.event), call.dur, WORK)
         stats.collective_ends["measured"] += 1
     _count_kept_collectives(unmatched, stats)
     return joins

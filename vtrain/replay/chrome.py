@@ -25,7 +25,8 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
     written."""
     written = []
     for trace in replay.traces:
-        mine = replay.events.filter(pl.col("rank") == trace.rank).sort("event")
+        mine = (replay.events.select("rank", "event", "sim_ts", "sim_dur")  # a copy of the few columns needed
+                .filter(pl.col("rank") == trace.rank).sort("event"))
         start = np.round(mine["sim_ts"].to_numpy() + replay.origin, 3)
         dur = np.round(mine["sim_dur"].to_numpy(), 3)
         path = out_dir / f"rank-{trace.rank}.json.gz"

@@ -9,7 +9,8 @@ that the report can say what the dependency model is made of.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,14 +71,15 @@ class ReplayOptions:
     collective_slack_us: float = 200.0
 
 
-@dataclass
 class EdgeList:
-    """Edges as growing Python lists, frozen to NumPy arrays for the evaluation."""
+    """Edges in compact growing arrays (8 bytes a source, a target and a delay, 1 byte a kind), viewed as NumPy
+    arrays for the evaluation: a trace set's graph has a few edges per event."""
 
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    delay: list[float] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.src = array("q")
+        self.dst = array("q")
+        self.delay = array("d")
+        self.kind = array("b")
 
     def add(self, src: int, dst: int, delay: float, kind: str) -> None:
         self.src.append(src)
@@ -85,12 +87,22 @@ class EdgeList:
         self.delay.append(delay)
         self.kind.append(_KIND_CODE[kind])
 
+    def extend(self, other: EdgeList, shift: int) -> None:
+        """Append ``other``'s edges with every point number moved by ``shift`` (a rank's edges, numbered from
+        0 while its graph was built, placed after the ranks before it)."""
+        self.src.frombytes((np.frombuffer(other.src, dtype=np.int64) + shift).tobytes())
+        self.dst.frombytes((np.frombuffer(other.dst, dtype=np.int64) + shift).tobytes())
+        self.delay.extend(other.delay)
+        self.kind.extend(other.kind)
+
     def __len__(self) -> int:
         return len(self.src)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return (np.asarray(self.src, dtype=np.int64), np.asarray(self.dst, dtype=np.int64),
-                np.asarray(self.delay, dtype=np.float64), np.asarray(self.kind, dtype=np.int8))
+        """Views of the edges (no copy: no edge can be added while a view is alive): source, target, delay, kind
+        code."""
+        return (np.frombuffer(self.src, dtype=np.int64), np.frombuffer(self.dst, dtype=np.int64),
+                np.frombuffer(self.delay, dtype=np.float64), np.frombuffer(self.kind, dtype=np.int8))
 
 
 def kind_name(code: int) -> str:

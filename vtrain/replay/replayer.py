@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,9 +11,10 @@ import numpy as np
 import polars as pl
 
 from vtrain.replay.build import ReplayGraph, build_graph
+from vtrain.replay.collective_matching import Collective
 from vtrain.replay.context import DependencyStats
 from vtrain.replay.engine import evaluate
-from vtrain.replay.graph import ReplayOptions, kind_name
+from vtrain.replay.graph import EDGE_KINDS, EdgeList, ReplayOptions, kind_name
 from vtrain.replay.trace import RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig
 
@@ -40,15 +42,25 @@ def replay_traces(trace_dir: str | Path, config: RunConfig | None = None,
 def replay(traces: list[RankTrace], config: RunConfig | None = None,
            options: ReplayOptions | None = None) -> Replay:
     """Replay already-read rank traces."""
-    graph = build_graph(traces, config, options)
+    return replay_graph(build_graph(traces, config, options))
+
+
+def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> Replay:
+    """Replay a built graph (:func:`vtrain.replay.build.build_graph`, or a
+    :class:`~vtrain.replay.build.GraphBuilder` fed one rank at a time); its edges are released once evaluated.
+
+    ``each_rank``, if given, is applied to each rank's event frame before the ranks' frames are put together
+    (`vtrain validate` annotates them so: the working memory of the annotation is then one rank's)."""
     times, released = evaluate(graph.measured, *graph.edges.arrays()[:3])
     notes: list[str] = []
     if released:
         notes.append(f"{released} of {len(times)} event points were released from dependency cycles (events with "
                      f"equal timestamps, or collectives matched in an impossible order)")
-    counts = Counter(graph.edges.kind)
-    return Replay(traces=traces, events=_event_frame(graph, times), origin=graph.origin, stats=graph.stats,
-                  edge_counts={kind_name(code): n for code, n in sorted(counts.items())}, notes=notes)
+    counts = np.bincount(graph.edges.arrays()[3], minlength=len(EDGE_KINDS))
+    graph.edges = EdgeList()
+    return Replay(traces=graph.traces, events=_event_frame(graph, times, each_rank), origin=graph.origin,
+                  stats=graph.stats, notes=notes,
+                  edge_counts={kind_name(code): int(n) for code, n in enumerate(counts) if n})
 
 
 def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:
@@ -64,29 +76,41 @@ def timeline(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
     return _event_frame(graph, times)
 
 
-def _event_frame(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:
-    calls = {(c.rank, c.event): c for c in graph.calls}
+def _event_frame(graph: ReplayGraph, times: np.ndarray,
+                 each_rank: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> pl.DataFrame:
+    calls: dict[int, dict[int, Collective]] = defaultdict(dict)  # rank -> event -> its collective call
+    for call in graph.calls:
+        calls[call.rank][call.event] = call
     frames = []
-    for trace, offset, launches in zip(graph.traces, graph.offsets, graph.launches):
-        n = len(trace)
+    for trace, part, offset in zip(graph.traces, graph.parts, graph.offsets):
+        n = len(part)
         start = times[2 * offset:2 * (offset + n):2]
         stop = times[2 * offset + 1:2 * (offset + n):2]
         ts = graph.measured[2 * offset:2 * (offset + n):2]
         end = graph.measured[2 * offset + 1:2 * (offset + n):2]
-        mine = [calls.get((trace.rank, i)) for i in range(n)]
-        frames.append(pl.DataFrame({
-            "rank": pl.Series([trace.rank] * n, dtype=pl.Int32),
-            "event": pl.Series(range(n), dtype=pl.Int64),
-            "kind": pl.Series(trace.kind, dtype=pl.String), "cat": pl.Series(trace.cat, dtype=pl.String),
-            "name": pl.Series(trace.name, dtype=pl.String),
-            "lane": pl.Series(np.frombuffer(trace.lane, dtype=np.int64)),
-            "launch": pl.Series([launches.get(i) for i in range(n)], dtype=pl.Int64),
-            "external_id": pl.Series(trace.external_id, dtype=pl.Int64),
-            "input_dims": pl.Series(trace.input_dims, dtype=pl.String),
-            "collective": pl.Series([c.kind if c else None for c in mine], dtype=pl.String),
-            "purpose": pl.Series([c.purpose if c else None for c in mine], dtype=pl.String),
-            "matched": pl.Series([c.matched if c else None for c in mine], dtype=pl.Boolean),
+        mine = calls[part.rank]
+        at = sorted(mine)
+        columns = trace.event_columns()
+        frame = pl.DataFrame({
+            "rank": pl.repeat(part.rank, n, dtype=pl.Int32, eager=True),
+            "event": pl.Series(np.arange(n, dtype=np.int64)),
+            "kind": columns["kind"].cast(pl.String), "cat": columns["cat"].cast(pl.String),
+            "name": columns["name"].cast(pl.String), "lane": columns["lane"],
+            "launch": pl.Series(part.launch, dtype=pl.Int64).scatter(np.flatnonzero(part.launch < 0), None),
+            "external_id": columns["external_id"], "input_dims": columns["input_dims"].cast(pl.String),
+            "collective": _at(n, at, [mine[i].kind for i in at], pl.String),
+            "purpose": _at(n, at, [mine[i].purpose for i in at], pl.String),
+            "matched": _at(n, at, [mine[i].matched for i in at], pl.Boolean),
             "ts": pl.Series(ts, dtype=pl.Float64), "dur": pl.Series(end - ts, dtype=pl.Float64),
             "sim_ts": pl.Series(start, dtype=pl.Float64), "sim_dur": pl.Series(stop - start, dtype=pl.Float64),
-        }))
-    return pl.concat(frames) if frames else pl.DataFrame()
+        })
+        frames.append(each_rank(frame) if each_rank is not None else frame)
+    return pl.concat(frames, rechunk=False) if frames else pl.DataFrame()
+
+
+def _at(n: int, positions: list[int], values: list, dtype: pl.DataType) -> pl.Series:
+    """A column of ``n`` nulls with ``values`` at ``positions`` (the few events that are collective calls)."""
+    column = pl.repeat(None, n, dtype=dtype, eager=True)
+    if positions:
+        column = column.scatter(positions, pl.Series(values, dtype=dtype))
+    return column

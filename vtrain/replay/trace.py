@@ -19,14 +19,17 @@ without reading the file again, and without ever holding the whole text twice.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
+import numpy as np
+import polars as pl
 
 from vtrain import kineto
 from vtrain.errors import InputError
@@ -37,10 +40,17 @@ from vtrain.ingest.decode import (
     read_bytes,
     readable_trace,
 )
-from vtrain.ingest.discover import find_trace_files, rank_and_world_size
+from vtrain.ingest.discover import (
+    find_trace_files,
+    rank_and_world_size,
+    rank_from_file_name,
+)
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
+
+#: what is kept of each rank read (:func:`read_ranks`)
+Kept = TypeVar("Kept")
 
 
 @dataclass
@@ -116,6 +126,61 @@ class RankTrace:
     @property
     def has_device_activity(self) -> bool:
         return DEVICE in self.kind
+
+    @property
+    def replayable(self) -> bool:
+        """Whether the rank has an event the replay can move (anything but CUPTI synchronisation records)."""
+        return any(kind != SYNC for kind in self.kind)
+
+    def event_columns(self) -> pl.DataFrame:
+        """The columns of the replay's event frame that come from the events themselves (:data:`EVENT_COLUMNS`);
+        text as categories (one copy of each distinct name)."""
+        return pl.DataFrame({
+            "kind": pl.Series(self.kind, dtype=pl.Categorical), "cat": pl.Series(self.cat, dtype=pl.Categorical),
+            "name": pl.Series(self.name, dtype=pl.Categorical),
+            "lane": pl.Series(np.frombuffer(self.lane, dtype=np.int64), dtype=pl.Int64),
+            "external_id": pl.Series(self.external_id, dtype=pl.Int64),
+            "input_dims": pl.Series(self.input_dims, dtype=pl.Categorical),
+        })
+
+    def kept(self) -> KeptRank:
+        """What is kept of this rank once its part of the replay graph is built."""
+        return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
+                        process_groups=self.process_groups, dropped=self.dropped, replayable=self.replayable,
+                        columns=self.event_columns(), index=self.index, source=self.source)
+
+
+#: the event frame's columns read off the events (the others are times, launches and collectives)
+EVENT_COLUMNS = ("kind", "cat", "name", "lane", "external_id", "input_dims")
+
+
+@dataclass
+class KeptRank:
+    """What `vtrain validate` keeps of a rank file once the rank's part of the replay graph is built
+    (:class:`vtrain.replay.build.GraphBuilder`): the event frame's columns (:data:`EVENT_COLUMNS`, compact: text
+    as categories), and for writing the replayed trace, the events' positions in the file and the file's text.
+    A few tens of bytes an event, where the :class:`RankTrace` it comes from holds a few hundred."""
+
+    rank: int
+    path: Path
+    world_size: int | None
+    process_groups: list[dict[str, Any]]
+    dropped: int
+    replayable: bool
+    columns: pl.DataFrame
+    index: array  # of int64
+    source: KeptText
+
+    def __len__(self) -> int:
+        return self.columns.height
+
+    def event_columns(self) -> pl.DataFrame:
+        """The event frame's columns read off the events (as :meth:`RankTrace.event_columns`)."""
+        return self.columns
+
+    def release_columns(self) -> None:
+        """Forget the event columns (once the replay's event frame holds them)."""
+        self.columns = self.columns.clear()
 
 
 def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
@@ -301,12 +366,26 @@ def _elements(dims: Any) -> int | None:
 def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
     """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
     claiming one rank is an error."""
-    traces: list[RankTrace] = []
+    return read_ranks(trace_dir, lambda trace: trace, sink)
+
+
+def read_ranks(trace_dir: str | Path, keep: Callable[[RankTrace], Kept], sink: Sink | None = None) -> list[Kept]:
+    """What ``keep`` keeps of every rank file of a trace folder, sorted by rank: the files are read one at a
+    time, in rank order where their names tell it, and each :class:`RankTrace` is handed to ``keep`` (and
+    ``sink``) before the next file is read. Two files claiming one rank is an error."""
+    kept: list[Kept] = []
     seen: dict[int, Path] = {}
-    for path in find_trace_files(trace_dir):
+    for path in sorted(find_trace_files(trace_dir), key=_rank_order):
         trace = read_rank_trace(path, sink)
         if trace.rank in seen:
             raise InputError(f"rank {trace.rank} is claimed by both {seen[trace.rank].name} and {path.name}", path)
         seen[trace.rank] = path
-        traces.append(trace)
-    return sorted(traces, key=lambda t: t.rank)
+        kept.append(keep(trace))
+        del trace
+    return sorted(kept, key=lambda k: k.rank)
+
+
+def _rank_order(path: Path) -> tuple[int, str]:
+    """Files by the rank in their name (``rank-2`` before ``rank-10``), then by name."""
+    rank = rank_from_file_name(path)
+    return (rank if rank is not None else sys.maxsize, path.name)

@@ -17,8 +17,9 @@ from vtrain.errors import InputError
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.replayer import Replay, replay
-from vtrain.replay.trace import SYNC, KeptText, RankTrace, read_trace_set
+from vtrain.replay.build import GraphBuilder
+from vtrain.replay.replayer import Replay, replay_graph
+from vtrain.replay.trace import KeptRank, KeptText, RankTrace, read_ranks
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.predictions import (
@@ -35,6 +36,9 @@ Warn = Callable[[str], None]
 
 #: operators drawn per timeline in the report (the longest ones of the iteration shown)
 TIMELINE_OPS = 4000
+#: columns of the replay's event frame that only :func:`~vtrain.validate.timeline.annotate` reads: a validation
+#: keeps the annotated frame without them
+ANNOTATION_ONLY = ("cat", "lane", "external_id", "launch", "work_op")
 
 
 @dataclass
@@ -81,7 +85,7 @@ class Prepared:
     compares."""
 
     trace_dir: Path
-    traces: list[RankTrace]
+    traces: list[KeptRank]
     config: RunConfig | None
     config_source: str | None
     replayed: Replay
@@ -115,8 +119,14 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     trace_dir = Path(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
-    traces = read_trace_set(trace_dir, sink)
-    if not any(kind != SYNC for trace in traces for kind in trace.kind):
+    builder = GraphBuilder(config)
+
+    def keep(trace: RankTrace) -> KeptRank:  # a rank's graph is built as it is read: only its part is kept
+        builder.add(trace)
+        return trace.kept()
+
+    traces = read_ranks(trace_dir, keep, sink)
+    if not any(trace.replayable for trace in traces):
         dropped = sum(trace.dropped for trace in traces)
         raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
                          + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
@@ -131,10 +141,12 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-    replayed = replay(traces, config)
+    replayed = replay_graph(builder.graph(traces), each_rank=_annotated)  # annotated rank by rank
+    for trace in traces:
+        trace.release_columns()
     for line in replayed.notes:
         note(line)
-    frame = annotate(replayed.events)
+    frame = replayed.events
     all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
@@ -193,6 +205,11 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
         iteration_table=measured_iterations.join(
             iterations(frame, REPLAYED).select("rank", "iteration", replay_time_us="time_us"),
             on=["rank", "iteration"], how="left"))
+
+
+def _annotated(frame: pl.DataFrame) -> pl.DataFrame:
+    """One rank's event frame annotated, less the columns only the annotation reads."""
+    return annotate(frame).drop(ANNOTATION_ONLY)
 
 
 def _run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[RunConfig | None, str | None]:
