@@ -399,6 +399,9 @@ def profile_cases() -> list[Case]:
         "table-nan-latency": (with_table("nccl_latency", lambda f: f.with_columns(pl.lit(float("nan"))
                                                                                  .alias("p90_us"))),
                               "{in}/profile/nccl_latency.parquet"),
+        "benchmarks-nan-time": (with_table("op_benchmarks", lambda f: f.with_columns(pl.col("median_us")
+                                                                                     * float("nan"))),
+                                "{in}/profile/op_benchmarks.parquet"),  # was a NaN iteration time, rc 0
         "table-not-parquet": (with_table("op_latency", b"PAR1 not really"), "{in}/profile/op_latency.parquet"),
         "table-empty-file": (with_table("nccl_latency", b""), "{in}/profile/nccl_latency.parquet"),
         "table-missing": (then(copy_of(SHIPPED_PROFILE, "profile"),
@@ -414,7 +417,13 @@ def profile_cases() -> list[Case]:
     cases = []
     for name, (setup, names) in damaged.items():
         cases.append(Case(f"tables/{name}", ["tables", "{in}/profile"], setup, "rejected", names))
-    for name in ("fitted-host-negative", "fitted-gemm-rate-absurd", "table-wrong-type", "metadata-a-list"):
+    # the kernel measurements cut to five rows: the fitted kernel models metadata.json names cannot be rebuilt (the
+    # prediction fell back to datasheet kernels, its provenance still saying "fitted")
+    cases.append(Case("simulate-profile/benchmarks-cut", ["simulate", "{in}/run.yaml", "--profile", "{in}/profile"],
+                      then(with_table("op_benchmarks", lambda f: f.head(5)), files({"run.yaml": A100_RUN})),
+                      "rejected", "{in}/profile/op_benchmarks.parquet"))
+    for name in ("fitted-host-negative", "fitted-gemm-rate-absurd", "table-wrong-type", "metadata-a-list",
+                 "benchmarks-nan-time"):
         setup, names = damaged[name]
         cases.append(Case(f"simulate-profile/{name}", ["simulate", "{in}/run.yaml", "--profile", "{in}/profile"],
                           then(setup, files({"run.yaml": A100_RUN})), "rejected", names))

@@ -111,8 +111,14 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
         raise InputError(f"malformed fitted device in metadata.json (refit it with `vtrain fit`): {exc}",
                          source) from None
     gemm, memory = fit_kernels(profile, base)
-    return _fitted(base, provenance=dict(fitted.get("provenance", {})), gemm=gemm, memory_bound=memory,
-                   collectives=collectives, host=host)
+    provenance = dict(fitted.get("provenance", {}))
+    for key, model in (("gemm", gemm), ("memory_bound", memory)):
+        if model is None and str(provenance.get(key, "")).startswith("fitted"):
+            where = profile.path / "op_benchmarks.parquet" if profile.path else source
+            raise InputError(f"metadata.json says the {key.replace('_', '-')} kernel model was "
+                             f"{provenance[key]}, but the profile's kernel measurements have too few usable rows "
+                             f"to rebuild it (a table replaced or cut?)", where)
+    return _fitted(base, provenance=provenance, gemm=gemm, memory_bound=memory, collectives=collectives, host=host)
 
 
 def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:

@@ -178,9 +178,9 @@ def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s
 
 
 def usable(samples: pl.DataFrame) -> pl.DataFrame:
-    """Rows with a positive time and work."""
-    return samples.filter(pl.col("median_us").is_not_null() & (pl.col("median_us") > 0)
-                          & pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+    """Rows with a positive, finite time and work (polars orders NaN above every number: it is not > 0 here)."""
+    return samples.filter(pl.col("median_us").is_finite() & (pl.col("median_us") > 0)
+                          & pl.col("bytes").is_finite() & (pl.col("bytes") > 0))
 
 
 def shape_columns(rows: pl.DataFrame, kind: str) -> dict[str, np.ndarray]:

@@ -179,7 +179,8 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
 
 #: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
 _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
-                    "nccl_latency": ("bytes", "count", "median_us", "p10_us", "p90_us", "mean_us")}
+                    "nccl_latency": ("bytes", "count", "median_us", "p10_us", "p90_us", "mean_us"),
+                    "op_benchmarks": ("median_us", "p10_us", "p90_us", "flops", "bytes")}
 
 
 def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
@@ -187,7 +188,7 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
     prediction would use them as they are."""
     for col in _LATENCY_COLUMNS.get(name, ()):
         values = frame[col]
-        if col in ("count", "median_us") and values.null_count():
+        if (col == "median_us" or col == "count" and name != "op_benchmarks") and values.null_count():
             raise InputError(f"{values.null_count()} row(s) without {col}", file)
         bad = values < 0
         if values.dtype.is_float():
