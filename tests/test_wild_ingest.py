@@ -276,15 +276,20 @@ def test_missing_and_negative_durations_are_dropped_with_a_count(base_traces: di
     assert any("dropped 2 events with a missing or negative duration" in w for w in warnings)
 
 
-@pytest.mark.parametrize("duration", [1e300, "span"])
+@pytest.mark.parametrize("duration", [1e300, "span", "start 11 days later"])
 def test_an_absurd_duration_is_left_out_and_counted(duration: Any, base_traces: dict[str, Trace],
                                                    tmp_path: Path) -> None:
+    """A duration of 1e300 us or of three times the trace, or a start 10^12 us after its neighbours (a clock
+    glitch: more than all the trace's device time after the host's last event)."""
     trace = copy.deepcopy(base_traces["sm80"])
     complete = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     span = max(e["ts"] + e["dur"] for e in complete) - min(e["ts"] for e in complete)
     victim = next(e for e in _events(trace, "kernel") if e["name"].startswith("void fbgemm"))
     measured = victim["dur"]
-    victim["dur"] = 1e300 if duration == 1e300 else 3 * span
+    if duration == "start 11 days later":
+        victim["ts"] += 1e12
+    else:
+        victim["dur"] = 1e300 if duration == 1e300 else 3 * span
     profile, warnings = _ingest(_write(trace, tmp_path / "absurd"))
     raw = count_events(base_traces["sm80"]["traceEvents"])  # the absurd value would swamp a sum
     assert profile["kernels"].height == raw.activities - 1
@@ -292,7 +297,7 @@ def test_an_absurd_duration_is_left_out_and_counted(duration: Any, base_traces: 
     computation = profile["kernels"].filter(pl.col("kernel_class") == "computation")["dur"].sum()
     assert computation == pytest.approx(raw.time_us["computation"] - measured, rel=1e-12)
     assert profile.metadata["sources"][0]["absurd_activities"] == 1
-    assert any("1 device activities with an absurd duration" in w for w in warnings)
+    assert any("1 device activities with an absurd time" in w for w in warnings)
 
 
 def _ingest_cli(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 #: what an event is: a device activity, a CPU operator or annotation, a runtime/driver call, a CUPTI sync record
 DEVICE, CPU, RUNTIME, SYNC = "device", "cpu", "runtime", "sync"
 
@@ -119,3 +121,22 @@ def accelerator(device_categories: Iterable[str], runtime_names: Iterable[str]) 
     if any(name.lower().startswith("hip") for name in runtime_names):
         return "rocm"
     return "cuda"
+
+
+def absurd_activities(host_start: float | None, host_end: float | None, ts: np.ndarray,
+                      dur: np.ndarray) -> np.ndarray:
+    """Which device activities (start ``ts``, duration ``dur``, µs) cannot be measurements, given the span of the
+    trace's host events (``None`` when it has none): a time that is not finite; a duration longer than the whole
+    trace (host span, stretched to the last device start); or a start where no queue of the trace's own device
+    work could put it: a device runs an activity no later than the host's last event plus all the other device
+    time of the trace (everything queued before it), and no earlier than the host's first event minus that time
+    (launched before profiling began). Without host events only a time that is not finite is absurd."""
+    finite = np.isfinite(ts) & np.isfinite(dur)
+    if host_start is None or host_end is None or not len(ts):
+        return ~finite
+    last = max(host_end, float(np.max(ts, where=finite, initial=host_end)))
+    long = finite & (dur > last - min(host_start, float(np.min(ts, where=finite, initial=host_start))))
+    plausible = finite & ~long
+    other = float(dur[plausible].sum()) - np.where(plausible, dur, 0.0)  # the device time queued besides each
+    misplaced = finite & ((ts > host_end + other) | (ts < host_start - other))
+    return ~finite | long | misplaced

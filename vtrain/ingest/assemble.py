@@ -18,6 +18,7 @@ from vtrain.ingest.collectives import (
 )
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
+from vtrain.kineto import absurd_activities as absurd_activities_of
 from vtrain.kineto import is_graph_launch
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.store import conform
@@ -81,7 +82,7 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
     """Build the kernels, cpu_ops, collectives and graph_launches tables of one rank."""
     steps = iteration_spans(events.cpu)
     cpu = assign_iteration(events.cpu, steps)
-    absurd = absurd_durations(events)
+    absurd = absurd_activities(events)
     device = events.device.filter(~absurd)
     kernels = _kernels(device, events.runtime, cpu, steps)
     if kernels.height != device.height:  # every join below is many-to-one: this cannot happen, and must not
@@ -103,18 +104,14 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
     )
 
 
-def absurd_durations(events: RankEvents) -> pl.Series:
-    """Which device activities have a duration that cannot be a measurement: not finite, or longer than the
-    host side of the trace (from its first event's start to the last end of a CPU op or runtime call, or the
-    last start of a device activity). Without host events only a duration that is not finite is absurd."""
+def absurd_activities(events: RankEvents) -> pl.Series:
+    """Which device activities have a time that cannot be a measurement (:func:`vtrain.kineto.absurd_activities`:
+    not finite, longer than the trace, or starting where no queue of the trace's device work could put them)."""
     device = events.device
-    finite = device["dur"].is_finite()
     host = pl.concat([events.cpu.select("ts", "dur"), events.runtime.select("ts", "dur")])
-    if host.is_empty() or device.is_empty():
-        return ~finite
-    first = min(host["ts"].min(), device["ts"].min())  # type: ignore[type-var]
-    last = max((host["ts"] + host["dur"]).max(), device["ts"].max())  # type: ignore[type-var]
-    return ~finite | (device["dur"] > last - first)  # type: ignore[operator]
+    start = None if host.is_empty() else host["ts"].min()
+    end = None if host.is_empty() else (host["ts"] + host["dur"]).max()
+    return pl.Series(absurd_activities_of(start, end, device["ts"].to_numpy(), device["dur"].to_numpy()))
 
 
 def _kernels(device: pl.DataFrame, runtime: pl.DataFrame, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

@@ -152,8 +152,9 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
     if tables.dropped:
         warnings.append(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
     if tables.absurd:
-        warnings.append(f"{path}: left out {tables.absurd} device activities with an absurd duration (not finite, "
-                        f"or longer than the trace's host span): not counted as device time")
+        warnings.append(f"{path}: left out {tables.absurd} device activities with an absurd time (not finite, longer "
+                        f"than the trace, or starting where no queue of the trace's device work could put them): not "
+                        f"counted as device time")
     if tables.unlaunched:
         warnings.append(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no "
                         f"launching runtime call in the file (a pruned trace, or launched before profiling began): "

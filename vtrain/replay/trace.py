@@ -118,10 +118,33 @@ class RankTrace:
     input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
     index: array  # of int64
     dropped: int = 0
+    absurd: int = 0  # device activities left out for a time no measurement can have (kineto.absurd_activities)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def leave_out_absurd(self) -> None:
+        """Leave out the device activities whose time cannot be a measurement (:func:`vtrain.kineto.
+        absurd_activities`, the rule `vtrain ingest` applies), counting them in :attr:`absurd`."""
+        kinds = np.array(self.kind)
+        ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
+        host = (kinds == CPU) | (kinds == RUNTIME)
+        device = kinds == DEVICE
+        if not device.any():
+            return
+        start = float(ts[host].min()) if host.any() else None
+        end = float((ts[host] + dur[host]).max()) if host.any() else None
+        absurd = np.zeros(len(kinds), dtype=bool)
+        absurd[device] = kineto.absurd_activities(start, end, ts[device], dur[device])
+        if not absurd.any():
+            return
+        keep = np.flatnonzero(~absurd)
+        for name in _COLUMNS:
+            column = getattr(self, name)
+            kept = np.asarray(column)[keep] if isinstance(column, array) else [column[i] for i in keep]
+            setattr(self, name, array(column.typecode, kept.tobytes()) if isinstance(column, array) else kept)
+        self.absurd = int(absurd.sum())
 
     @property
     def has_device_activity(self) -> bool:
@@ -146,9 +169,14 @@ class RankTrace:
     def kept(self) -> KeptRank:
         """What is kept of this rank once its part of the replay graph is built."""
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
-                        process_groups=self.process_groups, dropped=self.dropped, replayable=self.replayable,
+                        process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
+                        replayable=self.replayable,
                         columns=self.event_columns(), index=self.index, source=self.source)
 
+
+#: the per-event columns of a :class:`RankTrace`
+_COLUMNS = ("kind", "cat", "name", "lane", "ts", "dur", "correlation", "external_id", "wait_on_stream",
+            "wait_on_event_record", "collective_name", "elements", "pg_ranks", "pg_name", "input_dims", "index")
 
 #: the event frame's columns read off the events (the others are times, launches and collectives)
 EVENT_COLUMNS = ("kind", "cat", "name", "lane", "external_id", "input_dims")
@@ -166,6 +194,7 @@ class KeptRank:
     world_size: int | None
     process_groups: list[dict[str, Any]]
     dropped: int
+    absurd: int
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -208,6 +237,7 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
             sink.add(events, times, durations)
         raw[offset:offset + len(events)] = [None] * len(events)  # read: free each event's raw slice
     raw.clear()
+    trace.leave_out_absurd()
     if sink is not None:
         sink.close(trace)
     return trace

@@ -141,6 +141,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
+        if trace.absurd:
+            note(f"{trace.path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
+                 f"than the trace, or starting where no queue of the trace's device work could put them)")
     replayed = replay_graph(builder.graph(traces), each_rank=_annotated)  # annotated rank by rank
     for trace in traces:
         trace.release_columns()
