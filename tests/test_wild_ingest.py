@@ -300,6 +300,18 @@ def test_an_absurd_duration_is_left_out_and_counted(duration: Any, base_traces: 
     assert any("1 device activities with an absurd time" in w for w in warnings)
 
 
+def test_kernels_written_twice_are_counted_with_a_warning(base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    """Three exact copies of a kernel event (a trace appended to itself, in part): kept, said with their count."""
+    trace = copy.deepcopy(base_traces["sm80"])
+    victim = next(e for e in _events(trace, "kernel") if e["name"].startswith("void fbgemm"))
+    trace["traceEvents"] += [copy.deepcopy(victim) for _ in range(3)]
+    profile, warnings = _ingest(_write(trace, tmp_path / "twice"))
+    assert profile["kernels"].height == count_events(base_traces["sm80"]["traceEvents"]).activities + 3
+    assert any("3 device activities repeat another exactly" in w for w in warnings)
+    plain, plain_warnings = _ingest(_write(copy.deepcopy(base_traces["sm80"]), tmp_path / "once"))
+    assert not any("repeat another" in w for w in plain_warnings)
+
+
 def _ingest_cli(folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
                            str(tmp_path / "profile")], capture_output=True, text=True, cwd=REPO, check=False)

@@ -44,6 +44,7 @@ class RankTables:
     device_activities: int
     absurd: int
     unlaunched: int
+    repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
 
     @property
@@ -100,6 +101,7 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         device_activities=events.device.height + events.counts.device_dropped,
         absurd=int(absurd.sum()),
         unlaunched=kernels["launch_tid"].null_count(),
+        repeated=kernels.height - kernels.select("device", "stream", "name", "ts", "dur").n_unique(),
         accelerator=events.accelerator,
     )
 

@@ -155,6 +155,10 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(f"{path}: left out {tables.absurd} device activities with an absurd time (not finite, longer "
                         f"than the trace, or starting where no queue of the trace's device work could put them): not "
                         f"counted as device time")
+    if tables.repeated:
+        warnings.append(f"{path}: {tables.repeated} device activities repeat another exactly (same stream, name, "
+                        f"start and duration; one stream runs one at a time): a trace written twice into one file? "
+                        f"They are kept, and counted as device time each")
     if tables.unlaunched:
         warnings.append(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no "
                         f"launching runtime call in the file (a pruned trace, or launched before profiling began): "

@@ -119,20 +119,26 @@ class RankTrace:
     index: array  # of int64
     dropped: int = 0
     absurd: int = 0  # device activities left out for a time no measurement can have (kineto.absurd_activities)
+    repeated: int = 0  # device activities that repeat another exactly (same stream, name, start and duration)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
         return len(self.ts)
 
-    def leave_out_absurd(self) -> None:
-        """Leave out the device activities whose time cannot be a measurement (:func:`vtrain.kineto.
-        absurd_activities`, the rule `vtrain ingest` applies), counting them in :attr:`absurd`."""
+    def check_device_times(self) -> None:
+        """Count the device activities that repeat another exactly (:attr:`repeated`, kept) and leave out those whose
+        time cannot be a measurement (:func:`vtrain.kineto.absurd_activities`, the rule `vtrain ingest` applies),
+        counting them in :attr:`absurd`."""
         kinds = np.array(self.kind)
         ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
         host = (kinds == CPU) | (kinds == RUNTIME)
         device = kinds == DEVICE
         if not device.any():
             return
+        lanes = np.frombuffer(self.lane, dtype=np.int64)[device]
+        names = np.array([self.name[i] for i in np.flatnonzero(device)])
+        self.repeated = int(device.sum()) - len(set(zip(lanes.tolist(), names.tolist(), ts[device].tolist(),
+                                                        dur[device].tolist())))
         start = float(ts[host].min()) if host.any() else None
         end = float((ts[host] + dur[host]).max()) if host.any() else None
         absurd = np.zeros(len(kinds), dtype=bool)
@@ -170,7 +176,7 @@ class RankTrace:
         """What is kept of this rank once its part of the replay graph is built."""
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
-                        replayable=self.replayable,
+                        repeated=self.repeated, replayable=self.replayable,
                         columns=self.event_columns(), index=self.index, source=self.source)
 
 
@@ -195,6 +201,7 @@ class KeptRank:
     process_groups: list[dict[str, Any]]
     dropped: int
     absurd: int
+    repeated: int
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -237,7 +244,7 @@ def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
             sink.add(events, times, durations)
         raw[offset:offset + len(events)] = [None] * len(events)  # read: free each event's raw slice
     raw.clear()
-    trace.leave_out_absurd()
+    trace.check_device_times()
     if sink is not None:
         sink.close(trace)
     return trace

@@ -141,6 +141,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for trace in traces:
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
+        if trace.repeated:
+            note(f"{trace.path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
+                 f"and duration): a trace written twice into one file? They are kept")
         if trace.absurd:
             note(f"{trace.path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
                  f"than the trace, or starting where no queue of the trace's device work could put them)")

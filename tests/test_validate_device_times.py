@@ -1,6 +1,7 @@
 """`vtrain validate` leaves out a device activity whose time no measurement can have, as `vtrain ingest` does (one
 rule, `vtrain.kineto.absurd_activities`), and says so on a warning line and in the report: a real A100 trace with
-one kernel's start moved 10^12 us (11 days) later, or its duration set to 1e300 us."""
+one kernel's start moved 10^12 us (11 days) later, or its duration set to 1e300 us. Kernels written twice are kept
+and said, as ingest says them."""
 
 from __future__ import annotations
 
@@ -24,16 +25,16 @@ def _validate(folder: Path, out: Path) -> tuple[subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """The unmodified trace's measured iteration time."""
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[float, str]:
+    """The unmodified trace's measured iteration time, and what validate said on it."""
     tmp = tmp_path_factory.mktemp("plain")
     ran, result = _validate(SOURCE.parent, tmp / "out")
     assert ran.returncode == 0, ran.stderr
-    return result["replay"]["measured_ms"]
+    return result["replay"]["measured_ms"], ran.stderr
 
 
 @pytest.mark.parametrize("change", ["start 11 days later", "duration 1e300"])
-def test_an_absurd_kernel_is_left_out_with_a_warning(change: str, measured: float, tmp_path: Path) -> None:
+def test_an_absurd_kernel_is_left_out_with_a_warning(change: str, plain: tuple[float, str], tmp_path: Path) -> None:
     trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
     victim = max(kernels, key=lambda e: e["dur"])  # the longest: leaving it out changes the busy time, not the span
@@ -50,4 +51,21 @@ def test_an_absurd_kernel_is_left_out_with_a_warning(change: str, measured: floa
     assert line in ran.stderr and "Traceback" not in ran.stderr
     assert line in (tmp_path / "out" / "report.md").read_text()
     # the iteration is the trace's, not 11 days or 1e297 ms long
-    assert result["replay"]["measured_ms"] == pytest.approx(measured, rel=0.05)
+    assert result["replay"]["measured_ms"] == pytest.approx(plain[0], rel=0.05)
+
+
+def test_kernels_written_twice_are_said(tmp_path: Path) -> None:
+    trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    trace["traceEvents"] += [dict(kernels[0]) for _ in range(3)]
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    (folder / "rank-0.json").write_text(json.dumps(trace))
+    ran, _ = _validate(folder, tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "3 device activities repeat another exactly" in ran.stderr
+    assert "repeat another" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_real_trace_has_no_such_warning(plain: tuple[float, str]) -> None:
+    assert "absurd time" not in plain[1] and "repeat another" not in plain[1]
