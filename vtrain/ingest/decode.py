@@ -109,7 +109,8 @@ def readable_trace(path: Path) -> Iterator[None]:
 
 
 def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes | bytearray, str]:
-    """The file's JSON text (gunzipped if it is gzip) and the sha256 of the file as stored.
+    """The file's JSON text (gunzipped if it is gzip; a UTF-8 byte-order mark before it, which JSON readers may
+    skip and Python's ``json.load`` of bytes does, left out) and the sha256 of the file as stored.
 
     Errors name the file: empty, not gzip although named .gz, truncated or corrupt gzip.
     """
@@ -117,14 +118,21 @@ def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tup
     try:
         with path.open("rb") as handle:
             if not is_gzip(handle, path):
-                data = handle.read()
+                data: bytes | bytearray = handle.read()
                 digest.update(data)
                 if progress:
                     progress(len(data))
-                return data, digest.hexdigest()
-            return gunzip(handle, path, progress, digest), digest.hexdigest()
+            else:
+                data = gunzip(handle, path, progress, digest)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    return data, digest.hexdigest()
+
+
+#: a UTF-8 byte-order mark: read as nothing before a trace's text
+BOM = b"\xef\xbb\xbf"
 
 
 def is_gzip(handle: BinaryIO, path: Path) -> bool:

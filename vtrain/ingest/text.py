@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import READ_CHUNK, is_gzip
+from vtrain.ingest.decode import BOM, READ_CHUNK, is_gzip
 
 Progress = Callable[[int], None]
 
@@ -65,12 +65,20 @@ def load_text(path: Path, progress: Progress | None = None, scratch: Path | None
                 digest = hashlib.sha256()
                 with tempfile.TemporaryFile(prefix="vtrain-ingest-", dir=scratch) as plain:
                     gunzip_to(handle, plain, path, progress, digest)
-                    return TraceText(path, mmap.mmap(plain.fileno(), 0, access=mmap.ACCESS_COPY), True,
-                                     digest.hexdigest())
+                    return TraceText(path, _without_bom(mmap.mmap(plain.fileno(), 0, access=mmap.ACCESS_COPY)),
+                                     True, digest.hexdigest())
             buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    return TraceText(path, buffer, False, _hash_in_background(path))
+    return TraceText(path, _without_bom(buffer), False, _hash_in_background(path))
+
+
+def _without_bom(buffer: mmap.mmap) -> mmap.mmap:
+    """The text with a UTF-8 byte-order mark before it read as blanks (JSON readers may skip one; the mapping is a
+    private copy: the file is not written)."""
+    if buffer[:len(BOM)] == BOM:
+        buffer[:len(BOM)] = b" " * len(BOM)
+    return buffer
 
 
 def gunzip_to(handle: BinaryIO, out: BinaryIO, path: Path, progress: Progress | None, digest: Any) -> None:
