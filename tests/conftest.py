@@ -1,10 +1,17 @@
-"""Shared fixtures: paths of the shipped trace sets."""
+"""Shared fixtures: paths of the shipped trace sets, and their traces and profiles read once per test run."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from vtrain.replay.trace import RankTrace
+    from vtrain.tables.store import Profile
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
@@ -14,3 +21,25 @@ HTA_TRACE_SETS = sorted(p for p in TRACES.glob("hta-*") if p.is_dir())
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def shipped_traces() -> Callable[[Path], list[RankTrace]]:
+    """``read_trace_set`` of a trace folder in traces/, read once per test run: the replay and the model's
+    accuracy tests read the same real traces (the replay and the timeline leave what they are given unchanged).
+    Only for folders no test writes to."""
+    from vtrain.replay.trace import read_trace_set
+
+    read = functools.cache(read_trace_set)
+    return lambda folder: list(read(Path(folder)))
+
+
+@pytest.fixture(scope="session")
+def shipped_profile() -> Callable[[Path], Profile]:
+    """``ingest_traces`` of a trace folder in traces/ (default options), ingested once per test run: several test
+    files check the tables of the same real traces. Only for folders no test writes to; a test must not change
+    the profile it is given."""
+    from vtrain.ingest.pipeline import ingest_traces
+
+    ingest = functools.cache(ingest_traces)
+    return lambda folder: ingest(Path(folder))
