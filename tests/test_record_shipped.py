@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRACES
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.naming import parse_span_name
 from vtrain.record.launcher import record
 from vtrain.runconfig import load_run_config
@@ -31,7 +30,7 @@ def test_required_sets_are_shipped() -> None:
 
 
 @pytest.mark.parametrize("trace_set", RECORDED_SETS, ids=lambda p: p.name)
-def test_set_is_complete_small_and_loads_in_hta_and_ingest(trace_set: Path) -> None:
+def test_set_is_complete_small_and_loads_in_hta_and_ingest(trace_set: Path, shipped_profile) -> None:
     from hta.trace_analysis import TraceAnalysis
 
     config = load_run_config(trace_set)
@@ -48,7 +47,7 @@ def test_set_is_complete_small_and_loads_in_hta_and_ingest(trace_set: Path) -> N
     for frame in traces.values():
         assert frame["iteration"][frame["iteration"] >= 0].nunique() == steps
 
-    profile = ingest_traces(trace_set)
+    profile = shipped_profile(trace_set)  # `ingest_traces`, once per test run (tests/conftest.py)
     assert profile.metadata["world_size"] == world
     assert profile.tables["cpu_ops"].height > 0 and profile.tables["op_latency"].height > 0
     assert profile.tables["collectives"].height > 0
