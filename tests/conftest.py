@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +39,16 @@ def shipped_traces() -> Callable[[Path], list[RankTrace]]:
 @pytest.fixture(scope="session")
 def shipped_profile() -> Callable[[Path], Profile]:
     """``ingest_traces`` of a trace folder in traces/ (default options), ingested once per test run: several test
-    files check the tables of the same real traces. Only for folders no test writes to; a test must not change
-    the profile it is given."""
+    files check the tables of the same real traces. Only for folders no test writes to. Each call gives its own
+    copy of the profile's table dict, metadata and path (``write_profile`` sets the path); the tables themselves
+    are shared (polars frames are not changed in place)."""
     from vtrain.ingest.pipeline import ingest_traces
 
     ingest = functools.cache(ingest_traces)
-    return lambda folder: ingest(Path(folder))
+
+    def profile(folder: Path) -> Profile:
+        ingested = ingest(Path(folder))
+        return dataclasses.replace(ingested, tables=dict(ingested.tables),
+                                   metadata=copy.deepcopy(ingested.metadata))
+
+    return profile
