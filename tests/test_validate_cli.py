@@ -24,6 +24,14 @@ def vtrain(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=cwd, timeout=600)
 
 
+def vtrain_in_process(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """``vtrain ARGS`` through :func:`vtrain.cli.main.main` in this process, as a finished process."""
+    from tests.test_hostile_inputs import run_cli
+
+    ran = run_cli([str(arg) for arg in args], cwd)
+    return subprocess.CompletedProcess(["vtrain", *map(str, args)], ran.code, ran.out, ran.err)
+
+
 def test_report_json_and_max_error(tmp_path: Path) -> None:
     """A recorded pipeline run: both predictions, every report file, and exit 1 above --max-error."""
     out = tmp_path / "report"
@@ -130,8 +138,12 @@ def _bad_suite(tmp_path: Path) -> Path:
     (lambda tmp: ["validate", V100_1RANK, "--suite", _bad_suite(tmp)], "not both"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, make_args, message: str) -> None:
+    """The first case as a real process; the others through the console script's entry point in this process
+    (exit code, stdout and stderr as a process gives them, a traceback written as the interpreter would: see
+    tests/test_hostile_inputs.py), which spares a second of start-up each."""
     out = tmp_path / "out"
-    result = vtrain(*make_args(tmp_path), "-o", out)
+    run = vtrain if message == "no such trace folder" else vtrain_in_process
+    result = run(*make_args(tmp_path), "-o", out)
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
