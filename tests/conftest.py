@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,3 +53,14 @@ def shipped_profile() -> Callable[[Path], Profile]:
                                    metadata=copy.deepcopy(ingested.metadata))
 
     return profile
+
+
+def vtrain_in_process(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """``vtrain ARGS`` through the console script's entry point in this process, as a finished process: exit code,
+    stdout and stderr as a process gives them (an uncaught exception's traceback written to stderr as the
+    interpreter would; see :func:`tests.test_hostile_inputs.run_cli`). It spares a second of start-up a call;
+    each command keeps tests that run it as a real process."""
+    from tests.test_hostile_inputs import run_cli
+
+    ran = run_cli([str(arg) for arg in args], cwd)
+    return subprocess.CompletedProcess(["vtrain", *map(str, args)], ran.code, ran.out, ran.err)
