@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.conftest import HTA_TRACE_SETS, REPO
+from tests.conftest import HTA_TRACE_SETS, REPO, vtrain_in_process
 from vtrain.ingest.pipeline import ingest_traces, rank_summary
 
 A100 = next(p for p in HTA_TRACE_SETS if "a100" in p.name)
@@ -120,14 +120,6 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
     _write(tmp / "no-rank", "host_2.trace.json", json.dumps(anonymous).encode())  # one file alone is rank 0
     cases["no rank anywhere"] = (tmp / "no-rank", "cannot tell the rank")
     return cases
-
-
-def vtrain_in_process(*args: object) -> subprocess.CompletedProcess[str]:
-    """``vtrain ARGS`` through :func:`vtrain.cli.main.main` in this process, as a finished process."""
-    from tests.test_hostile_inputs import run_cli
-
-    ran = run_cli([str(arg) for arg in args], REPO)
-    return subprocess.CompletedProcess(["vtrain", *map(str, args)], ran.code, ran.out, ran.err)
 
 
 def test_bad_input_gives_one_line_exit_2_and_no_profile(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TRACES
+from tests.conftest import REPO, TRACES, vtrain_in_process
 
 PIPELINE = TRACES / "t1p2d1"
 A100 = TRACES / "hta-a100-2rank-nccl"
@@ -22,14 +22,6 @@ V100_1RANK = TRACES / "hta-v100-1rank"
 def vtrain(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vtrain.cli.main", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=600)
-
-
-def vtrain_in_process(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    """``vtrain ARGS`` through :func:`vtrain.cli.main.main` in this process, as a finished process."""
-    from tests.test_hostile_inputs import run_cli
-
-    ran = run_cli([str(arg) for arg in args], cwd)
-    return subprocess.CompletedProcess(["vtrain", *map(str, args)], ran.code, ran.out, ran.err)
 
 
 def test_report_json_and_max_error(tmp_path: Path) -> None:
