@@ -23,7 +23,6 @@ from vtrain.calibrate import calibration as calibrate_run
 from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare
 from vtrain.calibrate.profile import derive_profile, metadata_sha256, verify_lineage
 from vtrain.cli.main import app
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.report.write import staged_folder
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
@@ -57,8 +56,8 @@ def copy_traces(source: Path, target: Path, edit: Callable[[dict[str, Any]], int
         with gzip.open(path, "rt") as handle:
             trace = json.load(handle)
         changed += edit(trace)
-        with gzip.open(target / path.name, "wt") as handle:
-            json.dump(trace, handle)
+        with gzip.open(target / path.name, "wt", compresslevel=1) as handle:  # fast: a test's copy
+            handle.write(json.dumps(trace))
     return changed
 
 
@@ -80,8 +79,9 @@ def invoke(*args: object) -> Any:
 
 
 @pytest.fixture(scope="module")
-def a100_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_profile(ingest_traces(A100), tmp_path_factory.mktemp("profiles") / "a100")
+def a100_base(tmp_path_factory: pytest.TempPathFactory, shipped_profile) -> Path:
+    # `ingest_traces(A100)`, once per test run (tests/conftest.py)
+    return write_profile(shipped_profile(A100), tmp_path_factory.mktemp("profiles") / "a100")
 
 
 def calibrate_json(trace_dir: Path, base: Path, out: Path, *extra: object) -> dict[str, Any]:
@@ -155,8 +155,8 @@ def test_new_profile_records_its_lineage(a100_base: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("source", [A100, CPU_RUN], ids=["a100", "cpu-t1p1d2"])
-def test_unchanged_copy_reports_no_drift(source: Path, tmp_path: Path) -> None:
-    base = write_profile(ingest_traces(source), tmp_path / "base")
+def test_unchanged_copy_reports_no_drift(source: Path, tmp_path: Path, shipped_profile) -> None:
+    base = write_profile(shipped_profile(source), tmp_path / "base")  # `ingest_traces(source)`, once per run
     copy = tmp_path / "copy"
     copy_traces(source, copy)
     summary = calibrate_json(copy, base, tmp_path)
@@ -178,10 +178,10 @@ def test_software_version_change_is_reported(a100_base: Path, tmp_path: Path) ->
     assert "| nccl | 2.17.1 | 2.18.3 |" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_reference_and_suite_use_both_profiles(tmp_path: Path) -> None:
+def test_reference_and_suite_use_both_profiles(tmp_path: Path, shipped_profile) -> None:
     """Base from another recorded run of the same model: the reference run and the suite's model predictions
     differ between the profiles, and each equals `simulate` from that profile."""
-    base = write_profile(ingest_traces(CPU_OTHER_RUN), tmp_path / "base")
+    base = write_profile(shipped_profile(CPU_OTHER_RUN), tmp_path / "base")  # `ingest_traces`, once per run
     suite = tmp_path / "suite.yaml"
     suite.write_text(f"name: small\nsets:\n  - traces: {CPU_RUN}\n    name: t1p1d2\n")
     summary = calibrate_json(CPU_RUN, base, tmp_path, "--suite", suite)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, vtrain_in_process
 
 PROFILE = REPO / "profiles" / "a100"
 
@@ -74,7 +74,8 @@ def test_bad_job_files_get_one_line_and_nothing_written(tmp_path: Path, text: st
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(text)
     out = tmp_path / "out"
-    result = vtrain(jobs, "--gpus", 4, "--profile", PROFILE, "-o", out)
+    # in this process (tests/conftest.py); the tests around run the command as a process
+    result = vtrain_in_process("cluster", jobs, "--gpus", 4, "--profile", PROFILE, "-o", out)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {jobs}") and message in lines[0], result.stderr

@@ -11,7 +11,7 @@ from hta.utils.utils import get_kernel_type
 
 from tests.conftest import HTA_TRACE_SETS
 from vtrain.ingest.classify import kernel_class
-from vtrain.ingest.pipeline import ingest_traces, rank_summary
+from vtrain.ingest.pipeline import rank_summary
 
 HTA_CLASS = {"COMPUTATION": "computation_us", "COMMUNICATION": "communication_us", "MEMORY": "memory_us"}
 
@@ -31,8 +31,8 @@ def _hta_per_rank(trace_dir: Path) -> dict[int, dict[str, tuple[float, int]]]:
 
 
 @pytest.mark.parametrize("trace_dir", HTA_TRACE_SETS, ids=lambda p: p.name)
-def test_kernel_time_per_class_matches_hta(trace_dir: Path) -> None:
-    profile = ingest_traces(trace_dir)
+def test_kernel_time_per_class_matches_hta(trace_dir: Path, shipped_profile) -> None:
+    profile = shipped_profile(trace_dir)  # `ingest_traces`, once per test run (tests/conftest.py)
     ours = rank_summary(profile)
     theirs = _hta_per_rank(trace_dir)
     assert sorted(int(r) for r in ours) == sorted(theirs)
@@ -52,17 +52,17 @@ def test_kernel_time_per_class_matches_hta(trace_dir: Path) -> None:
             (pl.col("rank") == rank) & (pl.col("kernel_class") == "other")).height
 
 
-def test_classification_is_htas_on_every_kernel_name() -> None:
+def test_classification_is_htas_on_every_kernel_name(shipped_profile) -> None:
     names: set[str] = set()
     for trace_dir in HTA_TRACE_SETS:
-        names |= set(ingest_traces(trace_dir)["kernels"]["name"].unique().to_list())
+        names |= set(shipped_profile(trace_dir)["kernels"]["name"].unique().to_list())
     assert len(names) > 100
     for name in names:
         assert kernel_class(name) == get_kernel_type(name).lower(), name
 
 
-def test_collective_metadata_is_read_from_every_schema() -> None:
-    a100 = ingest_traces(next(p for p in HTA_TRACE_SETS if "a100" in p.name))
+def test_collective_metadata_is_read_from_every_schema(shipped_profile) -> None:
+    a100 = shipped_profile(next(p for p in HTA_TRACE_SETS if "a100" in p.name))
     kernel_args = a100["collectives"].filter(pl.col("metadata_source") == "kernel_args")
     assert kernel_args.height == a100["collectives"].height > 0
     assert set(kernel_args["collective"]) <= {"all_reduce", "broadcast"}
@@ -71,14 +71,14 @@ def test_collective_metadata_is_read_from_every_schema() -> None:
     row = kernel_args.filter(pl.col("collective") == "all_reduce").row(0, named=True)
     assert row["bytes"] == row["elements"] * 4 and row["algorithm"] == "RING" and row["protocol"] == "LL"
 
-    sm80 = ingest_traces(next(p for p in HTA_TRACE_SETS if "sm80" in p.name))
+    sm80 = shipped_profile(next(p for p in HTA_TRACE_SETS if "sm80" in p.name))
     # NCCL runs all_to_all as SendRecv kernels: the op-level name wins, sizes come from the op's Input Dims
     assert {"all_to_all", "all_reduce"} <= set(sm80["collectives"]["collective"])
     assert sm80["collectives"].filter(pl.col("collective") == "all_to_all")["bytes"].drop_nulls().len() > 0
 
 
-def test_op_latency_has_signatures_and_kernel_sequences() -> None:
-    profile = ingest_traces(next(p for p in HTA_TRACE_SETS if "v100-1rank" in p.name))
+def test_op_latency_has_signatures_and_kernel_sequences(shipped_profile) -> None:
+    profile = shipped_profile(next(p for p in HTA_TRACE_SETS if "v100-1rank" in p.name))
     ops = profile.op_latency
     assert ops.height > 10
     assert (ops["count"] >= 1).all() and (ops["p10_us"] <= ops["median_us"]).all()
@@ -91,8 +91,8 @@ def test_op_latency_has_signatures_and_kernel_sequences() -> None:
         assert set(sequence.split(" ; ")) <= kernels
 
 
-def test_metadata_records_devices_versions_ranks_and_sources() -> None:
-    profile = ingest_traces(next(p for p in HTA_TRACE_SETS if "a100" in p.name))
+def test_metadata_records_devices_versions_ranks_and_sources(shipped_profile) -> None:
+    profile = shipped_profile(next(p for p in HTA_TRACE_SETS if "a100" in p.name))
     meta = profile.metadata
     assert meta["device"]["name"] == "NVIDIA A100-PG509-200"
     assert meta["device"]["compute_capability"] == "8.0"

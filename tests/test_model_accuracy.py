@@ -13,14 +13,17 @@ its own processor cannot follow; its pass times match, its pipeline bubbles come
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import TRACES
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.replayer import read_timeline
-from vtrain.replay.trace import read_trace_set
+from vtrain.replay.trace import RankTrace
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
+from vtrain.tables.store import Profile
 from vtrain.validate.predictions import measured_job_ms
 from vtrain.validate.model import held_out_profile, split_iterations
 from vtrain.validate.timeline import annotate
@@ -30,7 +33,9 @@ WITHIN_5_PCT = ["t2p1d1", "t2p1d1-recompute", "t1p2d1", "t1p2d1-gpipe", "t1p2d1-
 SHARED_CORES = ["t2p2d2"]  # see the module docstring
 
 
-def in_sample_error_pct(name: str) -> float:
+def in_sample_error_pct(name: str, ingest_traces: Callable[[Path], Profile],
+                        read_trace_set: Callable[[Path], list[RankTrace]]) -> float:
+    """``ingest_traces`` and ``read_trace_set``: vtrain's, each folder read once per test run (tests/conftest.py)."""
     folder = TRACES / name
     profile = ingest_traces(folder)
     steady = sorted(profile["cpu_ops"]["iteration"].drop_nulls().unique().to_list())[1:]
@@ -42,10 +47,10 @@ def in_sample_error_pct(name: str) -> float:
 
 
 @pytest.mark.parametrize("name", WITHIN_5_PCT)
-def test_the_model_reproduces_the_profiled_iterations(name: str) -> None:
-    assert abs(in_sample_error_pct(name)) <= 5.0
+def test_the_model_reproduces_the_profiled_iterations(name: str, shipped_profile, shipped_traces) -> None:
+    assert abs(in_sample_error_pct(name, shipped_profile, shipped_traces)) <= 5.0
 
 
 @pytest.mark.parametrize("name", SHARED_CORES)
-def test_ranks_sharing_cores_stay_within_a_known_bound(name: str) -> None:
-    assert abs(in_sample_error_pct(name)) <= 12.0
+def test_ranks_sharing_cores_stay_within_a_known_bound(name: str, shipped_profile, shipped_traces) -> None:
+    assert abs(in_sample_error_pct(name, shipped_profile, shipped_traces)) <= 12.0

@@ -53,10 +53,10 @@ def test_timeline_equals_simulate_on_the_a100_profile() -> None:
 
 
 @pytest.mark.parametrize("trace_set", ["t1p2d1", "t1p2d1-interleaved", "t1p1d2-overlap"])
-def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str) -> None:
+def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str, shipped_profile) -> None:
     """A profile with a timeline: host gaps and interference factors are calibrated on the placed operators it
     holds, so runs of other shapes must not share its calibration wrongly."""
-    profile = ingest_traces(REPO / "traces" / trace_set)
+    profile = shipped_profile(REPO / "traces" / trace_set)  # `ingest_traces`, once per test run (tests/conftest.py)
     recorded = load_run_config(REPO / "traces" / trace_set / "run.yaml")
     shared = SharedResolvers(profile, device_for_run(recorded, profile))
     variants = [recorded, recorded.with_overrides(micro_batch=1, global_batch=8),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import polars as pl
@@ -15,17 +16,22 @@ import pytest
 from tests.conftest import TRACES
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay
-from vtrain.replay.trace import read_trace_set
+from vtrain.replay.trace import RankTrace
 from vtrain.runconfig import load_run_config
 from vtrain.validate.timeline import MEASURED, REPLAYED, annotate, iterations
 
 TRACE_SETS = sorted(p for p in TRACES.iterdir() if p.is_dir() and any(p.glob("rank-*.json*")))
 
 
-@lru_cache(maxsize=None)
-def replayed_set(trace_dir: Path) -> Replay:
-    config = load_run_config(trace_dir) if (trace_dir / "run.yaml").exists() else None
-    return replay(read_trace_set(trace_dir), config)
+@pytest.fixture(scope="module")
+def replayed_set(shipped_traces: Callable[[Path], list[RankTrace]]) -> Callable[[Path], Replay]:
+    """Each set replayed once for the module, from its traces read once per test run (tests/conftest.py)."""
+    @cache
+    def replayed(trace_dir: Path) -> Replay:
+        config = load_run_config(trace_dir) if (trace_dir / "run.yaml").exists() else None
+        return replay(shipped_traces(trace_dir), config)
+
+    return replayed
 
 
 def job_iteration_ms(frame: pl.DataFrame, side) -> float:
@@ -37,7 +43,7 @@ def job_iteration_ms(frame: pl.DataFrame, side) -> float:
 
 
 @pytest.mark.parametrize("trace_dir", TRACE_SETS, ids=lambda p: p.name)
-def test_replay_is_within_two_percent(trace_dir: Path) -> None:
+def test_replay_is_within_two_percent(trace_dir: Path, replayed_set: Callable[[Path], Replay]) -> None:
     replayed = replayed_set(trace_dir)
     frame = annotate(replayed.events)
     measured, predicted = job_iteration_ms(frame, MEASURED), job_iteration_ms(frame, REPLAYED)
@@ -45,7 +51,7 @@ def test_replay_is_within_two_percent(trace_dir: Path) -> None:
     assert not replayed.notes
 
 
-def test_recorded_runs_match_every_collective_across_ranks() -> None:
+def test_recorded_runs_match_every_collective_across_ranks(replayed_set: Callable[[Path], Replay]) -> None:
     recorded = [p for p in TRACE_SETS if (p / "run.yaml").exists()]
     assert recorded, "no recorded trace set in traces/"
     for trace_dir in recorded:
@@ -54,7 +60,8 @@ def test_recorded_runs_match_every_collective_across_ranks() -> None:
         assert not replayed.stats.collective_calls_unmatched, (trace_dir.name, replayed.stats)
 
 
-def test_replayed_traces_are_kineto_traces_at_the_replayed_times(tmp_path: Path) -> None:
+def test_replayed_traces_are_kineto_traces_at_the_replayed_times(tmp_path: Path,
+                                                                 replayed_set: Callable[[Path], Replay]) -> None:
     trace_dir = next(p for p in TRACE_SETS if p.name == "hta-v100-1rank")
     replayed = replayed_set(trace_dir)
     [written] = write_replayed_traces(replayed, tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, vtrain_in_process
 
 MTNLG = REPO / "examples" / "mtnlg-530b.json"
 TINY = REPO / "examples" / "tiny-cpu.yaml"
@@ -51,7 +51,7 @@ def test_flags_override_the_config_and_text_summary() -> None:
     (["--device", "TPUv9"], "unknown device 'TPUv9'"),
 ])
 def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:
-    result = vtrain(MTNLG, *args)
+    result = vtrain_in_process("simulate", MTNLG, *args)  # in this process (tests/conftest.py)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(MTNLG) in lines[0] and message in lines[0]
@@ -59,9 +59,9 @@ def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str
 
 
 def test_bad_profile_and_missing_config(tmp_path: Path) -> None:
-    result = vtrain(TINY, "--profile", tmp_path / "nope")
+    result = vtrain_in_process("simulate", TINY, "--profile", tmp_path / "nope")
     assert result.returncode == 2 and "no such profile folder" in result.stderr
-    result = vtrain(tmp_path / "missing.yaml")
+    result = vtrain(tmp_path / "missing.yaml")  # a real process
     assert result.returncode == 2 and "no such run config" in result.stderr
 
 

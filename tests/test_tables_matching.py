@@ -8,7 +8,6 @@ import polars as pl
 import pytest
 
 from tests.conftest import TRACES
-from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.collective_matching import Layout
 from vtrain.runconfig import load_run_config
 from vtrain.tables.latency import MATCHED_DURATION, RAW_DURATION, nccl_latency
@@ -109,8 +108,8 @@ def test_nccl_latency_holds_transfers_and_keeps_raw_waits_only_where_nothing_mat
 
 
 @pytest.fixture(scope="module")
-def t2p2d2() -> tuple[pl.DataFrame, Layout]:
-    profile = ingest_traces(TRACES / "t2p2d2")
+def t2p2d2(shipped_profile) -> tuple[pl.DataFrame, Layout]:
+    profile = shipped_profile(TRACES / "t2p2d2")  # `ingest_traces`, once per test run (tests/conftest.py)
     return match_calls(profile["collectives"], profile["cpu_ops"]), Layout.of(
         load_run_config(TRACES / "t2p2d2" / "run.yaml"))
 
@@ -126,8 +125,8 @@ def test_recorded_gloo_run_groups_are_its_parallel_groups(t2p2d2: tuple[pl.DataF
         assert tuple(ranks) in (pp if collective in ("send", "recv") else tp | dp), (ranks, collective)
 
 
-def test_recorded_gloo_run_latency_table_has_group_sizes_and_no_waits(t2p2d2: tuple[pl.DataFrame, Layout]) -> None:
-    profile = ingest_traces(TRACES / "t2p2d2")
+def test_recorded_gloo_run_latency_table_has_group_sizes_and_no_waits(shipped_profile) -> None:
+    profile = shipped_profile(TRACES / "t2p2d2")
     table = nccl_latency(profile["collectives"], profile["cpu_ops"])
     assert table["group_size"].to_list() == [2] * table.height  # the world group made them unknown before
     assert set(table["duration_source"]) == {MATCHED_DURATION}

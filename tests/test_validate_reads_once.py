@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,26 +63,57 @@ def _watch_preparing(monkeypatch: pytest.MonkeyPatch, parent: Path) -> list[list
     return seen
 
 
-def test_validate_opens_each_trace_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Replay, the model's profile (ingest's tables) and the replayed traces from one read of each file."""
-    folder = tmp_path / "run"
+@dataclass
+class Watched:
+    """One `validate_traces` run on a copy of the recorded run, watched: the opens of each trace file, and every
+    file the trace reader read."""
+
+    files: list[Path]
+    opened: Counter[Path]
+    read: list[Path]
+    result: Any
+    work: Path
+
+
+@pytest.fixture(scope="module")
+def watched_validation(tmp_path_factory: pytest.TempPathFactory) -> Watched:
+    """The validation both tests below look into (each watches what it needs; one run serves both)."""
+    import vtrain.replay.trace as replay_trace
+
+    tmp = tmp_path_factory.mktemp("watched")
+    folder = tmp / "run"
     shutil.copytree(RECORDED, folder)
     files = find_trace_files(folder)
-    opened = _count_opens(monkeypatch, files)
-    result = validate_traces(folder, tmp_path / "work", with_hta=False)
+    read: list[Path] = []
+    real = replay_trace.read_bytes
+
+    def recording(path: Path, *args: Any, **kwargs: Any) -> Any:
+        read.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        opened = _count_opens(monkeypatch, files)
+        monkeypatch.setattr(replay_trace, "read_bytes", recording)
+        result = validate_traces(folder, tmp / "work", with_hta=False)
+    return Watched(files=files, opened=opened, read=read, result=result, work=tmp / "work")
+
+
+def test_validate_opens_each_trace_file_once(watched_validation: Watched) -> None:
+    """Replay, the model's profile (ingest's tables) and the replayed traces from one read of each file."""
+    files, result = watched_validation.files, watched_validation.result
     assert result.model is not None, result.model_reason
-    assert dict(opened) == {f.resolve(): 1 for f in files}
-    assert sorted(p.name for p in (tmp_path / "work" / "predicted" / "replay").iterdir()) == [
+    assert dict(watched_validation.opened) == {f.resolve(): 1 for f in files}
+    assert sorted(p.name for p in (watched_validation.work / "predicted" / "replay").iterdir()) == [
         "rank-0.json.gz", "rank-1.json.gz"]
 
 
 @pytest.mark.parametrize("folder", [RECORDED, A100], ids=["t1p1d2", "a100-nccl"])
-def test_tables_from_the_replays_decoding_are_ingests(folder: Path) -> None:
+def test_tables_from_the_replays_decoding_are_ingests(folder: Path, shipped_profile) -> None:
     """The tables built from the replay's decoded events equal `vtrain ingest`'s (its own strict decoder)."""
     sink = RankTablesSink()
     traces = read_trace_set(folder, sink)
     mine = sink.profile(folder, traces[0].world_size)
-    ingested = ingest_traces(folder)
+    ingested = shipped_profile(folder)  # `ingest_traces(folder)`, once per test run (tests/conftest.py)
     assert mine["cpu_ops"].height > 0 and mine["collectives"].height > 0
     assert folder == RECORDED or mine["kernels"].height > 0  # t1p1d2 ran on CPUs
     for table in ("kernels", "cpu_ops", "collectives"):
@@ -144,28 +176,21 @@ def test_a_suite_creates_its_staging_folder_only_once_the_first_set_is_prepared(
     assert sorted(p.name for p in (parent / "result").iterdir() if p.is_dir()) == ["first", "second"]
 
 
-def test_the_models_prediction_is_read_from_memory_as_its_files_would_be(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_models_prediction_is_read_from_memory_as_its_files_would_be(watched_validation: Watched,
+                                                                         tmp_path: Path, shipped_profile) -> None:
     """The predicted traces are written for the report, and the comparison takes the same events from memory:
     nothing under ``predicted/model`` is read back, and the events kept equal the files' events read back."""
-    import vtrain.replay.trace as replay_trace
     from vtrain.runconfig import load_run_config
     from vtrain.validate.model import predict, write_prediction
 
-    read: list[Path] = []
-    real = replay_trace.read_bytes
-
-    def recording(path: Path, *args: Any, **kwargs: Any) -> Any:
-        read.append(Path(path))
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(replay_trace, "read_bytes", recording)
-    result = validate_traces(RECORDED, tmp_path / "work", with_hta=False)
+    result, read = watched_validation.result, watched_validation.read
     assert result.model is not None, result.model_reason
+    assert (watched_validation.work / "predicted" / "model").is_dir()  # it was written, and not read back:
     assert read and not [p for p in read if "predicted" in p.parts]
 
     config = load_run_config(RECORDED / "run.yaml")
-    prediction = predict(config, ingest_traces(RECORDED), "traces", RECORDED / "run.yaml")
+    # `ingest_traces(RECORDED)`, once per test run (tests/conftest.py)
+    prediction = predict(config, shipped_profile(RECORDED), "traces", RECORDED / "run.yaml")
     kept = write_prediction(prediction, tmp_path / "model")
     from_files = read_trace_set(tmp_path / "model")
     assert [t.rank for t in kept] == [t.rank for t in from_files] and kept

@@ -4,7 +4,7 @@ names the operators that moved the critical path."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,9 +18,17 @@ PAIRS_DIR = TRACES / "whatif"
 JOBS = sorted(p.name.removesuffix("-threads1") for p in PAIRS_DIR.glob("*-threads1"))
 
 
-@lru_cache(maxsize=2)
-def loaded(path: Path) -> TraceSet:
-    return load_trace_set(path)
+@pytest.fixture(scope="module")
+def loaded() -> Callable[[Path], TraceSet]:
+    """Each recording loaded once for the module (every one is used in both directions), freed after it."""
+    sets: dict[Path, TraceSet] = {}
+
+    def load(path: Path) -> TraceSet:
+        if path not in sets:
+            sets[path] = load_trace_set(path)
+        return sets[path]
+
+    return load
 
 
 def test_the_pairs_cover_pipeline_data_and_3d_parallel_jobs() -> None:
@@ -37,7 +45,8 @@ def test_the_pairs_cover_pipeline_data_and_3d_parallel_jobs() -> None:
 
 @pytest.mark.parametrize("job", JOBS)
 @pytest.mark.parametrize("direction", ["1->2", "2->1"])
-def test_durations_from_the_other_recording_predict_it_within_3_percent(job: str, direction: str) -> None:
+def test_durations_from_the_other_recording_predict_it_within_3_percent(job: str, direction: str,
+                                                                       loaded: Callable[[Path], TraceSet]) -> None:
     base_threads, other_threads = direction.split("->")
     base = loaded(PAIRS_DIR / f"{job}-threads{base_threads}")
     other = loaded(PAIRS_DIR / f"{job}-threads{other_threads}")
