@@ -23,7 +23,9 @@ import pytest
 
 from tests.conftest import REPO, TRACES
 from tests.rawcount import CLASSES, count_events, count_file, load_trace
+from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
+from vtrain.replay.trace import read_rank_trace
 from vtrain.tables.store import Profile, load_profile
 
 #: every real GPU trace set, and one recorded CPU set: the CPU sets hold no device activity (their check is that
@@ -345,13 +347,30 @@ def test_a_trace_without_events_is_said(base_traces: dict[str, Trace], tmp_path:
     assert any("rank-0.json: the trace holds no events" in w for w in warnings), warnings
 
 
-@pytest.mark.parametrize("rank", ["zero", "0", -1, 2, 1.5, True])
+@pytest.mark.parametrize("rank", ["zero", "-1", -1, 2, 1.5, True, "١"])
 def test_a_bad_rank_is_one_error_line(rank: Any, base_traces: dict[str, Trace], tmp_path: Path) -> None:
+    """In `vtrain ingest` and in `vtrain validate`'s replay alike (one rule: vtrain/ingest/discover.py)."""
     trace = copy.deepcopy(base_traces["sm80"])
     trace["distributedInfo"] = {"rank": rank, "world_size": 2, "backend": "nccl"}
-    done = _ingest_cli(_write(trace, tmp_path / "rank", "trace.json"), tmp_path)
+    folder = _write(trace, tmp_path / "rank", "trace.json")
+    done = _ingest_cli(folder, tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "rank" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+    with pytest.raises(InputError, match="rank"):
+        read_rank_trace(folder / "trace.json")
+
+
+def test_a_rank_written_as_digits_is_the_rank_in_ingest_and_validate(base_traces: dict[str, Trace],
+                                                                      tmp_path: Path) -> None:
+    """``"rank": "1"`` (a trace rewritten by a tool that writes numbers as strings) is rank 1 in both commands
+    (ingest refused it while validate's replay read it)."""
+    trace = copy.deepcopy(base_traces["sm80"])
+    trace["distributedInfo"] = {"rank": "1", "world_size": "2", "backend": "nccl"}
+    folder = _write(trace, tmp_path / "digits", "trace.json")
+    profile, _ = _ingest(folder)
+    assert set(profile["kernels"]["rank"]) == {1}
+    replayed = read_rank_trace(folder / "trace.json")
+    assert (replayed.rank, replayed.world_size) == (1, 2)
 
 
 def test_the_old_join_would_multiply_graph_kernels(base_traces: dict[str, Trace]) -> None:

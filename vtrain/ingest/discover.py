@@ -38,26 +38,34 @@ def is_only_trace(path: Path) -> bool:
 
 def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> tuple[int, int | None]:
     """The rank (``distributedInfo.rank``, else from the file name, else 0 for the only trace file of its folder:
-    a single-process job's ``host_pid.timestamp.pt.trace.json``) and the world size if the trace says it."""
+    a single-process job's ``host_pid.timestamp.pt.trace.json``) and the world size if the trace says it. A rank
+    or world size written as a string of digits (``"3"``) is read as the number, as every number of a trace is."""
     info = distributed_info or {}
-    rank = info.get("rank")
-    if rank is None:
+    given = info.get("rank")
+    rank = _count(given)
+    if given is None:
         rank = rank_from_file_name(path)
-    if rank is None and is_only_trace(path):
-        rank = 0
-    if rank is None:
-        raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
-                         "file name (name it rank-N.json.gz)", path)
-    elif not _is_count(rank):
-        raise InputError(f"distributedInfo.rank is {rank!r}: a rank is an integer >= 0", path)
-    world = info.get("world_size")
-    if world is not None and not (_is_count(world) and world > 0):
-        raise InputError(f"distributedInfo.world_size is {world!r}: a world size is an integer >= 1", path)
+        if rank is None and is_only_trace(path):
+            rank = 0
+        if rank is None:
+            raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
+                             "file name (name it rank-N.json.gz)", path)
+    elif rank is None:
+        raise InputError(f"distributedInfo.rank is {given!r}: a rank is an integer >= 0", path)
+    world = _count(info.get("world_size"))
+    if info.get("world_size") is not None and not (world is not None and world > 0):
+        raise InputError(f"distributedInfo.world_size is {info.get('world_size')!r}: a world size is an integer >= 1",
+                         path)
     if world is not None and rank >= world:
         raise InputError(f"rank {rank} is outside the world size {world}", path)
     return rank, world
 
 
-def _is_count(value: Any) -> bool:
-    """Whether a JSON value is an integer >= 0 (``true`` and ``"3"`` are not)."""
-    return type(value) is int and value >= 0
+def _count(value: Any) -> int | None:
+    """A JSON value read as an integer >= 0: an integer, or a string of ASCII digits (``true``, ``1.5``, ``-1`` and
+    ``"zero"`` are not); None otherwise."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        return int(value)
+    return None

@@ -263,7 +263,7 @@ def rank_trace_of_events(path: Path, header: dict[str, Any], events: list[dict[s
 def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTrace:
     """A rank's trace with no events yet: its rank, world size and process groups from ``distributedInfo``."""
     info = distributed_info if isinstance(distributed_info, dict) else {}
-    rank, world_size = rank_and_world_size(path, {key: _integer(info.get(key)) for key in ("rank", "world_size")})
+    rank, world_size = rank_and_world_size(path, info)
     groups = info.get("pg_config")
     return RankTrace(rank=rank, path=path, world_size=world_size,
                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
