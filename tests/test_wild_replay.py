@@ -422,8 +422,9 @@ def test_validate_on_garbage_json_is_one_line_and_exit_2(tmp_path: Path, content
 
 def test_validate_reports_on_odd_but_usable_events(tmp_path: Path) -> None:
     """Quoted times, a thread named by text, args that are not an object, a negative duration, entries that are
-    not events, and a distributedInfo whose world size is not a number and whose process groups are garbage: a
-    report, and a warning for what was left out."""
+    not events, and a distributedInfo whose world size is written as text and whose process groups are garbage: a
+    report, and a warning for what was left out. A world size that is no number ("two") is one error line, as in
+    `vtrain ingest` (one rule: vtrain/ingest/discover.py)."""
     folder = tmp_path / "odd"
     events = [1, "x", {"ph": "X", "cat": "cpu_op", "name": "aten::a", "tid": "main", "ts": "5", "dur": "3"},
               {"ph": "X", "cat": "Kernel", "name": "k", "tid": 7, "ts": 6, "dur": 1, "args": "not an object"},
@@ -431,8 +432,14 @@ def test_validate_reports_on_odd_but_usable_events(tmp_path: Path) -> None:
     folder.mkdir()
     info = {"rank": 0, "world_size": "two", "pg_config": [{"pg_name": "0", "ranks": "abc"}, 5]}
     (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events, "distributedInfo": info}))
-    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o",
-                           str(tmp_path / "out"), "--no-hta"], capture_output=True, text=True)
+    command = [sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o", str(tmp_path / "out"),
+               "--no-hta"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "world_size is 'two'" in done.stderr
+    assert not (tmp_path / "out").exists()
+    info["world_size"] = "1"
+    (folder / "rank-0.json").write_text(json.dumps({"traceEvents": events, "distributedInfo": info}))
+    done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "left out" in done.stderr
     assert (tmp_path / "out" / "metrics.json").exists()
