@@ -13,6 +13,7 @@ which turns its events into ingest's typed events with :func:`typed_event`).
 from __future__ import annotations
 
 import hashlib
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -135,6 +136,98 @@ def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tup
 BOM = b"\xef\xbb\xbf"
 
 
+Text = bytes | bytearray | Any  # a trace's JSON text (an mmap too)
+
+#: the top-level key of the events (whitespace allowed around the colon)
+EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+#: what Python's ``json.dump`` writes for a float NaN or infinity: tokens JSON does not have
+BARE_NUMBERS = (b"NaN", b"-Infinity", b"Infinity")
+_BLANKS = b" \t\r\n"
+
+
+def bare_numbers_as_null(data: Text) -> tuple[Text, int]:
+    """``data`` with every NaN or (-)Infinity that stands where a value belongs read as ``null`` (a copy; the
+    file is never written), and how many there were (``data`` itself if none).
+
+    Python's ``json.dump`` writes these for a float that is not finite, and JSON does not allow them. A token
+    inside a string (a name ``"x: NaN, y"``) is text and stays as it is."""
+    candidates = sorted(found for token in BARE_NUMBERS for found in _bare(data, token))
+    if not candidates:
+        return data, 0
+    text = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    tokens = list(_outside_strings(text, candidates))
+    if not tokens:
+        return data, 0
+    pieces, position = [], 0
+    for start, end in tokens:
+        pieces += [data[position:start], b"null"]
+        position = end
+    pieces.append(data[position:])
+    return bytearray().join(pieces), len(tokens)
+
+
+def _outside_strings(text: bytes | bytearray, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The ``spans`` (in order) that start outside every JSON string: a string opens and closes at a quote that
+    no odd run of backslashes escapes, so the parity of such quotes before a span says whether it is inside one."""
+    inside, position = False, 0
+    for start, end in spans:
+        quotes = text.count(b'"', position, start)
+        escaped = sum(1 for run in _ESCAPED_QUOTE.finditer(text, position, start) if (run.end() - run.start()) % 2 == 0)
+        inside ^= (quotes - escaped) % 2 == 1
+        position = start
+        if not inside:
+            yield start, end
+
+
+#: a run of backslashes before a quote: the quote is escaped when the run is odd (the match, quote included, even)
+_ESCAPED_QUOTE = re.compile(rb'\\+"')
+
+
+def _bare(data: Text, token: bytes) -> Iterator[tuple[int, int]]:
+    """Where ``token`` stands as a value: after ``:``, ``,`` or ``[`` and before ``,``, ``]`` or ``}`` (blanks
+    aside); not part of a longer token (``-Infinity`` is not also an ``Infinity``)."""
+    found = data.find(token)
+    while found >= 0:
+        end = found + len(token)
+        before = found - 1
+        while before >= 0 and data[before] in _BLANKS:
+            before -= 1
+        after = end
+        while after < len(data) and data[after] in _BLANKS:
+            after += 1
+        if before >= 0 and data[before] in b":,[" and after < len(data) and data[after] in b",]}":
+            yield found, end
+        found = data.find(token, end)
+
+
+def _events_keys(data: Text) -> Iterator[int]:
+    """Where :data:`EVENTS_KEY` matches (a plain search for the name first: several times faster than the
+    pattern's on a large text)."""
+    found = data.find(_EVENTS_NAME)
+    while found >= 0:
+        if EVENTS_KEY.match(data, found):
+            yield found
+        found = data.find(_EVENTS_NAME, found + len(_EVENTS_NAME))
+
+
+_EVENTS_NAME = b'"traceEvents"'
+
+
+def bare_numbers_warning(path: Path, count: int) -> str:
+    """The warning line for a trace whose ``count`` NaN or Infinity values were read as ``null``."""
+    return (f"{path}: {count} value(s) written as NaN or Infinity (not JSON; Python's json.dump writes them for a "
+            f"float that is not finite) read as missing: an event missing its time or duration is left out")
+
+
+def one_events_list(data: Text, path: Path) -> None:
+    """An error for a text with two ``traceEvents`` lists at the top level: JSON readers disagree on which one
+    the file means (Python's ``json`` and HTA take the last, msgspec the first)."""
+    keys = _events_keys(data)
+    if next(keys, None) is not None and next(keys, None) is not None:
+        raise InputError("two traceEvents lists (readers disagree on which one the file means: Python's json and "
+                         "HTA take the last, others the first); keep one", path)
+
+
 def is_gzip(handle: BinaryIO, path: Path) -> bool:
     """Whether the open file holds gzip data (the handle is left at the start); errors for an empty file or a
     ``.gz`` name on plain data."""
@@ -170,9 +263,24 @@ def gunzip(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None,
     return data
 
 
-def decode_header(data: bytes, path: Path, decoder: msgspec.json.Decoder = _HEADER_DECODER) -> TraceHeader:
+def decode_text(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADER_DECODER
+                ) -> tuple[TraceHeader, Text, int]:
+    """:func:`decode_header` of a trace's whole text; where it is not JSON because it holds NaN or Infinity values,
+    those are read as ``null`` (:func:`bare_numbers_as_null`). The header, the text it was decoded from (the
+    events are slices of it), and how many such values there were, for the caller to say."""
+    try:
+        return decode_header(data, path, decoder), data, 0
+    except InputError:
+        nulled, count = bare_numbers_as_null(data)
+        if not count:
+            raise
+    return decode_header(nulled, path, decoder), nulled, count
+
+
+def decode_header(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADER_DECODER) -> TraceHeader:
     """Decode the top level of a trace (with ``decoder``, whose type is a :class:`TraceHeader`); the events stay
-    raw."""
+    raw. Two ``traceEvents`` lists are an error (:func:`one_events_list`)."""
+    one_events_list(data, path)
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:

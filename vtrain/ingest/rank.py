@@ -21,7 +21,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader, readable_trace
+from vtrain.ingest.decode import TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
@@ -93,6 +93,8 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
             text = load_text(path, progress, scratch=spool)
             events = _read_rank(result, text, progress)
             result.sha256 = text.sha256
+            if text.bare_numbers:
+                result.warnings.append(bare_numbers_warning(path, text.bare_numbers))
             del text
         _check_events(path, events, result.warnings)
         assert result.source is not None

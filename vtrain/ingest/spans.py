@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import TraceHeader, decode_header
+from vtrain.ingest.decode import EVENTS_KEY, TraceHeader, decode_header, decode_text, one_events_list
 from vtrain.ingest.text import TraceText
 
 #: bytes per span: small enough that a span's decoded objects stay in the CPU's caches while its columns are read
@@ -52,7 +52,6 @@ class _EventsAsOneSlice(TraceHeader):
 
 _HEADER_DECODER = msgspec.json.Decoder(_EventsAsOneSlice)
 _PLAIN_HEADER_DECODER = msgspec.json.Decoder(TraceHeader)
-_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 #: closing brackets tried from the end of the text (Kineto's logs, after the events, hold a few)
 _CLOSINGS_TRIED = 1000
 _RAW_EVENTS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
@@ -64,9 +63,11 @@ _BETWEEN_EVENTS = re.compile(rb'\},[ \t\r\n]*\{[ \t\r\n]*"')
 def read_header(text: TraceText) -> tuple[TraceHeader, Span | None]:
     """The trace's top level and the span of all its events (``None`` if there are none).
 
-    The header's ``traceEvents`` is emptied: only the span is kept.
+    The header's ``traceEvents`` is emptied: only the span is kept. A text that is not JSON because it holds NaN
+    or Infinity values is read with them as ``null`` (:func:`~vtrain.ingest.decode.decode_text`): ``text`` then
+    holds that reading, and counts them in ``bare_numbers``.
     """
-    header = decode_header(text.buffer, text.path, _HEADER_DECODER)
+    header, text.buffer, text.bare_numbers = decode_text(text.buffer, text.path, _HEADER_DECODER)
     events = memoryview(header.traceEvents)
     header.traceEvents = []
     if events[:1] != b"[":
@@ -90,7 +91,7 @@ def read_header_around_events(text: TraceText) -> tuple[TraceHeader, Span | None
     unbalanced bracket. Invalid JSON outside the events would fail the decoding here, inside them that of a span.
     """
     buffer = text.buffer
-    key = _EVENTS_KEY.search(buffer)
+    key = EVENTS_KEY.search(buffer)
     if not key:
         return None
     end = len(buffer)
@@ -101,8 +102,10 @@ def read_header_around_events(text: TraceText) -> tuple[TraceHeader, Span | None
         last = bytes(buffer[max(key.end(), end - 256):end]).rstrip()
         if last and not last.endswith(b"}"):
             continue
+        around = bytes(buffer[:key.end()]) + bytes(buffer[end:])
+        one_events_list(around, text.path)
         try:
-            header = _PLAIN_HEADER_DECODER.decode(bytes(buffer[:key.end()]) + bytes(buffer[end:]))
+            header = _PLAIN_HEADER_DECODER.decode(around)
         except msgspec.MsgspecError:
             continue
         return header, _events_span(text, key.end(), end)

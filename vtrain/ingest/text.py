@@ -33,6 +33,7 @@ class TraceText:
     compressed: bool
     _digest: Future[str] | str
     _released: int = 0
+    bare_numbers: int = 0  # NaN or Infinity values read as null (see vtrain.ingest.decode.decode_text)
 
     @property
     def sha256(self) -> str:

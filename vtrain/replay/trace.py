@@ -35,7 +35,7 @@ from vtrain import kineto
 from vtrain.errors import InputError
 from vtrain.ingest.decode import (
     LooseEvent,
-    decode_header,
+    decode_text,
     iter_loose_batches,
     read_bytes,
     readable_trace,
@@ -120,6 +120,7 @@ class RankTrace:
     dropped: int = 0
     absurd: int = 0  # device activities left out for a time no measurement can have (kineto.absurd_activities)
     repeated: int = 0  # device activities that repeat another exactly (same stream, name, start and duration)
+    bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
@@ -176,7 +177,7 @@ class RankTrace:
         """What is kept of this rank once its part of the replay graph is built."""
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
-                        repeated=self.repeated, replayable=self.replayable,
+                        repeated=self.repeated, bare_numbers=self.bare_numbers, replayable=self.replayable,
                         columns=self.event_columns(), index=self.index, source=self.source)
 
 
@@ -202,6 +203,7 @@ class KeptRank:
     dropped: int
     absurd: int
     repeated: int
+    bare_numbers: int
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -228,11 +230,12 @@ def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
 
 def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
     data, _digest = read_bytes(path)
-    header = decode_header(data, path)
+    header, data, bare_numbers = decode_text(data, path)
     source = KeptText(fields=[(key, bytes(value)) for key, value in _TOP_LEVEL.decode(data).items()
                               if key != "traceEvents"])
     del data
     trace = _empty_trace(path, header.distributedInfo, source)
+    trace.bare_numbers = bare_numbers
     reader = _Reader(trace)
     raw = header.traceEvents
     for offset, events in iter_loose_batches(header):

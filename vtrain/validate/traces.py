@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
+from vtrain.ingest.decode import bare_numbers_warning
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
@@ -139,6 +140,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         warn(line)
 
     for trace in traces:
+        if trace.bare_numbers:
+            note(bare_numbers_warning(trace.path, trace.bare_numbers))
         if trace.dropped:
             note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
         if trace.repeated:

@@ -1,0 +1,109 @@
+"""Traces that are not quite JSON, read the same way by `vtrain ingest` and by `vtrain validate`'s replay.
+
+- NaN, Infinity and -Infinity where a value belongs: Python's ``json.dump`` writes them for a float that is not
+  finite (a tool that post-processes a trace in Python and divides by zero), JSON does not allow them, and msgspec
+  refused the whole file ("invalid character"). They are read as ``null``, said in a warning line with their count,
+  and the events that lose their time or duration are then left out and counted as such: the result equals that of
+  the same trace written with ``null``. A token inside a string (``"x: NaN, y"``) is text and stays.
+- Two ``traceEvents`` lists at the top level (two traces pasted into one object): Python's ``json`` and HTA read the
+  last, msgspec the first, so each tool read a different trace without a word. Now one error line, exit 2, nothing
+  written.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polars.testing import assert_frame_equal
+
+from tests.conftest import TRACES, vtrain_in_process
+from vtrain.ingest.decode import bare_numbers_as_null
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.replay.trace import read_rank_trace
+
+SOURCE = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"
+NOT_FINITE = {"nan-dur": ("dur", float("nan")), "inf-ts": ("ts", float("inf")), "neg-inf-dur": ("dur", float("-inf"))}
+
+
+def _with(trace: dict[str, Any], values: dict[str, float | None]) -> dict[str, Any]:
+    """The trace with three kernels' time or duration set (``None``: as the null it is read as) and a fourth
+    kernel named with NaN in its text."""
+    changed = copy.deepcopy(trace)
+    kernels = [event for event in changed["traceEvents"] if event.get("cat") == "kernel"]
+    for kernel, (key, value) in zip(kernels[10:13], values.items()):
+        kernel[NOT_FINITE[key][0]] = value
+    kernels[20]["name"] = "x: NaN, y [NaN] Infinity}"
+    return changed
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
+    bare = _with(trace, {key: value for key, (_, value) in NOT_FINITE.items()})
+    null = _with(trace, dict.fromkeys(NOT_FINITE))
+    made = {}
+    for name, text, file in (
+            ("bare", json.dumps(bare).encode(), "rank-0.json"),
+            ("bare-compact-gzip", gzip.compress(json.dumps(bare, separators=(",", ":")).encode(), 1), "rank-0.json.gz"),
+            ("null", json.dumps(null).encode(), "rank-0.json"),
+            ("two-lists", json.dumps(trace).encode()[:-1] + b', "traceEvents": []}', "rank-0.json")):
+        folder = tmp_path_factory.mktemp(name)
+        (folder / file).write_bytes(text)
+        made[name] = folder
+    return made
+
+
+@pytest.mark.parametrize("name", ["bare", "bare-compact-gzip"])
+def test_ingest_reads_not_finite_values_as_null_and_says_so(name: str, folders: dict[str, Path]) -> None:
+    warnings: list[str] = []
+    bare, null = ingest_traces(folders[name], warn=warnings.append), ingest_traces(folders["null"])
+    for table in ("kernels", "cpu_ops", "collectives"):
+        assert_frame_equal(bare[table], null[table])
+    assert bare["kernels"].filter(bare["kernels"]["name"] == "x: NaN, y [NaN] Infinity}").height == 1
+    said = [line for line in warnings if "NaN or Infinity" in line]
+    assert len(said) == 1 and ": 3 value(s) written as NaN or Infinity" in said[0]
+
+
+@pytest.mark.parametrize("name", ["bare", "bare-compact-gzip"])
+def test_the_replay_reads_not_finite_values_as_null(name: str, folders: dict[str, Path]) -> None:
+    bare = read_rank_trace(next(folders[name].iterdir()))
+    null = read_rank_trace(next(folders["null"].iterdir()))
+    assert bare.bare_numbers == 3 and null.bare_numbers == 0
+    assert bare.dropped == null.dropped >= 3
+    assert bare.ts == null.ts and bare.dur == null.dur and bare.name == null.name
+    assert "x: NaN, y [NaN] Infinity}" in bare.name
+
+
+def test_validate_says_the_not_finite_values(folders: dict[str, Path], tmp_path: Path) -> None:
+    ran = vtrain_in_process("validate", folders["bare"], "-o", tmp_path / "report", "--no-hta")
+    assert ran.returncode == 0, ran.stderr
+    assert "rank-0.json: 3 value(s) written as NaN or Infinity" in ran.stderr
+    assert "3 value(s) written as NaN or Infinity" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["ingest", "validate"])
+def test_two_event_lists_are_one_error_line(command: str, folders: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ran = vtrain_in_process(command, folders["two-lists"], "-o", out, *(["--no-hta"] if command == "validate" else []))
+    assert ran.returncode == 2
+    assert ran.stderr.count("\n") == 1 and "rank-0.json: two traceEvents lists" in ran.stderr, ran.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("text", "expected", "count"), [
+    (b'{"a": NaN, "b": [Infinity, -Infinity ]}', b'{"a": null, "b": [null, null ]}', 3),
+    (b'{"a":NaN,"b":"x: NaN, y"}', b'{"a":null,"b":"x: NaN, y"}', 1),
+    (b'{"a":"q\\" ,NaN]","b":NaN}', b'{"a":"q\\" ,NaN]","b":null}', 1),  # an escaped quote does not end a string
+    (b'{"a":"\\\\","b":NaN}', b'{"a":"\\\\","b":null}', 1),  # an escaped backslash does not escape the quote
+    (b'{"a":NaNx,"b":"NaN"}', b'{"a":NaNx,"b":"NaN"}', 0),  # not a token on its own; a string's text
+])
+def test_bare_numbers_are_found_outside_strings_only(text: bytes, expected: bytes, count: int) -> None:
+    nulled, found = bare_numbers_as_null(text)
+    assert (bytes(nulled), found) == (expected, count)
+    if count:
+        assert json.loads(bytes(nulled)) == json.loads(text, parse_constant=lambda _: None)
