@@ -17,7 +17,7 @@ from typing import Any
 
 from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.errors import InputError
-from vtrain.ingest.discover import find_trace_files
+from vtrain.ingest.discover import find_trace_files, not_read_warning, unreadable_trace_names
 from vtrain.ingest.pipeline import IngestedRanks, default_workers, ingest_to_folder
 from vtrain.outputs import check_output
 
@@ -82,6 +82,8 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     atexit.register(gc.freeze)
     check_output(output, inputs=[trace_dir], force=force, what="profile folder")
     files = find_trace_files(trace_dir)
+    for skipped in unreadable_trace_names(trace_dir):
+        warn(not_read_warning(skipped))
     total = sum(f.stat().st_size for f in files)
     workers = workers or default_workers(files)
 

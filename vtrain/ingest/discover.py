@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,27 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
     if not files:
         raise InputError("no trace files (*.json, *.json.gz) in the folder", folder)
     return files
+
+
+def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
+    """Entries of ``trace_dir`` named like a trace file that are no file (a folder, a named pipe, a socket, a
+    broken link): they are not read (a named pipe would block the reader forever), and the caller says so."""
+    return sorted(p for p in Path(trace_dir).iterdir() if p.name.endswith(TRACE_SUFFIXES) and not p.is_file())
+
+
+def not_read_warning(path: Path) -> str:
+    """The warning line for an entry :func:`unreadable_trace_names` found."""
+    return f"{path}: not read: named like a trace but not a file"
+
+
+def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_size: int | None) -> str | None:
+    """The warning line for the ranks of a job of ``world_size`` that have no trace among ``ranks`` (``None`` if
+    none is missing or the world size is not known)."""
+    missing = sorted(set(range(world_size)) - set(ranks)) if world_size else []
+    if not missing:
+        return None
+    shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+    return f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})"
 
 
 def rank_from_file_name(path: Path) -> int | None:

@@ -29,7 +29,7 @@ import polars as pl
 
 import vtrain
 from vtrain.errors import InputError
-from vtrain.ingest.discover import find_trace_files
+from vtrain.ingest.discover import find_trace_files, missing_ranks_warning
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
 from vtrain.outputs import staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
@@ -180,9 +180,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
             results.append(result)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
-    if missing:
-        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-        warn(f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})")
+    if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
+        warn(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
     return IngestedRanks(spool=spool, results=results, metadata=metadata)
 

@@ -15,6 +15,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.ingest.decode import bare_numbers_warning
+from vtrain.ingest.discover import missing_ranks_warning, not_read_warning, unreadable_trace_names
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
@@ -139,6 +140,11 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         warnings.append(line)
         warn(line)
 
+    for skipped in unreadable_trace_names(trace_dir):
+        note(not_read_warning(skipped))
+    world_size = config.parallelism.world_size if config else next((t.world_size for t in traces if t.world_size), None)
+    if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
+        note(line)
     for trace in traces:
         if trace.bare_numbers:
             note(bare_numbers_warning(trace.path, trace.bare_numbers))

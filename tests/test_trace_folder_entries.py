@@ -1,0 +1,48 @@
+"""What a trace folder holds besides readable rank files is said by `vtrain ingest` and `vtrain validate` alike.
+
+- An entry named like a trace that is no file (a named pipe, which would block a reader forever; a folder) is not
+  read, with a warning line naming it.
+- A rank of the job with no trace file is a warning line in both, and a line in validate's report (validate said
+  nothing of it before: its report only listed the ranks it had).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRACES, vtrain_in_process
+
+SOURCE = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"  # rank 0 of a job of world size 2
+
+
+@pytest.fixture(params=["named-pipe", "folder"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SOURCE, traces / "rank-0.json.gz")
+    if request.param == "named-pipe":
+        os.mkfifo(traces / "rank-1.json")
+    else:
+        (traces / "rank-1.json").mkdir()
+    return traces
+
+
+def test_ingest_says_what_it_did_not_read_and_the_missing_rank(folder: Path, tmp_path: Path) -> None:
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {folder / 'rank-1.json'}: not read: named like a trace but not a file" in ran.stderr
+    assert f"warning: {folder}: 1 of 2 ranks have no trace file (missing: 1)" in ran.stderr
+
+
+def test_validate_says_them_and_reports_them(folder: Path, tmp_path: Path) -> None:
+    ran = vtrain_in_process("validate", folder, "-o", tmp_path / "report", "--no-hta")
+    assert ran.returncode == 0, ran.stderr
+    report = (tmp_path / "report" / "report.md").read_text()
+    for line in (f"{folder / 'rank-1.json'}: not read: named like a trace but not a file",
+                 f"{folder}: 1 of 2 ranks have no trace file (missing: 1)"):
+        assert f"warning: {line}" in ran.stderr
+        assert line in report
