@@ -119,3 +119,9 @@ def _is_number(value: Any) -> bool:
 def _within(value: float, low: float, high: float) -> bool:
     """``value`` is finite, above ``low`` and at most ``high``."""
     return math.isfinite(value) and low < value <= high
+
+#: most a gzip trace may expand (bytes out per byte in), checked once :data:`GZIP_RATIO_FROM_BYTES` are out: Kineto
+#: traces expand 14-17 times (the shipped ones), pretty-printed JSON about 30; deflate cannot pass about 1,032 (long
+#: runs of one byte), which is what a file made to fill memory or disk (a "gzip bomb") does
+MAX_GZIP_RATIO = 200
+GZIP_RATIO_FROM_BYTES = 64 << 20

@@ -24,6 +24,7 @@ import msgspec
 
 from vtrain.errors import InputError
 from vtrain.kineto import EXTERNAL_ID_KEYS, INPUT_DIMS_KEYS
+from vtrain.limits import GZIP_RATIO_FROM_BYTES, MAX_GZIP_RATIO
 
 BATCH_EVENTS = 200_000
 READ_CHUNK = 16 << 20
@@ -242,25 +243,47 @@ def is_gzip(handle: BinaryIO, path: Path) -> bool:
 
 
 def gunzip(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None, digest: Any) -> bytearray:
-    """The decompressed content of a gzip file (writable, see :mod:`vtrain.ingest.spans`); ``digest`` is fed the
-    compressed bytes and ``progress`` their count."""
-    inflater = zlib.decompressobj(wbits=31)
-    parts: list[bytes] = []
-    while chunk := handle.read(READ_CHUNK):
-        digest.update(chunk)
-        try:
-            parts.append(inflater.decompress(chunk))
-        except zlib.error as exc:
-            raise InputError(f"corrupt gzip data: {exc}", path) from None
-        if progress:
-            progress(len(chunk))
-    if not inflater.eof:
-        raise InputError("truncated gzip file (the compressed stream ends early)", path)
-    parts.append(inflater.flush())
-    data = bytearray().join(parts)
+    """The decompressed content of a gzip file (writable, see :mod:`vtrain.ingest.spans`); see :func:`inflate`."""
+    data = bytearray().join(inflate(handle, path, progress, digest))
     if not data:
         raise InputError("file is empty (gzip holds no data)", path)
     return data
+
+
+#: most bytes one step of :func:`inflate` gives (a 16 MiB chunk of a gzip bomb would otherwise give 16 GiB at once)
+INFLATE_STEP = 16 << 20
+
+
+def inflate(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None, digest: Any) -> Iterator[bytes]:
+    """The decompressed content of the gzip file ``handle``, a bounded piece at a time, every member of a
+    multi-member file (as ``gzip`` and ``zcat`` read it); ``digest`` is fed the compressed bytes and ``progress``
+    their count. Errors name the file: corrupt or truncated gzip data, and data that expands more than
+    :data:`~vtrain.limits.MAX_GZIP_RATIO` times (no trace does; a gzip bomb does)."""
+    inflater = zlib.decompressobj(wbits=31)
+    read = written = 0
+    fed = False  # whether the current member has had any bytes
+    while chunk := handle.read(READ_CHUNK):
+        digest.update(chunk)
+        read += len(chunk)
+        if progress:
+            progress(len(chunk))
+        while True:  # until the chunk is used up and its output given (a full step may leave output in zlib)
+            try:
+                piece = inflater.decompress(chunk, INFLATE_STEP)
+            except zlib.error as exc:
+                raise InputError(f"corrupt gzip data: {exc}", path) from None
+            fed, chunk, written = True, inflater.unconsumed_tail, written + len(piece)
+            used = read - len(chunk)
+            if written > GZIP_RATIO_FROM_BYTES and written > MAX_GZIP_RATIO * used:
+                raise InputError(f"gzip data expands more than {MAX_GZIP_RATIO} times ({used:,} bytes gave {written:,}"
+                                 f" so far; traces expand about 15 times): not read (a gzip bomb?)", path)
+            yield piece
+            if inflater.eof and (rest := inflater.unused_data.lstrip(b"\0")):  # the next member
+                chunk, inflater, fed = rest, zlib.decompressobj(wbits=31), False
+            elif not chunk and len(piece) < INFLATE_STEP:
+                break
+    if fed and not inflater.eof:
+        raise InputError("truncated gzip file (the compressed stream ends early)", path)
 
 
 def decode_text(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADER_DECODER

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import tempfile
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import BOM, READ_CHUNK, is_gzip
+from vtrain.ingest.decode import BOM, inflate, is_gzip
 
 Progress = Callable[[int], None]
 
@@ -83,26 +82,9 @@ def _without_bom(buffer: mmap.mmap) -> mmap.mmap:
 
 
 def gunzip_to(handle: BinaryIO, out: BinaryIO, path: Path, progress: Progress | None, digest: Any) -> None:
-    """Decompress the gzip file ``handle`` into ``out`` a chunk at a time (every member of a multi-member file, as
-    ``gzip`` and ``zcat`` read it); ``digest`` is fed the compressed bytes and ``progress`` their count. Errors
-    name the file: corrupt or truncated gzip data, no data at all."""
-    inflater = zlib.decompressobj(wbits=31)
-    written = 0
-    fed = False  # whether the current member has had any bytes
-    while chunk := handle.read(READ_CHUNK):
-        digest.update(chunk)
-        if progress:
-            progress(len(chunk))
-        while chunk:
-            try:
-                written += out.write(inflater.decompress(chunk))
-            except zlib.error as exc:
-                raise InputError(f"corrupt gzip data: {exc}", path) from None
-            fed, chunk = True, b""
-            if inflater.eof and (rest := inflater.unused_data.lstrip(b"\0")):  # the next member
-                chunk, inflater, fed = rest, zlib.decompressobj(wbits=31), False
-    if fed and not inflater.eof:
-        raise InputError("truncated gzip file (the compressed stream ends early)", path)
+    """Decompress the gzip file ``handle`` into ``out`` a bounded piece at a time (:func:`~vtrain.ingest.decode.
+    inflate`: every member, errors naming the file); an error for a file with no data at all."""
+    written = sum(out.write(piece) for piece in inflate(handle, path, progress, digest))
     if not written:
         raise InputError("file is empty (gzip holds no data)", path)
     out.flush()
