@@ -67,21 +67,24 @@ def arg_key(key: str) -> str:
     return key.strip().lower().replace(" ", "_").replace("-", "_")
 
 
+#: the range of an id, stream or count in a trace: 64-bit in every writer and in vtrain's tables
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def parse_stream(value: object) -> int | None:
-    """A stream id as an integer: Kineto writes integers, ROCm traces sometimes hex strings (``"0x0"``)."""
+    """A stream (or other) id as an integer: Kineto writes integers, ROCm traces sometimes hex strings (``"0x0"``);
+    ``None`` for anything else, and for a number outside 64 bits (no writer's id; it would not fit a table)."""
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str):
+        value = int(value) if value.is_integer() else None
+    elif isinstance(value, str):
         text = value.strip()
         try:
-            return int(text, 16) if text.lower().startswith("0x") else int(text)
+            value = int(text, 16) if text.lower().startswith("0x") else int(text)
         except ValueError:
             return None
-    return None
+    return value if isinstance(value, int) and INT64_MIN <= value <= INT64_MAX else None
 
 
 #: runtime / driver calls that launch a whole captured graph: one call, many device activities sharing its

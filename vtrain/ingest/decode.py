@@ -18,16 +18,21 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.kineto import EXTERNAL_ID_KEYS, INPUT_DIMS_KEYS
+from vtrain.kineto import EXTERNAL_ID_KEYS, INPUT_DIMS_KEYS, INT64_MAX, INT64_MIN
 from vtrain.limits import GZIP_RATIO_FROM_BYTES, MAX_GZIP_RATIO
 
 BATCH_EVENTS = 200_000
 READ_CHUNK = 16 << 20
+
+
+#: an integer field of an event: ids, streams and counts are 64-bit in every writer (and in vtrain's tables); a
+#: larger one is a malformed event, not a table that cannot be built
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class EventArgs(msgspec.Struct, gc=False):
@@ -39,20 +44,20 @@ class EventArgs(msgspec.Struct, gc=False):
     with :func:`vtrain.kineto.parse_stream`.
     """
 
-    external_id: int | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[0])
-    external_id_legacy: int | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[1])  # PyTorch 1.8-1.9
-    correlation: int | None = None
-    stream: int | str | None = None
-    device: int | None = None
-    wait_on_stream: int | None = None  # cudaStreamWaitEvent (read by the replay)
-    wait_on_event_record: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
+    external_id: Int64 | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[0])
+    external_id_legacy: Int64 | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[1])  # PyTorch 1.8-1.9
+    correlation: Int64 | None = None
+    stream: Int64 | str | None = None
+    device: Int64 | None = None
+    wait_on_stream: Int64 | None = None  # cudaStreamWaitEvent (read by the replay)
+    wait_on_event_record: Int64 | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name=INPUT_DIMS_KEYS[0])
     input_dims_legacy: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name=INPUT_DIMS_KEYS[1])  # PyTorch 1.8
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     collective_name: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    group_size: int | None = msgspec.field(default=None, name="Group size")
+    in_nelems: Int64 | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Int64 | None = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Int64 | None = msgspec.field(default=None, name="Group size")
     dtype: str | None = None
     pg_name: str | None = msgspec.field(default=None, name="Process Group Name")
     pg_ranks: str | list[int] | None = msgspec.field(default=None, name="Process Group Ranks")  # text or a list
@@ -64,8 +69,8 @@ class EventFields(msgspec.Struct, gc=False):
 
     cat: str = ""
     name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
+    pid: int | str | None = None  # not kept in any table
+    tid: Int64 | str | None = None
     ts: float | None = None
     dur: float | None = None
     args: EventArgs | None = None

@@ -369,12 +369,9 @@ def _number(value: Any) -> float | None:
 
 
 def _integer(value: Any) -> int | None:
-    """An id or a count: an integer, or a number or string holding one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    return kineto.parse_stream(value) if isinstance(value, (float, str)) else None
+    """An id or a count: an integer, or a number or string holding one, within 64 bits
+    (:func:`vtrain.kineto.parse_stream`)."""
+    return kineto.parse_stream(value) if isinstance(value, (int, float, str)) else None
 
 
 def _text(value: Any, keep_json: bool = False) -> str | None:
