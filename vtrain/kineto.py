@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from vtrain.limits import MAX_TRACE_US
+
 #: what an event is: a device activity, a CPU operator or annotation, a runtime/driver call, a CUPTI sync record
 DEVICE, CPU, RUNTIME, SYNC = "device", "cpu", "runtime", "sync"
 
@@ -124,6 +126,18 @@ def accelerator(device_categories: Iterable[str], runtime_names: Iterable[str]) 
     if any(name.lower().startswith("hip") for name in runtime_names):
         return "rocm"
     return "cuda"
+
+
+def absurd_host_events(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Which host events (CPU ops, runtime calls, annotations; start ``ts``, duration ``dur``, µs) cannot be
+    measurements: a time that is not finite, a duration longer than any profile (:data:`~vtrain.limits.MAX_TRACE_US`),
+    or a start that far from the median start of the trace's host events (a clock glitch). Device activities are
+    judged by :func:`absurd_activities`, against the span of the host events that are not absurd."""
+    finite = np.isfinite(ts) & np.isfinite(dur)
+    if not finite.any():
+        return ~finite
+    middle = float(np.median(ts[finite]))
+    return ~finite | (dur > MAX_TRACE_US) | (np.abs(ts - middle) > MAX_TRACE_US)
 
 
 def absurd_activities(host_start: float | None, host_end: float | None, ts: np.ndarray,

@@ -125,3 +125,7 @@ def _within(value: float, low: float, high: float) -> bool:
 #: runs of one byte), which is what a file made to fill memory or disk (a "gzip bomb") does
 MAX_GZIP_RATIO = 200
 GZIP_RATIO_FROM_BYTES = 64 << 20
+
+#: longest span a profiled trace can cover, in µs: profiles cover seconds to minutes (a few iterations); a week is
+#: no profile, so a host event longer than this, or starting this far from the others, is a corrupt time
+MAX_TRACE_US = 7 * 24 * 3600 * 1e6

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -19,7 +19,7 @@ from vtrain.ingest.collectives import (
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.kineto import is_graph_launch
+from vtrain.kineto import absurd_host_events, is_graph_launch
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.store import conform
 
@@ -43,6 +43,7 @@ class RankTables:
     counts: EventCounts
     device_activities: int
     absurd: int
+    absurd_host: int  # host events left out for an absurd time (vtrain.kineto.absurd_host_events)
     unlaunched: int
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
@@ -81,6 +82,7 @@ def assign_iteration(frame: pl.DataFrame, steps: pl.DataFrame, ts_column: str = 
 
 def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | None) -> RankTables:
     """Build the kernels, cpu_ops, collectives and graph_launches tables of one rank."""
+    events, absurd_host = without_absurd_host_events(events)
     steps = iteration_spans(events.cpu)
     cpu = assign_iteration(events.cpu, steps)
     absurd = absurd_activities(events)
@@ -100,10 +102,24 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         counts=events.counts,
         device_activities=events.device.height + events.counts.device_dropped,
         absurd=int(absurd.sum()),
+        absurd_host=absurd_host,
         unlaunched=kernels["launch_tid"].null_count(),
         repeated=kernels.height - kernels.select("device", "stream", "name", "ts", "dur").n_unique(),
         accelerator=events.accelerator,
     )
+
+
+def without_absurd_host_events(events: RankEvents) -> tuple[RankEvents, int]:
+    """The rank's events without the CPU ops and runtime calls whose time cannot be a measurement
+    (:func:`vtrain.kineto.absurd_host_events`), and how many those were."""
+    host = pl.concat([events.cpu.select("ts", "dur"), events.runtime.select("ts", "dur")])
+    absurd = absurd_host_events(host["ts"].to_numpy(), host["dur"].to_numpy())
+    if not absurd.any():
+        return events, 0
+    cpu_rows = events.cpu.height
+    kept = replace(events, cpu=events.cpu.filter(pl.Series(~absurd[:cpu_rows])),
+                               runtime=events.runtime.filter(pl.Series(~absurd[cpu_rows:])))
+    return kept, int(absurd.sum())
 
 
 def absurd_activities(events: RankEvents) -> pl.Series:

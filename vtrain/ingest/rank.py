@@ -157,6 +157,9 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(f"{path}: left out {tables.absurd} device activities with an absurd time (not finite, longer "
                         f"than the trace, or starting where no queue of the trace's device work could put them): not "
                         f"counted as device time")
+    if tables.absurd_host:
+        warnings.append(f"{path}: left out {tables.absurd_host} CPU ops or runtime calls with an absurd time (not "
+                        f"finite, longer than any profile, or starting that far from the others)")
     if tables.repeated:
         warnings.append(f"{path}: {tables.repeated} device activities repeat another exactly (same stream, name, "
                         f"start and duration; one stream runs one at a time): a trace written twice into one file? "

@@ -119,6 +119,7 @@ class RankTrace:
     index: array  # of int64
     dropped: int = 0
     absurd: int = 0  # device activities left out for a time no measurement can have (kineto.absurd_activities)
+    absurd_host: int = 0  # host events left out for such a time (kineto.absurd_host_events)
     repeated: int = 0  # device activities that repeat another exactly (same stream, name, start and duration)
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     source: KeptText = field(default_factory=KeptText)
@@ -127,23 +128,27 @@ class RankTrace:
         return len(self.ts)
 
     def check_device_times(self) -> None:
-        """Count the device activities that repeat another exactly (:attr:`repeated`, kept) and leave out those whose
-        time cannot be a measurement (:func:`vtrain.kineto.absurd_activities`, the rule `vtrain ingest` applies),
-        counting them in :attr:`absurd`."""
+        """Count the device activities that repeat another exactly (:attr:`repeated`, kept) and leave out the events
+        whose time cannot be a measurement, by the rules `vtrain ingest` applies: host events
+        (:func:`vtrain.kineto.absurd_host_events`, counted in :attr:`absurd_host`), then device activities against
+        the span of the others (:func:`vtrain.kineto.absurd_activities`, counted in :attr:`absurd`)."""
         kinds = np.array(self.kind)
         ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
         host = (kinds == CPU) | (kinds == RUNTIME)
         device = kinds == DEVICE
-        if not device.any():
-            return
-        lanes = np.frombuffer(self.lane, dtype=np.int64)[device]
-        names = np.array([self.name[i] for i in np.flatnonzero(device)])
-        self.repeated = int(device.sum()) - len(set(zip(lanes.tolist(), names.tolist(), ts[device].tolist(),
-                                                        dur[device].tolist())))
-        start = float(ts[host].min()) if host.any() else None
-        end = float((ts[host] + dur[host]).max()) if host.any() else None
         absurd = np.zeros(len(kinds), dtype=bool)
-        absurd[device] = kineto.absurd_activities(start, end, ts[device], dur[device])
+        absurd[host] = kineto.absurd_host_events(ts[host], dur[host])
+        self.absurd_host = int(absurd.sum())
+        host &= ~absurd
+        if device.any():
+            lanes = np.frombuffer(self.lane, dtype=np.int64)[device]
+            names = np.array([self.name[i] for i in np.flatnonzero(device)])
+            self.repeated = int(device.sum()) - len(set(zip(lanes.tolist(), names.tolist(), ts[device].tolist(),
+                                                            dur[device].tolist())))
+            start = float(ts[host].min()) if host.any() else None
+            end = float((ts[host] + dur[host]).max()) if host.any() else None
+            absurd[device] = kineto.absurd_activities(start, end, ts[device], dur[device])
+            self.absurd = int(absurd.sum()) - self.absurd_host
         if not absurd.any():
             return
         keep = np.flatnonzero(~absurd)
@@ -151,7 +156,6 @@ class RankTrace:
             column = getattr(self, name)
             kept = np.asarray(column)[keep] if isinstance(column, array) else [column[i] for i in keep]
             setattr(self, name, array(column.typecode, kept.tobytes()) if isinstance(column, array) else kept)
-        self.absurd = int(absurd.sum())
 
     @property
     def has_device_activity(self) -> bool:
@@ -177,6 +181,7 @@ class RankTrace:
         """What is kept of this rank once its part of the replay graph is built."""
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
+                        absurd_host=self.absurd_host,
                         repeated=self.repeated, bare_numbers=self.bare_numbers, replayable=self.replayable,
                         columns=self.event_columns(), index=self.index, source=self.source)
 
@@ -202,6 +207,7 @@ class KeptRank:
     process_groups: list[dict[str, Any]]
     dropped: int
     absurd: int
+    absurd_host: int
     repeated: int
     bare_numbers: int
     replayable: bool

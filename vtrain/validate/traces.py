@@ -153,6 +153,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         if trace.repeated:
             note(f"{trace.path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
                  f"and duration): a trace written twice into one file? They are kept")
+        if trace.absurd_host:
+            note(f"{trace.path}: left out {trace.absurd_host} CPU ops or runtime calls with an absurd time (not "
+                 f"finite, longer than any profile, or starting that far from the others)")
         if trace.absurd:
             note(f"{trace.path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
                  f"than the trace, or starting where no queue of the trace's device work could put them)")
