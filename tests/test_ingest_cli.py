@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +203,15 @@ def test_cpu_only_traces_give_cpu_latency_tables(gloo_traces: Path) -> None:
     assert nccl.filter(pl.col("collective") == "all_reduce")["bytes"].to_list() == [4000]
     assert nccl.filter(pl.col("collective") == "all_gather")["bytes"].to_list() == [8000]
     assert (nccl["group_size"] == 2).all()
+
+
+def test_a_warning_about_a_file_whose_name_holds_a_line_break_is_one_line(tmp_path: Path) -> None:
+    """Warnings name files as errors do, on one line (``\\n`` shown escaped): a line break in a file name made a
+    warning two lines."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    os.mkfifo(folder / "rank-1\nx.json")  # named like a trace, not a file: a warning names it
+    shutil.copy(REPO / "traces" / "hta-a100-2rank-nccl" / "rank-0.json.gz", folder / "rank-0.json.gz")
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {folder}/rank-1\\nx.json: not read: named like a trace but not a file\n" in ran.stderr

@@ -27,8 +27,8 @@ def one_line(text: str) -> str:
 
 
 def warn(line: str) -> None:
-    """Print ``warning: <line>`` on stderr: suspicious but usable input, never silence."""
-    print(f"warning: {line}", file=sys.stderr)
+    """Print ``warning: <line>`` on stderr, one line as errors are: suspicious but usable input, never silence."""
+    print(f"warning: {one_line(line)}", file=sys.stderr)
 
 
 def user_errors(command: F) -> F:
