@@ -35,6 +35,21 @@ def test_vtrain_config_json_summary() -> None:
     assert summary["critical_path"][0]["task"] == "forward stage=0 mb=0"
 
 
+def test_vtrain_config_keys_it_does_not_read_are_said(tmp_path: Path) -> None:
+    """A misspelt key of vTrain's config fell back to its default without a word; every key vtrain does not read
+    is now one warning line (as a real process, and in the same words in process), and the run is predicted."""
+    config = json.loads(MTNLG.read_text())
+    config["ddp_bucket_mb"] = config.pop("ddp_bucket_size")  # misspelt: the 25 MB default applies
+    config["comment"] = "from vTrain's repository"
+    path = tmp_path / "mtnlg.json"
+    path.write_text(json.dumps(config))
+    line = f"warning: {path}: vTrain config keys vtrain does not read, ignored: comment, ddp_bucket_mb\n"
+    for ran in (vtrain(path), vtrain_in_process("simulate", path)):
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stderr == line
+    assert vtrain_in_process("simulate", MTNLG).stderr == ""
+
+
 def test_flags_override_the_config_and_text_summary() -> None:
     result = vtrain(MTNLG, "--pp", 15, "--dp", 16, "--gpus", 1920, "--schedule", "interleaved",
                     "--virtual-stages", 7, "--no-dp-overlap")

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from vtrain.configfile import read_config_file
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_MICRO_BATCHES,
@@ -249,9 +249,21 @@ def _or_empty(section: Any) -> Any:
     return {} if section is None else section
 
 
+#: the keys of vTrain's config JSON that vtrain reads (others are said, and ignored)
+VTRAIN_KEYS = frozenset({
+    "num_layers", "hidden_size", "num_attention_heads", "max_length", "vocab_size", "tensor_parallel_size",
+    "pipeline_parallel_size", "data_parallel_size", "micro_batch_size", "global_batch_size", "use_checkpoint",
+    "use_gradient_bucket", "ddp_bucket_size", "pipeline_scheduling", "framework", "gpu_name", "num_gpus", "node_size",
+    "intra_node_bandwidth", "inter_node_bandwidth"})
+
+
 def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
     """Map vTrain's config keys onto the run-config schema (vocab defaults to 50257, fp16 and Megatron's kernels
-    as in vTrain, which models Megatron-LM runs)."""
+    as in vTrain, which models Megatron-LM runs). Keys vtrain does not read are said (a misspelt key would
+    otherwise fall back to its default without a word)."""
+    unread = sorted(map(str, set(data) - VTRAIN_KEYS))
+    if unread:
+        warn_input(f"vTrain config keys vtrain does not read, ignored: {', '.join(unread)}", source)
     try:
         scheduling = str(data.get("pipeline_scheduling", "1f1b")).lower().replace("-", "")
         schedule = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved"}.get(scheduling, scheduling)

@@ -16,8 +16,11 @@ import importlib
 import os
 import signal
 import sys
+import warnings
 from types import FrameType
 from typing import Any, NoReturn
+
+from vtrain.errors import InputWarning
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
 OWN_ARGUMENTS = {"ingest": "vtrain.cli.ingest", "simulate": "vtrain.cli.simulate"}
@@ -48,7 +51,10 @@ def main() -> None:
     for each in _STOPS:
         signal.signal(each, _stop)
     try:
-        _run(sys.argv[1:])
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", InputWarning)
+            warnings.showwarning = _show_warning
+            _run(sys.argv[1:])
     except Stopped as stop:
         line, code = _STOPS[signal.Signals(stop.signum)]
         print(line, file=sys.stderr)
@@ -56,6 +62,19 @@ def main() -> None:
     except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """An :class:`~vtrain.errors.InputWarning` as one line ``warning: ...``; any other warning as Python shows it."""
+    if issubclass(category, InputWarning):
+        from vtrain.cli.errors import warn
+
+        warn(str(message))
+    else:
+        _PYTHON_SHOWWARNING(message, category, *args, **kwargs)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def _run(args: list[str]) -> None:
