@@ -112,8 +112,29 @@ def test_measurements_refuse_rows_that_are_no_measurement(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["rows"] == 1 and summary["invalid"] == 4
-    assert "warning:" in result.stderr and "4 row(s) refused" in result.stderr
+    assert "warning:" in result.stderr and "4 row(s) not simulated and not scored" in result.stderr
     assert math.isfinite(summary["mape_pct"])
+
+
+def test_measurements_say_rows_that_cannot_run_and_rows_far_off(tmp_path: Path) -> None:
+    """A row whose GPUs are not t·d·p (it cannot be simulated) was left out without a word; a row measured in
+    seconds where ms belong (1,000x off) or in µs was scored silently. Each is now a warning line."""
+    lines = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()
+    good = lines[1].split(",")
+    wrong_gpus = ",".join([str(2 * int(good[0])), *good[1:]])
+    in_seconds = ",".join([*good[:-1], str(float(good[-1]) / 1000)])
+    in_microseconds = ",".join([*good[:-1], str(float(good[-1]) * 1000)])
+    table = tmp_path / "odd.csv"
+    table.write_text("\n".join([lines[0], lines[1], wrong_gpus, in_seconds, in_microseconds]) + "\n")
+    result = CliRunner().invoke(app, ["validate", "--measurements", str(table), "--profile", str(SHIPPED), "-o",
+                                      str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["rows"] == 3 and summary["invalid"] == 1
+    said = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said) == 2, result.stderr
+    assert "1 row(s) not simulated and not scored (row 2: tp*dp*pp" in said[0]
+    assert "2 row(s) measured more than 5x from the prediction, scored all the same (row 3: measured" in said[1]
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")

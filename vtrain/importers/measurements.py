@@ -111,16 +111,6 @@ def row_problem(row: dict[str, Any]) -> str | None:
     return None
 
 
-def problem_summary(measurements: pl.DataFrame) -> str | None:
-    """One warning line for the rows :func:`read_measurements` refused (None when there are none)."""
-    refused = measurements.filter(pl.col("problem").is_not_null())
-    if refused.is_empty():
-        return None
-    first = refused.row(0, named=True)
-    return (f"{refused.height} row(s) refused, not simulated and not scored (row {first['row']}: "
-            f"{first['problem']}{', ...' if refused.height > 1 else ''})")
-
-
 def _key(name: str) -> str:
     return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 

@@ -17,7 +17,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile
-from vtrain.importers.measurements import RECOMPUTE, problem_summary, read_measurements
+from vtrain.importers.measurements import RECOMPUTE, read_measurements
 from vtrain.simulate.measured_runs import Hardware, predict_runs
 from vtrain.tables.store import load_profile
 
@@ -88,16 +88,45 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         raise InputError("the profile has no fitted device model (build one with `vtrain fit`)", profile_dir)
     device = device_from_profile(profile, str(profile_dir / "metadata.json"))
     table = read_measurements(measurements)
-    refused = problem_summary(table)
-    if refused and warn is not None:
-        warn(f"{measurements}: {refused}")
     hardware = Hardware(device=fitted["device"], gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
                         intra_node_gbps=intra_node_gbps, recompute=recompute)
     predicted = predict_runs(table, profile, device, hardware).with_columns(
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
+    for line in (_not_scored(predicted), _far_off(predicted)):
+        if line and warn is not None:
+            warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
+
+
+#: a row measured this many times faster or slower than its prediction is said: the model's errors are tens of
+#: percent, a unit mistake (seconds written as ms) is a thousand times
+FAR_OFF = 5.0
+
+
+def _not_scored(predicted: pl.DataFrame) -> str | None:
+    """One warning line for the rows that were not simulated (refused when read, or a run that cannot be: GPUs
+    that are not t·d·p), None when there are none."""
+    unscored = predicted.filter(pl.col("invalid").is_not_null())
+    if unscored.is_empty():
+        return None
+    first = unscored.row(0, named=True)
+    return (f"{unscored.height} row(s) not simulated and not scored (row {first['row']}: {first['invalid']}"
+            f"{', ...' if unscored.height > 1 else ''})")
+
+
+def _far_off(predicted: pl.DataFrame) -> str | None:
+    """One warning line for the rows measured more than :data:`FAR_OFF` times faster or slower than predicted
+    (scored all the same), None when there are none."""
+    ratio = pl.col("iteration_ms") / pl.col("predicted_ms")
+    far = predicted.filter((ratio > FAR_OFF) | (ratio < 1 / FAR_OFF))
+    if far.is_empty():
+        return None
+    first = far.row(0, named=True)
+    return (f"{far.height} row(s) measured more than {FAR_OFF:g}x from the prediction, scored all the same (row "
+            f"{first['row']}: measured {first['iteration_ms']:,.6g} ms, predicted {first['predicted_ms']:,.6g} ms"
+            f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
 
 
 def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
