@@ -175,6 +175,22 @@ def test_cli_writes_the_frontier_chart_as_svg(tmp_path: Path) -> None:
     assert "Pareto frontier" in texts and not any(text.startswith("cheapest") for text in texts)
 
 
+def test_cli_where_no_plan_can_run_writes_its_folder_and_says_so(tmp_path: Path) -> None:
+    """A device memory no plan fits in (or a global batch no data-parallel width divides) leaves no plan to time:
+    the chart had no point to put on its log axes (a matplotlib traceback); now the folder is written, the chart
+    says why it is empty, and a warning line says it."""
+    out = tmp_path / "plans"
+    result = runner.invoke(app, ["plan", "--layers", "32", "--hidden", "8192", "--heads", "64", "--seq", "2048",
+                                 "--global-batch", "16", "--gpus", "8", "--device-memory", "0.1", "--max-micro-batch",
+                                 "1", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["simulated"] == 0 and summary["pruned"]["out_of_memory"] > 0
+    assert "warning: no plan was simulated: every plan is invalid or out of memory" in result.stderr
+    assert "no plan was simulated: every plan is invalid or out of memory" in _svg_texts(out / "frontier.svg")
+    assert (out / "plans.csv").exists() and (out / "report.html").exists()
+
+
 def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
     out = tmp_path / "flags"
     ok = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256", "--vocab",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
 from vtrain.outputs import check_output
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE, Pricing
@@ -80,6 +80,8 @@ def plan_command(
                       max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers,
                       ray_address=ray_address or ("local" if ray else None),
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if not table.counts["simulated"]:
+        warn("no plan was simulated: every plan is invalid or out of memory (plans.csv gives each plan's reason)")
     details = breakdowns(table, table_profile)
     write_plan_folder(table, target, details)
     if as_json:

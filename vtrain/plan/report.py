@@ -258,7 +258,11 @@ def write_frontier_svg(table: PlanTable, path: Path) -> None:
         for name, row in chart.marked:
             axes.plot([row["days"]], [row["usd"]], _SYMBOLS[name][1], color="black", markersize=9,
                       markerfacecolor="none" if name == "reference" else "black", label=f"{name}: {label(row)}")
-        axes.set(xscale="log", yscale="log", ylabel="USD",
+        if chart.plans.is_empty():  # every plan invalid or out of memory: nothing to put on log axes
+            axes.text(0.5, 0.5, "no plan was simulated: every plan is invalid or out of memory", ha="center",
+                      transform=axes.transAxes)
+        scale = "linear" if chart.plans.is_empty() else "log"
+        axes.set(xscale=scale, yscale=scale, ylabel="USD",
                  title=f"Training cost versus time ({len(chart.plans)} plans)",
                  xlabel=f"training days ({table.pricing.tokens / 1e9:g}B tokens: {chart.iterations:,.0f} iterations)")
         for axis, form in ((axes.xaxis, _number), (axes.yaxis, _dollars)):
