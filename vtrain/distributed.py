@@ -1,13 +1,30 @@
-"""Running tasks as Ray tasks (``pip install vtrain[ray]``), on an existing cluster or a local instance: `vtrain
-plan`'s groups of plans and `vtrain ingest`'s rank files go through the same function as their process pools, so
-the numbers are the same."""
+"""Running work in parallel: as worker processes on this machine (how many: :func:`workers_within_cores`), or as Ray
+tasks (``pip install vtrain[ray]``) on an existing cluster or a local instance: `vtrain plan`'s groups of plans and
+`vtrain ingest`'s rank files go through the same function as their process pools, so the numbers are the same."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from vtrain.errors import InputError
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def workers_within_cores(requested: int, warn: Callable[[str], None]) -> int:
+    """``--workers``, at most one process per usable core (``warn`` says so when that is fewer): the work is CPU-
+    bound, so more processes than cores add only memory (each holds its own copy of the profile and the
+    libraries: 10,000 asked for would exhaust any machine's memory)."""
+    cores = usable_cores()
+    if requested > cores:
+        warn(f"--workers {requested}: this process may use {cores} CPU core(s); using {cores} worker processes")
+        return cores
+    return requested
 
 
 def run_on_ray(address: str, function: Callable[..., Any], base: Any, profile: Any, device: Any,

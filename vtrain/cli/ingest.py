@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vtrain.cli.errors import OneLineParser, report, warn
+from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files, not_read_warning, unreadable_trace_names
 from vtrain.ingest.pipeline import IngestedRanks, default_workers, ingest_to_folder
@@ -85,7 +86,7 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     for skipped in unreadable_trace_names(trace_dir):
         warn(not_read_warning(skipped))
     total = sum(f.stat().st_size for f in files)
-    workers = workers or default_workers(files)
+    workers = workers_within_cores(workers, warn) if workers else default_workers(files)
 
     # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
     if total >= PROGRESS_BYTES and sys.stderr.isatty():

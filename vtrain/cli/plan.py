@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.outputs import check_output
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE, Pricing
@@ -71,6 +72,7 @@ def plan_command(
     target = output if output is not None else PLANS / name
     check_output(target, inputs=[model, profile], force=force)
     table_profile = load_profile(profile) if profile is not None else None
+    workers = workers_within_cores(workers, warn)
     console = Console(stderr=True)
     with Progress(TextColumn("timing plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:

@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 import vtrain
+from vtrain.distributed import usable_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files, missing_ranks_warning
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
@@ -49,8 +50,7 @@ def default_workers(files: list[Path]) -> int:
     small folder (starting a worker costs about as much as ingesting 20 MB of trace)."""
     if sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(len(files), cores))
+    return max(1, min(len(files), usable_cores()))
 
 
 @dataclass
