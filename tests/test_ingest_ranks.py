@@ -108,10 +108,10 @@ def test_warnings_and_errors_come_in_folder_order_whichever_process_read_the_fil
     out = tmp_path / "out"
     for _ in range(3):
         done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o",
-                               str(out / "result"), "--workers", "3"], cwd=REPO, capture_output=True, text=True,
+                               str(out / "result"), "--workers", "2"], cwd=REPO, capture_output=True, text=True,
                               check=False)
-        assert done.returncode == 2 and done.stderr.splitlines() == [f"warning: {warnings[1][0]}",
-                                                                     f"error: {errors[1]}"], done.stderr
+        lines = [line for line in done.stderr.splitlines() if not line.startswith("warning: --workers")]  # 1 core
+        assert done.returncode == 2 and lines == [f"warning: {warnings[1][0]}", f"error: {errors[1]}"], done.stderr
         assert not out.exists()
     (folder / "rank-2.json").unlink()
     for workers in (1, 3):
