@@ -89,6 +89,17 @@ def parse_stream(value: object) -> int | None:
     return value if isinstance(value, int) and INT64_MIN <= value <= INT64_MAX else None
 
 
+#: CPU operators of c10d (``c10d::allreduce_``, ``c10d::send``): each issues one collective
+C10D_OP_PREFIX = "c10d::"
+#: the CPU operator that launches a collective's NCCL kernel and carries its sizes and process group
+RECORD_PARAM_COMMS = "record_param_comms"
+#: CPU operators that issue a collective
+ISSUING_OP_PREFIXES = (C10D_OP_PREFIX, RECORD_PARAM_COMMS)
+#: CPU annotations the c10d backends write around a collective (``gloo:all_reduce``, ``nccl:send``, ...)
+BACKEND_ANNOTATION_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
+#: every CPU event that is communication: the issuing operators and the backends' annotations
+COMMUNICATION_OP_PREFIXES = ISSUING_OP_PREFIXES + BACKEND_ANNOTATION_PREFIXES
+
 #: runtime / driver calls that launch a whole captured graph: one call, many device activities sharing its
 #: correlation id (CUDA runtime and driver, HIP); version suffixes (``cudaGraphLaunch_v10000``, ``_ptsz``) aside
 GRAPH_LAUNCH_NAMES = frozenset({"cudagraphlaunch", "cugraphlaunch", "hipgraphlaunch"})

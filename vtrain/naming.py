@@ -34,6 +34,9 @@ COMM_PURPOSES = ("tp", "pp", "dp")
 
 ITERATION_PREFIX = "ProfilerStep#"
 
+#: the prefix of every communication span (``vtrain/comm purpose=...``)
+COMM_SPAN_PREFIX = f"{SPAN_PREFIX}comm"
+
 
 def span_name(kind: str, **fields: object) -> str:
     """Build a span name, e.g. ``span_name("layer", phase="forward", stage=0, mb=1, layer=3)``."""

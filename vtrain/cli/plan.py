@@ -14,8 +14,20 @@ from vtrain.cli.errors import user_errors, warn
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.outputs import check_output
-from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_TOKENS, PRICE_SOURCE, TOKENS_SOURCE, Pricing
-from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig, load_run_config
+from vtrain.plan.cost import (
+    DEFAULT_PRICE_PER_GPU_HOUR,
+    DEFAULT_TOKENS,
+    PRICE_SOURCE,
+    TOKENS_SOURCE,
+    Pricing,
+)
+from vtrain.runconfig import (
+    HardwareConfig,
+    ModelConfig,
+    ParallelConfig,
+    RunConfig,
+    load_run_config,
+)
 
 if TYPE_CHECKING:
     from vtrain.plan.sweep import PlanTable
@@ -59,7 +71,13 @@ def plan_command(
     """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
     time-versus-cost frontier."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from vtrain.plan.report import breakdowns, summary, write_plan_folder
     from vtrain.plan.space import parse_gpus

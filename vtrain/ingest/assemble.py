@@ -18,8 +18,12 @@ from vtrain.ingest.collectives import (
 )
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
+from vtrain.kineto import (
+    BACKEND_ANNOTATION_PREFIXES,
+    absurd_host_events,
+    is_graph_launch,
+)
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.kineto import absurd_host_events, is_graph_launch
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.store import conform
 
@@ -227,7 +231,7 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
         device_type, stream = "cuda", pl.col("stream")
     else:
         calls = cpu.filter(pl.col("cat") == "user_annotation").filter(
-            pl.col("name").str.contains(r"^(gloo|nccl|mpi|ucc):"))
+            pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
         described = _describe(calls, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, default_group))
         device_type, stream = "cpu", pl.lit(None, dtype=pl.Int64)
     if calls.is_empty():

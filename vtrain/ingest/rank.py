@@ -27,7 +27,8 @@ from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
-from vtrain.naming import ITERATION_PREFIX
+from vtrain.kineto import C10D_OP_PREFIX
+from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX
 from vtrain.tables.latency import gpu_op_calls
 
 Progress = Callable[[int], None]
@@ -36,7 +37,7 @@ Progress = Callable[[int], None]
 #: ``op_latency``) and the CPU ops that collectives are matched with (for ``nccl_latency``)
 SPOOLED = ("kernels", "cpu_ops", "collectives", "graph_launches", "calls", "comm_ops")
 #: CPU ops that :func:`vtrain.tables.matching.match_calls` reads: issuing c10d ops and vtrain's comm spans
-_COMM_OP_PREFIXES = ("c10d::", "vtrain/comm")
+_COMM_OP_PREFIXES = (C10D_OP_PREFIX, COMM_SPAN_PREFIX)
 
 
 @dataclass

@@ -25,16 +25,16 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from vtrain import kineto
 from vtrain.ingest.collectives import canonical_collective, parse_nccl_kernel
-from vtrain.naming import parse_span_name
+from vtrain.naming import COMM_SPAN_PREFIX, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.replay.trace import CPU, DEVICE, RankTrace
 
 #: CPU-side collective annotations written by the c10d backends (gloo:all_reduce, nccl:send, ...)
-COLLECTIVE_ANNOTATION = re.compile(r"^(gloo|nccl|mpi|ucc):")
+COLLECTIVE_ANNOTATION = re.compile("^(" + "|".join(map(re.escape, kineto.BACKEND_ANNOTATION_PREFIXES)) + ")")
 #: CPU operators that issue a collective
-ISSUING_OP = re.compile(r"^(c10d::|record_param_comms)")
-_COMM_SPAN = "vtrain/comm"
+ISSUING_OP = re.compile("^(" + "|".join(map(re.escape, kineto.ISSUING_OP_PREFIXES)) + ")")
 _P2P = ("send", "recv")
 
 #: reasons a collective is replayed with its measured duration
@@ -82,7 +82,7 @@ class SpanIndex:
     def __init__(self, trace: RankTrace) -> None:
         spans: dict[int, list[tuple[float, float, dict[str, str]]]] = defaultdict(list)
         for i, name in enumerate(trace.name):
-            if trace.kind[i] == CPU and name.startswith(_COMM_SPAN):
+            if trace.kind[i] == CPU and name.startswith(COMM_SPAN_PREFIX):
                 parsed = parse_span_name(name)
                 if parsed:
                     spans[trace.lane[i]].append((trace.ts[i], trace.ts[i] + trace.dur[i], parsed[1]))

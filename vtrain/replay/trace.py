@@ -321,7 +321,7 @@ class _Reader:
             trace.wait_on_stream.append(kineto.parse_stream(args.get("wait_on_stream")))
             trace.wait_on_event_record.append(_integer(args.get("wait_on_cuda_event_record_corr_id")))
             trace.collective_name.append(_text(args.get("collective_name")))
-            sized = cat == "user_annotation" or name.startswith(("c10d::", "record_param_comms"))
+            sized = cat == "user_annotation" or name.startswith(kineto.ISSUING_OP_PREFIXES)
             elements = _integer(args.get("in_msg_nelems")) or _integer(args.get("out_msg_nelems"))
             trace.elements.append(elements or (_elements(args.get("input_dims")) if sized else None))
             trace.pg_ranks.append(_text(args.get("process_group_ranks"), keep_json=True))

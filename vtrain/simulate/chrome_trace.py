@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from vtrain import kineto
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op
@@ -205,7 +206,7 @@ class _RankTrace:
             return
         self.span(f"nccl:{op}", start, end, tid)
         kernel = _NCCL_KERNEL.get(op, _NCCL_KERNEL["all_reduce"]).format(dtype=_NCCL_DTYPE.get(dtype, "f32"))
-        self.launch("record_param_comms", {**sizes, **source}, [(kernel, sizes)], start, end, tid, stream)
+        self.launch(kineto.RECORD_PARAM_COMMS, {**sizes, **source}, [(kernel, sizes)], start, end, tid, stream)
 
     # ------------------------------------------------------------------ tasks
     def write(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
+from vtrain.kineto import COMMUNICATION_OP_PREFIXES
 from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
 from vtrain.tables.schema import COMMUNICATION
 from vtrain.tables.store import conform
@@ -71,9 +72,6 @@ def cpu_op_calls(cpu_ops: pl.DataFrame) -> pl.DataFrame:
         kernels="name", n_kernels=pl.lit(1, dtype=pl.Int32), device_type=pl.lit("cpu"))
 
 
-_COMMUNICATION_OP = ("c10d::", "record_param_comms", "gloo:", "nccl:")
-
-
 def op_nesting(ranks: list[int], tids: list[int], starts: list[float],
                durations: list[float]) -> tuple[list[int], list[float]]:
     """For CPU ops sorted by (rank, thread, start, longest first): each op's parent (``-1`` at the top) and the
@@ -99,7 +97,7 @@ def in_communication(names: list[str], parent: list[int]) -> list[bool]:
     (ops in :func:`op_nesting` order)."""
     inside = [False] * len(names)
     for i, name in enumerate(names):
-        inside[i] = name.startswith(_COMMUNICATION_OP) or (parent[i] >= 0 and inside[parent[i]])
+        inside[i] = name.startswith(COMMUNICATION_OP_PREFIXES) or (parent[i] >= 0 and inside[parent[i]])
     return inside
 
 
@@ -118,7 +116,7 @@ def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], duratio
 
 def _work_ops(names: list[str], durations: list[float], parent: list[int], child_time: list[float]) -> list[bool]:
     n = len(names)
-    holds_comm = [name.startswith(_COMMUNICATION_OP) for name in names]
+    holds_comm = [name.startswith(COMMUNICATION_OP_PREFIXES) for name in names]
     for i in range(n - 1, -1, -1):
         if holds_comm[i] and parent[i] >= 0:
             holds_comm[parent[i]] = True
@@ -126,7 +124,7 @@ def _work_ops(names: list[str], durations: list[float], parent: list[int], child
     covered = [False] * n  # a work op or a collective is at or above this op
     for i in range(n):
         above = parent[i] >= 0 and covered[parent[i]]
-        if names[i].startswith(_COMMUNICATION_OP):
+        if names[i].startswith(COMMUNICATION_OP_PREFIXES):
             covered[i] = True
         elif (not above and not holds_comm[i] and durations[i] > 0
               and durations[i] - child_time[i] >= 0.5 * durations[i]):

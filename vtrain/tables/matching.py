@@ -41,7 +41,8 @@ from collections import defaultdict
 
 import polars as pl
 
-from vtrain.naming import parse_span_name
+from vtrain.kineto import C10D_OP_PREFIX
+from vtrain.naming import COMM_SPAN_PREFIX, parse_span_name
 from vtrain.tables.calls import Call, align, classes, ordered, pair_in_order, start_when_ready
 from vtrain.tables.pairing import match_point_to_point
 
@@ -52,7 +53,6 @@ CO_COMPLETION = 0.25
 #: a nearest partner ends at most this share of the gap to any other candidate from a rank's calls
 NEAREST_MARGIN = 1 / 3
 _ISSUE_TOLERANCE_US = 1.0
-_COMM_SPAN = "vtrain/comm"
 _RESULTS = ("match_id", "members", "transfer_us", "wait_us", "group_size_source")
 _SPAN_FIELDS = ("span_stage", "span_peer", "span_phase", "span_mb", "purpose")
 
@@ -101,7 +101,7 @@ def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl
                                *(pl.lit(None, dtype=pl.String).alias(c) for c in _SPAN_FIELDS))
     if cpu_ops is None or cpu_ops.is_empty():
         return frame
-    issuing = (cpu_ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))
+    issuing = (cpu_ops.filter((pl.col("cat") == "cpu_op") & pl.col("name").str.starts_with(C10D_OP_PREFIX))
                .select("rank", issue_ts=pl.col("ts"), issue_end=pl.col("ts") + pl.col("dur")).sort("issue_ts"))
     spans = _comm_spans(cpu_ops)
     joined = frame.sort("ts")
@@ -129,7 +129,7 @@ def _with_issue_context(frame: pl.DataFrame, cpu_ops: pl.DataFrame | None) -> pl
 
 def _comm_spans(cpu_ops: pl.DataFrame) -> pl.DataFrame:
     """The ``vtrain/comm`` spans: rank, start, end and the fields that identify a transfer."""
-    rows = cpu_ops.filter(pl.col("name").str.starts_with(_COMM_SPAN)).select("rank", "name", "ts", "dur")
+    rows = cpu_ops.filter(pl.col("name").str.starts_with(COMM_SPAN_PREFIX)).select("rank", "name", "ts", "dur")
     fields = [(parse_span_name(name) or ("", {}))[1] for name in rows["name"].to_list()]
     return rows.select("rank", span_ts=pl.col("ts"), span_end=pl.col("ts") + pl.col("dur")).with_columns(
         pl.Series(column, [f.get(key) for f in fields], dtype=pl.String)
