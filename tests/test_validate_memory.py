@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 from array import array
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -15,7 +16,7 @@ import polars as pl
 from tests.conftest import TRACES
 from vtrain.replay.build import GraphBuilder, build_graph
 from vtrain.replay.replayer import replay, replay_graph
-from vtrain.replay.trace import KeptRank, RankTrace, read_ranks, read_trace_set
+from vtrain.replay.trace import KeptRank, RankTrace, read_rank_trace, read_ranks, read_trace_set
 from vtrain.validate.timeline import annotate
 from vtrain.validate.traces import ANNOTATION_ONLY, prepare_validation
 
@@ -27,7 +28,8 @@ RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: the model side is prep
 def _built(folder) -> tuple[GraphBuilder, list[KeptRank]]:
     builder = GraphBuilder()
 
-    def keep(trace: RankTrace) -> KeptRank:
+    def keep(path: Path) -> KeptRank:
+        trace = read_rank_trace(path)
         builder.add(trace)
         return trace.kept()
 

@@ -4,9 +4,11 @@ tasks (``pip install vtrain[ray]``) on an existing cluster or a local instance: 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from vtrain.errors import InputError
 
@@ -25,6 +27,66 @@ def workers_within_cores(requested: int, warn: Callable[[str], None]) -> int:
         warn(f"--workers {requested}: this process may use {cores} CPU core(s); using {cores} worker processes")
         return cores
     return requested
+
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+def map_in_order(function: Callable[[Job], Result], jobs: list[Job], workers: int) -> Iterator[Result]:
+    """``function(job)`` of every job, in the jobs' order: in this process for one worker (or one job), else by a
+    pool of ``workers`` spawned processes (``function`` and the jobs must pickle). Workers run polars on one thread
+    each (the parallelism is across jobs) and ignore Ctrl-C: the calling process handles it (closing this
+    iterator stops the pool before anyone removes what the workers write in)."""
+    if workers <= 1 or len(jobs) <= 1:
+        yield from map(function, jobs)
+        return
+    context = multiprocessing.get_context("spawn")  # forking a process that runs polars' threads can deadlock
+    with _one_thread_each(), context.Pool(min(workers, len(jobs)), initializer=_ignore_interrupts) as pool:
+        yield from pool.imap(function, jobs)
+
+
+def _ignore_interrupts() -> None:
+    """In a worker: Ctrl-C reaches every process of the terminal's group; the calling process alone handles it.
+    polars is imported first: polars 2 installs its own Ctrl-C handling when imported, and a query in a worker
+    that imported it after SIGINT was ignored still stops with KeyboardInterrupt (the pool then waits forever for
+    that job)."""
+    import polars  # noqa: F401
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _one_thread_each:
+    """Workers start with one polars thread each (``POLARS_MAX_THREADS``, read when polars is imported)."""
+
+    def __enter__(self) -> None:
+        self._before = os.environ.get("POLARS_MAX_THREADS")
+        os.environ["POLARS_MAX_THREADS"] = "1"
+
+    def __exit__(self, *_: object) -> None:
+        if self._before is None:
+            os.environ.pop("POLARS_MAX_THREADS", None)
+        else:
+            os.environ["POLARS_MAX_THREADS"] = self._before
+
+
+def map_on_ray_in_order(address: str, function: Callable[[Job], Result], jobs: list[Job]) -> Iterator[Result]:
+    """``function(job)`` of every job as one Ray task each (:func:`run_on_ray`; ``address`` as there), yielded in
+    the jobs' order. A task reads what its job names where it runs: files must be on a shared file system."""
+    done: dict[int, Result] = {}
+    following = 0
+    for index, result in run_on_ray(address, _numbered, function, None, None, list(enumerate(jobs))):
+        done[index] = result
+        while following in done:
+            yield done.pop(following)
+            following += 1
+
+
+def _numbered(function: Callable[[Job], Result], _profile: None, _device: None,
+              job: tuple[int, Job]) -> tuple[int, Result]:
+    """A Ray task of :func:`map_on_ray_in_order`: the job's result with the job's number."""
+    index, item = job
+    return index, function(item)
 
 
 def run_on_ray(address: str, function: Callable[..., Any], base: Any, profile: Any, device: Any,

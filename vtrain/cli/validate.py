@@ -10,8 +10,10 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
+from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
 from vtrain.outputs import check_output
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
@@ -56,6 +58,14 @@ def validate_command(
                                                       "(default: the profile's single-node fits)."),
     recompute: str = typer.Option("full", "--recompute", help="With --measurements: activation recomputation "
                                                               "(none or full) of rows without that column."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Processes reading the rank files in "
+                                                                      "parallel (default: one per core for a large "
+                                                                      "folder, one for a small one)."),
+    ray: bool = typer.Option(False, "--ray", help="Read the rank files as Ray tasks (pip install 'vtrain[ray]'; "
+                                                  "the folder on a shared file system): on the cluster at "
+                                                  "--ray-address, else RAY_ADDRESS, else a local one."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Ray cluster address (ray://HOST:10001, "
+                                                                       "auto); implies --ray."),
 ) -> None:
     """Compare the replay and the model-driven prediction with measured traces; write the report. With
     --measurements, predict a table of measured iteration times instead."""
@@ -77,7 +87,10 @@ def validate_command(
     target = output or REPORTS / trace_dir.resolve().name
     check_output(target, inputs=[trace_dir, config, profile], force=True, what="report folder")
     _check_inputs(trace_dir, config)
-    prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn)
+    files = find_trace_files(trace_dir)
+    prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn,
+                                  workers=workers_within_cores(workers, warn) if workers else default_workers(files),
+                                  ray_address=ray_address or ("local" if ray else None))
     with staged_folder(target) as staging:  # created only now, when there are results to write
         result = finish_validation(prepared, staging, with_hta=not no_hta)
         write_report_files(result, staging)

@@ -12,11 +12,8 @@ commands and tests that use a profile at once).
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import platform
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +25,7 @@ from typing import Any
 import polars as pl
 
 import vtrain
-from vtrain.distributed import usable_cores
+from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files, missing_ranks_warning
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
@@ -193,10 +190,9 @@ def _map_ranks(files: list[Path], spool: Path, workers: int, progress: Progress 
         for index, path in enumerate(files):
             yield ingest_rank(index, path, spool, progress)
         return
-    context = multiprocessing.get_context("spawn")  # forking a process that runs polars' threads can deadlock
-    with _one_thread_each(), context.Pool(min(workers, len(files)), initializer=_ignore_interrupts) as pool:
-        jobs = [(index, path, spool) for index, path in enumerate(files)]
-        for result in pool.imap(_ingest_rank_job, jobs):
+    with closing(map_in_order(_ingest_rank_job, [(index, path, spool) for index, path in enumerate(files)],
+                              workers)) as results:
+        for result in results:
             if progress:
                 progress(result.path.stat().st_size)
             yield result
@@ -209,24 +205,18 @@ def _map_ranks_on_ray(address: str, files: list[Path], spool: Path,
     in folder order. A task reads its file at the same path on its node (the folder must be on a shared file
     system) and returns its spooled tables as bytes, which are written to ``spool`` here: only the trace folder
     needs to be shared."""
-    from vtrain.distributed import run_on_ray
+    from vtrain.distributed import map_on_ray_in_order
 
-    done: dict[int, RankResult] = {}
-    jobs = list(enumerate(files))
-    for result, tables in run_on_ray(address, _ingest_rank_shipped, None, None, None, jobs):
+    for result, tables in map_on_ray_in_order(address, _ingest_rank_shipped, list(enumerate(files))):
         for name, data in tables.items():
             result.spooled(spool, name).write_bytes(data)
         if progress:
             progress(result.path.stat().st_size)
-        done[result.index] = result
-        while len(jobs) > 0 and jobs[0][0] in done:  # the next in folder order is in
-            yield done.pop(jobs.pop(0)[0])
+        yield result
 
 
-def _ingest_rank_shipped(_base: None, _profile: None, _device: None,
-                         job: tuple[int, Path]) -> tuple[RankResult, dict[str, bytes]]:
-    """A Ray task (called as :func:`vtrain.distributed.run_on_ray` calls its function, with nothing
-    shared): one rank ingested into a spool of its own, returned with the spooled files' bytes."""
+def _ingest_rank_shipped(job: tuple[int, Path]) -> tuple[RankResult, dict[str, bytes]]:
+    """A Ray task: one rank ingested into a spool of its own, returned with the spooled files' bytes."""
     index, path = job
     with tempfile.TemporaryDirectory(prefix="vtrain-ingest-") as spool:
         result = ingest_rank(index, path, Path(spool))
@@ -236,27 +226,6 @@ def _ingest_rank_shipped(_base: None, _profile: None, _device: None,
 
 def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
     return ingest_rank(*job)
-
-
-def _ignore_interrupts() -> None:
-    """In a worker: Ctrl-C reaches every process of the terminal's group; the ingesting process alone handles it
-    (it stops the pool and removes what was written)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-class _one_thread_each:
-    """Workers start with one polars thread each (``POLARS_MAX_THREADS``, read when polars is imported): the
-    parallelism is across ranks."""
-
-    def __enter__(self) -> None:
-        self._before = os.environ.get("POLARS_MAX_THREADS")
-        os.environ["POLARS_MAX_THREADS"] = "1"
-
-    def __exit__(self, *_: object) -> None:
-        if self._before is None:
-            os.environ.pop("POLARS_MAX_THREADS", None)
-        else:
-            os.environ["POLARS_MAX_THREADS"] = self._before
 
 
 def _check_against(source: RankSource, earlier: list[RankSource]) -> None:

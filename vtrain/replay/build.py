@@ -117,20 +117,14 @@ class GraphBuilder:
 
     def add(self, trace: RankTrace) -> RankPart:
         """Build the edges of one rank (numbered from 0) and keep its part."""
-        builder = _RankBuilder(RankContext(trace, 0, self.options, EdgeList(), self.stats))
-        builder.build()
-        launch = np.full(len(trace), -1, dtype=np.int64)
-        for activity, call in builder.streams.launch.items():
-            if call is not None:
-                launch[activity] = call
-        part = RankPart(rank=trace.rank, ts=np.asarray(trace.ts, dtype=np.float64),
-                        dur=np.asarray(trace.dur, dtype=np.float64), edges=builder.ctx.edges,
-                        calls=builder.collectives(self.layout), launch=launch, host=builder.host,
-                        hosting_chains={tid: (np.asarray(builder.chain_of[tid].points, dtype=np.int64),
-                                              np.asarray(builder.chain_of[tid].times, dtype=np.float64))
-                                        for tid in set(builder.host.values())})
-        self.parts[trace.rank] = part
+        part, stats = rank_part(trace, self.layout, self.options)
+        self.keep(part, stats)
         return part
+
+    def keep(self, part: RankPart, stats: DependencyStats) -> None:
+        """Keep a rank's part built elsewhere (:func:`rank_part`, in another process), with what it found."""
+        self.parts[part.rank] = part
+        self.stats.merge(stats)
 
     def graph(self, traces: list, match_across_ranks: bool = True) -> ReplayGraph:
         """The whole graph; ``traces`` (one per rank added, any order) is what the graph keeps of each rank. The
@@ -167,6 +161,25 @@ class GraphBuilder:
         measured = np.concatenate([measured, np.asarray(joins, dtype=np.float64) - origin])
         return ReplayGraph(traces=traces, parts=parts, offsets=offsets, edges=edges, measured=measured,
                            origin=origin, matches=matches, calls=collectives, stats=stats)
+
+
+def rank_part(trace: RankTrace, layout: Layout | None, options: ReplayOptions) -> tuple[RankPart, DependencyStats]:
+    """One rank's part of the graph (its edges, numbered from 0) and what its dependency model found: needs only
+    the rank's own trace, so ranks can be built apart (see :meth:`GraphBuilder.keep`)."""
+    stats = DependencyStats()
+    builder = _RankBuilder(RankContext(trace, 0, options, EdgeList(), stats))
+    builder.build()
+    launch = np.full(len(trace), -1, dtype=np.int64)
+    for activity, call in builder.streams.launch.items():
+        if call is not None:
+            launch[activity] = call
+    part = RankPart(rank=trace.rank, ts=np.asarray(trace.ts, dtype=np.float64),
+                    dur=np.asarray(trace.dur, dtype=np.float64), edges=builder.ctx.edges,
+                    calls=builder.collectives(layout), launch=launch, host=builder.host,
+                    hosting_chains={tid: (np.asarray(builder.chain_of[tid].points, dtype=np.int64),
+                                          np.asarray(builder.chain_of[tid].times, dtype=np.float64))
+                                    for tid in set(builder.host.values())})
+    return part, stats
 
 
 @dataclass

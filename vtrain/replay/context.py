@@ -35,6 +35,15 @@ class DependencyStats:
     kept_count: Counter[str] = field(default_factory=Counter)
     graph_launches: int = 0  # runtime calls (cudaGraphLaunch, ...) that released more than one activity
 
+    def merge(self, other: DependencyStats) -> None:
+        """Add what ``other`` (another rank's model) found."""
+        for name, value in vars(other).items():
+            mine = getattr(self, name)
+            if isinstance(mine, Counter):
+                mine.update(value)
+            else:
+                setattr(self, name, mine + value)
+
     def keep(self, cause: str, us: float) -> None:
         """Count a wait of ``us`` kept as measured (one of :data:`KEPT_CAUSES`)."""
         self.kept_us[cause] += max(0.0, us)

@@ -23,7 +23,9 @@ import sys
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -32,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from vtrain import kineto
+from vtrain.distributed import map_in_order, map_on_ray_in_order
 from vtrain.errors import InputError
 from vtrain.ingest.decode import (
     LooseEvent,
@@ -409,22 +412,27 @@ def _elements(dims: Any) -> int | None:
 def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
     """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
     claiming one rank is an error."""
-    return read_ranks(trace_dir, lambda trace: trace, sink)
+    return read_ranks(trace_dir, partial(read_rank_trace, sink=sink))
 
 
-def read_ranks(trace_dir: str | Path, keep: Callable[[RankTrace], Kept], sink: Sink | None = None) -> list[Kept]:
-    """What ``keep`` keeps of every rank file of a trace folder, sorted by rank: the files are read one at a
-    time, in rank order where their names tell it, and each :class:`RankTrace` is handed to ``keep`` (and
-    ``sink``) before the next file is read. Two files claiming one rank is an error."""
+def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: int = 1,
+               ray_address: str | None = None) -> list[Kept]:
+    """What ``read`` keeps of every rank file of a trace folder, sorted by rank: ``read(path)`` reads one file
+    (:func:`read_rank_trace`) and returns what is kept of it, with its ``rank`` and ``path``. The files are read in
+    rank order where their names tell it: one at a time here, by ``workers`` processes, or as Ray tasks at
+    ``ray_address`` (``read`` and what it keeps must then pickle; :mod:`vtrain.distributed`), and their results
+    taken in that order. Two files claiming one rank is an error."""
+    files = sorted(find_trace_files(trace_dir), key=_rank_order)
+    results = map_on_ray_in_order(ray_address, read, files) if ray_address else map_in_order(read, files, workers)
     kept: list[Kept] = []
     seen: dict[int, Path] = {}
-    for path in sorted(find_trace_files(trace_dir), key=_rank_order):
-        trace = read_rank_trace(path, sink)
-        if trace.rank in seen:
-            raise InputError(f"rank {trace.rank} is claimed by both {seen[trace.rank].name} and {path.name}", path)
-        seen[trace.rank] = path
-        kept.append(keep(trace))
-        del trace
+    with closing(results):
+        for item in results:
+            if item.rank in seen:
+                raise InputError(f"rank {item.rank} is claimed by both {seen[item.rank].name} and {item.path.name}",
+                                 item.path)
+            seen[item.rank] = item.path
+            kept.append(item)
     return sorted(kept, key=lambda k: k.rank)
 
 

@@ -19,9 +19,8 @@ from vtrain.ingest.discover import missing_ranks_warning, not_read_warning, unre
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
-from vtrain.replay.build import GraphBuilder
 from vtrain.replay.replayer import Replay, replay_graph
-from vtrain.replay.trace import KeptRank, KeptText, RankTrace, read_ranks
+from vtrain.replay.trace import KeptRank, KeptText
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.predictions import (
@@ -32,6 +31,7 @@ from vtrain.validate.predictions import (
 )
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.profile import RankTablesSink
+from vtrain.validate.ranks import read_for_validation
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
 
 Warn = Callable[[str], None]
@@ -101,19 +101,22 @@ class Prepared:
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
                     profile_dir: str | Path | None = None, with_hta: bool = True,
-                    warn: Warn = lambda _: None) -> Validation:
+                    warn: Warn = lambda _: None, workers: int = 1, ray_address: str | None = None) -> Validation:
     """Validate the replay and (when the run is described) the model against the traces in ``trace_dir``.
 
     Predicted traces are written under ``work_dir`` (``predicted/replay``, ``predicted/model``). ``with_hta``
     off skips HTA's side-by-side analysis (it parses every trace folder once more).
     """
-    prepared = prepare_validation(trace_dir, config_path=config_path, profile_dir=profile_dir, warn=warn)
+    prepared = prepare_validation(trace_dir, config_path=config_path, profile_dir=profile_dir, warn=warn,
+                                  workers=workers, ray_address=ray_address)
     return finish_validation(prepared, work_dir, with_hta=with_hta)
 
 
 def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None = None,
-                       profile_dir: str | Path | None = None, warn: Warn = lambda _: None) -> Prepared:
-    """Read every trace file once, replay the set and simulate the described run, writing nothing.
+                       profile_dir: str | Path | None = None, warn: Warn = lambda _: None, workers: int = 1,
+                       ray_address: str | None = None) -> Prepared:
+    """Read every trace file once (by ``workers`` processes or as Ray tasks at ``ray_address``:
+    :mod:`vtrain.validate.ranks`), replay the set and simulate the described run, writing nothing.
 
     The replay's decoding of each file also feeds ingest's tables for the model's profile
     (:class:`vtrain.validate.profile.RankTablesSink`) when the run is described and no ``profile_dir`` is given.
@@ -121,13 +124,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     trace_dir = Path(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
-    builder = GraphBuilder(config)
-
-    def keep(trace: RankTrace) -> KeptRank:  # a rank's graph is built as it is read: only its part is kept
-        builder.add(trace)
-        return trace.kept()
-
-    traces = read_ranks(trace_dir, keep, sink)
+    builder, traces = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
     if not any(trace.replayable for trace in traces):
         dropped = sum(trace.dropped for trace in traces)
         raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
