@@ -86,6 +86,8 @@ def test_recording_loads_in_hta_and_vtrain_ingest(recorded: tuple[Path, subproce
     (["--precision", "fp16"], "fp16 needs loss scaling"),
     (["--warmup", "0"], "--warmup must be >= 1"),
     (["--device", "tpu"], "--device must be one of"),
+    # 13 PB by the memory model: refused before a rank starts allocating (a typo took the machine into swap)
+    (["--hidden", "262144", "--heads", "64", "--device", "cpu"], "rank(s) need at least"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
     out = tmp_path / "never"

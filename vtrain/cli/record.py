@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from vtrain.cli.errors import user_errors
+from vtrain.errors import InputError
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
 
 EXIT_RANK_FAILED = 1
@@ -49,8 +51,10 @@ def record_command(
                                    dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),
         precision=precision,
     )
-    from vtrain.record.launcher import RankFailure, record  # torch is imported only when recording
+    from vtrain.record.launcher import RankFailure, record, resolve_device  # torch: only when recording
 
+    if resolve_device(device) == "cpu":
+        _check_fits_in_memory(config)
     try:
         result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force,
                         threads=threads)
@@ -63,3 +67,33 @@ def record_command(
     loss = " -> ".join(f"{x:.4f}" for x in (result.losses[0], result.losses[-1])) if result.losses else "n/a"
     print(f"{result.path}: {hw.device_count} rank(s) on {hw.device} ({hw.cores} cores), "
           f"{steps} profiled step(s) after {warmup} warm-up, loss {loss}, {result.seconds:.1f} s")
+
+
+def _check_fits_in_memory(config: RunConfig) -> None:
+    """An error for a CPU recording whose ranks need more memory, by the memory model (parameters, gradients,
+    optimizer state, activations; no framework overhead, so less than they will use), than the machine has
+    available: a typo (``--hidden 65536``) would otherwise start allocating hundreds of GB and bring the machine
+    into swap or the out-of-memory killer."""
+    from vtrain.model.memory import GIB, peak_stage_memory
+
+    ranks = config.parallelism.world_size
+    config = replace(config, hardware=replace(config.hardware, device_count=ranks))  # one device a rank, as recorded
+    config.validate()  # the memory model needs a consistent run
+    available = _available_memory_bytes()
+    needed = peak_stage_memory(config).total_bytes * ranks
+    if available is not None and needed > available:
+        raise InputError(f"the {ranks} rank(s) need at least {needed / GIB:,.1f} GiB (memory model: parameters, "
+                         f"gradients, optimizer state, activations); this machine has {available / GIB:,.1f} GiB "
+                         f"available")
+
+
+def _available_memory_bytes() -> int | None:
+    """Memory available to new processes without swapping (Linux's MemAvailable), None where not known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
