@@ -64,3 +64,24 @@ def vtrain_in_process(*args: object, cwd: Path = REPO) -> subprocess.CompletedPr
 
     ran = run_cli([str(arg) for arg in args], cwd)
     return subprocess.CompletedProcess(["vtrain", *map(str, args)], ran.code, ran.out, ran.err)
+
+
+def one_trace_folders(factory: pytest.TempPathFactory, files: dict[str, tuple[str, bytes]]) -> dict[str, Path]:
+    """A folder per name, holding the one trace file ``files[name]`` gives (its file name and bytes): traces made
+    from a shipped one by a test, never committed."""
+    made = {}
+    for name, (file, data) in files.items():
+        folder = factory.mktemp(name)
+        (folder / file).write_bytes(data)
+        made[name] = folder
+    return made
+
+
+def changed_trace(source: Path, change: Callable[[list[dict]], None]) -> bytes:
+    """A shipped gzip trace as JSON text after ``change`` edited its events in place."""
+    import gzip
+    import json
+
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    change(trace["traceEvents"])
+    return json.dumps(trace).encode()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from polars.testing import assert_frame_equal
 
-from tests.conftest import TRACES
+from tests.conftest import TRACES, one_trace_folders
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.trace import read_rank_trace
 
@@ -21,13 +21,8 @@ BOM = b"\xef\xbb\xbf"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     text = gzip.decompress(SOURCE.read_bytes())
-    made = {}
-    for name, data, file in (("plain", text, "rank-0.json"), ("bom", BOM + text, "rank-0.json"),
-                             ("bom-gzip", gzip.compress(BOM + text, 1), "rank-0.json.gz")):
-        folder = tmp_path_factory.mktemp(name)
-        (folder / file).write_bytes(data)
-        made[name] = folder
-    return made
+    return one_trace_folders(tmp_path_factory, {"plain": ("rank-0.json", text), "bom": ("rank-0.json", BOM + text),
+                                                "bom-gzip": ("rank-0.json.gz", gzip.compress(BOM + text, 1))})
 
 
 @pytest.mark.parametrize("name", ["bom", "bom-gzip"])

@@ -5,16 +5,15 @@ an op starting at 10^300 µs went unmentioned in both."""
 
 from __future__ import annotations
 
-import copy
-import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.conftest import TRACES, vtrain_in_process
+from tests.conftest import TRACES, changed_trace, one_trace_folders, vtrain_in_process
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.kineto import absurd_host_events
 from vtrain.limits import MAX_TRACE_US
@@ -35,17 +34,14 @@ def _op(events: list[dict[str, Any]]) -> dict[str, Any]:
 CASES = {"step-lasting-1e18-us": (_step, "dur", 1e18), "op-starting-at-1e300-us": (_op, "ts", 1e300)}
 
 
+def _setting(pick: Callable[[list[dict[str, Any]]], dict[str, Any]], key: str, value: float) -> Callable:
+    return lambda events: pick(events).__setitem__(key, value)
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
-    made = {}
-    for name, (pick, key, value) in CASES.items():
-        changed = copy.deepcopy(trace)
-        pick(changed["traceEvents"])[key] = value
-        folder = tmp_path_factory.mktemp(name)
-        (folder / "rank-0.json").write_text(json.dumps(changed))
-        made[name] = folder
-    return made
+    return one_trace_folders(tmp_path_factory, {
+        name: ("rank-0.json", changed_trace(SOURCE, _setting(*case))) for name, case in CASES.items()})
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from polars.testing import assert_frame_equal
 
-from tests.conftest import TRACES, vtrain_in_process
+from tests.conftest import TRACES, one_trace_folders, vtrain_in_process
 from vtrain.ingest.decode import bare_numbers_as_null
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.trace import read_rank_trace
@@ -46,16 +46,11 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
     bare = _with(trace, {key: value for key, (_, value) in NOT_FINITE.items()})
     null = _with(trace, dict.fromkeys(NOT_FINITE))
-    made = {}
-    for name, text, file in (
-            ("bare", json.dumps(bare).encode(), "rank-0.json"),
-            ("bare-compact-gzip", gzip.compress(json.dumps(bare, separators=(",", ":")).encode(), 1), "rank-0.json.gz"),
-            ("null", json.dumps(null).encode(), "rank-0.json"),
-            ("two-lists", json.dumps(trace).encode()[:-1] + b', "traceEvents": []}', "rank-0.json")):
-        folder = tmp_path_factory.mktemp(name)
-        (folder / file).write_bytes(text)
-        made[name] = folder
-    return made
+    return one_trace_folders(tmp_path_factory, {
+        "bare": ("rank-0.json", json.dumps(bare).encode()),
+        "bare-compact-gzip": ("rank-0.json.gz", gzip.compress(json.dumps(bare, separators=(",", ":")).encode(), 1)),
+        "null": ("rank-0.json", json.dumps(null).encode()),
+        "two-lists": ("rank-0.json", json.dumps(trace).encode()[:-1] + b', "traceEvents": []}')})
 
 
 @pytest.mark.parametrize("name", ["bare", "bare-compact-gzip"])

@@ -5,15 +5,12 @@ cannot read, reads such an id as no id (an event whose lane it was is left out a
 
 from __future__ import annotations
 
-import copy
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import TRACES, vtrain_in_process
+from tests.conftest import TRACES, changed_trace, one_trace_folders, vtrain_in_process
 from vtrain.kineto import parse_stream
 
 SOURCE = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"
@@ -38,15 +35,9 @@ CASES = {  # name -> (event, where the value goes, field path as ingest names it
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
-    made = {}
-    for name, (pick, change, _) in CASES.items():
-        changed = copy.deepcopy(trace)
-        change(pick(changed["traceEvents"]))
-        folder = tmp_path_factory.mktemp(name)
-        (folder / "rank-0.json").write_text(json.dumps(changed))
-        made[name] = folder
-    return made
+    return one_trace_folders(tmp_path_factory, {
+        name: ("rank-0.json", changed_trace(SOURCE, lambda events, pick=pick, change=change: change(pick(events))))
+        for name, (pick, change, _) in CASES.items()})
 
 
 @pytest.mark.parametrize("name", CASES)
