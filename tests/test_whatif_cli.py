@@ -67,7 +67,8 @@ def test_durations_from_names_what_it_could_not_match(pair: tuple[Path, Path], t
 @pytest.mark.parametrize("flags, message", [
     (["--scale", "gemmm=2"], "unknown class 'gemmm'"),
     (["--scale", "gemm"], "expected NAME=FACTOR"),
-    (["--scale", "gemm=-1"], "must be a finite number >= 0"),
+    (["--scale", "gemm=-1"], "the factor must be a number from 0 to 1e+06"),
+    (["--scale", "gemm=1e308"], "the factor must be a number from 0 to 1e+06"),  # overflowed the times to inf
     (["--scale", "gemm=fast"], "is not a number"),
     (["--scale-kernel", "(mm=2"], "not a regular expression"),
     ([], "nothing to change"),

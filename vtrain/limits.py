@@ -129,3 +129,7 @@ GZIP_RATIO_FROM_BYTES = 64 << 20
 #: longest span a profiled trace can cover, in µs: profiles cover seconds to minutes (a few iterations); a week is
 #: no profile, so a host event longer than this, or starting this far from the others, is a corrupt time
 MAX_TRACE_US = 7 * 24 * 3600 * 1e6
+
+#: largest factor a what-if may scale a duration by: a device or library change makes an operator a few times,
+#: at most hundreds of times, faster or slower; 1e308 overflowed the replay's times to infinity
+MAX_SCALE_FACTOR = 1e6

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vtrain.errors import InputError
+from vtrain.limits import MAX_SCALE_FACTOR
 from vtrain.validate.opclass import ATTENTION, CONVOLUTION, ELEMENTWISE, GEMM, MEMORY, OTHER, comm_class
 
 #: the class of host stretches (a thread's time between operators: Python, the framework)
@@ -84,8 +85,8 @@ def _split(text: str, flag: str) -> tuple[str, float]:
         factor = float(value)
     except ValueError:
         raise InputError(f"{flag} {text}: the factor {value!r} is not a number") from None
-    if not math.isfinite(factor) or factor < 0:
-        raise InputError(f"{flag} {text}: the factor must be a finite number >= 0")
+    if not math.isfinite(factor) or not 0 <= factor <= MAX_SCALE_FACTOR:
+        raise InputError(f"{flag} {text}: the factor must be a number from 0 to {MAX_SCALE_FACTOR:g}")
     return key.strip(), factor
 
 
