@@ -50,6 +50,16 @@ def test_vtrain_config_keys_it_does_not_read_are_said(tmp_path: Path) -> None:
     assert vtrain_in_process("simulate", MTNLG).stderr == ""
 
 
+def test_a_run_that_does_not_fit_its_device_is_said() -> None:
+    """MT-NLG without tensor parallelism: 248 GiB per GPU by the memory model on a 40 GiB A100 was predicted
+    without a word; now a warning line says it would not fit (the prediction is still given)."""
+    ran = vtrain_in_process("simulate", MTNLG, "--tp", "1", "--dp", "96")
+    assert ran.returncode == 0 and "iteration time" in ran.stdout
+    assert ran.stderr.startswith(f"warning: {MTNLG}: its largest pipeline stage needs ")
+    assert "more than the 40 GiB of A100-40GB: the run would not fit" in ran.stderr
+    assert vtrain_in_process("simulate", MTNLG).stderr == ""  # t8 d12 p35 fits
+
+
 def test_flags_override_the_config_and_text_summary() -> None:
     result = vtrain(MTNLG, "--pp", 15, "--dp", 16, "--gpus", 1920, "--schedule", "interleaved",
                     "--virtual-stages", 7, "--no-dp-overlap")

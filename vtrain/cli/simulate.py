@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vtrain.cli.errors import OneLineParser, report
+from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.errors import InputError
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None
     sim = simulate(run, table, source=config)
+    if line := _memory_warning(sim):
+        warn(f"{config}: {line}")
     written = []
     if output is not None:
         from vtrain.simulate.chrome_trace import write_chrome_traces
@@ -100,6 +102,17 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         print(format_summary(sim))
         if written:
             print(f"wrote {len(written)} trace(s) to {output}")
+
+
+def _memory_warning(sim: Simulation) -> str | None:
+    """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has."""
+    capacity = sim.device.memory_bytes
+    needed = max((memory.total_bytes for memory in sim.memory), default=0)
+    if not capacity or needed <= capacity:
+        return None
+    return (f"its largest pipeline stage needs {needed / 2**30:,.1f} GiB per GPU (memory model: parameters, gradients, "
+            f"optimizer state, activations), more than the {capacity / 2**30:,.0f} GiB of {sim.device.name}: the run "
+            f"would not fit (`vtrain plan --device-memory` finds plans that do)")
 
 
 def format_summary(sim: Simulation) -> str:
