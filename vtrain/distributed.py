@@ -4,6 +4,8 @@ tasks (``pip install vtrain[ray]``) on an existing cluster or a local instance: 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import multiprocessing
 import os
 import signal
@@ -116,3 +118,20 @@ def run_on_ray(address: str, function: Callable[..., Any], base: Any, profile: A
     finally:
         if started:
             ray.shutdown()
+
+
+def release_freed_memory() -> None:
+    """Hand the memory freed since the last call back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+    A validation frees hundreds of MB at once (a rank's decoded events, the replay's edges) that glibc keeps for
+    reuse; the next phase allocates differently, so without this the process's peak is the sum of the phases'."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from vtrain.distributed import release_freed_memory
 from vtrain.replay.build import ReplayGraph, build_graph
 from vtrain.replay.collective_matching import Collective
 from vtrain.replay.context import DependencyStats
@@ -58,6 +59,7 @@ def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.Data
                      f"equal timestamps, or collectives matched in an impossible order)")
     counts = np.bincount(graph.edges.arrays()[3], minlength=len(EDGE_KINDS))
     graph.edges = EdgeList()
+    release_freed_memory()
     return Replay(traces=graph.traces, events=_event_frame(graph, times, each_rank), origin=graph.origin,
                   stats=graph.stats, notes=notes,
                   edge_counts={kind_name(code): int(n) for code, n in enumerate(counts) if n})

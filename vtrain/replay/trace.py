@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from vtrain import kineto
-from vtrain.distributed import map_in_order, map_on_ray_in_order
+from vtrain.distributed import map_in_order, map_on_ray_in_order, release_freed_memory
 from vtrain.errors import InputError
 from vtrain.ingest.decode import (
     LooseEvent,
@@ -433,6 +433,7 @@ def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: 
                                  item.path)
             seen[item.rank] = item.path
             kept.append(item)
+            release_freed_memory()  # the rank's decoded events, freed before the next file is read
     return sorted(kept, key=lambda k: k.rank)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.ingest.decode import bare_numbers_warning
 from vtrain.ingest.discover import missing_ranks_warning, not_read_warning, unreadable_trace_names
@@ -182,6 +183,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
                                             note)
     if model_reason and model is None:
         note(f"model-driven prediction skipped: {model_reason}")
+    release_freed_memory()  # the decoding, replay and annotation are done: what they freed goes back before comparing
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
                     model_reason=model_reason, warnings=warnings)
