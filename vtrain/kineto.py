@@ -151,6 +151,12 @@ def absurd_host_events(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return ~finite | (dur > MAX_TRACE_US) | (np.abs(ts - middle) > MAX_TRACE_US)
 
 
+def absurd_host_warning(path: object, count: int) -> str:
+    """The warning line, in ingest and validate alike, for ``count`` host events :func:`absurd_host_events` left out."""
+    return (f"{path}: left out {count} CPU ops or runtime calls with an absurd time (not finite, longer than any "
+            f"profile, or starting that far from the others)")
+
+
 def absurd_activities(host_start: float | None, host_end: float | None, ts: np.ndarray,
                       dur: np.ndarray) -> np.ndarray:
     """Which device activities (start ``ts``, duration ``dur``, µs) cannot be measurements, given the span of the

@@ -27,7 +27,7 @@ from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
-from vtrain.kineto import C10D_OP_PREFIX
+from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning
 from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX
 from vtrain.tables.latency import gpu_op_calls
 
@@ -159,8 +159,7 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"than the trace, or starting where no queue of the trace's device work could put them): not "
                         f"counted as device time")
     if tables.absurd_host:
-        warnings.append(f"{path}: left out {tables.absurd_host} CPU ops or runtime calls with an absurd time (not "
-                        f"finite, longer than any profile, or starting that far from the others)")
+        warnings.append(absurd_host_warning(path, tables.absurd_host))
     if tables.repeated:
         warnings.append(f"{path}: {tables.repeated} device activities repeat another exactly (same stream, name, "
                         f"start and duration; one stream runs one at a time): a trace written twice into one file? "

@@ -16,6 +16,7 @@ import polars as pl
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.ingest.decode import bare_numbers_warning
+from vtrain.kineto import absurd_host_warning
 from vtrain.ingest.discover import missing_ranks_warning, not_read_warning, unreadable_trace_names
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
@@ -152,8 +153,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
             note(f"{trace.path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
                  f"and duration): a trace written twice into one file? They are kept")
         if trace.absurd_host:
-            note(f"{trace.path}: left out {trace.absurd_host} CPU ops or runtime calls with an absurd time (not "
-                 f"finite, longer than any profile, or starting that far from the others)")
+            note(absurd_host_warning(trace.path, trace.absurd_host))
         if trace.absurd:
             note(f"{trace.path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
                  f"than the trace, or starting where no queue of the trace's device work could put them)")
