@@ -65,10 +65,10 @@ def test_traces_carry_rank_steps_and_vtrain_spans(recorded: tuple[Path, subproce
 
 def test_recording_loads_in_hta_and_vtrain_ingest(recorded: tuple[Path, subprocess.CompletedProcess[str]],
                                                    tmp_path: Path) -> None:
-    from hta.trace_analysis import TraceAnalysis
+    from vtrain.validate.hta import hta_analysis
 
     out, _ = recorded
-    analysis = TraceAnalysis(trace_dir=str(out), include_last_profiler_step=True)
+    analysis = hta_analysis(out, include_last_profiler_step=True)
     assert sorted(analysis.t.get_all_traces()) == [0, 1]
     result = CliRunner().invoke(app, ["ingest", str(out), "-o", str(tmp_path / "profile"), "--json"])
     assert result.exit_code == 0, result.output

@@ -44,7 +44,7 @@ def test_required_sets_are_shipped() -> None:
 
 @pytest.mark.parametrize("trace_set", RECORDED_SETS, ids=lambda p: p.name)
 def test_set_is_complete_small_and_loads_in_hta_and_ingest(trace_set: Path, shipped_profile) -> None:
-    from hta.trace_analysis import TraceAnalysis
+    from vtrain.validate.hta import hta_analysis
 
     config = load_run_config(trace_set)
     world = config.parallelism.world_size
@@ -54,7 +54,7 @@ def test_set_is_complete_small_and_loads_in_hta_and_ingest(trace_set: Path, ship
     assert sum(p.stat().st_size for p in trace_set.iterdir()) < 8 << 20
 
     steps = config.recording["steps"]
-    analysis = TraceAnalysis(trace_dir=str(trace_set), include_last_profiler_step=True)
+    analysis = hta_analysis(trace_set, include_last_profiler_step=True)
     traces = analysis.t.get_all_traces()
     assert sorted(traces) == list(range(world))
     for frame in traces.values():

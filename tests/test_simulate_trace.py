@@ -53,12 +53,12 @@ def test_one_trace_per_stage_and_the_run_config(interleaved_traces) -> None:
 
 
 def test_hta_busy_time_matches_the_simulated_busy_time(interleaved_traces) -> None:
-    from hta.trace_analysis import TraceAnalysis
+    from vtrain.validate.hta import hta_analysis
 
     sim, out, _ = interleaved_traces
     logging.disable(logging.WARNING)
     try:
-        breakdown = TraceAnalysis(trace_dir=str(out)).get_temporal_breakdown(visualize=False)
+        breakdown = hta_analysis(out).get_temporal_breakdown(visualize=False)
     finally:
         logging.disable(logging.NOTSET)
     assert sorted(breakdown["rank"]) == [0, 4]

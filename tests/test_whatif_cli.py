@@ -119,12 +119,12 @@ def test_a_folder_without_iterations_is_one_line(tmp_path: Path) -> None:
 
 
 def test_predicted_traces_load_in_hta(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    from hta.trace_analysis import TraceAnalysis
+    from vtrain.validate.hta import hta_analysis
 
     a, _ = pair
     out = tmp_path / "out"
     assert runner.invoke(app, ["whatif", str(a), "--scale", "gemm=2", "-o", str(out)]).exit_code == 0
-    trace = TraceAnalysis(trace_dir=str(out / "predicted")).t
+    trace = hta_analysis(out / "predicted").t
     symbols = trace.symbol_table.get_sym_table()
     frame = trace.get_trace(0)
     durations = dict(zip(frame["name"].map(symbols.__getitem__), frame["dur"]))  # HTA keeps the first iteration

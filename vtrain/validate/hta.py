@@ -18,9 +18,7 @@ def hta_summary(trace_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            from hta.trace_analysis import TraceAnalysis
-
-            analysis = TraceAnalysis(trace_dir=str(trace_dir))
+            analysis = hta_analysis(trace_dir)
             breakdown = analysis.get_temporal_breakdown(visualize=False)
             overlap = analysis.get_comm_comp_overlap(visualize=False)
     except Exception as exc:  # HTA raises many types (IndexError, KeyError, ValueError) on traces it cannot use
@@ -36,3 +34,16 @@ def hta_summary(trace_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
             "non_compute_pct": float(row["non_compute_time_pctg"]), "overlap_pct": overlaps.get(rank),
         }
     return per_rank, None
+
+
+def hta_analysis(trace_dir: Path, include_last_profiler_step: bool = False) -> Any:
+    """HTA's ``TraceAnalysis`` of a folder, its ranks parsed in this process. HTA's own constructor parses them in a
+    pool of *forked* processes; forking a process that runs polars' (or Ray's) threads can copy a held lock into the
+    child, which then waits forever (seen as a hung test run). ``Trace.load_traces`` can parse without forking."""
+    from hta.common.trace import Trace
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis.__new__(TraceAnalysis)
+    analysis.t = Trace(None, str(trace_dir))
+    analysis.t.load_traces(include_last_profiler_step, use_multiprocessing=False)
+    return analysis
