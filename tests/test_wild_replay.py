@@ -331,7 +331,7 @@ def test_overlapping_profiler_steps_give_disjoint_iterations() -> None:
     throughput (about 95.6 ms), not a step plus the previous step's tail (about 185 ms)."""
     result = replayed(TRACES / "hta-v100-1rank")
     frame = annotate(result.events)
-    steps = frame.filter(pl.col("name").str.starts_with("ProfilerStep#")).sort("ts")
+    steps = frame.filter(pl.col("name").cat.starts_with("ProfilerStep#")).sort("ts")
     device_end = frame.filter(pl.col("kind") == "device").group_by("iteration").agg(end=(pl.col("ts") + pl.col("dur")).max())
     overlap = steps.join(device_end, on="iteration").sort("ts")
     assert (overlap["end"].head(-1) > overlap["ts"].tail(-1).to_numpy()).all()  # device work of N after N+1 starts

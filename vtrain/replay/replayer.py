@@ -26,7 +26,8 @@ class Replay:
 
     traces: list[RankTrace]
     #: rank, event (index in the rank's trace), kind, cat, name, lane, launch (the launching call of a device
-    #: activity), external_id, input_dims, collective / purpose / matched (collective calls), ts, dur, sim_ts, sim_dur
+    #: activity), external_id, input_dims, collective / purpose / matched (collective calls), ts, dur, sim_ts, sim_dur;
+    #: text as categories (one copy of each distinct name: a trace has millions of events and thousands of names)
     events: pl.DataFrame
     origin: float
     stats: DependencyStats
@@ -96,12 +97,11 @@ def _event_frame(graph: ReplayGraph, times: np.ndarray,
         frame = pl.DataFrame({
             "rank": pl.repeat(part.rank, n, dtype=pl.Int32, eager=True),
             "event": pl.Series(np.arange(n, dtype=np.int64)),
-            "kind": columns["kind"].cast(pl.String), "cat": columns["cat"].cast(pl.String),
-            "name": columns["name"].cast(pl.String), "lane": columns["lane"],
+            "kind": columns["kind"], "cat": columns["cat"], "name": columns["name"], "lane": columns["lane"],
             "launch": pl.Series(part.launch, dtype=pl.Int64).scatter(np.flatnonzero(part.launch < 0), None),
-            "external_id": columns["external_id"], "input_dims": columns["input_dims"].cast(pl.String),
-            "collective": _at(n, at, [mine[i].kind for i in at], pl.String),
-            "purpose": _at(n, at, [mine[i].purpose for i in at], pl.String),
+            "external_id": columns["external_id"], "input_dims": columns["input_dims"],
+            "collective": _at(n, at, [mine[i].kind for i in at], pl.Categorical),
+            "purpose": _at(n, at, [mine[i].purpose for i in at], pl.Categorical),
             "matched": _at(n, at, [mine[i].matched for i in at], pl.Boolean),
             "ts": pl.Series(ts, dtype=pl.Float64), "dur": pl.Series(end - ts, dtype=pl.Float64),
             "sim_ts": pl.Series(start, dtype=pl.Float64), "sim_dur": pl.Series(stop - start, dtype=pl.Float64),

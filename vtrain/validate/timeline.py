@@ -31,7 +31,7 @@ import polars as pl
 
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
 from vtrain.tables.latency import work_op_mask
-from vtrain.validate.opclass import comm_class, op_class
+from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ REPLAYED = Side("replay", "sim_ts", "sim_dur")
 
 def annotate(events: pl.DataFrame) -> pl.DataFrame:
     """Add ``iteration``, ``gpu_rank``, ``op`` (launching operator of device activities), ``is_op`` and
-    ``op_class`` to a replay event frame."""
+    ``op_class`` to a replay event frame (text columns are categories, as the frame's names are)."""
     gpu_ranks = events.filter(pl.col("kind") == "device")["rank"].unique().to_list()
     frame = events.with_columns(gpu_rank=pl.col("rank").is_in(gpu_ranks))
     frame = _with_iteration(frame)
@@ -65,19 +65,27 @@ def annotate(events: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("gpu_rank")).then(pl.col("kind") == "device")
         .otherwise(pl.col("collective").is_not_null() | pl.col("work_op"))
     )
-    frame = frame.with_columns(is_op=is_op.fill_null(False))
+    return _with_op_class(frame.with_columns(is_op=is_op.fill_null(False)))
+
+
+def _with_op_class(frame: pl.DataFrame) -> pl.DataFrame:
+    """``op_class``, worked out once for each distinct (kind, name, op, collective)."""
+    keys = ["kind", "name", "op", "collective"]
+    distinct = frame.select(keys).unique()
     classes = [
         comm_class(collective) if collective is not None or (kind == "device" and name.startswith("nccl"))
         else op_class(op, name if kind == "device" else None)
-        for kind, name, op, collective in frame.select("kind", "name", "op", "collective").iter_rows()
+        for kind, name, op, collective in distinct.iter_rows()
     ]
-    return frame.with_columns(op_class=pl.Series(classes, dtype=pl.String))
+    table = distinct.with_columns(op_class=pl.Series(classes, dtype=pl.Categorical))
+    return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
 
 def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
     steps = (
-        frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX))
-        .with_columns(step=pl.col("name").str.strip_prefix(ITERATION_PREFIX).cast(pl.Int64, strict=False))
+        frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
+        .with_columns(step=pl.col("name").cast(pl.String).str.strip_prefix(ITERATION_PREFIX)
+                      .cast(pl.Int64, strict=False))
         .filter(pl.col("step").is_not_null())
         .select("rank", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), step="step")
         .sort("rank", "step_ts")
@@ -116,7 +124,7 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """One row per rank and iteration: ``start``, ``end`` and ``time_us`` (``start`` is the step's start, or the
     previous iteration's end when that is later: see the module's definition)."""
     start, dur = pl.col(side.start), pl.col(side.dur)
-    marks = frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(ITERATION_PREFIX)
+    marks = frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX)
                          & pl.col("iteration").is_not_null())
     if marks.is_empty():  # no iteration marks: the iteration is everything on the rank
         marks = frame.filter(pl.col("iteration").is_not_null())
@@ -141,11 +149,11 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
 def spans(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """The ``vtrain/*`` spans with their fields, and which occurrence of that name on the rank and iteration
     each is (the key that aligns two timelines)."""
-    rows = frame.filter((pl.col("kind") == "cpu") & pl.col("name").str.starts_with(SPAN_PREFIX)
+    rows = frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(SPAN_PREFIX)
                         & pl.col("iteration").is_not_null())
     table = (
         rows.sort("rank", "ts")
-        .select("rank", "iteration", "name", start=pl.col(side.start), dur=pl.col(side.dur))
+        .select("rank", "iteration", pl.col("name").cast(pl.String), start=pl.col(side.start), dur=pl.col(side.dur))
         .with_columns(occurrence=pl.int_range(pl.len()).over("rank", "iteration", "name"))
     )
     fields = table["name"].str.split(" ")
@@ -165,14 +173,22 @@ def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     activities) and duration, in order per rank. Sends on CPU ranks are left out, as in :func:`breakdown`: a
     gloo send's span lasts until the sender waits for it, which says nothing about the transfer (the receive
     says when the data arrived)."""
-    signature = pl.when(pl.col("input_dims").is_not_null() & (pl.col("kind") == "cpu")).then(
-        pl.concat_str("name", pl.lit(" "), "input_dims")).otherwise(pl.col("name"))
     return (
-        frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu())
+        _with_signature(frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu()))
         .sort("rank", "ts")
-        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched",
-                signature=signature, start=pl.col(side.start), dur=pl.col(side.dur))
+        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
+                start=pl.col(side.start), dur=pl.col(side.dur))
     )
+
+
+def _with_signature(frame: pl.DataFrame) -> pl.DataFrame:
+    """``signature`` (a category), made once for each distinct (kind, name, input_dims)."""
+    keys = ["kind", "name", "input_dims"]
+    name, dims = pl.col("name").cast(pl.String), pl.col("input_dims").cast(pl.String)
+    signature = pl.when(pl.col("input_dims").is_not_null() & (pl.col("kind") == "cpu")).then(
+        pl.concat_str(name, pl.lit(" "), dims)).otherwise(name)
+    table = frame.select(keys).unique().with_columns(signature=signature.cast(pl.Categorical))
+    return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
 
 def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
@@ -181,7 +197,7 @@ def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     windows = iterations(frame, side)
     selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu()).select(
         "rank", "iteration", start=pl.col(side.start), end=pl.col(side.start) + pl.col(side.dur),
-        part=pl.when(pl.col("op_class").str.starts_with("comm:"))
+        part=pl.when(pl.col("op_class").cat.starts_with(COMM_PREFIX))
         .then(pl.when(pl.col("purpose") == "pp").then(pl.lit("bubble")).otherwise(pl.lit("comm")))
         .otherwise(pl.lit("compute")),
     )

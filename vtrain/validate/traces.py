@@ -167,7 +167,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
     steady = all_iterations[1:] or all_iterations
-    if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
+    if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
         note(f"{trace_dir}: no ProfilerStep#N spans; the whole trace is taken as one iteration")
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")

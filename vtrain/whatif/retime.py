@@ -121,7 +121,7 @@ def load_trace_set(trace_dir: str | Path) -> TraceSet:
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
-    if not frame.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height:
+    if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
         raise InputError("no ProfilerStep#N spans: a what-if compares iterations", trace_dir)
     return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
 
