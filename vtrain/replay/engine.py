@@ -13,27 +13,68 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from vtrain.replay.graph import EdgeList
+
 
 def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, int]:
     """Replayed time of every point, and how many points had to be released from a dependency cycle.
 
     Compiled (numba) over the graph's arrays: its working memory is a few bytes per point and per edge, where
-    Python lists would take tens (a 10 GB trace set has about 300 million edges)."""
-    n = len(measured)
-    order = np.argsort(src, kind="stable")  # the edges leaving each point, in the order they were added
-    first = np.searchsorted(src[order], np.arange(n + 1))
-    targets = np.ascontiguousarray(dst[order], dtype=np.int64)
-    delays = np.ascontiguousarray(delay[order], dtype=np.float64)
-    del order
-    waiting = np.bincount(dst, minlength=n).astype(np.int64)
-    times, released = _evaluate(np.ascontiguousarray(measured, dtype=np.float64), first.astype(np.int64),
-                                targets, delays, waiting)
+    Python lists would take tens (a 10 GB trace set has tens of millions of points and edges)."""
+    return _walk(measured, *_by_source(len(measured), src, dst, delay))
+
+
+def evaluate_edges(measured: np.ndarray, edges: EdgeList) -> tuple[np.ndarray, int]:
+    """:func:`evaluate` over an :class:`~vtrain.replay.graph.EdgeList`, which is emptied once its edges are
+    grouped by source (the walk does not need them: their memory is given back before it starts)."""
+    grouped = _by_source(len(measured), *edges.arrays()[:3])
+    edges.clear()
+    return _walk(measured, *grouped)
+
+
+def _by_source(n: int, src: np.ndarray, dst: np.ndarray,
+               delay: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The edges grouped by source point (point ``p``'s are ``first[p]:first[p + 1]`` of ``targets`` and
+    ``delays``, in the order they were added) and the number of incoming edges of every point; point numbers
+    in 32 bits where they fit."""
+    index = np.int32 if n < np.iinfo(np.int32).max else np.int64
+    first = np.zeros(n + 1, dtype=np.int64)
+    targets = np.empty(len(src), dtype=index)
+    delays = np.empty(len(src), dtype=np.float64)
+    waiting = np.zeros(n, dtype=index)
+    _group(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), np.asarray(delay, dtype=np.float64),
+           first, targets, delays, waiting)
+    return first, targets, delays, waiting
+
+
+def _walk(measured: np.ndarray, first: np.ndarray, targets: np.ndarray, delays: np.ndarray,
+          waiting: np.ndarray) -> tuple[np.ndarray, int]:
+    stack = np.empty(len(measured), dtype=targets.dtype)  # every point is pushed at most once
+    times, released = _evaluate(np.ascontiguousarray(measured, dtype=np.float64), first, targets, delays, waiting,
+                                stack)
     return times, int(released)
 
 
 @njit(cache=True)
+def _group(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, first: np.ndarray, targets: np.ndarray,
+           delays: np.ndarray, waiting: np.ndarray) -> None:
+    """Fill :func:`_by_source`'s arrays (a counting sort: stable, no sorting of the edges)."""
+    for k in range(len(src)):
+        first[src[k] + 1] += 1
+        waiting[dst[k]] += 1
+    for p in range(len(first) - 1):
+        first[p + 1] += first[p]
+    placed = first[:-1].copy()
+    for k in range(len(src)):
+        at = placed[src[k]]
+        targets[at] = dst[k]
+        delays[at] = delay[k]
+        placed[src[k]] = at + 1
+
+
+@njit(cache=True)
 def _evaluate(measured: np.ndarray, first: np.ndarray, targets: np.ndarray, delays: np.ndarray,
-              waiting: np.ndarray) -> tuple[np.ndarray, int]:
+              waiting: np.ndarray, stack: np.ndarray) -> tuple[np.ndarray, int]:
     """:func:`evaluate` over the edges grouped by source (point ``p``'s are ``first[p]:first[p + 1]``), with
     ``waiting`` the number of incoming edges of each point: Kahn's algorithm with a stack; when the stack runs
     dry, the waiting point earliest by its time when the first cycle was met (then by number) is released."""
@@ -41,7 +82,6 @@ def _evaluate(measured: np.ndarray, first: np.ndarray, targets: np.ndarray, dela
     time = measured.copy()
     reached = np.zeros(n, dtype=np.bool_)  # has at least one evaluated incoming edge
     done = np.zeros(n, dtype=np.bool_)
-    stack = np.empty(n, dtype=np.int64)  # every point is pushed at most once
     top = 0
     for p in range(n):
         if waiting[p] == 0:

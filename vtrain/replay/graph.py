@@ -98,6 +98,10 @@ class EdgeList:
     def __len__(self) -> int:
         return len(self.src)
 
+    def clear(self) -> None:
+        """Forget every edge (their memory goes once no view of them is alive)."""
+        self.src, self.dst, self.delay, self.kind = array("q"), array("q"), array("d"), array("b")
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Views of the edges (no copy: no edge can be added while a view is alive): source, target, delay, kind
         code."""
