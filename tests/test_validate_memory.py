@@ -6,19 +6,25 @@ not Python objects per event. Peak memory itself is measured by the benchmark
 
 from __future__ import annotations
 
+import errno
 import gc
+import gzip
+import io
+import os
+import tempfile
 from array import array
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 from tests.conftest import TRACES
 from vtrain.replay.build import GraphBuilder, build_graph
 from vtrain.replay.replayer import replay, replay_graph
-from vtrain.replay.trace import KeptRank, RankTrace, read_rank_trace, read_ranks, read_trace_set
+from vtrain.replay.trace import KeptRank, KeptText, RankTrace, TextAside, read_rank_trace, read_ranks, read_trace_set
 from vtrain.validate.timeline import annotate
-from vtrain.validate.traces import ANNOTATION_ONLY, prepare_validation
+from vtrain.validate.traces import ANNOTATION_ONLY, finish_validation, prepare_validation
 
 TWO = TRACES / "t1p1d2"  # two ranks of a recorded data-parallel run (CPU, gloo): collectives matched across ranks
 GPU = TRACES / "hta-sm80-128rank-sampled"  # two GPU ranks of a 128-rank job: kernels, NCCL, CPU ops of one start
@@ -87,3 +93,41 @@ def test_prepared_validation_holds_no_decoded_trace() -> None:
     assert all(t.columns.is_empty() for t in prepared.traces)  # released: the frame holds them
     assert not set(ANNOTATION_ONLY) & set(prepared.frame.columns)
     assert prepared.replayed.events is prepared.frame
+    assert all(not t.source.batches and t.source.places for t in prepared.traces)  # the text is in a file
+
+
+def _events(text: KeptText) -> list[bytes]:
+    return [bytes(raw) for batch in text.events() for raw in batch]
+
+
+def test_text_set_aside_reads_back_the_same_events() -> None:
+    trace = read_rank_trace(next(GPU.glob("*rank*")))
+    before, batches = _events(trace.source), len(trace.source.batches)
+    aside = TextAside()
+    aside.take(trace.source)
+    assert aside.problem is None and not trace.source.batches and len(trace.source.places) == batches
+    assert _events(trace.source) == before
+    aside.close()
+
+
+class _Full(io.BytesIO):
+    """A file on a full disk."""
+
+    def write(self, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_no_space_for_the_text_keeps_it_in_memory_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    expected = finish_validation(prepare_validation(RECORDED), tmp_path / "roomy", with_hta=False)
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **_: _Full())
+    warnings: list[str] = []
+    prepared = prepare_validation(RECORDED, warn=warnings.append)
+    assert [line for line in warnings if "No space left on device" in line and "kept in memory" in line]
+    assert all(t.source.batches and not t.source.places for t in prepared.traces)
+    full = finish_validation(prepared, tmp_path / "full", with_hta=False)
+    assert (full.replay.measured_ms, full.replay.predicted_ms) == (expected.replay.measured_ms,
+                                                                   expected.replay.predicted_ms)
+    for name in ("rank-0.json.gz", "rank-1.json.gz"):
+        assert gzip.decompress((tmp_path / "full/predicted/replay" / name).read_bytes()) == gzip.decompress(
+            (tmp_path / "roomy/predicted/replay" / name).read_bytes())

@@ -64,8 +64,10 @@ class RankPart:
     of a few bytes per event and edge, and the rank's collective calls (a few per iteration)."""
 
     rank: int
-    ts: np.ndarray  # float64, every event's measured start (µs)
-    dur: np.ndarray  # float64, its measured duration
+    #: float64, every event's measured start (µs) and duration; emptied once the graph is put together (its
+    #: ``measured`` holds them)
+    ts: np.ndarray
+    dur: np.ndarray
     edges: EdgeList
     calls: list[Collective]
     launch: np.ndarray  # int64, the launching runtime call of each device activity (local index), else -1
@@ -74,7 +76,7 @@ class RankPart:
     hosting_chains: dict[int, tuple[np.ndarray, np.ndarray]]
 
     def __len__(self) -> int:
-        return len(self.ts)
+        return len(self.launch)
 
 
 @dataclass
@@ -146,6 +148,7 @@ class GraphBuilder:
             measured[2 * offset + 1:2 * (offset + len(part)):2] = ts + part.dur
             edges.extend(part.edges, 2 * offset)
             part.edges = EdgeList()  # moved into the whole graph's edges
+            part.ts = part.dur = np.empty(0)  # and the times into ``measured``
             collectives.extend(part.calls)
         stats = self.stats
         if match_across_ranks:

@@ -19,7 +19,9 @@ without reading the file again, and without ever holding the whole text twice.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
@@ -27,7 +29,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -64,11 +66,60 @@ class KeptText:
 
     fields: list[tuple[str, bytes]] = field(default_factory=list)
     batches: list[bytes] = field(default_factory=list)
+    #: batches set aside in a file (:meth:`set_aside`): the file, and each batch's offset and length in it
+    aside: BinaryIO | None = None
+    places: list[tuple[int, int]] = field(default_factory=list)
 
     def events(self) -> Iterator[list[msgspec.Raw]]:
         """The raw events, batch by batch."""
-        for batch in self.batches:
+        for batch in self._compressed():
             yield _RAW_EVENTS.decode(b"[" + zlib.decompress(batch) + b"]")
+
+    def _compressed(self) -> Iterator[bytes]:
+        for offset, length in self.places:
+            self.aside.seek(offset)
+            yield self.aside.read(length)
+        yield from self.batches
+
+    def set_aside(self, file: BinaryIO) -> None:
+        """Move the batches to the end of ``file``, out of memory; on an error writing (no space left) they stay
+        here, and the error is raised."""
+        places = []
+        for batch in self.batches:
+            places.append((file.seek(0, os.SEEK_END), len(batch)))
+            file.write(batch)
+        file.flush()
+        self.aside, self.places, self.batches = file, places, []
+
+
+class TextAside:
+    """An unnamed temporary file that takes the ranks' kept text out of memory (a few tens of bytes an event:
+    about 1 GB for a 10 GB trace folder) until the replayed traces are written. It has no name, so nothing is
+    left behind however the process ends. Where it cannot be written (no space left), the text stays in memory
+    and :attr:`problem` says why."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.file: BinaryIO | None = None
+        try:
+            self.file = tempfile.TemporaryFile(prefix="vtrain-text-")
+        except OSError as error:
+            self.problem = f"{error.strerror or error} in {tempfile.gettempdir()}"
+
+    def take(self, text: KeptText) -> None:
+        """Set ``text``'s batches aside (kept in memory once a write has failed)."""
+        if self.file is None or self.problem is not None:
+            return
+        try:
+            text.set_aside(self.file)
+        except OSError as error:
+            self.problem = f"{error.strerror or error} in {tempfile.gettempdir()}"
+
+    def close(self) -> None:
+        """Remove the file (once every text set aside in it has been read for the last time)."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -20,7 +20,7 @@ from vtrain.parallel import Layout
 from vtrain.replay.build import GraphBuilder, RankPart, rank_part
 from vtrain.replay.context import DependencyStats
 from vtrain.replay.graph import ReplayOptions
-from vtrain.replay.trace import KeptRank, read_rank_trace, read_ranks
+from vtrain.replay.trace import KeptRank, TextAside, read_rank_trace, read_ranks
 from vtrain.runconfig import RunConfig
 from vtrain.validate.profile import RankTablesSink
 
@@ -52,16 +52,19 @@ def read_rank(config: RunConfig | None, with_tables: bool, path: Path) -> ReadRa
 
 
 def read_for_validation(trace_dir: Path, config: RunConfig | None, sink: RankTablesSink | None, *, workers: int = 1,
-                        ray_address: str | None = None) -> tuple[GraphBuilder, list[KeptRank]]:
+                        ray_address: str | None = None) -> tuple[GraphBuilder, list[KeptRank], TextAside]:
     """Every rank of ``trace_dir`` read (by ``workers`` processes, or as Ray tasks at ``ray_address``): the graph
-    builder holding each rank's part, and what is kept of each rank, sorted by rank; ``sink`` gets each rank's
+    builder holding each rank's part, what is kept of each rank, sorted by rank, and the temporary file that
+    holds the ranks' kept text (to be closed once the replayed traces are written); ``sink`` gets each rank's
     tables."""
     builder = GraphBuilder(config)
     kept = []
+    aside = TextAside()
     for read in read_ranks(trace_dir, partial(read_rank, config, sink is not None), workers=workers,
                            ray_address=ray_address):
         builder.keep(read.part, read.stats)
         if sink is not None and read.tables is not None:
             sink.ranks.append(read.tables)
+        aside.take(read.kept.source)
         kept.append(read.kept)
-    return builder, kept
+    return builder, kept, aside

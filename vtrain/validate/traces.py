@@ -22,7 +22,7 @@ from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
-from vtrain.replay.trace import KeptRank, KeptText
+from vtrain.replay.trace import KeptRank, KeptText, TextAside
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.predictions import (
@@ -99,6 +99,7 @@ class Prepared:
     model: ModelRun | None
     model_reason: str | None
     warnings: list[str]
+    text: TextAside  # holds the ranks' kept text until the replayed traces are written
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
@@ -126,7 +127,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     trace_dir = Path(trace_dir)
     config, config_source = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
-    builder, traces = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
+    builder, traces, text = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
     if not any(trace.replayable for trace in traces):
         dropped = sum(trace.dropped for trace in traces)
         raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
@@ -139,6 +140,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         warnings.append(line)
         warn(line)
 
+    if text.problem:
+        note(f"{trace_dir}: the traces' text could not be set aside in a temporary file ({text.problem}); it is kept "
+             f"in memory until the replayed traces are written")
     for skipped in unreadable_trace_names(trace_dir):
         note(not_read_warning(skipped))
     world_size = config.parallelism.world_size if config else next((t.world_size for t in traces if t.world_size), None)
@@ -186,7 +190,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     release_freed_memory()  # the decoding, replay and annotation are done: what they freed goes back before comparing
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
-                    model_reason=model_reason, warnings=warnings)
+                    model_reason=model_reason, warnings=warnings, text=text)
 
 
 def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
@@ -201,6 +205,7 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
     write_replayed_traces(prepared.replayed, replay_dir)
     for trace in traces:
         trace.source = KeptText()  # written: the text is not needed any more
+    prepared.text.close()
 
     model_result, model_frame = None, None
     if prepared.model is not None and prepared.config is not None:
