@@ -38,7 +38,7 @@ def _by_source(n: int, src: np.ndarray, dst: np.ndarray,
     ``delays``, in the order they were added) and the number of incoming edges of every point; point numbers
     in 32 bits where they fit."""
     index = np.int32 if n < np.iinfo(np.int32).max else np.int64
-    first = np.zeros(n + 1, dtype=np.int64)
+    first = np.zeros(n + 1, dtype=np.int32 if len(src) < np.iinfo(np.int32).max else np.int64)
     targets = np.empty(len(src), dtype=index)
     delays = np.empty(len(src), dtype=np.float64)
     waiting = np.zeros(n, dtype=index)
@@ -58,18 +58,22 @@ def _walk(measured: np.ndarray, first: np.ndarray, targets: np.ndarray, delays: 
 @njit(cache=True)
 def _group(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, first: np.ndarray, targets: np.ndarray,
            delays: np.ndarray, waiting: np.ndarray) -> None:
-    """Fill :func:`_by_source`'s arrays (a counting sort: stable, no sorting of the edges)."""
+    """Fill :func:`_by_source`'s arrays (a counting sort: stable, no sorting of the edges, and no array beyond
+    those it fills: ``first[p]`` is where point ``p``'s next edge goes while they are placed, then is moved up
+    one place)."""
     for k in range(len(src)):
         first[src[k] + 1] += 1
         waiting[dst[k]] += 1
-    for p in range(len(first) - 1):
-        first[p + 1] += first[p]
-    placed = first[:-1].copy()
+    for p in range(1, len(first)):
+        first[p] += first[p - 1]  # where point p's edges start
     for k in range(len(src)):
-        at = placed[src[k]]
+        at = first[src[k]]
         targets[at] = dst[k]
         delays[at] = delay[k]
-        placed[src[k]] = at + 1
+        first[src[k]] = at + 1  # in the end, where point p's edges end: where p + 1's start
+    for p in range(len(first) - 1, 0, -1):
+        first[p] = first[p - 1]
+    first[0] = 0
 
 
 @njit(cache=True)
