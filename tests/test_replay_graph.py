@@ -10,8 +10,20 @@ import numpy as np
 import pytest
 
 from vtrain.replay.build import build_graph
-from vtrain.replay.engine import _by_source, evaluate
-from vtrain.replay.graph import EDGE_KINDS, EVENT, INFERRED, PEER, THREAD, WAKE, WORK, end_point, start_point
+from vtrain.replay.engine import evaluate
+from vtrain.replay.graph import (
+    EDGE_KINDS,
+    EVENT,
+    INFERRED,
+    PEER,
+    THREAD,
+    WAKE,
+    WORK,
+    EdgeList,
+    GroupedEdges,
+    end_point,
+    start_point,
+)
 from vtrain.replay.replayer import replay_traces
 from vtrain.replay.trace import read_trace_set
 
@@ -165,7 +177,7 @@ def test_collectives_are_matched_and_their_waiting_is_replayed_from_the_last_arr
     assert shift(measured, times, traces, 1, "aten::add") == pytest.approx(100.0)
     assert shift(measured, times, traces, 1, "gloo:all_reduce") == pytest.approx(0.0)
     graph = build_graph(read_trace_set(gloo_job))
-    kinds = {EDGE_KINDS[k] for k in graph.edges.kind}
+    kinds = {EDGE_KINDS[k] for k in graph.edges.kinds}
     assert {PEER, WAKE} <= kinds
 
 
@@ -198,12 +210,40 @@ def test_edges_are_grouped_by_source_in_the_order_they_were_added(seed: int) -> 
     rng = np.random.default_rng(seed)
     n, m = int(rng.integers(1, 60)), int(rng.integers(0, 400))
     src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
-    delay = rng.random(m)
-    first, targets, delays, waiting = _by_source(n, src, dst, delay)
+    delay, kind = rng.random(m), rng.integers(0, len(EDGE_KINDS), m).astype(np.int8)
+    grouped = GroupedEdges.from_arrays(n, src, dst, delay, kind)
     order = np.argsort(src, kind="stable")  # the plain way: a stable sort of the edges by source
-    assert np.array_equal(first, np.searchsorted(src[order], np.arange(n + 1)))
-    assert np.array_equal(targets, dst[order]) and np.array_equal(delays, delay[order])
-    assert np.array_equal(waiting, np.bincount(dst, minlength=n))
+    assert np.array_equal(grouped.first, np.searchsorted(src[order], np.arange(n + 1)))
+    assert np.array_equal(grouped.targets, dst[order]) and np.array_equal(grouped.delays, delay[order])
+    assert np.array_equal(grouped.kinds, kind[order])
+    back = grouped.arrays()
+    for column, expected in zip(back, (src[order], dst[order], delay[order], kind[order])):
+        assert np.array_equal(column, expected)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_edges_gathered_from_rank_lists_are_grouped_as_one_list(seed: int) -> None:
+    """Gathering several lists numbered from 0 (each moved by its shift) groups exactly as one list of every
+    edge at its global number would, and empties the lists."""
+    rng = np.random.default_rng(seed)
+    lists, shifts, whole = [], [], []
+    shift = 0
+    for _ in range(int(rng.integers(1, 5))):
+        n, m = int(rng.integers(1, 30)), int(rng.integers(0, 100))
+        edge_list = EdgeList()
+        for s_, d_, t_ in zip(rng.integers(0, n, m), rng.integers(0, n, m), rng.random(m)):
+            edge_list.add(int(s_), int(d_), float(t_), EDGE_KINDS[int(s_) % len(EDGE_KINDS)])
+            whole.append((int(s_) + shift, int(d_) + shift, float(t_), int(s_) % len(EDGE_KINDS)))
+        lists.append(edge_list)
+        shifts.append(shift)
+        shift += n
+    src, dst, delay, kind = (np.array([edge[i] for edge in whole]) for i in range(4))
+    gathered = GroupedEdges.gather(shift, list(zip(lists, shifts)))
+    expected = GroupedEdges.from_arrays(shift, src.astype(np.int64), dst.astype(np.int64), delay.astype(float),
+                                        kind.astype(np.int8))
+    for a, b in zip(gathered.arrays(), expected.arrays()):
+        assert np.array_equal(a, b)
+    assert all(len(edge_list) == 0 for edge_list in lists)
 
 
 @pytest.mark.parametrize("seed", range(20))

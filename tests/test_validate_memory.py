@@ -56,7 +56,7 @@ def test_kept_ranks_are_compact_columns() -> None:
             assert isinstance(column, np.ndarray) and column.dtype.itemsize == 8 and len(column) == len(rank)
         edges = part.edges
         assert [type(c) for c in (edges.src, edges.dst, edges.delay, edges.kind)] == [array] * 4
-        assert (edges.src.itemsize, edges.delay.itemsize, edges.kind.itemsize) == (8, 8, 1)
+        assert (edges.src.itemsize, edges.delay.itemsize, edges.kind.itemsize) == (4, 8, 1)  # numbered in the rank
         assert len(edges) > len(rank)  # a few edges per event
         # every point an edge names is one of this rank's (numbered from 0 until the ranks are put together)
         assert max(max(edges.src), max(edges.dst)) < 2 * len(rank)

@@ -124,7 +124,7 @@ def test_pruned_trace_keeps_its_device_activities() -> None:
     assert sum(result.stats.kept_us.values()) > 0
     assert_replays(result)
     graph = build_graph(result.traces)  # no device activity is pinned to its wall-clock time
-    targets = set(graph.edges.dst)
+    targets = set(graph.edges.targets.tolist())
     assert all(start_point(e) in targets for e in device["event"].to_list())
 
 

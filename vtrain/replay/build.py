@@ -46,7 +46,18 @@ from vtrain.replay.context import (
     DependencyStats,
     RankContext,
 )
-from vtrain.replay.graph import ANCHOR, ISSUE, PEER, THREAD, WAITED, WORK, EdgeList, ReplayOptions, precedes
+from vtrain.replay.graph import (
+    ANCHOR,
+    ISSUE,
+    PEER,
+    THREAD,
+    WAITED,
+    WORK,
+    EdgeList,
+    GroupedEdges,
+    ReplayOptions,
+    precedes,
+)
 from vtrain.replay.streams import DeviceStreams, is_comm_kernel
 from vtrain.replay.threads import blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
@@ -68,7 +79,7 @@ class RankPart:
     #: ``measured`` holds them)
     ts: np.ndarray
     dur: np.ndarray
-    edges: EdgeList
+    edges: EdgeList  # numbered from 0; emptied once the graph is put together (its ``edges`` hold them)
     calls: list[Collective]
     launch: np.ndarray  # int64, the launching runtime call of each device activity (local index), else -1
     host: dict[int, int]  # cpu collective hosted on a chain thread -> tid
@@ -86,7 +97,7 @@ class ReplayGraph:
     traces: list  # per rank, sorted by rank: its RankTrace, or what was kept of it (see GraphBuilder)
     parts: list[RankPart]  # per rank, in the same order
     offsets: list[int]  # global number of each rank's first event
-    edges: EdgeList
+    edges: GroupedEdges
     measured: np.ndarray  # per point (two per event, then one join per matched collective), µs since ``origin``
     origin: float
     matches: list[CollectiveMatch]
@@ -140,15 +151,12 @@ class GraphBuilder:
             total += len(part)
         origin = min((float(part.ts.min()) for part in parts if len(part)), default=0.0)
         measured = np.empty(2 * total, dtype=np.float64)
-        edges = EdgeList()
         collectives: list[Collective] = []
         for part, offset in zip(parts, offsets):
             ts = part.ts - origin
             measured[2 * offset:2 * (offset + len(part)):2] = ts
             measured[2 * offset + 1:2 * (offset + len(part)):2] = ts + part.dur
-            edges.extend(part.edges, 2 * offset)
-            part.edges = EdgeList()  # moved into the whole graph's edges
-            part.ts = part.dur = np.empty(0)  # and the times into ``measured``
+            part.ts = part.dur = np.empty(0)  # the times are in ``measured`` now
             collectives.extend(part.calls)
         stats = self.stats
         if match_across_ranks:
@@ -160,8 +168,11 @@ class GraphBuilder:
         stats.collectives_matched = len(matches)
         stats.collective_calls_unmatched = unmatched
         placed = {part.rank: _Placed(part, offset) for part, offset in zip(parts, offsets)}
-        joins = _collective_edges(placed, collectives, matches, self.options, edges, stats, first_join=2 * total)
+        across = EdgeList(wide=True)
+        joins = _collective_edges(placed, collectives, matches, self.options, across, stats, first_join=2 * total)
         measured = np.concatenate([measured, np.asarray(joins, dtype=np.float64) - origin])
+        edges = GroupedEdges.gather(len(measured), [(part.edges, 2 * offset) for part, offset in zip(parts, offsets)]
+                                    + [(across, 0)])  # empties the parts' edge lists
         return ReplayGraph(traces=traces, parts=parts, offsets=offsets, edges=edges, measured=measured,
                            origin=origin, matches=matches, calls=collectives, stats=stats)
 
@@ -170,7 +181,7 @@ def rank_part(trace: RankTrace, layout: Layout | None, options: ReplayOptions) -
     """One rank's part of the graph (its edges, numbered from 0) and what its dependency model found: needs only
     the rank's own trace, so ranks can be built apart (see :meth:`GraphBuilder.keep`)."""
     stats = DependencyStats()
-    builder = _RankBuilder(RankContext(trace, 0, options, EdgeList(), stats))
+    builder = _RankBuilder(RankContext(trace, 0, options, EdgeList(wide=2 * len(trace) >= 2**31), stats))
     builder.build()
     launch = np.full(len(trace), -1, dtype=np.int64)
     for activity, call in builder.streams.launch.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from vtrain.replay.graph import EdgeList
+from vtrain.replay.graph import GroupedEdges
 
 
 def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, int]:
@@ -21,59 +21,23 @@ def evaluate(measured: np.ndarray, src: np.ndarray, dst: np.ndarray, delay: np.n
 
     Compiled (numba) over the graph's arrays: its working memory is a few bytes per point and per edge, where
     Python lists would take tens (a 10 GB trace set has tens of millions of points and edges)."""
-    return _walk(measured, *_by_source(len(measured), src, dst, delay))
+    return evaluate_grouped(measured, GroupedEdges.from_arrays(len(measured), src, dst, delay))
 
 
-def evaluate_edges(measured: np.ndarray, edges: EdgeList) -> tuple[np.ndarray, int]:
-    """:func:`evaluate` over an :class:`~vtrain.replay.graph.EdgeList`, which is emptied once its edges are
-    grouped by source (the walk does not need them: their memory is given back before it starts)."""
-    grouped = _by_source(len(measured), *edges.arrays()[:3])
-    edges.clear()
-    return _walk(measured, *grouped)
-
-
-def _by_source(n: int, src: np.ndarray, dst: np.ndarray,
-               delay: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The edges grouped by source point (point ``p``'s are ``first[p]:first[p + 1]`` of ``targets`` and
-    ``delays``, in the order they were added) and the number of incoming edges of every point; point numbers
-    in 32 bits where they fit."""
-    index = np.int32 if n < np.iinfo(np.int32).max else np.int64
-    first = np.zeros(n + 1, dtype=np.int32 if len(src) < np.iinfo(np.int32).max else np.int64)
-    targets = np.empty(len(src), dtype=index)
-    delays = np.empty(len(src), dtype=np.float64)
-    waiting = np.zeros(n, dtype=index)
-    _group(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), np.asarray(delay, dtype=np.float64),
-           first, targets, delays, waiting)
-    return first, targets, delays, waiting
-
-
-def _walk(measured: np.ndarray, first: np.ndarray, targets: np.ndarray, delays: np.ndarray,
-          waiting: np.ndarray) -> tuple[np.ndarray, int]:
-    stack = np.empty(len(measured), dtype=targets.dtype)  # every point is pushed at most once
-    times, released = _evaluate(np.ascontiguousarray(measured, dtype=np.float64), first, targets, delays, waiting,
-                                stack)
+def evaluate_grouped(measured: np.ndarray, edges: GroupedEdges) -> tuple[np.ndarray, int]:
+    """:func:`evaluate` over edges already grouped by source (:class:`~vtrain.replay.graph.GroupedEdges`)."""
+    waiting = np.zeros(len(measured), dtype=edges.targets.dtype)
+    _count_incoming(edges.targets, waiting)
+    stack = np.empty(len(measured), dtype=edges.targets.dtype)  # every point is pushed at most once
+    times, released = _evaluate(np.ascontiguousarray(measured, dtype=np.float64), edges.first, edges.targets,
+                                edges.delays, waiting, stack)
     return times, int(released)
 
 
 @njit(cache=True)
-def _group(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, first: np.ndarray, targets: np.ndarray,
-           delays: np.ndarray, waiting: np.ndarray) -> None:
-    """Fill :func:`_by_source`'s arrays (a counting sort: stable, no sorting of the edges, and no array beyond
-    those it fills: ``first[p]`` is where point ``p``'s next edge goes while they are placed, then is moved up
-    one place)."""
-    for k in range(len(src)):
-        first[src[k] + 1] += 1
-        waiting[dst[k]] += 1
-    for p in range(1, len(first)):
-        first[p] += first[p - 1]  # where point p's edges start
-    for k in range(len(src)):
-        at = first[src[k]]
-        targets[at] = dst[k]
-        delays[at] = delay[k]
-        first[src[k]] = at + 1  # in the end, where point p's edges end: where p + 1's start
-    for p in range(len(first) - 1, 0, -1):
-        first[p] = first[p - 1]
-    first[0] = 0
+def _count_incoming(targets: np.ndarray, waiting: np.ndarray) -> None:
+    for k in range(len(targets)):
+        waiting[targets[k]] += 1
 
 
 @njit(cache=True)

@@ -13,6 +13,7 @@ from array import array
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 #: edge kinds
 WORK = "work"  # an event's own duration (start -> end)
@@ -72,12 +73,16 @@ class ReplayOptions:
 
 
 class EdgeList:
-    """Edges in compact growing arrays (8 bytes a source, a target and a delay, 1 byte a kind), viewed as NumPy
-    arrays for the evaluation: a trace set's graph has a few edges per event."""
+    """Edges in compact growing arrays (a source, a target, a delay and a kind), viewed as NumPy arrays: a trace
+    set's graph has a few edges per event.
 
-    def __init__(self) -> None:
-        self.src = array("q")
-        self.dst = array("q")
+    Point numbers take 4 bytes each unless ``wide`` (8): a rank's edges are numbered from 0 within the rank, and
+    a rank has fewer than 2^31 points (a billion events, hundreds of GB of JSON) unless it says otherwise."""
+
+    def __init__(self, wide: bool = False) -> None:
+        self._point = "q" if wide else "i"
+        self.src = array(self._point)
+        self.dst = array(self._point)
         self.delay = array("d")
         self.kind = array("b")
 
@@ -87,26 +92,112 @@ class EdgeList:
         self.delay.append(delay)
         self.kind.append(_KIND_CODE[kind])
 
-    def extend(self, other: EdgeList, shift: int) -> None:
-        """Append ``other``'s edges with every point number moved by ``shift`` (a rank's edges, numbered from
-        0 while its graph was built, placed after the ranks before it)."""
-        self.src.frombytes((np.frombuffer(other.src, dtype=np.int64) + shift).tobytes())
-        self.dst.frombytes((np.frombuffer(other.dst, dtype=np.int64) + shift).tobytes())
-        self.delay.extend(other.delay)
-        self.kind.extend(other.kind)
-
     def __len__(self) -> int:
         return len(self.src)
 
     def clear(self) -> None:
         """Forget every edge (their memory goes once no view of them is alive)."""
-        self.src, self.dst, self.delay, self.kind = array("q"), array("q"), array("d"), array("b")
+        self.src, self.dst = array(self._point), array(self._point)
+        self.delay, self.kind = array("d"), array("b")
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Views of the edges (no copy: no edge can be added while a view is alive): source, target, delay, kind
         code."""
-        return (np.frombuffer(self.src, dtype=np.int64), np.frombuffer(self.dst, dtype=np.int64),
+        point = np.int64 if self._point == "q" else np.int32
+        return (np.frombuffer(self.src, dtype=point), np.frombuffer(self.dst, dtype=point),
                 np.frombuffer(self.delay, dtype=np.float64), np.frombuffer(self.kind, dtype=np.int8))
+
+
+@dataclass
+class GroupedEdges:
+    """A graph's edges grouped by source point, the form its evaluation walks: point ``p``'s edges are
+    ``first[p]:first[p + 1]`` of ``targets``, ``delays`` and ``kinds``, in the order they were added. Point
+    numbers take 4 bytes where the graph's points fit (13 bytes an edge in all)."""
+
+    first: np.ndarray
+    targets: np.ndarray
+    delays: np.ndarray
+    kinds: np.ndarray
+
+    @classmethod
+    def gather(cls, points: int, lists: list[tuple[EdgeList, int]]) -> GroupedEdges:
+        """The edges of ``lists`` (each with the number its points are moved by: a rank's edges are numbered
+        from 0) over ``points`` points. Each list is emptied once its edges are placed, so the edges are held
+        about once, not twice, while they are grouped."""
+        edges = sum(len(edge_list) for edge_list, _ in lists)
+        grouped = cls.empty(points, edges)
+        for edge_list, shift in lists:
+            _count(edge_list.arrays()[0], shift, grouped.first)
+        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
+        for edge_list, shift in lists:
+            _place(*edge_list.arrays(), shift, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
+            edge_list.clear()
+        _shift_back(grouped.first)
+        return grouped
+
+    @classmethod
+    def from_arrays(cls, points: int, src: np.ndarray, dst: np.ndarray, delay: np.ndarray,
+                    kind: np.ndarray | None = None) -> GroupedEdges:
+        """The edges ``src[k] -> dst[k]`` with ``delay[k]`` (and kind code ``kind[k]``, else 0) over ``points``
+        points."""
+        grouped = cls.empty(points, len(src))
+        _count(src, 0, grouped.first)
+        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
+        kinds = np.zeros(len(src), dtype=np.int8) if kind is None else kind
+        _place(src, dst, delay, kinds, 0, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
+        _shift_back(grouped.first)
+        return grouped
+
+    @classmethod
+    def empty(cls, points: int, edges: int) -> GroupedEdges:
+        """Arrays for ``edges`` edges over ``points`` points, none placed yet (``first`` all 0)."""
+        point = np.int32 if points < np.iinfo(np.int32).max else np.int64
+        return cls(first=np.zeros(points + 1, dtype=np.int32 if edges < np.iinfo(np.int32).max else np.int64),
+                   targets=np.empty(edges, dtype=point), delays=np.empty(edges, dtype=np.float64),
+                   kinds=np.empty(edges, dtype=np.int8))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Source, target, delay and kind code of every edge (by source), as 64-bit point numbers."""
+        src = np.repeat(np.arange(len(self.first) - 1, dtype=np.int64), np.diff(self.first))
+        return src, self.targets.astype(np.int64), self.delays, self.kinds
+
+    def kind_counts(self) -> dict[str, int]:
+        """How many edges there are of each kind (kinds without edges left out)."""
+        counts = np.bincount(self.kinds, minlength=len(EDGE_KINDS))
+        return {kind_name(code): int(n) for code, n in enumerate(counts) if n}
+
+
+@njit(cache=True)
+def _count(src: np.ndarray, shift: int, first: np.ndarray) -> None:
+    """Count each source's edges one place up: ``first[p + 1]`` (a running sum then gives where each starts)."""
+    for k in range(len(src)):
+        first[src[k] + shift + 1] += 1
+
+
+@njit(cache=True)
+def _place(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, kind: np.ndarray, shift: int, cursor: np.ndarray,
+           targets: np.ndarray, delays: np.ndarray, kinds: np.ndarray) -> None:
+    """Place edges at their source's cursor (where its next edge goes; it moves up one place per edge): a
+    counting sort, stable, with no array beyond those it fills."""
+    for k in range(len(src)):
+        p = src[k] + shift
+        at = cursor[p]
+        targets[at] = dst[k] + shift
+        delays[at] = delay[k]
+        kinds[at] = kind[k]
+        cursor[p] = at + 1
+
+
+@njit(cache=True)
+def _shift_back(first: np.ndarray) -> None:
+    """Once every edge is placed each cursor is where its point's edges end, i.e. where the next point's start:
+    move them up one place to make them the starts again."""
+    for p in range(len(first) - 1, 0, -1):
+        first[p] = first[p - 1]
+    first[0] = 0
 
 
 def kind_name(code: int) -> str:

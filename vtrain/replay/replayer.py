@@ -14,8 +14,8 @@ from vtrain.distributed import release_freed_memory
 from vtrain.replay.build import ReplayGraph, build_graph
 from vtrain.replay.collective_matching import Collective
 from vtrain.replay.context import DependencyStats
-from vtrain.replay.engine import evaluate_edges
-from vtrain.replay.graph import EDGE_KINDS, ReplayOptions, kind_name
+from vtrain.replay.engine import evaluate_grouped
+from vtrain.replay.graph import GroupedEdges, ReplayOptions
 from vtrain.replay.trace import RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig
 
@@ -53,8 +53,9 @@ def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.Data
 
     ``each_rank``, if given, is applied to each rank's event frame before the ranks' frames are put together
     (`vtrain validate` annotates them so: the working memory of the annotation is then one rank's)."""
-    counts = np.bincount(graph.edges.arrays()[3], minlength=len(EDGE_KINDS))
-    times, released = evaluate_edges(graph.measured, graph.edges)  # empties graph.edges
+    times, released = evaluate_grouped(graph.measured, graph.edges)
+    edge_counts = graph.edges.kind_counts()
+    graph.edges = GroupedEdges.empty(0, 0)  # given back: the event frame is built next
     notes: list[str] = []
     if released:
         notes.append(f"{released} of {len(times)} event points were released from dependency cycles (events with "
@@ -62,7 +63,7 @@ def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.Data
     release_freed_memory()
     return Replay(traces=graph.traces, events=_event_frame(graph, times, each_rank), origin=graph.origin,
                   stats=graph.stats, notes=notes,
-                  edge_counts={kind_name(code): int(n) for code, n in enumerate(counts) if n})
+                  edge_counts=edge_counts)
 
 
 def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:
