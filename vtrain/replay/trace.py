@@ -104,7 +104,7 @@ class TextAside:
         try:
             self.file = tempfile.TemporaryFile(prefix="vtrain-text-")
         except OSError as error:
-            self.problem = f"{error.strerror or error} in {tempfile.gettempdir()}"
+            self.problem = _write_problem(error)
 
     def take(self, text: KeptText) -> None:
         """Set ``text``'s batches aside (kept in memory once a write has failed)."""
@@ -113,13 +113,18 @@ class TextAside:
         try:
             text.set_aside(self.file)
         except OSError as error:
-            self.problem = f"{error.strerror or error} in {tempfile.gettempdir()}"
+            self.problem = _write_problem(error)
 
     def close(self) -> None:
         """Remove the file (once every text set aside in it has been read for the last time)."""
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def _write_problem(error: OSError) -> str:
+    """Why the temporary folder could not take the text, in a few words."""
+    return f"{error.strerror or error} in {tempfile.gettempdir()}"
 
 
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
