@@ -124,14 +124,15 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """One row per rank and iteration: ``start``, ``end`` and ``time_us`` (``start`` is the step's start, or the
     previous iteration's end when that is later: see the module's definition)."""
     start, dur = pl.col(side.start), pl.col(side.dur)
-    marks = frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX)
-                         & pl.col("iteration").is_not_null())
-    if marks.is_empty():  # no iteration marks: the iteration is everything on the rank
-        marks = frame.filter(pl.col("iteration").is_not_null())
-    steps = marks.group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max())
+    # queries, so that only the columns the windows need are read, not every column of the events chosen
+    marks = frame.lazy().filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX)
+                                & pl.col("iteration").is_not_null())
+    if marks.select(pl.len()).collect().item() == 0:  # no iteration marks: the iteration is everything on the rank
+        marks = frame.lazy().filter(pl.col("iteration").is_not_null())
+    steps = marks.group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max()).collect()
     device_end = (
-        frame.filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
-        .group_by("rank", "iteration").agg(device_end=(start + dur).max())
+        frame.lazy().filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
+        .group_by("rank", "iteration").agg(device_end=(start + dur).max()).collect()
     )
     return (
         steps.join(device_end, on=["rank", "iteration"], how="left")
@@ -173,12 +174,21 @@ def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     activities) and duration, in order per rank. Sends on CPU ranks are left out, as in :func:`breakdown`: a
     gloo send's span lasts until the sender waits for it, which says nothing about the transfer (the receive
     says when the data arrived)."""
+    chosen = _tested_ops(frame).select(  # only these columns are copied (a trace has millions of operators)
+        "rank", "iteration", "event", "kind", "name", "input_dims", "op", "op_class", "collective", "matched", "ts",
+        start=pl.col(side.start), dur=pl.col(side.dur)).collect()
     return (
-        _with_signature(frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu()))
+        _with_signature(chosen)
         .sort("rank", "ts")
         .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
-                start=pl.col(side.start), dur=pl.col(side.dur))
+                "start", "dur")
     )
+
+
+def _tested_ops(frame: pl.DataFrame) -> pl.LazyFrame:
+    """The operators of the iterations, sends on CPU ranks left out, as a query: what selects from it copies
+    only the columns it names."""
+    return frame.lazy().filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu())
 
 
 def _with_signature(frame: pl.DataFrame) -> pl.DataFrame:
@@ -195,12 +205,12 @@ def breakdown(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """Per rank and iteration: ``compute_us``, ``bubble_us``, ``exposed_comm_us``, ``idle_us`` (they add up to
     ``time_us``)."""
     windows = iterations(frame, side)
-    selected = frame.filter(pl.col("is_op") & pl.col("iteration").is_not_null() & ~_send_on_cpu()).select(
+    selected = _tested_ops(frame).select(
         "rank", "iteration", start=pl.col(side.start), end=pl.col(side.start) + pl.col(side.dur),
         part=pl.when(pl.col("op_class").cat.starts_with(COMM_PREFIX))
         .then(pl.when(pl.col("purpose") == "pp").then(pl.lit("bubble")).otherwise(pl.lit("comm")))
         .otherwise(pl.lit("compute")),
-    )
+    ).collect()
     groups = {key: group for key, group in selected.group_by("rank", "iteration")}
     rows = []
     for rank, iteration, start, end, time_us in windows.iter_rows():
