@@ -50,6 +50,15 @@ def test_report_json_and_max_error(tmp_path: Path) -> None:
     assert sorted(p.name for p in (out / "predicted" / "replay").iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
     assert any((out / "predicted" / "model").glob("rank-*.json.gz"))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+    # a second validation of the same folder writes the same numbers, to the last digit (float sums are taken in
+    # one order, whatever order joins and parallel grouping leave the rows in)
+    again = tmp_path / "again"
+    assert vtrain("validate", PIPELINE, "-o", again, "--json", "--no-hta", "--max-error", "5").stdout == result.stdout.replace(
+        str(out), str(again))
+    assert (again / "metrics.json").read_text() == (out / "metrics.json").read_text().replace(str(out), str(again))
+    for trace in (out / "predicted").rglob("*.json.gz"):
+        twin = again / trace.relative_to(out)
+        assert gzip.decompress(twin.read_bytes()) == gzip.decompress(trace.read_bytes()), trace
 
 
 def test_hta_side_by_side_on_gpu_traces(tmp_path: Path) -> None:

@@ -112,8 +112,10 @@ class OpLatencyResolver:
         :meth:`resolve`."""
         if self._cache:
             raise RuntimeError("calibrate() after resolve()")
-        calls = events.filter(pl.col("device_type") == self.device_type).select(
-            "rank", "phase", "iteration", "op", "input_dims", "input_types", "dur").rows()
+        columns = ("rank", "phase", "iteration", "op", "input_dims", "input_types", "dur")
+        # in one order whatever order the timeline's rows came in: float sums depend on it
+        calls = events.filter(pl.col("device_type") == self.device_type).select(columns).sort(
+            columns, nulls_last=True).rows()
         sums: dict[tuple[int | None, str], dict[int, list[float]]] = {}
         for rank, phase, iteration, name, dims, types, dur in calls:
             exact = self._exact.get((name, dims, types))

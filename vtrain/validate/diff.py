@@ -20,6 +20,18 @@ _HISTOGRAM_SAMPLE = 20000
 _WORST = 10
 
 
+def _total(column: str) -> pl.Expr:
+    """A group's sum taken over its values in sorted order: the same number however the rows came in (a float
+    sum depends on its order, and joins and parallel grouping do not keep one), so that two validations of one
+    trace folder write the same report."""
+    return pl.col(column).sort().sum()
+
+
+def _average(column: str | pl.Expr) -> pl.Expr:
+    """A group's mean over its values in sorted order (see :func:`_total`)."""
+    return (pl.col(column) if isinstance(column, str) else column).sort().mean()
+
+
 def error_pct(predicted: float | None, measured: float | None) -> float | None:
     """``(predicted - measured) / measured`` in percent; ``None`` when either is missing or measured is 0."""
     if predicted is None or measured is None or measured == 0:
@@ -100,9 +112,9 @@ def _grouped(spans: pl.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
         return []
     table = (
         spans.group_by(*keys, "rank", "iteration")
-        .agg(measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum(),
+        .agg(measured=_total("measured_us"), predicted=_total("predicted_us"),
              missing=pl.col("predicted_us").is_null().sum())
-        .group_by(keys).agg(measured_ms=pl.col("measured").mean() / 1e3, predicted_ms=pl.col("predicted").mean() / 1e3,
+        .group_by(keys).agg(measured_ms=_average("measured") / 1e3, predicted_ms=_average("predicted") / 1e3,
                             unmatched_spans=pl.col("missing").sum())
         .sort(keys)
     )
@@ -118,10 +130,10 @@ def class_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, An
         return []
     table = (
         matched.group_by("op_class")
-        .agg(ops=pl.len(), measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum(),
-             mape=pl.when(pl.col("measured_us") > 0)
-             .then((pl.col("predicted_us") - pl.col("measured_us")).abs() / pl.col("measured_us")).mean())
-        .sort("measured", descending=True)
+        .agg(ops=pl.len(), measured=_total("measured_us"), predicted=_total("predicted_us"),
+             mape=_average(pl.when(pl.col("measured_us") > 0)
+                           .then((pl.col("predicted_us") - pl.col("measured_us")).abs() / pl.col("measured_us"))))
+        .sort("measured", "op_class", descending=[True, False])
     )
     n = max(rank_iterations, 1)
     return [{"op_class": c, "ops": ops, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
@@ -138,10 +150,10 @@ def worst_op_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str,
     n = max(rank_iterations, 1)
     table = (
         matched.group_by("op_class", "name")
-        .agg(calls=pl.len(), measured=pl.col("measured_us").sum(), predicted=pl.col("predicted_us").sum())
+        .agg(calls=pl.len(), measured=_total("measured_us"), predicted=_total("predicted_us"))
         .with_columns(gap=(pl.col("predicted") - pl.col("measured")).abs())
         .filter(pl.col("gap") > 1e-4 * pl.col("measured").abs())
-        .sort("gap", descending=True).head(_WORST)
+        .sort("gap", "op_class", "name", descending=[True, False, False]).head(_WORST)
     )
     return [{"op": name, "op_class": c, "calls": calls, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
              "error_pct": error_pct(p, m)}
@@ -156,8 +168,8 @@ def one_side_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str,
         other = "predicted_us" if column == "measured_us" else "measured_us"
         table = (
             aligned.filter(pl.col(other).is_null() & pl.col(column).is_not_null())
-            .group_by("op_class", "name").agg(calls=pl.len(), time=pl.col(column).sum())
-            .sort("time", descending=True).head(_WORST)
+            .group_by("op_class", "name").agg(calls=pl.len(), time=_total(column))
+            .sort("time", "op_class", "name", descending=[True, False, False]).head(_WORST)
         )
         rows += [{"side": side, "op": name, "op_class": c, "calls": calls, "ms": t / n / 1e3}
                  for c, name, calls, t in table.iter_rows()]
