@@ -166,7 +166,8 @@ class GroupedEdges:
 
     def kind_counts(self) -> dict[str, int]:
         """How many edges there are of each kind (kinds without edges left out)."""
-        counts = np.bincount(self.kinds, minlength=len(EDGE_KINDS))
+        counts = np.zeros(len(EDGE_KINDS), dtype=np.int64)
+        _tally(self.kinds, counts)  # np.bincount would first copy the codes into 8 bytes each
         return {kind_name(code): int(n) for code, n in enumerate(counts) if n}
 
 
@@ -189,6 +190,12 @@ def _place(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, kind: np.ndarray
         delays[at] = delay[k]
         kinds[at] = kind[k]
         cursor[p] = at + 1
+
+
+@njit(cache=True)
+def _tally(codes: np.ndarray, counts: np.ndarray) -> None:
+    for k in range(len(codes)):
+        counts[codes[k]] += 1
 
 
 @njit(cache=True)
