@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vtrain.replay.build import build_graph
-from vtrain.replay.engine import evaluate
+from vtrain.replay.engine import GroupedEdges, evaluate
 from vtrain.replay.graph import (
     EDGE_KINDS,
     EVENT,
@@ -20,7 +20,6 @@ from vtrain.replay.graph import (
     WAKE,
     WORK,
     EdgeList,
-    GroupedEdges,
     end_point,
     start_point,
 )

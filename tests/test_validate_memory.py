@@ -11,6 +11,8 @@ import gc
 import gzip
 import io
 import os
+import subprocess
+import sys
 import tempfile
 from array import array
 from pathlib import Path
@@ -131,3 +133,11 @@ def test_no_space_for_the_text_keeps_it_in_memory_and_says_so(monkeypatch: pytes
     for name in ("rank-0.json.gz", "rank-1.json.gz"):
         assert gzip.decompress((tmp_path / "full/predicted/replay" / name).read_bytes()) == gzip.decompress(
             (tmp_path / "roomy/predicted/replay" / name).read_bytes())
+
+
+def test_processes_reading_ranks_do_not_load_the_compiler() -> None:
+    """numba and llvmlite take about 70 MB a process: the processes that read ranks and build their graph parts
+    (``vtrain.validate.ranks``) do without them; only the process that evaluates the whole graph loads them."""
+    probe = "import sys, vtrain.validate.ranks; print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert loaded.stdout.strip() == "[]", loaded.stderr

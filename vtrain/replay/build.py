@@ -21,6 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -54,7 +55,6 @@ from vtrain.replay.graph import (
     WAITED,
     WORK,
     EdgeList,
-    GroupedEdges,
     ReplayOptions,
     precedes,
 )
@@ -63,6 +63,9 @@ from vtrain.replay.threads import blocking_calls, build_chains
 from vtrain.replay.trace import CPU, DEVICE, RUNTIME, SYNC, RankTrace
 from vtrain.replay.waits import ThreadWaits
 from vtrain.runconfig import RunConfig
+
+if TYPE_CHECKING:
+    from vtrain.replay.engine import GroupedEdges
 
 #: a gloo:send/recv span starts at most this long after the c10d op that issued it ends
 _ISSUE_SLACK_US = 50.0
@@ -142,6 +145,8 @@ class GraphBuilder:
     def graph(self, traces: list, match_across_ranks: bool = True) -> ReplayGraph:
         """The whole graph; ``traces`` (one per rank added, any order) is what the graph keeps of each rank. The
         ranks' parts go into the graph: the builder is empty afterwards."""
+        from vtrain.replay.engine import GroupedEdges  # compiled (numba): not loaded by the processes reading ranks
+
         traces = sorted(traces, key=lambda trace: trace.rank)
         parts = [self.parts.pop(trace.rank) for trace in traces]
         offsets: list[int] = []

@@ -13,7 +13,6 @@ from array import array
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 #: edge kinds
 WORK = "work"  # an event's own duration (start -> end)
@@ -106,105 +105,6 @@ class EdgeList:
         point = np.int64 if self._point == "q" else np.int32
         return (np.frombuffer(self.src, dtype=point), np.frombuffer(self.dst, dtype=point),
                 np.frombuffer(self.delay, dtype=np.float64), np.frombuffer(self.kind, dtype=np.int8))
-
-
-@dataclass
-class GroupedEdges:
-    """A graph's edges grouped by source point, the form its evaluation walks: point ``p``'s edges are
-    ``first[p]:first[p + 1]`` of ``targets``, ``delays`` and ``kinds``, in the order they were added. Point
-    numbers take 4 bytes where the graph's points fit (13 bytes an edge in all)."""
-
-    first: np.ndarray
-    targets: np.ndarray
-    delays: np.ndarray
-    kinds: np.ndarray
-
-    @classmethod
-    def gather(cls, points: int, lists: list[tuple[EdgeList, int]]) -> GroupedEdges:
-        """The edges of ``lists`` (each with the number its points are moved by: a rank's edges are numbered
-        from 0) over ``points`` points. Each list is emptied once its edges are placed, so the edges are held
-        about once, not twice, while they are grouped."""
-        edges = sum(len(edge_list) for edge_list, _ in lists)
-        grouped = cls.empty(points, edges)
-        for edge_list, shift in lists:
-            _count(edge_list.arrays()[0], shift, grouped.first)
-        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
-        for edge_list, shift in lists:
-            _place(*edge_list.arrays(), shift, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
-            edge_list.clear()
-        _shift_back(grouped.first)
-        return grouped
-
-    @classmethod
-    def from_arrays(cls, points: int, src: np.ndarray, dst: np.ndarray, delay: np.ndarray,
-                    kind: np.ndarray | None = None) -> GroupedEdges:
-        """The edges ``src[k] -> dst[k]`` with ``delay[k]`` (and kind code ``kind[k]``, else 0) over ``points``
-        points."""
-        grouped = cls.empty(points, len(src))
-        _count(src, 0, grouped.first)
-        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
-        kinds = np.zeros(len(src), dtype=np.int8) if kind is None else kind
-        _place(src, dst, delay, kinds, 0, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
-        _shift_back(grouped.first)
-        return grouped
-
-    @classmethod
-    def empty(cls, points: int, edges: int) -> GroupedEdges:
-        """Arrays for ``edges`` edges over ``points`` points, none placed yet (``first`` all 0)."""
-        point = np.int32 if points < np.iinfo(np.int32).max else np.int64
-        return cls(first=np.zeros(points + 1, dtype=np.int32 if edges < np.iinfo(np.int32).max else np.int64),
-                   targets=np.empty(edges, dtype=point), delays=np.empty(edges, dtype=np.float64),
-                   kinds=np.empty(edges, dtype=np.int8))
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Source, target, delay and kind code of every edge (by source), as 64-bit point numbers."""
-        src = np.repeat(np.arange(len(self.first) - 1, dtype=np.int64), np.diff(self.first))
-        return src, self.targets.astype(np.int64), self.delays, self.kinds
-
-    def kind_counts(self) -> dict[str, int]:
-        """How many edges there are of each kind (kinds without edges left out)."""
-        counts = np.zeros(len(EDGE_KINDS), dtype=np.int64)
-        _tally(self.kinds, counts)  # np.bincount would first copy the codes into 8 bytes each
-        return {kind_name(code): int(n) for code, n in enumerate(counts) if n}
-
-
-@njit(cache=True)
-def _count(src: np.ndarray, shift: int, first: np.ndarray) -> None:
-    """Count each source's edges one place up: ``first[p + 1]`` (a running sum then gives where each starts)."""
-    for k in range(len(src)):
-        first[src[k] + shift + 1] += 1
-
-
-@njit(cache=True)
-def _place(src: np.ndarray, dst: np.ndarray, delay: np.ndarray, kind: np.ndarray, shift: int, cursor: np.ndarray,
-           targets: np.ndarray, delays: np.ndarray, kinds: np.ndarray) -> None:
-    """Place edges at their source's cursor (where its next edge goes; it moves up one place per edge): a
-    counting sort, stable, with no array beyond those it fills."""
-    for k in range(len(src)):
-        p = src[k] + shift
-        at = cursor[p]
-        targets[at] = dst[k] + shift
-        delays[at] = delay[k]
-        kinds[at] = kind[k]
-        cursor[p] = at + 1
-
-
-@njit(cache=True)
-def _tally(codes: np.ndarray, counts: np.ndarray) -> None:
-    for k in range(len(codes)):
-        counts[codes[k]] += 1
-
-
-@njit(cache=True)
-def _shift_back(first: np.ndarray) -> None:
-    """Once every edge is placed each cursor is where its point's edges end, i.e. where the next point's start:
-    move them up one place to make them the starts again."""
-    for p in range(len(first) - 1, 0, -1):
-        first[p] = first[p - 1]
-    first[0] = 0
 
 
 def kind_name(code: int) -> str:

@@ -14,8 +14,8 @@ from vtrain.distributed import release_freed_memory
 from vtrain.replay.build import ReplayGraph, build_graph
 from vtrain.replay.collective_matching import Collective
 from vtrain.replay.context import DependencyStats
-from vtrain.replay.engine import evaluate_grouped
-from vtrain.replay.graph import GroupedEdges, ReplayOptions
+from vtrain.replay.engine import GroupedEdges, evaluate_grouped
+from vtrain.replay.graph import ReplayOptions
 from vtrain.replay.trace import RankTrace, read_trace_set
 from vtrain.runconfig import RunConfig
 
