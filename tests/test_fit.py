@@ -137,6 +137,28 @@ def test_measurements_say_rows_that_cannot_run_and_rows_far_off(tmp_path: Path) 
     assert "2 row(s) measured more than 5x from the prediction, scored all the same (row 3: measured" in said[1]
 
 
+def test_measurements_say_rows_that_could_not_have_fitted(tmp_path: Path) -> None:
+    """A measured run whose largest stage the memory model puts over its device's memory could not have run as the
+    table says (vTrain's row 342: hidden 2048, 24 layers, micro-batch 8 on one A100-40GB, 40.8 GiB without
+    recomputation): a warning line, the row scored all the same; with recomputation it fits and nothing is said."""
+    lines = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()
+    assert lines[342] == "2,32,8,2048,16,24,1024,1,2,1,962.740116"
+    table = tmp_path / "one.csv"
+    table.write_text("\n".join([lines[0], lines[342]]) + "\n")
+    said = {}
+    for recompute in ("none", "full"):
+        result = CliRunner().invoke(app, ["validate", "--measurements", str(table), "--profile", str(SHIPPED),
+                                          "--recompute", recompute, "-o", str(tmp_path / recompute), "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["rows"] == 1
+        said[recompute] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said["none"]) == 1 and said["full"] == [], said
+    assert ("1 row(s) measured although the memory model puts their largest stage over the device's 40 GiB, scored "
+            "all the same (row 1: 40.8 GiB with recomputation none)") in said["none"][0]
+    rows = pl.read_parquet(tmp_path / "none" / "rows.parquet")
+    assert rows["fits"].to_list() == [False] and rows["memory_gib"][0] == pytest.approx(40.75, abs=0.01)
+
+
 @pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")
 def test_shipped_a100_profile_on_ground_truth(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["validate", "--measurements", str(GROUND_TRUTH), "--profile", str(SHIPPED),

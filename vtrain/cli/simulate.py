@@ -106,12 +106,11 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
 
 def _memory_warning(sim: Simulation) -> str | None:
     """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has."""
-    capacity = sim.device.memory_bytes
-    needed = max((memory.total_bytes for memory in sim.memory), default=0)
-    if not capacity or needed <= capacity:
+    if sim.fits_device is not False:
         return None
-    return (f"its largest pipeline stage needs {needed / 2**30:,.1f} GiB per GPU (memory model: parameters, gradients, "
-            f"optimizer state, activations), more than the {capacity / 2**30:,.0f} GiB of {sim.device.name}: the run "
+    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / 2**30:,.1f} GiB per GPU (memory model: "
+            f"parameters, gradients, optimizer state, activations), more than the "
+            f"{sim.device.memory_bytes / 2**30:,.0f} GiB of {sim.device.name}: the run "
             f"would not fit (`vtrain plan --device-memory` finds plans that do)")
 
 

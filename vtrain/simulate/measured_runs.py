@@ -36,11 +36,14 @@ class Hardware:
 def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: FittedDevice, hardware: Hardware,
                  rows: list[int] | None = None) -> pl.DataFrame:
     """``measurements`` (from :func:`~vtrain.importers.measurements.read_measurements`) with ``predicted_ms``,
-    ``error_pct`` (predicted vs measured, signed) and ``invalid`` (why a row was not simulated, else null) added.
+    ``error_pct`` (predicted vs measured, signed), ``memory_gib`` and ``fits`` (the largest stage's memory per GPU
+    by the memory model, and whether it fits the device's) and ``invalid`` (why a row was not simulated, else null) added.
     ``device`` is the profile's fitted device (:func:`~vtrain.fit.device.device_from_profile`), put on each row's
     hardware; ``rows`` restricts the prediction to those row numbers."""
     table = measurements if rows is None else measurements.filter(pl.col("row").is_in(rows))
     predicted: list[float | None] = []
+    memory: list[float | None] = []
+    fits: list[bool | None] = []
     invalid: list[str | None] = []
     for row in table.iter_rows(named=True):
         problem = row_problem(row)
@@ -50,11 +53,18 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
         problem = problem or next(iter(config.constraint_errors()), None)
         if problem or config is None:
             predicted.append(None)
+            memory.append(None)
+            fits.append(None)
             invalid.append(problem)
             continue
-        predicted.append(simulate(config, profile, for_config(device, config)).iteration_us / 1e3)
+        sim = simulate(config, profile, for_config(device, config))
+        predicted.append(sim.iteration_us / 1e3)
+        memory.append(sim.largest_stage_bytes / 2**30)
+        fits.append(sim.fits_device)
         invalid.append(None)
     return table.with_columns(
         predicted_ms=pl.Series(predicted, dtype=pl.Float64),
+        memory_gib=pl.Series(memory, dtype=pl.Float64),
+        fits=pl.Series(fits, dtype=pl.Boolean),
         invalid=pl.Series(invalid, dtype=pl.String),
     ).with_columns(error_pct=(pl.col("predicted_ms") / pl.col("iteration_ms") - 1.0) * 100)

@@ -46,6 +46,17 @@ class Simulation:
     def iteration_us(self) -> float:
         return self.schedule.makespan_us
 
+    @property
+    def largest_stage_bytes(self) -> int:
+        """Memory per GPU of the pipeline stage that needs the most (the memory model)."""
+        return max((memory.total_bytes for memory in self.memory), default=0)
+
+    @property
+    def fits_device(self) -> bool | None:
+        """Whether the largest stage fits the device's memory (``None``: the device's memory is not known)."""
+        capacity = self.device.memory_bytes
+        return None if not capacity else self.largest_stage_bytes <= capacity
+
     @cached_property
     def breakdown_us(self) -> dict[str, float]:
         """Mean over stages of each stage's breakdown (sums to the iteration time)."""

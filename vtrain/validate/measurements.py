@@ -94,7 +94,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
-    for line in (_not_scored(predicted), _far_off(predicted)):
+    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, device.memory_bytes, recompute)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
@@ -127,6 +127,22 @@ def _far_off(predicted: pl.DataFrame) -> str | None:
     return (f"{far.height} row(s) measured more than {FAR_OFF:g}x from the prediction, scored all the same (row "
             f"{first['row']}: measured {first['iteration_ms']:,.6g} ms, predicted {first['predicted_ms']:,.6g} ms"
             f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
+
+
+def _over_memory(predicted: pl.DataFrame, capacity: int | None, recompute: str) -> str | None:
+    """One warning line for the rows that ran although the memory model says their largest stage does not fit the
+    device (scored all the same), None when there are none: a run that did not fit could not have been measured,
+    so what the row says ran (recomputation above all; ``recompute`` where the row does not say) or the memory model
+    is wrong."""
+    over = predicted.filter(pl.col("fits").not_())
+    if over.is_empty() or not capacity:
+        return None
+    first = over.row(0, named=True)
+    recompute = first.get("recompute") or recompute
+    return (f"{over.height} row(s) measured although the memory model puts their largest stage over the device's "
+            f"{capacity / 2**30:,.0f} GiB, scored all the same (row {first['row']}: {first['memory_gib']:,.1f} GiB "
+            f"with recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute "
+            f"activations, or does the memory model over-count?")
 
 
 def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
