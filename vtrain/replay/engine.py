@@ -36,29 +36,32 @@ class GroupedEdges:
     @classmethod
     def gather(cls, points: int, lists: list[tuple[EdgeList, int]]) -> GroupedEdges:
         """The edges of ``lists`` (each with the number its points are moved by: a rank's edges are numbered
-        from 0) over ``points`` points. Each list is emptied once its edges are placed, so the edges are held
-        about once, not twice, while they are grouped."""
-        edges = sum(len(edge_list) for edge_list, _ in lists)
-        grouped = cls.empty(points, edges)
-        for edge_list, shift in lists:
-            _count(edge_list.arrays()[0], shift, grouped.first)
-        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
-        for edge_list, shift in lists:
-            _place(*edge_list.arrays(), shift, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
-            edge_list.clear()
-        _shift_back(grouped.first)
-        return grouped
+        from 0) over ``points`` points. Each list is emptied, and its edges' memory goes as soon as they are
+        placed, so the edges are held about once, not twice, while they are grouped."""
+        parts = [(*edge_list.arrays(), shift) for edge_list, shift in lists]
+        for edge_list, _ in lists:
+            edge_list.clear()  # the views in ``parts`` hold each list's edges until they are placed
+        return cls._sorted(points, parts)
 
     @classmethod
     def from_arrays(cls, points: int, src: np.ndarray, dst: np.ndarray, delay: np.ndarray,
                     kind: np.ndarray | None = None) -> GroupedEdges:
         """The edges ``src[k] -> dst[k]`` with ``delay[k]`` (and kind code ``kind[k]``, else 0) over ``points``
         points."""
-        grouped = cls.empty(points, len(src))
-        _count(src, 0, grouped.first)
-        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
         kinds = np.zeros(len(src), dtype=np.int8) if kind is None else kind
-        _place(src, dst, delay, kinds, 0, grouped.first, grouped.targets, grouped.delays, grouped.kinds)
+        return cls._sorted(points, [(src, dst, delay, kinds, 0)])
+
+    @classmethod
+    def _sorted(cls, points: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]
+                ) -> GroupedEdges:
+        """A counting sort of ``parts`` (source, target, delay, kind code, shift) by source, stable; each part
+        is let go of once placed."""
+        grouped = cls.empty(points, sum(len(part[0]) for part in parts))
+        _count_parts(parts, grouped.first)
+        np.cumsum(grouped.first, dtype=grouped.first.dtype, out=grouped.first)
+        parts.reverse()
+        while parts:
+            _place(*parts.pop(), grouped.first, grouped.targets, grouped.delays, grouped.kinds)
         _shift_back(grouped.first)
         return grouped
 
@@ -83,6 +86,12 @@ class GroupedEdges:
         counts = np.zeros(len(EDGE_KINDS), dtype=np.int64)
         _tally(self.kinds, counts)  # np.bincount would first copy the codes into 8 bytes each
         return {kind_name(code): int(n) for code, n in enumerate(counts) if n}
+
+
+def _count_parts(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]], first: np.ndarray) -> None:
+    """:func:`_count` over every part (in a function of its own: no loop variable outlives it to hold a part)."""
+    for src, _, _, _, shift in parts:
+        _count(src, shift, first)
 
 
 @njit(cache=True)

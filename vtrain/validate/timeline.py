@@ -125,11 +125,13 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     previous iteration's end when that is later: see the module's definition)."""
     start, dur = pl.col(side.start), pl.col(side.dur)
     # queries, so that only the columns the windows need are read, not every column of the events chosen
-    marks = frame.lazy().filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX)
-                                & pl.col("iteration").is_not_null())
-    if marks.select(pl.len()).collect().item() == 0:  # no iteration marks: the iteration is everything on the rank
-        marks = frame.lazy().filter(pl.col("iteration").is_not_null())
-    steps = marks.group_by("rank", "iteration").agg(start=start.min(), step_end=(start + dur).max()).collect()
+    def windows(events: pl.Expr) -> pl.DataFrame:
+        return frame.lazy().filter(events & pl.col("iteration").is_not_null()).group_by("rank", "iteration").agg(
+            start=start.min(), step_end=(start + dur).max()).collect()
+
+    steps = windows((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
+    if steps.is_empty():  # no iteration marks: the iteration is everything on the rank
+        steps = windows(pl.lit(True))
     device_end = (
         frame.lazy().filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
         .group_by("rank", "iteration").agg(device_end=(start + dur).max()).collect()
