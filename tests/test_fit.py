@@ -155,6 +155,8 @@ def test_measurements_say_rows_that_could_not_have_fitted(tmp_path: Path) -> Non
     assert len(said["none"]) == 1 and said["full"] == [], said
     assert ("1 row(s) measured although the memory model puts their largest stage over the device's 40 GiB, scored "
             "all the same (row 1: 40.8 GiB with recomputation none)") in said["none"][0]
+    # a table measured on 80 GB A100s and scored with this 40 GB profile is told which device's memory counted
+    assert "more memory than the profile's A100-40GB" in said["none"][0]
     rows = pl.read_parquet(tmp_path / "none" / "rows.parquet")
     assert rows["fits"].to_list() == [False] and rows["memory_gib"][0] == pytest.approx(40.75, abs=0.01)
 

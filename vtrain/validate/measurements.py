@@ -94,7 +94,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
-    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, device.memory_bytes, recompute)):
+    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, device.memory_bytes, device.name, recompute)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
@@ -129,7 +129,7 @@ def _far_off(predicted: pl.DataFrame) -> str | None:
             f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
 
 
-def _over_memory(predicted: pl.DataFrame, capacity: int | None, recompute: str) -> str | None:
+def _over_memory(predicted: pl.DataFrame, capacity: int | None, device_name: str, recompute: str) -> str | None:
     """One warning line for the rows that ran although the memory model says their largest stage does not fit the
     device (scored all the same), None when there are none: a run that did not fit could not have been measured,
     so what the row says ran (recomputation above all; ``recompute`` where the row does not say) or the memory model
@@ -142,7 +142,8 @@ def _over_memory(predicted: pl.DataFrame, capacity: int | None, recompute: str) 
     return (f"{over.height} row(s) measured although the memory model puts their largest stage over the device's "
             f"{capacity / 2**30:,.0f} GiB, scored all the same (row {first['row']}: {first['memory_gib']:,.1f} GiB "
             f"with recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute "
-            f"activations, or does the memory model over-count?")
+            f"activations, run on GPUs with more memory than the profile's {device_name} (then score them with a "
+            f"profile of that device), or does the memory model over-count?")
 
 
 def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
