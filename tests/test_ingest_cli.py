@@ -185,7 +185,8 @@ def gloo_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 2-rank gloo job on CPU, profiled with torch.profiler."""
     folder = tmp_path_factory.mktemp("gloo")
     script = REPO / "tests" / "data" / "gloo_job.py"
-    subprocess.run([sys.executable, str(script), str(folder)], check=True, timeout=300, capture_output=True)
+    ran = subprocess.run([sys.executable, str(script), str(folder)], timeout=300, capture_output=True, text=True)
+    assert ran.returncode == 0, f"the gloo job failed (exit {ran.returncode}):\n{ran.stderr[-4000:]}"
     return folder
 
 
