@@ -25,17 +25,18 @@ from tests.conftest import TRACES, one_trace_folders, vtrain_in_process
 from vtrain.ingest.decode import bare_numbers_as_null
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.trace import read_rank_trace
+from vtrain.validate.profile import RankTablesSink
 
 SOURCE = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"
 NOT_FINITE = {"nan-dur": ("dur", float("nan")), "inf-ts": ("ts", float("inf")), "neg-inf-dur": ("dur", float("-inf"))}
 
 
 def _with(trace: dict[str, Any], values: dict[str, float | None]) -> dict[str, Any]:
-    """The trace with three kernels' time or duration set (``None``: as the null it is read as) and a fourth
-    kernel named with NaN in its text."""
+    """The trace with three kernels near its end (past the first spans of text decoded) with their time or duration
+    set (``None``: as the null it is read as) and a fourth kernel named with NaN in its text."""
     changed = copy.deepcopy(trace)
     kernels = [event for event in changed["traceEvents"] if event.get("cat") == "kernel"]
-    for kernel, (key, value) in zip(kernels[10:13], values.items()):
+    for kernel, (key, value) in zip(kernels[-13:-10], values.items()):
         kernel[NOT_FINITE[key][0]] = value
     kernels[20]["name"] = "x: NaN, y [NaN] Infinity}"
     return changed
@@ -66,12 +67,20 @@ def test_ingest_reads_not_finite_values_as_null_and_says_so(name: str, folders: 
 
 @pytest.mark.parametrize("name", ["bare", "bare-compact-gzip"])
 def test_the_replay_reads_not_finite_values_as_null(name: str, folders: dict[str, Path]) -> None:
-    bare = read_rank_trace(next(folders[name].iterdir()))
-    null = read_rank_trace(next(folders["null"].iterdir()))
+    """The events, and ingest's tables built from them, as those of the trace written with null. The file's
+    events are read again once a NaN stops their decoding: the tables built on the way are started again, not
+    doubled."""
+    sinks = {key: RankTablesSink() for key in (name, "null")}
+    bare = read_rank_trace(next(folders[name].iterdir()), sinks[name])
+    null = read_rank_trace(next(folders["null"].iterdir()), sinks["null"])
     assert bare.bare_numbers == 3 and null.bare_numbers == 0
     assert bare.dropped == null.dropped >= 3
     assert bare.ts == null.ts and bare.dur == null.dur and bare.name == null.name
     assert "x: NaN, y [NaN] Infinity}" in bare.name
+    tables = [sinks[key].ranks for key in (name, "null")]
+    assert [len(ranks) for ranks in tables] == [1, 1]
+    for table in ("kernels", "cpu_ops", "collectives"):
+        assert_frame_equal(getattr(tables[0][0], table), getattr(tables[1][0], table))
 
 
 def test_validate_says_the_not_finite_values(folders: dict[str, Path], tmp_path: Path) -> None:

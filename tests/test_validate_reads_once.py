@@ -85,7 +85,7 @@ def watched_validation(tmp_path_factory: pytest.TempPathFactory) -> Watched:
     shutil.copytree(RECORDED, folder)
     files = find_trace_files(folder)
     read: list[Path] = []
-    real = replay_trace.read_bytes
+    real = replay_trace.load_text
 
     def recording(path: Path, *args: Any, **kwargs: Any) -> Any:
         read.append(Path(path))
@@ -93,7 +93,7 @@ def watched_validation(tmp_path_factory: pytest.TempPathFactory) -> Watched:
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         opened = _count_opens(monkeypatch, files)
-        monkeypatch.setattr(replay_trace, "read_bytes", recording)
+        monkeypatch.setattr(replay_trace, "load_text", recording)
         result = validate_traces(folder, tmp / "work", with_hta=False)
     return Watched(files=files, opened=opened, read=read, result=result, work=tmp / "work")
 

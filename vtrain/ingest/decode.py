@@ -1,18 +1,19 @@
-"""Reading one Kineto (Chrome JSON) trace file into typed events.
+"""What a Kineto (Chrome JSON) trace file is read into, and the rules for reading its bytes.
 
-The top level is decoded with ``traceEvents`` kept as raw JSON slices (no Python object per field), then the
-events are decoded in batches into small typed structs holding only the fields vtrain keeps. Memory therefore
-grows with the kept fields, not with the JSON text, and every error names the file and what is wrong.
+The file's bytes (gzip a bounded piece at a time, :func:`inflate`; a byte-order mark; NaN and Infinity, which JSON
+does not have; two ``traceEvents`` lists) and its top level (:class:`TraceHeader`, the events left raw) are read
+here; the events are decoded a span of the text at a time by :mod:`vtrain.ingest.spans`, into small structs holding
+only the fields vtrain keeps, so memory grows with the kept fields, not with the JSON text. Every error names the
+file and what is wrong.
 
-Two event decoders: the strict one (:func:`iter_event_batches`, :class:`TraceEvent`: a field of the wrong type
-fails the file, naming the event) and the tolerant one (:func:`iter_loose_batches`, :class:`LooseEvent`: every
-field loosely typed, for readers that count and leave out what they cannot use: the replay and `vtrain validate`,
-which turns its events into ingest's typed events with :func:`typed_event`).
+Two event types: the strict one (:class:`TraceEvent`: a field of the wrong type fails the file, naming the event,
+as `vtrain ingest` reads) and the tolerant one (:class:`LooseEvent`: every field loosely typed, for readers that
+count and leave out what they cannot use: the replay and `vtrain validate`, which turns its events into ingest's
+typed events with :func:`typed_event`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -26,7 +27,6 @@ from vtrain.errors import InputError
 from vtrain.kineto import EXTERNAL_ID_KEYS, INPUT_DIMS_KEYS, INT64_MAX, INT64_MIN
 from vtrain.limits import GZIP_RATIO_FROM_BYTES, MAX_GZIP_RATIO
 
-BATCH_EVENTS = 200_000
 READ_CHUNK = 16 << 20
 
 
@@ -113,29 +113,6 @@ def readable_trace(path: Path) -> Iterator[None]:
         raise InputError(f"not UTF-8 text at byte {exc.start}: not a Kineto trace", path) from None
     except RecursionError:
         raise InputError("JSON nested too deep to be a Kineto trace", path) from None
-
-
-def read_bytes(path: Path, progress: Callable[[int], None] | None = None) -> tuple[bytes | bytearray, str]:
-    """The file's JSON text (gunzipped if it is gzip; a UTF-8 byte-order mark before it, which JSON readers may
-    skip and Python's ``json.load`` of bytes does, left out) and the sha256 of the file as stored.
-
-    Errors name the file: empty, not gzip although named .gz, truncated or corrupt gzip.
-    """
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as handle:
-            if not is_gzip(handle, path):
-                data: bytes | bytearray = handle.read()
-                digest.update(data)
-                if progress:
-                    progress(len(data))
-            else:
-                data = gunzip(handle, path, progress, digest)
-    except OSError as exc:
-        raise InputError(f"cannot read file: {exc.strerror or exc}", path) from None
-    if data.startswith(BOM):
-        data = data[len(BOM):]
-    return data, digest.hexdigest()
 
 
 #: a UTF-8 byte-order mark: read as nothing before a trace's text
@@ -247,14 +224,6 @@ def is_gzip(handle: BinaryIO, path: Path) -> bool:
     return gzip
 
 
-def gunzip(handle: BinaryIO, path: Path, progress: Callable[[int], None] | None, digest: Any) -> bytearray:
-    """The decompressed content of a gzip file (writable, see :mod:`vtrain.ingest.spans`); see :func:`inflate`."""
-    data = bytearray().join(inflate(handle, path, progress, digest))
-    if not data:
-        raise InputError("file is empty (gzip holds no data)", path)
-    return data
-
-
 #: most bytes one step of :func:`inflate` gives (a 16 MiB chunk of a gzip bomb would otherwise give 16 GiB at once)
 INFLATE_STEP = 16 << 20
 
@@ -317,17 +286,6 @@ def decode_header(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADE
         raise InputError(f"invalid JSON: {_describe_decode(exc, len(data))}", path) from None
 
 
-def iter_event_batches(header: TraceHeader, path: Path) -> Iterator[list[TraceEvent]]:
-    """Decode ``traceEvents`` in batches of :data:`BATCH_EVENTS` typed events."""
-    raw = header.traceEvents
-    for start in range(0, len(raw), BATCH_EVENTS):
-        chunk = b"[" + b",".join(raw[start:start + BATCH_EVENTS]) + b"]"
-        try:
-            yield TRACE_EVENTS_DECODER.decode(chunk)
-        except msgspec.ValidationError as exc:
-            raise InputError(f"malformed trace event: {_describe_validation(exc)}", path) from None
-
-
 class LooseEvent(msgspec.Struct, gc=False):
     """A Chrome-trace event with every field left loosely typed: what :func:`decode_loose_events` returns. The
     readers that use it (the replay, `vtrain validate`) check each field themselves and leave out what they
@@ -352,19 +310,6 @@ class _ArgsNotAnObject(LooseEvent, gc=False):
 _LOOSE_BATCH = msgspec.json.Decoder(list[LooseEvent])
 _LOOSE_ONE = msgspec.json.Decoder(LooseEvent)
 _ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject)
-
-
-#: events per batch of the tolerant decoder: its events hold their args as dicts, so a batch is kept small
-LOOSE_BATCH_EVENTS = 20_000
-
-
-def iter_loose_batches(header: TraceHeader) -> Iterator[tuple[int, list[LooseEvent | None]]]:
-    """Decode ``traceEvents`` tolerantly in batches of :data:`LOOSE_BATCH_EVENTS`: ``(index of the batch's first
-    event, events)``, with ``None`` for an entry that is not a JSON object. Never fails: a malformed event is for
-    its reader to count."""
-    raw = header.traceEvents
-    for start in range(0, len(raw), LOOSE_BATCH_EVENTS):
-        yield start, decode_loose_events(raw[start:start + LOOSE_BATCH_EVENTS])
 
 
 def decode_loose_events(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:

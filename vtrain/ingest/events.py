@@ -19,7 +19,7 @@ import msgspec
 from vtrain.errors import InputError
 from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventFields, TraceEvent
 from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
-from vtrain.ingest.spans import SPAN_BYTES, SPAN_EVENTS, Span, cut_points, decode_span, whole_event_spans
+from vtrain.ingest.spans import SPAN_BYTES, SPAN_EVENTS, Span, decode_span, decode_spans
 from vtrain.ingest.text import Progress, TraceText
 from vtrain.ingest.times import NotATime, parse_times
 
@@ -74,8 +74,8 @@ _JSON_TEXT = JsonText()
 def read_rank_events(text: TraceText, events: Span | None, progress: Progress | None = None, *,
                      span_bytes: int = SPAN_BYTES, events_per_span: int = SPAN_EVENTS) -> RankEvents:
     """The frames of a rank's complete events (``events``, see :func:`~vtrain.ingest.spans.read_header`), span by
-    span; ``progress`` gets the bytes of a plain file as they are decoded (a gzip file reported its bytes while it
-    was read). The text of each span is released once decoded: only the frames stay."""
+    span (:func:`~vtrain.ingest.spans.decode_spans`: only the frames stay); ``progress`` gets the bytes of a plain
+    file as they are decoded (a gzip file reported its bytes while it was read)."""
     json_text = _JSON_TEXT
     parts = []
     decoded = 0
@@ -84,22 +84,12 @@ def read_rank_events(text: TraceText, events: Span | None, progress: Progress | 
         nonlocal decoded
         part, count = span_frames(text, span, json_text)
         parts.append(part)
-        text.release(span.end)  # decoded: its pages of text are not needed again
         decoded += span.end - span.start
         if progress and not text.compressed:
             progress(span.end - span.start)
         return count
 
-    if events:
-        start, first_event = events.start, 0
-        for end in cut_points(text, events, span_bytes):
-            try:
-                first_event += add(Span(start, end, first_event))
-            except (InputError, msgspec.DecodeError):  # a cut inside an event, or a malformed event
-                for span in whole_event_spans(text, Span(start, events.end, first_event), events_per_span):
-                    add(span)
-                break
-            start = end + 1
+    decode_spans(text, events, add, span_bytes=span_bytes, events_per_span=events_per_span)
     if progress and not text.compressed:
         progress(len(text.buffer) - decoded)
     return concat_rank_events(parts)

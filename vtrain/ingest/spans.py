@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import ctypes
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
 
 from vtrain.errors import InputError
-from vtrain.ingest.decode import EVENTS_KEY, TraceHeader, decode_header, decode_text, one_events_list
+from vtrain.ingest.decode import (
+    EVENTS_KEY,
+    LooseEvent,
+    TraceHeader,
+    decode_header,
+    decode_loose_events,
+    decode_text,
+    one_events_list,
+)
 from vtrain.ingest.text import TraceText
 
 #: bytes per span: small enough that a span's decoded objects stay in the CPU's caches while its columns are read
@@ -125,6 +133,27 @@ def cut_points(text: TraceText, events: Span, span_bytes: int = SPAN_BYTES) -> I
     yield events.end
 
 
+def decode_spans(text: TraceText, events: Span | None, decode: Callable[[Span], int], *,
+                 span_bytes: int = SPAN_BYTES, events_per_span: int = SPAN_EVENTS) -> None:
+    """Hand ``events`` to ``decode`` a span at a time, releasing each span's text once it is decoded. ``decode``
+    returns the number of events in its span, and raises :class:`InputError` or ``msgspec.DecodeError`` for a span
+    that does not decode: from that one on, the events are found one by one (:func:`whole_event_spans`), whose
+    own error, if any, is the file's."""
+    if not events:
+        return
+    start, first_event = events.start, 0
+    for end in cut_points(text, events, span_bytes):
+        try:
+            first_event += decode(Span(start, end, first_event))
+        except (InputError, msgspec.DecodeError):  # a cut inside an event, or a malformed event
+            for span in whole_event_spans(text, Span(start, events.end, first_event), events_per_span):
+                decode(span)
+                text.release(span.end)
+            return
+        text.release(end)  # decoded: its pages of text are not needed again
+        start = end + 1
+
+
 def whole_event_spans(text: TraceText, events: Span, events_per_span: int = SPAN_EVENTS) -> list[Span]:
     """``events``, which starts at an event, cut every ``events_per_span`` events found one by one."""
     raws = decode_span(text, events, _RAW_EVENTS_DECODER)
@@ -181,6 +210,19 @@ def decode_span(text: TraceText, span: Span, decoder: msgspec.json.Decoder) -> A
         raise InputError(f"malformed trace event: {_absolute(str(exc), first_event)}", text.path) from None
     finally:
         buffer[start - 1], buffer[end] = before, after
+
+
+_LOOSE_EVENTS_DECODER = msgspec.json.Decoder(list[LooseEvent])
+
+
+def decode_loose_span(text: TraceText, span: Span) -> list[LooseEvent | None]:
+    """The events in ``span`` decoded tolerantly (:class:`~vtrain.ingest.decode.LooseEvent`; ``None`` for an entry
+    that is not an object, see :func:`~vtrain.ingest.decode.decode_loose_events`); ``msgspec.DecodeError`` where
+    the span is not whole events of JSON."""
+    try:
+        return decode_span(text, span, _LOOSE_EVENTS_DECODER)
+    except InputError:  # an entry of another shape: each is decoded on its own
+        return decode_loose_events(decode_span(text, span, _RAW_EVENTS_DECODER))
 
 
 def _absolute(message: str, first_event: int) -> str:

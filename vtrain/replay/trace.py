@@ -7,9 +7,11 @@ the ``cudaEventRecord`` they wait on.
 
 What an event is comes from :mod:`vtrain.kineto` (categories in any case and generation, ROCm and MTIA
 categories, arg keys in any spelling, hex stream ids). Events are decoded by the tolerant decoder of
-:mod:`vtrain.ingest.decode` (:func:`~vtrain.ingest.decode.iter_loose_batches`): an event that is not an object,
-or whose time or lane is unusable, is counted in ``dropped`` rather than failing the file; only a file that is
-not a trace at all is an error.
+:mod:`vtrain.ingest.decode` (:class:`~vtrain.ingest.decode.LooseEvent`) a span of the file's text at a time, as
+`vtrain ingest` reads them (:mod:`vtrain.ingest.spans`: the text is mapped and each span's pages handed back once
+decoded, so memory is bounded by what is kept, not by the file): an event that is not an object, or whose time or
+lane is unusable, is counted in ``dropped`` rather than failing the file; only a file that is not a trace at all is
+an error.
 
 A file is read once: ``read_rank_trace(path, sink)`` hands every decoded batch to ``sink`` as well (`vtrain
 validate` builds ingest's tables from them), and keeps the file's text in ``RankTrace.source`` (a
@@ -38,18 +40,14 @@ import polars as pl
 from vtrain import kineto
 from vtrain.distributed import map_in_order, map_on_ray_in_order, release_freed_memory
 from vtrain.errors import InputError
-from vtrain.ingest.decode import (
-    LooseEvent,
-    decode_text,
-    iter_loose_batches,
-    read_bytes,
-    readable_trace,
-)
+from vtrain.ingest.decode import LooseEvent, TraceHeader, readable_trace
 from vtrain.ingest.discover import (
     find_trace_files,
     rank_and_world_size,
     rank_from_file_name,
 )
+from vtrain.ingest.spans import Span, decode_loose_span, decode_spans, read_header, read_header_around_events
+from vtrain.ingest.text import TraceText, load_text
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
@@ -61,8 +59,8 @@ Kept = TypeVar("Kept")
 @dataclass
 class KeptText:
     """A trace file's text, kept to write its replay: the top-level fields other than ``traceEvents`` as JSON
-    text, and the events, in batches of :data:`~vtrain.ingest.decode.LOOSE_BATCH_EVENTS` (each batch's raw events
-    joined by ``,\\n`` and zlib-compressed), so that they can be rewritten one batch at a time."""
+    text, and the events, in batches (each a span of the file's text, events and their separators, zlib-compressed),
+    so that they can be rewritten one batch at a time."""
 
     fields: list[tuple[str, bytes]] = field(default_factory=list)
     batches: list[bytes] = field(default_factory=list)
@@ -139,6 +137,9 @@ class Sink(Protocol):
             durations: list[float | None]) -> None:
         """A batch of events with their start times and durations read as numbers (``None`` where unusable)."""
 
+    def restart(self) -> None:
+        """The file is being read again from its start: forget the batches of this file."""
+
     def close(self, trace: RankTrace) -> None:
         """The file is read."""
 
@@ -191,19 +192,17 @@ class RankTrace:
         whose time cannot be a measurement, by the rules `vtrain ingest` applies: host events
         (:func:`vtrain.kineto.absurd_host_events`, counted in :attr:`absurd_host`), then device activities against
         the span of the others (:func:`vtrain.kineto.absurd_activities`, counted in :attr:`absurd`)."""
-        kinds = np.array(self.kind)
+        kinds = np.fromiter((_KIND_CODES[kind] for kind in self.kind), dtype=np.int8, count=len(self.kind))
         ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
-        host = (kinds == CPU) | (kinds == RUNTIME)
-        device = kinds == DEVICE
+        host = (kinds == _KIND_CODES[CPU]) | (kinds == _KIND_CODES[RUNTIME])
+        device = kinds == _KIND_CODES[DEVICE]
         absurd = np.zeros(len(kinds), dtype=bool)
         absurd[host] = kineto.absurd_host_events(ts[host], dur[host])
         self.absurd_host = int(absurd.sum())
         host &= ~absurd
         if device.any():
             lanes = np.frombuffer(self.lane, dtype=np.int64)[device]
-            names = np.array([self.name[i] for i in np.flatnonzero(device)])
-            self.repeated = int(device.sum()) - len(set(zip(lanes.tolist(), names.tolist(), ts[device].tolist(),
-                                                            dur[device].tolist())))
+            self.repeated = _repeats(lanes, [self.name[i] for i in np.flatnonzero(device)], ts[device], dur[device])
             start = float(ts[host].min()) if host.any() else None
             end = float((ts[host] + dur[host]).max()) if host.any() else None
             absurd[device] = kineto.absurd_activities(start, end, ts[device], dur[device])
@@ -243,6 +242,20 @@ class RankTrace:
                         absurd_host=self.absurd_host,
                         repeated=self.repeated, bare_numbers=self.bare_numbers, replayable=self.replayable,
                         columns=self.event_columns(), index=self.index, source=self.source)
+
+
+#: each kind of event as a small number
+_KIND_CODES = {kind: code for code, kind in enumerate((CPU, RUNTIME, DEVICE, SYNC))}
+
+
+def _repeats(lanes: np.ndarray, names: list[str], ts: np.ndarray, dur: np.ndarray) -> int:
+    """How many of these activities repeat an earlier one exactly (same lane, name, start and duration): rows of
+    four 64-bit numbers (the name by a number of its own, times by their bits, ``-0.0`` as ``0.0``), counted
+    apart from their distinct rows."""
+    codes: dict[str, int] = {}
+    named = np.fromiter((codes.setdefault(name, len(codes)) for name in names), dtype=np.int64, count=len(names))
+    rows = np.column_stack([lanes, named, (ts + 0.0).view(np.int64), (dur + 0.0).view(np.int64)])
+    return len(rows) - len(np.unique(rows, axis=0))
 
 
 #: the per-event columns of a :class:`RankTrace`
@@ -294,28 +307,51 @@ def read_rank_trace(path: Path, sink: Sink | None = None) -> RankTrace:
 
 
 def _read_rank_trace(path: Path, sink: Sink | None) -> RankTrace:
-    data, _digest = read_bytes(path)
-    header, data, bare_numbers = decode_text(data, path)
-    source = KeptText(fields=[(key, bytes(value)) for key, value in _TOP_LEVEL.decode(data).items()
-                              if key != "traceEvents"])
-    del data
-    trace = _empty_trace(path, header.distributedInfo, source)
-    trace.bare_numbers = bare_numbers
+    """The rank's events a span of the text at a time (:func:`vtrain.ingest.spans.decode_spans`), the header first
+    read from the text around the events, as `vtrain ingest` reads it: where the events then do not decode, the
+    file is read again with its whole text parsed for the header, which names what is wrong."""
+    text = load_text(path, hashed=False)
+    around = read_header_around_events(text)
+    if around:
+        try:
+            return _read_events(text, *around, sink)
+        except (InputError, msgspec.DecodeError):
+            if sink is not None:
+                sink.restart()
+    return _read_events(text, *read_header(text), sink)
+
+
+def _read_events(text: TraceText, header: TraceHeader, events: Span | None, sink: Sink | None) -> RankTrace:
+    """The rank's events (``events`` of ``text``, the file's top level being ``header``), span by span; each span's
+    text is kept, compressed, for writing the replayed trace."""
+    source = KeptText(fields=_top_level_fields(text, events))
+    trace = _empty_trace(text.path, header.distributedInfo, source)
+    trace.bare_numbers = text.bare_numbers
     reader = _Reader(trace)
-    raw = header.traceEvents
-    for offset, events in iter_loose_batches(header):
-        source.batches.append(zlib.compress(b",\n".join(raw[offset:offset + len(events)]), 1))
-        times = [_number(event.ts) if event is not None else None for event in events]
-        durations = [_number(event.dur) if event is not None else None for event in events]
-        reader.add(events, times, durations, offset)
+
+    def add(span: Span) -> int:
+        decoded = decode_loose_span(text, span)
+        source.batches.append(zlib.compress(text.buffer[span.start:span.end], 1))
+        times = [_number(event.ts) if event is not None else None for event in decoded]
+        durations = [_number(event.dur) if event is not None else None for event in decoded]
+        reader.add(decoded, times, durations, span.first_event)
         if sink is not None:
-            sink.add(events, times, durations)
-        raw[offset:offset + len(events)] = [None] * len(events)  # read: free each event's raw slice
-    raw.clear()
+            sink.add(decoded, times, durations)
+        return len(decoded)
+
+    decode_spans(text, events, add)
     trace.check_device_times()
     if sink is not None:
         sink.close(trace)
     return trace
+
+
+def _top_level_fields(text: TraceText, events: Span | None) -> list[tuple[str, bytes]]:
+    """The file's top-level fields other than ``traceEvents``, as JSON text, read from the text around the
+    events."""
+    buffer = text.buffer
+    around = buffer if events is None else bytes(buffer[:events.start]) + bytes(buffer[events.end:])
+    return [(key, bytes(value)) for key, value in _TOP_LEVEL.decode(around).items() if key != "traceEvents"]
 
 
 def rank_trace_of_events(path: Path, header: dict[str, Any], events: list[dict[str, Any]]) -> RankTrace:

@@ -44,6 +44,10 @@ class RankTablesSink:
                 starts.append(ts)
         self.parts.append(event_frames(complete, starts, self.json_text))
 
+    def restart(self) -> None:
+        """The rank's file is being read again from its start: forget its batches so far."""
+        self.parts = []
+
     def close(self, trace: RankTrace) -> None:
         """The rank's file is read: assemble its tables and drop the parts."""
         events = concat_rank_events(self.parts)
