@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,31 @@ def test_default_report_folder_is_reports_slash_trace_dir_name(tmp_path: Path) -
     assert (work / "reports" / "v100" / "report.md").exists()
     with gzip.open(work / "reports" / "v100" / "predicted" / "replay" / "rank-0.json.gz", "rt") as handle:
         assert json.load(handle)["traceEvents"]
+
+
+def _rank_one_changed(folder: Path, keep: Callable[[dict, list[float]], bool]) -> None:
+    """``folder``'s rank 1 keeping only the events ``keep(event, sorted step starts)`` keeps."""
+    path = folder / "rank-1.json.gz"
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    steps = sorted(e["ts"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if keep(e, steps)]
+    path.write_bytes(gzip.compress(json.dumps(trace).encode(), 1))
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda e, steps: not str(e.get("name", "")).startswith("ProfilerStep#"),  # its step spans pruned
+     "rank 1 is in none of the 10 profiled iterations of the other ranks"),
+    (lambda e, steps: e.get("ph") != "X" or e["ts"] >= steps[4],  # profiling began four steps late on it
+     "rank 1 is in 6 of the 10 profiled iterations (not in 1, 2, 3, 4)"),
+])
+def test_a_rank_outside_the_profiled_iterations_is_said(change, said: str, tmp_path: Path) -> None:
+    """A rank in none or only some of the iterations the other ranks profiled: the measured times are then the other
+    ranks' alone, which the warning line and the report say."""
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "t1p1d2", folder)
+    _rank_one_changed(folder, change)
+    ran = vtrain_in_process("validate", folder, "-o", tmp_path / "report", "--no-hta", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {folder / 'rank-1.json.gz'}: {said}" in ran.stderr
+    assert said in (tmp_path / "report" / "report.md").read_text()
+    assert "rank 0 is in" not in ran.stderr  # the rank in every iteration is not said
