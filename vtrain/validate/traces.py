@@ -33,6 +33,7 @@ from vtrain.validate.predictions import (
 )
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.profile import RankTablesSink
+from vtrain.validate.rank_checks import rank_warnings
 from vtrain.validate.ranks import read_for_validation
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
 
@@ -171,7 +172,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     all_iterations = sorted(measured["iteration"].unique().to_list())
     if not all_iterations:
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
-    for line in ranks_outside_iterations(traces, measured, all_iterations):
+    for line in rank_warnings(trace_dir, traces, measured):
         note(line)
     steady = all_iterations[1:] or all_iterations
     if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
@@ -194,28 +195,6 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
                     model_reason=model_reason, warnings=warnings, text=text)
-
-
-def ranks_outside_iterations(traces: list[KeptRank], measured: pl.DataFrame, all_iterations: list[int]) -> list[str]:
-    """A warning line for each rank that is in none of the profiled iterations, or in only some, while other ranks
-    are (its ProfilerStep#N spans pruned, or profiling started late on it): the measured iteration times are then
-    those of the other ranks alone."""
-    held = dict(measured.group_by("rank").agg(pl.col("iteration").unique().sort()).iter_rows())
-    lines = []
-    for trace in traces:
-        own = held.get(trace.rank, [])
-        if not trace.replayable or len(own) == len(all_iterations):
-            continue
-        if not own:
-            lines.append(f"{trace.path}: rank {trace.rank} is in none of the {len(all_iterations)} profiled "
-                         f"iterations of the other ranks (no ProfilerStep#N spans of its own?): the measured "
-                         f"iteration times are the other ranks' alone")
-            continue
-        missing = sorted(set(all_iterations) - set(own))
-        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        lines.append(f"{trace.path}: rank {trace.rank} is in {len(own)} of the {len(all_iterations)} profiled "
-                     f"iterations (not in {shown}): those iterations' measured times are the other ranks' alone")
-    return lines
 
 
 def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
