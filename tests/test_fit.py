@@ -182,3 +182,32 @@ def test_measurements_need_a_fitted_profile(tmp_path: Path) -> None:
                                  str(SHIPPED), "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and "no such file" in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")
+def test_a_run_on_another_variant_of_the_profiles_gpu_gets_its_roofline_and_memory() -> None:
+    """An A100-80GB run with the A100-40GB profile: the kernel models keep their learnt efficiencies on the 80 GB
+    part's roofline (a memory-bound kernel moves its bytes at 2,039 GB/s, not 1,555; a large GEMM, compute-bound,
+    is as fast), with its 80 GB of memory; host and collective terms stay the profile's."""
+    from vtrain.fit.device import device_for_run
+    from vtrain.runconfig import run_config_from_dict
+    from vtrain.tables.store import load_profile
+
+    profile = load_profile(SHIPPED)
+
+    def device(gpu: str):
+        config = run_config_from_dict({"model": {"layers": 2, "hidden": 4096, "heads": 32, "seq": 2048,
+                                                 "vocab": 50257},
+                                       "parallelism": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1,
+                                                       "global_batch": 1},
+                                       "precision": "fp16", "hardware": {"device": gpu, "device_count": 1}})
+        return device_for_run(config, profile)
+
+    forty, eighty = device("A100-40GB"), device("A100-80GB")
+    assert (forty.name, eighty.name) == ("A100-40GB", "A100-80GB")
+    assert eighty.memory_bytes == 2 * forty.memory_bytes
+    big_add = make_op("aten::add", [[8192, 16384], [8192, 16384], []], ["c10::Half", "c10::Half", "Scalar"])
+    assert forty.op_latency_us(big_add) / eighty.op_latency_us(big_add) == pytest.approx(2039 / 1555, rel=1e-9)
+    gemm = make_op("aten::mm", [[8192, 8192], [8192, 8192]], ["c10::Half", "c10::Half"])
+    assert forty.op_latency_us(gemm) == pytest.approx(eighty.op_latency_us(gemm), rel=1e-9)
+    assert forty.host == eighty.host and forty.collectives == eighty.collectives

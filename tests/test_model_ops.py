@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from vtrain.fit.operators import kernel_shape
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_memory, stage_parameters
@@ -66,6 +67,40 @@ def test_layer_gemm_flops_match_the_closed_form() -> None:
 def test_vocabulary_is_padded_only_when_not_divisible() -> None:
     assert shape(t=2).vocab_per_rank == 500
     assert GptShape(b=1, s=8, h=64, a=4, t=8, vocab=50257).vocab_per_rank == 51200 // 8  # Megatron: 128*t
+
+
+def test_megatron_always_pads_the_vocabulary() -> None:
+    """``--make-vocab-size-divisible-by 128`` (times t): GPT-2's 50,257 words are 50,304 rows at t = 1."""
+    megatron = {t: GptShape(b=1, s=8, h=64, a=4, t=t, vocab=50257, framework="megatron").vocab_per_rank
+                for t in (1, 2, 8)}
+    assert megatron == {1: 50304, 2: 50432 // 2, 8: 51200 // 8}
+    assert GptShape(b=1, s=8, h=64, a=4, t=1, vocab=50257).vocab_per_rank == 50257  # the reference model
+
+
+def test_a_reduction_writes_its_output_not_its_input() -> None:
+    """The cross-entropy's max and sum over a [tokens, vocabulary] fp32 tensor read it and write one value per
+    token; ``aten::max`` of two tensors is element-wise."""
+    n, v = 1024, 50304
+    _, row_max = op_cost("aten::max", [[1, n, v], [], []], ["float", "Scalar", "Scalar"])
+    assert row_max == 4 * n * v + 4 * n
+    _, total = op_cost("aten::sum", [[n, v], [], [], []], ["float", "ScalarList", "Scalar", ""])
+    assert total == 4 * n * v + 4 * n
+    _, pairwise = op_cost("aten::max", [[n, v], [n, v]], ["float", "float"])
+    assert pairwise == 3 * 4 * n * v
+
+
+def test_a_gather_through_an_index_touches_the_indexed_elements() -> None:
+    """``logits[rows, targets]`` reads one logit per token, not the [tokens, vocabulary] tensor it indexes: the
+    kernel model sees those elements and bytes."""
+    n, v = 1024, 50304
+    gather = make_op("aten::index", [[n, v], []], ["float", ""], indexed=n)
+    assert gather.elements == n and gather.bytes == n * (4 + 4 + 8)
+    assert kernel_shape(gather).elements == n
+    whole = make_op("aten::index", [[n, v], []], ["float", ""])
+    assert whole.elements is None and kernel_shape(whole).elements == n * v
+    head = [op for op in gpt.head_forward(GptShape(b=1, s=n, h=64, a=4, t=1, vocab=v, framework="megatron"))
+            if isinstance(op, Op) and op.name == "aten::index"]
+    assert [op.elements for op in head] == [n]
 
 
 def test_cpu_addmm_copies_the_bias_and_the_head_runs_in_fp32() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
-from vtrain.devices.catalog import canonical_device_name, device_for_config, device_model
+from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError
@@ -173,12 +173,33 @@ def for_config(device: FittedDevice, config: RunConfig) -> FittedDevice:
 
 def device_for_run(config: RunConfig, profile: Profile | None, source: str | None = None) -> DeviceModel:
     """The one device model every prediction uses: the profile's fitted device when it has one for the run's
-    GPU (on the run's links, :func:`for_config`), else the datasheet model of the run's device."""
+    GPU family (on the run's links, :func:`for_config`; on the run's variant of the GPU, :func:`on_gpu`), else the
+    datasheet model of the run's device."""
     fitted = (profile.metadata.get("fitted") or {}) if profile is not None else {}
     wanted = canonical_device_name(config.hardware.device) or ""
     if fitted.get("device") and wanted.split("-")[0] == str(fitted["device"]).split("-")[0]:
-        return for_config(_loaded(profile, source), config)
+        device = _loaded(profile, source)
+        if wanted != canonical_device_name(str(fitted["device"])) and wanted in DATASHEET_DEVICES:
+            device = on_gpu(device, DATASHEET_DEVICES[wanted])
+        return for_config(device, config)
     return device_for_config(config, source)
+
+
+def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:
+    """The fitted device on another variant of its GPU (an A100-80GB run with an A100-40GB profile): the kernel
+    models keep the efficiencies they learnt and take ``gpu``'s roofline (its peaks: a memory-bound kernel moves
+    its bytes at its bandwidth), and ``gpu``'s datasheet (memory size included); collectives and host terms stay
+    the profile's."""
+    def retarget(model: OperatorKernelModel | None) -> OperatorKernelModel | None:
+        if model is None:
+            return None
+        return OperatorKernelModel(replace(model.model, peak_flops=gpu.peak_for("c10::Half"),
+                                           peak_bytes_per_s=gpu.memory_bandwidth, _cache={}))
+
+    provenance = {**device.provenance, "gpu": f"{gpu.name} (datasheet; the profile's {device.name} fits on it)"}
+    return replace(device, name=gpu.name, peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
+                   memory_bytes=gpu.memory_bytes, gemm=retarget(device.gemm),
+                   memory_bound=retarget(device.memory_bound), provenance=provenance)
 
 
 _LOADED: dict[int, tuple[Profile, FittedDevice]] = {}

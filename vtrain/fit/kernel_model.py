@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
+
 if TYPE_CHECKING:
     from sklearn.neighbors import KDTree
 
@@ -165,11 +167,30 @@ def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_b
         raise ValueError(f"{rows.height} usable samples, need at least 10")
     columns = shape_columns(rows, kind)
     x = features_of(kind, columns)
-    floors = floors_of(kind, columns, peak_flops, peak_bytes_per_s)
+    floors = floors_of(kind, columns, *measured_peaks(rows, peak_flops, peak_bytes_per_s))
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
     return KernelModel(kind, peak_flops, peak_bytes_per_s, x, y, x.min(0), x.max(0), float(y.max()), rows.height,
                        sources)
+
+
+def measured_peaks(rows: pl.DataFrame, peak_flops: float, peak_bytes_per_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The half-precision peak FLOP/s and the memory bandwidth of the GPU each ``op_benchmarks`` row was measured
+    on (its ``device``, a datasheet GPU), else ``peak_flops`` and ``peak_bytes_per_s`` (the model's device).
+
+    A kernel's efficiency is learnt against the roofline of the GPU that ran it and applied to the roofline of the
+    GPU it is predicted for: LLMCompass and vidur measured on A100-80GB parts (2,039 GB/s), which move a
+    memory-bound kernel's bytes 1.3 times faster than an A100-40GB (1,555 GB/s) at the same efficiency; against
+    the 40 GB part's floor their large element-wise kernels looked faster than its memory can run."""
+    flops, bandwidth = np.full(rows.height, float(peak_flops)), np.full(rows.height, float(peak_bytes_per_s))
+    if "device" not in rows.columns:
+        return flops, bandwidth
+    for name in rows["device"].drop_nulls().unique().to_list():
+        gpu = DATASHEET_DEVICES.get(canonical_device_name(str(name)) or "")
+        if gpu is not None:
+            measured_on = (rows["device"] == name).fill_null(False).to_numpy()
+            flops[measured_on], bandwidth[measured_on] = gpu.peak_for("c10::Half"), gpu.memory_bandwidth
+    return flops, bandwidth
 
 
 def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
@@ -256,7 +277,8 @@ def features_of(kind: str, columns: dict[str, np.ndarray]) -> np.ndarray:
     return np.column_stack([*sizes, *((columns["kind"] == k).astype(float) for k in MEMORY_KINDS)])
 
 
-def floors_of(kind: str, columns: dict[str, np.ndarray], peak_flops: float, peak_bytes_per_s: float) -> np.ndarray:
+def floors_of(kind: str, columns: dict[str, np.ndarray], peak_flops: float | np.ndarray,
+              peak_bytes_per_s: float | np.ndarray) -> np.ndarray:
     """:meth:`KernelModel.floor_us` of every row of :func:`shape_columns`."""
     compute = columns["flops"] / peak_flops if kind == GEMM else np.zeros(len(columns["bytes"]))
     return np.maximum(compute, columns["bytes"] / peak_bytes_per_s) * 1e6
@@ -269,7 +291,8 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
         return None
     columns = shape_columns(rows, model.kind)
     ratios = model.ratios(features_of(model.kind, columns))
-    predicted = floors_of(model.kind, columns, model.peak_flops, model.peak_bytes_per_s) * np.exp(ratios)
+    peaks = measured_peaks(rows, model.peak_flops, model.peak_bytes_per_s)  # each kernel on the GPU it ran on
+    predicted = floors_of(model.kind, columns, *peaks) * np.exp(ratios)
     return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
 
 

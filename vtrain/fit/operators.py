@@ -42,4 +42,5 @@ def kernel_shape(op: Op) -> KernelShape:
                            n=n, kind=GEMM)
     kind = memory_kind(op.name)
     row = row_length(op) if kind in ("layernorm", "softmax") else 1.0
-    return KernelShape(flops=0.0, bytes=op.bytes, elements=largest_elements(op), row=row, kind=kind)
+    elements = op.elements if op.elements is not None else largest_elements(op)
+    return KernelShape(flops=0.0, bytes=op.bytes, elements=elements, row=row, kind=kind)

@@ -55,8 +55,10 @@ class GptShape:
 
     @property
     def vocab_per_rank(self) -> int:
-        """Vocabulary rows per rank; padded as Megatron does (to a multiple of 128·t) when V % t != 0."""
-        if self.vocab % self.t == 0:
+        """Vocabulary rows per rank: Megatron pads the vocabulary to a multiple of 128·t (its default
+        ``--make-vocab-size-divisible-by 128``: GPT-2's 50,257 words are 50,304 rows at t = 1); the reference
+        model pads the same way only where V % t != 0."""
+        if self.vocab % self.t == 0 and self.framework != "megatron":
             return self.vocab // self.t
         multiple = 128 * self.t
         return math.ceil(self.vocab / multiple) * multiple // self.t
@@ -306,7 +308,7 @@ def head_forward(shape: GptShape) -> list[Step]:
     steps += [make_op("aten::sub", [[b, s, vt], [b, s, 1], []], [f32, f32, "Scalar"])]
     steps += _mask_ids(shape)
     steps += [
-        make_op("aten::index", [[n, vt], []], [f32, ""]),
+        make_op("aten::index", [[n, vt], []], [f32, ""], indexed=n),  # each token's target logit
         make_op("aten::copy_", [[b, s], [b, s], []], [f32, f32, "Scalar"]),
         make_op("aten::masked_fill_", [[b, s], [b, s], []], [f32, "bool", "Scalar"]),
     ]
@@ -337,9 +339,10 @@ def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
         make_op("aten::div", [[b, s], []], [f32, LONG]),  # mean backward
         make_op("aten::copy_", [[n], [n], []], [f32, "bool", "Scalar"]),
         make_op("aten::sub", [[], [n], []], ["double", f32, "Scalar"]),
-        make_op("aten::index", [[n, vt], []], [f32, ""]),
+        make_op("aten::index", [[n, vt], []], [f32, ""], indexed=n),
         make_op("aten::sub_", [[n], [n], []], [f32, f32, "Scalar"]),
-        make_op("aten::_index_put_impl_", [[n, vt], [], [n], [], []], [f32, "", f32, "Scalar", "Scalar"]),
+        make_op("aten::_index_put_impl_", [[n, vt], [], [n], [], []], [f32, "", f32, "Scalar", "Scalar"],
+                indexed=n),  # minus one at each token's target
         make_op("aten::mul_", [[b, s, vt], [b, s, 1]], [f32, f32]),
     ]
     if x != f32:

@@ -31,15 +31,26 @@ _WRITE_ONLY_FIRST = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "ate
                                "aten::index_put_", "aten::_index_put_impl_"})
 
 
+#: operators that reduce their one tensor input (along dimensions, or whole) to a much smaller output: they read
+#: the input and write little (``aten::max`` of two tensors is element-wise, and counted as such)
+_REDUCTIONS = frozenset({"aten::sum", "aten::mean", "aten::max", "aten::min", "aten::amax", "aten::amin",
+                         "aten::argmax", "aten::argmin", "aten::prod", "aten::norm", "aten::linalg_vector_norm",
+                         "aten::std", "aten::var", "aten::logsumexp", "aten::all", "aten::any"})
+
+
 @dataclass(frozen=True)
 class Op:
-    """One launching operator of the workload, keyed as the ``op_latency`` table keys it."""
+    """One launching operator of the workload, keyed as the ``op_latency`` table keys it.
+
+    ``elements`` is set where the signature does not say how many elements the operator touches: a gather or
+    scatter through an index (``logits[rows, targets]``) touches the indexed elements, not the tensor's."""
 
     name: str
     input_dims: str  # JSON text, e.g. "[[256, 64], [64, 192]]"
     input_types: str  # JSON text, e.g. '["float", "float"]'
     flops: float
     bytes: float
+    elements: int | None = None
 
     @property
     def is_gemm(self) -> bool:
@@ -63,17 +74,27 @@ class Collective:
 Step = Op | Collective
 
 
-def make_op(name: str, dims: list[Any], types: list[str]) -> Op:
-    """Build an :class:`Op` from python dims/types lists (serialised exactly as the profiler's JSON text)."""
-    flops, nbytes = op_cost(name, dims, types)
-    return Op(name, json.dumps(dims), json.dumps(types), flops, nbytes)
+#: bytes an indexed element moves beyond its value's read and write: its 64-bit index
+INDEX_BYTES = 8
+
+
+def make_op(name: str, dims: list[Any], types: list[str], *, indexed: int | None = None) -> Op:
+    """Build an :class:`Op` from python dims/types lists (serialised exactly as the profiler's JSON text).
+    ``indexed``: for a gather or scatter through an index, the elements it reads or writes (each read, written
+    and found through its index), which its signature does not tell."""
+    if indexed is None:
+        flops, nbytes = op_cost(name, dims, types)
+        return Op(name, json.dumps(dims), json.dumps(types), flops, nbytes)
+    element = DTYPE_BYTES.get(types[0], 4)
+    return Op(name, json.dumps(dims), json.dumps(types), 0.0, float(indexed * (2 * element + INDEX_BYTES)), indexed)
 
 
 def op_cost(name: str, dims: list[Any], types: list[str]) -> tuple[float, float]:
     """FLOPs and bytes moved by one call of operator ``name`` with these input dims and dtypes.
 
     GEMMs count 2·M·N·K FLOPs (per batch); every operator counts the bytes of its tensor inputs plus one
-    output the size of its largest input (in-place copy/fill style operators do not re-read their target).
+    output the size of its largest input (in-place copy/fill style operators do not re-read their target), but a
+    reduction of one tensor, whose output is that tensor without its longest dimension.
     """
     flops = _gemm_flops(name, dims)
     tensors = [(shape, dtype) for shape, dtype in zip(dims, types) if _is_tensor(shape, dtype)]
@@ -83,7 +104,10 @@ def op_cost(name: str, dims: list[Any], types: list[str]) -> tuple[float, float]
     reads = sum(sizes)
     if name in _WRITE_ONLY_FIRST:
         reads -= sizes[0]
-    return flops, float(reads + max(sizes))
+    written = max(sizes)
+    if name in _REDUCTIONS and len(tensors) == 1 and isinstance(tensors[0][0], list) and tensors[0][0]:
+        written //= max(max(tensors[0][0]), 1)
+    return flops, float(reads + written)
 
 
 def _gemm_flops(name: str, dims: list[Any]) -> float:
