@@ -111,3 +111,17 @@ def test_bare_numbers_are_found_outside_strings_only(text: bytes, expected: byte
     assert (bytes(nulled), found) == (expected, count)
     if count:
         assert json.loads(bytes(nulled)) == json.loads(text, parse_constant=lambda _: None)
+
+
+@pytest.mark.parametrize("command", ["ingest", "validate"])
+def test_bytes_that_are_not_utf8_are_shown_not_misplaced(command: str, tmp_path: Path) -> None:
+    """A name holding a byte that is not UTF-8: one error line showing the bytes. (The position msgspec gives is
+    within the string it was decoding, which said "at byte 0" of a 9.8 MB file.)"""
+    text = gzip.decompress(SOURCE.read_bytes())
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "rank-0.json").write_bytes(text.replace(b'"name": "', b'"name": "\xff', 1))
+    ran = vtrain_in_process(command, folder, "-o", tmp_path / "out", *(["--no-hta"] if command == "validate" else []))
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1, ran.stderr
+    assert "rank-0.json: not UTF-8 text (invalid start byte in a string, b'\\xff" in ran.stderr, ran.stderr
+    assert "at byte" not in ran.stderr

@@ -110,7 +110,9 @@ def readable_trace(path: Path) -> Iterator[None]:
     try:
         yield
     except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text at byte {exc.start}: not a Kineto trace", path) from None
+        # msgspec counts the position within the string it was decoding, not the file: not said
+        raise InputError(f"not UTF-8 text ({exc.reason} in a string, {exc.object[exc.start:exc.start + 4]!r}...): "
+                         f"not a Kineto trace", path) from None
     except RecursionError:
         raise InputError("JSON nested too deep to be a Kineto trace", path) from None
 
