@@ -51,7 +51,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "bare": ("rank-0.json", json.dumps(bare).encode()),
         "bare-compact-gzip": ("rank-0.json.gz", gzip.compress(json.dumps(bare, separators=(",", ":")).encode(), 1)),
         "null": ("rank-0.json", json.dumps(null).encode()),
-        "two-lists": ("rank-0.json", json.dumps(trace).encode()[:-1] + b', "traceEvents": []}')})
+        "two-lists": ("rank-0.json", json.dumps(trace).encode()[:-1] + b', "traceEvents": []}'),
+        "nested-list": ("rank-0.json", json.dumps({"meta": {"traceEvents": [1, 2]}, **trace}).encode())})
 
 
 @pytest.mark.parametrize("name", ["bare", "bare-compact-gzip"])
@@ -125,3 +126,19 @@ def test_bytes_that_are_not_utf8_are_shown_not_misplaced(command: str, tmp_path:
     assert ran.returncode == 2 and ran.stderr.count("\n") == 1, ran.stderr
     assert "rank-0.json: not UTF-8 text (invalid start byte in a string, b'\\xff" in ran.stderr, ran.stderr
     assert "at byte" not in ran.stderr
+
+
+@pytest.mark.parametrize("command", ["ingest", "validate"])
+def test_an_events_list_inside_another_value_is_not_a_second_one(command: str, folders: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """``"meta": {"traceEvents": [...]}`` beside the top level's list: every reader takes the top-level one."""
+    out = tmp_path / "out"
+    ran = vtrain_in_process(command, folders["nested-list"], "-o", out,
+                            *(["--no-hta"] if command == "validate" else []))
+    assert ran.returncode == 0, ran.stderr
+    assert "two traceEvents lists" not in ran.stderr
+    if command == "ingest":
+        trace = json.loads(gzip.decompress(SOURCE.read_bytes()))
+        device = sum(1 for event in trace["traceEvents"]
+                     if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and event.get("ph") == "X")
+        assert f"rank 0: {device:,} device activities" in ran.stdout, ran.stdout  # the top-level list's, all

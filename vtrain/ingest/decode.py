@@ -206,11 +206,26 @@ def bare_numbers_warning(path: Path, count: int) -> str:
 
 def one_events_list(data: Text, path: Path) -> None:
     """An error for a text with two ``traceEvents`` lists at the top level: JSON readers disagree on which one
-    the file means (Python's ``json`` and HTA take the last, msgspec the first)."""
-    keys = _events_keys(data)
-    if next(keys, None) is not None and next(keys, None) is not None:
+    the file means (Python's ``json`` and HTA take the last, msgspec the first). A ``traceEvents`` list inside
+    another value (``"meta": {"traceEvents": [...]}``) is that value's, not a second one."""
+    found = sum(1 for _ in _events_keys(data))
+    if found > 1 and found - _events_keys_inside_values(data) > 1:
         raise InputError("two traceEvents lists (readers disagree on which one the file means: Python's json and "
                          "HTA take the last, others the first); keep one", path)
+
+
+_TOP_LEVEL_VALUES = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _events_keys_inside_values(data: Text) -> int:
+    """How many ``"traceEvents": [`` lie inside the values of the text's top level (each value's text searched;
+    the top level decoded once, only where the key was found more than once). 0 where the text does not decode:
+    then every key found counts as a top-level one."""
+    try:
+        values = _TOP_LEVEL_VALUES.decode(data)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return 0
+    return sum(sum(1 for _ in _events_keys(bytes(value))) for value in values.values())
 
 
 def is_gzip(handle: BinaryIO, path: Path) -> bool:
