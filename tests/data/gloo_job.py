@@ -32,6 +32,10 @@ def run(rank: int, world_size: int, store: str, out: str) -> None:
             gathered = torch.empty(2000)
             dist.all_gather_into_tensor(gathered, buffer)
             prof.step()
+    # both ranks done (each writes its trace at the last step, one slower than the other) before the group is torn
+    # down, as `vtrain record` does: without it a rank destroyed the group while the other was still in it, and
+    # gloo aborted ("terminate called without an active exception", SIGABRT; 2 of about 10 fresh-clone CI runs)
+    dist.barrier()
     dist.destroy_process_group()
 
 
