@@ -304,7 +304,7 @@ def decode_header(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADE
 
 
 class LooseEvent(msgspec.Struct, gc=False):
-    """A Chrome-trace event with every field left loosely typed: what :func:`decode_loose_events` returns. The
+    """A Chrome-trace event with every field left loosely typed: what the tolerant readers decode. The
     readers that use it (the replay, `vtrain validate`) check each field themselves and leave out what they
     cannot use, counting it, instead of failing the file."""
 
@@ -324,18 +324,15 @@ class _ArgsNotAnObject(LooseEvent, gc=False):
     args: Any = None  # type: ignore[assignment]
 
 
-_LOOSE_BATCH = msgspec.json.Decoder(list[LooseEvent])
+#: decodes a JSON array of events tolerantly (a span of them: :func:`vtrain.ingest.spans.decode_loose_span`)
+LOOSE_EVENTS_DECODER = msgspec.json.Decoder(list[LooseEvent])
 _LOOSE_ONE = msgspec.json.Decoder(LooseEvent)
 _ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject)
 
 
-def decode_loose_events(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
-    """A batch of raw events as :class:`LooseEvent`; when one of them does not decode, each is decoded on its
-    own (``None`` if it is not an object, ``args=None`` if its args are not an object)."""
-    try:
-        return list(_LOOSE_BATCH.decode(b"[" + b",".join(raw) + b"]"))
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass
+def decode_loose_one_by_one(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
+    """Raw events as :class:`LooseEvent`, each on its own (for a batch that did not decode as a whole): ``None``
+    for one that is not an object, ``args=None`` for one whose args are not an object."""
     events: list[LooseEvent | None] = []
     for item in raw:
         try:

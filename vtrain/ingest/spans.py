@@ -26,10 +26,11 @@ import msgspec
 from vtrain.errors import InputError
 from vtrain.ingest.decode import (
     EVENTS_KEY,
+    LOOSE_EVENTS_DECODER,
     LooseEvent,
     TraceHeader,
     decode_header,
-    decode_loose_events,
+    decode_loose_one_by_one,
     decode_text,
     one_events_list,
 )
@@ -212,17 +213,14 @@ def decode_span(text: TraceText, span: Span, decoder: msgspec.json.Decoder) -> A
         buffer[start - 1], buffer[end] = before, after
 
 
-_LOOSE_EVENTS_DECODER = msgspec.json.Decoder(list[LooseEvent])
-
-
 def decode_loose_span(text: TraceText, span: Span) -> list[LooseEvent | None]:
     """The events in ``span`` decoded tolerantly (:class:`~vtrain.ingest.decode.LooseEvent`; ``None`` for an entry
-    that is not an object, see :func:`~vtrain.ingest.decode.decode_loose_events`); ``msgspec.DecodeError`` where
+    that is not an object, see :func:`~vtrain.ingest.decode.decode_loose_one_by_one`); ``msgspec.DecodeError`` where
     the span is not whole events of JSON."""
     try:
-        return decode_span(text, span, _LOOSE_EVENTS_DECODER)
+        return decode_span(text, span, LOOSE_EVENTS_DECODER)
     except InputError:  # an entry of another shape: each is decoded on its own
-        return decode_loose_events(decode_span(text, span, _RAW_EVENTS_DECODER))
+        return decode_loose_one_by_one(decode_span(text, span, _RAW_EVENTS_DECODER))
 
 
 def _absolute(message: str, first_event: int) -> str:
