@@ -521,3 +521,17 @@ def test_measurement_shapes_are_bounded_by_the_physical_limits(tmp_path):
     assert problems[1] == f"layers = 2000 is beyond any real run (at most {layers:,})"
     assert problems[3] == f"hidden = 300000 is beyond any real run (at most {hidden:,})"
     assert "8192 micro-batches per replica" in problems[5]
+
+
+def test_vidur_kernels_carry_the_gpu_their_folder_names(tmp_path: Path) -> None:
+    """vidur profiles on several GPUs (``compute/a100/...``, ``compute/h100/...``) in one file layout; the kernel
+    model puts each kernel on its own GPU's roofline, so an H100 file must not be read as an A100's. A path that
+    names no GPU leaves the device to the fitted profile."""
+    source = VIDUR / "compute" / "phi-2-mlp.csv"
+    assert set(read_vidur_compute(source)["device"].to_list()) == {"A100-80GB"}  # vidur-a100/: its 80 GB DGX nodes
+    h100 = tmp_path / "profiling" / "compute" / "h100" / "microsoft" / "phi-2"
+    h100.mkdir(parents=True)
+    (h100 / "mlp.csv").write_bytes(source.read_bytes())
+    assert set(read_vidur_compute(h100 / "mlp.csv")["device"].to_list()) == {"H100"}
+    (tmp_path / "mlp.csv").write_bytes(source.read_bytes())
+    assert read_vidur_compute(tmp_path / "mlp.csv")["device"].null_count() == read_vidur_compute(source).height

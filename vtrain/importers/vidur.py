@@ -30,7 +30,9 @@ h = n_embd, d = h / n_head, F = n_expanded_embd; ``elements`` counts the output)
 * ``emb``, embedding: elements T h; bytes of the int64 token ids, the T rows read and the output
 
 GEMM ``flops`` = 2 m k n, ``bytes`` = 2 (mk + kn + mn). Other ``time_stats`` groups become ``other`` rows without
-shape. vidur runs the layer in fp16 (``dtype`` ``c10::Half``) on A100-80GB DGX nodes (its ``a100`` device);
+shape. vidur runs the layer in fp16 (``dtype`` ``c10::Half``) on the GPU its profiling folder names
+(:func:`device_of_path`: ``a100``, its A100-80GB DGX nodes; ``h100``; ``a40``), which the kernel model's roofline
+depends on; a file whose path names none has no ``device`` (then the fitted profile's own);
 the sample count is not in the file (``count`` null); ``median_us`` is the median, ``p10_us``/``p90_us`` the min
 and max.
 """
@@ -48,7 +50,8 @@ from vtrain.importers._work import HALF, HALF_DTYPE, gemm_work
 from vtrain.tables.store import conform
 
 SOURCE = "vidur"
-DEVICE = "A100-80GB"
+#: vidur's profiling folders (``data/profiling/compute/<device>/...``) -> the datasheet GPU they ran on
+DEVICES = {"a100": "A100-80GB", "h100": "H100", "a40": "A40"}
 #: how many times vidur's collective profiler times each message size
 COLLECTIVE_SAMPLES = 3
 #: vidur's collective names -> vtrain's
@@ -118,8 +121,19 @@ def read_vidur_compute(path: str | Path) -> pl.DataFrame:
         is_gemm = "k" in shape
         parts.append(part.with_columns(batch=pl.lit(1)).with_columns(gemm_work()) if is_gemm else part)
     table = pl.concat(parts, how="diagonal_relaxed").with_columns(
-        source=pl.lit(SOURCE), dtype=pl.lit(HALF_DTYPE), device=pl.lit(DEVICE))
+        source=pl.lit(SOURCE), dtype=pl.lit(HALF_DTYPE), device=pl.lit(device_of_path(path), dtype=pl.String))
     return conform(table, "op_benchmarks")
+
+
+def device_of_path(path: Path) -> str | None:
+    """The GPU vidur profiled ``path`` on, by the device folder its path names (the nearest one: vidur's
+    ``compute/h100/...``, this project's ``vidur-a100/``); None when it names none: an H100 file read as an
+    A100's would put its kernels on the wrong roofline."""
+    for part in reversed(Path(path).resolve().parts):
+        for name, device in DEVICES.items():
+            if name in part.lower().split("-") or part.lower() == name:
+                return device
+    return None
 
 
 def _with_gated(rows: pl.DataFrame, path: Path) -> pl.DataFrame:
