@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
 from vtrain.parallel import FORWARD, stage_order
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 COMPUTE_KINDS = ("forward", "backward", "optimizer")
 COMM_KINDS = ("pp", "dp")
+KINDS = (*COMPUTE_KINDS, *COMM_KINDS)  # a task's kind as a number: its index here (:attr:`TaskColumns.kind`)
 
 
 @dataclass(slots=True)
@@ -61,6 +65,25 @@ class Stream:
     name: str  # compute | pp-forward | pp-backward | dp
     stage: int
     ordered: bool  # True: tasks run in the order given by the graph; False: first come, first served
+
+
+@dataclass(frozen=True)
+class TaskColumns:
+    """The tasks' fields that whole-iteration accounting reads, one array each (row ``i`` is task ``i``)."""
+
+    kind: np.ndarray  # index into KINDS
+    stage: np.ndarray
+    peer: np.ndarray
+    duration_us: np.ndarray
+    compute_us: np.ndarray
+    host_us: np.ndarray
+    tp_us: np.ndarray
+    previous: np.ndarray  # the task before it on its ordered stream, -1 if none (or on a first-come stream)
+    consumer: np.ndarray  # pp: the task that waits for the transfer; -1 for other kinds
+
+    def of_kind(self, kind: str) -> np.ndarray:
+        """Whether each task is of ``kind``."""
+        return self.kind == KINDS.index(kind)
 
 
 @dataclass
@@ -93,6 +116,27 @@ class ExecutionGraph:
         return found
 
     @cached_property
+    def columns(self) -> TaskColumns:
+        """The tasks as arrays (built on first use)."""
+        n = len(self.tasks)
+        codes = {kind: code for code, kind in enumerate(KINDS)}
+        def column(field: str, dtype: type) -> np.ndarray:
+            return np.fromiter(map(attrgetter(field), self.tasks), dtype=dtype, count=n)
+
+        previous = np.full(n, -1, dtype=np.int64)
+        for order in self.stream_order.values():
+            previous[order[1:]] = order[:-1]
+        kind = np.fromiter((codes[t.kind] for t in self.tasks), dtype=np.int8, count=n)
+        consumer = np.full(n, -1, dtype=np.int64)
+        transfers = np.flatnonzero(kind == codes["pp"])
+        successors = self.successors
+        consumer[transfers] = [successors[j][0] for j in transfers.tolist()]
+        return TaskColumns(kind=kind, stage=column("stage", np.int64), peer=column("peer", np.int64),
+                           duration_us=column("duration_us", np.float64),
+                           compute_us=column("compute_us", np.float64), host_us=column("host_us", np.float64),
+                           tp_us=column("tp_us", np.float64), previous=previous, consumer=consumer)
+
+    @cached_property
     def graph(self) -> nx.DiGraph:
         """The dependencies as a networkx graph (node ``i`` is ``tasks[i]``)."""
         import networkx as nx
@@ -119,15 +163,20 @@ class _Builder:
         return self._stream_ids[key]
 
     def add(self, task: Task) -> int:
+        index = len(self.tasks)
         self.tasks.append(task)
-        if self.streams[task.stream].ordered:
-            self.stream_order.setdefault(task.stream, []).append(len(self.tasks) - 1)
-        return len(self.tasks) - 1
+        order = self.stream_order.get(task.stream)
+        if order is not None:  # an ordered stream
+            order.append(index)
+        elif self.streams[task.stream].ordered:
+            self.stream_order[task.stream] = [index]
+        return index
 
-    def pass_task(self, kind: str, stage: int, chunk: int, mb: int, work: PhaseWork | BlockWork,
+    def pass_task(self, kind: str, stage: int, compute: int, chunk: int, mb: int, work: PhaseWork | BlockWork,
                   block: int = -1) -> int:
-        return self.add(Task(kind, stage, chunk, mb, work.duration_us, work.compute_us, work.tp_us,
-                             self.stream("compute", stage, True), work, block=block, host_us=work.host_us))
+        """A pass (or one block of a split one) on the stage's compute stream ``compute``."""
+        return self.add(Task(kind, stage, chunk, mb, work.duration_us, work.compute_us, work.tp_us, compute, work,
+                             block=block, host_us=work.host_us))
 
     def comm_task(self, kind: str, stage: int, comm: CommWork, stream: int, *, chunk: int = 0, mb: int = -1,
                   peer: int = -1, phase: str = "", bucket: int = -1) -> int:
@@ -149,21 +198,22 @@ def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
     stage_last: list[int] = []
 
     for stage in range(p):
+        compute = b.stream("compute", stage, True)
         for phase, chunk, mb in stage_order(par.schedule, p, m, stage, v):
             key = (chunk * p + stage, mb)
             if phase == FORWARD:
-                ids = [b.pass_task("forward", stage, chunk, mb, inputs.forward[(stage, chunk)])]
+                ids = [b.pass_task("forward", stage, compute, chunk, mb, inputs.forward[(stage, chunk)])]
                 forward[key] = ids[0]
             else:
                 work = inputs.backward[(stage, chunk, mb > 0)]
                 if split_last and mb == m - 1:
-                    ids = [b.pass_task("backward", stage, chunk, mb, block, block=i)
+                    ids = [b.pass_task("backward", stage, compute, chunk, mb, block, block=i)
                            for i, block in enumerate(work.blocks)]
                     split_blocks[(stage, chunk)] = ids
                 else:
-                    ids = [b.pass_task("backward", stage, chunk, mb, work)]
+                    ids = [b.pass_task("backward", stage, compute, chunk, mb, work)]
                 backward_first[key], backward_last[key] = ids[0], ids[-1]
-        stage_last.append(b.stream_order[b.stream("compute", stage, True)][-1])
+        stage_last.append(b.stream_order[compute][-1])
 
     def connect(src: int, dst: int, src_stage: int, dst_stage: int, phase: str, chunk: int, mb: int) -> None:
         if src_stage == dst_stage or inputs.pp_transfer is None:
@@ -192,7 +242,8 @@ def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
                     ready = split_blocks[(stage, chunk)][bucket.after_block] if split_last else stage_last[stage]
                     b.edges.append((ready, task))
                     reduced.append(task)
-        optimizer = b.pass_task("optimizer", stage, 0, -1, inputs.optimizer[stage])
+        compute = b.stream("compute", stage, True)
+        optimizer = b.pass_task("optimizer", stage, compute, 0, -1, inputs.optimizer[stage])
         b.edges.append((stage_last[stage], optimizer))
         b.edges += [(task, optimizer) for task in reduced]
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from vtrain.graph.build import ExecutionGraph, Task
+import numpy as np
+
+from vtrain.graph.build import KINDS, ExecutionGraph, Task, TaskColumns
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.simulate.latency import SOURCES, Resolution
 from vtrain.simulate.list_scheduler import Schedule
@@ -53,87 +55,78 @@ def receives_posted(graph: ExecutionGraph, result: Schedule) -> dict[int, float]
     """When the receiving stage posted each pipeline transfer (task index -> time): once the compute task before
     the one that needs the data was done. A blocking receive is on the device from then on (an NCCL receive
     kernel spins until the data is there), so that is where it starts in the predicted trace and busy time."""
-    posted: dict[int, float] = {}
-    for stream, order in graph.stream_order.items():
-        if graph.streams[stream].name != "compute":
-            continue
-        stage, previous_end = graph.streams[stream].stage, 0.0
-        for i in order:
-            for j in graph.predecessors[i]:
-                if graph.tasks[j].kind == "pp" and graph.tasks[j].peer == stage:
-                    posted[j] = min(previous_end, result.start_us[j])
-            previous_end = result.end_us[i]
-    return posted
+    transfers = np.flatnonzero(graph.columns.of_kind("pp"))
+    posted = _posted(graph.columns, np.asarray(result.start_us), np.asarray(result.end_us), transfers)
+    return dict(zip(transfers.tolist(), posted.tolist()))
+
+
+def _posted(columns: TaskColumns, start: np.ndarray, end: np.ndarray, transfers: np.ndarray) -> np.ndarray:
+    """:func:`receives_posted` of the transfers ``transfers``, in that order."""
+    before = columns.previous[columns.consumer[transfers]]
+    previous_end = np.where(before >= 0, end[np.maximum(before, 0)], 0.0)
+    return np.minimum(previous_end, start[transfers])
 
 
 def stage_summaries(graph: ExecutionGraph, result: Schedule, iteration_us: float, ranks: list[int]) -> list[
         StageSummary]:
     """Breakdown and busy time of every stage."""
-    tasks = graph.tasks
+    columns = graph.columns
+    start, end, waited_on = np.asarray(result.start_us), np.asarray(result.end_us), np.asarray(result.waited_on)
+    transfers = np.flatnonzero(columns.of_kind("pp"))
+    # every task is activity of its own stage's GPU, and a transfer also of its receiver's from when it was posted
+    owner = np.concatenate([columns.stage, columns.peer[transfers]])
+    begins = np.concatenate([start, _posted(columns, start, end, transfers)])
+    ends = np.concatenate([end, end[transfers]])
+    by_owner = np.lexsort((begins, owner))
+    bounds = np.searchsorted(owner[by_owner], np.arange(graph.stages + 1))
     compute_order = {graph.streams[s].stage: order for s, order in graph.stream_order.items()
                      if graph.streams[s].name == "compute"}
-    posted = receives_posted(graph, result)
-    activity: list[list[tuple[float, float]]] = [[] for _ in range(graph.stages)]
-    for i, task in enumerate(tasks):
-        interval = (result.start_us[i], result.end_us[i])
-        activity[task.stage].append(interval)
-        if task.kind == "pp":
-            activity[task.peer].append((posted.get(i, interval[0]), interval[1]))
-
     summaries = []
     for stage in range(graph.stages):
-        breakdown = _account(tasks, result, compute_order[stage], iteration_us)
-        intervals = activity[stage]
+        mine = by_owner[bounds[stage]:bounds[stage + 1]]
         summaries.append(StageSummary(
-            stage=stage, rank=ranks[stage], breakdown_us=breakdown, busy_us=_union_length(intervals),
-            first_activity_us=min((a for a, _ in intervals), default=0.0),
-            last_activity_us=max((b for _, b in intervals), default=0.0)))
+            stage=stage, rank=ranks[stage],
+            breakdown_us=_account(columns, start, end, waited_on, np.asarray(compute_order[stage]), iteration_us),
+            busy_us=_union_length(begins[mine], ends[mine]),
+            first_activity_us=float(begins[mine].min()) if len(mine) else 0.0,
+            last_activity_us=float(ends[mine].max()) if len(mine) else 0.0))
     return summaries
 
 
-def _account(tasks: list[Task], result: Schedule, order: list[int], iteration_us: float) -> dict[str, float]:
-    """Split one compute stream's timeline [0, T] into the breakdown categories."""
-    totals = dict.fromkeys(CATEGORIES, 0.0)
-    previous_end = 0.0
-    for i in order:
-        task = tasks[i]
-        gap = result.start_us[i] - previous_end
-        if gap > 0:
-            dep = result.waited_on[i]
-            kind = tasks[dep].kind if dep >= 0 else ""
-            if kind == "dp":
-                totals["dp"] += gap
-            elif kind == "pp":
-                overlap = min(result.start_us[i], result.end_us[dep]) - max(previous_end, result.start_us[dep])
-                exposed = max(0.0, overlap)
-                totals["pp"] += exposed
-                totals["bubble"] += gap - exposed
-            else:
-                totals["bubble"] += gap
-        if task.kind == "optimizer":
-            totals["optimizer"] += task.duration_us
-        else:
-            totals["compute"] += task.compute_us
-            totals["host"] += task.host_us
-            totals["tp"] += task.tp_us
-        previous_end = result.end_us[i]
-    totals["bubble"] += max(0.0, iteration_us - previous_end)
-    return totals
+def _account(columns: TaskColumns, start: np.ndarray, end: np.ndarray, waited_on: np.ndarray, order: np.ndarray,
+             iteration_us: float) -> dict[str, float]:
+    """Split one compute stream's timeline [0, T] into the breakdown categories: each gap before a task is ``dp``
+    when it waited last for an all-reduce, ``pp`` while the transfer it waited for was in flight (the rest of that
+    gap ``bubble``), else ``bubble``."""
+    begins, ends = start[order], end[order]
+    previous_end = np.concatenate([[0.0], ends[:-1]])
+    gap = begins - previous_end
+    waited = waited_on[order]
+    kind = np.where(waited >= 0, columns.kind[np.maximum(waited, 0)], -1)
+    idle = gap > 0
+    on_dp = idle & (kind == KINDS.index("dp"))
+    on_pp = idle & (kind == KINDS.index("pp"))
+    dep = np.maximum(waited, 0)
+    overlap = np.minimum(begins, end[dep]) - np.maximum(previous_end, start[dep])
+    exposed = np.where(on_pp, np.maximum(overlap, 0.0), 0.0)
+    optimizer = columns.kind[order] == KINDS.index("optimizer")
+    passes = order[~optimizer]
+    tail = max(0.0, iteration_us - (float(ends[-1]) if len(ends) else 0.0))
+    totals = {"compute": columns.compute_us[passes].sum(), "host": columns.host_us[passes].sum(),
+              "tp": columns.tp_us[passes].sum(), "pp": exposed.sum(), "dp": gap[on_dp].sum(),
+              "bubble": gap[idle & ~on_dp].sum() - exposed.sum() + tail,
+              "optimizer": columns.duration_us[order[optimizer]].sum()}
+    return {key: float(totals[key]) for key in CATEGORIES}
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total = 0.0
-    current_start = current_end = None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        elif end > current_end:
-            current_end = end
-    if current_end is not None:
-        total += current_end - current_start
-    return total
+def _union_length(begins: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of intervals sorted by their beginning: each adds what it reaches beyond the furthest
+    end before it."""
+    if len(begins) == 0:
+        return 0.0
+    reach = np.maximum.accumulate(ends)
+    before = np.concatenate([[-np.inf], reach[:-1]])
+    return float(np.maximum(reach - np.maximum(begins, before), 0.0).sum())
 
 
 def coverage(graph: ExecutionGraph) -> dict[str, float]:
