@@ -210,6 +210,26 @@ def test_vidur_compute_phi2_is_not_gated():
     assert set(table.filter(label="mlp_act")["op_class"]) == {"gelu"}
 
 
+def test_vidur_parallel_block_adds_three_tensors(tmp_path):
+    """phi-2's block has one layer norm, read by attention and MLP alike; their outputs and the residual are
+    summed, two adds (its measured add takes about twice the Llamas' time per element). A file that times a
+    post-attention layer norm has one add per layer."""
+    phi2 = read_vidur_compute(VIDUR / "compute" / "phi-2-mlp.csv").filter(label="add")
+    llama = read_vidur_compute(VIDUR / "compute" / "Llama-2-7b-hf-mlp.csv").filter(label="add")
+    tokens = 4096
+    assert set(phi2.filter(elements=2 * tokens * 2560)["bytes"]) == {2 * 2 * 3 * tokens * 2560}
+    assert set(llama.filter(elements=tokens * 4096)["bytes"]) == {2 * 3 * tokens * 4096}
+    per_element = {name: (t["median_us"] / t["elements"]).median() for name, t in (("phi-2", phi2), ("llama", llama))}
+    assert per_element["phi-2"] == pytest.approx(per_element["llama"], rel=0.3)  # counted as two adds: alike
+    # the same phi-2 rows with a post-attention layer norm column: one add again
+    text = (VIDUR / "compute" / "phi-2-mlp.csv").read_text().splitlines()
+    extra = ",".join(f"time_stats.post_attention_layernorm.{k}" for k in ("min", "max", "mean", "median", "std"))
+    rows = [f"{text[0]},{extra}"] + [f"{line},0.01,0.01,0.01,0.01,0.0" for line in text[1:3]]
+    (tmp_path / "serial-mlp.csv").write_text("\n".join(rows) + "\n")
+    serial = read_vidur_compute(tmp_path / "serial-mlp.csv").filter(label="add")
+    assert (serial["bytes"] == 2 * 3 * serial["elements"]).all()
+
+
 # --- LLMCompass -------------------------------------------------------------------------------------------------
 
 def test_llmcompass_matmul_flops_over_time_is_the_files_tflops():

@@ -16,8 +16,10 @@ from vtrain.fit.kernel_model import (
     INTERPOLATED,
     MEMORY,
     KernelModel,
+    _memory_kind_of,
     fit_kernel_model,
     mape_pct,
+    memory_kind,
     shapes_of,
     usable,
 )
@@ -183,3 +185,14 @@ def test_a_kernel_measured_on_another_gpu_is_timed_on_this_ones_memory(benchmark
     assert predicted >= model.floor_us(shape)
     # scored on the GPU each kernel ran on: its own samples are reproduced
     assert mape_pct(model, kernel_samples(benchmarks, MEMORY)) < 8
+
+
+def test_only_element_wise_rows_take_their_kind_from_their_label() -> None:
+    """vidur labels both its models' activations ``mlp_act``: SiLU-and-mul rows (class elementwise) are the gated
+    activation, but phi-2's GELU rows (class gelu) are element-wise, as LLMCompass's GELU and the simulated
+    models' GELU operators are."""
+    assert _memory_kind_of("elementwise", "mlp_act") == "gated activation"
+    assert _memory_kind_of("gelu", "mlp_act") == "elementwise"
+    assert _memory_kind_of("gelu", "GELU") == memory_kind("aten::gelu") == "elementwise"
+    assert _memory_kind_of("elementwise", "attn_rope") == "rotary"
+    assert _memory_kind_of("layernorm", "input_layernorm") == "layernorm"

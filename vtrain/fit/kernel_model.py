@@ -241,7 +241,7 @@ def shapes_of(rows: pl.DataFrame, kind: str) -> list[KernelShape]:
 def _memory_kind_of(op_class: str | None, label: str | None) -> str:
     """The memory-bound kind of an ``op_benchmarks`` row: its class's, or for element-wise rows its label's."""
     kind = memory_kind(str(op_class))
-    return _LABEL_KINDS.get(str(label), kind) if kind == "elementwise" else kind
+    return _LABEL_KINDS.get(str(label), kind) if op_class == "elementwise" else kind
 
 
 def memory_kind(name: str) -> str:

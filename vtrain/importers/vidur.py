@@ -24,7 +24,10 @@ h = n_embd, d = h / n_head, F = n_expanded_embd; ``elements`` counts the output)
   bytes of the input, the weight and the output (a LayerNorm's bias is not counted)
 * ``mlp_act``: SiLU-and-mul when gated (elementwise; elements T F/tp, input 2 T F/tp), else GELU (gelu: vidur's
   non-gated models use it; elements and input T F/tp); bytes of the input and the output
-* ``add`` (residual), elementwise: elements T h; bytes of two inputs and the output
+* ``add`` (residual), elementwise: elements T h; bytes of two inputs and the output. In a parallel block (phi-2's:
+  attention and MLP both read the one layer norm's output, so the file times no ``post_attention_layernorm``) it
+  adds the attention output, the MLP output and the residual: two such adds (measured: about twice the Llamas' time
+  per element)
 * ``attn_rope``, elementwise: elements T (n_head + n_kv_head) d / tp (q and k); bytes of q and k in and out and of
   the int64 positions
 * ``emb``, embedding: elements T h; bytes of the int64 token ids, the T rows read and the output
@@ -108,11 +111,12 @@ def read_vidur_compute(path: str | Path) -> pl.DataFrame:
                              if name.startswith("time_stats.") and name.count(".") == 2))
     if not ops:
         raise InputError("no time_stats.<op>.<statistic> columns", path)
+    parallel = "post_attention_layernorm" not in ops
     parts = []
     for op in ops:
         stat = {kind: f"time_stats.{op}.{kind}" for kind in ("min", "median", "max")}
         timed = numbers(rows, dict.fromkeys(stat.values(), pl.Float64), path)
-        op_class, shape = _shape(op)
+        op_class, shape = _shape(op, parallel)
         part = timed.select(
             label=pl.lit(op), op_class=op_class, **shape, tp=pl.col("num_tensor_parallel_workers"),
             median_us=pl.col(stat["median"]) * _MS, p10_us=pl.col(stat["min"]) * _MS,
@@ -156,8 +160,9 @@ def _check_divisible(rows: pl.DataFrame, path: Path) -> None:
                          f"n_expanded_embd by num_tensor_parallel_workers", path)
 
 
-def _shape(op: str) -> tuple[pl.Expr, dict[str, pl.Expr]]:
-    """The op class and the shape columns (m, k, n for GEMMs; elements, bytes otherwise) of one vidur op."""
+def _shape(op: str, parallel: bool) -> tuple[pl.Expr, dict[str, pl.Expr]]:
+    """The op class and the shape columns (m, k, n for GEMMs; elements, bytes otherwise) of one vidur op;
+    ``parallel``: the layer is a parallel block (its residual add sums three tensors)."""
     tokens, hidden, tp = pl.col("num_tokens"), pl.col("n_embd"), pl.col("num_tensor_parallel_workers")
     heads, kv_heads, gated = pl.col("n_head"), pl.col("n_kv_head"), pl.col("use_gated_mlp")
     head_dim = hidden // heads
@@ -178,7 +183,8 @@ def _shape(op: str) -> tuple[pl.Expr, dict[str, pl.Expr]]:
             "elements": tokens * ffn,
             "bytes": HALF * tokens * ffn * pl.when(gated).then(3).otherwise(2)}
     if op == "add":
-        return pl.lit("elementwise"), {"elements": tokens * hidden, "bytes": HALF * 3 * tokens * hidden}
+        adds = 2 if parallel else 1  # a + b + c runs as two two-input adds
+        return pl.lit("elementwise"), {"elements": adds * tokens * hidden, "bytes": adds * HALF * 3 * tokens * hidden}
     if op == "attn_rope":
         rotated = tokens * (heads + kv_heads) * head_dim // tp
         return pl.lit("elementwise"), {"elements": rotated, "bytes": HALF * 2 * rotated + _INT64 * tokens}
