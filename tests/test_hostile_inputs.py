@@ -257,6 +257,7 @@ def run_config_cases() -> list[Case]:
                                     "missing 'hidden_size'"),
         "vtrain-json-negative-bucket": (json.dumps({**VTRAIN_JSON, "ddp_bucket_size": -1}), "dp_bucket_mb"),
         "vtrain-json-layers-huge": (json.dumps({**VTRAIN_JSON, "num_layers": 10 ** 9}), "layers must be between"),
+        "vtrain-json-seq-1e300": (json.dumps({**VTRAIN_JSON, "max_length": 1e300}), "(got 1.000e+300)"),
     }
     cases += [Case(f"simulate/{name}", ["simulate", "{in}/config.json"], files({"config.json": text}), "rejected",
                    "{in}/config.json", extra=[_error_says(word)]) for name, (text, word) in vtrain_json.items()]
@@ -337,6 +338,10 @@ def cli_value_cases() -> list[Case]:
         Case("fit/output-is-a-source", ["fit", "-o", "{in}/n", "--nccl-tests", "{in}/n", "--force"],
              then(lambda folder: (folder / "n").mkdir(), files({"n/a.csv": "x"})), "rejected", "{in}/n"),
         Case("fit/accepted", ["fit", "-o", "{out}", "--nccl-tests", str(NCCL_TESTS)], None, "accepted", ""),
+        Case("plan/gpus-beyond-any-cluster", ["plan", "{in}/run.yaml", "--gpus", "99999999999999999999", "-o", "{out}"],
+             run, "rejected", "", extra=[_error_says("1.000e+20 GPUs (at most 1,048,576")]),
+        Case("plan/gpus-up-to-beyond-any-cluster", ["plan", "{in}/run.yaml", "--gpus", "..1048577", "-o", "{out}"],
+             run, "rejected", "", extra=[_error_says("1,048,577 GPUs (at most 1,048,576")]),
         Case("ingest/no-output-flag", ["ingest", "{traces}"], None, "rejected", "-o/--output"),
         Case("ingest/unknown-flag", ["ingest", "{traces}", "-o", "{out}", "--fast"], None, "rejected", "--fast"),
     ]

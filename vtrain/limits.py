@@ -70,8 +70,14 @@ def integer_problem(name: str, value: Any) -> str | None:
         return f"{name} must be a whole number (got {shown(value)})"
     low, high = INTEGER_BOUNDS[name]
     if not low <= value <= high:
-        return f"{name} must be between {low} and {high:,} (got {value:,})"
+        return f"{name} must be between {low} and {high:,} (got {shown_count(value)})"
     return None
+
+
+def shown_count(value: int) -> str:
+    """A whole number with thousands separators, or in scientific notation beyond 15 digits (a config's 1e300
+    would print 301 of them)."""
+    return f"{value:,}" if abs(value) < 10**15 else f"{value:.3e}"
 
 
 def real_problem(name: str, value: Any) -> str | None:

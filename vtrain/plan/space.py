@@ -18,7 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from vtrain.errors import InputError
+from vtrain.limits import INTEGER_BOUNDS, shown_count
 from vtrain.runconfig import RECOMPUTE, RunConfig
+
+#: the largest GPU count ``--gpus`` takes: a run config's bound on its device count
+MOST_GPUS = INTEGER_BOUNDS["device_count"][1]
 
 #: schedules with one model chunk per stage; interleaved takes each divisor v > 1 of the layers
 FLAT_SCHEDULES = ("1f1b", "gpipe")
@@ -63,7 +67,10 @@ def parse_gpus(spec: str, base: RunConfig) -> list[int]:
         except ValueError:
             raise InputError(f"--gpus: {part!r} is not a number of GPUs (N, N,M or ..N)") from None
         if value < 1:
-            raise InputError(f"--gpus: {value} GPUs (must be >= 1)")
+            raise InputError(f"--gpus: {shown_count(value)} GPUs (must be >= 1)")
+        if value > MOST_GPUS:
+            raise InputError(f"--gpus: {shown_count(value)} GPUs (at most {MOST_GPUS:,}, the largest device count a "
+                             f"run config takes)")
         counts.update(_reachable(value, base) if upto else {value})
     return sorted(counts)
 
