@@ -20,7 +20,9 @@ from vtrain.model.memory import (
     in_flight_micro_batches,
     layer_activation_elements,
     peak_stage_memory,
+    stage_memory,
 )
+from vtrain.model.partition import partition
 from vtrain.parallel import FORWARD, stage_order
 from vtrain.record.model import Init, build_chunks
 from vtrain.record.process_groups import TensorParallel
@@ -84,7 +86,7 @@ def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, 
         loss = model(ids, labels)
     _, kept = _live_bytes(prof, tmp_path)
     gpt = GptShape.from_config(config)
-    predicted = (config.model.layers * layer_activation_elements(gpt, recompute == "full") * gpt.element_bytes
+    predicted = (config.model.layers * layer_activation_elements(gpt, recompute) * gpt.element_bytes
                  + head_activation_bytes(gpt))
     assert loss.requires_grad
     assert kept == pytest.approx(predicted, rel=0.10)
@@ -146,3 +148,19 @@ def test_pipeline_and_data_parallel_buffers() -> None:
     gpt = GptShape.from_config(_config(SHAPES[1], "none"))
     assert alone.buffer_bytes == 0
     assert parallel.buffer_bytes == 4 * gpt.activation_bytes + 2 * 25 * 2**20
+
+
+def test_selective_recomputation_keeps_all_but_the_attention_scores() -> None:
+    """Korthikanti et al.: selective recomputation drops the attention scores (a·s²·b/t) from what a layer keeps
+    and holds them once for the layer whose attention core is being re-run; full keeps the layer input only."""
+    config = _config((3, 64, 4, 32, 64, 2), "none")
+    shape = GptShape.from_config(config)
+    none, selective, full = (layer_activation_elements(shape, mode) for mode in ("none", "selective", "full"))
+    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
+    assert none - selective == scores and full == shape.b * shape.s * shape.h
+    chunks = partition(config)[0]
+    memory = {mode: stage_memory(config.with_overrides(recompute=mode), shape, chunks).activation_bytes
+              for mode in ("none", "selective", "full")}
+    assert memory["full"] < memory["selective"] < memory["none"]
+    layers = config.model.layers
+    assert memory["none"] - memory["selective"] == (layers - 1) * scores * shape.element_bytes

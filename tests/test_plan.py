@@ -38,9 +38,10 @@ def small():
 def test_enumeration_counts_every_point_and_says_why_invalid() -> None:
     base = small()
     points = list(candidates(base, 8, max_micro_batch=2))
-    # t in 1,2,4,8; p | 8/t; micro-batch 1..2; 1f1b, gpipe, interleaved v=2,4; recompute x2; overlap x2 if d>1
+    # t in 1,2,4,8; p | 8/t; micro-batch 1..2; 1f1b, gpipe, interleaved v=2,4; recompute none, selective, full;
+    # overlap x2 if d>1
     per_tp = {1: [1, 2, 4, 8], 2: [1, 2, 4], 4: [1, 2], 8: [1]}
-    expected = sum(2 * 4 * 2 * (2 if 8 // (t * p) > 1 else 1) for t, ps in per_tp.items() for p in ps)
+    expected = sum(2 * 4 * 3 * (2 if 8 // (t * p) > 1 else 1) for t, ps in per_tp.items() for p in ps)
     assert len(points) == expected
     reasons = {invalid_reason(c, base) for c in points} - {None}
     assert any("needs pp > 1" in r for r in reasons)

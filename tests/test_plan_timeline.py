@@ -26,6 +26,8 @@ CASES = [
     {},
     {"dp_overlap": False},
     {"recompute": "none"},
+    {"recompute": "selective"},
+    {"pp": 5, "dp": 4, "global_batch": 40, "schedule": "interleaved", "virtual_stages": 7, "recompute": "selective"},
     {"schedule": "gpipe"},
     {"pp": 5, "dp": 4, "global_batch": 40, "micro_batch": 2},
     {"pp": 5, "dp": 4, "global_batch": 40, "schedule": "interleaved", "virtual_stages": 7},
@@ -60,7 +62,8 @@ def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str, ship
     recorded = load_run_config(REPO / "traces" / trace_set / "run.yaml")
     shared = SharedResolvers(profile, device_for_run(recorded, profile))
     variants = [recorded, recorded.with_overrides(micro_batch=1, global_batch=8),
-                recorded.with_overrides(recompute="full"), recorded.with_overrides(dp_overlap=True)]
+                recorded.with_overrides(recompute="full"), recorded.with_overrides(recompute="selective"),
+                recorded.with_overrides(dp_overlap=True)]
     for config in variants:
         config.validate()
         assert time_plan(config, shared).iteration_us == pytest.approx(simulate(config, profile).iteration_us,

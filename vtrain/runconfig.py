@@ -5,7 +5,7 @@ A run config is a YAML (or JSON) mapping with these sections::
 
     model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512}
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
-                  schedule: 1f1b, virtual_stages: 1, recompute: none,
+                  schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
                   dp_overlap: false, dp_bucket_mb: 25}
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
@@ -37,7 +37,9 @@ from vtrain.limits import (
 )
 from vtrain.parallel import SCHEDULES
 
-RECOMPUTE = ("none", "full")
+#: activation recomputation: none; selective (Korthikanti et al.: only the attention core, the scores, softmax
+#: and their product with the values, is re-run before a layer's backward); full (the whole layer)
+RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: whose kernels a run launches: vtrain record's reference model, or Megatron-DeepSpeed's fused ones
 FRAMEWORKS = ("reference", "megatron")

@@ -29,7 +29,7 @@ def record_command(
     global_batch: int = typer.Option(..., "--global-batch", help="Sequences per iteration, all replicas."),
     schedule: str = typer.Option("1f1b", "--schedule", help="Pipeline schedule: 1f1b, gpipe or interleaved."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Model chunks per stage (interleaved)."),
-    recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none or full."),
+    recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none or full (selective: only simulated)."),
     dp_overlap: bool = typer.Option(False, "--dp-overlap/--no-dp-overlap",
                                     help="Overlap the gradient all-reduce with the last backward."),
     dp_bucket_mb: float = typer.Option(25.0, "--dp-bucket-mb", help="Gradient all-reduce bucket size (MB)."),

@@ -48,7 +48,7 @@ def parser() -> OneLineParser:
     overrides.add_argument("--global-batch", type=int, metavar="N", help="Override sequences per iteration.")
     overrides.add_argument("--schedule", metavar="NAME", help="Override schedule: 1f1b, gpipe, interleaved.")
     overrides.add_argument("--virtual-stages", type=int, metavar="V", help="Override model chunks per stage.")
-    overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none or full.")
+    overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none, selective or full.")
     overrides.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction,
                            help="Override overlapping of the gradient all-reduce.")
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")

@@ -57,7 +57,7 @@ def validate_command(
                                                  help="With --measurements: GPU-to-GPU GB/s within a node "
                                                       "(default: the profile's single-node fits)."),
     recompute: str = typer.Option("full", "--recompute", help="With --measurements: activation recomputation "
-                                                              "(none or full) of rows without that column."),
+                                                              "(none, selective or full) of rows without that column."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes reading the rank files in "
                                                                       "parallel (default: one per core for a large "
                                                                       "folder, one for a small one)."),

@@ -166,18 +166,12 @@ def layer_forward(shape: GptShape) -> list[Step]:
         return _megatron(shape).layer_forward(shape)
     b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
     n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
-    heads = b * ap
     steps: list[Step] = [_layer_norm(shape)]
     steps += _bias_copy(shape, n, 3 * hp)
     steps += [make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"])]
     steps += [make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"])] * 3
+    steps += attention_core(shape)
     steps += [
-        _bmm(shape, heads, s, d, s),
-        make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
-        make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
-        make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
-        make_op("aten::_softmax", [[heads, s, s], [], []], [x, "Scalar", "Scalar"]),
-        _bmm(shape, heads, s, s, d),
         make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
         _mm(shape, n, hp, h),
     ]
@@ -199,6 +193,23 @@ def layer_forward(shape: GptShape) -> list[Step]:
         make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
     ]
     return steps
+
+
+def attention_core(shape: GptShape) -> list[Step]:
+    """The attention core of one layer's forward: scores, causal mask and softmax, their product with the values
+    (what selective recomputation re-runs before the layer's backward)."""
+    if _megatron(shape):
+        return _megatron(shape).attention_core(shape)
+    s, d, x = shape.s, shape.d, shape.dtype
+    heads = shape.b * (shape.a // shape.t)
+    return [
+        _bmm(shape, heads, s, d, s),
+        make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
+        make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
+        make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
+        make_op("aten::_softmax", [[heads, s, s], [], []], [x, "Scalar", "Scalar"]),
+        _bmm(shape, heads, s, s, d),
+    ]
 
 
 def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:

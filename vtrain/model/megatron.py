@@ -70,16 +70,12 @@ def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
 
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank."""
-    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    h, x = shape.h, shape.dtype
     n, hp, f = shape.tokens, h // shape.t, shape.ffn
-    heads = b * (shape.a // shape.t)
     steps: list[Step] = [
         _layer_norm(shape),
         make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"]),
-        make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
-        make_op("megatron::scaled_upper_triang_masked_softmax", [[heads, s, s], []], [x, "Scalar"]),
-        _dropout(shape, [heads, s, s]),
-        make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),
+        *attention_core(shape),
         make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
         make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
     ]
@@ -91,6 +87,17 @@ def layer_forward(shape: GptShape) -> list[Step]:
     steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
     steps += [_bias_dropout_add(shape)]
     return steps
+
+
+def attention_core(shape: GptShape) -> list[Step]:
+    """Scores (one ``baddbmm``), the fused causal scale-mask-softmax, the attention dropout and the product with
+    the values: what Megatron's selective recomputation (``--recompute-granularity selective``) re-runs."""
+    s, d, x = shape.s, shape.d, shape.dtype
+    heads = shape.b * (shape.a // shape.t)
+    return [make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
+            make_op("megatron::scaled_upper_triang_masked_softmax", [[heads, s, s], []], [x, "Scalar"]),
+            _dropout(shape, [heads, s, s]),
+            make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]
 
 
 def layer_backward(shape: GptShape) -> list[Step]:

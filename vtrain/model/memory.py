@@ -15,7 +15,8 @@ there. What one layer keeps for its backward, in elements, for one micro-batch::
     a·s²·b/t       the softmax output (kept for its own backward and for probs @ v)
 
 With full recomputation a layer keeps only its input (sbh), and the layer being recomputed holds its full set
-once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the vocabulary-parallel
+once; with selective recomputation (Korthikanti et al.) it keeps all but the softmax output, which its re-run
+attention core holds once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the vocabulary-parallel
 cross-entropy (b·s·V/t floats, computed in place over the fp32 logits).
 
 **Micro-batches in flight**: the schedule's peak of forwards whose backward has not run yet on the stage: all m
@@ -99,12 +100,19 @@ def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
                + chunk.has_head * block_parameter_count(shape, "head") for chunk in chunks)
 
 
-def layer_activation_elements(shape: GptShape, recompute: bool) -> int:
-    """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout)."""
+def layer_activation_elements(shape: GptShape, recompute: str) -> int:
+    """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout): with full
+    recomputation its input; with selective recomputation all but the attention scores (re-run)."""
     b, s, h, t = shape.b, shape.s, shape.h, shape.t
-    if recompute:
+    if recompute == "full":
         return b * s * h
-    return 4 * b * s * h + 12 * b * s * h // t + (shape.a // t) * b * s * s
+    kept = 4 * b * s * h + 12 * b * s * h // t
+    return kept if recompute == "selective" else kept + attention_score_elements(shape)
+
+
+def attention_score_elements(shape: GptShape) -> int:
+    """Elements of one layer's attention scores on one tensor-parallel rank, for one micro-batch."""
+    return (shape.a // shape.t) * shape.b * shape.s * shape.s
 
 
 def head_activation_bytes(shape: GptShape) -> int:
@@ -125,9 +133,8 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
     params = stage_parameter_count(shape, chunks)
     parameter, gradient, optimizer = STATE_BYTES[config.precision]
     element = shape.element_bytes
-    recompute = par.recompute == "full"
     layers = sum(chunk.layers for chunk in chunks)
-    per_pass = layers * layer_activation_elements(shape, recompute) * element / len(chunks)
+    per_pass = layers * layer_activation_elements(shape, par.recompute) * element / len(chunks)
     head = head_activation_bytes(shape) if any(chunk.has_head for chunk in chunks) else 0
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
     if par.schedule != "interleaved" or par.virtual_stages == 1:
@@ -136,8 +143,10 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
         in_flight_chunks = in_flight
     head_in_flight = in_flight if par.schedule == "gpipe" else 1  # else the head's backward follows at once
     activations = per_pass * in_flight_chunks + head * head_in_flight
-    if recompute and layers:
-        activations += layer_activation_elements(shape, False) * element  # the layer being recomputed
+    if layers and par.recompute == "full":
+        activations += layer_activation_elements(shape, "none") * element  # the layer being recomputed
+    elif layers and par.recompute == "selective":
+        activations += attention_score_elements(shape) * element  # the attention core being recomputed
     buffers = (4 * shape.activation_bytes if par.pp > 1 else 0) \
         + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
     return StageMemory(

@@ -43,11 +43,15 @@ class Breakdown:
     breakdown_ms: dict[str, float]
 
 
+#: a plan's recomputation in its short label
+_RECOMPUTE_LABELS = {"full": "recompute", "selective": "selective-recompute", "none": "no-recompute"}
+
+
 def label(row: dict[str, Any]) -> str:
     """``t8 d12 p35 mb1 1f1b full overlap`` for a plan row."""
     schedule = row["schedule"] + (f" v{row['virtual_stages']}" if row["virtual_stages"] > 1 else "")
     return (f"t{row['tp']} d{row['dp']} p{row['pp']} mb{row['micro_batch']} {schedule} "
-            f"{'recompute' if row['recompute'] == 'full' else 'no-recompute'}"
+            f"{_RECOMPUTE_LABELS[row['recompute']]}"
             f"{' overlap' if row['dp_overlap'] else ''}")
 
 

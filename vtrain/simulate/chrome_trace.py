@@ -254,7 +254,7 @@ class _RankTrace:
     def _block(self, task: Task, block: BlockWork, t: float) -> float:
         end = t + block.duration_us
         fields = self._fields(task)
-        if block.kind == "layer":
+        if block.kind in ("layer", "attention"):  # attention: a layer's core, re-run by selective recomputation
             if block.phase == "recompute":
                 self.span(span_name("recompute", **fields, layer=block.layer), t, end, stream=COMPUTE_STREAM)
             self.span(span_name("layer", phase=block.phase, **fields, layer=block.layer), t, end,

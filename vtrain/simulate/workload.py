@@ -30,7 +30,9 @@ from vtrain.runconfig import RunConfig
 from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
 from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
 
-_FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward}
+#: blocks by kind; ``attention`` is a layer's attention core, the block selective recomputation re-runs
+_FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward,
+                  "attention": gpt.attention_core}
 _BACKWARD_STEPS = {"embedding": gpt.embedding_backward, "layer": gpt.layer_backward, "head": gpt.head_backward}
 _PARAMETERS = {"embedding": gpt.embedding_parameters, "layer": gpt.layer_parameters, "head": gpt.head_parameters}
 
@@ -196,13 +198,13 @@ class WorkloadResolver:
         return PhaseWork(tuple(self._block(kind, "forward", layer, chunk.stage) for kind, layer in chunk.forward_blocks()))
 
     def backward(self, chunk: Chunk, accumulate: bool) -> PhaseWork:
-        """One micro-batch's backward pass through a chunk, blocks in reverse order; with full recomputation
-        each layer's forward is re-run just before its backward."""
-        recompute = self.config.parallelism.recompute == "full"
+        """One micro-batch's backward pass through a chunk, blocks in reverse order; with recomputation each
+        layer's forward (full) or its attention core (selective) is re-run just before its backward."""
+        recomputed = {"full": "layer", "selective": "attention"}.get(self.config.parallelism.recompute)
         blocks: list[BlockWork] = []
         for kind, layer in reversed(chunk.forward_blocks()):
-            if recompute and kind == "layer":
-                blocks.append(self._block(kind, "recompute", layer, chunk.stage))
+            if recomputed and kind == "layer":
+                blocks.append(self._block(recomputed, "recompute", layer, chunk.stage))
             blocks.append(self._block(kind, "backward", layer, chunk.stage, accumulate))
         return PhaseWork(tuple(blocks))
 
