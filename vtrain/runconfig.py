@@ -6,7 +6,7 @@ A run config is a YAML (or JSON) mapping with these sections::
     model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512}
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
-                  dp_overlap: false, dp_bucket_mb: 25}
+                  dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false}
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
@@ -70,6 +70,7 @@ class ParallelConfig:
     recompute: str = "none"
     dp_overlap: bool = False
     dp_bucket_mb: float = 25.0
+    sequence_parallel: bool = False  # Megatron's (Korthikanti et al.): norms and dropout split the sequence by tp
 
     @property
     def world_size(self) -> int:
@@ -145,6 +146,11 @@ class RunConfig:
                           f"({p.dp}*{p.micro_batch})")
         if p.virtual_stages > 1 and p.schedule != "interleaved":
             errors.append(f"virtual_stages={p.virtual_stages} needs schedule interleaved (got {p.schedule})")
+        if p.sequence_parallel and self.framework != "megatron":
+            errors.append("sequence_parallel is Megatron's: it needs framework megatron (got "
+                          f"{shown(self.framework)})")
+        if p.sequence_parallel and m.seq % p.tp:
+            errors.append(f"sequence_parallel needs seq ({m.seq}) divisible by tp ({p.tp})")
         if p.schedule == "interleaved" and p.pp > 1 and p.micro_batches % p.pp:
             errors.append(f"interleaved 1F1B needs micro-batches ({p.micro_batches}) divisible by pp ({p.pp})")
         return errors

@@ -49,6 +49,8 @@ def parser() -> OneLineParser:
     overrides.add_argument("--schedule", metavar="NAME", help="Override schedule: 1f1b, gpipe, interleaved.")
     overrides.add_argument("--virtual-stages", type=int, metavar="V", help="Override model chunks per stage.")
     overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none, selective or full.")
+    overrides.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                           help="Override Megatron's sequence parallelism (framework megatron).")
     overrides.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction,
                            help="Override overlapping of the gradient all-reduce.")
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
@@ -126,7 +128,8 @@ def format_summary(sim: Simulation) -> str:
         f"parallelism      t={par.tp} d={par.dp} p={par.pp}, {par.micro_batches} micro-batches of "
         f"{par.micro_batch}, {par.schedule}"
         + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")
-        + f", recompute {par.recompute}, dp overlap {'on' if par.dp_overlap else 'off'}",
+        + f", recompute {par.recompute}, dp overlap {'on' if par.dp_overlap else 'off'}"
+        + (", sequence parallel" if par.sequence_parallel else ""),
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
         "breakdown (mean per GPU)",

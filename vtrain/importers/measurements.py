@@ -104,11 +104,7 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
 
 def row_problem(row: dict[str, Any]) -> str | None:
     """Why a row of :func:`read_measurements` cannot be simulated (None when it can)."""
-    if row.get("problem"):
-        return row["problem"]
-    if row.get("sequence_parallel"):
-        return "sequence parallelism is not modelled yet"
-    return None
+    return row.get("problem") or None
 
 
 def _key(name: str) -> str:
@@ -230,7 +226,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    schedule=str(given("schedule", SCHEDULE)),
                                    virtual_stages=int(given("virtual_stages", 1)),
                                    recompute=str(given("recompute", recompute)),
-                                   dp_overlap=bool(given("dp_overlap", False))),
+                                   dp_overlap=bool(given("dp_overlap", False)),
+                                   sequence_parallel=bool(given("sequence_parallel", False))),
         precision=PRECISION,
         framework=str(given("framework", framework)),
         hardware=HardwareConfig(device=device, device_count=int(row["gpus"]),

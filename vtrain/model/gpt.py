@@ -39,6 +39,7 @@ class GptShape:
     dtype: str = "float"  # trace dtype string of activations and weights
     device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
     framework: str = "reference"  # reference | megatron: whose kernels the run launches
+    sequence_parallel: bool = False  # Megatron's: the ops outside the tensor-parallel regions split the sequence
 
     @property
     def d(self) -> int:
@@ -69,15 +70,27 @@ class GptShape:
 
     @property
     def activation_bytes(self) -> int:
-        """Bytes of one [b, s, h] activation (the payload of TP all-reduces and pipeline transfers)."""
+        """Bytes of one [b, s, h] activation (the payload of TP all-reduces)."""
         return self.tokens * self.h * self.element_bytes
+
+    @property
+    def outside_tokens(self) -> int:
+        """Tokens of the ops outside the tensor-parallel regions (layer norms, dropout, residual adds): all of
+        them, or with sequence parallelism this rank's 1/t of the sequence."""
+        return self.tokens // self.t if self.sequence_parallel else self.tokens
+
+    @property
+    def pipeline_bytes(self) -> int:
+        """Bytes of the activation a stage sends the next one (with sequence parallelism, this rank's part)."""
+        return self.outside_tokens * self.h * self.element_bytes
 
     @classmethod
     def from_config(cls, config: RunConfig) -> GptShape:
         m, p = config.model, config.parallelism
         device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
         return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
-                   dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework)
+                   dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework,
+                   sequence_parallel=p.sequence_parallel and p.tp > 1)
 
 
 def _megatron(shape: GptShape) -> ModuleType | None:

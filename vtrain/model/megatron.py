@@ -8,6 +8,11 @@ Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per s
 - bias + GeLU (the bias of the first MLP GEMM is not added by the GEMM) and bias + dropout + residual add (after
   the attention output and second MLP GEMMs), each one kernel, with the bias gradient a reduction in backward;
 - the vocabulary-parallel cross-entropy in fp32 (as the reference model's head, which follows it);
+- with sequence parallelism (Korthikanti et al.; ``sequence_parallel: true``, t > 1) the ops between the
+  tensor-parallel regions (layer norms, bias-dropout-add, the embedding's dropout) run on this rank's 1/t of the
+  sequence, and each region is entered by an all-gather and left by a reduce-scatter instead of an all-reduce
+  (backward: the other way round). Megatron overlaps the backward's re-gathering of a column-parallel GEMM's input
+  (for its weight gradient) with the input-gradient GEMM: it is not a step here;
 - fp16 training with fp32 master weights: every micro-batch adds each weight gradient into its main gradient
   buffer; the step copies gradients to fp32, unscales them and checks for inf/NaN (loss scaling), takes the
   gradient norm, runs Adam on the fp32 master weights (apex multi-tensor apply) and copies them back to fp16.
@@ -25,7 +30,7 @@ from dataclasses import replace
 
 from vtrain.model import gpt
 from vtrain.model.gpt import LONG, GptShape
-from vtrain.model.ops import Op, Step, make_op
+from vtrain.model.ops import Collective, Op, Step, make_op
 
 #: bytes per parameter of one optimizer step (fp16 gradients, fp32 master weights and Adam moments):
 #: gradient fp16 -> fp32 copy (2 + 4), unscale and inf check (4 + 4), gradient norm (4), Adam (read weight,
@@ -37,25 +42,55 @@ OPTIMIZER_BYTES = {"megatron::main_grads_from_model_grads": 6, "aten::_amp_forea
 
 
 def _layer_norm(shape: GptShape) -> Op:
-    n, h, x = shape.tokens, shape.h, shape.dtype
+    n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return make_op("apex::fused_layer_norm", [[n, h], [h], [h]], [x, x, x])
 
 
 def _layer_norm_backward(shape: GptShape) -> Op:
-    n, h, x = shape.tokens, shape.h, shape.dtype
+    n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return make_op("apex::fused_layer_norm_backward", [[n, h], [n, h], [n], [n], [h]], [x, x, "float", "float", x])
 
 
+def _residual_add(shape: GptShape) -> Op:
+    n, h, x = shape.outside_tokens, shape.h, shape.dtype
+    return make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])
+
+
 def _bias_dropout_add(shape: GptShape) -> Op:
-    n, h, x = shape.tokens, shape.h, shape.dtype
+    n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return make_op("megatron::bias_dropout_add", [[n, h], [h], [n, h]], [x, x, x])
 
 
 def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     """Dropout backward (gradient times mask) and the bias gradient (a reduction over tokens)."""
-    n, h, x = shape.tokens, shape.h, shape.dtype
+    n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
             make_op("aten::sum", [[n, h], [], [], []], [x, "ScalarList", "Scalar", ""])]
+
+
+def _enter_region(shape: GptShape) -> list[Step]:
+    """Into a tensor-parallel region, forward: nothing (every rank has the whole input), or with sequence
+    parallelism the all-gather of the sequence."""
+    return [Collective("tp", "all_gather", shape.activation_bytes, shape.dtype)] if shape.sequence_parallel else []
+
+
+def _leave_region(shape: GptShape) -> list[Step]:
+    """Out of a tensor-parallel region, forward: the all-reduce of the partial outputs, or with sequence
+    parallelism their reduce-scatter along the sequence."""
+    if shape.sequence_parallel:
+        return [Collective("tp", "reduce_scatter", shape.activation_bytes, shape.dtype)]
+    return gpt._tp_all_reduce(shape, shape.activation_bytes)
+
+
+def _leave_region_backward(shape: GptShape) -> list[Step]:
+    """The gradient into a region's end (backward of :func:`_leave_region`): nothing, or the all-gather."""
+    return _enter_region(shape)
+
+
+def _enter_region_backward(shape: GptShape) -> list[Step]:
+    """The input gradient out of a region's start (backward of :func:`_enter_region`): the all-reduce, or the
+    reduce-scatter."""
+    return _leave_region(shape)
 
 
 def _dropout(shape: GptShape, dims: list[int]) -> Op:
@@ -74,17 +109,18 @@ def layer_forward(shape: GptShape) -> list[Step]:
     n, hp, f = shape.tokens, h // shape.t, shape.ffn
     steps: list[Step] = [
         _layer_norm(shape),
+        *_enter_region(shape),
         make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"]),
         *attention_core(shape),
         make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
         make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
     ]
-    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
-    steps += [_bias_dropout_add(shape), _layer_norm(shape),
+    steps += _leave_region(shape)
+    steps += [_bias_dropout_add(shape), _layer_norm(shape), *_enter_region(shape),
               make_op("aten::mm", [[n, h], [h, f]], [x, x]),
               make_op("megatron::bias_gelu", [[n, f], [f]], [x, x]),
               make_op("aten::mm", [[n, f], [f, h]], [x, x])]
-    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
+    steps += _leave_region(shape)
     steps += [_bias_dropout_add(shape)]
     return steps
 
@@ -106,16 +142,16 @@ def layer_backward(shape: GptShape) -> list[Step]:
     n, hp, f = shape.tokens, h // shape.t, shape.ffn
     heads = b * (shape.a // shape.t)
     w = gpt.layer_parameters(shape)
-    steps: list[Step] = [*_bias_dropout_add_backward(shape),
+    steps: list[Step] = [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
                          make_op("aten::mm", [[n, h], [h, f]], [x, x]),  # fc2 input gradient
                          make_op("aten::mm", [[h, n], [n, f]], [x, x]),  # fc2 weight gradient
                          make_op("megatron::bias_gelu_backward", [[n, f], [n, f], [f]], [x, x, x]),
                          make_op("aten::sum", [[n, f], [], [], []], [x, "ScalarList", "Scalar", ""]),
                          make_op("aten::mm", [[n, f], [f, h]], [x, x]),  # fc1 input gradient
                          make_op("aten::mm", [[f, n], [n, h]], [x, x])]  # fc1 weight gradient
-    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
-    steps += [_layer_norm_backward(shape), make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
-    steps += [*_bias_dropout_add_backward(shape),
+    steps += _enter_region_backward(shape)
+    steps += [_layer_norm_backward(shape), _residual_add(shape)]
+    steps += [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
               make_op("aten::mm", [[n, h], [h, hp]], [x, x]),  # attention output input gradient
               make_op("aten::mm", [[h, n], [n, hp]], [x, x]),  # its weight gradient
               make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
@@ -130,14 +166,15 @@ def layer_backward(shape: GptShape) -> list[Step]:
               make_op("aten::sum", [[n, 3 * hp], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
               make_op("aten::mm", [[n, 3 * hp], [3 * hp, h]], [x, x]),
               make_op("aten::mm", [[3 * hp, n], [n, h]], [x, x])]
-    steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
-    steps += [_layer_norm_backward(shape), make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
+    steps += _enter_region_backward(shape)
+    steps += [_layer_norm_backward(shape), _residual_add(shape)]
     return steps + _accumulate(shape, w)
 
 
 def embedding_forward(shape: GptShape) -> list[Step]:
     """Vocabulary-parallel word embedding (masked lookup, TP all-reduce), position embedding, their sum, the
-    [s, b, h] transpose and the embedding dropout."""
+    [s, b, h] transpose and the embedding dropout (with sequence parallelism on this rank's part of the
+    sequence, split off without communication)."""
     n, h, x = shape.tokens, shape.h, shape.dtype
     steps: list[Step] = gpt._mask_ids(shape) if shape.t > 1 else []
     steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG])]
@@ -147,15 +184,19 @@ def embedding_forward(shape: GptShape) -> list[Step]:
     steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
               make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"]),
               make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
-              _dropout(shape, [n, h])]
+              _dropout(shape, [shape.outside_tokens, h])]
     return steps
 
 
 def embedding_backward(shape: GptShape) -> list[Step]:
-    """Dropout backward, the position and word embedding gradients (the word one into a zeroed table)."""
+    """Dropout backward (with sequence parallelism on this rank's part, then the all-gather of the sequence),
+    the position and word embedding gradients (the word one into a zeroed table)."""
     n, h, x = shape.tokens, shape.h, shape.dtype
+    local = shape.outside_tokens
     w = gpt.embedding_parameters(shape)
-    steps: list[Step] = [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
+    steps: list[Step] = [make_op("aten::native_dropout_backward", [[local, h], [local, h], []],
+                                 [x, "bool", "double"]),
+                         *_leave_region_backward(shape),
                          make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"])]
     for rows in (shape.s, shape.vocab_per_rank):
         steps += [make_op("aten::zero_", [[rows, h]], [x]),
@@ -164,14 +205,22 @@ def embedding_backward(shape: GptShape) -> list[Step]:
 
 
 def head_forward(shape: GptShape) -> list[Step]:
-    """Fused final LayerNorm, then the logits and Megatron's vocabulary-parallel cross-entropy (fp32)."""
-    return [_layer_norm(shape), *gpt.head_forward(replace(shape, framework="reference"))[1:]]
+    """Fused final LayerNorm (with sequence parallelism on this rank's part, then the all-gather of the sequence),
+    the logits and Megatron's vocabulary-parallel cross-entropy (fp32)."""
+    reference = replace(shape, framework="reference", sequence_parallel=False)
+    return [_layer_norm(shape), *_enter_region(shape), *gpt.head_forward(reference)[1:]]
 
 
 def head_backward(shape: GptShape) -> list[Step]:
-    """Cross-entropy and logits backward as the reference model, then the fused final LayerNorm backward."""
-    steps = [step for step in gpt.head_backward(replace(shape, framework="reference"), accumulate=False)
-             if not (isinstance(step, Op) and step.name == "aten::native_layer_norm_backward")]
+    """Cross-entropy and logits backward as the reference model (the input gradient's all-reduce a reduce-scatter
+    with sequence parallelism), then the fused final LayerNorm backward."""
+    reference = replace(shape, framework="reference", sequence_parallel=False)
+    steps: list[Step] = []
+    for step in gpt.head_backward(reference, accumulate=False):
+        if isinstance(step, Op) and step.name == "aten::native_layer_norm_backward":
+            continue
+        input_gradient = isinstance(step, Collective) and step.bytes == shape.activation_bytes
+        steps += _enter_region_backward(shape) if input_gradient else [step]
     return [*steps, _layer_norm_backward(shape), *_accumulate(shape, gpt.head_parameters(shape))]
 
 

@@ -102,11 +102,13 @@ def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
 
 def layer_activation_elements(shape: GptShape, recompute: str) -> int:
     """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout): with full
-    recomputation its input; with selective recomputation all but the attention scores (re-run)."""
+    recomputation its input; with selective recomputation all but the attention scores (re-run). With sequence
+    parallelism the tensors outside the tensor-parallel regions hold 1/t of the sequence."""
     b, s, h, t = shape.b, shape.s, shape.h, shape.t
+    outside = shape.outside_tokens * h  # a [b, s, h] tensor outside the TP regions (split by sequence parallelism)
     if recompute == "full":
-        return b * s * h
-    kept = 4 * b * s * h + 12 * b * s * h // t
+        return outside
+    kept = 4 * outside + 12 * b * s * h // t
     return kept if recompute == "selective" else kept + attention_score_elements(shape)
 
 
@@ -147,7 +149,7 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
         activations += layer_activation_elements(shape, "none") * element  # the layer being recomputed
     elif layers and par.recompute == "selective":
         activations += attention_score_elements(shape) * element  # the attention core being recomputed
-    buffers = (4 * shape.activation_bytes if par.pp > 1 else 0) \
+    buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
         + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
     return StageMemory(
         stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,

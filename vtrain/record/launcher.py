@@ -93,6 +93,8 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
     if p.schedule == "interleaved" and p.virtual_stages > 1 and p.pp < 2:
         raise InputError(f"schedule interleaved with {p.virtual_stages} virtual stages needs pp >= 2 (one stage "
                          "would send its activations to itself); with one virtual stage it is 1F1B")
+    if p.sequence_parallel:
+        raise InputError("sequence_parallel is not recorded: the recorder's model is not Megatron's")
     if p.recompute == "selective":
         raise InputError("recompute must be one of none, full to record: the recorder checkpoints whole layers "
                          "(selective recomputation is simulated, not recorded)")

@@ -83,7 +83,8 @@ class Simulation:
             "parallelism": {"tp": par.tp, "pp": par.pp, "dp": par.dp, "micro_batches": par.micro_batches,
                             "micro_batch": par.micro_batch, "global_batch": par.global_batch,
                             "schedule": par.schedule, "virtual_stages": par.virtual_stages,
-                            "recompute": par.recompute, "dp_overlap": par.dp_overlap},
+                            "recompute": par.recompute, "dp_overlap": par.dp_overlap,
+                            "sequence_parallel": par.sequence_parallel},
             "device": {"name": self.device.name, "provenance": self.device.provenance},
             "profile": self.profile_path,
             "stages": [

@@ -276,7 +276,7 @@ class WorkloadResolver:
             self.ops.calibrate(self.gaps.events, stage_of)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
-            inputs.pp_transfer = self.comm("pp", "send", self.shape.activation_bytes)
+            inputs.pp_transfer = self.comm("pp", "send", self.shape.pipeline_bytes)
         chunk_work: dict[tuple[object, ...], _ChunkWork] = {}
         optimizer: dict[tuple[object, ...], PhaseWork] = {}
         for stage_chunks in chunks:
