@@ -52,7 +52,7 @@ def label(row: dict[str, Any]) -> str:
     schedule = row["schedule"] + (f" v{row['virtual_stages']}" if row["virtual_stages"] > 1 else "")
     return (f"t{row['tp']} d{row['dp']} p{row['pp']} mb{row['micro_batch']} {schedule} "
             f"{_RECOMPUTE_LABELS[row['recompute']]}"
-            f"{' overlap' if row['dp_overlap'] else ''}")
+            f"{' overlap' if row['dp_overlap'] else ''}{' sp' if row.get('sequence_parallel') else ''}")
 
 
 def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:
@@ -86,7 +86,8 @@ def _config(base: RunConfig, row: dict[str, Any]) -> RunConfig:
     from vtrain.plan.space import Candidate
 
     return Candidate(row["gpus"], row["tp"], row["pp"], row["dp"], row["micro_batch"], row["schedule"],
-                     row["virtual_stages"], row["recompute"], row["dp_overlap"]).config(base)
+                     row["virtual_stages"], row["recompute"], row["dp_overlap"],
+                     bool(row.get("sequence_parallel"))).config(base)
 
 
 def summary(table: PlanTable) -> dict[str, Any]:

@@ -41,19 +41,21 @@ class Candidate:
     virtual_stages: int
     recompute: str
     dp_overlap: bool
+    sequence_parallel: bool = False
 
     def config(self, base: RunConfig) -> RunConfig:
         """``base`` (model, precision, hardware, global batch) with this point's parallelism and GPU count."""
         run = base.with_overrides(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch,
                                   schedule=self.schedule, virtual_stages=self.virtual_stages,
-                                  recompute=self.recompute, dp_overlap=self.dp_overlap)
+                                  recompute=self.recompute, dp_overlap=self.dp_overlap,
+                                  sequence_parallel=self.sequence_parallel)
         return replace(run, hardware=replace(run.hardware, device_count=self.gpus))
 
     def as_row(self) -> dict[str, object]:
         """The point's columns in the plan table."""
         return {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
                 "schedule": self.schedule, "virtual_stages": self.virtual_stages, "recompute": self.recompute,
-                "dp_overlap": self.dp_overlap}
+                "dp_overlap": self.dp_overlap, "sequence_parallel": self.sequence_parallel}
 
 
 def parse_gpus(spec: str, base: RunConfig) -> list[int]:
@@ -93,6 +95,8 @@ def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
     anyway; a sweep over every GPU count up to N enumerates only these)."""
     layers, batch = base.model.layers, base.parallelism.global_batch
     for t in _tensor_sizes(gpus, base.hardware.gpus_per_node):
+        # Megatron's sequence parallelism, with and without, where there is a tensor-parallel group to split over
+        sequence = (False, True) if t > 1 and base.framework == "megatron" else (False,)
         for p in _divisors(gpus // t):
             d = gpus // (t * p)
             if divisible and (layers % p or batch % d):
@@ -105,7 +109,8 @@ def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
                 for schedule, v in schedules:
                     for recompute in RECOMPUTE:
                         for overlap in ((False, True) if d > 1 else (False,)):
-                            yield Candidate(gpus, t, p, d, micro_batch, schedule, v, recompute, overlap)
+                            for split in sequence:
+                                yield Candidate(gpus, t, p, d, micro_batch, schedule, v, recompute, overlap, split)
 
 
 def invalid_reason(candidate: Candidate, base: RunConfig) -> str | None:

@@ -127,7 +127,7 @@ def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = No
 _SCHEMA = {
     "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
     "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
-    "status": pl.String, "reason": pl.String, "fits": pl.Boolean, "memory_gib": pl.Float64,
+    "sequence_parallel": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean, "memory_gib": pl.Float64,
     "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64, "idle_ms": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "days": pl.Float64, "usd": pl.Float64,
     "measured": pl.Float64, "interpolated": pl.Float64, "modelled": pl.Float64, "meets_limits": pl.Boolean,
@@ -169,7 +169,7 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
                 continue
             row: dict[str, Any] = candidate.as_row()
             validity = (candidate.tp, candidate.pp, candidate.dp, candidate.micro_batch, candidate.schedule,
-                        candidate.virtual_stages)  # what the constraints read
+                        candidate.virtual_stages, candidate.sequence_parallel)  # what the constraints read
             if validity not in reasons:
                 reasons[validity] = invalid_reason(candidate, base)
             reason = reasons[validity]
@@ -178,7 +178,7 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
             else:
                 micro_batches = base.parallelism.global_batch // (candidate.dp * candidate.micro_batch)
                 key = (candidate.tp, candidate.pp, candidate.virtual_stages, candidate.schedule, candidate.recompute,
-                       candidate.micro_batch, micro_batches, candidate.dp > 1)
+                       candidate.micro_batch, micro_batches, candidate.dp > 1, candidate.sequence_parallel)
                 if key not in needs:
                     needs[key] = peak_stage_memory(candidate.config(base)).total_bytes / GIB
                 need = needs[key]
@@ -312,7 +312,7 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
     if base.constraint_errors():
         return None
     candidate = Candidate(par.world_size, par.tp, par.pp, par.dp, par.micro_batch, par.schedule,
-                          par.virtual_stages, par.recompute, par.dp_overlap)
+                          par.virtual_stages, par.recompute, par.dp_overlap, par.sequence_parallel)
     row: dict[str, Any] = candidate.as_row()
     need = peak_stage_memory(base).total_bytes / GIB
     row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
