@@ -8,6 +8,7 @@ No GPU was lent while this was written: the measurements are the CPU allocator's
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from vtrain.model.gpt import GptShape
 from vtrain.model.memory import (
     head_activation_bytes,
     in_flight_micro_batches,
-    layer_activation_elements,
+    attention_score_bytes,
+    layer_activation_bytes,
     peak_stage_memory,
     stage_memory,
 )
@@ -86,7 +88,7 @@ def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, 
         loss = model(ids, labels)
     _, kept = _live_bytes(prof, tmp_path)
     gpt = GptShape.from_config(config)
-    predicted = (config.model.layers * layer_activation_elements(gpt, recompute) * gpt.element_bytes
+    predicted = (config.model.layers * layer_activation_bytes(gpt, recompute)
                  + head_activation_bytes(gpt))
     assert loss.requires_grad
     assert kept == pytest.approx(predicted, rel=0.10)
@@ -155,12 +157,29 @@ def test_selective_recomputation_keeps_all_but_the_attention_scores() -> None:
     and holds them once for the layer whose attention core is being re-run; full keeps the layer input only."""
     config = _config((3, 64, 4, 32, 64, 2), "none")
     shape = GptShape.from_config(config)
-    none, selective, full = (layer_activation_elements(shape, mode) for mode in ("none", "selective", "full"))
-    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
-    assert none - selective == scores and full == shape.b * shape.s * shape.h
+    none, selective, full = (layer_activation_bytes(shape, mode) for mode in ("none", "selective", "full"))
+    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s * shape.element_bytes  # no dropout: softmax only
+    assert none - selective == scores == attention_score_bytes(shape)
+    assert full == shape.b * shape.s * shape.h * shape.element_bytes
     chunks = partition(config)[0]
     memory = {mode: stage_memory(config.with_overrides(recompute=mode), shape, chunks).activation_bytes
               for mode in ("none", "selective", "full")}
     assert memory["full"] < memory["selective"] < memory["none"]
     layers = config.model.layers
-    assert memory["none"] - memory["selective"] == (layers - 1) * scores * shape.element_bytes
+    assert memory["none"] - memory["selective"] == (layers - 1) * scores
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_megatron_layers_keep_what_korthikanti_et_al_count(t: int) -> None:
+    """Their Table 2 (fp16, with dropout): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34/t + 5as/(ht))
+    with sequence parallelism too, 34·sbh/t with selective recomputation as well, 2·sbh with full recomputation."""
+    s, b, h, a = 2048, 2, 4096, 32
+    shape = GptShape(b=b, s=s, h=h, a=a, t=t, vocab=51200, dtype="c10::Half", device_type="cuda",
+                     framework="megatron")
+    split = replace(shape, sequence_parallel=t > 1)
+    sbh = s * b * h
+    assert layer_activation_bytes(shape, "none") == sbh * 10 + sbh * 24 // t + 5 * a * s * s * b // t
+    assert layer_activation_bytes(shape, "full") == 2 * sbh
+    if t > 1:
+        assert layer_activation_bytes(split, "none") == sbh * 34 // t + 5 * a * s * s * b // t
+        assert layer_activation_bytes(split, "selective") == sbh * 34 // t

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import layer_activation_elements
+from vtrain.model.memory import layer_activation_bytes
 from vtrain.model.ops import Collective, Op
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
@@ -60,8 +60,8 @@ def test_memory_and_transfers_shrink_and_the_iteration_is_faster() -> None:
     plain, split = _shapes()
     assert split.pipeline_bytes * 8 == plain.pipeline_bytes == plain.activation_bytes
     b, s, h, t = plain.b, plain.s, plain.h, plain.t
-    assert layer_activation_elements(split, "selective") == 16 * b * s * h // t
-    assert layer_activation_elements(split, "full") * t == layer_activation_elements(plain, "full")
+    assert layer_activation_bytes(split, "selective") == 34 * b * s * h // t  # Korthikanti et al., fp16
+    assert layer_activation_bytes(split, "full") * t == layer_activation_bytes(plain, "full") == 2 * b * s * h
     config = load_run_config(MTNLG).with_overrides(recompute="selective")
     profile = load_profile(REPO / "profiles" / "a100")
     without, with_sp = simulate(config, profile), simulate(config.with_overrides(sequence_parallel=True), profile)

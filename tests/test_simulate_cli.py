@@ -41,13 +41,14 @@ def test_vtrain_config_keys_it_does_not_read_are_said(tmp_path: Path) -> None:
     config = json.loads(MTNLG.read_text())
     config["ddp_bucket_mb"] = config.pop("ddp_bucket_size")  # misspelt: the 25 MB default applies
     config["comment"] = "from vTrain's repository"
+    config["gpu_name"] = "A100-80GB"  # MT-NLG's parts: by the memory model it needs 40.1 GiB a GPU
     path = tmp_path / "mtnlg.json"
     path.write_text(json.dumps(config))
     line = f"warning: {path}: vTrain config keys vtrain does not read, ignored: comment, ddp_bucket_mb\n"
     for ran in (vtrain(path), vtrain_in_process("simulate", path)):
         assert ran.returncode == 0, ran.stderr
         assert ran.stderr == line
-    assert vtrain_in_process("simulate", MTNLG).stderr == ""
+    assert vtrain_in_process("simulate", MTNLG, "--device", "A100-80GB").stderr == ""
 
 
 def test_a_run_that_does_not_fit_its_device_is_said() -> None:
@@ -57,7 +58,7 @@ def test_a_run_that_does_not_fit_its_device_is_said() -> None:
     assert ran.returncode == 0 and "iteration time" in ran.stdout
     assert ran.stderr.startswith(f"warning: {MTNLG}: its largest pipeline stage needs ")
     assert "more than the 40 GiB of A100-40GB: the run would not fit" in ran.stderr
-    assert vtrain_in_process("simulate", MTNLG).stderr == ""  # t8 d12 p35 fits
+    assert vtrain_in_process("simulate", MTNLG, "--device", "A100-80GB").stderr == ""  # t8 d12 p35 fits 80 GB
 
 
 def test_flags_override_the_config_and_text_summary() -> None:
@@ -122,7 +123,7 @@ def test_a_reader_that_goes_away_stops_it_quietly() -> None:
     """`vtrain simulate ... --json | head -1`: the pipe closes under the output; no traceback, exit 141 (as shells
     report SIGPIPE)."""
     command = [sys.executable, "-m", "vtrain.cli.main", "simulate", str(REPO / "examples" / "mtnlg-530b.json"),
-               "--profile", str(REPO / "profiles" / "a100"), "--json"]
+               "--profile", str(REPO / "profiles" / "a100"), "--device", "A100-80GB", "--json"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # before it writes a byte: every write fails, whatever the output's size

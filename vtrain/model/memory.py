@@ -5,19 +5,22 @@
 16 bytes. fp32 runs keep fp32 parameters, gradients and moments (4 + 4 + 8): 16 bytes, no master copy.
 
 **Activations** are Korthikanti et al.'s per-layer formula ("Reducing Activation Recomputation in Large
-Transformer Models", 2022, Eq. 2 with tensor parallelism, no sequence parallelism) for the model vtrain
-simulates and records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``), which has no dropout: the
-formula's dropout masks (2·sbh + as²b/t bytes) and the dropped-out attention probabilities (2·as²b/t) are not
-there. What one layer keeps for its backward, in elements, for one micro-batch::
+Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and e-byte activations (S = sbh, one
+[b, s, h] tensor; tensors outside the tensor-parallel regions hold S/t with sequence parallelism)::
 
-    4·sbh          LayerNorm 1 input (the layer input), QKV input, LayerNorm 2 input, fc1 input
-    12·sbh/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
-    a·s²·b/t       the softmax output (kept for its own backward and for probs @ v)
+    4·e·S          LayerNorm 1 input (the layer input), QKV input, LayerNorm 2 input, fc1 input
+    2·S            Megatron only: the two hidden dropout masks (one byte an element)
+    12·e·S/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
+    e·as²b/t       the softmax output (kept for its own backward and for probs @ v)
+    (e+1)·as²b/t   Megatron only: the attention dropout's mask and output
 
-With full recomputation a layer keeps only its input (sbh), and the layer being recomputed holds its full set
-once; with selective recomputation (Korthikanti et al.) it keeps all but the softmax output, which its re-run
-attention core holds once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the vocabulary-parallel
-cross-entropy (b·s·V/t floats, computed in place over the fp32 logits).
+For fp16 Megatron that is the paper's sbh(10 + 24/t + 5as/(ht)) (sbh(34/t + 5as/(ht)) with sequence
+parallelism). The reference model vtrain records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``) has no
+dropout, so its layers keep no masks and no dropped-out probabilities (``tests/test_memory_model.py`` measures it).
+With full recomputation a layer keeps only its input (e·S, or e·S/t), and the layer being recomputed holds its
+full set once; with selective recomputation it keeps all but the attention scores (the last two rows), which its
+re-run attention core holds once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the
+vocabulary-parallel cross-entropy (b·s·V/t floats, computed in place over the fp32 logits).
 
 **Micro-batches in flight**: the schedule's peak of forwards whose backward has not run yet on the stage: all m
 for GPipe, ``min(p − stage, m)`` for 1F1B, Megatron's warm-up count + 1 model-chunk passes for interleaved 1F1B
@@ -100,21 +103,23 @@ def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
                + chunk.has_head * block_parameter_count(shape, "head") for chunk in chunks)
 
 
-def layer_activation_elements(shape: GptShape, recompute: str) -> int:
-    """Elements one layer keeps for its backward, for one micro-batch (Korthikanti et al., no dropout): with full
-    recomputation its input; with selective recomputation all but the attention scores (re-run). With sequence
-    parallelism the tensors outside the tensor-parallel regions hold 1/t of the sequence."""
-    b, s, h, t = shape.b, shape.s, shape.h, shape.t
-    outside = shape.outside_tokens * h  # a [b, s, h] tensor outside the TP regions (split by sequence parallelism)
+def layer_activation_bytes(shape: GptShape, recompute: str) -> int:
+    """Bytes one layer keeps for its backward, for one micro-batch (Korthikanti et al.; the module docstring): with
+    full recomputation its input; with selective recomputation all but the attention scores (re-run)."""
+    e, dropout = shape.element_bytes, shape.framework == "megatron"
+    outside = shape.outside_tokens * shape.h  # a [b, s, h] tensor outside the TP regions
     if recompute == "full":
-        return outside
-    kept = 4 * outside + 12 * b * s * h // t
-    return kept if recompute == "selective" else kept + attention_score_elements(shape)
+        return outside * e
+    kept = 4 * e * outside + (2 * outside if dropout else 0) + 12 * e * shape.tokens * shape.h // shape.t
+    return kept if recompute == "selective" else kept + attention_score_bytes(shape)
 
 
-def attention_score_elements(shape: GptShape) -> int:
-    """Elements of one layer's attention scores on one tensor-parallel rank, for one micro-batch."""
-    return (shape.a // shape.t) * shape.b * shape.s * shape.s
+def attention_score_bytes(shape: GptShape) -> int:
+    """Bytes of one layer's attention scores on one tensor-parallel rank, for one micro-batch: the softmax output,
+    and with Megatron's attention dropout its mask and output."""
+    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
+    e = shape.element_bytes
+    return scores * (2 * e + 1 if shape.framework == "megatron" else e)
 
 
 def head_activation_bytes(shape: GptShape) -> int:
@@ -134,9 +139,8 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
     par = config.parallelism
     params = stage_parameter_count(shape, chunks)
     parameter, gradient, optimizer = STATE_BYTES[config.precision]
-    element = shape.element_bytes
     layers = sum(chunk.layers for chunk in chunks)
-    per_pass = layers * layer_activation_elements(shape, par.recompute) * element / len(chunks)
+    per_pass = layers * layer_activation_bytes(shape, par.recompute) / len(chunks)
     head = head_activation_bytes(shape) if any(chunk.has_head for chunk in chunks) else 0
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
     if par.schedule != "interleaved" or par.virtual_stages == 1:
@@ -146,9 +150,9 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
     head_in_flight = in_flight if par.schedule == "gpipe" else 1  # else the head's backward follows at once
     activations = per_pass * in_flight_chunks + head * head_in_flight
     if layers and par.recompute == "full":
-        activations += layer_activation_elements(shape, "none") * element  # the layer being recomputed
+        activations += layer_activation_bytes(shape, "none")  # the layer being recomputed
     elif layers and par.recompute == "selective":
-        activations += attention_score_elements(shape) * element  # the attention core being recomputed
+        activations += attention_score_bytes(shape)  # the attention core being recomputed
     buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
         + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
     return StageMemory(
