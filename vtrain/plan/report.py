@@ -28,9 +28,7 @@ from vtrain.simulate import simulate
 from vtrain.simulate.summary import CATEGORIES
 from vtrain.tables.store import Profile
 
-#: the columns of the frontier and best-plan tables
-SHOWN = ("gpus", "tp", "dp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap",
-         "memory_gib", "iteration_ms", "mfu", "days", "usd")
+#: frontier plans given a full-simulation breakdown in the report
 BREAKDOWN_PLANS = 6
 
 
