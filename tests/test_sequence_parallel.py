@@ -5,6 +5,8 @@ the pipeline transfers shrink by t."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from dataclasses import replace
 
 import pytest
@@ -105,3 +107,30 @@ def test_the_recorder_refuses_sequence_parallelism(tmp_path) -> None:
                                    "framework": "megatron", "hardware": {"device": "cpu", "device_count": 2}})
     with pytest.raises(InputError, match="sequence_parallel is not recorded"):
         check_recordable(config, 1, 1, "cpu")
+
+
+def test_predicted_traces_name_all_gathers_and_reduce_scatters_as_torch_does(tmp_path) -> None:
+    """The predicted Chrome traces record each collective as torch does (``_allgather_base`` with the shard in
+    and the whole out, NCCL's AllGather / ReduceScatter kernels), so that `vtrain ingest` reads them back as what
+    they are: they were written as all-reduce kernels."""
+    from vtrain.ingest.pipeline import ingest_traces
+    from vtrain.runconfig import run_config_from_dict
+    from vtrain.simulate.chrome_trace import write_chrome_traces
+
+    config = run_config_from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 512},
+                                   "parallelism": {"tp": 4, "micro_batch": 1, "global_batch": 2,
+                                                   "sequence_parallel": True},
+                                   "framework": "megatron", "hardware": {"device": "A100", "device_count": 4}})
+    write_chrome_traces(simulate(config), tmp_path / "traces")
+    (tmp_path / "traces" / "run.yaml").unlink(missing_ok=True)
+    collectives = ingest_traces(tmp_path / "traces").tables["collectives"]
+    whole = 1 * 32 * 64 * 4  # one fp32 [b, s, h] activation
+    found = [(row["collective"], row["bytes"]) for row in collectives.iter_rows(named=True)]
+    assert {("all_gather", whole), ("reduce_scatter", whole)} <= set(found)
+    assert found.count(("all_reduce", whole)) == 2  # the embedding's, once a micro-batch; no layer all-reduces
+    events = json.loads(gzip.decompress((tmp_path / "traces" / "rank-0.json.gz").read_bytes()))["traceEvents"]
+    kernels = {e["name"].split("(")[0] for e in events if e.get("cat") == "kernel" and "nccl" in e["name"]}
+    assert {"ncclDevKernel_AllGather_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"} <= kernels
+    gathers = [e["args"] for e in events if e.get("name") == "record_param_comms"
+               and e["args"].get("Collective name") == "_allgather_base"]
+    assert gathers and all(g["In msg nelems"] * 4 == g["Out msg nelems"] == whole // 4 for g in gathers)

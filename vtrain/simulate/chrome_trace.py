@@ -45,11 +45,14 @@ PP_LANES = {("send", "forward"): (2, 21), ("send", "backward"): (3, 22), ("recv"
             ("recv", "backward"): (5, 24)}
 _NCCL_KERNEL = {
     "all_reduce": "ncclDevKernel_AllReduce_Sum_{dtype}_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+    "all_gather": "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+    "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_{dtype}_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
     "send": "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
     "recv": "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
 }
 _NCCL_DTYPE = {"float": "f32", "c10::Half": "f16", "c10::BFloat16": "bf16"}
-_NCCL_COLLECTIVE = {"all_reduce": "allreduce", "send": "send", "recv": "recv"}
+_NCCL_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "_allgather_base",
+                    "reduce_scatter": "_reduce_scatter_base", "send": "send", "recv": "recv"}
 
 
 def trace_file_name(rank: int) -> str:
@@ -197,9 +200,11 @@ class _RankTrace:
                    end: float, tid: int, stream: int) -> None:
         """A collective as torch records it: a ``nccl:<op>`` (``gloo:<op>`` on CPU runs) annotation and, on
         GPUs, the ``record_param_comms`` op launching the NCCL kernel."""
-        elements = nbytes // DTYPE_BYTES.get(dtype, 4)
-        sizes = {"Collective name": _NCCL_COLLECTIVE.get(op, op), "In msg nelems": elements,
-                 "Out msg nelems": elements, "Group size": group, "dtype": dtype}
+        elements = nbytes // DTYPE_BYTES.get(dtype, 4)  # the whole buffer: all-gather's output, reduce-scatter's input
+        shard = elements // max(group, 1)
+        sizes = {"Collective name": _NCCL_COLLECTIVE.get(op, op),
+                 "In msg nelems": shard if op == "all_gather" else elements,
+                 "Out msg nelems": shard if op == "reduce_scatter" else elements, "Group size": group, "dtype": dtype}
         source = {**_source_args(resolution), "vtrain bytes": nbytes}
         if not self.gpu:
             self.span(f"gloo:{op}", start, end, tid, args={**sizes, **source})
