@@ -228,6 +228,14 @@ def test_vidur_parallel_block_adds_three_tensors(tmp_path):
     (tmp_path / "serial-mlp.csv").write_text("\n".join(rows) + "\n")
     serial = read_vidur_compute(tmp_path / "serial-mlp.csv").filter(label="add")
     assert (serial["bytes"] == 2 * 3 * serial["elements"]).all()
+    # a file timing no layer norm at all (trimmed, or renamed timers) says nothing of its block: one add
+    header = text[0].split(",")
+    keep = [i for i, name in enumerate(header) if "layernorm" not in name]
+    trimmed = [",".join(line.split(",")[i] for i in keep) for line in text[:3]]
+    (tmp_path / "trimmed-mlp.csv").write_text("\n".join(trimmed) + "\n")
+    unknown = read_vidur_compute(tmp_path / "trimmed-mlp.csv").filter(label="add")
+    tokens = [int(line.split(",")[header.index("num_tokens")]) for line in text[1:3]]
+    assert sorted(unknown["elements"]) == sorted(t * 2560 for t in tokens)  # T h: one add
 
 
 # --- LLMCompass -------------------------------------------------------------------------------------------------

@@ -111,7 +111,9 @@ def read_vidur_compute(path: str | Path) -> pl.DataFrame:
                              if name.startswith("time_stats.") and name.count(".") == 2))
     if not ops:
         raise InputError("no time_stats.<op>.<statistic> columns", path)
-    parallel = "post_attention_layernorm" not in ops
+    # a parallel block: the file times the layer's input norm but no post-attention norm (a file timing neither
+    # says nothing of its block, and is read as a serial one)
+    parallel = "input_layernorm" in ops and "post_attention_layernorm" not in ops
     parts = []
     for op in ops:
         stat = {kind: f"time_stats.{op}.{kind}" for kind in ("min", "median", "max")}
@@ -184,7 +186,8 @@ def _shape(op: str, parallel: bool) -> tuple[pl.Expr, dict[str, pl.Expr]]:
             "bytes": HALF * tokens * ffn * pl.when(gated).then(3).otherwise(2)}
     if op == "add":
         adds = 2 if parallel else 1  # a + b + c runs as two two-input adds
-        return pl.lit("elementwise"), {"elements": adds * tokens * hidden, "bytes": adds * HALF * 3 * tokens * hidden}
+        return pl.lit("elementwise"), {"elements": adds * tokens * hidden,
+                                       "bytes": adds * HALF * 3 * tokens * hidden}
     if op == "attn_rope":
         rotated = tokens * (heads + kv_heads) * head_dim // tp
         return pl.lit("elementwise"), {"elements": rotated, "bytes": HALF * 2 * rotated + _INT64 * tokens}
