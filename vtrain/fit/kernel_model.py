@@ -301,7 +301,8 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
 
 def summary(model: KernelModel) -> dict[str, Any]:
     """The model's settings as plain data (the model itself is rebuilt from the profile's op_benchmarks)."""
-    return {"model": "inverse-distance-weighted nearest measured shapes in log-shape space", "settings": {"neighbours": SETTINGS["neighbours"][model.kind]},
+    return {"model": "inverse-distance-weighted nearest measured shapes in log-shape space",
+            "settings": {"neighbours": SETTINGS["neighbours"][model.kind]},
             "target": "log(time / roofline floor)", "floor": {"peak_flops": model.peak_flops,
                                                               "peak_bytes_per_s": model.peak_bytes_per_s},
             "samples": model.samples, "sources": list(model.sources)}

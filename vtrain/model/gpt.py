@@ -320,11 +320,16 @@ def head_forward(shape: GptShape) -> list[Step]:
     half-precision logits are converted first)."""
     if _megatron(shape):
         return _megatron(shape).head_forward(shape)
+    return [_layer_norm(shape), *head_loss_forward(shape)]
+
+
+def head_loss_forward(shape: GptShape) -> list[Step]:
+    """The head after its LayerNorm: vocabulary-parallel logits and cross-entropy (Megatron's too)."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
     f32 = "float"
     small = n * 4
-    steps: list[Step] = [_layer_norm(shape), _mm(shape, n, h, vt)]
+    steps: list[Step] = [_mm(shape, n, h, vt)]
     if x != f32:
         steps += [make_op("aten::copy_", [[b, s, vt], [b, s, vt], []], [f32, x, "Scalar"])]
     steps += [make_op("aten::max", [[b, s, vt], [], []], [f32, "Scalar", "Scalar"])]
@@ -355,6 +360,17 @@ def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     """Cross-entropy backward (softmax minus one-hot), logits GEMMs, final LayerNorm backward."""
     if _megatron(shape):
         return _megatron(shape).head_backward(shape)
+    w = head_parameters(shape)
+    steps = head_loss_backward(shape, accumulate)
+    steps += _tp_all_reduce(shape, shape.activation_bytes)
+    steps += [_layer_norm_backward(shape), *_accumulate(shape, w[1], accumulate),
+              *_accumulate(shape, w[0], accumulate)]
+    return steps
+
+
+def head_loss_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
+    """Backward of :func:`head_loss_forward` up to the gradient of the LayerNorm's output (before its tensor-
+    parallel reduction): cross-entropy backward (softmax minus one-hot) and the logits GEMMs."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
     n, vt = shape.tokens, shape.vocab_per_rank
     f32 = "float"
@@ -371,11 +387,7 @@ def head_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     ]
     if x != f32:
         steps += [make_op("aten::copy_", [[b, s, vt], [b, s, vt], []], [x, f32, "Scalar"])]
-    steps += [_mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate)]
-    steps += _tp_all_reduce(shape, shape.activation_bytes)
-    steps += [_layer_norm_backward(shape), *_accumulate(shape, w[1], accumulate),
-              *_accumulate(shape, w[0], accumulate)]
-    return steps
+    return steps + [_mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate)]
 
 
 # --------------------------------------------------------------------------------------------- optimizer

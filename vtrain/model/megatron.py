@@ -207,21 +207,19 @@ def embedding_backward(shape: GptShape) -> list[Step]:
 def head_forward(shape: GptShape) -> list[Step]:
     """Fused final LayerNorm (with sequence parallelism on this rank's part, then the all-gather of the sequence),
     the logits and Megatron's vocabulary-parallel cross-entropy (fp32)."""
-    reference = replace(shape, framework="reference", sequence_parallel=False)
-    return [_layer_norm(shape), *_enter_region(shape), *gpt.head_forward(reference)[1:]]
+    return [_layer_norm(shape), *_enter_region(shape), *gpt.head_loss_forward(_reference_head(shape))]
 
 
 def head_backward(shape: GptShape) -> list[Step]:
     """Cross-entropy and logits backward as the reference model (the input gradient's all-reduce a reduce-scatter
     with sequence parallelism), then the fused final LayerNorm backward."""
-    reference = replace(shape, framework="reference", sequence_parallel=False)
-    steps: list[Step] = []
-    for step in gpt.head_backward(reference, accumulate=False):
-        if isinstance(step, Op) and step.name == "aten::native_layer_norm_backward":
-            continue
-        input_gradient = isinstance(step, Collective) and step.bytes == shape.activation_bytes
-        steps += _enter_region_backward(shape) if input_gradient else [step]
-    return [*steps, _layer_norm_backward(shape), *_accumulate(shape, gpt.head_parameters(shape))]
+    return [*gpt.head_loss_backward(_reference_head(shape)), *_enter_region_backward(shape),
+            _layer_norm_backward(shape), *_accumulate(shape, gpt.head_parameters(shape))]
+
+
+def _reference_head(shape: GptShape) -> GptShape:
+    """The shape the head's logits and cross-entropy are timed at: the reference model's (its vocabulary rows)."""
+    return replace(shape, framework="reference", sequence_parallel=False)
 
 
 def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:

@@ -127,8 +127,9 @@ def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = No
 _SCHEMA = {
     "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
     "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
-    "sequence_parallel": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean, "memory_gib": pl.Float64,
-    "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64, "idle_ms": pl.Float64,
+    "sequence_parallel": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean,
+    "memory_gib": pl.Float64, "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64,
+    "idle_ms": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "days": pl.Float64, "usd": pl.Float64,
     "measured": pl.Float64, "interpolated": pl.Float64, "modelled": pl.Float64, "meets_limits": pl.Boolean,
 }
