@@ -88,6 +88,8 @@ def test_recording_loads_in_hta_and_vtrain_ingest(recorded: tuple[Path, subproce
     (["--device", "tpu"], "--device must be one of"),
     # 13 PB by the memory model: refused before a rank starts allocating (a typo took the machine into swap)
     (["--hidden", "262144", "--heads", "64", "--device", "cpu"], "rank(s) need at least"),
+    # CUDA graphs need a GPU (the H200 recording in traces/gpu/h200-small-graphs was made with this flag)
+    (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs a CUDA device"),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
     out = tmp_path / "never"

@@ -12,7 +12,8 @@ A run config is a YAML (or JSON) mapping with these sections::
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
                   intra_node_gbps: null, inter_node_gbps: null}   # GB/s and Gbit/s, as in vTrain
     software:    {torch: 2.13.0, cuda: null, nccl: null, python: 3.11.7}
-    recording:   {steps: 4, warmup: 2, seed: 1234}                 # only in recorded runs
+    recording:   {steps: 4, warmup: 2, seed: 1234}                 # only in recorded runs; on GPUs also
+                 # peak_memory_bytes (by rank, torch.cuda.max_memory_allocated) and cuda_graphs: true
 
 vTrain's own config JSON (``num_gpus, tensor_parallel_size, ...``) is accepted as is by :func:`load_run_config`.
 """

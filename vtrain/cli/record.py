@@ -41,6 +41,8 @@ def record_command(
     seed: int = typer.Option(1234, "--seed", help="Seed of the weights and the synthetic data."),
     threads: int | None = typer.Option(None, "--threads", help="Intra-op threads per rank (default: the cores "
                                        "shared evenly among the ranks); recorded in run.yaml."),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Replay every layer's forward and backward "
+                                     "from CUDA graphs (one GPU, 1f1b, no recomputation)."),
     output: Path = typer.Option(..., "-o", "--output", help="Trace folder to write (rank-N.json.gz, run.yaml)."),
     force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
 ) -> None:
@@ -58,7 +60,7 @@ def record_command(
         _check_fits_in_memory(config)
     try:
         result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force,
-                        threads=threads)
+                        threads=threads, cuda_graphs=cuda_graphs)
     except RankFailure as exc:
         print(f"error: {output}: {exc}", file=sys.stderr)
         raise typer.Exit(EXIT_RANK_FAILED) from None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,16 +106,22 @@ class TransformerLayer(nn.Module):
         self.fc2_bias = init.constant(0.0, h)
         causal = torch.ones(model.seq, model.seq, dtype=torch.bool, device=init.device).triu(1)
         self.register_buffer("causal_mask", causal, persistent=False)
+        self.graphed: Callable[[torch.Tensor], torch.Tensor] | None = None  # see vtrain.record.cuda_graphs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[b, s, h]`` through attention and MLP, each with its residual."""
+        """Hidden states ``[b, s, h]`` through attention and MLP, each with its residual (the replay of the
+        layer's CUDA graphs when it has them: the layer's spans stay outside the graph)."""
         here = current()
         with span("layer", **here.fields(layer=self.index)):
             tracker = backward_span("layer", 1, **here.fields(phase="backward", layer=self.index))
             x = close_on_backward(tracker, x)
-            x = x + self._attention(x)
-            x = x + self._mlp(x)
+            x = (self.graphed or self.block)(x)
             return open_on_backward(tracker, x)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention and MLP with their residuals, without the layer's spans: what a CUDA graph captures."""
+        x = x + self._attention(x)
+        return x + self._mlp(x)
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape

@@ -2,8 +2,9 @@
 
 :func:`run_rank` is the entry point of every rank, whether started by :mod:`vtrain.record.launcher` (one
 process per rank, ``torch.multiprocessing`` spawn, ``file://`` rendezvous) or by ``torchrun`` (``env://``).
-Each rank writes ``rank-N.json.gz`` into the staging folder and, on the ranks that compute the loss (last
-pipeline stage, tensor-parallel rank 0), a ``.loss-N.json`` with the mean micro-batch loss per iteration.
+Each rank writes ``rank-N.json.gz`` into the staging folder and a ``.rank-N.json`` with the mean micro-batch loss
+per iteration (on the ranks that compute it: last pipeline stage, tensor-parallel rank 0) and, on GPUs, the rank's
+peak memory.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from vtrain.parallel import Layout, stage_order
+from vtrain.record.cuda_graphs import graph_layers
 from vtrain.record.data import global_batch, replica_micro_batches
 from vtrain.record.dataparallel import GradientBuckets
 from vtrain.record.model import Init, build_chunks
@@ -36,7 +38,7 @@ class RankJob:
     """Everything a rank needs to know; sent to each spawned process."""
 
     config: RunConfig
-    staging: str  # folder receiving rank-N.json.gz and .loss-N.json
+    staging: str  # folder receiving rank-N.json.gz and .rank-N.json
     init_method: str  # file://... (spawned) or env:// (torchrun)
     device: str  # cpu | cuda
     steps: int
@@ -45,6 +47,7 @@ class RankJob:
     threads: int  # intra-op threads per rank
     timeout_s: float = 600.0
     log_dir: str | None = None  # when set, the rank's stderr (profiler chatter, warnings) goes to rank-N.log
+    cuda_graphs: bool = False  # replay each layer from CUDA graphs (vtrain.record.cuda_graphs)
 
     @property
     def backend(self) -> str:
@@ -57,9 +60,9 @@ def trace_name(rank: int) -> str:
     return f"rank-{rank}.json.gz"
 
 
-def loss_name(rank: int) -> str:
-    """File name of a rank's loss record (removed from the final folder)."""
-    return f".loss-{rank}.json"
+def result_name(rank: int) -> str:
+    """File name of a rank's losses and peak memory (gathered into run.yaml, removed from the final folder)."""
+    return f".rank-{rank}.json"
 
 
 def run_rank(rank: int, job: RankJob) -> None:
@@ -78,15 +81,18 @@ def run_rank(rank: int, job: RankJob) -> None:
                             timeout=timedelta(seconds=job.timeout_s),
                             device_id=device if job.device == "cuda" else None)
     try:
-        losses = _train_and_profile(rank, job, device)
-        if losses:
-            Path(job.staging, loss_name(rank)).write_text(json.dumps({"rank": rank, "losses": losses}))
+        losses, peak = _train_and_profile(rank, job, device)
+        Path(job.staging, result_name(rank)).write_text(
+            json.dumps({"rank": rank, "losses": losses, "peak_memory_bytes": peak}))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> list[float]:
+def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> tuple[list[float], int | None]:
+    """Train and profile; the mean loss per iteration (on the ranks that compute it, else empty) and, on a GPU,
+    the peak of memory allocated from the first iteration to the last (``torch.cuda.max_memory_allocated``:
+    parameters, gradients, optimizer state, activations and temporaries; not the caching allocator's spare)."""
     model, par = job.config.model, job.config.parallelism
     layout = Layout(tp=par.tp, pp=par.pp, dp=par.dp)
     chunks_per_stage = par.virtual_stages if par.schedule == "interleaved" else 1
@@ -101,8 +107,10 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> list[fl
                                    par.dp_overlap, groups.pp_rank, index if chunks_per_stage > 1 else None)
                    for index, chunk in enumerate(chunks)]
     schedule = stage_order(par.schedule, par.pp, par.micro_batches, groups.pp_rank, chunks_per_stage)
-    stage = PipelineStage(chunks, schedule, groups, (par.micro_batch, model.seq, model.hidden), dtype, device,
-                          buckets)
+    activation_shape = (par.micro_batch, model.seq, model.hidden)
+    if job.cuda_graphs:
+        graph_layers(chunks, activation_shape, dtype, device)
+    stage = PipelineStage(chunks, schedule, groups, activation_shape, dtype, device, buckets)
     optimizer = torch.optim.Adam([p for chunk in chunks for p in chunk.parameters()], lr=LEARNING_RATE)
     iterations = job.warmup + job.steps
     batches = [replica_micro_batches(global_batch(job.seed, step, par.global_batch, model.seq, model.vocab),
@@ -110,6 +118,8 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> list[fl
                for step in range(iterations)]
     cuda = device.type == "cuda"
     losses: list[list[torch.Tensor]] = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     with trace_profiler(Path(job.staging, trace_name(rank)), job.warmup, job.steps, cuda) as prof:
         for micro_batches in batches:
             mb_losses = stage.run(micro_batches)
@@ -122,6 +132,7 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> list[fl
                 torch.cuda.synchronize()
             prof.step()
             losses.append(mb_losses)
+    peak = torch.cuda.max_memory_allocated(device) if cuda else None
     if groups.tp.rank != 0 or not losses[0]:
-        return []
-    return [sum(float(loss) for loss in step) / len(step) for step in losses]
+        return [], peak
+    return [sum(float(loss) for loss in step) / len(step) for step in losses], peak
