@@ -109,7 +109,7 @@ def test_peak_of_training_steps_matches_the_model(shape: tuple[int, ...], recomp
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
     peak, _ = _live_bytes(prof, tmp_path)
-    assert peak_stage_memory(config).total_bytes == pytest.approx(peak, rel=0.10)
+    assert peak_stage_memory(config).total_bytes == pytest.approx(peak, rel=0.07)
 
 
 def _walked_peak(schedule: str, p: int, m: int, stage: int, v: int) -> int:
@@ -134,14 +134,19 @@ def test_micro_batches_in_flight_follow_the_schedule(schedule: str, p: int, m: i
 
 
 def test_mixed_precision_keeps_16_bytes_per_parameter_and_half_the_activations() -> None:
+    """Megatron's 16-bit runs keep fp32 master weights and moments (16 bytes a parameter); the reference model's
+    bf16 runs keep torch's Adam moments in bf16 (8 bytes); fp32 runs 16 bytes in both."""
     fp32 = _config(SHAPES[0], "none")
     fp16 = run_config_from_dict({**fp32.to_dict(), "precision": "fp16"})
     wide, half = peak_stage_memory(fp32), peak_stage_memory(fp16)
     params = wide.parameter_bytes // 4
-    assert half.parameter_bytes + half.gradient_bytes + half.optimizer_bytes == 16 * params
+    assert half.parameter_bytes + half.gradient_bytes + half.optimizer_bytes == 8 * params
     assert wide.parameter_bytes + wide.gradient_bytes + wide.optimizer_bytes == 16 * params
-    softmax = GptShape.from_config(fp16).tokens * fp16.model.vocab * 4  # the head's softmax stays fp32
-    assert half.activation_bytes - softmax == pytest.approx((wide.activation_bytes - softmax) / 2, rel=1e-6)
+    megatron = peak_stage_memory(run_config_from_dict({**fp16.to_dict(), "framework": "megatron"}))
+    assert megatron.parameter_bytes + megatron.gradient_bytes + megatron.optimizer_bytes == 16 * params
+    softmax = GptShape.from_config(fp16).tokens * fp16.model.vocab * 4  # the head's softmax stays fp32, and the
+    fp32 = 2 * softmax  # logits it is computed from are held beside it at the head's peak
+    assert half.activation_bytes - fp32 == pytest.approx((wide.activation_bytes - fp32) / 2, rel=1e-6)
 
 
 def test_pipeline_and_data_parallel_buffers() -> None:
@@ -154,7 +159,8 @@ def test_pipeline_and_data_parallel_buffers() -> None:
 
 def test_selective_recomputation_keeps_all_but_the_attention_scores() -> None:
     """Korthikanti et al.: selective recomputation drops the attention scores (a·s²·b/t) from what a layer keeps
-    and holds them once for the layer whose attention core is being re-run; full keeps the layer input only."""
+    and holds them again for the layer whose attention core is being re-run and backpropagated; full keeps the
+    layer input only."""
     config = _config((3, 64, 4, 32, 64, 2), "none")
     shape = GptShape.from_config(config)
     none, selective, full = (layer_activation_bytes(shape, mode) for mode in ("none", "selective", "full"))
@@ -166,7 +172,7 @@ def test_selective_recomputation_keeps_all_but_the_attention_scores() -> None:
               for mode in ("none", "selective", "full")}
     assert memory["full"] < memory["selective"] < memory["none"]
     layers = config.model.layers
-    assert memory["none"] - memory["selective"] == (layers - 1) * scores
+    assert (layers - 1) * scores <= memory["none"] - memory["selective"] <= layers * scores
 
 
 @pytest.mark.parametrize("t", [1, 2, 8])

@@ -1,8 +1,10 @@
 """Peak memory of one GPU of a pipeline stage: model states, stored activations and communication buffers.
 
-**Model states** per parameter (mixed precision as Megatron trains, no optimizer sharding): fp16/bf16 runs keep
-16-bit parameters and gradients (2 + 2 bytes), fp32 master weights (4) and Adam's two fp32 moments (4 + 4):
-16 bytes. fp32 runs keep fp32 parameters, gradients and moments (4 + 4 + 8): 16 bytes, no master copy.
+**Model states** per parameter (no optimizer sharding): Megatron's fp16/bf16 runs (mixed precision) keep 16-bit
+parameters and gradients (2 + 2 bytes), fp32 master weights (4) and Adam's two fp32 moments (4 + 4): 16 bytes.
+fp32 runs keep fp32 parameters, gradients and moments (4 + 4 + 8): 16 bytes, no master copy. The reference model
+that ``vtrain record`` trains in bf16 is bf16 throughout (torch's Adam keeps its moments in the parameters' dtype):
+2 + 2 + 4 = 8 bytes.
 
 **Activations** are Korthikanti et al.'s per-layer formula ("Reducing Activation Recomputation in Large
 Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and e-byte activations (S = sbh, one
@@ -29,6 +31,13 @@ for GPipe, ``min(p − stage, m)`` for 1F1B, Megatron's warm-up count + 1 model-
 **Communication buffers**: pipeline send and receive buffers of one [b, s, h] activation each way (4 when
 p > 1) and, with data parallelism, two gradient buckets of ``dp_bucket_mb`` (the one being reduced and the one
 being filled).
+
+**The peak moment.** What a stage keeps is not all it holds: the peak is the largest of three moments, each with
+every other pass in flight beside it: the head's forward (its cross-entropy holds the fp32 logits twice,
+:func:`head_transient_bytes`), a layer's backward start (the layer's full set, recomputed with full
+recomputation) and its softmax backward (:func:`attention_backward_bytes`: the probabilities with their gradient
+and the scores' gradient). Measured against torch's allocator (``tests/test_memory_model.py`` on CPU, exact to
+2 %; ``tests/test_gpu_recordings.py`` against ``torch.cuda.max_memory_allocated`` of GPU recordings).
 """
 
 from __future__ import annotations
@@ -45,8 +54,11 @@ from vtrain.runconfig import RunConfig
 GIB = 2**30
 FP32_BYTES = 4
 
-#: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments)
+#: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments), for
+#: Megatron's mixed precision
 STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 12), "bf16": (2, 2, 12)}
+#: the same for the reference model, whose 16-bit runs keep no fp32 copy (torch's Adam on 16-bit parameters)
+REFERENCE_STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 4), "bf16": (2, 2, 4)}
 
 
 @dataclass(frozen=True)
@@ -134,32 +146,64 @@ def in_flight_micro_batches(config: RunConfig, stage: int) -> int:
     return peak_passes_in_flight(par.schedule, par.pp, par.micro_batches, stage, par.virtual_stages)
 
 
+def head_transient_bytes(shape: GptShape) -> int:
+    """Bytes the head holds for a moment beyond what it keeps, at its peak in the forward: the reference model's
+    cross-entropy subtracts the maximum into a copy of the fp32 logits (the copy becomes the kept softmax), so it
+    holds the fp32 logits twice (measured: ``tests/test_memory_model.py``, ``tests/test_gpu_recordings.py``);
+    Megatron subtracts in place but casts its 16-bit logits to fp32 beside them (modelled)."""
+    logits = shape.tokens * shape.vocab_per_rank
+    return logits * (shape.element_bytes if shape.framework == "megatron" else FP32_BYTES)
+
+
+def attention_backward_bytes(shape: GptShape) -> int:
+    """Bytes a layer holds at its softmax's backward, its peak in the backward (its MLP and output projection are
+    done, their tensors freed): its input and the QKV input, q, k and v, the kept attention scores, and the
+    gradients of the probabilities and of the scores (torch's softmax backward writes a new tensor; Megatron's
+    fused softmax writes in place, but its dropout's backward writes one: two gradients in both)."""
+    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
+    e = shape.element_bytes
+    return (2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
+            + attention_score_bytes(shape) + 2 * e * scores)
+
+
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
-    """Peak memory of one GPU of the stage holding ``chunks``."""
+    """Peak memory of one GPU of the stage holding ``chunks``: model states, buffers and the activations of the
+    largest of three moments (the module docstring)."""
     par = config.parallelism
     params = stage_parameter_count(shape, chunks)
-    parameter, gradient, optimizer = STATE_BYTES[config.precision]
+    states = STATE_BYTES if config.framework == "megatron" else REFERENCE_STATE_BYTES
+    parameter, gradient, optimizer = states[config.precision]
+    in_flight = in_flight_micro_batches(config, chunks[0].stage)
+    buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
+        + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
+    return StageMemory(
+        stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,
+        optimizer_bytes=params * optimizer, activation_bytes=int(_peak_activation_bytes(config, shape, chunks)),
+        buffer_bytes=buffers, in_flight=in_flight,
+    )
+
+
+def _peak_activation_bytes(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> float:
+    """Activations at the stage's largest moment: the head's forward (every pass in flight, the heads kept and the
+    head's transient), a layer's backward start (its full set recomputed, with full recomputation) or its softmax
+    backward (:func:`attention_backward_bytes`), each beside the other passes in flight."""
+    par = config.parallelism
     layers = sum(chunk.layers for chunk in chunks)
-    per_pass = layers * layer_activation_bytes(shape, par.recompute) / len(chunks)
-    head = head_activation_bytes(shape) if any(chunk.has_head for chunk in chunks) else 0
+    kept_layer = layer_activation_bytes(shape, par.recompute)
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
     if par.schedule != "interleaved" or par.virtual_stages == 1:
         in_flight_chunks = in_flight * len(chunks)
     else:
         in_flight_chunks = in_flight
-    head_in_flight = in_flight if par.schedule == "gpipe" else 1  # else the head's backward follows at once
-    activations = per_pass * in_flight_chunks + head * head_in_flight
-    if layers and par.recompute == "full":
-        activations += layer_activation_bytes(shape, "none")  # the layer being recomputed
-    elif layers and par.recompute == "selective":
-        activations += attention_score_bytes(shape)  # the attention core being recomputed
-    buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
-        + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
-    return StageMemory(
-        stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,
-        optimizer_bytes=params * optimizer, activation_bytes=int(activations), buffer_bytes=buffers,
-        in_flight=in_flight,
-    )
+    kept = layers * kept_layer / len(chunks) * in_flight_chunks
+    has_head = any(chunk.has_head for chunk in chunks)
+    head = head_activation_bytes(shape) if has_head else 0
+    heads_kept = in_flight if par.schedule == "gpipe" else 1  # else the head's backward follows at once
+    moments = [kept + head * heads_kept + (head_transient_bytes(shape) if has_head else 0)]
+    if layers:
+        others = kept - kept_layer + head * (heads_kept - 1)  # the layer in its backward, beside the rest
+        moments += [others + layer_activation_bytes(shape, "none"), others + attention_backward_bytes(shape)]
+    return max(moments)
 
 
 def peak_stage_memory(config: RunConfig) -> StageMemory:

@@ -1,0 +1,100 @@
+"""Recordings made on a real GPU (``traces/gpu/h200-*``: an NVIDIA H200, torch 2.11.0+cu130, made by
+``validators/gpu/record_runs.py``; ``traces/gpu/README.md``): the memory model against the peak memory each
+recording measured, the ingest of a run whose layers are replayed from CUDA graphs against the raw trace, and the
+validation of an eager GPU recording.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from vtrain.model.memory import peak_stage_memory
+from vtrain.runconfig import load_run_config
+
+GPU = REPO / "traces" / "gpu"
+RECORDINGS = sorted(path for path in GPU.glob("h200-*") if path.is_dir())
+#: device activities as Kineto writes them: kernels, copies and memsets
+ACTIVITIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def _raw_events(folder: Path) -> list[dict]:
+    with gzip.open(folder / "rank-0.json.gz", "rt") as handle:
+        return json.load(handle)["traceEvents"]
+
+
+def _recording(name: str) -> Path:
+    return GPU / f"h200-{name}"
+
+
+def test_the_recordings_are_there() -> None:
+    assert {path.name for path in RECORDINGS} >= {"h200-mem-fp32-none", "h200-mem-fp32-full", "h200-mem-bf16-none",
+                                                   "h200-mem-bf16-full", "h200-mem-bf16-wide", "h200-small-eager",
+                                                   "h200-small-graphs"}
+
+
+@pytest.mark.parametrize("folder", [
+    pytest.param(path, id=path.name, marks=[pytest.mark.xfail(
+        strict=True, reason="fp32 with full recomputation peaks 1.3 GiB (about one attention-score tensor) above "
+        "the model on the GPU; on CPU, the allocator's peak of a scaled-down run (hidden, sequence and vocabulary / 8) "
+        "is within 2 % of it: not explained")]
+        if path.name == "h200-mem-fp32-full" else [])
+    for path in RECORDINGS])
+def test_memory_model_within_10_percent_of_the_measured_peak(folder: Path) -> None:
+    """``torch.cuda.max_memory_allocated`` over the recorded iterations against the memory model's peak stage."""
+    config = load_run_config(folder / "run.yaml")
+    (measured,) = config.recording["peak_memory_bytes"]
+    assert peak_stage_memory(config).total_bytes == pytest.approx(measured, rel=0.10)
+
+
+def _ingest(folder: Path, out: Path) -> dict:
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o", str(out),
+                             "--json"], capture_output=True, text=True, cwd=REPO, check=True)
+    return json.loads(result.stdout)
+
+
+def test_a_run_replayed_from_cuda_graphs_ingests_every_device_activity_once(tmp_path: Path) -> None:
+    """One ``cudaGraphLaunch`` releases a layer pass's kernels (four per iteration and micro-batch pair here):
+    every device activity of the raw trace is one kernel row, none multiplied by the launches."""
+    folder = _recording("small-graphs")
+    events = _raw_events(folder)
+    activities = sum(event.get("cat") in ACTIVITIES for event in events)
+    launches = sum(event.get("cat") == "cuda_runtime" and event["name"].startswith("cudaGraphLaunch")
+                   for event in events)
+    summary = _ingest(folder, tmp_path / "profile")
+    assert launches == 24  # 2 layers x forward and backward x 2 micro-batches x 3 profiled iterations
+    assert summary["tables"]["graph_launches"] == launches
+    assert summary["tables"]["kernels"] == activities
+    graphed = Counter(event["args"].get("correlation") for event in events if event.get("cat") in ACTIVITIES)
+    launch_ids = {event["args"]["correlation"] for event in events
+                  if event.get("cat") == "cuda_runtime" and event["name"].startswith("cudaGraphLaunch")}
+    assert all(graphed[launch] > 10 for launch in launch_ids)  # each launch released a whole layer pass
+
+
+def test_graphs_replay_the_eager_run() -> None:
+    """Same model, seed and data: the first iteration's loss is the eager run's to the last digit written, and
+    the later ones stay within bf16's rounding (the graphs' gradients are summed in another order)."""
+    eager = load_run_config(_recording("small-eager") / "run.yaml").recording
+    graphs = load_run_config(_recording("small-graphs") / "run.yaml").recording
+    assert graphs["cuda_graphs"] is True and "cuda_graphs" not in eager
+    assert graphs["loss"][0] == eager["loss"][0]
+    assert graphs["loss"] == pytest.approx(eager["loss"], abs=0.01)
+
+
+def test_validating_an_eager_gpu_recording(tmp_path: Path) -> None:
+    """The replay gives the measured H200 iteration back; the model, from the recording's own held-out
+    iterations, is within 10 % (6.1 % when the traces were added)."""
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording("small-eager")),
+                             "-o", str(out), "--json"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    assert abs(metrics["replay"]["error_pct"]) < 1.0
+    assert abs(metrics["model"]["error_pct"]) < 10.0
