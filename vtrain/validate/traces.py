@@ -180,6 +180,12 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
 
+    graphed = replayed.stats.graph_launches
+    if graphed and config is not None:
+        note(f"{trace_dir}: {graphed:,} CUDA graph launches released several kernels each; the model (vtrain "
+             f"simulate) places every operator launched on its own with the host gap measured before it, as an eager "
+             f"run, and the gaps measured here between the few operators outside the graphs hold the graphs' "
+             f"kernels: its prediction is not this run's")
     model, model_reason = None, None
     if config is None:
         model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
