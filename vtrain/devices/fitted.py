@@ -23,14 +23,15 @@ from typing import Any, Protocol
 
 from vtrain.collective_cost import STAND_INS, AlphaBeta, has_no_peers
 from vtrain.devices.model import DeviceModel
-from vtrain.model.ops import Op
+from vtrain.model.ops import HALF_DTYPES, Op, first_dtype
 
 
 class KernelLatency(Protocol):
     """A fitted model of operators' device time (:class:`vtrain.fit.operators.OperatorKernelModel`)."""
 
-    def op_latency(self, op: Op) -> tuple[float, str]:
-        """Device time of one operator and where it came from."""
+    def op_latency(self, op: Op, peak_flops: float | None = None) -> tuple[float, str]:
+        """Device time of one operator and where it came from (a GEMM's at ``peak_flops`` when its precision
+        is not the measured kernels')."""
         ...
 
     def summary(self) -> dict[str, Any]:
@@ -84,6 +85,9 @@ class FittedDevice(DeviceModel):
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
         if model is None:
             return super().op_latency(op)
+        dtype = first_dtype(op.input_types)
+        if model is self.gemm and dtype not in HALF_DTYPES:  # measured at half precision (the importers' dtype)
+            return model.op_latency(op, self.peak_for(dtype))
         return model.op_latency(op)
 
     def host_op_us(self) -> float:

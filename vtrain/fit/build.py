@@ -55,8 +55,9 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
     tables = {name: conform(frame, name) for name, frame in tables.items()}
     tables["op_benchmarks"] = conform(pl.concat(benchmarks, how="diagonal_relaxed"), "op_benchmarks") \
         if benchmarks else empty_table("op_benchmarks")
-    tables["nccl_latency"] = conform(pl.concat(nccl + [t.nccl_latency for t in traced], how="diagonal_relaxed"),
-                                     "nccl_latency")
+    collectives = nccl + [t.nccl_latency for t in traced]  # none: the collectives are modelled from the datasheet
+    tables["nccl_latency"] = conform(pl.concat(collectives, how="diagonal_relaxed"), "nccl_latency") \
+        if collectives else empty_table("nccl_latency")
     profile = Profile(tables=tables)
     device = fit_device(profile, device_name)
     fit_rows: dict[str, Any] | None = None

@@ -86,20 +86,24 @@ class KernelModel:
     sources: tuple[str, ...]
     _cache: dict[tuple[float, ...], tuple[float, str]] = field(default_factory=dict, repr=False)
 
-    def floor_us(self, shape: KernelShape) -> float:
-        """The roofline floor: the time at peak FLOP/s or peak bandwidth, whichever binds."""
-        return _floor_us(self.kind, shape, self.peak_flops, self.peak_bytes_per_s)
+    def floor_us(self, shape: KernelShape, peak_flops: float | None = None) -> float:
+        """The roofline floor: the time at peak FLOP/s (``peak_flops``, default the half-precision peak the
+        model was fitted at) or peak bandwidth, whichever binds."""
+        return _floor_us(self.kind, shape, peak_flops or self.peak_flops, self.peak_bytes_per_s)
 
-    def time_us(self, shape: KernelShape) -> tuple[float, str]:
-        """Predicted time of one call and whether its shape was inside the measured ones."""
+    def time_us(self, shape: KernelShape, peak_flops: float | None = None) -> tuple[float, str]:
+        """Predicted time of one call and whether its shape was inside the measured ones. ``peak_flops``: the
+        peak of the call's own precision when it is not the measured kernels' (an fp32 GEMM takes their
+        efficiency at the fp32 peak)."""
         features = tuple(_features(self.kind, shape))
-        cached = self._cache.get(features)
+        key = (*features, peak_flops or 0.0)
+        cached = self._cache.get(key)
         if cached is None:
             x = np.array(features)
             distances, index = self.nearest(x)
             inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and distances[0] <= NEAR
-            cached = self._cache[features] = (self.floor_us(shape) * math.exp(self._ratio(distances, index)),
-                                              INTERPOLATED if inside else EXTRAPOLATED)
+            cached = self._cache[key] = (self.floor_us(shape, peak_flops) * math.exp(self._ratio(distances, index)),
+                                         INTERPOLATED if inside else EXTRAPOLATED)
         return cached
 
     @property

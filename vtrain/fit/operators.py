@@ -22,11 +22,13 @@ class OperatorKernelModel:
         """Where the model's measured kernels came from."""
         return self.model.sources
 
-    def op_latency(self, op: Op) -> tuple[float, str]:
+    def op_latency(self, op: Op, peak_flops: float | None = None) -> tuple[float, str]:
         """Device time of one operator and where it came from: its shape inside the measured ones
-        (interpolated) or outside (extrapolated)."""
-        latency, where = self.model.time_us(kernel_shape(op))
-        return latency, f"fitted kernel model, {where}: {self.model.describe()}"
+        (interpolated) or outside (extrapolated). ``peak_flops``: the peak of the operator's precision when it
+        is not the measured kernels' half precision (the measured efficiency is taken at that peak)."""
+        latency, where = self.model.time_us(kernel_shape(op), peak_flops)
+        scaled = f", at the {peak_flops / 1e12:g} TFLOP/s peak of its precision" if peak_flops else ""
+        return latency, f"fitted kernel model, {where}: {self.model.describe()}{scaled}"
 
     def summary(self) -> dict[str, Any]:
         """The model's settings as plain data (for profile metadata and reports)."""

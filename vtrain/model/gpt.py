@@ -416,13 +416,15 @@ def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]
             ]
         return steps
     tl = [list(p) for p in params]
+    e = shape.element_bytes  # parameters, gradients and moments all in the parameters' dtype
     return [
-        make_op("aten::_foreach_lerp_", [tl, tl, []], ["TensorList", "TensorList", "Scalar"]),
-        make_op("aten::_foreach_mul_", [tl, []], ["TensorList", "Scalar"]),
-        make_op("aten::_foreach_addcmul_", [tl, tl, tl, []], ["TensorList", "TensorList", "TensorList", "Scalar"]),
-        make_op("aten::_foreach_sqrt", [tl], ["TensorList"]),
-        make_op("aten::_foreach_div_", [tl, []], ["TensorList", "ScalarList"]),
-        make_op("aten::_foreach_add_", [tl, []], ["TensorList", "Scalar"]),
+        make_op("aten::_foreach_lerp_", [tl, tl, []], ["TensorList", "TensorList", "Scalar"], list_element_bytes=e),
+        make_op("aten::_foreach_mul_", [tl, []], ["TensorList", "Scalar"], list_element_bytes=e),
+        make_op("aten::_foreach_addcmul_", [tl, tl, tl, []], ["TensorList", "TensorList", "TensorList", "Scalar"],
+                list_element_bytes=e),
+        make_op("aten::_foreach_sqrt", [tl], ["TensorList"], list_element_bytes=e),
+        make_op("aten::_foreach_div_", [tl, []], ["TensorList", "ScalarList"], list_element_bytes=e),
+        make_op("aten::_foreach_add_", [tl, []], ["TensorList", "Scalar"], list_element_bytes=e),
         make_op("aten::_foreach_addcdiv_", [tl, tl, tl, []],
-                ["TensorList", "TensorList", "TensorList", "ScalarList"]),
+                ["TensorList", "TensorList", "TensorList", "ScalarList"], list_element_bytes=e),
     ]

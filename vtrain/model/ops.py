@@ -19,6 +19,9 @@ DTYPE_BYTES = {
     "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1,
 }
 
+#: the 16-bit floating-point dtype strings: the precision of every kernel the importers read
+HALF_DTYPES = ("c10::Half", "c10::BFloat16")
+
 #: the trace's dtype string for each run precision
 PRECISION_DTYPE = {"fp32": "float", "fp16": "c10::Half", "bf16": "c10::BFloat16"}
 
@@ -78,19 +81,22 @@ Step = Op | Collective
 INDEX_BYTES = 8
 
 
-def make_op(name: str, dims: list[Any], types: list[str], *, indexed: int | None = None) -> Op:
+def make_op(name: str, dims: list[Any], types: list[str], *, indexed: int | None = None,
+            list_element_bytes: int = 4) -> Op:
     """Build an :class:`Op` from python dims/types lists (serialised exactly as the profiler's JSON text).
     ``indexed``: for a gather or scatter through an index, the elements it reads or writes (each read, written
-    and found through its index), which its signature does not tell."""
+    and found through its index), which its signature does not tell. ``list_element_bytes``: the element size of
+    its tensor lists, which their signature does not tell either."""
     if indexed is None:
-        flops, nbytes = op_cost(name, dims, types)
+        flops, nbytes = op_cost(name, dims, types, list_element_bytes)
         return Op(name, json.dumps(dims), json.dumps(types), flops, nbytes)
     element = DTYPE_BYTES.get(types[0], 4)
     return Op(name, json.dumps(dims), json.dumps(types), 0.0, float(indexed * (2 * element + INDEX_BYTES)), indexed)
 
 
-def op_cost(name: str, dims: list[Any], types: list[str]) -> tuple[float, float]:
-    """FLOPs and bytes moved by one call of operator ``name`` with these input dims and dtypes.
+def op_cost(name: str, dims: list[Any], types: list[str], list_element_bytes: int = 4) -> tuple[float, float]:
+    """FLOPs and bytes moved by one call of operator ``name`` with these input dims and dtypes (a tensor list's
+    elements of ``list_element_bytes`` each).
 
     GEMMs count 2·M·N·K FLOPs (per batch); every operator counts the bytes of its tensor inputs plus one
     output the size of its largest input (in-place copy/fill style operators do not re-read their target), but a
@@ -98,7 +104,7 @@ def op_cost(name: str, dims: list[Any], types: list[str]) -> tuple[float, float]
     """
     flops = _gemm_flops(name, dims)
     tensors = [(shape, dtype) for shape, dtype in zip(dims, types) if _is_tensor(shape, dtype)]
-    sizes = [_tensor_bytes(shape, dtype) for shape, dtype in tensors]
+    sizes = [_tensor_bytes(shape, dtype, list_element_bytes) for shape, dtype in tensors]
     if not sizes:
         return flops, 0.0
     reads = sum(sizes)
@@ -128,9 +134,9 @@ def _is_tensor(shape: Any, dtype: str) -> bool:
                                                              and dtype not in ("Scalar", "ScalarList", ""))
 
 
-def _tensor_bytes(shape: Any, dtype: str) -> int:
-    if dtype == "TensorList":  # a list of shapes; element size unknown in the signature: assume 4 bytes
-        return sum(4 * math.prod(s) for s in shape if isinstance(s, list))
+def _tensor_bytes(shape: Any, dtype: str, list_element_bytes: int) -> int:
+    if dtype == "TensorList":  # a list of shapes, its element size not in the signature
+        return sum(list_element_bytes * math.prod(s) for s in shape if isinstance(s, list))
     if not isinstance(shape, list):
         return 0
     return DTYPE_BYTES.get(dtype, 4) * math.prod(shape)

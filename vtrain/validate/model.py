@@ -104,8 +104,9 @@ def write_prediction(prediction: ModelPrediction, out_dir: Path) -> list[RankTra
 
 
 def load_given_profile(path: Path) -> Profile:
-    """``--profile``: a profile folder from `vtrain ingest`."""
+    """``--profile``: a profile folder from `vtrain ingest`, `vtrain fit` or `vtrain calibrate`: one with operator
+    latencies or kernel measurements (a fitted profile may hold only the latter, as `vtrain simulate` reads it)."""
     profile = load_profile(path)
-    if profile["op_latency"].is_empty():
-        raise InputError("the profile has no operator latencies", path)
+    if profile["op_latency"].is_empty() and profile["op_benchmarks"].is_empty():
+        raise InputError("the profile has no operator latencies and no kernel measurements", path)
     return profile
