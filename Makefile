@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean profile-a100 validate-a100
+.PHONY: venv demo test bench clean profile-a100 validate-a100 profile-h200
 
 venv: $(STAMP)
 
@@ -44,6 +44,10 @@ profile-a100: venv
 	cp profiles/a100.README.md profiles/a100/README.md
 
 # vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
+# H200: layer kernels timed on one H200 (validators/gpu/layer_kernels.py); no collective or host measurements
+profile-h200: venv
+	$(VENV)/bin/vtrain fit -o profiles/h200 --force --device H200 --vidur-compute profiles/h200-kernels
+
 validate-a100: venv
 	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \
 	  --profile profiles/a100 --recompute none -o reports/a100-ground-truth

@@ -1,7 +1,8 @@
 """Recordings made on a real GPU (``traces/gpu/h200-*``: an NVIDIA H200, torch 2.11.0+cu130, made by
 ``validators/gpu/record_runs.py``; ``traces/gpu/README.md``): the memory model against the peak memory each
-recording measured, the ingest of a run whose layers are replayed from CUDA graphs against the raw trace, and the
-validation of an eager GPU recording.
+recording measured, the ingest of a run whose layers are replayed from CUDA graphs against the raw trace, the
+validation of an eager GPU recording, and the H200 profile (``profiles/h200``, fitted to layer kernels timed on
+the same GPU, none of these runs) predicting training-sized runs.
 """
 
 from __future__ import annotations
@@ -37,16 +38,22 @@ def _recording(name: str) -> Path:
 def test_the_recordings_are_there() -> None:
     assert {path.name for path in RECORDINGS} >= {"h200-mem-fp32-none", "h200-mem-fp32-full", "h200-mem-bf16-none",
                                                    "h200-mem-bf16-full", "h200-mem-bf16-wide", "h200-small-eager",
-                                                   "h200-small-graphs"}
+                                                   "h200-small-graphs", "h200-val-gpt1.3b", "h200-val-gpt6.7b-4l",
+                                                   "h200-val-gpt13b-2l"}
+
+
+#: recordings whose measured peak the memory model misses by more than 10 %: both recompute every layer; the
+#: allocator's record of the first (``h200-peak-fp32-full.json``, ``validators/gpu/memory_peak.py``) puts 2.6 GiB
+#: beside the parameters' gradients inside the recomputed layer's backward, the model 2.3 GiB for the whole moment
+FULL_RECOMPUTE_MISSES = {"h200-mem-fp32-full": "-11.2 %", "h200-val-gpt13b-2l": "-10.9 %"}
 
 
 @pytest.mark.parametrize("folder", [
     pytest.param(path, id=path.name, marks=[pytest.mark.xfail(
-        strict=True, reason="fp32 with full recomputation peaks 1.3 GiB (about one attention-score tensor) above "
-        "the model on the GPU; on CPU, the allocator's peak of a scaled-down run (hidden, sequence and vocabulary / 8) "
-        "is within 2 % of it: not explained")]
-        if path.name == "h200-mem-fp32-full" else [])
-    for path in RECORDINGS])
+        strict=True, reason=f"full recomputation: the model is {FULL_RECOMPUTE_MISSES[path.name]} from the measured "
+        "peak; the recomputed layer's backward holds more than the model's moments (not yet explained)")]
+        if path.name in FULL_RECOMPUTE_MISSES else [])
+    for path in RECORDINGS if "peak_memory_bytes" in (path / "run.yaml").read_text()])
 def test_memory_model_within_10_percent_of_the_measured_peak(folder: Path) -> None:
     """``torch.cuda.max_memory_allocated`` over the recorded iterations against the memory model's peak stage."""
     config = load_run_config(folder / "run.yaml")
@@ -109,3 +116,14 @@ def test_validating_a_run_replayed_from_cuda_graphs_says_the_model_is_the_eager_
     assert abs(json.loads(result.stdout)["replay"]["error_pct"]) < 1.0
     warned = [line for line in result.stderr.splitlines() if "CUDA graph launches" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: ") and "not this run's" in warned[0]
+
+
+@pytest.mark.parametrize("name", ["val-gpt1.3b", "val-gpt6.7b-4l", "val-gpt13b-2l"])
+def test_the_h200_profile_predicts_training_sized_runs_within_10_percent(name: str, tmp_path: Path) -> None:
+    """``profiles/h200`` knows these runs only through layer kernels timed apart from them (and nothing of their
+    attention cores, optimizer or host): -6.1, -2.2 and +1.6 % when the recordings were added."""
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording(name)),
+                             "--profile", str(REPO / "profiles" / "h200"), "-o", str(tmp_path / "report"), "--json"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert abs(json.loads(result.stdout)["model"]["error_pct"]) < 10.0

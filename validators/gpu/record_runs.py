@@ -12,6 +12,7 @@ A run that fails is said on one line and the others go on; the last line says ho
 
 * ``mem-*``: the memory model against measured peaks (``tests/test_gpu_recordings.py``): fp32 and the recorder's
   bf16 (bf16 parameters, gradients and Adam moments), without and with full recomputation, two shapes.
+* ``val-*``: the predictor (``profiles/h200``) on training-sized layers of GPT-3 1.3B, 6.7B and 13B.
 * ``small-eager`` and ``small-graphs``: one small model recorded eagerly and with every layer replayed from CUDA
   graphs (``--cuda-graphs``): real traces whose kernels are launched one by one and by ``cudaGraphLaunch``, with
   the same losses if the graphs replay the same kernels.
@@ -45,6 +46,14 @@ RUNS = {
     #   --precision bf16 --steps 3 --warmup 2 [--cuda-graphs]
     "small-eager": (ModelConfig(2, 1024, 16, 1024, 32000), 2, 4, "none", "bf16", False, 3, 2),
     "small-graphs": (ModelConfig(2, 1024, 16, 1024, 32000), 2, 4, "none", "bf16", True, 3, 2),
+    # the predictor on training-sized layers, none of them timed by layer_kernels.py's tables as such:
+    # vtrain record --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 --micro-batch 4 --global-batch 8
+    "val-gpt1.3b": (ModelConfig(24, 2048, 16, 2048, 51200), 4, 8, "none", "bf16", False, 2, 1),
+    # vtrain record --layers 4 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 2 --global-batch 8
+    "val-gpt6.7b-4l": (ModelConfig(4, 4096, 32, 2048, 51200), 2, 8, "none", "bf16", False, 2, 1),
+    # vtrain record --layers 2 --hidden 5120 --heads 40 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 4
+    #   --recompute full
+    "val-gpt13b-2l": (ModelConfig(2, 5120, 40, 2048, 51200), 1, 4, "full", "bf16", False, 2, 1),
 }
 
 
