@@ -110,7 +110,7 @@ def _memory_warning(sim: Simulation) -> str | None:
     """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has."""
     if sim.fits_device is not False:
         return None
-    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / 2**30:,.1f} GiB per GPU (memory model: "
+    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / 2**30:,.2f} GiB per GPU (memory model: "
             f"parameters, gradients, optimizer state, activations), more than the "
             f"{sim.device.memory_bytes / 2**30:,.0f} GiB of {sim.device.name}: the run "
             f"would not fit (`vtrain plan --device-memory` finds plans that do)")
