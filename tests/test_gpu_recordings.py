@@ -127,3 +127,22 @@ def test_the_h200_profile_predicts_training_sized_runs_within_10_percent(name: s
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert abs(json.loads(result.stdout)["model"]["error_pct"]) < 10.0
+
+
+def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
+    """Made outside vtrain (``validators/gpu/compiled_trace.py``: Inductor's Triton kernels, cuDNN attention, the
+    compiled forward and backward replayed by "reduce-overhead" mode's CUDA graphs, no vtrain spans): every device
+    activity one row, the three profiled iterations found, and the replay gives the measured time back."""
+    folder = _recording("compiled-gpt")
+    events = _raw_events(folder)
+    launches = sum(event.get("cat") == "cuda_runtime" and event["name"].startswith("cudaGraphLaunch")
+                   for event in events)
+    assert launches == 6  # the compiled forward and backward, three iterations
+    assert any(event.get("cat") == "kernel" and event["name"].startswith("triton_") for event in events)
+    summary = _ingest(folder, tmp_path / "profile")
+    assert summary["tables"]["kernels"] == sum(event.get("cat") in ACTIVITIES for event in events)
+    assert summary["tables"]["graph_launches"] == launches and summary["ranks"]["0"]["iterations"] == 3
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder),
+                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert abs(json.loads(result.stdout)["replay"]["error_pct"]) < 1.0
