@@ -32,7 +32,8 @@ for GPipe, ``min(p − stage, m)`` for 1F1B, Megatron's warm-up count + 1 model-
 p > 1) and, with data parallelism, two gradient buckets of ``dp_bucket_mb`` (the one being reduced and the one
 being filled).
 
-**The peak moment.** What a stage keeps is not all it holds: the peak is the largest of three moments, each with
+**The peak moment.** What a stage keeps is not all it holds: the peak is the largest of four moments. The optimizer
+step holds its temporaries beside the model states (:func:`optimizer_step_bytes`); the other three hold each with
 every other pass in flight beside it: the head's forward (its cross-entropy holds the fp32 logits twice,
 :func:`head_transient_bytes`), a layer's backward start (the layer's full set, recomputed with full
 recomputation) and its softmax backward (:func:`attention_backward_bytes`: the probabilities with their gradient
@@ -69,20 +70,22 @@ class StageMemory:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int  # fp32 master weights (mixed precision) and Adam's two moments
-    activation_bytes: int  # stored activations of all micro-batches in flight (+ one recomputed layer)
+    activation_bytes: int  # activations at the passes' largest moment (the module docstring)
     buffer_bytes: int  # pipeline send/receive buffers and gradient buckets
     in_flight: int  # micro-batches (model-chunk passes, interleaved) whose activations are held at the peak
+    step_bytes: int = 0  # the optimizer step's temporaries, held when the activations are not
 
     @property
     def total_bytes(self) -> int:
-        return (self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
-                + self.buffer_bytes)
+        return (self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+                + max(self.activation_bytes, self.step_bytes) + self.buffer_bytes)
 
     def gib(self) -> dict[str, float]:
         """Each part and the total in GiB."""
         return {"parameters": self.parameter_bytes / GIB, "gradients": self.gradient_bytes / GIB,
                 "optimizer": self.optimizer_bytes / GIB, "activations": self.activation_bytes / GIB,
-                "buffers": self.buffer_bytes / GIB, "total": self.total_bytes / GIB}
+                "optimizer step": self.step_bytes / GIB, "buffers": self.buffer_bytes / GIB,
+                "total": self.total_bytes / GIB}
 
 
 def stage_parameters(shape: GptShape, chunks: list[Chunk]) -> list[tuple[int, ...]]:
@@ -179,8 +182,21 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
     return StageMemory(
         stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,
         optimizer_bytes=params * optimizer, activation_bytes=int(_peak_activation_bytes(config, shape, chunks)),
-        buffer_bytes=buffers, in_flight=in_flight,
+        buffer_bytes=buffers, in_flight=in_flight, step_bytes=optimizer_step_bytes(config, shape, chunks),
     )
+
+
+def optimizer_step_bytes(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> int:
+    """Temporaries of one Adam step: torch's Adam (the reference model) takes the square root of the second moments
+    into new tensors, all of them at once on GPUs (its multi-tensor path: the parameters' bytes again, measured on
+    an H200 as the peak of a run whose parameters outweigh its activations, ``traces/gpu/``), one parameter at a time
+    on CPUs (the largest parameter, twice: the root, then its quotient); Megatron's fused Adam updates in place."""
+    if config.framework == "megatron":
+        return 0
+    element = REFERENCE_STATE_BYTES[config.precision][0]
+    if shape.device_type == "cpu":
+        return 2 * element * max((math.prod(p) for p in stage_parameters(shape, chunks)), default=0)
+    return element * stage_parameter_count(shape, chunks)
 
 
 def _peak_activation_bytes(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> float:
