@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from vtrain.model.memory import peak_stage_memory
@@ -127,7 +129,11 @@ def test_the_h200_profile_predicts_training_sized_runs_within_10_percent(name: s
                              "--profile", str(REPO / "profiles" / "h200"), "-o", str(tmp_path / "report"), "--json"],
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert abs(json.loads(result.stdout)["model"]["error_pct"]) < 10.0
+    metrics = json.loads(result.stdout)
+    assert abs(metrics["model"]["error_pct"]) < 10.0
+    (memory,) = metrics["memory"]  # the recording's measured peak beside the memory model's, in the report too
+    assert memory["rank"] == 0 and abs(memory["error_pct"]) < 10.0
+    assert "## Peak memory" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
@@ -147,3 +153,21 @@ def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
                              "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert abs(json.loads(result.stdout)["replay"]["error_pct"]) < 1.0
+
+
+@pytest.mark.parametrize("peaks", ["lots", [1, 2], [-5], [True], [1.5e9]])
+def test_a_peak_memory_record_that_is_not_one_whole_number_per_rank_is_said_and_left_out(
+        peaks: object, tmp_path: Path) -> None:
+    """A run.yaml edited by hand or written by another tool: a warning line naming the file, no memory compared,
+    the validation otherwise whole."""
+    folder = tmp_path / "run"
+    shutil.copytree(_recording("small-eager"), folder)
+    described = yaml.safe_load((folder / "run.yaml").read_text())
+    described["recording"]["peak_memory_bytes"] = peaks
+    (folder / "run.yaml").write_text(yaml.safe_dump(described))
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o",
+                             str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["memory"] is None
+    said = [line for line in result.stderr.splitlines() if "peak_memory_bytes" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {folder / 'run.yaml'}: ")

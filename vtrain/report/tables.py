@@ -20,6 +20,14 @@ def share(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f} %"
 
 
+def peak_memory(rows: list[dict[str, Any]]) -> Table:
+    """Each traced rank's measured peak memory against the memory model's peak of its stage
+    (:func:`vtrain.validate.peak_memory.peak_memory_rows`)."""
+    header = ["rank", "stage", "measured GiB (max_memory_allocated)", "memory model GiB", "error"]
+    return header, [[str(r["rank"]), str(r["stage"]), f"{r['measured_gib']:,.3f}", f"{r['model_gib']:,.3f}",
+                     pct(r["error_pct"])] for r in rows]
+
+
 def headline(replay: Comparison, model: Comparison | None) -> Table:
     """Iteration time: measured, predicted and error for each prediction."""
     header = ["prediction", "measured ms", "predicted ms", "error"]

@@ -53,6 +53,8 @@ def document(v: Validation, *, with_figures: bool = False) -> doc.Document:
                                  level=3)]
     else:
         sections.append(doc.Section("Model", [doc.Text(f"No model-driven prediction: {v.model_reason}")]))
+    if v.memory:
+        sections.append(doc.Section("Peak memory", [doc.TableBlock(tables.peak_memory(v.memory))]))
     sections.append(doc.Section("HTA on the measured and the predicted traces", _hta_blocks(v)))
     if v.warnings:
         sections.append(doc.Section("Warnings", [doc.Bullets(list(v.warnings))]))

@@ -32,6 +32,8 @@ from vtrain.validate.predictions import (
     predict_model,
 )
 from vtrain.validate.hta import hta_summary
+from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
+from vtrain.validate.peak_memory import peak_memory_rows
 from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.rank_checks import rank_warnings
 from vtrain.validate.ranks import read_for_validation
@@ -65,12 +67,13 @@ class Validation:
     timelines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     iteration_table: pl.DataFrame | None = None  # measured and replayed time of every rank and iteration
+    memory: list[dict[str, Any]] = field(default_factory=list)  # measured peak memory against the model, by rank
 
     def summary(self) -> dict[str, Any]:
         """What ``--json`` prints."""
         return {"trace_dir": str(self.trace_dir), "replay": self.replay.summary(),
                 "model": self.model.summary() if self.model else None,
-                "model_reason": self.model_reason}
+                "model_reason": self.model_reason, "memory": self.memory or None}
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, for ``metrics.json``."""
@@ -80,6 +83,7 @@ class Validation:
             "steady_iterations": self.steady, "measured": self.measured, "replay": self.replay.to_dict(),
             "model": self.model.to_dict() if self.model else None, "model_reason": self.model_reason,
             "hta": self.hta, "warnings": self.warnings,
+            "memory": {"source": PEAK_SOURCE, "ranks": self.memory} if self.memory else None,
         }
 
 
@@ -101,6 +105,7 @@ class Prepared:
     model_reason: str | None
     warnings: list[str]
     text: TextAside  # holds the ranks' kept text until the replayed traces are written
+    memory: list[dict[str, Any]] = field(default_factory=list)  # :func:`peak_memory_rows`
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
@@ -197,10 +202,16 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
                                             note)
     if model_reason and model is None:
         note(f"model-driven prediction skipped: {model_reason}")
+    memory: list[dict[str, Any]] = []
+    if config is not None:
+        try:
+            memory = peak_memory_rows(config, [trace.rank for trace in traces])
+        except ValueError as exc:
+            note(f"{config_source}: {exc}: the memory model is not compared with it")
     release_freed_memory()  # the decoding, replay and annotation are done: what they freed goes back before comparing
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
-                    model_reason=model_reason, warnings=warnings, text=text)
+                    model_reason=model_reason, warnings=warnings, text=text, memory=memory)
 
 
 def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
@@ -234,6 +245,7 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
         device=device, config_source=prepared.config_source, iterations=prepared.all_iterations, steady=steady,
         measured=_measured_summary(measured_iterations, steady), replay=replay_result, model=model_result,
         model_reason=prepared.model_reason, hta=hta, timelines=timelines, warnings=prepared.warnings,
+        memory=prepared.memory,
         iteration_table=measured_iterations.join(
             iterations(frame, REPLAYED).select("rank", "iteration", replay_time_us="time_us"),
             on=["rank", "iteration"], how="left"))
