@@ -63,7 +63,8 @@ def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str, ship
     shared = SharedResolvers(profile, device_for_run(recorded, profile))
     variants = [recorded, recorded.with_overrides(micro_batch=1, global_batch=8),
                 recorded.with_overrides(recompute="full"), recorded.with_overrides(recompute="selective"),
-                recorded.with_overrides(dp_overlap=True)]
+                recorded.with_overrides(dp_overlap=True), replace(recorded, cuda_graphs=True),
+                replace(recorded.with_overrides(recompute="selective"), cuda_graphs=True)]
     for config in variants:
         config.validate()
         assert time_plan(config, shared).iteration_us == pytest.approx(simulate(config, profile).iteration_us,

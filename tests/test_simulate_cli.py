@@ -130,3 +130,14 @@ def test_a_reader_that_goes_away_stops_it_quietly() -> None:
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=300) == 141
     assert "Traceback" not in stderr and stderr == ""
+
+
+@pytest.mark.parametrize("value", ['"yes"', "1", "null"])
+def test_cuda_graphs_must_be_true_or_false(value: str, tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 128}\n"
+                      f"cuda_graphs: {value}\n")
+    result = vtrain_in_process("simulate", config)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(config) in lines[0] and "cuda_graphs must be true or false" in lines[0]

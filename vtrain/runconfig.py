@@ -9,11 +9,12 @@ A run config is a YAML (or JSON) mapping with these sections::
                   dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false}
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
+    cuda_graphs: false                      # each layer's forward and backward replayed from CUDA graphs
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
                   intra_node_gbps: null, inter_node_gbps: null}   # GB/s and Gbit/s, as in vTrain
     software:    {torch: 2.13.0, cuda: null, nccl: null, python: 3.11.7}
     recording:   {steps: 4, warmup: 2, seed: 1234}                 # only in recorded runs; on GPUs also
-                 # peak_memory_bytes (by rank, torch.cuda.max_memory_allocated) and cuda_graphs: true
+                 # peak_memory_bytes (by rank, torch.cuda.max_memory_allocated)
 
 vTrain's own config JSON (``num_gpus, tensor_parallel_size, ...``) is accepted as is by :func:`load_run_config`.
 """
@@ -104,6 +105,7 @@ class RunConfig:
     precision: str = "fp32"
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     framework: str = "reference"
+    cuda_graphs: bool = False  # layers replayed from CUDA graphs: one launch a layer pass, no host time between ops
     software: dict[str, Any] = field(default_factory=dict)
     recording: dict[str, Any] = field(default_factory=dict)
 
@@ -163,6 +165,8 @@ class RunConfig:
                   for problem in _section_problems(section)]
         if not isinstance(self.precision, str):
             errors.append(f"precision must be a string (got {shown(self.precision)})")
+        if not isinstance(self.cuda_graphs, bool):
+            errors.append(f"cuda_graphs must be true or false (got {shown(self.cuda_graphs)})")
         for name in ("software", "recording"):
             if not isinstance(getattr(self, name), dict):
                 errors.append(f"{name} must be a mapping (got {shown(getattr(self, name))})")
@@ -239,6 +243,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
         framework=data.get("framework", "reference"),
+        cuda_graphs=data.get("cuda_graphs", False),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
     )

@@ -59,11 +59,11 @@ RUNS = {
 
 def _record_one(name: str, out: Path) -> None:
     model, micro_batch, global_batch, recompute, precision, graphs, steps, warmup = RUNS[name]
-    config = RunConfig(model=model, precision=precision,
+    config = RunConfig(model=model, precision=precision, cuda_graphs=graphs,
                        parallelism=ParallelConfig(micro_batch=micro_batch, global_batch=global_batch,
                                                   recompute=recompute))
     started = time.perf_counter()
-    result = record(config, out / name, steps=steps, warmup=warmup, device="cuda", cuda_graphs=graphs, force=True)
+    result = record(config, out / name, steps=steps, warmup=warmup, device="cuda", force=True)
     peak = result.config.recording.get("peak_memory_bytes")
     print(f"{name}: {time.perf_counter() - started:.1f} s, loss {result.losses}, peak {peak}", flush=True)
 

@@ -53,6 +53,7 @@ def record_command(
                                    schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                                    dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),
         precision=precision,
+        cuda_graphs=cuda_graphs,
     )
     from vtrain.record.launcher import RankFailure, record, resolve_device  # torch: only when recording
 
@@ -60,7 +61,7 @@ def record_command(
         _check_fits_in_memory(config)
     try:
         result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force,
-                        threads=threads, cuda_graphs=cuda_graphs)
+                        threads=threads)
     except RankFailure as exc:
         print(f"error: {output}: {exc}", file=sys.stderr)
         raise typer.Exit(EXIT_RANK_FAILED) from None

@@ -56,6 +56,8 @@ def parser() -> OneLineParser:
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
     overrides.add_argument("--gpus", type=int, metavar="N", help="Override the number of devices.")
     overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...).")
+    overrides.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                           help="Override whether each layer's passes are replayed from CUDA graphs.")
     return parsed
 
 
@@ -71,15 +73,18 @@ def main(argv: Sequence[str]) -> int:
 
 def simulate_command(config: Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
                      force: bool = False, gpus: int | None = None, device: str | None = None,
-                     **overrides: object) -> None:
+                     cuda_graphs: bool | None = None, **overrides: object) -> None:
     """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism, ``gpus`` and
-    ``device`` of its hardware) and print the summary; with ``output``, write the predicted traces there."""
+    ``device`` of its hardware, ``cuda_graphs``) and print the summary; with ``output``, write the predicted traces
+    there."""
     from vtrain.outputs import check_output
     from vtrain.runconfig import load_run_config
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile
 
     run = load_run_config(config).with_overrides(**overrides)
+    if cuda_graphs is not None:
+        run = replace(run, cuda_graphs=cuda_graphs)
     if gpus is not None or device is not None:
         hardware = run.hardware
         run = replace(run, hardware=replace(hardware,
@@ -129,7 +134,8 @@ def format_summary(sim: Simulation) -> str:
         f"{par.micro_batch}, {par.schedule}"
         + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")
         + f", recompute {par.recompute}, dp overlap {'on' if par.dp_overlap else 'off'}"
-        + (", sequence parallel" if par.sequence_parallel else ""),
+        + (", sequence parallel" if par.sequence_parallel else "")
+        + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else ""),
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
         "breakdown (mean per GPU)",

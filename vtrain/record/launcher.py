@@ -60,7 +60,7 @@ def resolve_device(requested: str) -> str:
 
 
 def describe_run(config: RunConfig, device: str, steps: int, warmup: int, seed: int,
-                 gpus_per_node: int | None = None, threads: int | None = None, cuda_graphs: bool = False) -> RunConfig:
+                 gpus_per_node: int | None = None, threads: int | None = None) -> RunConfig:
     """``config`` with hardware, software and recording filled in for this machine."""
     world = config.parallelism.world_size
     cuda = device == "cuda"
@@ -81,8 +81,6 @@ def describe_run(config: RunConfig, device: str, steps: int, warmup: int, seed: 
     recording = {"steps": steps, "warmup": warmup, "seed": seed, "optimizer": "adam", "lr": LEARNING_RATE}
     if threads is not None:
         recording["threads"] = threads  # intra-op threads per rank (torch.set_num_threads)
-    if cuda_graphs:
-        recording["cuda_graphs"] = True  # every layer replayed from CUDA graphs (vtrain.record.cuda_graphs)
     return replace(config, hardware=hardware, software=software, recording=recording)
 
 
@@ -114,27 +112,27 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
 
 def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 1234,
            device: str = "auto", force: bool = False, timeout_s: float = 600.0,
-           threads: int | None = None, cuda_graphs: bool = False) -> Recording | None:
+           threads: int | None = None) -> Recording | None:
     """Record ``config`` into the folder ``out``: one ``rank-N.json.gz`` per rank plus ``run.yaml``.
 
     Starts one process per rank, or, when this process was started by torchrun, runs as its rank (then only
     rank 0 publishes the folder and gets a :class:`Recording`; other ranks get ``None``). ``threads`` is the
-    number of intra-op threads per rank (default: the machine's cores shared evenly among its ranks);
-    ``cuda_graphs`` replays every layer from CUDA graphs (:mod:`vtrain.record.cuda_graphs`).
+    number of intra-op threads per rank (default: the machine's cores shared evenly among its ranks). A config
+    with ``cuda_graphs`` replays every layer from CUDA graphs (:mod:`vtrain.record.cuda_graphs`).
     """
     started = time.perf_counter()
     device = resolve_device(device)
     world = config.parallelism.world_size
     config = replace(config, hardware=replace(config.hardware, device_count=world))
     check_recordable(config, steps, warmup, device)
-    if cuda_graphs:
+    if config.cuda_graphs:
         check_graphable(config, device)
     out = check_output(out, force=force)
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be >= 1 (got {threads})")
     threads = threads or max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
     if _under_torchrun():
-        if cuda_graphs:
+        if config.cuda_graphs:
             raise InputError("--cuda-graphs records one GPU; torchrun is for several")
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
 
@@ -142,9 +140,9 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
         with tempfile.TemporaryDirectory(prefix="vtrain-rendezvous-") as rendezvous:
             job = RankJob(config=config, staging=str(staging), init_method=f"file://{rendezvous}/store",
                           device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
-                          timeout_s=timeout_s, log_dir=rendezvous, cuda_graphs=cuda_graphs)
+                          timeout_s=timeout_s, log_dir=rendezvous)
             _spawn(job, world)
-        described = describe_run(config, device, steps, warmup, seed, threads=threads, cuda_graphs=cuda_graphs)
+        described = describe_run(config, device, steps, warmup, seed, threads=threads)
         recorded, losses = _finish(staging, described, world)
     return Recording(path=out, config=recorded, losses=losses, seconds=time.perf_counter() - started)
 

@@ -47,7 +47,6 @@ class RankJob:
     threads: int  # intra-op threads per rank
     timeout_s: float = 600.0
     log_dir: str | None = None  # when set, the rank's stderr (profiler chatter, warnings) goes to rank-N.log
-    cuda_graphs: bool = False  # replay each layer from CUDA graphs (vtrain.record.cuda_graphs)
 
     @property
     def backend(self) -> str:
@@ -108,7 +107,7 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> tuple[l
                    for index, chunk in enumerate(chunks)]
     schedule = stage_order(par.schedule, par.pp, par.micro_batches, groups.pp_rank, chunks_per_stage)
     activation_shape = (par.micro_batch, model.seq, model.hidden)
-    if job.cuda_graphs:
+    if job.config.cuda_graphs:
         graph_layers(chunks, activation_shape, dtype, device)
     stage = PipelineStage(chunks, schedule, groups, activation_shape, dtype, device, buckets)
     optimizer = torch.optim.Adam([p for chunk in chunks for p in chunk.parameters()], lr=LEARNING_RATE)

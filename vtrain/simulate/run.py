@@ -85,6 +85,7 @@ class Simulation:
                             "schedule": par.schedule, "virtual_stages": par.virtual_stages,
                             "recompute": par.recompute, "dp_overlap": par.dp_overlap,
                             "sequence_parallel": par.sequence_parallel},
+            "cuda_graphs": self.config.cuda_graphs,
             "device": {"name": self.device.name, "provenance": self.device.provenance},
             "profile": self.profile_path,
             "stages": [

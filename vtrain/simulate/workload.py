@@ -4,7 +4,9 @@
 Each operator is preceded by the host gap measured before operators of its phase (:class:`HostGapResolver`):
 a block's time is its operators' latencies (``compute_us``) plus their gaps (``host_us``). Collectives get no
 gap of their own; the time to issue one and to resume after it is in the gap before the next operator, where it
-was measured. When the profile is the run's own recording (as many ranks, its stages named by its spans), each
+was measured. A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`): the
+gap (or the fitted host time) before a graphed block's first operator stands for the graph's launch, and its other
+operators follow one another with none. When the profile is the run's own recording (as many ranks, its stages named by its spans), each
 pipeline stage gets its own measured gaps and interference factors: stages of one run share the machine
 differently (which pass runs while another stage waits).
 """
@@ -52,6 +54,11 @@ class ResolvedStep:
     @property
     def gap_us(self) -> float:
         return self.gap.latency_us if self.gap is not None else 0.0
+
+
+#: the blocks a run with ``cuda_graphs`` replays from CUDA graphs: each transformer layer's passes (its forward,
+#: backward and recomputation, and the attention core selective recomputation re-runs)
+GRAPHED_BLOCKS = ("layer", "attention")
 
 
 @lru_cache(maxsize=256)
@@ -112,11 +119,12 @@ class WorkloadResolver:
         """The key of ``what`` in the resolved work shared with other runs."""
         return (*what, self._depends, self._per_stage)
 
-    def resolve_step(self, step: Step, phase: str, stage: int | None = None) -> ResolvedStep:
-        """Resolve one op (profile or device model, and the gap before it in ``phase`` on ``stage``) or
-        collective (NCCL table or α-β)."""
+    def resolve_step(self, step: Step, phase: str, stage: int | None = None, with_gap: bool = True) -> ResolvedStep:
+        """Resolve one op (profile or device model, and, ``with_gap``, the gap before it in ``phase`` on
+        ``stage``: not for the ops of a CUDA graph after its first) or collective (NCCL table or α-β)."""
         if isinstance(step, Op):
-            resolution, gap = self.ops.resolve(step, phase, stage), self.gaps.resolve(phase, stage)
+            resolution = self.ops.resolve(step, phase, stage)
+            gap = self.gaps.resolve(phase, stage) if with_gap else None
             if gap is not None:  # said on the op, so that the predicted trace's operators say it
                 resolution = replace(resolution, detail=f"{resolution.detail}; with a {gap.source} host gap of "
                                                         f"{gap.latency_us:.1f} us before it ({phase})")
@@ -130,35 +138,37 @@ class WorkloadResolver:
 
     def _block(self, kind: str, phase: str, layer: int | None, stage: int, accumulate: bool = False) -> BlockWork:
         where = stage if self._per_stage else None
-        key = self._key("block", kind, phase, accumulate, where)
+        graphed = self.config.cuda_graphs and kind in GRAPHED_BLOCKS
+        key = self._key("block", kind, phase, accumulate, where, graphed)
         if key not in self._resolved:
-            resolved = tuple(self.resolve_step(s, phase, where) for s in block_steps(self.shape, kind, phase,
-                                                                                    accumulate))
+            steps = block_steps(self.shape, kind, phase, accumulate)
+            launch = next((i for i, step in enumerate(steps) if isinstance(step, Op)), None)  # a graph's first op
+            resolved = tuple(self.resolve_step(step, phase, where, with_gap=not graphed or i == launch)
+                             for i, step in enumerate(steps))
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
-            host = max(0.0, self._issued_us(resolved) - tp - compute)
+            host = max(0.0, self._issued_us(resolved, graphed) - tp - compute)
             self._resolved[key] = (resolved, compute, tp, host)
         resolved, compute, tp, host = self._resolved[key]  # type: ignore[misc]
         return BlockWork(kind, phase, layer, resolved, compute, tp, host)
 
-    def _issued_us(self, resolved: tuple[ResolvedStep, ...]) -> float:
+    def _issued_us(self, resolved: tuple[ResolvedStep, ...], graphed: bool = False) -> float:
         """Time of a block's steps on one stream when the host issues them one after another.
 
         With gaps measured in the profile's timeline, each op runs after its measured gap (the host's time between
         ops as the run spent it, so the device model's host time is not added to it). Otherwise step i starts once
         the host has issued it and step i-1 has finished: with no host time per step (the datasheet and CPU
         models) this is the plain sum of the latencies; with a fitted host overhead, short steps cost their host
-        time and long ones their device time."""
+        time and long ones their device time. A ``graphed`` block is issued by one launch: the host's time once."""
         if any(r.gap is not None for r in resolved):
             return sum(r.latency_us + r.gap_us for r in resolved)
         device = self.ops.device
         host_op = device.host_op_us()
         issued = finished = 0.0
-        for r in resolved:
-            if isinstance(r.step, Collective):
-                issued += device.host_collective_us(self._group(r.step.purpose)[0])
-            else:
-                issued += host_op
+        for index, r in enumerate(resolved):
+            if not (graphed and index):  # a graphed block's other steps are released by its one launch
+                issued += (device.host_collective_us(self._group(r.step.purpose)[0])
+                           if isinstance(r.step, Collective) else host_op)
             finished = max(issued, finished) + r.latency_us
         return finished
 

@@ -7,7 +7,9 @@ between kernels on a stream. :func:`op_gaps` measures it as the idle time before
 * CPU ranks: every call of an operator with a placed signature, on any thread of the rank, nested in another
   operator or not (the model places nested ones too, e.g. the bias copy inside ``aten::addmm``, and a gap is
   per placed call); collectives and what they hold are left out. GPU ranks: the device activities launched by
-  a placed operator. Everything else (other operators, idle) between two placed calls is gap.
+  a placed operator, and those a CUDA graph launch released (a graph's kernels carry its launch's correlation,
+  and no operator of their own: they are work, not gap, and the gap before a graph is its launch's). Everything
+  else (other operators, idle) between two placed calls is gap.
 * The gap before an operator runs from the end of everything placed before it in the iteration to its start,
   minus the time spent in collectives that end within it: waiting for a collective (and for the other ranks in
   it) is the collective's time, which the simulator accounts for separately. On CPU ranks a collective starts
@@ -131,10 +133,11 @@ def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set
 
 def _gpu_events(kernels: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray],
                 placed: set[Signature]) -> pl.DataFrame:
-    work = kernels.filter((pl.col("kernel_class") != COMMUNICATION) & pl.col("cpu_op").is_not_null()
-                          & pl.col("iteration").is_not_null())
-    work = work.filter(pl.Series(_placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed),
-                                 dtype=pl.Boolean))
+    graphed = pl.len().over("rank", "correlation") > 1  # the activities one CUDA graph launch released
+    work = kernels.with_columns(graphed=graphed.fill_null(False)).filter(
+        (pl.col("kernel_class") != COMMUNICATION) & pl.col("cpu_op").is_not_null() & pl.col("iteration").is_not_null())
+    placed_mask = _placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed)
+    work = work.filter(pl.Series(placed_mask, dtype=pl.Boolean) | pl.col("graphed")).drop("graphed")
     launches = (cpu_ops.filter(pl.col("external_id").is_not_null()).unique(["rank", "external_id"], keep="first")
                 .select("rank", "external_id", launch_ts=pl.col("ts")))
     work = work.join(launches, on=["rank", "external_id"], how="left").with_columns(

@@ -186,11 +186,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
 
     graphed = replayed.stats.graph_launches
-    if graphed and config is not None:
-        note(f"{trace_dir}: {graphed:,} CUDA graph launches released several kernels each; the model (vtrain "
-             f"simulate) places every operator launched on its own with the host gap measured before it, as an eager "
-             f"run, and the gaps measured here between the few operators outside the graphs hold the graphs' "
-             f"kernels: its prediction is not this run's")
+    warning = _graph_warning(trace_dir, graphed, config, profile_dir) if graphed and config is not None else None
+    if warning:
+        note(warning)
     model, model_reason = None, None
     if config is None:
         model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
@@ -212,6 +210,21 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
                     model_reason=model_reason, warnings=warnings, text=text, memory=memory)
+
+
+def _graph_warning(trace_dir: Path, launches: int, config: RunConfig,
+                   profile_dir: str | Path | None) -> str | None:
+    """What the model side cannot follow in traces whose CUDA graph launches released several kernels each
+    (nothing when the run config says so and another profile times the graphs' operators)."""
+    said = f"{trace_dir}: {launches:,} CUDA graph launches released several kernels each"
+    if not config.cuda_graphs:
+        return (f"{said}, but the run config does not say cuda_graphs: true: the model places every operator launched "
+                f"on its own with the host gap before it, as an eager run: its prediction is not this run's")
+    if profile_dir is None:
+        return (f"{said}: a graph's kernels belong to its launch, not to the operators it captured, so these traces "
+                f"time none of those operators: the model interpolates or models them (--profile with an eager "
+                f"recording's profile times them as measured)")
+    return None
 
 
 def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = True) -> Validation:
