@@ -133,7 +133,8 @@ def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set
 
 def _gpu_events(kernels: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray],
                 placed: set[Signature]) -> pl.DataFrame:
-    graphed = pl.len().over("rank", "correlation") > 1  # the activities one CUDA graph launch released
+    # the activities one CUDA graph launch released (a trace without correlation ids tells none)
+    graphed = pl.col("correlation").is_not_null() & (pl.len().over("rank", "correlation") > 1)
     work = kernels.with_columns(graphed=graphed.fill_null(False)).filter(
         (pl.col("kernel_class") != COMMUNICATION) & pl.col("cpu_op").is_not_null() & pl.col("iteration").is_not_null())
     placed_mask = _placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed)
