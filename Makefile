@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean profile-a100 validate-a100 profile-h200
+.PHONY: venv demo test bench clean profile-a100 validate-a100 profile-h200 profile-h100
 
 venv: $(STAMP)
 
@@ -47,6 +47,10 @@ profile-a100: venv
 # H200: layer kernels timed on one H200 (validators/gpu/layer_kernels.py); no collective or host measurements
 profile-h200: venv
 	$(VENV)/bin/vtrain fit -o profiles/h200 --force --device H200 --vidur-compute profiles/h200-kernels
+
+# H100 (80GB HBM3): the same sweep on one H100
+profile-h100: venv
+	$(VENV)/bin/vtrain fit -o profiles/h100 --force --device H100 --vidur-compute profiles/h100-kernels
 
 validate-a100: venv
 	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \
