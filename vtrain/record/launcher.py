@@ -169,6 +169,8 @@ def _finish(staging: Path, config: RunConfig, world: int) -> tuple[RunConfig, li
     results = []
     for rank in range(world):
         path = staging / result_name(rank)
+        if not path.exists():
+            raise RankFailure(f"rank {rank} wrote no losses and peak memory ({path.name})")
         results.append(json.loads(path.read_text()))
         path.unlink()
     per_rank = [result["losses"] for result in results if result["losses"]]
