@@ -141,3 +141,12 @@ def test_cuda_graphs_must_be_true_or_false(value: str, tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(config) in lines[0] and "cuda_graphs must be true or false" in lines[0]
+
+
+def test_cuda_graphs_need_a_gpu(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 128}\n"
+                      "hardware: {device: cpu}\ncuda_graphs: true\n")
+    result = vtrain_in_process("simulate", config)
+    assert result.returncode == 2 and "cuda_graphs needs a GPU" in result.stderr
+    assert vtrain_in_process("simulate", config, "--no-cuda-graphs").returncode == 0

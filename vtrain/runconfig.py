@@ -149,6 +149,8 @@ class RunConfig:
                           f"({p.dp}*{p.micro_batch})")
         if p.virtual_stages > 1 and p.schedule != "interleaved":
             errors.append(f"virtual_stages={p.virtual_stages} needs schedule interleaved (got {p.schedule})")
+        if self.cuda_graphs and h.device.lower() == "cpu":
+            errors.append("cuda_graphs needs a GPU: CUDA graphs replay device work (the device is cpu)")
         if p.sequence_parallel and self.framework != "megatron":
             errors.append("sequence_parallel is Megatron's: it needs framework megatron (got "
                           f"{shown(self.framework)})")

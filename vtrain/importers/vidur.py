@@ -34,8 +34,8 @@ h = n_embd, d = h / n_head, F = n_expanded_embd; ``elements`` counts the output)
 
 GEMM ``flops`` = 2 m k n, ``bytes`` = 2 (mk + kn + mn). Other ``time_stats`` groups become ``other`` rows without
 shape. vidur runs the layer in fp16 (``dtype`` ``c10::Half``) on the GPU its profiling folder names
-(:func:`device_of_path`: ``a100``, its A100-80GB DGX nodes; ``h100``; ``h200``; ``a40``), which the kernel model's roofline
-depends on; a file whose path names none has no ``device`` (then the fitted profile's own);
+(:func:`device_of_path`: ``a100``, its A100-80GB DGX nodes; ``h100``; ``h200``; ``a40``), which the kernel model's
+roofline depends on; a file whose path names none has no ``device`` (then the fitted profile's own);
 the sample count is not in the file (``count`` null); ``median_us`` is the median, ``p10_us``/``p90_us`` the min
 and max.
 """

@@ -6,9 +6,9 @@ a block's time is its operators' latencies (``compute_us``) plus their gaps (``h
 gap of their own; the time to issue one and to resume after it is in the gap before the next operator, where it
 was measured. A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`): the
 gap (or the fitted host time) before a graphed block's first operator stands for the graph's launch, and its other
-operators follow one another with none. When the profile is the run's own recording (as many ranks, its stages named by its spans), each
-pipeline stage gets its own measured gaps and interference factors: stages of one run share the machine
-differently (which pass runs while another stage waits).
+operators follow one another with none. When the profile is the run's own recording (as many ranks, its stages
+named by its spans), each pipeline stage gets its own measured gaps and interference factors: stages of one run
+share the machine differently (which pass runs while another stage waits).
 """
 
 from __future__ import annotations
