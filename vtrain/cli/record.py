@@ -55,9 +55,12 @@ def record_command(
         precision=precision,
         cuda_graphs=cuda_graphs,
     )
-    from vtrain.record.launcher import RankFailure, record, resolve_device  # torch: only when recording
+    from vtrain.record.cuda_graphs import check_graphable  # torch: only when recording
+    from vtrain.record.launcher import RankFailure, record, resolve_device
 
     if resolve_device(device) == "cpu":
+        if config.cuda_graphs:
+            check_graphable(config, "cpu")  # says that graphs need a CUDA device
         _check_fits_in_memory(config)
     try:
         result = record(config, output, steps=steps, warmup=warmup, seed=seed, device=device, force=force,

@@ -123,7 +123,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
     started = time.perf_counter()
     device = resolve_device(device)
     world = config.parallelism.world_size
-    config = replace(config, hardware=replace(config.hardware, device_count=world))
+    config = replace(config, hardware=replace(config.hardware, device_count=world, device=device))  # cpu | cuda
     check_recordable(config, steps, warmup, device)
     if config.cuda_graphs:
         check_graphable(config, device)
