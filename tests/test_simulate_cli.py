@@ -150,3 +150,13 @@ def test_cuda_graphs_need_a_gpu(tmp_path: Path) -> None:
     result = vtrain_in_process("simulate", config)
     assert result.returncode == 2 and "cuda_graphs needs a GPU" in result.stderr
     assert vtrain_in_process("simulate", config, "--no-cuda-graphs").returncode == 0
+
+
+def test_a_profile_fitted_for_another_gpu_is_said_unused() -> None:
+    """profiles/h100 holds an H100's kernels: for MT-NLG's A100 config it is not used, and that is said (it was
+    silent: the prediction was the A100 datasheet's); with --device H100 it is used and nothing is said."""
+    other = vtrain_in_process("simulate", MTNLG, "--profile", REPO / "profiles" / "h100")
+    said = [line for line in other.stderr.splitlines() if "was fitted for H100" in line]
+    assert other.returncode == 0 and len(said) == 1 and "--device H100" in said[0]
+    same = vtrain_in_process("simulate", MTNLG, "--profile", REPO / "profiles" / "h100", "--device", "H100")
+    assert same.returncode == 0 and "was fitted for" not in same.stderr

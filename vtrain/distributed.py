@@ -9,10 +9,11 @@ import functools
 import multiprocessing
 import os
 import signal
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from vtrain.errors import InputError
+from vtrain.errors import InputError, InputWarning
 
 
 def usable_cores() -> int:
@@ -44,18 +45,25 @@ def map_in_order(function: Callable[[Job], Result], jobs: list[Job], workers: in
         yield from map(function, jobs)
         return
     context = multiprocessing.get_context("spawn")  # forking a process that runs polars' threads can deadlock
-    with _one_thread_each(), context.Pool(min(workers, len(jobs)), initializer=_ignore_interrupts) as pool:
+    with _one_thread_each(), context.Pool(min(workers, len(jobs)), initializer=_start_worker) as pool:
         yield from pool.imap(function, jobs)
 
 
-def _ignore_interrupts() -> None:
+def _start_worker() -> None:
     """In a worker: Ctrl-C reaches every process of the terminal's group; the calling process alone handles it.
     polars is imported first: polars 2 installs its own Ctrl-C handling when imported, and a query in a worker
     that imported it after SIGINT was ignored still stops with KeyboardInterrupt (the pool then waits forever for
-    that job)."""
+    that job); :func:`quiet_input_warnings`."""
     import polars  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    quiet_input_warnings()
+
+
+def quiet_input_warnings() -> None:
+    """In a worker process: warnings about the user's input are the calling process's to say, once; a worker
+    repeating them (in Python's own format, not the command's one line) says nothing new."""
+    warnings.simplefilter("ignore", InputWarning)
 
 
 class _one_thread_each:

@@ -21,7 +21,7 @@ from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
 from vtrain.fit.operators import OperatorKernelModel
@@ -182,7 +182,29 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
         if wanted != canonical_device_name(str(fitted["device"])) and wanted in DATASHEET_DEVICES:
             device = on_gpu(device, DATASHEET_DEVICES[wanted])
         return for_config(device, config)
+    if fitted.get("device") and _first_time_unused(profile, wanted):
+        warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "
+                   f"{config.hardware.device}: its device model is not used, the run's datasheet times what the "
+                   f"profile did not measure (give the run the profile's device, e.g. simulate --device "
+                   f"{fitted['device']}, to predict it there)", source)
     return device_for_config(config, source)
+
+
+#: id(profile) -> (the last profile, the devices it was already said to be unused for) (:func:`device_for_run`)
+_SAID_UNUSED: dict[int, tuple[Profile, set[str]]] = {}
+
+
+def _first_time_unused(profile: Profile, device: str) -> bool:
+    """Whether ``profile`` was not yet said to be unused for ``device``: once per profile and device, not once per
+    plan of a sweep (the identity check keeps a new profile at a reused id from passing for an old one)."""
+    said = _SAID_UNUSED.get(id(profile))
+    if said is None or said[0] is not profile:
+        _SAID_UNUSED.clear()  # the last profile only, as :func:`_loaded` keeps it
+        said = _SAID_UNUSED[id(profile)] = (profile, set())
+    if device in said[1]:
+        return False
+    said[1].add(device)
+    return True
 
 
 def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:

@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 import polars as pl
 
+from vtrain.distributed import quiet_input_warnings
 from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
     DEFAULT_TOKENS,
@@ -69,7 +70,8 @@ def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN
         return [_breakdown(label(row), config, profile) for row, config in zip(rows, configs)]
     tasks = [config.parallelism.pp * config.parallelism.virtual_stages * config.parallelism.micro_batches
              for config in configs]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                             initializer=quiet_input_warnings) as pool:
         futures = {i: pool.submit(_breakdown, label(rows[i]), configs[i], profile)
                    for i in sorted(range(len(configs)), key=lambda i: -tasks[i])}  # the largest first
         return [futures[i].result() for i in range(len(configs))]

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.devices import DeviceModel
+from vtrain.distributed import quiet_input_warnings
 from vtrain.fit.device import device_for_run
 from vtrain.model.memory import GIB, peak_stage_memory
 from vtrain.model.ops import PRECISION_DTYPE
@@ -286,6 +287,7 @@ def _run_in_processes(pool: ProcessPoolExecutor,
 
 
 def _init_worker(base: RunConfig, profile: Profile | None, device: DeviceModel) -> None:
+    quiet_input_warnings()
     _WORKER_STATE.update(base=base, profile=profile, device=device)
 
 
