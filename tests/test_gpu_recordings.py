@@ -64,6 +64,12 @@ def test_memory_model_within_10_percent_of_the_measured_peak(folder: Path) -> No
     assert peak_stage_memory(config).total_bytes == pytest.approx(measured, rel=0.10)
 
 
+def _validate(folder: Path, out: Path, *extra: str, hta: bool = False) -> subprocess.CompletedProcess[str]:
+    """`vtrain validate FOLDER -o OUT --json` (HTA's analysis left out unless ``hta``: it is not what is tested)."""
+    return subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o", str(out), "--json",
+                           *extra, *([] if hta else ["--no-hta"])], capture_output=True, text=True, cwd=REPO)
+
+
 def _ingest(folder: Path, out: Path) -> dict:
     result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "ingest", str(folder), "-o", str(out),
                              "--json"], capture_output=True, text=True, cwd=REPO, check=True)
@@ -103,8 +109,7 @@ def test_validating_an_eager_gpu_recording(tmp_path: Path) -> None:
     """The replay gives the measured H200 iteration back; the model, from the recording's own held-out
     iterations, is within 10 % (6.1 % when the traces were added)."""
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording("small-eager")),
-                             "-o", str(out), "--json"], capture_output=True, text=True, cwd=REPO)
+    result = _validate(_recording("small-eager"), out, hta=True)
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert abs(metrics["replay"]["error_pct"]) < 1.0
@@ -116,8 +121,7 @@ def test_a_run_replayed_from_cuda_graphs_validated_on_its_own_traces(tmp_path: P
     ``cuda_graphs: true``, so the model issues each layer pass as one launch; the graphs' kernels are work, not host
     gaps, in the profile these traces give (+139 % when both were wrong, -7.4 % now), and the warning says that
     the graphed operators have no latency of their own in these traces."""
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording("small-graphs")),
-                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
+    result = _validate(_recording("small-graphs"), tmp_path / "report")
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert abs(metrics["replay"]["error_pct"]) < 1.0 and abs(metrics["model"]["error_pct"]) < 15.0
@@ -131,9 +135,7 @@ def test_the_cuda_graph_speed_up_predicted_from_the_eager_recording(tmp_path: Pa
     eager config through the same profile stays the eager run's."""
     profile = tmp_path / "eager-profile"
     _ingest(_recording("small-eager"), profile)
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording("small-graphs")),
-                             "--profile", str(profile), "-o", str(tmp_path / "report"), "--json"],
-                            capture_output=True, text=True, cwd=REPO)
+    result = _validate(_recording("small-graphs"), tmp_path / "report", "--profile", str(profile))
     assert result.returncode == 0, result.stderr
     assert abs(json.loads(result.stdout)["model"]["error_pct"]) < 5.0
     assert not [line for line in result.stderr.splitlines() if "CUDA graph" in line]
@@ -156,9 +158,7 @@ def test_each_gpus_profile_predicts_training_sized_runs_within_12_percent(gpu: s
     """``profiles/h200`` and ``profiles/h100`` know these runs only through layer kernels timed apart from them on
     the same kind of GPU (and nothing of their attention cores, optimizer or host): H200 -6.1, -2.2, +1.6 %, H100
     -10.5 and -5.3 % when the recordings were added."""
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(_recording(name, gpu)),
-                             "--profile", str(REPO / "profiles" / gpu), "-o", str(tmp_path / "report"), "--json"],
-                            capture_output=True, text=True, cwd=REPO)
+    result = _validate(_recording(name, gpu), tmp_path / "report", "--profile", str(REPO / "profiles" / gpu))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert abs(metrics["model"]["error_pct"]) < 12.0
@@ -180,8 +180,7 @@ def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
     summary = _ingest(folder, tmp_path / "profile")
     assert summary["tables"]["kernels"] == sum(event.get("cat") in ACTIVITIES for event in events)
     assert summary["tables"]["graph_launches"] == launches and summary["ranks"]["0"]["iterations"] == 3
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder),
-                             "-o", str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
+    result = _validate(folder, tmp_path / "report")
     assert result.returncode == 0, result.stderr
     assert abs(json.loads(result.stdout)["replay"]["error_pct"]) < 1.0
 
@@ -196,8 +195,7 @@ def test_a_peak_memory_record_that_is_not_one_whole_number_per_rank_is_said_and_
     described = yaml.safe_load((folder / "run.yaml").read_text())
     described["recording"]["peak_memory_bytes"] = peaks
     (folder / "run.yaml").write_text(yaml.safe_dump(described))
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(folder), "-o",
-                             str(tmp_path / "report"), "--json"], capture_output=True, text=True, cwd=REPO)
+    result = _validate(folder, tmp_path / "report")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["memory"] is None
     said = [line for line in result.stderr.splitlines() if "peak_memory_bytes" in line]
