@@ -94,7 +94,7 @@ def test_shipped_suite_lists_every_trace_set() -> None:
 
     suite = load_suite(REPO / "validators" / "traces.yaml")
     listed = {entry.traces.resolve() for entry in suite.entries}
-    folders = [*TRACES.iterdir(), *(TRACES / "wild").iterdir()]
+    folders = [*TRACES.iterdir(), *(TRACES / "wild").iterdir(), *(TRACES / "gpu").iterdir()]
     shipped = {p.resolve() for p in folders if p.is_dir() and any(p.glob("rank-*.json*"))}
     assert listed == shipped
     assert all(entry.max_replay_error_pct == 2 for entry in suite.entries)
