@@ -347,6 +347,22 @@ def test_measurement_columns_that_say_what_ran(tmp_path):
     assert (second.hardware.gpus_per_node, second.hardware.inter_node_gbps) == (8, 100.0)
 
 
+def test_measurement_precision_and_cuda_graphs_columns(tmp_path):
+    """A table of runs in bf16 or fp32, or replayed from CUDA graphs, says so row by row (vTrain's fp16, no graphs,
+    where a cell is empty); a precision no run has is a row the table's check names."""
+    path = tmp_path / "mine.csv"
+    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},precision,CUDA graphs\n"
+                    "1,8,4,2048,16,24,2048,1,1,1,494.1,bf16,false\n"
+                    "1,4,2,1024,16,2,1024,1,1,1,11.9,BF16,true\n"
+                    "1,8,4,2048,16,24,2048,1,1,1,900.0,,\n"
+                    "1,8,4,2048,16,24,2048,1,1,1,900.0,fp8,\n")
+    table = read_measurements(path)
+    configs = [measurement_config(row, device="H200") for row in table.iter_rows(named=True)]
+    assert [(c.precision, c.cuda_graphs) for c in configs] == [("bf16", False), ("bf16", True), ("fp16", False),
+                                                               ("fp8", False)]
+    assert measurement_errors(table)["row"].to_list() == [4]
+
+
 def test_measurement_table_with_an_unknown_column(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},colour\n16,64,2,2048,16,24,2048,2,4,2,812.5,red\n")

@@ -6,7 +6,8 @@ names and values may carry surrounding whitespace and the file a UTF-8 byte-orde
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`, any order, names matched
 without regard to case, spaces, hyphens or underscores): schedule, virtual stages, vocabulary, recomputation,
-gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s and framework. Where a
+gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s, framework, precision (fp16,
+bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or false). Where a
 column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
 counts as empty.
 
@@ -47,6 +48,8 @@ OPTIONAL_COLUMNS = {
     "gpus_per_node": (("gpus per node", "node size"), pl.Int64),
     "inter_node_gbps": (("inter-node gbps", "inter node gbit/s", "inter-node gbit/s"), pl.Float64),
     "framework": (("framework",), pl.String),
+    "precision": (("precision", "dtype"), pl.String),
+    "cuda_graphs": (("cuda graphs",), pl.Boolean),
 }
 #: the columns of :func:`read_measurements`
 COLUMNS = {
@@ -208,8 +211,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                        recompute: str = RECOMPUTE, framework: str = FRAMEWORK) -> RunConfig:
     """The run config of one measured run (a row of :func:`read_measurements`, as a dict): the row's own columns
     where it has them, else the given node size, link rates, recomputation and framework and vTrain's
-    Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing); ``device_count`` = the
-    row's GPUs.
+    Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing, no CUDA graphs);
+    ``device_count`` = the row's GPUs.
 
     The config is not validated: ``config.constraint_errors()`` lists what a row breaks (e.g. tp*dp*pp differing
     from its GPU count); :func:`measurement_errors` does so for a whole table.
@@ -228,8 +231,9 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    recompute=str(given("recompute", recompute)),
                                    dp_overlap=bool(given("dp_overlap", False)),
                                    sequence_parallel=bool(given("sequence_parallel", False))),
-        precision=PRECISION,
+        precision=str(given("precision", PRECISION)),
         framework=str(given("framework", framework)),
+        cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=device, device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
                                 intra_node_gbps=intra_node_gbps,
