@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 
@@ -200,3 +201,30 @@ def test_a_peak_memory_record_that_is_not_one_whole_number_per_rank_is_said_and_
     assert json.loads(result.stdout)["memory"] is None
     said = [line for line in result.stderr.splitlines() if "peak_memory_bytes" in line]
     assert len(said) == 1 and said[0].startswith(f"warning: {folder / 'run.yaml'}: ")
+
+
+def test_one_prediction_through_a_measurement_table_and_simulate(tmp_path: Path) -> None:
+    """The H200 runs written as rows of a measurement table (their precision, framework and graphs in its optional
+    columns) are predicted as `vtrain simulate` predicts their run configs, to the microsecond."""
+    names = ["val-gpt6.7b-4l", "mem-fp32-none", "small-graphs"]
+    header = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
+              "data parallelism,pipeline parallelism,iteration time (ms),vocabulary,recomputation,framework,precision,"
+              "CUDA graphs,GPUs per node")
+    lines = [header]
+    for name in names:
+        config = load_run_config(_recording(name) / "run.yaml")
+        m, p = config.model, config.parallelism
+        lines.append(f"1,{p.global_batch},{p.micro_batch},{m.hidden},{m.heads},{m.layers},{m.seq},1,1,1,100,"
+                     f"{m.vocab},{p.recompute},{config.framework},{config.precision},{config.cuda_graphs},1")
+    table = tmp_path / "h200.csv"
+    table.write_text("\n".join(lines) + "\n")
+    profile = str(REPO / "profiles" / "h200")
+    subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", "--measurements", str(table), "--profile",
+                    profile, "-o", str(tmp_path / "scored"), "--json"], capture_output=True, text=True, cwd=REPO,
+                   check=True)
+    scored = pl.read_parquet(tmp_path / "scored" / "rows.parquet")["predicted_ms"].to_list()
+    for name, predicted in zip(names, scored):
+        simulated = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "simulate",
+                                    str(_recording(name) / "run.yaml"), "--profile", profile, "--json"],
+                                   capture_output=True, text=True, cwd=REPO, check=True)
+        assert predicted == pytest.approx(json.loads(simulated.stdout)["iteration_time_ms"], abs=1e-3), name
