@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import REPO
 from vtrain.cli.main import app
 from vtrain.plan import best_plan, sweep
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, model_flops_per_iteration
@@ -206,6 +207,22 @@ def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
     again = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256",
                                 "--global-batch", "16", "--gpus", "8", "-o", str(out)])
     assert again.exit_code == 2 and "already exists" in again.stderr
+
+
+def test_cli_device_overrides_the_run_configs_and_the_a100_price_is_said(tmp_path: Path) -> None:
+    """MT-NLG's config is on A100s; --device H100 plans it on H100s (their 80 GiB, profiles/h100's kernels), and the
+    default price, an A100's, is said not to be theirs; a given price is not questioned."""
+    mtnlg = REPO / "examples" / "mtnlg-530b.json"
+    args = ["plan", str(mtnlg), "--gpus", "3360", "--profile", str(REPO / "profiles" / "h100"), "--device", "H100",
+            "--max-micro-batch", "1", "--json"]
+    planned = runner.invoke(app, [*args, "-o", str(tmp_path / "h100")])
+    assert planned.exit_code == 0, planned.output
+    said = [line for line in planned.stderr.splitlines() if "--price-per-gpu-hour" in line]
+    assert len(said) == 1 and "H100" in said[0] and "was fitted for" not in planned.stderr
+    summary = json.loads(planned.stdout)
+    assert summary["simulated"] > 0 and summary["reference"]["memory_gib"] < 80
+    priced = runner.invoke(app, [*args, "--price-per-gpu-hour", "12", "-o", str(tmp_path / "priced")])
+    assert priced.exit_code == 0 and "--price-per-gpu-hour" not in priced.stderr
 
 
 def test_cli_ray_flags_reach_the_ray_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

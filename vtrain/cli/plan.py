@@ -44,8 +44,8 @@ def plan_command(
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
     device_memory: float | None = typer.Option(None, "--device-memory", min=0.1,
                                                help="GiB per GPU (default: the device's)."),
-    price: float = typer.Option(DEFAULT_PRICE_PER_GPU_HOUR, "--price-per-gpu-hour", min=0.0,
-                                help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
+    price: float | None = typer.Option(None, "--price-per-gpu-hour", min=0.0,
+                                       help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
     tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, help=f"Tokens to train on (default "
                                                                             f"{TOKENS_SOURCE})."),
     global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="Sequences per iteration."),
@@ -66,7 +66,8 @@ def plan_command(
     heads: int | None = typer.Option(None, "--heads", min=1, help="Attention heads."),
     seq: int | None = typer.Option(None, "--seq", min=1, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, help="Vocabulary size."),
-    device: str = typer.Option("A100", "--device", help="Device without a run config."),
+    device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
+                                      "one)."),
 ) -> None:
     """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
     time-versus-cost frontier."""
@@ -85,6 +86,11 @@ def plan_command(
     from vtrain.tables.store import load_profile
 
     base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
+    if price is None:
+        price = DEFAULT_PRICE_PER_GPU_HOUR
+        if not base.hardware.device.upper().startswith("A100"):
+            warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on "
+                 f"{base.hardware.device}: give --price-per-gpu-hour for their cost")
     counts = parse_gpus(gpus, base)
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
@@ -111,10 +117,12 @@ def plan_command(
 
 
 def _base_config(model: Path | None, global_batch: int | None, layers: int | None, hidden: int | None,
-                 heads: int | None, seq: int | None, vocab: int, device: str) -> RunConfig:
-    """The run config whose model, batch, precision and hardware are swept."""
+                 heads: int | None, seq: int | None, vocab: int, device: str | None) -> RunConfig:
+    """The run config whose model, batch, precision and hardware are swept (on ``device`` when given)."""
     if model is not None:
         base = load_run_config(model)
+        if device is not None:
+            base = replace(base, hardware=replace(base.hardware, device=device))
         return base.with_overrides(global_batch=global_batch) if global_batch is not None else base
     missing = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--heads", heads),
                                         ("--seq", seq), ("--global-batch", global_batch)) if value is None]
@@ -122,7 +130,7 @@ def _base_config(model: Path | None, global_batch: int | None, layers: int | Non
         raise InputError(f"give a run config or the model's {', '.join(missing)}")
     return RunConfig(model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
                      parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
-                     hardware=replace(HardwareConfig(), device=device))
+                     hardware=replace(HardwareConfig(), device=device or "A100"))
 
 
 def _print_summary(table: PlanTable, target: Path) -> None:
