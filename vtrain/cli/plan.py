@@ -86,16 +86,17 @@ def plan_command(
     from vtrain.tables.store import load_profile
 
     base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
-    if price is None:
-        price = DEFAULT_PRICE_PER_GPU_HOUR
-        if not base.hardware.device.upper().startswith("A100"):
-            warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on "
-                 f"{base.hardware.device}: give --price-per-gpu-hour for their cost")
     counts = parse_gpus(gpus, base)
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
     check_output(target, inputs=[model, profile], force=force)
     table_profile = load_profile(profile) if profile is not None else None
+    if price is None:
+        price = DEFAULT_PRICE_PER_GPU_HOUR
+        gpu = base.hardware.device
+        if gpu.lower() != "cpu" and not gpu.upper().startswith("A100"):
+            warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on {gpu}: "
+                 f"give --price-per-gpu-hour for their cost")
     workers = workers_within_cores(workers, warn)
     console = Console(stderr=True)
     with Progress(TextColumn("timing plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
