@@ -88,3 +88,28 @@ def test_the_mean_gap_is_that_of_a_typical_iteration() -> None:
             for it, gaps in ((1, (5.0, 15.0)), (2, (12.0, 12.0)), (3, (500.0, 500.0))) for gap in gaps]
     stats = op_gaps(pl.DataFrame(rows)).filter(pl.col("phase") == "forward").row(0, named=True)
     assert stats["mean_us"] == pytest.approx(12.0) and stats["gap_us"] == pytest.approx(1044.0)
+
+
+def test_the_kernels_a_cuda_graph_launch_released_are_work_not_gap() -> None:
+    """A graph's kernels carry its launch's correlation id and belong to no operator the model places (or, when the
+    graph was launched outside any operator, to none at all): the device time they fill is not host gap. Known
+    from the graph-launch table, not from kernels that happen to share an id."""
+    cpu_ops = conform(pl.DataFrame([op("ProfilerStep#1", 0.0, 1000.0, "user_annotation"),
+                                    op("aten::mm", 10.0, 5.0)]), "cpu_ops")
+    kernel = {"rank": 0, "device": 0, "stream": 7, "kind": "kernel", "kernel_class": "computation", "iteration": 1}
+    kernels = conform(pl.DataFrame([
+        {**kernel, "name": "gemm", "ts": 20.0, "dur": 100.0, "correlation": 1, "external_id": 1, "cpu_op": "aten::mm",
+         "input_dims": DIMS, "input_types": F},
+        *({**kernel, "name": f"graph kernel {i}", "ts": 130.0 + 100.0 * i, "dur": 100.0, "correlation": 2}
+          for i in range(5)),  # launched by a cudaGraphLaunch outside any operator
+        {**kernel, "name": "gemm", "ts": 640.0, "dur": 10.0, "correlation": 3, "external_id": 3, "cpu_op": "aten::mm",
+         "input_dims": DIMS, "input_types": F},
+    ]), "kernels")
+    launches = conform(pl.DataFrame([{"rank": 0, "tid": 1, "name": "cudaGraphLaunch", "ts": 125.0, "dur": 3.0,
+                                      "correlation": 2, "kernels": 5, "iteration": 1}]), "graph_launches")
+    collectives = empty_table("collectives")
+    without = placed_events(cpu_ops, kernels, collectives, PLACED)
+    with_graph = placed_events(cpu_ops, kernels, collectives, PLACED, launches)
+    assert without["gap"].sum() == pytest.approx(20 + 520)  # the graph's 500 us counted as gap before the 2nd mm
+    assert with_graph["gap"].sum() == pytest.approx(20 + 10 + 10)  # 10 before the graph, 10 after it
+    assert with_graph.height == 3  # the two operators and the graph, one event

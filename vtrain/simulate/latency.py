@@ -221,7 +221,8 @@ class HostGapResolver:
         if self.profile is None:
             return
         tables = self.profile.tables
-        self.events = placed_events(tables["cpu_ops"], tables["kernels"], tables["collectives"], placed)
+        self.events = placed_events(tables["cpu_ops"], tables["kernels"], tables["collectives"], placed,
+                                    tables.get("graph_launches"))
         subsets = [(None, self.events)]
         if stage_of:
             staged = self.events.with_columns(

@@ -81,15 +81,16 @@ def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def placed_events(cpu_ops: pl.DataFrame, kernels: pl.DataFrame, collectives: pl.DataFrame,
-                  placed: set[Signature]) -> pl.DataFrame:
+                  placed: set[Signature], graph_launches: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every placed operator call in an iteration: rank, iteration, device type, phase, signature (``op``,
     ``input_dims``, ``input_types``), its duration (``dur``: on GPUs its kernels' total) and the ``gap`` before
-    it; ``placed`` is the set of signatures the model places."""
+    it; ``placed`` is the set of signatures the model places, ``graph_launches`` the profile's table of CUDA graph
+    launches (the kernels each released are work too)."""
     gpu_ranks = set(kernels["rank"].unique().to_list()) if not kernels.is_empty() else set()
     waits = _blocking_collectives(collectives, cpu_ops)
     frames = [_cpu_events(cpu_ops.filter(~pl.col("rank").is_in(list(gpu_ranks))), waits, placed)]
     if gpu_ranks:
-        frames.append(_gpu_events(kernels, cpu_ops, waits, placed))
+        frames.append(_gpu_events(kernels, cpu_ops, waits, placed, graph_launches))
     frames = [f for f in frames if not f.is_empty()]
     return pl.concat(frames) if frames else pl.DataFrame(schema=EVENTS_SCHEMA)
 
@@ -132,13 +133,18 @@ def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set
 
 
 def _gpu_events(kernels: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray],
-                placed: set[Signature]) -> pl.DataFrame:
-    # the activities one CUDA graph launch released (a trace without correlation ids tells none)
-    graphed = pl.col("correlation").is_not_null() & (pl.len().over("rank", "correlation") > 1)
-    work = kernels.with_columns(graphed=graphed.fill_null(False)).filter(
-        (pl.col("kernel_class") != COMMUNICATION) & pl.col("cpu_op").is_not_null() & pl.col("iteration").is_not_null())
-    placed_mask = _placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed)
-    work = work.filter(pl.Series(placed_mask, dtype=pl.Boolean) | pl.col("graphed")).drop("graphed")
+                placed: set[Signature], graph_launches: pl.DataFrame | None) -> pl.DataFrame:
+    graphed = pl.lit(False)
+    if graph_launches is not None and not graph_launches.is_empty():  # a graph's kernels carry its launch's id
+        launched = graph_launches.select("rank", "correlation").unique().with_columns(graphed=pl.lit(True))
+        kernels = kernels.join(launched, on=["rank", "correlation"], how="left", maintain_order="left")
+        graphed = pl.col("graphed").fill_null(False)
+    # a graph launched outside any operator still released work
+    work = kernels.filter((pl.col("kernel_class") != COMMUNICATION) & pl.col("iteration").is_not_null()
+                          & (pl.col("cpu_op").is_not_null() | graphed))
+    placed_mask = pl.Series(_placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed),
+                            dtype=pl.Boolean)
+    work = work.filter(placed_mask | work.select(graphed.alias("graphed"))["graphed"]).drop("graphed", strict=False)
     launches = (cpu_ops.filter(pl.col("external_id").is_not_null()).unique(["rank", "external_id"], keep="first")
                 .select("rank", "external_id", launch_ts=pl.col("ts")))
     work = work.join(launches, on=["rank", "external_id"], how="left").with_columns(

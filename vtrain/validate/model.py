@@ -22,7 +22,7 @@ from vtrain.errors import InputError
 from vtrain.replay.trace import RankTrace, rank_trace_of_events
 from vtrain.runconfig import RunConfig
 from vtrain.tables.latency import cpu_op_calls, gpu_op_calls, nccl_latency, op_latency
-from vtrain.tables.store import Profile, load_profile
+from vtrain.tables.store import Profile, empty_table, load_profile
 from vtrain.validate.terms import simulated_terms
 
 _CALL_COLUMNS = ["op", "input_dims", "input_types", "device_type", "kernels", "n_kernels", "dur"]
@@ -56,13 +56,14 @@ def held_out_profile(profile: Profile, iterations: list[int]) -> Profile:
     kernels = profile["kernels"].filter(keep)
     cpu_ops = profile["cpu_ops"].filter(keep)
     collectives = profile["collectives"].filter(keep)
+    graph_launches = profile.tables.get("graph_launches", empty_table("graph_launches")).filter(keep)
     gpu_ranks = kernels["rank"].unique().to_list()
     cpu_only = cpu_ops.filter(~pl.col("rank").is_in(gpu_ranks))
     calls = pl.concat([gpu_op_calls(kernels).select(_CALL_COLUMNS), cpu_op_calls(cpu_only).select(_CALL_COLUMNS)])
     metadata = {**profile.metadata, "iterations": sorted(iterations),
                 "parent": f"{profile.metadata.get('source_dir')} (iterations {sorted(iterations)})"}
     return Profile(tables={"kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
-                           "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops)},
+                           "graph_launches": graph_launches, "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops)},
                    metadata=metadata, path=profile.path)
 
 

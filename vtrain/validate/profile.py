@@ -60,7 +60,8 @@ class RankTablesSink:
         ranks = sorted(self.ranks, key=lambda r: r.rank)
         return Profile(tables={"kernels": pl.concat([r.kernels for r in ranks]),
                                "cpu_ops": pl.concat([r.cpu_ops for r in ranks]),
-                               "collectives": pl.concat([r.collectives for r in ranks])},
+                               "collectives": pl.concat([r.collectives for r in ranks]),
+                               "graph_launches": pl.concat([r.graph_launches for r in ranks])},
                        metadata={"kind": "profile", "source_dir": str(trace_dir), "world_size": world_size,
                                  "ranks": [r.rank for r in ranks],
                                  "iterations": sorted({i for r in ranks for i in r.iterations})})
