@@ -170,8 +170,8 @@ def attention_backward_bytes(shape: GptShape) -> int:
 
 
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
-    """Peak memory of one GPU of the stage holding ``chunks``: model states, buffers and the activations of the
-    largest of three moments (the module docstring)."""
+    """Peak memory of one GPU of the stage holding ``chunks``: model states, buffers, the activations of the passes'
+    largest moment and the optimizer step's temporaries (the larger of the two counts: the module docstring)."""
     par = config.parallelism
     params = stage_parameter_count(shape, chunks)
     states = STATE_BYTES if config.framework == "megatron" else REFERENCE_STATE_BYTES
