@@ -228,3 +228,16 @@ def test_one_prediction_through_a_measurement_table_and_simulate(tmp_path: Path)
                                     str(_recording(name) / "run.yaml"), "--profile", profile, "--json"],
                                    capture_output=True, text=True, cwd=REPO, check=True)
         assert predicted == pytest.approx(json.loads(simulated.stdout)["iteration_time_ms"], abs=1e-3), name
+
+
+def test_only_half_precision_gemms_of_a_trace_join_a_kernel_fit(tmp_path: Path) -> None:
+    """`vtrain fit --profile` adds a trace's GEMMs to the kernel model, which learns half-precision efficiencies.
+    An fp32 H200 recording's GEMMs, against the half-precision floor, taught it that those shapes run ~10x slow
+    (a bf16 run's prediction went from -2.2 to +8.4 %): they are left out, the bf16 recording's are kept."""
+    from vtrain.fit.device import traced_gemms
+    from vtrain.tables.store import load_profile
+
+    for name, expected in (("mem-fp32-none", 0), ("mem-bf16-none", 1)):
+        _ingest(_recording(name), tmp_path / name)
+        gemms = traced_gemms(load_profile(tmp_path / name))
+        assert (gemms.height > 0) == bool(expected), name

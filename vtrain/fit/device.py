@@ -25,7 +25,7 @@ from vtrain.errors import InputError, warn_input
 from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
 from vtrain.fit.operators import OperatorKernelModel
-from vtrain.model.ops import GEMM_OPS, gemm_dims, make_op
+from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, first_dtype, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, empty_table
 
@@ -46,7 +46,9 @@ def fit_device(profile: Profile, device_name: str) -> FittedDevice:
 
 
 def traced_gemms(profile: Profile) -> pl.DataFrame:
-    """The GEMM operators of the profile's own GPU traces as ``op_benchmarks`` rows (source ``trace``)."""
+    """The half-precision GEMM operators of the profile's own GPU traces as ``op_benchmarks`` rows (source
+    ``trace``). The kernel model learns half-precision efficiencies (an fp32 GEMM takes them at the fp32 peak): an
+    fp32 GEMM among its samples, against the half-precision floor, would teach it that those shapes run 10x slow."""
     table = profile.op_latency.filter((pl.col("device_type") == "cuda") & pl.col("op").is_in(list(GEMM_OPS)))
     rows: list[dict[str, Any]] = []
     for name, dims, types, count, median in table.select(
@@ -56,7 +58,7 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
             batch, m, k, n = gemm_dims(op)
         except (ValueError, TypeError):
             continue
-        if op.flops > 0 and median:
+        if op.flops > 0 and median and first_dtype(types) in HALF_DTYPES:
             rows.append({"source": "trace", "op_class": "gemm", "label": f"{name} {dims}", "batch": batch, "m": m,
                          "k": k, "n": n, "flops": op.flops, "bytes": op.bytes, "count": count, "median_us": median})
     return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"source": pl.String, "op_class": pl.String})
