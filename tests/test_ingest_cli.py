@@ -216,3 +216,31 @@ def test_a_warning_about_a_file_whose_name_holds_a_line_break_is_one_line(tmp_pa
     ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
     assert ran.returncode == 0, ran.stderr
     assert f"warning: {folder}/rank-1\\nx.json: not read: named like a trace but not a file\n" in ran.stderr
+
+
+def test_a_run_yaml_that_does_not_load_is_one_warning_and_the_profile_is_written(tmp_path: Path) -> None:
+    """The traced run's config is for the simulator (what it models in the timeline); a broken one does not stop
+    the ingest: one warning line naming the file, and a profile without ``run``."""
+    traces = tmp_path / "traces"
+    shutil.copytree(REPO / "traces" / "t2p1d1", traces)
+    (traces / "run.yaml").write_text("model: {layers: -3}\n")
+    out = tmp_path / "profile"
+    result = vtrain("ingest", traces, "-o", out)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "run.yaml" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "without the traced run's config" in warned[0]
+    assert json.loads((out / "metadata.json").read_text())["run"] is None
+
+
+def test_a_profile_whose_run_does_not_load_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A profile's ``run`` (the traced run's config) edited into something that is not a run config: `simulate`
+    with that profile says so in one line naming metadata.json, exit 2."""
+    out = tmp_path / "profile"
+    assert vtrain("ingest", REPO / "traces" / "t2p1d1", "-o", out).returncode == 0
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["run"]["parallelism"]["tp"] == 2
+    metadata["run"]["parallelism"]["tp"] = 0
+    (out / "metadata.json").write_text(json.dumps(metadata))
+    result = vtrain("simulate", REPO / "traces" / "t2p1d1" / "run.yaml", "--profile", out)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "metadata.json" in result.stderr and "Traceback" not in result.stderr

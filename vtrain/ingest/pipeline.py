@@ -30,6 +30,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files, missing_ranks_warning
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
 from vtrain.outputs import staged
+from vtrain.runconfig import load_run_config
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import METADATA_FILE, Profile, conform
 
@@ -180,6 +181,7 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
         warn(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
+    metadata["run"] = described_run(Path(trace_dir), warn)
     return IngestedRanks(spool=spool, results=results, metadata=metadata)
 
 
@@ -279,6 +281,21 @@ def _metadata(trace_dir: Path, results: list[RankResult], world_size: int | None
             for r in results if r.source
         ],
     }
+
+
+def described_run(trace_dir: Path, warn: Warn) -> dict[str, Any] | None:
+    """The run config of the traced job (``run.yaml`` beside the traces, as `vtrain record` writes it), as plain
+    data for the profile's metadata: what the simulator needs to tell the operators it models in this timeline
+    from the time between them when the profile stands for another run. ``None`` without one; a ``run.yaml``
+    that does not load is a warning (the traces are read all the same)."""
+    described = trace_dir / "run.yaml"
+    if not described.is_file():
+        return None
+    try:
+        return load_run_config(described).validate(described).to_dict()
+    except InputError as exc:
+        warn(f"{exc}; the profile is written without the traced run's config")
+        return None
 
 
 def _first(values: Any) -> Any:

@@ -144,7 +144,7 @@ def resolve_work(config: RunConfig, profile: Profile | None, device: DeviceModel
     collectives = shared.collectives(config)
     placed = WorkloadResolver(config, shared.bare_ops(config), collectives)
     stage_of = placed.profile_stages()
-    ops, gaps = shared.ops(config, frozenset(placed.placed(chunks)), stage_of)
+    ops, gaps = shared.ops(config, shared.traced_placed() or frozenset(placed.placed(chunks)), stage_of)
     inputs = WorkloadResolver(config, ops, collectives, gaps, shared.work).graph_inputs(chunks, by_shape=by_shape)
     return chunks, inputs, ops, collectives
 
@@ -166,6 +166,7 @@ class SharedResolvers:
         self._collectives: dict[tuple[str, int], CollectiveResolver] = {}
         self._bare: dict[str, OpLatencyResolver] = {}
         self._timeline: frozenset[tuple[str, str, str]] | None = None
+        self._traced_placed: frozenset[tuple[str, str, str]] | None = None
         self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
                         tuple[OpLatencyResolver, HostGapResolver]] = {}
         self.work: ResolvedWork = {}
@@ -198,6 +199,24 @@ class SharedResolvers:
             self._ops[key] = (ops, gaps)
         return self._ops[key]
 
+
+    def traced_placed(self) -> frozenset[tuple[str, str, str]] | None:
+        """Signatures of the operators the model places in the run the profile's timeline recorded, when the
+        profile describes that run (:meth:`~vtrain.tables.store.Profile.traced_run`); ``None`` otherwise.
+
+        The profile's host gaps and interference are measured between the operators the model places *in the
+        traced run*: everything else there is time between them. Measured between another run's signatures
+        instead, every operator of the traced run whose shape differs (a wider layer, another vocabulary) would
+        count as gap, and a profile of a small run would add the whole of its own compute to a larger one's
+        host time."""
+        if self._traced_placed is None:
+            traced = self.profile.traced_run() if self.profile is not None else None
+            if traced is None:
+                self._traced_placed = frozenset()
+            else:
+                resolver = WorkloadResolver(traced, self.bare_ops(traced), self.collectives(traced))
+                self._traced_placed = frozenset(resolver.placed(partition(traced)))
+        return self._traced_placed or None
 
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""

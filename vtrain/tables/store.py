@@ -16,6 +16,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.limits import MAX_METADATA_BYTES, fitted_problem
 from vtrain.outputs import check_output, staged
+from vtrain.runconfig import RunConfig, run_config_from_dict
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
 METADATA_FILE = "metadata.json"
@@ -39,6 +40,16 @@ class Profile:
     @property
     def nccl_latency(self) -> pl.DataFrame:
         return self.tables["nccl_latency"]
+
+    def traced_run(self) -> RunConfig | None:
+        """The run config of the job whose timeline this profile holds (``metadata.json``'s ``run``, written by
+        `vtrain ingest` from the traces' ``run.yaml``), ``None`` when it was not described. Raises
+        :class:`InputError` naming ``metadata.json`` when it does not load."""
+        data = self.metadata.get("run")
+        if not data:
+            return None
+        where = self.path / METADATA_FILE if self.path is not None else METADATA_FILE
+        return run_config_from_dict(data, f"{where} (run)").validate(f"{where} (run)")
 
 
 def empty_table(name: str) -> pl.DataFrame:
@@ -133,7 +144,7 @@ def _read_metadata(meta_file: Path) -> dict[str, Any]:
 _METADATA_SHAPE: dict[str, tuple[type, ...]] = {
     "kind": (str,), "version": (str,), "source_dir": (str,), "device": (dict,), "software": (dict,),
     "world_size": (int,), "ranks": (list,), "ranks_missing": (list,), "iterations": (list,),
-    "dropped_events": (int,), "sources": (list,), "parent": (dict, str), "fitted": (dict,), "fit_rows": (dict,),
+    "dropped_events": (int,), "sources": (list,), "parent": (dict, str), "fitted": (dict,), "fit_rows": (dict,), "run": (dict,),
 }
 
 
