@@ -7,9 +7,10 @@ import polars as pl
 import pytest
 
 from vtrain.devices import DATASHEET_DEVICES, Link
-from vtrain.model.ops import make_op
+from vtrain.model.ops import Collective, make_op
 from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
 from vtrain.simulate.latency import (
+    HOST_ISSUE,
     INTERFERENCE,
     INTERPOLATED,
     MEASURED,
@@ -18,8 +19,11 @@ from vtrain.simulate.latency import (
     STRAGGLER_WAIT,
     TRANSFER,
     HostGapResolver,
+    IssueRate,
     OpLatencyResolver,
+    Resolution,
 )
+from vtrain.simulate.workload import ResolvedStep, issued
 from vtrain.tables.store import Profile, conform, empty_table
 
 A100 = DATASHEET_DEVICES["A100-40GB"]
@@ -222,3 +226,41 @@ def test_host_gaps_come_from_the_profiles_timeline_per_phase() -> None:
     without = HostGapResolver(None, "cpu")
     without.fit(PLACED)
     assert without.resolve("forward") is None
+
+
+def _steps(latencies: list[float], collective_at: int | None = None) -> tuple:
+    steps = []
+    for index, latency in enumerate(latencies):
+        step = (Collective("tp", "all_reduce", 1024, "c10::BFloat16") if index == collective_at
+                else make_op("aten::mm", [[4, 4], [4, 4]], ["float", "float"]))
+        steps.append(ResolvedStep(step, Resolution(latency, MEASURED, "test")))
+    return tuple(steps)
+
+
+def _rate(host_us: float, device_gap_us: float) -> IssueRate:
+    return IssueRate(Resolution(host_us, MEASURED, "test"), device_gap_us)
+
+
+def test_a_block_issued_by_a_slower_host_takes_the_hosts_time() -> None:
+    """Ten 10 us operators, the host issuing one every 50 us: among blocks like it the device waits 40 us before
+    each (the host's 50 us less the 10 us it ran), so the block takes the host's 500 us."""
+    block = issued(_steps([10.0] * 10), _rate(50.0, 2.0), "forward")
+    assert [step.gap_us for step in block] == pytest.approx([40.0] * 10)
+    assert sum(s.latency_us + s.gap_us for s in block) == pytest.approx(500.0)
+    assert block[0].gap.source == MODELLED and block[0].gap.part_us(HOST_ISSUE) == 50.0
+
+
+def test_a_block_issued_by_a_faster_host_takes_the_devices_time() -> None:
+    """Ten 100 us operators, the host issuing one every 20 us: the device runs them back to back but for its own
+    2 us between operators; a collective gets no device gap and costs the host nothing."""
+    block = issued(_steps([100.0] * 10, collective_at=4), _rate(20.0, 2.0), "backward")
+    assert [step.gap_us for step in block] == pytest.approx([2.0] * 4 + [0.0] + [2.0] * 5)
+    assert sum(s.latency_us + s.gap_us for s in block) == pytest.approx(1018.0)
+
+
+def test_a_block_replayed_from_a_cuda_graph_is_issued_once() -> None:
+    """The same ten 10 us operators replayed from a CUDA graph: the host's 50 us once, at the launch, so the
+    device sets the pace, with its own 2 us between kernels: 120 us a block (500 us issued one by one)."""
+    block = issued(_steps([10.0] * 10), _rate(50.0, 2.0), "forward", graph_launch=0)
+    assert [step.gap_us for step in block] == pytest.approx([2.0] * 10)
+    assert sum(s.latency_us + s.gap_us for s in block) == pytest.approx(120.0)

@@ -84,7 +84,8 @@ def test_a_data_parallel_reduction_between_passes_is_waited_for(timeline) -> Non
 def test_the_mean_gap_is_that_of_a_typical_iteration() -> None:
     """Iterations with mean gaps 10, 12 and 500 us per op (a burst of other load in the last): 12 us."""
     rows = [{"rank": 0, "iteration": it, "device_type": "cpu", "phase": "forward", "op": "aten::mm",
-             "input_dims": DIMS, "input_types": F, "dur": 1.0, "gap": gap}
+             "input_dims": DIMS, "input_types": F, "dur": 1.0, "gap": gap, "host": None, "queued": None,
+             "ahead": False, "graph": False}
             for it, gaps in ((1, (5.0, 15.0)), (2, (12.0, 12.0)), (3, (500.0, 500.0))) for gap in gaps]
     stats = op_gaps(pl.DataFrame(rows)).filter(pl.col("phase") == "forward").row(0, named=True)
     assert stats["mean_us"] == pytest.approx(12.0) and stats["gap_us"] == pytest.approx(1044.0)
@@ -113,3 +114,50 @@ def test_the_kernels_a_cuda_graph_launch_released_are_work_not_gap() -> None:
     assert without["gap"].sum() == pytest.approx(20 + 520)  # the graph's 500 us counted as gap before the 2nd mm
     assert with_graph["gap"].sum() == pytest.approx(20 + 10 + 10)  # 10 before the graph, 10 after it
     assert with_graph.height == 3  # the two operators and the graph, one event
+
+
+def _gpu_timeline(calls: list[tuple[float, float, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One GPU rank's iteration: per call (host launch time, kernel start, kernel duration), an ``aten::mm`` that
+    launches one kernel."""
+    cpu_ops = [op("ProfilerStep#1", 0.0, 10_000.0, "user_annotation")]
+    kernels = []
+    for index, (launch, start, dur) in enumerate(calls, start=1):
+        cpu_ops.append({**op("aten::mm", launch, 5.0), "external_id": index})
+        kernels.append({"rank": 0, "device": 0, "stream": 7, "kind": "kernel", "kernel_class": "computation",
+                        "iteration": 1, "name": "gemm", "ts": start, "dur": dur, "correlation": index,
+                        "external_id": index, "cpu_op": "aten::mm", "input_dims": DIMS, "input_types": F})
+    return conform(pl.DataFrame(cpu_ops), "cpu_ops"), conform(pl.DataFrame(kernels), "kernels")
+
+
+def test_a_launch_bound_gpu_rank_shows_the_hosts_time_between_launches() -> None:
+    """The host launches every 50 us; each kernel runs 10 us, 5 us after its launch: the device idles 40 us
+    before each one, and the host's time per operator is the 50 us between launches."""
+    cpu_ops, kernels = _gpu_timeline([(100.0 + 50 * i, 105.0 + 50 * i, 10.0) for i in range(6)])
+    events = placed_events(cpu_ops, kernels, empty_table("collectives"), PLACED)
+    assert events["host"].to_list() == [None, 50.0, 50.0, 50.0, 50.0, 50.0]
+    assert events["queued"].to_list() == [0] * 6 and not events["ahead"].any()
+    stats = op_gaps(events).filter(pl.col("phase") == ALL).row(0, named=True)
+    assert stats["host_us"] == pytest.approx(50.0) and stats["host_calls"] == 5
+    assert stats["mean_us"] == pytest.approx((105 + 5 * 40) / 6)
+
+
+def test_a_device_bound_gpu_rank_shows_the_devices_own_time_between_operators() -> None:
+    """The host launches every 20 us, far ahead of 100 us kernels that run 3 us apart: each launch is ahead of the
+    device (its gap is the device's own, 3 us) and queues behind the kernels launched before it; the host's time
+    is still the 20 us between launches."""
+    cpu_ops, kernels = _gpu_timeline([(100.0 + 20 * i, 105.0 + 103 * i, 100.0) for i in range(6)])
+    events = placed_events(cpu_ops, kernels, empty_table("collectives"), PLACED)
+    assert events["ahead"].to_list() == [False] + [True] * 5
+    assert events["queued"].to_list() == [0, 0, 1, 2, 3, 4]  # launched, not yet started (one running)
+    stats = op_gaps(events).filter(pl.col("phase") == ALL).row(0, named=True)
+    assert stats["host_us"] == pytest.approx(20.0) and stats["device_gap_us"] == pytest.approx(3.0)
+
+
+def test_launches_that_keep_pace_with_the_device_say_nothing_of_the_host() -> None:
+    """Every kernel starts at its launch, just as the one before ends (a synchronous host, or a timeline written
+    so, like the simulator's own): the time between launches is the device's, so no host time is measured and the
+    gaps (none) stand."""
+    cpu_ops, kernels = _gpu_timeline([(100.0 + 30 * i, 100.0 + 30 * i, 30.0) for i in range(6)])
+    events = placed_events(cpu_ops, kernels, empty_table("collectives"), PLACED)
+    stats = op_gaps(events).filter(pl.col("phase") == ALL).row(0, named=True)
+    assert stats["host_us"] is None and stats["host_calls"] == 0 and stats["gap_us"] == pytest.approx(100.0)

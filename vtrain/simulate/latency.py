@@ -28,6 +28,7 @@ import bisect
 import json
 import math
 import statistics
+from typing import Any
 from dataclasses import dataclass
 
 import polars as pl
@@ -42,6 +43,8 @@ MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SOURCES = (MEASURED, INTERPOLATED, MODELLED)
 #: names of the terms in :attr:`Resolution.parts`
 OPERATOR, INTERFERENCE, TRANSFER, STRAGGLER_WAIT = "operator", "interference", "transfer", "straggler wait"
+#: the terms of a gap modelled from a GPU rank's issue rate (:class:`IssueRate`)
+HOST_ISSUE, DEVICE_GAP = "host issue", "device gap"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,21 @@ class _Sample:
     latency_us: float
     dims: str
     kernels: tuple[str, ...]
+
+
+def _issue_rate(row: dict[str, Any], where: str, traced_ops: float | None) -> IssueRate:
+    """The issue rate of one phase from :func:`~vtrain.tables.gaps.op_gaps`' row: the mean host time between
+    launches, times the placed calls found per rank-iteration over the operators the model places there."""
+    found = row["op_calls"] / row["rank_iterations"]
+    share = found / traced_ops if traced_ops else 1.0
+    detail = (f"host time per operator ({where}): {row['host_us']:.1f} us between launches over "
+              f"{row['host_calls']} launches that found the queue free"
+              + (f", x {found:.0f} calls found / {traced_ops:.0f} operators the model places per iteration"
+                 if traced_ops else ""))
+    graph = (Resolution(row["graph_host_us"], MEASURED, f"host time per CUDA graph replay ({where}): "
+                                                         f"{row['graph_host_us']:.1f} us between launches")
+             if row["graph_host_us"] is not None else None)
+    return IssueRate(Resolution(row["host_us"] * share, MEASURED, detail), row["device_gap_us"] or 0.0, graph)
 
 
 class OpLatencyResolver:
@@ -197,14 +215,34 @@ def _rate(sample: _Sample) -> float:
     return sample.cost / sample.latency_us if sample.latency_us > 0 else math.inf
 
 
+@dataclass(frozen=True)
+class IssueRate:
+    """How a GPU rank's host issued the operators of a phase, measured in the profile's timeline: the host's time
+    per operator the model places (``host``), to replay a CUDA graph (``graph_launch``, where the profile's run
+    replayed any) and the device's own time between operators when the host was ahead of it (``device_gap_us``:
+    kernels of operators the model does not place, launch latency)."""
+
+    host: Resolution
+    device_gap_us: float
+    graph_launch: Resolution | None = None
+
+
 class HostGapResolver:
-    """The measured time between operators (host overhead, launch gaps) before each operator, per phase.
+    """The measured time between operators (host overhead, launch gaps), per phase.
 
     The gap is measured in the profile's timeline between the operators the workload places
     (:func:`vtrain.tables.gaps.op_gaps`), so it holds the time of operators the model leaves out as well; a phase
     the profile has no spans for takes the gap over all phases. Profiles without a timeline (imported tables), or
     whose timeline holds no call of a placed operator, give no gap (the device model's host time per operator
     applies instead), and the validation report says so.
+
+    On GPU ranks the host and the device run apart, so a gap measured in one run is not the next run's: where the
+    device is slower than the host it hides the host's time, and where it is faster it waits for it. There the
+    resolver gives the rate the host issued operators at (:meth:`issue`): the host's time between consecutive
+    launches of placed operators (those that did not wait for a slot in the launch queue), over an iteration, per
+    operator the model places in the traced run (``traced_ops``: the model places operators the trace shows under
+    other signatures, and the host's time is spread over all of them), and the device's own time between
+    operators when the host was ahead of it.
     """
 
     def __init__(self, profile: Profile | None, device_type: str) -> None:
@@ -212,12 +250,15 @@ class HostGapResolver:
         self.device_type = device_type
         self.events = pl.DataFrame(schema=EVENTS_SCHEMA)
         self._by_phase: dict[tuple[int | None, str], Resolution] | None = None
+        self._issue: dict[tuple[int | None, str], IssueRate] = {}
 
-    def fit(self, placed: set[tuple[str, str, str]], stage_of: dict[int, int] | None = None) -> None:
+    def fit(self, placed: set[tuple[str, str, str]], stage_of: dict[int, int] | None = None,
+            traced_ops: dict[str, float] | None = None) -> None:
         """Find the calls of the operators with the signatures the model places in the profile's timeline
         (:attr:`events`) and measure the gaps before them, over all ranks and, with ``stage_of`` (the profile's
-        rank -> pipeline stage, when it is the simulated run's own layout), per stage."""
-        self._by_phase = {}
+        rank -> pipeline stage, when it is the simulated run's own layout), per stage. ``traced_ops``: the
+        operators per rank and iteration, by phase, the model places in the traced run (for the issue rate)."""
+        self._by_phase, self._issue = {}, {}
         if self.profile is None:
             return
         tables = self.profile.tables
@@ -231,12 +272,19 @@ class HostGapResolver:
                         if stage is not None]
         for stage, events in subsets:
             gaps = op_gaps(events).filter(pl.col("device_type") == self.device_type)
-            for phase, ops, rank_iterations, mean, median, p90 in gaps.select(
-                    "phase", "ops", "rank_iterations", "mean_us", "median_us", "p90_us").iter_rows():
-                where = phase if stage is None else f"{phase}, stage {stage}"
-                detail = (f"mean gap before an op ({where}): {ops} ops over {rank_iterations} rank-iterations, "
-                          f"median {median:.1f} us, p90 {p90:.1f} us")
-                self._by_phase[(stage, phase)] = Resolution(mean, MEASURED, detail)
+            for row in gaps.iter_rows(named=True):
+                where = row["phase"] if stage is None else f"{row['phase']}, stage {stage}"
+                detail = (f"mean gap before an op ({where}): {row['ops']} ops over {row['rank_iterations']} "
+                          f"rank-iterations, median {row['median_us']:.1f} us, p90 {row['p90_us']:.1f} us")
+                self._by_phase[(stage, row["phase"])] = Resolution(row["mean_us"], MEASURED, detail)
+                if self.device_type == "cuda" and row["host_us"] is not None and row["op_calls"]:
+                    self._issue[(stage, row["phase"])] = _issue_rate(row, where, (traced_ops or {}).get(row["phase"]))
+
+    def issue(self, phase: str, stage: int | None = None) -> IssueRate | None:
+        """How the host issued ``phase``'s operators on ``stage`` (else over all stages, else over all phases) of
+        a GPU profile; ``None`` on CPU ranks and without a timeline."""
+        return next((self._issue[key] for key in ((stage, phase), (None, phase), (None, ALL)) if key in self._issue),
+                    None)
 
     def resolve(self, phase: str, stage: int | None = None) -> Resolution | None:
         """The gap before one operator of ``phase`` on ``stage`` (else of the phase over all stages, else of any

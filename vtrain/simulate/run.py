@@ -144,7 +144,10 @@ def resolve_work(config: RunConfig, profile: Profile | None, device: DeviceModel
     collectives = shared.collectives(config)
     placed = WorkloadResolver(config, shared.bare_ops(config), collectives)
     stage_of = placed.profile_stages()
-    ops, gaps = shared.ops(config, shared.traced_placed() or frozenset(placed.placed(chunks)), stage_of)
+    # what the profile's timeline is measured between: its own run's operators (this run's if it does not say)
+    signatures, per_iteration = shared.traced_run() or (frozenset(placed.placed(chunks)),
+                                                        placed.ops_per_iteration(chunks))
+    ops, gaps = shared.ops(config, signatures, stage_of, per_iteration)
     inputs = WorkloadResolver(config, ops, collectives, gaps, shared.work).graph_inputs(chunks, by_shape=by_shape)
     return chunks, inputs, ops, collectives
 
@@ -166,7 +169,7 @@ class SharedResolvers:
         self._collectives: dict[tuple[str, int], CollectiveResolver] = {}
         self._bare: dict[str, OpLatencyResolver] = {}
         self._timeline: frozenset[tuple[str, str, str]] | None = None
-        self._traced_placed: frozenset[tuple[str, str, str]] | None = None
+        self._traced: tuple[frozenset[tuple[str, str, str]], dict[str, float]] | tuple[()] | None = None
         self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
                         tuple[OpLatencyResolver, HostGapResolver]] = {}
         self.work: ResolvedWork = {}
@@ -185,38 +188,42 @@ class SharedResolvers:
             self._bare[device_type] = OpLatencyResolver(self.profile, self.device, device_type)
         return self._bare[device_type]
 
-    def ops(self, config: RunConfig, placed: frozenset[tuple[str, str, str]],
-            stage_of: dict[int, int] | None) -> tuple[OpLatencyResolver, HostGapResolver]:
-        """The operator resolver and host-gap resolver calibrated for these placed signatures and stages."""
+    def ops(self, config: RunConfig, placed: frozenset[tuple[str, str, str]], stage_of: dict[int, int] | None,
+            per_iteration: dict[str, float]) -> tuple[OpLatencyResolver, HostGapResolver]:
+        """The operator resolver and host-gap resolver calibrated for these placed signatures and stages, the
+        traced run placing ``per_iteration`` operators per rank and iteration in each phase."""
         device_type = _device_type(config)
         placed = placed & self._timeline_signatures()  # the calibration sees only calls in the timeline
-        key = (device_type, placed, tuple(sorted(stage_of.items())) if stage_of is not None else None)
+        key = (device_type, placed, tuple(sorted(stage_of.items())) if stage_of is not None else None,
+               tuple(sorted(per_iteration.items())))
         if key not in self._ops:
             ops = OpLatencyResolver(self.profile, self.device, device_type)
             gaps = HostGapResolver(self.profile, device_type)
-            gaps.fit(set(placed), stage_of)
+            gaps.fit(set(placed), stage_of, per_iteration)
             ops.calibrate(gaps.events, stage_of)
             self._ops[key] = (ops, gaps)
         return self._ops[key]
 
 
-    def traced_placed(self) -> frozenset[tuple[str, str, str]] | None:
-        """Signatures of the operators the model places in the run the profile's timeline recorded, when the
-        profile describes that run (:meth:`~vtrain.tables.store.Profile.traced_run`); ``None`` otherwise.
+    def traced_run(self) -> tuple[frozenset[tuple[str, str, str]], dict[str, float]] | None:
+        """What the model places in the run the profile's timeline recorded, when the profile describes that run
+        (:meth:`~vtrain.tables.store.Profile.traced_run`): its operators' signatures and how many it places per
+        rank and iteration in each phase; ``None`` otherwise.
 
         The profile's host gaps and interference are measured between the operators the model places *in the
         traced run*: everything else there is time between them. Measured between another run's signatures
         instead, every operator of the traced run whose shape differs (a wider layer, another vocabulary) would
         count as gap, and a profile of a small run would add the whole of its own compute to a larger one's
         host time."""
-        if self._traced_placed is None:
+        if self._traced is None:
             traced = self.profile.traced_run() if self.profile is not None else None
             if traced is None:
-                self._traced_placed = frozenset()
+                self._traced = ()
             else:
                 resolver = WorkloadResolver(traced, self.bare_ops(traced), self.collectives(traced))
-                self._traced_placed = frozenset(resolver.placed(partition(traced)))
-        return self._traced_placed or None
+                chunks = partition(traced)
+                self._traced = (frozenset(resolver.placed(chunks)), resolver.ops_per_iteration(chunks))
+        return self._traced or None
 
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""

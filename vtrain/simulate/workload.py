@@ -30,7 +30,16 @@ from vtrain.naming import SPAN_PREFIX, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
-from vtrain.simulate.latency import HostGapResolver, OpLatencyResolver, Resolution
+from vtrain.tables.gaps import ALL
+from vtrain.simulate.latency import (
+    DEVICE_GAP,
+    HOST_ISSUE,
+    MODELLED,
+    HostGapResolver,
+    IssueRate,
+    OpLatencyResolver,
+    Resolution,
+)
 
 #: blocks by kind; ``attention`` is a layer's attention core, the block selective recomputation re-runs
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward,
@@ -54,6 +63,37 @@ class ResolvedStep:
     @property
     def gap_us(self) -> float:
         return self.gap.latency_us if self.gap is not None else 0.0
+
+
+def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, graph_launch: int | None = None,
+           outside_graph: int = 0) -> tuple[ResolvedStep, ...]:
+    """A block's steps as a GPU rank's host issues them at the measured ``rate``, the block running among
+    others like it (a layer among layers: the host's lead or lag on the device carries over from the block
+    before, so the block is timed as the second of two in a row): the host issues one operator every
+    ``rate.host`` (collectives cost it nothing more; a CUDA graph costs it one replay, at ``graph_launch``: the
+    time the profile measured for one, else one operator's, and the ``outside_graph`` operators it still issues
+    one by one); the device starts an operator once it is issued and the previous step has finished, plus the device's
+    own time between operators (a graph replays the kernels of operators the model does not place too). Each
+    step's gap is the time the stream idles before it, so the block's time is still its latencies plus its
+    gaps."""
+    host, issued_at, finished = rate.host.latency_us, 0.0, 0.0
+    replay = rate.graph_launch.latency_us if rate.graph_launch is not None else host
+    idle: list[float] = []
+    for _ in range(2):
+        idle = []
+        for index, step in enumerate(resolved):
+            is_op = isinstance(step.step, Op)
+            if is_op and graph_launch is None:
+                issued_at += host
+            elif index == graph_launch:
+                issued_at += replay + outside_graph * host
+            start = max(issued_at, finished + (rate.device_gap_us if is_op else 0.0))
+            idle.append(start - finished)
+            finished = start + step.latency_us
+    detail = f"{rate.host.detail}; device {rate.device_gap_us:.1f} us between operators"
+    return tuple(replace(step, gap=Resolution(
+        wait, MODELLED, f"issued at the measured host rate ({phase}): {wait:.1f} us idle before it; {detail}",
+        parts=((HOST_ISSUE, host), (DEVICE_GAP, rate.device_gap_us)))) for step, wait in zip(resolved, idle))
 
 
 #: the blocks a run with ``cuda_graphs`` replays from CUDA graphs: each transformer layer's passes (its forward,
@@ -143,8 +183,12 @@ class WorkloadResolver:
         if key not in self._resolved:
             steps = block_steps(self.shape, kind, phase, accumulate)
             launch = next((i for i, step in enumerate(steps) if isinstance(step, Op)), None)  # a graph's first op
-            resolved = tuple(self.resolve_step(step, phase, where, with_gap=not graphed or i == launch)
+            rate = self.gaps.issue(phase, where)
+            resolved = tuple(self.resolve_step(step, phase, where, with_gap=rate is None and (not graphed or i == launch))
                              for i, step in enumerate(steps))
+            if rate is not None:
+                resolved = issued(resolved, rate, phase, launch if graphed else None,
+                                  self._outside_graph(kind, phase, accumulate) if graphed else 0)
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
             host = max(0.0, self._issued_us(resolved, graphed) - tp - compute)
@@ -203,6 +247,40 @@ class WorkloadResolver:
                   for step in optimizer_steps(self.shape, params)]
         return {step.signature for step in steps if isinstance(step, Op)}
 
+    def ops_per_iteration(self, chunks: list[list[Chunk]]) -> dict[str, float]:
+        """Operators the host issues one by one per rank and iteration, by phase (and ``all``), the mean over the
+        run's stages (not those replayed from CUDA graphs): what a profile of this run spreads the host's measured
+        time per operator over (:class:`HostGapResolver`)."""
+        par = self.config.parallelism
+        recomputed = {"full": "layer", "selective": "attention"}.get(par.recompute)
+
+        def ops(kind: str, phase: str, accumulate: bool = False) -> int:
+            if self.config.cuda_graphs and kind in GRAPHED_BLOCKS:  # one replay, timed apart, and what it leaves out
+                return self._outside_graph(kind, phase, accumulate)
+            return sum(isinstance(step, Op) for step in block_steps(self.shape, kind, phase, accumulate))
+
+        counts = dict.fromkeys(("forward", "recompute", "backward", "optimizer"), 0.0)
+        m = par.micro_batches
+        for stage_chunks in chunks:
+            for chunk in stage_chunks:
+                for kind, _ in chunk.forward_blocks():
+                    counts["forward"] += m * ops(kind, "forward")
+                    counts["backward"] += ops(kind, "backward") + (m - 1) * ops(kind, "backward", True)
+                    if recomputed and kind == "layer":
+                        counts["recompute"] += m * ops(recomputed, "recompute")
+            params = tuple(stage_parameters(self.shape, stage_chunks))
+            counts["optimizer"] += sum(isinstance(step, Op) for step in optimizer_steps(self.shape, params))
+        per_stage = {phase: n / len(chunks) for phase, n in counts.items() if n}
+        return {**per_stage, ALL: sum(per_stage.values())}
+
+    def _outside_graph(self, kind: str, phase: str, accumulate: bool) -> int:
+        """Operators of a block replayed from a CUDA graph that the host still issues one by one: adding a
+        micro-batch's gradients to the ones before (autograd accumulates into ``.grad`` after the replay)."""
+        if not accumulate:
+            return 0
+        count = [sum(isinstance(step, Op) for step in block_steps(self.shape, kind, phase, acc)) for acc in (0, 1)]
+        return max(count[1] - count[0], 0)
+
     def forward(self, chunk: Chunk) -> PhaseWork:
         """One micro-batch's forward pass through a chunk."""
         return PhaseWork(tuple(self._block(kind, "forward", layer, chunk.stage) for kind, layer in chunk.forward_blocks()))
@@ -225,7 +303,11 @@ class WorkloadResolver:
         key = self._key("optimizer", tuple((c.layers, c.has_embedding, c.has_head) for c in chunks), where)
         if key not in self._resolved:
             params = tuple(stage_parameters(self.shape, chunks))
-            resolved = tuple(self.resolve_step(s, "optimizer", where) for s in optimizer_steps(self.shape, params))
+            rate = self.gaps.issue("optimizer", where)
+            resolved = tuple(self.resolve_step(s, "optimizer", where, with_gap=rate is None)
+                             for s in optimizer_steps(self.shape, params))
+            if rate is not None:
+                resolved = issued(resolved, rate, "optimizer")
             self._resolved[key] = (resolved, sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved))
         resolved, compute, host = self._resolved[key]  # type: ignore[misc]
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
@@ -282,7 +364,7 @@ class WorkloadResolver:
         stage_of = self.profile_stages()
         self._per_stage = stage_of is not None
         if not self._fitted:
-            self.gaps.fit(self.placed(chunks), stage_of)
+            self.gaps.fit(self.placed(chunks), stage_of, self.ops_per_iteration(chunks))
             self.ops.calibrate(self.gaps.events, stage_of)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:

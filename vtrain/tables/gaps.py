@@ -57,9 +57,18 @@ Signature = tuple[str, str, str]
 
 EVENTS_SCHEMA = {"rank": pl.Int64, "iteration": pl.Int64, "device_type": pl.String, "phase": pl.String,
                  "op": pl.String, "input_dims": pl.String, "input_types": pl.String, "dur": pl.Float64,
-                 "gap": pl.Float64}
+                 "gap": pl.Float64, "host": pl.Float64, "queued": pl.Int64, "ahead": pl.Boolean,
+                 "graph": pl.Boolean}
 GAPS_SCHEMA = {"device_type": pl.String, "phase": pl.String, "ops": pl.Int64, "rank_iterations": pl.Int64,
-               "gap_us": pl.Float64, "mean_us": pl.Float64, "median_us": pl.Float64, "p90_us": pl.Float64}
+               "gap_us": pl.Float64, "mean_us": pl.Float64, "median_us": pl.Float64, "p90_us": pl.Float64,
+               "op_calls": pl.Int64, "host_us": pl.Float64, "host_calls": pl.Int64, "graph_host_us": pl.Float64,
+               "device_gap_us": pl.Float64}
+#: the columns :func:`_timed` gives every placed call (how the host issued it is known on GPU ranks only)
+_TIMED = [name for name in EVENTS_SCHEMA if name not in ("host", "queued", "ahead", "graph")]
+#: a launch made with fewer device activities queued ahead of it than this did not wait for a slot in the launch
+#: queue (CUDA's holds about a thousand; 754 were the most queued in the H200 and H100 recordings): the time
+#: since the previous launch is the host's own
+FREE_QUEUE = 256
 
 
 def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
@@ -73,11 +82,23 @@ def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
         both.group_by("device_type", "phase")
         .agg(ops=pl.len().cast(pl.Int64), rank_iterations=pl.struct("rank", "iteration").n_unique().cast(pl.Int64),
              gap_us=pl.col("gap").sum(), median_us=pl.col("gap").median(),
-             p90_us=pl.col("gap").quantile(0.9, interpolation="linear"))
+             p90_us=pl.col("gap").quantile(0.9, interpolation="linear"),
+             op_calls=(~pl.col("graph")).sum().cast(pl.Int64), host_us=_issue_times(False).mean(),
+             host_calls=_issue_times(False).count().cast(pl.Int64), graph_host_us=_issue_times(True).mean(),
+             device_gap_us=pl.col("gap").filter(pl.col("ahead")).mean())
         .join(typical, on=["device_type", "phase"], nulls_equal=True)
         .sort("device_type", "phase")
         .select(list(GAPS_SCHEMA))
     )
+
+
+def _issue_times(graph: bool) -> pl.Expr:
+    """The host's times to issue an operator (or, ``graph``, to replay a CUDA graph): the time since the previous
+    launch, for launches that did not wait for a slot in the launch queue (:data:`FREE_QUEUE`) and that the host
+    made on its own, ahead of the device or with the device idle before the operator (a launch just as the device
+    became free is the host keeping pace with it: a synchronous call, or a timeline written so)."""
+    return pl.col("host").filter((pl.col("graph") == graph) & (pl.col("queued") < FREE_QUEUE)
+                                 & (pl.col("ahead") | (pl.col("gap") > 0)))
 
 
 def placed_events(cpu_ops: pl.DataFrame, kernels: pl.DataFrame, collectives: pl.DataFrame,
@@ -129,30 +150,63 @@ def _cpu_events(cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], placed: set
     marked = _placed_mask(ops.select("name", "input_dims", "input_types"), placed)
     ops = ops.filter(pl.Series([m and not b for m, b in zip(marked, blocked)], dtype=pl.Boolean))
     ops = ops.rename({"name": "op"})
-    return _timed(ops, cpu_ops, waits, "cpu")
+    return _timed(ops, cpu_ops, waits, "cpu").with_columns(host=pl.lit(None, pl.Float64), queued=pl.lit(None, pl.Int64),
+                                                           ahead=pl.lit(False), graph=pl.lit(False))
 
 
 def _gpu_events(kernels: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray],
                 placed: set[Signature], graph_launches: pl.DataFrame | None) -> pl.DataFrame:
-    graphed = pl.lit(False)
+    graphed, graph_ts = pl.lit(False), pl.lit(None, pl.Float64)
     if graph_launches is not None and not graph_launches.is_empty():  # a graph's kernels carry its launch's id
-        launched = graph_launches.select("rank", "correlation").unique().with_columns(graphed=pl.lit(True))
+        launched = graph_launches.unique(["rank", "correlation"]).select(
+            "rank", "correlation", graph_ts=pl.col("ts"), graphed=pl.lit(True))
         kernels = kernels.join(launched, on=["rank", "correlation"], how="left", maintain_order="left")
-        graphed = pl.col("graphed").fill_null(False)
-    # a graph launched outside any operator still released work
+        graphed, graph_ts = pl.col("graphed").fill_null(False), pl.col("graph_ts")
+    # a graph launched outside any operator still released work; one call: its launch
     work = kernels.filter((pl.col("kernel_class") != COMMUNICATION) & pl.col("iteration").is_not_null()
-                          & (pl.col("cpu_op").is_not_null() | graphed))
+                          & (pl.col("cpu_op").is_not_null() | graphed)).with_columns(
+        call=pl.when(graphed).then(-pl.col("correlation")).otherwise(pl.col("external_id")), graph_ts=graph_ts)
     placed_mask = pl.Series(_placed_mask(work.select("cpu_op", "input_dims", "input_types"), placed),
                             dtype=pl.Boolean)
     work = work.filter(placed_mask | work.select(graphed.alias("graphed"))["graphed"]).drop("graphed", strict=False)
     launches = (cpu_ops.filter(pl.col("external_id").is_not_null()).unique(["rank", "external_id"], keep="first")
                 .select("rank", "external_id", launch_ts=pl.col("ts")))
     work = work.join(launches, on=["rank", "external_id"], how="left").with_columns(
-        launch_ts=pl.coalesce("launch_ts", "ts")).rename({"cpu_op": "op"})
-    per_kernel = _timed(work, cpu_ops, waits, "cuda", phase_at="launch_ts", keep=["external_id"])
-    return (per_kernel.group_by("rank", "iteration", "external_id", maintain_order=True)
-            .agg(pl.col("device_type", "phase", "op", "input_dims", "input_types").first(), pl.col("dur", "gap").sum())
-            .select(list(EVENTS_SCHEMA)))
+        launch_ts=pl.coalesce("graph_ts", "launch_ts", "ts")).rename({"cpu_op": "op"})
+    per_kernel = _timed(work, cpu_ops, waits, "cuda", phase_at="launch_ts", keep=["call", "launch_ts", "ts"])
+    calls = (per_kernel.group_by("rank", "iteration", "call", maintain_order=True)
+             .agg(pl.col("device_type", "phase", "op", "input_dims", "input_types").first(), pl.col("dur", "gap").sum(),
+                  launch=pl.col("launch_ts").min(), end=(pl.col("ts") + pl.col("dur")).max(),
+                  graph=(pl.col("call") < 0).fill_null(False).first()))
+    return _issued(calls, _queued_at(kernels, launches)).select(list(EVENTS_SCHEMA))
+
+
+def _queued_at(kernels: pl.DataFrame, launches: pl.DataFrame) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per GPU rank, the sorted launch and start times of all its device activities: how many were queued (launched,
+    not yet started) at a time is the count of launches before it less the count of starts."""
+    timed = kernels.join(launches, on=["rank", "external_id"], how="left").with_columns(
+        launch_ts=pl.coalesce("launch_ts", "ts"))
+    return {int(rank): (np.sort(group["launch_ts"].to_numpy()), np.sort(group["ts"].to_numpy()))
+            for (rank,), group in timed.group_by("rank")}
+
+
+def _issued(calls: pl.DataFrame, queued: dict[int, tuple[np.ndarray, np.ndarray]]) -> pl.DataFrame:
+    """Placed GPU calls with how the host issued them: ``host``, the time since the previous placed call's launch
+    in the iteration (null for the first); ``queued``, the device activities launched and not yet started at its
+    launch (near the launch queue's depth the host waits for the device); ``ahead``, whether it was launched
+    before the previous one ended on the device (its gap is then the device's own time between operators, not a
+    wait for the host)."""
+    frames = []
+    for (rank, _), group in calls.group_by("rank", "iteration"):
+        group = group.sort("launch")
+        launched, started = queued[int(rank)]
+        at = group["launch"].to_numpy()
+        waiting = np.searchsorted(launched, at, side="left") - np.searchsorted(started, at, side="right")
+        frames.append(group.with_columns(
+            host=pl.col("launch").diff(), queued=pl.Series(waiting, dtype=pl.Int64),
+            ahead=(pl.col("launch") < pl.col("end").cum_max().shift()).fill_null(False)))
+    return pl.concat(frames) if frames else calls.with_columns(host=pl.lit(None, pl.Float64),
+                                                                queued=pl.lit(None, pl.Int64), ahead=pl.lit(False))
 
 
 def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], device_type: str,
@@ -174,8 +228,9 @@ def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarr
             rank=pl.lit(rank, dtype=pl.Int64), iteration=pl.lit(iteration, dtype=pl.Int64),
             device_type=pl.lit(device_type), phase=phase, gap=pl.Series(gaps, dtype=pl.Float64)))
     if not rows:  # nothing placed was timed: an empty frame that still has the kept columns
-        return pl.DataFrame(schema={**EVENTS_SCHEMA, **{name: calls.schema[name] for name in keep or []}})
-    return pl.concat(rows).select(*EVENTS_SCHEMA, *(keep or []))
+        return pl.DataFrame(schema={**{name: EVENTS_SCHEMA[name] for name in _TIMED},
+                                    **{name: calls.schema[name] for name in keep or []}})
+    return pl.concat(rows).select(*_TIMED, *(keep or []))
 
 
 def _placed_mask(signatures: pl.DataFrame, placed: set[Signature]) -> list[bool]:

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
-from vtrain.simulate.latency import INTERFERENCE, OPERATOR, STRAGGLER_WAIT, Resolution
+from vtrain.simulate.latency import HOST_ISSUE, INTERFERENCE, OPERATOR, STRAGGLER_WAIT, Resolution
 
 _PASSES = ("forward", "backward", "optimizer")
 
@@ -23,6 +23,7 @@ def simulated_terms(simulation: Any) -> dict[str, Any]:
     over all stages."""
     totals = {"gap_ms": 0.0, "interference_ms": 0.0, "straggler_wait_ms": 0.0}
     gaps: dict[str, list[float]] = defaultdict(list)
+    issue: dict[str, float] = {}  # per phase, the host's time per operator a GPU rank issues at
     operator = defaultdict(float)
     interference = defaultdict(float)
     stages = max(simulation.graph.stages, 1)
@@ -40,17 +41,24 @@ def simulated_terms(simulation: Any) -> dict[str, Any]:
                 totals["straggler_wait_ms"] += _part(step.resolution, STRAGGLER_WAIT) / 1e3 / stages
                 if step.gap is not None:
                     gaps[block.phase].append(step.gap.latency_us)
+                    if step.gap.part_us(HOST_ISSUE):
+                        issue[block.phase] = step.gap.part_us(HOST_ISSUE)
                 operator[block.phase] += _part(step.resolution, OPERATOR)
                 interference[block.phase] += _part(step.resolution, INTERFERENCE)
     factors = {phase: 1.0 + interference[phase] / operator[phase] for phase in operator if operator[phase] > 0}
     gap_us = {phase: sum(values) / len(values) for phase, values in gaps.items()}
-    return {**totals, "gap_us": gap_us, "interference": factors}
+    return {**totals, "gap_us": gap_us, "interference": factors, "host_issue_us": issue}
 
 
 def term_notes(terms: dict[str, Any]) -> list[str]:
     """One line per term the simulation added, for the report."""
     notes = []
-    if terms["gap_us"]:
+    if terms.get("host_issue_us"):
+        rates = ", ".join(f"{phase} {us:.1f} us" for phase, us in sorted(terms["host_issue_us"].items()))
+        notes.append(f"host issue (GPU; measured between launches of the operators the model places): {rates} per "
+                     f"operator; the device idles {terms['gap_ms']:.3f} ms per rank and iteration before operators "
+                     f"(modelled: waiting for the host, and its own time between operators)")
+    elif terms["gap_us"]:
         per_op = ", ".join(f"{phase} {us:.1f} us" for phase, us in sorted(terms["gap_us"].items()))
         notes.append(f"host gaps (measured between the operators the model places, collective waits excluded): "
                      f"{terms['gap_ms']:.3f} ms per rank and iteration; per operator {per_op}")
