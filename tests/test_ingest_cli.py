@@ -244,3 +244,20 @@ def test_a_profile_whose_run_does_not_load_is_refused_in_one_line(tmp_path: Path
     result = vtrain("simulate", REPO / "traces" / "t2p1d1" / "run.yaml", "--profile", out)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "metadata.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_profile_whose_run_is_another_runs_is_one_warning(tmp_path: Path) -> None:
+    """The traces of one run with the run.yaml of another beside them (another width: 28 of its 136 operator
+    signatures are in the timeline): the profile is usable, but its host time is measured between the wrong
+    operators; `simulate` says so in one warning line and predicts all the same."""
+    traces = tmp_path / "traces"
+    shutil.copytree(REPO / "traces" / "t2p1d1", traces)
+    described = (traces / "run.yaml").read_text()
+    (traces / "run.yaml").write_text(described.replace("hidden: ", "hidden: 1", 1))
+    out = tmp_path / "profile"
+    assert vtrain("ingest", traces, "-o", out).returncode == 0
+    result = vtrain("simulate", REPO / "traces" / "t2p1d1" / "run.yaml", "--profile", out, "--json")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "places only 28 of its 136" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "metadata.json" in warned[0]
+    assert json.loads(result.stdout)["iteration_time_ms"] > 0

@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from vtrain.devices import DeviceModel
+from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs
@@ -223,7 +224,22 @@ class SharedResolvers:
                 resolver = WorkloadResolver(traced, self.bare_ops(traced), self.collectives(traced))
                 chunks = partition(traced)
                 self._traced = (frozenset(resolver.placed(chunks)), resolver.ops_per_iteration(chunks))
+                self._check_traced(self._traced[0])
         return self._traced or None
+
+    def _check_traced(self, placed: frozenset[tuple[str, str, str]]) -> None:
+        """Warn when fewer than half the operator signatures of the run the profile says it recorded are in its
+        timeline (61-100 % in the recordings shipped; a run.yaml of another run beside the traces, e.g. another
+        width, 21 %): the timeline's host time is then measured between the wrong operators."""
+        timeline = self._timeline_signatures()
+        found = len(placed & timeline)
+        if timeline and placed and found < len(placed) / 2:
+            assert self.profile is not None
+            model = self.profile.traced_run().model  # type: ignore[union-attr]
+            warn_input(f"the run the profile says it recorded (metadata.json's run: {model.layers} layers, hidden "
+                       f"{model.hidden}, sequence {model.seq}) places only {found} of its {len(placed)} operator "
+                       f"signatures where its timeline has calls: is it the run these traces are of? Host time "
+                       f"measured between the wrong operators is wrong", self.profile.path)
 
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""
