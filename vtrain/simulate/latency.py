@@ -19,7 +19,8 @@ beside a phase differs (collectives overlapping the backward pass compete for th
 timeline (imported tables) there is no factor.
 
 :class:`HostGapResolver` adds the time a run spends between the operators (host overhead, launch gaps), measured
-in the profile's own timeline (:mod:`vtrain.tables.gaps`).
+in the profile's own timeline (:mod:`vtrain.tables.gaps`): on CPU ranks as the gaps themselves, on GPU ranks as the
+rate the host issued operators at (:class:`IssueRate`), which the workload turns into each block's gaps.
 """
 
 from __future__ import annotations

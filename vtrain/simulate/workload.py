@@ -1,14 +1,17 @@
 """Resolving the workload model into the graph builder's inputs: every distinct block's steps are resolved once
 (all layers of a stage share one resolution) and wrapped into :class:`~vtrain.graph.work.BlockWork`.
 
-Each operator is preceded by the host gap measured before operators of its phase (:class:`HostGapResolver`):
-a block's time is its operators' latencies (``compute_us``) plus their gaps (``host_us``). Collectives get no
-gap of their own; the time to issue one and to resume after it is in the gap before the next operator, where it
-was measured. A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`): the
-gap (or the fitted host time) before a graphed block's first operator stands for the graph's launch, and its other
-operators follow one another with none. When the profile is the run's own recording (as many ranks, its stages
-named by its spans), each pipeline stage gets its own measured gaps and interference factors: stages of one run
-share the machine differently (which pass runs while another stage waits).
+Each operator is preceded by a gap (:class:`HostGapResolver`): a block's time is its operators' latencies
+(``compute_us``) plus their gaps (``host_us``). On CPU ranks the gap is the one measured before operators of its
+phase; collectives get no gap of their own (the time to issue one and to resume after it is in the gap before the
+next operator, where it was measured). On GPU ranks the host and the device run apart: the host issues operators
+at the rate measured in the profile and the device runs each once issued (:func:`issued`), so the gaps are what
+the device waits. A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`):
+the gap (or the host's time to replay a graph, or the fitted host time) before a graphed block's first operator
+stands for the graph's launch, and its other operators follow one another with none but the device's own. When the
+profile is the run's own recording (as many ranks, its stages named by its spans), each pipeline stage gets its own
+measured gaps and interference factors: stages of one run share the machine differently (which pass runs while
+another stage waits).
 """
 
 from __future__ import annotations
