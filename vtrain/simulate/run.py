@@ -205,7 +205,6 @@ class SharedResolvers:
             self._ops[key] = (ops, gaps)
         return self._ops[key]
 
-
     def traced_run(self) -> tuple[frozenset[tuple[str, str, str]], dict[str, float]] | None:
         """What the model places in the run the profile's timeline recorded, when the profile describes that run
         (:meth:`~vtrain.tables.store.Profile.traced_run`): its operators' signatures and how many it places per
@@ -224,10 +223,10 @@ class SharedResolvers:
                 resolver = WorkloadResolver(traced, self.bare_ops(traced), self.collectives(traced))
                 chunks = partition(traced)
                 self._traced = (frozenset(resolver.placed(chunks)), resolver.ops_per_iteration(chunks))
-                self._check_traced(self._traced[0])
+                self._check_traced(traced, self._traced[0])
         return self._traced or None
 
-    def _check_traced(self, placed: frozenset[tuple[str, str, str]]) -> None:
+    def _check_traced(self, traced: RunConfig, placed: frozenset[tuple[str, str, str]]) -> None:
         """Warn when fewer than half the operator signatures of the run the profile says it recorded are in its
         timeline (61-100 % in the recordings shipped; a run.yaml of another run beside the traces, e.g. another
         width, 21 %): the timeline's host time is then measured between the wrong operators."""
@@ -235,7 +234,7 @@ class SharedResolvers:
         found = len(placed & timeline)
         if timeline and placed and found < len(placed) / 2:
             assert self.profile is not None
-            model = self.profile.traced_run().model  # type: ignore[union-attr]
+            model = traced.model
             warn_input(f"the run the profile says it recorded (metadata.json's run: {model.layers} layers, hidden "
                        f"{model.hidden}, sequence {model.seq}) places only {found} of its {len(placed)} operator "
                        f"signatures where its timeline has calls: is it the run these traces are of? Host time "

@@ -33,7 +33,6 @@ from vtrain.naming import SPAN_PREFIX, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
-from vtrain.tables.gaps import ALL
 from vtrain.simulate.latency import (
     DEVICE_GAP,
     HOST_ISSUE,
@@ -43,6 +42,7 @@ from vtrain.simulate.latency import (
     OpLatencyResolver,
     Resolution,
 )
+from vtrain.tables.gaps import ALL
 
 #: blocks by kind; ``attention`` is a layer's attention core, the block selective recomputation re-runs
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward,
@@ -75,9 +75,9 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
     before, so the block is timed as the second of two in a row): the host issues one operator every
     ``rate.host`` (collectives cost it nothing more; a CUDA graph costs it one replay, at ``graph_launch``: the
     time the profile measured for one, else one operator's, and the ``outside_graph`` operators it still issues
-    one by one); the device starts an operator once it is issued and the previous step has finished, plus the device's
-    own time between operators (a graph replays the kernels of operators the model does not place too). Each
-    step's gap is the time the stream idles before it, so the block's time is still its latencies plus its
+    one by one); the device starts an operator once it is issued and the previous step has finished, plus the
+    device's own time between operators (a graph replays the kernels of operators the model does not place too).
+    Each step's gap is the time the stream idles before it, so the block's time is still its latencies plus its
     gaps."""
     host, issued_at, finished = rate.host.latency_us, 0.0, 0.0
     replay = rate.graph_launch.latency_us if rate.graph_launch is not None else host
@@ -102,6 +102,11 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
 #: the blocks a run with ``cuda_graphs`` replays from CUDA graphs: each transformer layer's passes (its forward,
 #: backward and recomputation, and the attention core selective recomputation re-runs)
 GRAPHED_BLOCKS = ("layer", "attention")
+
+
+def _op_count(shape: GptShape, kind: str, phase: str, accumulate: bool) -> int:
+    """Operators (not collectives) among a block's steps."""
+    return sum(isinstance(step, Op) for step in block_steps(shape, kind, phase, accumulate))
 
 
 @lru_cache(maxsize=256)
@@ -129,10 +134,11 @@ ResolvedWork = dict[tuple[object, ...], object]
 class WorkloadResolver:
     """Turns a run config into :class:`GraphInputs` using the op and collective resolvers.
 
-    ``gaps``: a host-gap resolver already fitted, with ``ops`` already calibrated, for this run's placed
-    operators (:meth:`placed`) and profile stages (:meth:`profile_stages`), as a sweep shares them between runs
-    that place the same operators; by default both are fitted here. ``resolved``: what runs resolved through the
-    same resolvers resolved before (keyed by everything it depends on), shared with this one."""
+    ``gaps``: the host-gap resolver, fitted, with ``ops`` calibrated, on the operators the profile's run places
+    (:func:`~vtrain.simulate.run.resolve_work`: one rule for every command, shared by a sweep's runs); without it
+    the resolver only says what the run places (:meth:`placed`, :meth:`ops_per_iteration`,
+    :meth:`profile_stages`). ``resolved``: what runs resolved through the same resolvers resolved before (keyed by
+    everything it depends on), shared with this one."""
 
     def __init__(self, config: RunConfig, ops: OpLatencyResolver, collectives: CollectiveResolver,
                  gaps: HostGapResolver | None = None, resolved: ResolvedWork | None = None) -> None:
@@ -140,7 +146,6 @@ class WorkloadResolver:
         self.shape = GptShape.from_config(config)
         self.ops = ops
         self.collectives = collectives
-        self._fitted = gaps is not None
         self.gaps = gaps if gaps is not None else HostGapResolver(ops.profile, ops.device_type)
         # shared only with a shared gap resolver: its identity is part of every key
         self._resolved: ResolvedWork = resolved if resolved is not None and gaps is not None else {}
@@ -187,7 +192,8 @@ class WorkloadResolver:
             steps = block_steps(self.shape, kind, phase, accumulate)
             launch = next((i for i, step in enumerate(steps) if isinstance(step, Op)), None)  # a graph's first op
             rate = self.gaps.issue(phase, where)
-            resolved = tuple(self.resolve_step(step, phase, where, with_gap=rate is None and (not graphed or i == launch))
+            resolved = tuple(self.resolve_step(step, phase, where,
+                                               with_gap=rate is None and (not graphed or i == launch))
                              for i, step in enumerate(steps))
             if rate is not None:
                 resolved = issued(resolved, rate, phase, launch if graphed else None,
@@ -260,7 +266,7 @@ class WorkloadResolver:
         def ops(kind: str, phase: str, accumulate: bool = False) -> int:
             if self.config.cuda_graphs and kind in GRAPHED_BLOCKS:  # one replay, timed apart, and what it leaves out
                 return self._outside_graph(kind, phase, accumulate)
-            return sum(isinstance(step, Op) for step in block_steps(self.shape, kind, phase, accumulate))
+            return _op_count(self.shape, kind, phase, accumulate)
 
         counts = dict.fromkeys(("forward", "recompute", "backward", "optimizer"), 0.0)
         m = par.micro_batches
@@ -281,8 +287,7 @@ class WorkloadResolver:
         micro-batch's gradients to the ones before (autograd accumulates into ``.grad`` after the replay)."""
         if not accumulate:
             return 0
-        count = [sum(isinstance(step, Op) for step in block_steps(self.shape, kind, phase, acc)) for acc in (0, 1)]
-        return max(count[1] - count[0], 0)
+        return max(_op_count(self.shape, kind, phase, True) - _op_count(self.shape, kind, phase, False), 0)
 
     def forward(self, chunk: Chunk) -> PhaseWork:
         """One micro-batch's forward pass through a chunk."""
@@ -366,9 +371,6 @@ class WorkloadResolver:
         par = self.config.parallelism
         stage_of = self.profile_stages()
         self._per_stage = stage_of is not None
-        if not self._fitted:
-            self.gaps.fit(self.placed(chunks), stage_of, self.ops_per_iteration(chunks))
-            self.ops.calibrate(self.gaps.events, stage_of)
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
             inputs.pp_transfer = self.comm("pp", "send", self.shape.pipeline_bytes)
