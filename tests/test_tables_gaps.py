@@ -116,16 +116,23 @@ def test_the_kernels_a_cuda_graph_launch_released_are_work_not_gap() -> None:
     assert with_graph.height == 3  # the two operators and the graph, one event
 
 
-def _gpu_timeline(calls: list[tuple[float, float, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """One GPU rank's iteration: per call (host launch time, kernel start, kernel duration), an ``aten::mm`` that
-    launches one kernel."""
-    cpu_ops = [op("ProfilerStep#1", 0.0, 10_000.0, "user_annotation")]
-    kernels = []
-    for index, (launch, start, dur) in enumerate(calls, start=1):
-        cpu_ops.append({**op("aten::mm", launch, 5.0), "external_id": index})
-        kernels.append({"rank": 0, "device": 0, "stream": 7, "kind": "kernel", "kernel_class": "computation",
-                        "iteration": 1, "name": "gemm", "ts": start, "dur": dur, "correlation": index,
-                        "external_id": index, "cpu_op": "aten::mm", "input_dims": DIMS, "input_types": F})
+def _gpu_timeline(calls: list[tuple[float, float, float]],
+                  iterations: int = 1) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One GPU rank's iterations, 10 ms apart: per call (host launch time, kernel start, kernel duration, from the
+    iteration's start; ``iterations`` lists of them, or one), an ``aten::mm`` that launches one kernel."""
+    per_iteration = [calls] if iterations == 1 else calls
+    cpu_ops, kernels, index = [], [], 0
+    for iteration, its_calls in enumerate(per_iteration, start=1):
+        origin = 10_000.0 * (iteration - 1)
+        cpu_ops.append({**op(f"ProfilerStep#{iteration}", origin, 10_000.0, "user_annotation"),
+                        "iteration": iteration})
+        for launch, start, dur in its_calls:
+            index += 1
+            cpu_ops.append({**op("aten::mm", origin + launch, 5.0), "external_id": index, "iteration": iteration})
+            kernels.append({"rank": 0, "device": 0, "stream": 7, "kind": "kernel", "kernel_class": "computation",
+                            "iteration": iteration, "name": "gemm", "ts": origin + start, "dur": dur,
+                            "correlation": index, "external_id": index, "cpu_op": "aten::mm", "input_dims": DIMS,
+                            "input_types": F})
     return conform(pl.DataFrame(cpu_ops), "cpu_ops"), conform(pl.DataFrame(kernels), "kernels")
 
 
@@ -161,3 +168,15 @@ def test_launches_that_keep_pace_with_the_device_say_nothing_of_the_host() -> No
     events = placed_events(cpu_ops, kernels, empty_table("collectives"), PLACED)
     stats = op_gaps(events).filter(pl.col("phase") == ALL).row(0, named=True)
     assert stats["host_us"] is None and stats["host_calls"] == 0 and stats["gap_us"] == pytest.approx(100.0)
+
+
+def test_the_hosts_time_is_that_of_a_typical_iteration() -> None:
+    """A profile whose first profiled iteration is cold (the allocator, autotuning, lazy initialisation: the host
+    takes 500 us between launches) and whose other two launch every 50 and 60 us: the host's time is the typical
+    iteration's, 60 us (the median of the iterations' means), as the gaps' is, not the 200 us mean of every
+    launch."""
+    cold, warm, warmer = ([(100.0 + step * i, 105.0 + step * i, 10.0) for i in range(6)] for step in (500, 60, 50))
+    cpu_ops, kernels = _gpu_timeline([cold, warm, warmer], iterations=3)
+    events = placed_events(cpu_ops, kernels, empty_table("collectives"), PLACED)
+    stats = op_gaps(events).filter(pl.col("phase") == ALL).row(0, named=True)
+    assert stats["host_us"] == pytest.approx(60.0) and stats["host_calls"] == 15
