@@ -217,7 +217,7 @@ def test_a_launch_bound_run_predicted_from_a_device_bound_recording(gpu: str, si
                                                                    tmp_path: Path) -> None:
     """The launch-bound run from the 6-layer recording's profile: the host issues operators at the rate measured
     between that recording's launches, the device runs them once issued (the gaps measured in a device-bound
-    recording, added as they were, gave -64.8 % on the H200 and -30.0 % on the H100). H200 -7.1 %, from a host
+    recording, added as they were, gave -64.8 % on the H200 and -30.0 % on the H100). H200 -6.9 %, from a host
     machine 1.6x faster than the predicted run's (the recordings were made in different calls)."""
     result = _validate(_recording("val-gpt350m-mb1", gpu), tmp_path / "report", "--profile",
                        str(six_layer_profiles[gpu]))
