@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO
@@ -74,7 +75,7 @@ def test_timeline_equals_simulate_on_a_recorded_cpu_profile(trace_set: str, ship
 
 
 def test_a_deadlocking_order_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vtrain.parallel import pass_at, passes_per_stage
+    from vtrain.parallel import pass_table
     from vtrain.plan import timeline
 
     config = run_config_from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 64},
@@ -83,12 +84,10 @@ def test_a_deadlocking_order_is_an_error(monkeypatch: pytest.MonkeyPatch) -> Non
     _, inputs, _, _ = resolve_work(config, None, device_for_config(config))
     backwards_first = replace(config.parallelism, schedule="1f1b")
 
-    def reversed_order(schedule: int, p: int, m: int, stage: int, v: int, k: int) -> tuple[int, int, int]:
-        return pass_at(schedule, p, m, stage, v, passes_per_stage(schedule, m, v) - 1 - k)
+    def reversed_orders(schedule: int, p: int, m: int, v: int) -> tuple[np.ndarray, ...]:
+        return tuple(np.ascontiguousarray(column[:, ::-1]) for column in pass_table(schedule, p, m, v))
 
-    # the walk as plain Python (its compiled form cannot be given another order), each stage's order reversed
-    monkeypatch.setattr(timeline, "_pass_at", reversed_order)
-    monkeypatch.setattr(timeline, "_walk", timeline._walk.py_func)
+    monkeypatch.setattr(timeline, "pass_table", reversed_orders)  # each stage's order reversed
     with pytest.raises(ValueError, match="deadlock"):
         timeline.iteration_timeline(backwards_first, inputs)
 

@@ -15,8 +15,8 @@ which order a pipeline stage runs its passes. Record, graph, memory, simulate, r
   ``v − 1 − (k // p) % v``; virtual stage ``chunk * p + stage`` holds a contiguous block of layers. With one
   chunk it is 1F1B.
 
-Each order is :func:`pass_at` in closed form. To add a schedule, give it a number in :data:`SCHEDULE_CODES`, a
-branch in :func:`pass_at` and an order function in :data:`SCHEDULES`; the simulator, the plan's timeline, the
+Each order is :func:`pass_table` in closed form. To add a schedule, give it a number in :data:`SCHEDULE_CODES`, a
+branch in :func:`pass_table` and an order function in :data:`SCHEDULES`; the simulator, the plan's timeline, the
 recorder and the memory model's micro-batches in flight (:func:`peak_in_flight`, read off the order itself)
 follow.
 """
@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 if TYPE_CHECKING:
     from vtrain.runconfig import RunConfig
@@ -105,43 +107,42 @@ class Pass(NamedTuple):
     micro_batch: int
 
 
-#: each schedule's number, as :func:`pass_at` takes it
+#: each schedule's number, as :func:`pass_table` takes it
 GPIPE, ONE_F_ONE_B, INTERLEAVED = 0, 1, 2
 SCHEDULE_CODES = {"gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "interleaved": INTERLEAVED}
 
 
-def pass_at(schedule: int, p: int, m: int, stage: int, v: int, k: int) -> tuple[int, int, int]:
-    """The ``k``-th pass of a stage's order under the schedule numbered ``schedule`` (:data:`SCHEDULE_CODES`), in
-    closed form: (1 for a backward pass, else 0; model chunk; micro-batch). Plain integer arithmetic, so that the
-    plan's compiled timeline (:mod:`vtrain.plan.timeline`) runs the very orders of :func:`stage_order`.
+def pass_table(schedule: int, p: int, m: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every stage's order under the schedule numbered ``schedule`` (:data:`SCHEDULE_CODES`), in closed form: three
+    ``(p, passes)`` integer arrays, row ``stage`` and column ``k`` the ``k``-th pass of that stage: 1 for a backward
+    pass (else 0), its model chunk, its micro-batch. The graph builder, the plan's compiled timeline
+    (:mod:`vtrain.plan.timeline`) and :func:`stage_order` all read these very orders.
 
     * GPipe: all forwards, then all backwards, in micro-batch order;
     * 1F1B: ``min(p - stage - 1, m)`` warm-up forwards, forward and backward alternately, the cool-down backwards;
     * interleaved (``v`` > 1; with one chunk it is 1F1B): the same over the ``m * v`` chunk passes, Megatron's
       warm-up, the k-th forward step of a stage on chunk ``(k // p) % v``, the k-th backward on the mirrored one.
     """
+    k = np.arange(passes_per_stage(schedule, m, v))[None, :]
+    stage = np.arange(p)[:, None]
+    zeros = np.zeros((p, k.size), dtype=np.int64)
     if schedule == GPIPE:
-        return (0, 0, k) if k < m else (1, 0, k - m)
-    if schedule == ONE_F_ONE_B or v == 1:
-        warmup = min(p - stage - 1, m)
-        if k < warmup:
-            return 0, 0, k
-        if k < 2 * m - warmup:
-            j = k - warmup
-            return (0, 0, warmup + j // 2) if j % 2 == 0 else (1, 0, j // 2)
-        return 1, 0, k - m
-    total = m * v
-    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
-    backward, step = 1, k - total  # the cool-down
-    if k < warmup:
-        backward, step = 0, k
-    elif k < 2 * total - warmup:
-        j = k - warmup
-        backward, step = (0, warmup + j // 2) if j % 2 == 0 else (1, j // 2)
+        backward = np.broadcast_to(k >= m, (p, k.size))
+        return backward.astype(np.int64), zeros, np.where(backward, k - m, k)
+    flat = schedule == ONE_F_ONE_B or v == 1
+    steps = m if flat else m * v  # forward (and backward) steps of a stage
+    if flat:
+        warmup = np.minimum(p - stage - 1, m)
+    else:
+        warmup = np.full_like(stage, steps) if m == p else np.minimum((p - stage - 1) * 2 + (v - 1) * p, steps)
+    j = k - warmup  # position in the steady phase
+    warming, cooling = k < warmup, k >= 2 * steps - warmup
+    backward = np.where(warming, 0, np.where(cooling, 1, j % 2))
+    step = np.where(warming, k, np.where(cooling, k - steps, np.where(j % 2 == 0, warmup + j // 2, j // 2)))
+    if flat:
+        return backward, zeros, step
     chunk = (step % (p * v)) // p
-    if backward:
-        chunk = v - 1 - chunk
-    return backward, chunk, (step // (p * v)) * p + step % p
+    return backward, np.where(backward == 1, v - 1 - chunk, chunk), (step // (p * v)) * p + step % p
 
 
 def passes_per_stage(schedule: int, m: int, v: int) -> int:
@@ -151,8 +152,8 @@ def passes_per_stage(schedule: int, m: int, v: int) -> int:
 
 def _order(schedule: int, p: int, m: int, stage: int, v: int) -> list[Pass]:
     phases = (FORWARD, BACKWARD)
-    return [Pass(phases[backward], chunk, mb) for backward, chunk, mb in
-            (pass_at(schedule, p, m, stage, v, k) for k in range(passes_per_stage(schedule, m, v)))]
+    backward, chunk, mb = (column[stage].tolist() for column in pass_table(schedule, p, m, v))
+    return [Pass(phases[b], c, i) for b, c, i in zip(backward, chunk, mb)]
 
 
 def gpipe(p: int, m: int, stage: int, v: int = 1) -> list[Pass]:

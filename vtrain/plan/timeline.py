@@ -2,7 +2,7 @@
 
 This is the schedule :func:`vtrain.simulate.list_scheduler.schedule` computes for the graph
 :func:`vtrain.graph.build.build_graph` builds, computed on the pipeline's own structure: each stage's compute
-stream runs its passes in the schedule's order (:func:`vtrain.parallel.pass_at`), a pass starts once the previous
+stream runs its passes in the schedule's order (:func:`vtrain.parallel.pass_table`), a pass starts once the previous
 one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is done and the
 previous transfer on the sender's stream is done (a sender's transfers become ready in the order of its passes,
 so first come, first served is that order); gradient buckets are reduced first come, first served (ties in the
@@ -24,11 +24,9 @@ import numpy as np
 from numba import njit
 
 from vtrain.graph.work import GraphInputs
-from vtrain.parallel import SCHEDULE_CODES, pass_at, passes_per_stage
+from vtrain.parallel import SCHEDULE_CODES, pass_table
 from vtrain.runconfig import ParallelConfig
 
-_pass_at = njit(cache=True)(pass_at)
-_passes_per_stage = njit(cache=True)(passes_per_stage)
 
 
 @dataclass(frozen=True)
@@ -49,10 +47,10 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     p, v, m = par.pp, par.virtual_stages, par.micro_batches
     split_last = par.dp_overlap and par.dp > 1 and bool(inputs.dp_buckets)
     work = _Work.of(inputs, p, v, m, split_last)
-    end, busy = _walk(SCHEDULE_CODES[par.schedule], p, m, v, inputs.pp_transfer is None, split_last,
-                      inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0, work.forward,
-                      work.backward, work.optimizer, work.block_us, work.block_first, work.bucket_block,
-                      work.bucket_us, work.bucket_first)
+    transfer = inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0
+    end, busy = _walk(*pass_table(SCHEDULE_CODES[par.schedule], p, m, v), p, m, v, inputs.pp_transfer is None,
+                      split_last, transfer, work.forward, work.backward, work.optimizer, work.block_us,
+                      work.block_first, work.bucket_block, work.bucket_us, work.bucket_first)
     if end < 0.0:
         raise ValueError("pipeline schedule deadlocks: a stage waits for a pass that never runs")
     return Timeline(iteration_us=float(end), busy_us=busy.tolist())
@@ -92,7 +90,8 @@ class _Work:
 
 
 @njit(cache=True)
-def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, transfer: float,
+def _walk(order_backward: np.ndarray, order_chunk: np.ndarray, order_mb: np.ndarray, p: int, m: int, v: int,
+          local: bool, split_last: bool, transfer: float,
           forward: np.ndarray, backward: np.ndarray, optimizer: np.ndarray, block_us: np.ndarray,
           block_first: np.ndarray, bucket_block: np.ndarray, bucket_us: np.ndarray,
           bucket_first: np.ndarray) -> tuple[float, np.ndarray]:  # pragma: no cover - compiled
@@ -105,7 +104,7 @@ def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, 
     backward_base = virtual * m
     arrival = np.full(2 * backward_base, -1.0)
     arrival[:m] = 0.0  # virtual stage 0 reads the data
-    total = _passes_per_stage(schedule, m, v)
+    total = order_backward.shape[1]
     position = np.zeros(p, np.int64)
     stream_free = np.zeros(p)
     send_free = np.zeros(2 * p)
@@ -117,7 +116,7 @@ def _walk(schedule: int, p: int, m: int, v: int, local: bool, split_last: bool, 
         for stage in range(p):
             i, free, done = position[stage], stream_free[stage], 0
             while i < total:
-                backward_pass, chunk, mb = _pass_at(schedule, p, m, stage, v, i)
+                backward_pass, chunk, mb = order_backward[stage, i], order_chunk[stage, i], order_mb[stage, i]
                 k = chunk * p + stage
                 if backward_pass:
                     slot = backward_base + k * m + mb
