@@ -13,22 +13,27 @@ stream per stage, whatever the number of GPUs. Nodes are tasks, sequential on on
   after the stage's last backward), on a first-come-first-served stream per stage;
 * ``optimizer``: the optimizer step of a stage, after its gradients are reduced.
 
-Edges are data dependencies. The order of each stage's compute stream (given by the schedule) is kept beside
-the graph in :attr:`ExecutionGraph.stream_order`; communication streams have no fixed order.
+Edges are data dependencies. Each stream runs its tasks in an order known before anything is timed: a compute
+stream in the schedule's order (:func:`vtrain.parallel.pass_table`), then the optimizer; a transfer stream in the
+order of its sender's passes (a transfer's one input is its pass, and a stage's passes end in stream order, so
+first come is that order); a gradient stream in the order its buckets' blocks run (ties: chunk, then bucket).
+
+The graph is built as arrays, one row per task (the largest pipelines of a sweep hold 200,000 tasks and more);
+rows point into a short list of resolved works. :attr:`ExecutionGraph.tasks` gives the rows as :class:`Task`
+objects, for the writers that walk them one by one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vtrain.graph.work import BlockWork, CommWork, GraphInputs, PhaseWork
-from vtrain.parallel import FORWARD, stage_order
-from vtrain.runconfig import RunConfig
+from vtrain.parallel import SCHEDULE_CODES, pass_table
+from vtrain.runconfig import ParallelConfig, RunConfig
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -78,7 +83,7 @@ class TaskColumns:
     compute_us: np.ndarray
     host_us: np.ndarray
     tp_us: np.ndarray
-    previous: np.ndarray  # the task before it on its ordered stream, -1 if none (or on a first-come stream)
+    previous: np.ndarray  # the task before it on its stream, -1 if none
     consumer: np.ndarray  # pp: the task that waits for the transfer; -1 for other kinds
 
     def of_kind(self, kind: str) -> np.ndarray:
@@ -86,166 +91,255 @@ class TaskColumns:
         return self.kind == KINDS.index(kind)
 
 
+#: the graph's per-task arrays, as :class:`Task` names them (``phase`` is 0 forward, 1 backward, -1 none)
+_FIELDS = ("kind", "stage", "chunk", "mb", "stream", "peer", "phase", "bucket", "block", "work")
+_PHASES = ("forward", "backward")
+
+
 @dataclass
 class ExecutionGraph:
-    """Tasks, their streams and their data dependencies (task ``i`` is ``tasks[i]``).
+    """Tasks as arrays (row ``i`` is task ``i``; ``work`` points into :attr:`works`), their streams and their
+    data dependencies (``sources[j]`` before ``targets[j]``).
 
-    The dependencies are plain lists (the scheduler walks them); :attr:`graph` is the same as a networkx graph,
-    built on first use (importing networkx costs a simulation a third of a second)."""
+    :attr:`tasks` gives the rows as :class:`Task` objects and :attr:`graph` the dependencies as a networkx graph,
+    both built on first use (importing networkx costs a simulation a third of a second)."""
 
-    edges: list[tuple[int, int]]  # data dependencies, each once, in the order they were added
-    tasks: list[Task]
+    rows: dict[str, np.ndarray]  # one array per name in _FIELDS
+    works: list[PhaseWork | BlockWork | CommWork]
+    sources: np.ndarray
+    targets: np.ndarray
+    previous: np.ndarray  # the task before each on its stream, in the order the stream runs them; -1 if first
     streams: list[Stream]
-    stream_order: dict[int, list[int]]  # ordered stream -> its tasks in execution order
     stages: int
 
-    @cached_property
-    def successors(self) -> list[list[int]]:
-        """The tasks that wait for each task's data."""
-        found: list[list[int]] = [[] for _ in self.tasks]
-        for before, after in self.edges:
-            found[before].append(after)
-        return found
+    def __len__(self) -> int:
+        return len(self.rows["kind"])
+
+    @property
+    def edge_count(self) -> int:
+        """The number of data dependencies."""
+        return len(self.sources)
 
     @cached_property
-    def predecessors(self) -> list[list[int]]:
-        """The tasks whose data each task waits for."""
-        found: list[list[int]] = [[] for _ in self.tasks]
-        for before, after in self.edges:
-            found[after].append(before)
-        return found
+    def stream_order(self) -> dict[int, list[int]]:
+        """Each stage's compute stream -> its tasks in execution order."""
+        stream = self.rows["stream"]
+        return {s: np.flatnonzero(stream == s).tolist() for s, each in enumerate(self.streams) if each.ordered}
 
     @cached_property
     def columns(self) -> TaskColumns:
-        """The tasks as arrays (built on first use)."""
-        n = len(self.tasks)
-        codes = {kind: code for code, kind in enumerate(KINDS)}
-        def column(field: str, dtype: type) -> np.ndarray:
-            return np.fromiter(map(attrgetter(field), self.tasks), dtype=dtype, count=n)
+        """The tasks' times and places as arrays."""
+        times = np.array([_times(work) for work in self.works], dtype=np.float64).reshape(-1, 4)[self.rows["work"]]
+        kind = self.rows["kind"]
+        consumer = np.full(len(self), -1, dtype=np.int64)
+        sent = kind[self.sources] == KINDS.index("pp")  # a transfer's one successor waits for it
+        consumer[self.sources[sent]] = self.targets[sent]
+        return TaskColumns(kind=kind, stage=self.rows["stage"], peer=self.rows["peer"], duration_us=times[:, 0],
+                           compute_us=times[:, 1], tp_us=times[:, 2], host_us=times[:, 3], previous=self.previous,
+                           consumer=consumer)
 
-        previous = np.full(n, -1, dtype=np.int64)
-        for order in self.stream_order.values():
-            previous[order[1:]] = order[:-1]
-        kind = np.fromiter((codes[t.kind] for t in self.tasks), dtype=np.int8, count=n)
-        consumer = np.full(n, -1, dtype=np.int64)
-        transfers = np.flatnonzero(kind == codes["pp"])
-        successors = self.successors
-        consumer[transfers] = [successors[j][0] for j in transfers.tolist()]
-        return TaskColumns(kind=kind, stage=column("stage", np.int64), peer=column("peer", np.int64),
-                           duration_us=column("duration_us", np.float64),
-                           compute_us=column("compute_us", np.float64), host_us=column("host_us", np.float64),
-                           tp_us=column("tp_us", np.float64), previous=previous, consumer=consumer)
+    def task(self, i: int) -> Task:
+        """Task ``i`` as an object."""
+        row = {name: int(self.rows[name][i]) for name in _FIELDS}
+        work = self.works[row.pop("work")]
+        phase = row.pop("phase")
+        duration, compute, tp, host = _times(work)
+        return Task(**{**row, "kind": KINDS[row["kind"]]}, duration_us=duration, compute_us=compute, tp_us=tp,
+                    host_us=host, work=work, phase=_PHASES[phase] if phase >= 0 else "")
+
+    @cached_property
+    def tasks(self) -> list[Task]:
+        """Every task as an object, in row order."""
+        return [self.task(i) for i in range(len(self))]
 
     @cached_property
     def graph(self) -> nx.DiGraph:
-        """The dependencies as a networkx graph (node ``i`` is ``tasks[i]``)."""
+        """The dependencies as a networkx graph (node ``i`` is task ``i``)."""
         import networkx as nx
 
         graph = nx.DiGraph()
-        graph.add_nodes_from(range(len(self.tasks)))
-        graph.add_edges_from(self.edges)
+        graph.add_nodes_from(range(len(self)))
+        graph.add_edges_from(zip(self.sources.tolist(), self.targets.tolist()))
         return graph
 
 
-class _Builder:
+def _times(work: PhaseWork | BlockWork | CommWork) -> tuple[float, float, float, float]:
+    """A task's duration and its operator, tensor-parallel and host parts."""
+    if isinstance(work, CommWork):
+        return work.latency_us, 0.0, 0.0, 0.0
+    return work.duration_us, work.compute_us, work.tp_us, work.host_us
+
+
+class _Works:
+    """The distinct resolved works tasks point to, each once."""
+
     def __init__(self) -> None:
-        self.tasks: list[Task] = []
-        self.edges: list[tuple[int, int]] = []
-        self.streams: list[Stream] = []
-        self.stream_order: dict[int, list[int]] = {}
-        self._stream_ids: dict[tuple[str, int], int] = {}
+        self.items: list[PhaseWork | BlockWork | CommWork] = []
+        self._index: dict[int, int] = {}
 
-    def stream(self, name: str, stage: int, ordered: bool) -> int:
-        key = (name, stage)
-        if key not in self._stream_ids:
-            self._stream_ids[key] = len(self.streams)
-            self.streams.append(Stream(name, stage, ordered))
-        return self._stream_ids[key]
+    def add(self, work: PhaseWork | BlockWork | CommWork) -> int:
+        if id(work) not in self._index:
+            self._index[id(work)] = len(self.items)
+            self.items.append(work)
+        return self._index[id(work)]
 
-    def add(self, task: Task) -> int:
-        index = len(self.tasks)
-        self.tasks.append(task)
-        order = self.stream_order.get(task.stream)
-        if order is not None:  # an ordered stream
-            order.append(index)
-        elif self.streams[task.stream].ordered:
-            self.stream_order[task.stream] = [index]
-        return index
 
-    def pass_task(self, kind: str, stage: int, compute: int, chunk: int, mb: int, work: PhaseWork | BlockWork,
-                  block: int = -1) -> int:
-        """A pass (or one block of a split one) on the stage's compute stream ``compute``."""
-        return self.add(Task(kind, stage, chunk, mb, work.duration_us, work.compute_us, work.tp_us, compute, work,
-                             block=block, host_us=work.host_us))
+def _rows(n: int, **given: np.ndarray | int) -> dict[str, np.ndarray]:
+    """``n`` task rows: the ``given`` columns (arrays or one value for all), the others -1 (chunk 0)."""
+    defaults = {"chunk": 0}
+    return {name: np.broadcast_to(np.asarray(given.get(name, defaults.get(name, -1)), dtype=np.int64), (n,))
+            for name in _FIELDS}
 
-    def comm_task(self, kind: str, stage: int, comm: CommWork, stream: int, *, chunk: int = 0, mb: int = -1,
-                  peer: int = -1, phase: str = "", bucket: int = -1) -> int:
-        return self.add(Task(kind, stage, chunk, mb, comm.latency_us, 0.0, 0.0, stream, comm, peer=peer,
-                             phase=phase, bucket=bucket))
+
+@dataclass
+class _Passes:
+    """Every stage's compute tasks in stream order (stage after stage), and where each pass's tasks are: ``first``
+    and ``last`` task of the forward (``forward``) and backward (``backward_first``, ``backward_last``) pass of
+    each (virtual stage, micro-batch)."""
+
+    rows: dict[str, np.ndarray]
+    forward: np.ndarray  # (p * v, m)
+    backward_first: np.ndarray
+    backward_last: np.ndarray
+    stage_last: np.ndarray  # (p,): each stage's last pass task
+
+
+def _passes(par: ParallelConfig, inputs: GraphInputs, works: _Works, split_last: bool) -> _Passes:
+    """The compute tasks of every pass, a backward pass split per block when its buckets overlap it."""
+    p, v, m = par.pp, par.virtual_stages, par.micro_batches
+    backward, chunk, mb = pass_table(SCHEDULE_CODES[par.schedule], p, m, v)
+    stage = np.broadcast_to(np.arange(p)[:, None], backward.shape)
+    forward_work = np.array([[works.add(inputs.forward[(s, c)]) for c in range(v)] for s in range(p)])
+    backward_work = np.array([[[works.add(inputs.backward[(s, c, accumulate)]) for accumulate in (False, True)]
+                               for c in range(v)] for s in range(p)])
+    work = np.where(backward == 1, backward_work[stage, chunk, (mb > 0).astype(np.int64)], forward_work[stage, chunk])
+    split = (backward == 1) & (mb == m - 1) & split_last
+    blocks = [[inputs.backward[(s, c, m > 1)].blocks if split_last else () for c in range(v)] for s in range(p)]
+    block_count = np.array([[len(each) for each in row] for row in blocks], dtype=np.int64).reshape(p, v)
+    block_first = (np.cumsum(block_count) - block_count.ravel()).reshape(p, v)  # into block_work
+    block_work = np.array([works.add(block) for row in blocks for each in row for block in each] + [-1])
+    counts = np.where(split, block_count[stage, chunk], 1).ravel()
+    first = np.cumsum(counts) - counts  # each pass's first task
+    of_pass = np.repeat(np.arange(counts.size), counts)
+    offset = np.arange(of_pass.size) - first[of_pass]
+    split_task = split.ravel()[of_pass]
+    rows = _rows(of_pass.size, kind=np.where(backward.ravel() == 1, KINDS.index("backward"),
+                                             KINDS.index("forward"))[of_pass],
+                 stage=stage.ravel()[of_pass], chunk=chunk.ravel()[of_pass], mb=mb.ravel()[of_pass],
+                 stream=stage.ravel()[of_pass], block=np.where(split_task, offset, -1),
+                 work=np.where(split_task, block_work[block_first[stage, chunk].ravel()[of_pass] + offset],
+                               work.ravel()[of_pass]))
+    virtual = (chunk * p + stage).ravel()
+    tables = {}
+    for name, is_backward, task in (("forward", 0, first), ("backward_first", 1, first),
+                                    ("backward_last", 1, first + counts - 1)):
+        table = np.full((p * v, m), -1, dtype=np.int64)
+        chosen = backward.ravel() == is_backward
+        table[virtual[chosen], mb.ravel()[chosen]] = task[chosen]
+        tables[name] = table
+    ends = np.cumsum(counts.reshape(p, -1).sum(axis=1)) - 1
+    return _Passes(rows=rows, stage_last=ends, **tables)
+
+
+def _links(passes: _Passes, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every pass's output to the pass that needs it, in the order the graph numbers their transfers (per
+    micro-batch: the forward links from virtual stage 1 up, then the backward links from 0 up): ``(m, links)``
+    arrays of the sending and the receiving task, and per link its direction (0 forward, 1 backward) and sending
+    virtual stage."""
+    virtual = p * v
+    ahead, back = np.arange(virtual - 1), np.arange(1, virtual)  # senders of forward / backward links
+    senders = np.concatenate([passes.forward[ahead], passes.backward_last[back]]).T
+    receivers = np.concatenate([passes.forward[ahead + 1], passes.backward_first[back - 1]]).T
+    direction = np.repeat([0, 1], virtual - 1)
+    return senders, receivers, direction, np.concatenate([ahead, back])
 
 
 def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
     """Build the iteration's execution graph for a consistent ``config`` from resolved work."""
     par = config.parallelism
     p, v, m, d = par.pp, par.virtual_stages, par.micro_batches, par.dp
-    virtual = p * v
     split_last = par.dp_overlap and d > 1 and bool(inputs.dp_buckets)
-    b = _Builder()
-    forward: dict[tuple[int, int], int] = {}  # (virtual stage, mb) -> task
-    backward_first: dict[tuple[int, int], int] = {}
-    backward_last: dict[tuple[int, int], int] = {}
-    split_blocks: dict[tuple[int, int], list[int]] = {}  # (stage, chunk) -> last mb's per-block tasks
-    stage_last: list[int] = []
+    works = _Works()
+    streams = [Stream("compute", stage, True) for stage in range(p)]
+    passes = _passes(par, inputs, works, split_last)
+    parts, edges = [passes.rows], []
+    virtual_last = p * v - 1
+    edges.append((passes.forward[virtual_last], passes.backward_first[virtual_last]))  # the loss turns around
+    senders, receivers, direction, sender_virtual = _links(passes, p, v, m)
+    count = len(passes.rows["kind"])
+    if p == 1 or inputs.pp_transfer is None:  # every link within a stage
+        edges.append((senders.ravel(), receivers.ravel()))
+    else:  # a transfer per link, on the sender's stream of its direction (numbered as first used)
+        sender_stage, receiver_stage = sender_virtual % p, (sender_virtual + 1 - 2 * direction) % p
+        keys = list(dict.fromkeys(zip(direction.tolist(), sender_stage.tolist())))
+        stream_of = {key: len(streams) + i for i, key in enumerate(keys)}
+        streams += [Stream(f"pp-{_PHASES[phase]}", stage, False) for phase, stage in keys]
+        links = np.array([stream_of[key] for key in zip(direction.tolist(), sender_stage.tolist())])
+        transfers = count + np.arange(senders.size)
+        work = works.add(inputs.pp_transfer)
+        parts.append(_rows(senders.size, kind=KINDS.index("pp"), stage=np.tile(sender_stage, m),
+                           chunk=np.tile(sender_virtual // p, m), mb=np.repeat(np.arange(m), senders.shape[1]),
+                           stream=np.tile(links, m), peer=np.tile(receiver_stage, m), phase=np.tile(direction, m),
+                           work=work))
+        edges += [(senders.ravel(), transfers), (transfers, receivers.ravel())]
+        count += senders.size
+    reductions, reduction_edges = _reductions(par, inputs, passes, works, streams, count, split_last)
+    parts.append(reductions)
+    edges += reduction_edges
+    rows = {name: np.concatenate([part[name] for part in parts]) for name in _FIELDS}
+    sources = np.concatenate([np.ravel(before) for before, _ in edges])
+    targets = np.concatenate([np.ravel(after) for _, after in edges])
+    return ExecutionGraph(rows=rows, works=works.items, sources=sources, targets=targets,
+                          previous=_stream_previous(rows, sources, targets, streams), streams=streams, stages=p)
+
+
+def _reductions(par: ParallelConfig, inputs: GraphInputs, passes: _Passes, works: _Works, streams: list[Stream],
+                first: int, split_last: bool) -> tuple[dict[str, np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+    """Per stage its gradient buckets' all-reduces (when data-parallel) and its optimizer step, numbered from
+    ``first``, with their dependencies; adds each stage's gradient stream to ``streams``."""
+    p, v, m = par.pp, par.virtual_stages, par.micro_batches
+    columns: dict[str, list[int]] = {name: [] for name in ("kind", "stage", "chunk", "stream", "bucket", "work")}
+    before: list[int] = []
+    after: list[int] = []
+
+    def add(kind: str, stage: int, chunk: int, stream: int, bucket: int, work: int) -> int:
+        for name, value in zip(columns, (KINDS.index(kind), stage, chunk, stream, bucket, work)):
+            columns[name].append(value)
+        return first + len(columns["kind"]) - 1
 
     for stage in range(p):
-        compute = b.stream("compute", stage, True)
-        for phase, chunk, mb in stage_order(par.schedule, p, m, stage, v):
-            key = (chunk * p + stage, mb)
-            if phase == FORWARD:
-                ids = [b.pass_task("forward", stage, compute, chunk, mb, inputs.forward[(stage, chunk)])]
-                forward[key] = ids[0]
-            else:
-                work = inputs.backward[(stage, chunk, mb > 0)]
-                if split_last and mb == m - 1:
-                    ids = [b.pass_task("backward", stage, compute, chunk, mb, block, block=i)
-                           for i, block in enumerate(work.blocks)]
-                    split_blocks[(stage, chunk)] = ids
-                else:
-                    ids = [b.pass_task("backward", stage, compute, chunk, mb, work)]
-                backward_first[key], backward_last[key] = ids[0], ids[-1]
-        stage_last.append(b.stream_order[compute][-1])
-
-    def connect(src: int, dst: int, src_stage: int, dst_stage: int, phase: str, chunk: int, mb: int) -> None:
-        if src_stage == dst_stage or inputs.pp_transfer is None:
-            b.edges.append((src, dst))
-            return
-        stream = b.stream(f"pp-{phase}", src_stage, False)
-        transfer = b.comm_task("pp", src_stage, inputs.pp_transfer, stream, chunk=chunk, mb=mb, peer=dst_stage,
-                               phase=phase)
-        b.edges += [(src, transfer), (transfer, dst)]
-
-    for mb in range(m):
-        for k in range(1, virtual):
-            connect(forward[(k - 1, mb)], forward[(k, mb)], (k - 1) % p, k % p, "forward", (k - 1) // p, mb)
-        for k in range(virtual - 1):
-            connect(backward_last[(k + 1, mb)], backward_first[(k, mb)], (k + 1) % p, k % p, "backward",
-                    (k + 1) // p, mb)
-        b.edges.append((forward[(virtual - 1, mb)], backward_first[(virtual - 1, mb)]))
-
-    for stage in range(p):
+        last = int(passes.stage_last[stage])
         reduced: list[int] = []
-        if d > 1:
-            stream = b.stream("dp", stage, False)
+        if par.dp > 1:
+            stream = len(streams)
+            streams.append(Stream("dp", stage, False))
             for chunk in range(v):
                 for index, bucket in enumerate(inputs.dp_buckets[(stage, chunk)]):
-                    task = b.comm_task("dp", stage, bucket.comm, stream, chunk=chunk, bucket=index)
-                    ready = split_blocks[(stage, chunk)][bucket.after_block] if split_last else stage_last[stage]
-                    b.edges.append((ready, task))
+                    task = add("dp", stage, chunk, stream, index, works.add(bucket.comm))
+                    split = int(passes.backward_first[chunk * p + stage, m - 1]) + bucket.after_block
+                    before.append(split if split_last else last)
+                    after.append(task)
                     reduced.append(task)
-        compute = b.stream("compute", stage, True)
-        optimizer = b.pass_task("optimizer", stage, compute, 0, -1, inputs.optimizer[stage])
-        b.edges.append((stage_last[stage], optimizer))
-        b.edges += [(task, optimizer) for task in reduced]
+        optimizer = add("optimizer", stage, 0, stage, -1, works.add(inputs.optimizer[stage]))
+        before += [last, *reduced]
+        after += [optimizer] * (1 + len(reduced))
+    rows = _rows(len(columns["kind"]), **{name: np.array(values, dtype=np.int64) for name, values in columns.items()})
+    return rows, [(np.array(before, dtype=np.int64), np.array(after, dtype=np.int64))]
 
-    return ExecutionGraph(edges=list(dict.fromkeys(b.edges)), tasks=b.tasks, streams=b.streams,
-                          stream_order=b.stream_order, stages=p)
+
+def _stream_previous(rows: dict[str, np.ndarray], sources: np.ndarray, targets: np.ndarray,
+                     streams: list[Stream]) -> np.ndarray:
+    """The task before each on its stream: a compute stream in task order (its passes, then the optimizer); a
+    first-come-first-served stream in the order its tasks' inputs become ready, the order of the passes they wait
+    for on one compute stream (ties: task order)."""
+    n = len(rows["kind"])
+    stream = rows["stream"]
+    waits_for = np.arange(n)  # compute tasks: themselves
+    first_come = np.array([not each.ordered for each in streams])[stream]
+    fed = first_come[targets]
+    waits_for[targets[fed]] = sources[fed]  # a transfer or an all-reduce has one input
+    order = np.lexsort((np.arange(n), waits_for, stream))
+    previous = np.full(n, -1, dtype=np.int64)
+    same = stream[order[1:]] == stream[order[:-1]]
+    previous[order[1:][same]] = order[:-1][same]
+    return previous

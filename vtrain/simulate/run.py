@@ -74,7 +74,7 @@ class Simulation:
         """The JSON summary (``vtrain simulate --json``)."""
         ms = 1e-3
         par = self.config.parallelism
-        tasks, result = self.graph.tasks, self.schedule
+        graph, result = self.graph, self.schedule
         return {
             "iteration_time_ms": self.iteration_us * ms,
             "breakdown_ms": {key: value * ms for key, value in self.breakdown_us.items()},
@@ -96,12 +96,11 @@ class Simulation:
                 for s, m in zip(self.stages, self.memory)
             ],
             "critical_path": [
-                {"task": describe_task(tasks[i]), "start_ms": result.start_us[i] * ms,
-                 "duration_ms": tasks[i].duration_us * ms}
+                {"task": describe_task(graph.task(i)), "start_ms": float(result.start_us[i]) * ms,
+                 "duration_ms": graph.task(i).duration_us * ms}
                 for i in self.critical_path
             ],
-            "graph": {"tasks": len(tasks), "edges": len(self.graph.edges),
-                      "streams": len(self.graph.streams)},
+            "graph": {"tasks": len(graph), "edges": graph.edge_count, "streams": len(graph.streams)},
         }
 
 

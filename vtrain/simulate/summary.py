@@ -20,7 +20,6 @@ data-parallel all-reduces), the quantity HTA reports as kernel time minus idle t
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,11 +130,10 @@ def _union_length(begins: np.ndarray, ends: np.ndarray) -> float:
 
 def coverage(graph: ExecutionGraph) -> dict[str, float]:
     """Predicted device time (summed over the representative GPUs) by latency source, in microseconds."""
-    uses = Counter(id(task.work) for task in graph.tasks)
-    works = {id(task.work): task.work for task in graph.tasks}
+    uses = np.bincount(graph.rows["work"], minlength=len(graph.works))
     totals = dict.fromkeys(SOURCES, 0.0)
-    for key, count in uses.items():
-        for resolution in _resolutions(works[key]):
+    for work, count in zip(graph.works, uses.tolist()):
+        for resolution in _resolutions(work):
             totals[resolution.source] += resolution.latency_us * count
     return totals
 
