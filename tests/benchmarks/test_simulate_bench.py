@@ -71,9 +71,23 @@ def test_simulate_mtnlg_530b(benchmark) -> None:
     assert sim.coverage_share["measured"] > 0.9
     assert sim.config.parallelism.world_size == 3360
     benchmark.extra_info["iteration_time_ms"] = round(sim.iteration_us / 1e3, 1)
-    benchmark.extra_info["tasks"] = len(sim.graph.tasks)
+    benchmark.extra_info["tasks"] = len(sim.graph)
     if benchmark.stats is not None:  # timing only when benchmarks are enabled (make bench)
         assert benchmark.stats.stats.min <= TARGET_SECONDS
+
+
+@pytest.mark.parametrize(("pp", "dp"), [(35, 12), (105, 4)])
+def test_simulate_mtnlg_p35_against_p105(benchmark, pp: int, dp: int) -> None:
+    """The same model on the same 3,360 GPUs and global batch, with three times the stages (and three times the
+    micro-batches per pipeline): 22,749 tasks against 201,379. Goal: p = 105 no slower than p = 35 (compare the
+    two rows of the group)."""
+    config = load_run_config(MTNLG).with_overrides(pp=pp, dp=dp)
+    profile = profile_for(config)
+    simulate(config, profile)  # warm the imports and the device model
+    benchmark.group = "simulate MT-NLG 530B, p = 35 against p = 105"
+    sim = benchmark(simulate, config, profile)
+    benchmark.extra_info["tasks"] = len(sim.graph)
+    assert sim.config.parallelism.world_size == 3360
 
 
 def _peak_bytes(config: RunConfig, profile: Profile) -> int:

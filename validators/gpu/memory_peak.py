@@ -2,7 +2,10 @@
 
 Run on a machine with a CUDA GPU, from the repository root (needs only torch, numpy and PyYAML)::
 
-    PYTHONPATH=. python3 validators/gpu/memory_peak.py RUN_YAML OUT.json
+    PYTHONPATH=. python3 validators/gpu/memory_peak.py RUN_YAML OUT.json [--ops]
+
+``--ops`` records C++ frames too and lists every block of 1 MiB or more live at the peak with the operators
+(torch's dispatcher calls, autograd nodes) that allocated it: what the Python frame of a backward call cannot say.
 
 Builds the model of ``RUN_YAML`` (one rank: tp = pp = 1) as ``vtrain record`` does, runs two training steps
 (every micro-batch's forward and backward, then Adam) with torch's allocator recording every allocation and
@@ -55,33 +58,50 @@ def _train(config_path: Path) -> None:
     torch.cuda.synchronize()
 
 
+def _operators(frames: list[dict]) -> list[str]:
+    """The dispatcher calls and autograd nodes among an allocation's C++ frames, innermost first, each once."""
+    found: list[str] = []
+    for frame in frames:
+        name = frame.get("name", "")
+        if ("_ops::" in name and "::call" in name) or "Backward" in name:
+            short = name.split("(")[0]
+            if short not in found:
+                found.append(short)
+    return found[:6]
+
+
 def main() -> None:
     """Train, replay the allocator's record to its peak, write the live blocks by allocating frame."""
     config_path, out = Path(sys.argv[1]), Path(sys.argv[2])
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+    with_ops = "--ops" in sys.argv[3:]
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="all" if with_ops else "python")
     _train(config_path)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    live: dict[int, tuple[int, str]] = {}
+    live: dict[int, tuple[int, str, list[str]]] = {}
     total = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
+    at_peak: dict[int, tuple[int, str, list[str]]] = {}
     for trace in snapshot["device_traces"]:
         for entry in trace:
             if entry["action"] == "alloc":
-                live[entry["addr"]] = (entry["size"], _where(entry.get("frames", [])))
+                frames = entry.get("frames", [])
+                live[entry["addr"]] = (entry["size"], _where(frames),
+                                       _operators(frames) if with_ops and entry["size"] >= 2**20 else [])
                 total += entry["size"]
                 if total > peak:
                     peak, at_peak = total, dict(live)
             elif entry["action"] == "free_completed" and entry["addr"] in live:
                 total -= live.pop(entry["addr"])[0]
     by_frame: dict[str, list[int]] = defaultdict(list)
-    for size, where in at_peak.values():
+    for size, where, _ in at_peak.values():
         by_frame[where].append(size)
     rows = sorted(({"where": where, "blocks": len(sizes), "bytes": sum(sizes), "largest": max(sizes)}
                    for where, sizes in by_frame.items()), key=lambda row: -row["bytes"])
+    blocks = sorted(({"bytes": size, "where": where, "operators": ops} for size, where, ops in at_peak.values()
+                     if with_ops and size >= 2**20), key=lambda row: -row["bytes"])
     out.write_text(json.dumps({"config": str(config_path), "replayed_peak_bytes": peak,
-                               "max_memory_allocated": torch.cuda.max_memory_allocated(), "live_at_peak": rows},
-                              indent=1))
+                               "max_memory_allocated": torch.cuda.max_memory_allocated(), "live_at_peak": rows,
+                               **({"blocks_at_peak": blocks} if with_ops else {})}, indent=1))
     print(f"{config_path}: peak {peak / 2**30:.3f} GiB replayed, "
           f"{torch.cuda.max_memory_allocated() / 2**30:.3f} GiB max_memory_allocated")
     for row in rows[:12]:
