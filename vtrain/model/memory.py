@@ -37,7 +37,7 @@ step holds its temporaries beside the model states (:func:`optimizer_step_bytes`
 every other pass in flight beside it: the head's forward (its cross-entropy holds the fp32 logits twice,
 :func:`head_transient_bytes`), a layer's backward start (the layer's full set, recomputed with full
 recomputation) and its softmax backward (:func:`attention_backward_bytes`: the probabilities with their gradient
-and the scores' gradient). Measured against torch's allocator (``tests/test_memory_model.py`` on CPU, exact to
+and the scores' gradient, and on GPUs the softmax backward's own temporary). Measured against torch's allocator (``tests/test_memory_model.py`` on CPU, exact to
 2 %; ``tests/test_gpu_recordings.py`` against ``torch.cuda.max_memory_allocated`` of GPU recordings).
 """
 
@@ -160,13 +160,29 @@ def head_transient_bytes(shape: GptShape) -> int:
 
 def attention_backward_bytes(shape: GptShape) -> int:
     """Bytes a layer holds at its softmax's backward, its peak in the backward (its MLP and output projection are
-    done, their tensors freed): its input and the QKV input, q, k and v, the kept attention scores, and the
-    gradients of the probabilities and of the scores (torch's softmax backward writes a new tensor; Megatron's
-    fused softmax writes in place, but its dropout's backward writes one: two gradients in both)."""
+    done, their tensors freed): its input and the QKV input, q, k and v, the kept attention scores, the gradients
+    of the probabilities and of the scores (torch's softmax backward writes a new tensor; Megatron's fused softmax
+    writes in place, but its dropout's backward writes one: two gradients in both) and, on GPUs, the softmax
+    backward's own temporary (:func:`softmax_backward_temporary_bytes`)."""
     scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
     e = shape.element_bytes
     return (2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
-            + attention_score_bytes(shape) + 2 * e * scores)
+            + attention_score_bytes(shape) + 2 * e * scores + softmax_backward_temporary_bytes(shape))
+
+
+def softmax_backward_temporary_bytes(shape: GptShape) -> int:
+    """The temporary torch's CUDA softmax backward holds beside its inputs and output: the gradient times the
+    probabilities, one scores-sized tensor, when its rows are too long for the one-pass ("persistent") kernel
+    (more than 1,024 elements or 4 KiB: sequences over 1,024 tokens; fp32 at 1,024 fits). Measured on an H200
+    (``traces/gpu/h200-peak-*-ops.json``, ``validators/gpu/memory_peak.py --ops``): at the peak of a 2,048-token
+    layer's backward, a ``mul`` inside ``_softmax_backward_data`` holds one, in fp32 and bf16 alike. CPUs and
+    Megatron's fused softmax (in place) hold none."""
+    if shape.device_type == "cpu" or shape.framework == "megatron":
+        return 0
+    e = shape.element_bytes
+    if shape.s <= 1024 and shape.s * e <= 4096:
+        return 0
+    return (shape.a // shape.t) * shape.b * shape.s * shape.s * e
 
 
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
