@@ -44,13 +44,20 @@ profile-a100: venv
 	cp profiles/a100.README.md profiles/a100/README.md
 
 # vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
-# H200: layer kernels timed on one H200 (validators/gpu/layer_kernels.py); no collective or host measurements
+# H200: layer kernels timed on one H200 (validators/gpu/layer_kernels.py); the host's time per operator measured in
+# a launch-bound recording on it (traces/gpu/h200-small-eager); no collective measurements
 profile-h200: venv
-	$(VENV)/bin/vtrain fit -o profiles/h200 --force --device H200 --vidur-compute profiles/h200-kernels
+	$(VENV)/bin/vtrain ingest traces/gpu/h200-small-eager -o build/h200-host --force
+	$(VENV)/bin/vtrain fit -o profiles/h200 --force --device H200 --vidur-compute profiles/h200-kernels \
+	  --profile build/h200-host
+	cp profiles/h200.README.md profiles/h200/README.md
 
-# H100 (80GB HBM3): the same sweep on one H100
+# H100 (80GB HBM3): the same sweep and the same recording on one H100
 profile-h100: venv
-	$(VENV)/bin/vtrain fit -o profiles/h100 --force --device H100 --vidur-compute profiles/h100-kernels
+	$(VENV)/bin/vtrain ingest traces/gpu/h100-small-eager -o build/h100-host --force
+	$(VENV)/bin/vtrain fit -o profiles/h100 --force --device H100 --vidur-compute profiles/h100-kernels \
+	  --profile build/h100-host
+	cp profiles/h100.README.md profiles/h100/README.md
 
 validate-a100: venv
 	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \

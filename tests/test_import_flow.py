@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("fit: device models fitted to tables", ("vtrain.fit",)),
     ("simulate", ("vtrain.simulate",)),
     ("fit through the simulator: host overheads, the `vtrain fit` build", (
-        "vtrain.fit.iterations", "vtrain.fit.build")),
+        "vtrain.fit.iterations", "vtrain.fit.traced_host", "vtrain.fit.build")),
     ("validate: predictions against measurements; calibration's drift", (
         "vtrain.validate", "vtrain.calibrate.drift", "vtrain.calibrate.result", "vtrain.calibrate.profile")),
     ("report", ("vtrain.report",)),

@@ -28,7 +28,9 @@ def fit_command(
     vidur_network: list[Path] = typer.Option([], "--vidur-network", help="vidur network/<collective>.csv or its "
                                                                           "folder; repeatable."),
     traces: list[Path] = typer.Option([], "--profile", help="A profile from `vtrain ingest` of GPU traces whose "
-                                                            "GEMMs and collectives join the fit; repeatable."),
+                                                            "GEMMs and collectives join the fit and whose host's "
+                                                            "time per operator (traces with a run.yaml) becomes "
+                                                            "the host term; repeatable."),
     measurements: Path | None = typer.Option(None, "--measurements", help="Measured iteration times (vTrain CSV) "
                                                                           "to fit host overheads on."),
     fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),

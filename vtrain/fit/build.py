@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from vtrain.devices.catalog import device_model
 from vtrain.fit.device import device_metadata, fit_device
 from vtrain.fit.held_out import held_out_mape
 from vtrain.fit.iterations import every_kth_row, fit_host
+from vtrain.fit.traced_host import host_overhead, traced_host
 from vtrain.importers import (
     read_llmcompass,
     read_llmcompass_network,
@@ -48,7 +49,8 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
     benchmarks = list(groups.values())
     traced = [load_profile(p) for p in sources.traces]
     # the traces' operator and collective tables join the fit; their timelines (kernels, CPU ops, collective
-    # calls) are of other jobs, whose host gaps must not stand for the runs this profile predicts
+    # calls) are of other jobs, whose gaps must not stand for the runs this profile predicts: only the rate their
+    # host issued operators at does (the host term, below)
     tables = {name: empty_table(name) for name in ("kernels", "cpu_ops", "collectives")}
     tables["op_latency"] = pl.concat([t.op_latency for t in traced], how="diagonal_relaxed") if traced \
         else empty_table("op_latency")
@@ -60,6 +62,10 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
         if collectives else empty_table("nccl_latency")
     profile = Profile(tables=tables)
     device = fit_device(profile, device_name)
+    measured_hosts = [found for path, t in zip(sources.traces, traced) if (found := traced_host(t, device, path))]
+    if measured_hosts:  # the host of the recordings (measured iteration times, when given, refit it below)
+        device = replace(device, host=host_overhead(measured_hosts), provenance={
+            **device.provenance, "host": "; ".join(each.describe() for each in measured_hosts)})
     fit_rows: dict[str, Any] | None = None
     if sources.measurements is not None:
         measured = read_measurements(sources.measurements)

@@ -5,10 +5,11 @@ Each operator is preceded by a gap (:class:`HostGapResolver`): a block's time is
 (``compute_us``) plus their gaps (``host_us``). On CPU ranks the gap is the one measured before operators of its
 phase; collectives get no gap of their own (the time to issue one and to resume after it is in the gap before the
 next operator, where it was measured). On GPU ranks the host and the device run apart: the host issues operators
-at the rate measured in the profile and the device runs each once issued (:func:`issued`), so the gaps are what
-the device waits. A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`):
-the gap (or the host's time to replay a graph, or the fitted host time) before a graphed block's first operator
-stands for the graph's launch, and its other operators follow one another with none but the device's own. When the
+at a rate, the one measured in the profile's timeline or else the device model's host terms (a fitted device's),
+and the device runs each once issued (:func:`issued`, one model for both), so the gaps are what the device waits.
+A run with ``cuda_graphs`` replays each layer's passes from CUDA graphs (:data:`GRAPHED_BLOCKS`): the host's time
+to replay a graph (measured, else one operator's) stands for the graph's launch, and the graph's other operators
+follow one another with none but the device's own. When the
 profile is the run's own recording (as many ranks, its stages named by its spans), each pipeline stage gets its own
 measured gaps and interference factors: stages of one run share the machine differently (which pass runs while
 another stage waits).
@@ -69,16 +70,16 @@ class ResolvedStep:
 
 
 def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, graph_launch: int | None = None,
-           outside_graph: int = 0) -> tuple[ResolvedStep, ...]:
-    """A block's steps as a GPU rank's host issues them at the measured ``rate``, the block running among
-    others like it (a layer among layers: the host's lead or lag on the device carries over from the block
-    before, so the block is timed as the second of two in a row): the host issues one operator every
-    ``rate.host`` (collectives cost it nothing more; a CUDA graph costs it one replay, at ``graph_launch``: the
-    time the profile measured for one, else one operator's, and the ``outside_graph`` operators it still issues
-    one by one); the device starts an operator once it is issued and the previous step has finished, plus the
-    device's own time between operators (a graph replays the kernels of operators the model does not place too).
-    Each step's gap is the time the stream idles before it, so the block's time is still its latencies plus its
-    gaps."""
+           outside_graph: int = 0, collective_us: float = 0.0) -> tuple[ResolvedStep, ...]:
+    """A block's steps as a GPU rank's host issues them at ``rate``, the block running among others like it (a
+    layer among layers: the host's lead or lag on the device carries over from the block before, so the block is
+    timed as the second of two in a row): the host issues one operator every ``rate.host`` and a collective every
+    ``collective_us`` (a measured rate holds the collectives' time in its operators'); a CUDA graph costs it one
+    replay, at ``graph_launch``: the time the profile measured for one, else one operator's, and the
+    ``outside_graph`` operators it still issues one by one; the device starts an operator once it is issued and the
+    previous step has finished, plus the device's own time between operators (a graph replays the kernels of
+    operators the model does not place too). Each step's gap is the time the stream idles before it, so the
+    block's time is still its latencies plus its gaps."""
     host, issued_at, finished = rate.host.latency_us, 0.0, 0.0
     replay = rate.graph_launch.latency_us if rate.graph_launch is not None else host
     idle: list[float] = []
@@ -88,6 +89,8 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
             is_op = isinstance(step.step, Op)
             if is_op and graph_launch is None:
                 issued_at += host
+            elif not is_op:
+                issued_at += collective_us
             elif index == graph_launch:
                 issued_at += replay + outside_graph * host
             start = max(issued_at, finished + (rate.device_gap_us if is_op else 0.0))
@@ -95,7 +98,7 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
             finished = start + step.latency_us
     detail = f"{rate.host.detail}; device {rate.device_gap_us:.1f} us between operators"
     return tuple(replace(step, gap=Resolution(
-        wait, MODELLED, f"issued at the measured host rate ({phase}): {wait:.1f} us idle before it; {detail}",
+        wait, MODELLED, f"issued at the host's rate ({phase}): {wait:.1f} us idle before it; {detail}",
         parts=((HOST_ISSUE, host), (DEVICE_GAP, rate.device_gap_us)))) for step, wait in zip(resolved, idle))
 
 
@@ -191,39 +194,35 @@ class WorkloadResolver:
         if key not in self._resolved:
             steps = block_steps(self.shape, kind, phase, accumulate)
             launch = next((i for i, step in enumerate(steps) if isinstance(step, Op)), None)  # a graph's first op
-            rate = self.gaps.issue(phase, where)
+            rate, collective_us = self._issue_rate(phase, where)
             resolved = tuple(self.resolve_step(step, phase, where,
                                                with_gap=rate is None and (not graphed or i == launch))
                              for i, step in enumerate(steps))
             if rate is not None:
                 resolved = issued(resolved, rate, phase, launch if graphed else None,
-                                  self._outside_graph(kind, phase, accumulate) if graphed else 0)
+                                  self._outside_graph(kind, phase, accumulate) if graphed else 0, collective_us)
             tp = sum(r.latency_us for r in resolved if isinstance(r.step, Collective))
             compute = sum(r.latency_us for r in resolved if not isinstance(r.step, Collective))
-            host = max(0.0, self._issued_us(resolved, graphed) - tp - compute)
-            self._resolved[key] = (resolved, compute, tp, host)
+            self._resolved[key] = (resolved, compute, tp, sum(r.gap_us for r in resolved))
         resolved, compute, tp, host = self._resolved[key]  # type: ignore[misc]
         return BlockWork(kind, phase, layer, resolved, compute, tp, host)
 
-    def _issued_us(self, resolved: tuple[ResolvedStep, ...], graphed: bool = False) -> float:
-        """Time of a block's steps on one stream when the host issues them one after another.
-
-        With gaps measured in the profile's timeline, each op runs after its measured gap (the host's time between
-        ops as the run spent it, so the device model's host time is not added to it). Otherwise step i starts once
-        the host has issued it and step i-1 has finished: with no host time per step (the datasheet and CPU
-        models) this is the plain sum of the latencies; with a fitted host overhead, short steps cost their host
-        time and long ones their device time. A ``graphed`` block is issued by one launch: the host's time once."""
-        if any(r.gap is not None for r in resolved):
-            return sum(r.latency_us + r.gap_us for r in resolved)
+    def _issue_rate(self, phase: str, where: int | None) -> tuple[IssueRate | None, float]:
+        """How the host issues ``phase``'s operators on a GPU rank, and its time per collective: the rate measured
+        in the profile's timeline (its collectives' time is in its operators'), else the device model's host terms
+        (a fitted device's: measured in a recording's timeline or fitted to iteration times). ``None`` for CPU
+        ranks, which keep the gaps measured before each operator, and for devices without host time (the
+        datasheet: the launch is folded into each kernel's time)."""
+        measured = self.gaps.issue(phase, where)
+        if measured is not None:
+            return measured, 0.0
         device = self.ops.device
-        host_op = device.host_op_us()
-        issued = finished = 0.0
-        for index, r in enumerate(resolved):
-            if not (graphed and index):  # a graphed block's other steps are released by its one launch
-                issued += (device.host_collective_us(self._group(r.step.purpose)[0])
-                           if isinstance(r.step, Collective) else host_op)
-            finished = max(issued, finished) + r.latency_us
-        return finished
+        host = device.host_op_us()
+        if host <= 0.0 or self.config.hardware.device.lower() == "cpu":
+            return None, 0.0
+        detail = f"the device model's host time per operator ({device.provenance.get('host', 'fitted')})"
+        rate = IssueRate(Resolution(host, MODELLED, detail), device_gap_us=0.0)
+        return rate, device.host_collective_us(self._group("tp")[0])
 
     def profile_stages(self) -> dict[int, int] | None:
         """The pipeline stage of each rank of the profile's timeline, from its ``vtrain/forward stage=S`` spans,
@@ -311,11 +310,11 @@ class WorkloadResolver:
         key = self._key("optimizer", tuple((c.layers, c.has_embedding, c.has_head) for c in chunks), where)
         if key not in self._resolved:
             params = tuple(stage_parameters(self.shape, chunks))
-            rate = self.gaps.issue("optimizer", where)
+            rate, collective_us = self._issue_rate("optimizer", where)
             resolved = tuple(self.resolve_step(s, "optimizer", where, with_gap=rate is None)
                              for s in optimizer_steps(self.shape, params))
             if rate is not None:
-                resolved = issued(resolved, rate, "optimizer")
+                resolved = issued(resolved, rate, "optimizer", collective_us=collective_us)
             self._resolved[key] = (resolved, sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved))
         resolved, compute, host = self._resolved[key]  # type: ignore[misc]
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
