@@ -93,6 +93,22 @@ def test_pipeline_transfers_lengthen_the_gpipe_fill_and_drain() -> None:
     assert sim.iteration_us == pytest.approx((m + p - 1) * (t_f + t_b) + 2 * (p - 1) * delta, rel=REL)
 
 
+def test_transfers_slower_than_passes_queue_on_their_senders_stream() -> None:
+    """Two stages, GPipe, each transfer twice as long as a pass: a stage's sends leave one after another (its
+    transfer stream serves them first come, first served), so the receiver gets one every ``delta`` and the
+    iteration is both stages' first and last passes plus the m transfers each way: 2 (t_f + t_b) + 2 m delta."""
+    p, m = 2, 6
+    cfg = config(pp=p, global_batch=m, schedule="gpipe")
+    layer_f, layer_b = layer_times(cfg)
+    t_f, t_b = 16 // p * layer_f, 16 // p * layer_b
+    delta = 2 * max(t_f, t_b)
+    sim = simulate(cfg, layer_gemm_profile(cfg, send_us=delta))
+    assert sim.iteration_us == pytest.approx(2 * (t_f + t_b) + 2 * m * delta, rel=REL)
+    sends = sorted((sim.schedule.start_us[i], sim.schedule.end_us[i]) for i, task in enumerate(sim.graph.tasks)
+                   if task.kind == "pp" and task.phase == "forward")
+    assert all(after[0] == pytest.approx(before[1], rel=REL) for before, after in zip(sends, sends[1:]))
+
+
 def test_pipeline_transfers_show_as_exposed_pp_time_in_1f1b() -> None:
     p, m, delta = 4, 8, 3.0
     cfg = config(pp=p, global_batch=m, schedule="1f1b")

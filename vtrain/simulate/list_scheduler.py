@@ -51,8 +51,8 @@ def schedule(graph: ExecutionGraph) -> Schedule:
         end[level] = start[level] + duration[level]
         first = bounds[level]
         counts = bounds[level + 1] - first
-        reached = successors[np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())]
-        np.maximum.at(start, reached, np.repeat(end[level], counts))
+        reached = successors[(first - counts.cumsum() + counts).repeat(counts) + np.arange(counts.sum())]
+        np.maximum.at(start, reached, end[level].repeat(counts))
         np.subtract.at(waiting, reached, 1)
         level = np.sort(reached[waiting[reached] == 0])  # a task reached twice is ready once
         level = level[np.append(level[1:] != level[:-1], True)] if level.size else level
@@ -67,10 +67,11 @@ def schedule(graph: ExecutionGraph) -> Schedule:
 
 def _last_to_finish(sources: np.ndarray, targets: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
     """Each task's data predecessor that finished last (ties: the later task), -1 for a task without one."""
+    latest = np.full(n, -np.inf)
+    np.maximum.at(latest, targets, end[sources])
+    last = end[sources] == latest[targets]
     found = np.full(n, -1, dtype=np.int64)
-    order = np.lexsort((sources, end[sources], targets))
-    last = np.append(targets[order][1:] != targets[order][:-1], True)
-    found[targets[order][last]] = sources[order][last]
+    np.maximum.at(found, targets[last], sources[last])
     return found
 
 
