@@ -252,14 +252,17 @@ def test_each_gpus_profile_has_its_hosts_time_and_predicts_a_launch_bound_run(gp
 
 def test_a_recording_without_its_run_gives_the_fit_no_host_time(tmp_path: Path) -> None:
     """`vtrain fit --profile` of an ingest whose traces say nothing of the run they are of (no run.yaml): the host
-    term is not measured (its operators' count per iteration is unknown) and the profile says none was."""
+    term is not measured (its operators' count per iteration is unknown), one warning line says so, and the profile
+    says none was."""
     folder = tmp_path / "traces"
     shutil.copytree(_recording("small-eager"), folder)
     (folder / "run.yaml").unlink()
     _ingest(folder, tmp_path / "ingested")
-    subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / "fitted"), "--device", "H200",
-                    "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile", str(tmp_path / "ingested")],
-                   capture_output=True, text=True, cwd=REPO, check=True)
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / "fitted"), "--device",
+                             "H200", "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile",
+                             str(tmp_path / "ingested")], capture_output=True, text=True, cwd=REPO, check=True)
+    said = [line for line in result.stderr.splitlines() if "host's time" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {tmp_path / 'ingested'}: ")
     fitted = json.loads((tmp_path / "fitted" / "metadata.json").read_text())["fitted"]
     assert fitted["host"]["op_us"] == 0.0 and "host" not in fitted["provenance"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from vtrain.devices.fitted import HostOverhead
 from vtrain.devices.model import DeviceModel
+from vtrain.errors import warn_input
 from vtrain.simulate.run import SharedResolvers
 from vtrain.tables.gaps import ALL
 from vtrain.tables.store import Profile
@@ -37,8 +38,13 @@ class TracedHost:
 
 def traced_host(profile: Profile, device: DeviceModel, source: Path) -> TracedHost | None:
     """The host's time per operator in ``profile``'s GPU timeline, when the profile says which run it recorded
-    and its host issued operators on its own (a CPU recording, or one without a timeline or run: ``None``)."""
+    and its host issued operators on its own (a CPU recording, or one without a timeline or run: ``None``; a GPU
+    timeline without its run is said in a warning line: the fit then has no host time from it)."""
     run = profile.traced_run()
+    if run is None and not profile.tables["kernels"].is_empty():
+        warn_input("its GPU timeline does not say which run it recorded (no run.yaml beside the traces when they "
+                   "were ingested), so the host's time per operator cannot be measured in it: the fitted profile "
+                   "gets none from it", source)
     if run is None or run.hardware.device.lower() == "cpu":
         return None
     shared = SharedResolvers(profile, device)
