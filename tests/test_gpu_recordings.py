@@ -267,6 +267,19 @@ def test_a_recording_without_its_run_gives_the_fit_no_host_time(tmp_path: Path) 
     assert fitted["host"]["op_us"] == 0.0 and "host" not in fitted["provenance"]
 
 
+def test_a_recording_of_another_gpu_gives_its_host_time_with_a_warning(tmp_path: Path) -> None:
+    """The H100's toy given to an H200 profile's fit: its host's time is measured (a host is a host), and one
+    warning line says it is another machine's."""
+    _ingest(_recording("small-eager", "h100"), tmp_path / "ingested")
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / "fitted"), "--device",
+                             "H200", "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile",
+                             str(tmp_path / "ingested")], capture_output=True, text=True, cwd=REPO, check=True)
+    said = [line for line in result.stderr.splitlines() if "that machine's" in line]
+    assert len(said) == 1 and "H100" in said[0]
+    fitted = json.loads((tmp_path / "fitted" / "metadata.json").read_text())["fitted"]
+    assert fitted["host"]["op_us"] == pytest.approx(51.5, abs=0.1)
+
+
 def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
     """Made outside vtrain (``validators/gpu/compiled_trace.py``: Inductor's Triton kernels, cuDNN attention, the
     compiled forward and backward replayed by "reduce-overhead" mode's CUDA graphs, no vtrain spans): every device

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vtrain.devices.fitted import HostOverhead
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import warn_input
 from vtrain.simulate.run import SharedResolvers
@@ -47,6 +48,10 @@ def traced_host(profile: Profile, device: DeviceModel, source: Path) -> TracedHo
                    "gets none from it", source)
     if run is None or run.hardware.device.lower() == "cpu":
         return None
+    recorded_on = canonical_device_name(run.hardware.device) or run.hardware.device
+    if recorded_on.split("-")[0] != (canonical_device_name(device.name) or device.name).split("-")[0]:
+        warn_input(f"its run was recorded on {run.hardware.device} and the profile is for {device.name}: the host's "
+                   f"time per operator measured in it is that machine's", source)
     shared = SharedResolvers(profile, device)
     traced = shared.traced_run()
     if traced is None:
