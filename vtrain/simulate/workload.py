@@ -97,9 +97,10 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
             idle.append(start - finished)
             finished = start + step.latency_us
     detail = f"{rate.host.detail}; device {rate.device_gap_us:.1f} us between operators"
-    return tuple(replace(step, gap=Resolution(
-        wait, MODELLED, f"issued at the host's rate ({phase}): {wait:.1f} us idle before it; {detail}",
-        parts=((HOST_ISSUE, host), (DEVICE_GAP, rate.device_gap_us)))) for step, wait in zip(resolved, idle))
+    parts = ((HOST_ISSUE, host), (DEVICE_GAP, rate.device_gap_us))
+    return tuple(ResolvedStep(step.step, step.resolution, Resolution(
+        wait, MODELLED, f"issued at the host's rate ({phase}): {wait:.1f} us idle before it; {detail}", parts=parts))
+        for step, wait in zip(resolved, idle))
 
 
 #: the blocks a run with ``cuda_graphs`` replays from CUDA graphs: each transformer layer's passes (its forward,
