@@ -1,13 +1,43 @@
-"""User-facing errors.
+"""User-facing errors and stops.
 
 Every problem with the user's input is raised as :class:`InputError`; the command line prints its message as
-one line (naming the file and what is wrong) and exits with code 2, without a traceback.
+one line (naming the file and what is wrong) and exits with code 2, without a traceback. A stop signal (Ctrl-C,
+SIGTERM) is raised as :class:`Stopped` by :func:`stop`, which also remembers it: Python drops an exception raised
+while a weakref callback or ``__del__`` runs (it prints "Exception ignored" and goes on), so the places that must
+not finish a stopped run (publishing an output, the command's exit) ask :func:`raise_if_stopped` again.
 """
 
 from __future__ import annotations
 
+import signal
 import warnings
 from pathlib import Path
+from typing import NoReturn
+
+#: stop signal -> (line printed, exit code): 128 + the signal's number, as shells report it
+STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
+_STOPPED: list[int] = []  # the stop signals that arrived in this process
+
+
+class Stopped(BaseException):
+    """A stop signal arrived. A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows
+    it, and not KeyboardInterrupt itself, which click turns into "Aborted!" and exit code 1."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(STOPS[signal.Signals(signum)][0])
+
+
+def stop(signum: int) -> NoReturn:
+    """Raise :class:`Stopped` for the signal ``signum``, and remember that it arrived."""
+    _STOPPED.append(signum)
+    raise Stopped(signum)
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Stopped` again if a stop signal arrived (its first exception may have been dropped)."""
+    if _STOPPED:
+        raise Stopped(_STOPPED[0])
 
 
 class InputError(Exception):

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from vtrain.errors import InputError
+from vtrain.errors import InputError, raise_if_stopped
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
@@ -70,6 +70,7 @@ def staged(target: Path) -> Iterator[Path]:
         staging.mkdir()
         mark(staging)
         yield staging
+        raise_if_stopped()  # a stopped run is never published, even if its stop's exception was dropped
         publish(target, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -20,43 +20,35 @@ import warnings
 from types import FrameType
 from typing import Any, NoReturn
 
-from vtrain.errors import InputWarning
+from vtrain.errors import STOPS, InputWarning, Stopped, raise_if_stopped, stop
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
 OWN_ARGUMENTS = {"ingest": "vtrain.cli.ingest", "simulate": "vtrain.cli.simulate"}
 
-#: signal -> (line printed, exit code): 128 + the signal's number, as shells report it
-_STOPS = {signal.SIGINT: ("interrupted", 130), signal.SIGTERM: ("terminated", 143)}
 #: exit code when stdout's reader has gone: 128 + SIGPIPE, as shells report a tool killed by it
 _BROKEN_PIPE = 141
 
 
-class Stopped(BaseException):
-    """A stop signal arrived. A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows
-    it, and not KeyboardInterrupt itself, which click turns into "Aborted!" and exit code 1."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(_STOPS[signal.Signals(signum)][0])
-
-
 def _stop(signum: int, frame: FrameType | None) -> NoReturn:
-    for each in _STOPS:
+    for each in STOPS:
         signal.signal(each, signal.SIG_IGN)  # let the clean-up on the way out finish
-    raise Stopped(signum)
+    stop(signum)
 
 
 def main() -> None:
     """Run the command named on the command line."""
-    for each in _STOPS:
+    for each in STOPS:
         signal.signal(each, _stop)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", InputWarning)
             warnings.showwarning = _show_warning
-            _run(sys.argv[1:])
-    except Stopped as stop:
-        line, code = _STOPS[signal.Signals(stop.signum)]
+            try:
+                _run(sys.argv[1:])
+            finally:
+                raise_if_stopped()  # a stop whose exception was dropped on the way (see vtrain.errors)
+    except Stopped as stopped:
+        line, code = STOPS[signal.Signals(stopped.signum)]
         print(line, file=sys.stderr)
         sys.exit(code)
     except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
