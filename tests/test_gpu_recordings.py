@@ -267,6 +267,19 @@ def test_a_recording_without_its_run_gives_the_fit_no_host_time(tmp_path: Path) 
     assert fitted["host"]["op_us"] == 0.0 and "host" not in fitted["provenance"]
 
 
+def test_a_recording_with_cuda_graphs_gives_no_host_time(tmp_path: Path) -> None:
+    """Its host issues a layer's passes as one replay and only a few operators one by one (87.8 us each measured
+    per placed operator, against the eager toy's 52.9): no time per eager operator can be told from it, and one
+    warning line says so."""
+    _ingest(_recording("small-graphs"), tmp_path / "ingested")
+    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / "fitted"), "--device",
+                             "H200", "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile",
+                             str(tmp_path / "ingested")], capture_output=True, text=True, cwd=REPO, check=True)
+    said = [line for line in result.stderr.splitlines() if "CUDA graphs" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {tmp_path / 'ingested'}: ")
+    assert json.loads((tmp_path / "fitted" / "metadata.json").read_text())["fitted"]["host"]["op_us"] == 0.0
+
+
 def test_a_recording_of_another_gpu_gives_its_host_time_with_a_warning(tmp_path: Path) -> None:
     """The H100's toy given to an H200 profile's fit: its host's time is measured (a host is a host), and one
     warning line says it is another machine's."""

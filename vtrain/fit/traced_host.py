@@ -40,13 +40,19 @@ class TracedHost:
 def traced_host(profile: Profile, device: DeviceModel, source: Path) -> TracedHost | None:
     """The host's time per operator in ``profile``'s GPU timeline, when the profile says which run it recorded
     and its host issued operators on its own (a CPU recording, or one without a timeline or run: ``None``; a GPU
-    timeline without its run is said in a warning line: the fit then has no host time from it)."""
+    timeline without its run, or one that replays CUDA graphs, is said in a warning line: the fit then has no host
+    time from it)."""
     run = profile.traced_run()
     if run is None and not profile.tables["kernels"].is_empty():
         warn_input("its GPU timeline does not say which run it recorded (no run.yaml beside the traces when they "
                    "were ingested), so the host's time per operator cannot be measured in it: the fitted profile "
                    "gets none from it", source)
     if run is None or run.hardware.device.lower() == "cpu":
+        return None
+    if run.cuda_graphs or not profile.tables["graph_launches"].is_empty():
+        warn_input("it replays CUDA graphs: the few operators its host still issues one by one (the optimizer's, "
+                   "the embedding's) do not tell its time per operator in an eager run, so none is taken from it",
+                   source)
         return None
     recorded_on = canonical_device_name(run.hardware.device) or run.hardware.device
     if recorded_on.split("-")[0] != (canonical_device_name(device.name) or device.name).split("-")[0]:
