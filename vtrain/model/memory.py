@@ -129,12 +129,16 @@ def layer_activation_bytes(shape: GptShape, recompute: str) -> int:
     return kept if recompute == "selective" else kept + attention_score_bytes(shape)
 
 
+def score_elements(shape: GptShape) -> int:
+    """Elements of one layer's attention scores on one tensor-parallel rank, for one micro-batch: a·b·s²/t."""
+    return (shape.a // shape.t) * shape.b * shape.s * shape.s
+
+
 def attention_score_bytes(shape: GptShape) -> int:
     """Bytes of one layer's attention scores on one tensor-parallel rank, for one micro-batch: the softmax output,
     and with Megatron's attention dropout its mask and output."""
-    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
     e = shape.element_bytes
-    return scores * (2 * e + 1 if shape.framework == "megatron" else e)
+    return score_elements(shape) * (2 * e + 1 if shape.framework == "megatron" else e)
 
 
 def head_activation_bytes(shape: GptShape) -> int:
@@ -164,10 +168,9 @@ def attention_backward_bytes(shape: GptShape) -> int:
     of the probabilities and of the scores (torch's softmax backward writes a new tensor; Megatron's fused softmax
     writes in place, but its dropout's backward writes one: two gradients in both) and, on GPUs, the softmax
     backward's own temporary (:func:`softmax_backward_temporary_bytes`)."""
-    scores = (shape.a // shape.t) * shape.b * shape.s * shape.s
     e = shape.element_bytes
     return (2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
-            + attention_score_bytes(shape) + 2 * e * scores + softmax_backward_temporary_bytes(shape))
+            + attention_score_bytes(shape) + 2 * e * score_elements(shape) + softmax_backward_temporary_bytes(shape))
 
 
 def softmax_backward_temporary_bytes(shape: GptShape) -> int:
@@ -182,7 +185,7 @@ def softmax_backward_temporary_bytes(shape: GptShape) -> int:
     e = shape.element_bytes
     if shape.s <= 1024 and shape.s * e <= 4096:
         return 0
-    return (shape.a // shape.t) * shape.b * shape.s * shape.s * e
+    return score_elements(shape) * e
 
 
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:

@@ -67,9 +67,10 @@ def schedule(graph: ExecutionGraph) -> Schedule:
 
 def _last_to_finish(sources: np.ndarray, targets: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
     """Each task's data predecessor that finished last (ties: the later task), -1 for a task without one."""
+    finished = end[sources]
     latest = np.full(n, -np.inf)
-    np.maximum.at(latest, targets, end[sources])
-    last = end[sources] == latest[targets]
+    np.maximum.at(latest, targets, finished)
+    last = finished == latest[targets]
     found = np.full(n, -1, dtype=np.int64)
     np.maximum.at(found, targets[last], sources[last])
     return found
