@@ -56,3 +56,20 @@ def test_durations_from_the_other_recording_predict_it_within_3_percent(job: str
     assert abs(summary["change_pct"]) > 10.0  # the two speeds differ: the test is not a replay of itself
     moved = moved_ops(result)[1]
     assert moved and any(row[1] == "gemm" for row in moved[:5])
+
+
+def test_two_profiler_cycles_of_one_gpu_run_are_paired_in_order(tmp_path: Path) -> None:
+    """A real H100 run profiled with ``schedule(repeat=2)`` and ``tensorboard_trace_handler`` (traces/gpu/
+    h100-user-amp-ddp: one file per cycle, ProfilerStep #2, #3 and #6, #7): each cycle as a recording of the same
+    job. Their iterations are paired in order (by number none would match, and the other cycle's measured time
+    was None), and the second cycle re-timed with the first's durations is the first's measured time."""
+    cycles = sorted((TRACES / "gpu" / "h100-user-amp-ddp").glob("*.pt.trace.json.gz"))
+    folders = []
+    for n, trace in enumerate(cycles):
+        (tmp_path / f"cycle{n}").mkdir()
+        (tmp_path / f"cycle{n}" / trace.name).symlink_to(trace)
+        folders.append(tmp_path / f"cycle{n}")
+    result = predict(load_trace_set(folders[1]), [], load_trace_set(folders[0]))
+    summary, notes = result.summary(), result.replay.notes
+    assert summary["other_measured_ms"] is not None and abs(summary["error_pct"]) < 1.0, summary
+    assert any("paired in order" in line and "#2, #3" in line and "#6, #7" in line for line in notes), notes

@@ -65,8 +65,10 @@ def whatif_command(
         return
     line = (f"{trace_dir}: measured {summary['measured_ms']:.1f} ms, predicted {summary['predicted_ms']:.1f} ms "
             f"({summary['change_pct']:+.2f} %)")
-    if "other_measured_ms" in summary:
+    if summary.get("other_measured_ms") is not None:
         line += (f"; {durations_from} measured {summary['other_measured_ms']:.1f} ms, "
                  f"error {summary['error_pct']:+.2f} %")
+    elif "other_measured_ms" in summary:
+        line += f"; {durations_from} has no iteration paired with this one's steady iterations
     print(line)
     print(f"report: {target}")

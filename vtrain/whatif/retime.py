@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     notes: list[str] = []
     new_held, matching = base.held, None
     if other is not None:
+        other = _paired_iterations(base, other, notes)
         new_held, matching = _durations_from(base, other, ops_only, notes)
     factors, hits = scale_factors(scales, *_scalable(base), counted=base.held > 0)
     for label, n in hits.items():
@@ -174,6 +175,24 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         replay=Replay(traces=owned.graph.traces, events=predicted, origin=owned.graph.origin,
                       stats=owned.graph.stats, edge_counts={}, notes=notes),
         notes=notes)
+
+
+def _paired_iterations(base: TraceSet, other: TraceSet, notes: list[str]) -> TraceSet:
+    """``other`` with its iterations numbered as ``base``'s, paired in order, when their ``ProfilerStep#N`` numbers
+    differ (a profiler schedule with other wait/warm-up steps, or another cycle of the same run: #6, #7 against
+    #2, #3): the k-th profiled iteration of one is the k-th of the other. Iterations without a partner (one side
+    profiled more) are left out of the matching, and ``notes`` says so."""
+    ours, theirs = (sorted(iterations(t.frame, MEASURED)["iteration"].unique().to_list()) for t in (base, other))
+    if ours == theirs:
+        return other
+    pairs = dict(zip(theirs, ours))
+    notes.append(f"iterations paired in order, their ProfilerStep numbers differ: {other.path} "
+                 f"#{', #'.join(map(str, list(pairs)))} with {base.path} #{', #'.join(map(str, pairs.values()))}"
+                 + (f"; unpaired: {len(ours) - len(pairs)} of {base.path}, {len(theirs) - len(pairs)} of "
+                    f"{other.path}" if len(ours) != len(theirs) else ""))
+    frame = other.frame.with_columns(
+        iteration=pl.col("iteration").replace_strict(pairs, default=None, return_dtype=other.frame["iteration"].dtype))
+    return replace(other, frame=frame)
 
 
 def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
