@@ -69,6 +69,6 @@ def whatif_command(
         line += (f"; {durations_from} measured {summary['other_measured_ms']:.1f} ms, "
                  f"error {summary['error_pct']:+.2f} %")
     elif "other_measured_ms" in summary:
-        line += f"; {durations_from} has no iteration paired with this one's steady iterations
+        line += f"; {durations_from} has no iteration paired with this one's steady iterations"
     print(line)
     print(f"report: {target}")
