@@ -199,6 +199,9 @@ def test_cli_model_from_flags_and_bad_input(tmp_path: Path) -> None:
                              "1024", "--global-batch", "16", "--gpus", "8", "--max-micro-batch", "1", "-o", str(out)])
     assert ok.exit_code == 0, ok.output
     assert "frontier" in ok.stdout
+    # a model given by its shape has no plan of its own: no reference (it was t1 d1 p1 on one GPU)
+    assert "reference:" not in ok.stdout
+    assert json.loads((out / "summary.json").read_text())["reference"] is None
     missing = runner.invoke(app, ["plan", "--layers", "4", "--gpus", "8", "-o", str(tmp_path / "x")])
     assert missing.exit_code == 2 and "--hidden" in missing.stderr and not (tmp_path / "x").exists()
     bad_gpus = runner.invoke(app, ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256",

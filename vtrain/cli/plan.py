@@ -106,7 +106,8 @@ def plan_command(
                       divisible=".." in gpus, pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
                       max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers,
                       ray_address=ray_address or ("local" if ray else None),
-                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+                      progress=lambda done, total: bar.update(task, completed=done, total=total),
+                      time_reference=model is not None)
     if not table.counts["simulated"]:
         warn("no plan was simulated: every plan is invalid or out of memory (plans.csv gives each plan's reason)")
     details = breakdowns(table, table_profile)

@@ -83,7 +83,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
           device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,
           max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
           ray_address: str | None = None, progress: Progress | None = None, within: Within | None = None,
-          select: Select | None = None, shared: SharedResolvers | None = None) -> PlanTable:
+          select: Select | None = None, shared: SharedResolvers | None = None,
+          time_reference: bool = True) -> PlanTable:
     """Sweep the design space of ``base``'s model and global batch over ``gpus`` GPU counts.
 
     Every grid point (:func:`vtrain.plan.space.candidates`) gets a row: invalid ones say why, those whose
@@ -91,7 +92,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     timed with ``profile`` exactly as `vtrain simulate` would time them and priced with ``pricing``. Plans over
     ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``divisible``: enumerate
     only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N. ``base`` itself (its
-    own parallelism) is timed too, as :attr:`PlanTable.reference`. ``ray_address`` ("local" for a local
+    own parallelism) is timed too, as :attr:`PlanTable.reference`, unless ``time_reference`` is false (a model
+    given by its shape alone has no plan of its own). ``ray_address`` ("local" for a local
     instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
     script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
 
@@ -112,7 +114,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     for index, timing in timings.items():
         rows[index].update(_priced(base, rows[index], timing, pricing, peak, max_iteration_s, budget_usd))
     plans = pl.DataFrame(rows, schema=_SCHEMA)
-    reference = _reference(base, profile, device, memory_gib, pricing, peak, max_iteration_s, budget_usd, shared)
+    reference = (_reference(base, profile, device, memory_gib, pricing, peak, max_iteration_s, budget_usd, shared)
+                 if time_reference else None)
     return PlanTable(plans=plans, base=base, pricing=pricing, device_memory_gib=memory_gib, device=device.name,
                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, reference=reference,
                      profile=str(profile.path) if profile is not None and profile.path is not None else None,
