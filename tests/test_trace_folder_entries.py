@@ -46,3 +46,17 @@ def test_validate_says_them_and_reports_them(folder: Path, tmp_path: Path) -> No
                  f"{folder}: 1 of 2 ranks have no trace file (missing: 1)"):
         assert f"warning: {line}" in ran.stderr
         assert line in report
+
+
+@pytest.mark.parametrize("command", ["ingest", "validate"])
+def test_two_profiler_cycles_of_one_rank_are_named_as_such(command: str, tmp_path: Path) -> None:
+    """A real H100 run profiled with ``schedule(repeat=2)`` and ``tensorboard_trace_handler`` leaves a file per
+    cycle for the same rank (traces/gpu/h100-user-amp-ddp): one line that says they are two cycles and what to do,
+    exit 2, nothing written."""
+    cycles = TRACES / "gpu" / "h100-user-amp-ddp"
+    out = tmp_path / "out"
+    ran = vtrain_in_process(command, cycles, "-o", out, *(["--no-hta"] if command == "validate" else []))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert "rank 0 is claimed by both" in ran.stderr and "two profiler cycles of vm_484" in ran.stderr
+    assert "put each cycle's files in a folder of their own" in ran.stderr
+    assert not out.exists()

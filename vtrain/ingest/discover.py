@@ -11,6 +11,8 @@ from vtrain.errors import InputError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+#: the name ``torch.profiler.tensorboard_trace_handler`` gives the file of each profiler cycle
+_CYCLE_FILE = re.compile(r"^(?P<worker>.+)\.\d+\.pt\.trace\.json(\.gz)?$")
 
 
 def find_trace_files(trace_dir: str | Path) -> list[Path]:
@@ -51,6 +53,22 @@ def rank_from_file_name(path: Path) -> int | None:
     """The rank written in a file name (``rank-3.json.gz``, ``trace_rank_3.pt.trace.json``), else ``None``."""
     match = _RANK_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None
+
+
+def rank_claimed_twice(rank: int, first: Path, second: Path) -> InputError:
+    """The error for two trace files of one rank. Where both are files ``tensorboard_trace_handler`` wrote for
+    one worker (``WORKER.TIMESTAMP.pt.trace.json``), they are two cycles of one profiler (``schedule(repeat=2)``):
+    the error says so and what to do."""
+    worker = _cycle_worker(first)
+    hint = (f": two profiler cycles of {worker} (tensorboard_trace_handler writes a file per cycle); put each "
+            f"cycle's files in a folder of their own") if worker and worker == _cycle_worker(second) else ""
+    return InputError(f"rank {rank} is claimed by both {first.name} and {second.name}{hint}", second)
+
+
+def _cycle_worker(path: Path) -> str | None:
+    """The worker of a file named as ``tensorboard_trace_handler`` names a cycle's file, else ``None``."""
+    match = _CYCLE_FILE.match(path.name)
+    return match["worker"] if match else None
 
 
 def is_only_trace(path: Path) -> bool:

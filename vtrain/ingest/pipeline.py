@@ -27,7 +27,7 @@ import polars as pl
 import vtrain
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
-from vtrain.ingest.discover import find_trace_files, missing_ranks_warning
+from vtrain.ingest.discover import find_trace_files, missing_ranks_warning, rank_claimed_twice
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
 from vtrain.outputs import staged
 from vtrain.runconfig import load_run_config
@@ -233,8 +233,7 @@ def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
 def _check_against(source: RankSource, earlier: list[RankSource]) -> None:
     for other in earlier:
         if other.rank == source.rank:
-            raise InputError(f"rank {source.rank} is claimed by both {other.path.name} and {source.path.name}",
-                             source.path)
+            raise rank_claimed_twice(source.rank, other.path, source.path)
         if other.world_size and source.world_size and other.world_size != source.world_size:
             raise InputError(f"world size {source.world_size} here but {other.world_size} in "
                              f"{other.path.name}: the files come from different jobs", source.path)

@@ -44,6 +44,7 @@ from vtrain.ingest.decode import LooseEvent, TraceHeader, readable_trace
 from vtrain.ingest.discover import (
     find_trace_files,
     rank_and_world_size,
+    rank_claimed_twice,
     rank_from_file_name,
 )
 from vtrain.ingest.spans import Span, decode_loose_span, decode_spans, read_header, read_header_around_events
@@ -521,8 +522,7 @@ def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: 
     with closing(results):
         for item in results:
             if item.rank in seen:
-                raise InputError(f"rank {item.rank} is claimed by both {seen[item.rank].name} and {item.path.name}",
-                                 item.path)
+                raise rank_claimed_twice(item.rank, seen[item.rank], item.path)
             seen[item.rank] = item.path
             kept.append(item)
             release_freed_memory()  # the rank's decoded events, freed before the next file is read
