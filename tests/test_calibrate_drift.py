@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import TRACES
 from vtrain.calibrate import calibration as calibrate_run
-from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare
+from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare, software_changes
 from vtrain.calibrate.profile import derive_profile, metadata_sha256, verify_lineage
 from vtrain.cli.main import app
 from vtrain.report.write import staged_folder
@@ -276,3 +276,16 @@ def test_failed_report_leaves_no_profile(name: str, broken: object, a100_base: P
     result = invoke(A100, "--base", a100_base, "-o", tmp_path / "new", "--report-dir", tmp_path / "report")
     assert result.exit_code != 0 and isinstance(result.exception, OSError)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_two_names_of_one_gpu_are_no_device_change() -> None:
+    """A fitted profile names its GPU by the catalog (``H100``), a trace by the driver (``NVIDIA H100 80GB HBM3``):
+    calibrating `traces/gpu/h100-user-ckpt-accum` against `profiles/h100` reported ``device: H100 -> NVIDIA H100
+    80GB HBM3`` as a change. Another part of a GPU still is one."""
+    def meta(name: str) -> dict[str, Any]:
+        return {"device": {"name": name}, "software": {"cuda_runtime": 13000}}
+
+    assert software_changes(meta("H100"), meta("NVIDIA H100 80GB HBM3")) == {}
+    assert software_changes(meta("A100"), meta("NVIDIA A100-SXM4-80GB")) == {
+        "device": {"old": "A100", "new": "NVIDIA A100-SXM4-80GB"}}
+    assert software_changes(meta("cpu"), meta("H100"))["device"] == {"old": "cpu", "new": "H100"}

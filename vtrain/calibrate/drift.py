@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.tables.latency import SIGNATURE
 from vtrain.tables.store import Profile
 
@@ -209,10 +210,17 @@ def collective_types(collectives: pl.DataFrame) -> pl.DataFrame:
 
 
 def software_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Software versions (``metadata["software"]``) and the device name that differ, ``{key: {old, new}}``."""
+    """Software versions (``metadata["software"]``) and the device name that differ, ``{key: {old, new}}``. Two
+    names of one GPU (a fitted profile's catalog name ``H100``, a trace's ``NVIDIA H100 80GB HBM3``) are no
+    change."""
     def versions(meta: dict[str, Any]) -> dict[str, Any]:
         return {**(meta.get("software") or {}), "device": (meta.get("device") or {}).get("name")}
 
+    def same(key: str, a: Any, b: Any) -> bool:
+        if key == "device" and a and b:
+            return (canonical_device_name(str(a)) or a) == (canonical_device_name(str(b)) or b)
+        return a == b
+
     before, after = versions(old), versions(new)
     keys = list(dict.fromkeys([*before, *after]))
-    return {k: {"old": before.get(k), "new": after.get(k)} for k in keys if before.get(k) != after.get(k)}
+    return {k: {"old": before.get(k), "new": after.get(k)} for k in keys if not same(k, before.get(k), after.get(k))}
