@@ -213,3 +213,13 @@ def test_a_run_on_another_variant_of_the_profiles_gpu_gets_its_roofline_and_memo
     gemm = make_op("aten::mm", [[8192, 8192], [8192, 8192]], ["c10::Half", "c10::Half"])
     assert forty.op_latency_us(gemm) == pytest.approx(eighty.op_latency_us(gemm), rel=1e-9)
     assert forty.host == eighty.host and forty.collectives == eighty.collectives
+
+
+def test_a_fit_without_a_host_source_says_so(tmp_path: Path) -> None:
+    """Kernel and collective tables alone fit no host term: the summary said ``host: 0.0 µs/op``, as if one had
+    been measured at zero; now it says none was fitted and why."""
+    result = CliRunner().invoke(app, ["fit", "-o", str(tmp_path / "prof"), "--nccl-tests", str(NCCL),
+                                      "--llmcompass", str(DATA / "llmcompass-a100")])
+    assert result.exit_code == 0, result.output
+    assert "host: not fitted: no measured iteration times" in result.stdout
+    assert "0.0 µs/op" not in result.stdout

@@ -67,8 +67,12 @@ def fit_command(
         if key in ("gemm", "memory_bound", "collectives", "host"):
             print(f"  {key}: {value}")
     host = fitted["host"]
-    print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
-          f"arrival jitter {host['jitter_us']:.2f} µs (sync = jitter·√(2 ln n))")
+    if "host" in fitted["provenance"]:
+        print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
+              f"arrival jitter {host['jitter_us']:.2f} µs (sync = jitter·√(2 ln n))")
+    else:
+        print("  host: not fitted: no measured iteration times (--measurements) and no GPU timeline that says its "
+              "run (--profile): predictions get no host time")
     held_out = fitted.get("kernel_held_out")
     if held_out:
         print("  held-out kernel MAPE (fitted on every other group, scored on this one):")
