@@ -1,0 +1,60 @@
+"""Hostile trace folders found by an audit of the trace-side commands, each made in tmp_path from a small real
+trace shipped in the repo (traces/wild/mi250-rocm: an MI250 ROCm trace, 2 ProfilerSteps, 14 kernels).
+
+- Files of two jobs (their ``distributedInfo.world_size`` disagree) are one error line in `vtrain validate` and
+  `vtrain whatif` as in `vtrain ingest` (validate and whatif took the first file's world size and said nothing).
+- An output folder inside the trace folder is refused (it was written there: the input folder changed).
+- Kernel launches whose device activities are not in the file (not recorded, pruned, or in a category vtrain does
+  not read) are a warning line in ingest, validate and whatif (the kernels were left out in silence: a GPU trace
+  read as one without device work).
+- `vtrain whatif` says what it did not read or left out of the traces, as validate does (it said nothing).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TRACES, vtrain_in_process
+
+SOURCE = TRACES / "wild" / "mi250-rocm" / "rank-0.json.gz"
+COMMANDS = {
+    "ingest": lambda traces, out: ["ingest", traces, "-o", out],
+    "validate": lambda traces, out: ["validate", traces, "--no-hta", "-o", out],
+    "whatif": lambda traces, out: ["whatif", traces, "--scale", "gemm=0.5", "-o", out],
+}
+
+
+def write_trace(folder: Path, name: str, change: Callable[[dict], None]) -> None:
+    """The shipped MI250 trace, edited by ``change`` (the whole document), written to ``folder/name``."""
+    document = json.loads(gzip.decompress(SOURCE.read_bytes()))
+    change(document)
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_bytes(gzip.compress(json.dumps(document).encode()))
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every entry under ``folder`` with its bytes (empty for what is not a plain file)."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in sorted(folder.rglob("*"))}
+
+
+def rank_of(rank: int, world_size: int) -> Callable[[dict], None]:
+    """A change giving the trace ``distributedInfo`` with this rank and world size."""
+    return lambda document: document.update(distributedInfo={"rank": rank, "world_size": world_size})
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_output_inside_the_trace_folder_is_refused(command: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_trace(traces, "rank-0.json.gz", lambda _: None)
+    before = snapshot(traces)
+    ran = vtrain_in_process(*COMMANDS[command](traces, traces / "out"))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {traces / 'out'}: the {'profile' if command == 'ingest' else 'report'} folder would lie inside the "
+        f"input folder {traces} (nothing is ever written into an input); give another -o"]
+    assert snapshot(traces) == before
