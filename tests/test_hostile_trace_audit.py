@@ -47,6 +47,19 @@ def rank_of(rank: int, world_size: int) -> Callable[[dict], None]:
     return lambda document: document.update(distributedInfo={"rank": rank, "world_size": world_size})
 
 
+@pytest.mark.parametrize("command", ["validate", "whatif"])
+def test_files_of_two_jobs_are_one_error_line(command: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_trace(traces, "rank-0.json.gz", rank_of(0, 2))
+    write_trace(traces, "rank-1.json.gz", rank_of(1, 4))
+    out = tmp_path / "out"
+    ran = vtrain_in_process(*COMMANDS[command](traces, out))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.strip() == (f"error: {traces / 'rank-1.json.gz'}: world size 4 here but 2 in rank-0.json.gz: "
+                                  f"the files come from different jobs")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_an_output_inside_the_trace_folder_is_refused(command: str, tmp_path: Path) -> None:
     traces = tmp_path / "traces"

@@ -47,6 +47,28 @@ def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_siz
     return f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})"
 
 
+class RankClaims:
+    """The ranks and the world size that the files of one trace folder claim, checked file by file, in `vtrain
+    ingest` and in the replay's readers alike: one file per rank, and one world size for all of them (files that
+    disagree on it come from different jobs)."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, Path] = {}
+        self.world: tuple[int, Path] | None = None  # the world size first claimed, and the file that claimed it
+
+    def claim(self, path: Path, rank: int, world_size: int | None) -> None:
+        """Take the claim of ``path`` (its rank and world size, if it says one); an error where it conflicts with
+        a file taken before."""
+        if rank in self.files:
+            raise InputError(f"rank {rank} is claimed by both {self.files[rank].name} and {path.name}", path)
+        if world_size:
+            if self.world is not None and self.world[0] != world_size:
+                raise InputError(f"world size {world_size} here but {self.world[0]} in {self.world[1].name}: the "
+                                 f"files come from different jobs", path)
+            self.world = self.world or (world_size, path)
+        self.files[rank] = path
+
+
 def rank_from_file_name(path: Path) -> int | None:
     """The rank written in a file name (``rank-3.json.gz``, ``trace_rank_3.pt.trace.json``), else ``None``."""
     match = _RANK_IN_NAME.search(path.name)

@@ -42,6 +42,7 @@ from vtrain.distributed import map_in_order, map_on_ray_in_order, release_freed_
 from vtrain.errors import InputError
 from vtrain.ingest.decode import LooseEvent, TraceHeader, readable_trace
 from vtrain.ingest.discover import (
+    RankClaims,
     find_trace_files,
     rank_and_world_size,
     rank_from_file_name,
@@ -503,27 +504,25 @@ def _elements(dims: Any) -> int | None:
 
 def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
     """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
-    claiming one rank is an error."""
+    claiming one rank, or different world sizes, is an error."""
     return read_ranks(trace_dir, partial(read_rank_trace, sink=sink))
 
 
 def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: int = 1,
                ray_address: str | None = None) -> list[Kept]:
     """What ``read`` keeps of every rank file of a trace folder, sorted by rank: ``read(path)`` reads one file
-    (:func:`read_rank_trace`) and returns what is kept of it, with its ``rank`` and ``path``. The files are read in
-    rank order where their names tell it: one at a time here, by ``workers`` processes, or as Ray tasks at
-    ``ray_address`` (``read`` and what it keeps must then pickle; :mod:`vtrain.distributed`), and their results
-    taken in that order. Two files claiming one rank is an error."""
+    (:func:`read_rank_trace`) and returns what is kept of it, with its ``rank``, ``world_size`` and ``path``. The
+    files are read in rank order where their names tell it: one at a time here, by ``workers`` processes, or as
+    Ray tasks at ``ray_address`` (``read`` and what it keeps must then pickle; :mod:`vtrain.distributed`), and
+    their results taken in that order. Two files claiming one rank, or different world sizes, is an error
+    (:class:`~vtrain.ingest.discover.RankClaims`)."""
     files = sorted(find_trace_files(trace_dir), key=_rank_order)
     results = map_on_ray_in_order(ray_address, read, files) if ray_address else map_in_order(read, files, workers)
     kept: list[Kept] = []
-    seen: dict[int, Path] = {}
+    claims = RankClaims()
     with closing(results):
         for item in results:
-            if item.rank in seen:
-                raise InputError(f"rank {item.rank} is claimed by both {seen[item.rank].name} and {item.path.name}",
-                                 item.path)
-            seen[item.rank] = item.path
+            claims.claim(item.path, item.rank, item.world_size)
             kept.append(item)
             release_freed_memory()  # the rank's decoded events, freed before the next file is read
     return sorted(kept, key=lambda k: k.rank)
