@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +72,46 @@ def test_an_output_inside_the_trace_folder_is_refused(command: str, tmp_path: Pa
         f"error: {traces / 'out'}: the {'profile' if command == 'ingest' else 'report'} folder would lie inside the "
         f"input folder {traces} (nothing is ever written into an input); give another -o"]
     assert snapshot(traces) == before
+
+
+def kernels_in_an_unknown_category(document: dict) -> None:
+    """Every kernel of the trace written with a category vtrain does not read (as a future PyTorch might)."""
+    for event in document["traceEvents"]:
+        if event.get("cat") == "kernel":
+            event["cat"] = "gpu_kernel"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_launches_without_their_kernels_are_said(command: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_trace(traces, "rank-0.json.gz", kernels_in_an_unknown_category)
+    ran = vtrain_in_process(*COMMANDS[command](traces, tmp_path / "out"))
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert (f"warning: {traces / 'rank-0.json.gz'}: 14 of 14 kernel launches have no device activity in the file "
+            f"(device events not recorded or pruned, or written with a category vtrain does not read): their "
+            f"device time is not counted") in ran.stderr.splitlines()
+
+
+def test_a_whole_trace_has_no_such_warning(tmp_path: Path) -> None:
+    """The warning above is not said of the trace it was made from: every launch there has its kernel."""
+    ran = vtrain_in_process(*COMMANDS["ingest"](SOURCE.parent, tmp_path / "out"))
+    assert ran.returncode == 0 and "kernel launches" not in ran.stderr, ran.stderr
+
+
+def one_kernel_without_a_duration(document: dict) -> None:
+    """The first kernel's duration made negative: the event is left out."""
+    next(e for e in document["traceEvents"] if e.get("cat") == "kernel")["dur"] = -1.0
+
+
+def test_whatif_says_what_it_did_not_read_or_left_out(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    write_trace(traces, "rank-0.json.gz", lambda document: (rank_of(0, 2)(document),
+                                                            one_kernel_without_a_duration(document)))
+    os.mkfifo(traces / "rank-1.json")  # named like a trace, never read (it would block)
+    ran = vtrain_in_process(*COMMANDS["whatif"](traces, tmp_path / "out"))
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    lines = ran.stderr.splitlines()
+    for said in (f"{traces / 'rank-1.json'}: not read: named like a trace but not a file",
+                 f"{traces}: 1 of 2 ranks have no trace file (missing: 1)",
+                 f"{traces / 'rank-0.json.gz'}: 1 event(s) without a usable time, duration or lane were left out"):
+        assert f"warning: {said}" in lines
