@@ -122,6 +122,13 @@ def _other_world(tmp_path: Path) -> Path:
     return config
 
 
+def _empty_folder(tmp_path: Path) -> Path:
+    """An empty folder beside the report's (a report is never written inside an input folder)."""
+    path = tmp_path / "empty"
+    path.mkdir()
+    return path
+
+
 def _bad_suite(tmp_path: Path) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text("sets: [unclosed\n")
@@ -134,7 +141,7 @@ def _bad_suite(tmp_path: Path) -> Path:
     (lambda tmp: ["validate", _not_kineto(tmp)], "no traceEvents"),
     (lambda tmp: ["validate", PIPELINE, "--config", _other_world(tmp)], "the traces come from a job of 2"),
     (lambda tmp: ["validate", V100_1RANK, "--config", tmp / "nope.yaml"], "no such run config"),
-    (lambda tmp: ["validate", PIPELINE, "--profile", tmp], "not a profile folder"),
+    (lambda tmp: ["validate", PIPELINE, "--profile", _empty_folder(tmp)], "not a profile folder"),
     (lambda tmp: ["validate"], "give a TRACE_DIR"),
     (lambda tmp: ["validate", "--suite", _bad_suite(tmp)], "not valid YAML"),
     (lambda tmp: ["validate", V100_1RANK, "--suite", _bad_suite(tmp)], "not both"),

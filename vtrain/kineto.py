@@ -111,6 +111,34 @@ def is_graph_launch(name: str) -> bool:
     return name.lower().split("_", 1)[0] in GRAPH_LAUNCH_NAMES
 
 
+def is_kernel_launch(name: str) -> bool:
+    """Whether a runtime or driver call launches device work: a kernel (``cudaLaunchKernel``, ``cuLaunchKernel``,
+    ``hipLaunchKernel``, ``hipExtModuleLaunchKernel``, ``cudaLaunchCooperativeKernel``, with any version suffix)
+    or a captured graph (:func:`is_graph_launch`)."""
+    lowered = name.lower()
+    return ("launch" in lowered and "kernel" in lowered) or is_graph_launch(name)
+
+
+def unanswered_launches(names: Iterable[str], correlations: Iterable[int | None],
+                        device_correlations: Iterable[int | None]) -> tuple[int, int]:
+    """Of the runtime calls (``names`` and correlation ids) that launch device work (:func:`is_kernel_launch`),
+    how many have no device activity with their correlation id, and how many there are. In a whole trace every
+    launch has its activity: the device's events were not recorded, were pruned, or have a category vtrain does
+    not read."""
+    answered = set(device_correlations)
+    launches = [correlation for name, correlation in zip(names, correlations)
+                if correlation is not None and is_kernel_launch(name)]
+    return sum(1 for correlation in launches if correlation not in answered), len(launches)
+
+
+def unanswered_launches_warning(path: object, missing: int, launches: int) -> str:
+    """The warning line, in ingest, validate and what-if alike, for launches :func:`unanswered_launches` found
+    without their device activity."""
+    return (f"{path}: {missing} of {launches} kernel launches have no device activity in the file (device events "
+            f"not recorded or pruned, or written with a category vtrain does not read): their device time is not "
+            f"counted")
+
+
 #: the spellings of the arg that links an event to the CPU op it belongs to, newest first
 EXTERNAL_ID_KEYS = ("External id", "external id")
 #: the spellings of the arg holding a CPU op's input shapes, newest first (PyTorch 1.8 wrote ``Input dims``)

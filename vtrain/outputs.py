@@ -129,8 +129,10 @@ def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what:
             raise InputError(f"the {what} is the input {given}; give another -o", target)
         if resolved in source.parents:
             raise InputError(f"the {what} contains the input {given}; give another -o", target)
-        if source in resolved.parents and source.is_file():
-            raise InputError(f"the {what} would lie inside the input file {given}", target)
+        if source in resolved.parents:
+            kind = "file" if source.is_file() else "folder"
+            raise InputError(f"the {what} would lie inside the input {kind} {given} (nothing is ever written into "
+                             f"an input); give another -o", target)
 
 
 def _check_replaceable(target: Path, force: bool, what: str) -> None:

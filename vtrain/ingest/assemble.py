@@ -22,6 +22,7 @@ from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     absurd_host_events,
     is_graph_launch,
+    unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
 from vtrain.naming import ITERATION_PREFIX
@@ -35,7 +36,8 @@ class RankTables:
     ``device_activities`` counts the rank's device activities as decoded (those with a missing or negative
     duration included); each became one row of ``kernels``, unless dropped for that duration
     (``counts.device_dropped``) or for an absurd one (``absurd``). ``unlaunched`` kernel rows have no launching
-    runtime call in the file (a pruned trace, or launched before the profiler started).
+    runtime call in the file (a pruned trace, or launched before the profiler started); ``unanswered`` launching
+    calls have no device activity in the file (:func:`vtrain.kineto.unanswered_launches`).
     """
 
     rank: int
@@ -49,6 +51,8 @@ class RankTables:
     absurd: int
     absurd_host: int  # host events left out for an absurd time (vtrain.kineto.absurd_host_events)
     unlaunched: int
+    unanswered: int  # kernel launches (runtime calls) with no device activity of theirs in the file
+    launches: int  # kernel launches (runtime calls) in all
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
 
@@ -95,6 +99,8 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
     if kernels.height != device.height:  # every join below is many-to-one: this cannot happen, and must not
         raise RuntimeError(f"rank {rank}: {device.height} device activities became {kernels.height} kernel rows")
     collectives = _collectives(rank, kernels, cpu, dist_info)
+    unanswered, launches = unanswered_launches(events.runtime["name"], events.runtime["correlation"],
+                                               events.device["correlation"])
     return RankTables(
         rank=rank,
         kernels=conform(kernels.with_columns(rank=pl.lit(rank)), "kernels"),
@@ -108,6 +114,8 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         absurd=int(absurd.sum()),
         absurd_host=absurd_host,
         unlaunched=kernels["launch_tid"].null_count(),
+        unanswered=unanswered,
+        launches=launches,
         repeated=kernels.height - kernels.select("device", "stream", "name", "ts", "dur").n_unique(),
         accelerator=events.accelerator,
     )

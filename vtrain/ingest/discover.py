@@ -49,13 +49,7 @@ def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_siz
     return f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})"
 
 
-def rank_from_file_name(path: Path) -> int | None:
-    """The rank written in a file name (``rank-3.json.gz``, ``trace_rank_3.pt.trace.json``), else ``None``."""
-    match = _RANK_IN_NAME.search(path.name)
-    return int(match.group(1)) if match else None
-
-
-def rank_claimed_twice(rank: int, first: Path, second: Path) -> InputError:
+def _rank_claimed_twice(rank: int, first: Path, second: Path) -> InputError:
     """The error for two trace files of one rank. Where both are files ``tensorboard_trace_handler`` wrote for
     one worker (``WORKER.TIMESTAMP.pt.trace.json``), they are two cycles of one profiler (``schedule(repeat=2)``):
     the error says so and what to do."""
@@ -69,6 +63,34 @@ def _cycle_worker(path: Path) -> str | None:
     """The worker of a file named as ``tensorboard_trace_handler`` names a cycle's file, else ``None``."""
     match = _CYCLE_FILE.match(path.name)
     return match["worker"] if match else None
+
+
+class RankClaims:
+    """The ranks and the world size that the files of one trace folder claim, checked file by file, in `vtrain
+    ingest` and in the replay's readers alike: one file per rank, and one world size for all of them (files that
+    disagree on it come from different jobs)."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, Path] = {}
+        self.world: tuple[int, Path] | None = None  # the world size first claimed, and the file that claimed it
+
+    def claim(self, path: Path, rank: int, world_size: int | None) -> None:
+        """Take the claim of ``path`` (its rank and world size, if it says one); an error where it conflicts with
+        a file taken before."""
+        if rank in self.files:
+            raise _rank_claimed_twice(rank, self.files[rank], path)
+        if world_size:
+            if self.world is not None and self.world[0] != world_size:
+                raise InputError(f"world size {world_size} here but {self.world[0]} in {self.world[1].name}: the "
+                                 f"files come from different jobs", path)
+            self.world = self.world or (world_size, path)
+        self.files[rank] = path
+
+
+def rank_from_file_name(path: Path) -> int | None:
+    """The rank written in a file name (``rank-3.json.gz``, ``trace_rank_3.pt.trace.json``), else ``None``."""
+    match = _RANK_IN_NAME.search(path.name)
+    return int(match.group(1)) if match else None
 
 
 def is_only_trace(path: Path) -> bool:

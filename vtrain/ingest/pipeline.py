@@ -27,7 +27,7 @@ import polars as pl
 import vtrain
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
-from vtrain.ingest.discover import find_trace_files, missing_ranks_warning, rank_claimed_twice
+from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
 from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
 from vtrain.outputs import staged
 from vtrain.runconfig import load_run_config
@@ -161,6 +161,7 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     started = time.time()
     results: list[RankResult] = []
     sources: list[RankSource] = []
+    claims = RankClaims()
     mapped = (_map_ranks_on_ray(ray_address, files, spool, progress) if ray_address
               else _map_ranks(files, spool, workers, progress))
     # closed on any error or interrupt before it goes further: the workers are stopped before anyone removes the
@@ -168,7 +169,7 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     with closing(mapped):
         for result in mapped:
             if result.source:
-                _check_against(result.source, sources)
+                claims.claim(result.source.path, result.source.rank, result.source.world_size)
             if result.error:
                 raise result.error
             for line in result.warnings:
@@ -228,17 +229,6 @@ def _ingest_rank_shipped(job: tuple[int, Path]) -> tuple[RankResult, dict[str, b
 
 def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
     return ingest_rank(*job)
-
-
-def _check_against(source: RankSource, earlier: list[RankSource]) -> None:
-    for other in earlier:
-        if other.rank == source.rank:
-            raise rank_claimed_twice(source.rank, other.path, source.path)
-        if other.world_size and source.world_size and other.world_size != source.world_size:
-            raise InputError(f"world size {source.world_size} here but {other.world_size} in "
-                             f"{other.path.name}: the files come from different jobs", source.path)
-    if source.world_size and source.rank >= source.world_size:
-        raise InputError(f"rank {source.rank} is outside the world size {source.world_size}", source.path)
 
 
 def _world_size(sources: list[RankSource]) -> int | None:

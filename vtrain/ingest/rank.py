@@ -27,7 +27,7 @@ from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
-from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning
+from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning, unanswered_launches_warning
 from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX
 from vtrain.tables.latency import gpu_op_calls
 
@@ -168,6 +168,8 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(f"{path}: {tables.unlaunched} of {tables.kernels.height} device activities have no "
                         f"launching runtime call in the file (a pruned trace, or launched before profiling began): "
                         f"their launch time is their start")
+    if tables.unanswered:
+        warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
 
 
 def _keep(result: RankResult, tables: RankTables, spool: Path) -> None:

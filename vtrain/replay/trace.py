@@ -40,12 +40,15 @@ import polars as pl
 from vtrain import kineto
 from vtrain.distributed import map_in_order, map_on_ray_in_order, release_freed_memory
 from vtrain.errors import InputError
-from vtrain.ingest.decode import LooseEvent, TraceHeader, readable_trace
+from vtrain.ingest.decode import LooseEvent, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import (
+    RankClaims,
     find_trace_files,
+    missing_ranks_warning,
+    not_read_warning,
     rank_and_world_size,
-    rank_claimed_twice,
     rank_from_file_name,
+    unreadable_trace_names,
 )
 from vtrain.ingest.spans import Span, decode_loose_span, decode_spans, read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
@@ -183,10 +186,20 @@ class RankTrace:
     absurd_host: int = 0  # host events left out for such a time (kineto.absurd_host_events)
     repeated: int = 0  # device activities that repeat another exactly (same stream, name, start and duration)
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
+    unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
+    launches: int = 0  # kernel launches in all
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def count_launches(self) -> None:
+        """Count the kernel launches, and those whose device activity is not in the file (:attr:`unanswered`), as
+        `vtrain ingest` counts them: before any activity is left out for an absurd time."""
+        runtime = [i for i, kind in enumerate(self.kind) if kind == RUNTIME]
+        device = (c for c, kind in zip(self.correlation, self.kind) if kind == DEVICE)
+        self.unanswered, self.launches = kineto.unanswered_launches(
+            (self.name[i] for i in runtime), (self.correlation[i] for i in runtime), device)
 
     def check_device_times(self) -> None:
         """Count the device activities that repeat another exactly (:attr:`repeated`, kept) and leave out the events
@@ -241,8 +254,9 @@ class RankTrace:
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
                         absurd_host=self.absurd_host,
-                        repeated=self.repeated, bare_numbers=self.bare_numbers, replayable=self.replayable,
-                        columns=self.event_columns(), index=self.index, source=self.source)
+                        repeated=self.repeated, bare_numbers=self.bare_numbers, unanswered=self.unanswered,
+                        launches=self.launches, replayable=self.replayable, columns=self.event_columns(),
+                        index=self.index, source=self.source)
 
 
 #: each kind of event as a small number
@@ -283,6 +297,8 @@ class KeptRank:
     absurd_host: int
     repeated: int
     bare_numbers: int
+    unanswered: int
+    launches: int
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -341,6 +357,7 @@ def _read_events(text: TraceText, header: TraceHeader, events: Span | None, sink
         return len(decoded)
 
     decode_spans(text, events, add)
+    trace.count_launches()
     trace.check_device_times()
     if sink is not None:
         sink.close(trace)
@@ -504,29 +521,62 @@ def _elements(dims: Any) -> int | None:
 
 def read_trace_set(trace_dir: str | Path, sink: Sink | None = None) -> list[RankTrace]:
     """Every rank file of a trace folder, sorted by rank, each read once (``sink`` sees its events too); two files
-    claiming one rank is an error."""
+    claiming one rank, or different world sizes, is an error."""
     return read_ranks(trace_dir, partial(read_rank_trace, sink=sink))
 
 
 def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: int = 1,
                ray_address: str | None = None) -> list[Kept]:
     """What ``read`` keeps of every rank file of a trace folder, sorted by rank: ``read(path)`` reads one file
-    (:func:`read_rank_trace`) and returns what is kept of it, with its ``rank`` and ``path``. The files are read in
-    rank order where their names tell it: one at a time here, by ``workers`` processes, or as Ray tasks at
-    ``ray_address`` (``read`` and what it keeps must then pickle; :mod:`vtrain.distributed`), and their results
-    taken in that order. Two files claiming one rank is an error."""
+    (:func:`read_rank_trace`) and returns what is kept of it, with its ``rank``, ``world_size`` and ``path``. The
+    files are read in rank order where their names tell it: one at a time here, by ``workers`` processes, or as
+    Ray tasks at ``ray_address`` (``read`` and what it keeps must then pickle; :mod:`vtrain.distributed`), and
+    their results taken in that order. Two files claiming one rank, or different world sizes, is an error
+    (:class:`~vtrain.ingest.discover.RankClaims`)."""
     files = sorted(find_trace_files(trace_dir), key=_rank_order)
     results = map_on_ray_in_order(ray_address, read, files) if ray_address else map_in_order(read, files, workers)
     kept: list[Kept] = []
-    seen: dict[int, Path] = {}
+    claims = RankClaims()
     with closing(results):
         for item in results:
-            if item.rank in seen:
-                raise rank_claimed_twice(item.rank, seen[item.rank], item.path)
-            seen[item.rank] = item.path
+            claims.claim(item.path, item.rank, item.world_size)
             kept.append(item)
             release_freed_memory()  # the rank's decoded events, freed before the next file is read
     return sorted(kept, key=lambda k: k.rank)
+
+
+def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank],
+                       world_size: int | None) -> list[str]:
+    """The warning lines for what reading a trace folder (``traces``, by rank; the job's ``world_size`` if known)
+    did not read, left out or found suspicious, in `vtrain validate` and `vtrain whatif` alike: entries named like
+    a trace that are no file, ranks of the job with no file, and each rank's values, events and launches that could
+    not be used."""
+    lines = [not_read_warning(skipped) for skipped in unreadable_trace_names(trace_dir)]
+    if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
+        lines.append(line)
+    for trace in traces:
+        lines += _rank_trace_warnings(trace)
+    return lines
+
+
+def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
+    """The warning lines for one rank of :func:`trace_set_warnings`."""
+    path, lines = trace.path, []
+    if trace.bare_numbers:
+        lines.append(bare_numbers_warning(path, trace.bare_numbers))
+    if trace.dropped:
+        lines.append(f"{path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
+    if trace.repeated:
+        lines.append(f"{path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
+                     f"and duration): a trace written twice into one file? They are kept")
+    if trace.absurd_host:
+        lines.append(kineto.absurd_host_warning(path, trace.absurd_host))
+    if trace.absurd:
+        lines.append(f"{path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
+                     f"than the trace, or starting where no queue of the trace's device work could put them)")
+    if trace.unanswered:
+        lines.append(kineto.unanswered_launches_warning(path, trace.unanswered, trace.launches))
+    return lines
 
 
 def _rank_order(path: Path) -> tuple[int, str]:

@@ -42,6 +42,10 @@ class ReadRank:
     def path(self) -> Path:
         return self.kept.path
 
+    @property
+    def world_size(self) -> int | None:
+        return self.kept.world_size
+
 
 def read_rank(config: RunConfig | None, with_tables: bool, path: Path) -> ReadRank:
     """Read one rank file and keep what the validation needs of it (runs in a worker process or a Ray task)."""

@@ -15,14 +15,11 @@ import polars as pl
 
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
-from vtrain.ingest.decode import bare_numbers_warning
-from vtrain.kineto import absurd_host_warning
-from vtrain.ingest.discover import missing_ranks_warning, not_read_warning, unreadable_trace_names
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
-from vtrain.replay.trace import KeptRank, KeptText, TextAside
+from vtrain.replay.trace import KeptRank, KeptText, TextAside, trace_set_warnings
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.predictions import (
@@ -149,24 +146,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     if text.problem:
         note(f"{trace_dir}: the traces' text could not be set aside in a temporary file ({text.problem}); it is kept "
              f"in memory until the replayed traces are written")
-    for skipped in unreadable_trace_names(trace_dir):
-        note(not_read_warning(skipped))
     world_size = config.parallelism.world_size if config else next((t.world_size for t in traces if t.world_size), None)
-    if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
+    for line in trace_set_warnings(trace_dir, traces, world_size):
         note(line)
-    for trace in traces:
-        if trace.bare_numbers:
-            note(bare_numbers_warning(trace.path, trace.bare_numbers))
-        if trace.dropped:
-            note(f"{trace.path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
-        if trace.repeated:
-            note(f"{trace.path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
-                 f"and duration): a trace written twice into one file? They are kept")
-        if trace.absurd_host:
-            note(absurd_host_warning(trace.path, trace.absurd_host))
-        if trace.absurd:
-            note(f"{trace.path}: left out {trace.absurd} device activities with an absurd time (not finite, longer "
-                 f"than the trace, or starting where no queue of the trace's device work could put them)")
     replayed = replay_graph(builder.graph(traces), each_rank=_annotated)  # annotated rank by rank
     for trace in traces:
         trace.release_columns()

@@ -24,7 +24,7 @@ from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
-from vtrain.replay.trace import read_trace_set
+from vtrain.replay.trace import read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
@@ -112,12 +112,17 @@ class WhatIf:
         return out
 
 
-def load_trace_set(trace_dir: str | Path) -> TraceSet:
-    """Read a trace folder (and its ``run.yaml`` when there is one) and build its graph."""
+def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _: None) -> TraceSet:
+    """Read a trace folder (and its ``run.yaml`` when there is one) and build its graph; ``warn`` gets a line for
+    each thing the reading did not read, left out or found suspicious (:func:`vtrain.replay.trace.trace_set_warnings`,
+    as `vtrain validate` says them)."""
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
     run_yaml = trace_dir / "run.yaml"
     config = load_run_config(run_yaml) if run_yaml.exists() else None
+    world_size = config.parallelism.world_size if config else next((t.world_size for t in traces if t.world_size), None)
+    for line in trace_set_warnings(trace_dir, traces, world_size):
+        warn(line)
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
@@ -133,8 +138,8 @@ def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir:
     From ``other_dir`` come every operator's, kernel's and collective transfer's own time and, unless
     ``ops_only``, every host stretch (a thread's time between operators), each matched op by op.
     """
-    base = load_trace_set(trace_dir)
-    other = load_trace_set(other_dir) if other_dir is not None else None
+    base = load_trace_set(trace_dir, warn)
+    other = load_trace_set(other_dir, warn) if other_dir is not None else None
     return predict(base, scales or [], other, ops_only, warn)
 
 
