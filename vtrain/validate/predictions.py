@@ -36,6 +36,7 @@ from vtrain.validate.timeline import (
     annotate,
     breakdown,
     iterations,
+    launched_ops,
     ops,
     spans,
 )
@@ -156,8 +157,8 @@ def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
     m_spans = with_stage(spans(frame, MEASURED).filter(tested), stage_of_ranks(ranks, layout))
     aligned_spans = align_spans(m_spans, spans(predicted, MEASURED), rank_map, {it: predicted_iteration for it in test})
     measured_ops = ops(frame, MEASURED)
-    aligned_ops = align_sequences(measured_ops.filter(tested), ops(predicted, MEASURED), rank_map,
-                                  predicted_iteration)
+    aligned_ops = align_sequences(launched_ops(frame, MEASURED).filter(tested), launched_ops(predicted, MEASURED),
+                                  rank_map, predicted_iteration)
     n = rank_iterations(m_it)
     measured_ms = median_job(rows, "measured_ms")
     profiled_ms = measured_job_ms(frame, split.profile) if run.from_traces else None

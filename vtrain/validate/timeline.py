@@ -48,18 +48,21 @@ REPLAYED = Side("replay", "sim_ts", "sim_dur")
 
 
 def annotate(events: pl.DataFrame) -> pl.DataFrame:
-    """Add ``iteration``, ``gpu_rank``, ``op`` (launching operator of device activities), ``is_op`` and
-    ``op_class`` to a replay event frame (text columns are categories, as the frame's names are)."""
+    """Add ``iteration``, ``gpu_rank``, ``op`` and ``call`` (the launching operator of device activities: its name
+    and its event), ``is_op`` and ``op_class`` to a replay event frame (text columns are categories, as the frame's
+    names are)."""
     gpu_ranks = events.filter(pl.col("kind") == "device")["rank"].unique().to_list()
     frame = events.with_columns(gpu_rank=pl.col("rank").is_in(gpu_ranks))
     frame = _with_iteration(frame)
     launching = (
         frame.filter((pl.col("kind") == "cpu") & (pl.col("cat") == "cpu_op") & pl.col("external_id").is_not_null())
         .unique(["rank", "external_id"], keep="first")
-        .select("rank", "external_id", op=pl.col("name"))
+        .select("rank", "external_id", op=pl.col("name"), call=pl.col("event").cast(pl.Int32))  # a rank's event number
     )
     frame = frame.join(launching, on=["rank", "external_id"], how="left")
-    frame = frame.with_columns(op=pl.when(pl.col("kind") == "device").then(pl.col("op")).otherwise(pl.col("name")))
+    device = pl.col("kind") == "device"
+    frame = frame.with_columns(op=pl.when(device).then(pl.col("op")).otherwise(pl.col("name")),
+                               call=pl.when(device).then(pl.col("call")))
     frame = _with_work_op(frame)
     is_op = (
         pl.when(pl.col("gpu_rank")).then(pl.col("kind") == "device")
@@ -182,6 +185,38 @@ def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     return (
         _with_signature(chosen)
         .sort("rank", "ts")
+        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
+                "start", "dur")
+    )
+
+
+def launched_ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
+    """:func:`ops`, with a GPU rank's device activities gathered per operator call that launched them: one row per
+    call, under the operator's signature (name and input dims), its time the sum of its activities', its class that
+    of the longest of them. A model prediction names its device activities after operators (``aten::mm
+    (modelled)``) where a measurement names the kernels a library picked (``nvjet_sm90_...``): the two meet at the
+    operator. Activities whose launching operator is not in the trace stay as they are."""
+    columns = ["rank", "iteration", "event", "kind", "name", "input_dims", "op", "op_class", "collective", "matched",
+               "ts"]
+    chosen = _tested_ops(frame).select(*columns, "call", start=pl.col(side.start), dur=pl.col(side.dur)).collect()
+    launched = pl.col("call").is_not_null()
+    dims = (frame.lazy().filter(pl.col("kind") == "cpu")
+            .select("rank", call=pl.col("event").cast(pl.Int32), call_dims="input_dims"))
+    calls = (
+        chosen.lazy().filter(launched).join(dims, on=["rank", "call"], how="left")
+        .sort("dur", "event", descending=[True, False])
+        .group_by("rank", "iteration", "call")
+        .agg(event=pl.col("call").first().cast(pl.Int64), name=pl.col("op").first(), input_dims=pl.col("call_dims").first(),
+             op=pl.col("op").first(), op_class=pl.col("op_class").first(), collective=pl.col("collective").first(),
+             matched=pl.col("matched").first(), ts=pl.col("ts").min(), start=pl.col("start").min(),
+             dur=pl.col("dur").sum())
+        .with_columns(kind=pl.lit("cpu").cast(chosen["kind"].dtype))
+        .collect()
+    )
+    rows = chosen.filter(~launched).drop("call")
+    return (
+        _with_signature(pl.concat([rows, calls.select(rows.columns)], how="vertical_relaxed"))
+        .sort("rank", "ts", "event")  # one order however the groups came out
         .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
                 "start", "dur")
     )
