@@ -8,7 +8,8 @@ One reader for both, so that every such file is refused the same way, with one l
 - YAML aliases (``*name``): a run config needs none, and expanding them is how a "billion laughs" file of a few
   hundred bytes becomes gigabytes;
 - YAML tags other than the standard ones (``!!python/object`` and the like are never constructed, let alone run);
-- JSON's non-standard ``NaN`` and ``Infinity``.
+- JSON's non-standard ``NaN`` and ``Infinity``;
+- values that cannot be built (a date such as ``2024-13-45``, an integer beyond Python's 4,300 digits).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def read_config_file(path: str | Path, what: str) -> Any:
         raise InputError(f"{what} is not valid {kind}: {_first_line(exc)}", path) from None
     except RecursionError:
         raise InputError(f"{what} refused: nested more than {MAX_CONFIG_DEPTH} levels deep", path) from None
+    except ValueError as exc:  # a value the parser cannot build: 2024-13-45, an integer of 5,000 digits
+        raise InputError(f"{what} has a value that cannot be read: {_first_line(exc).split(';')[0]}",
+                         path) from None
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -59,7 +63,7 @@ def _read_text(path: Path, what: str) -> str:
     if len(data) > MAX_CONFIG_BYTES:
         raise InputError(f"{what} is larger than {MAX_CONFIG_BYTES:,} bytes (real ones are a few KB)", path)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is dropped
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} is not UTF-8 text (byte {exc.start})", path) from None
 

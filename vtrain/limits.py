@@ -15,6 +15,7 @@ for hours or exhaust memory (``layers: 1000000`` made `vtrain simulate` grow pas
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from typing import Any
 
 #: field -> (smallest, largest) allowed value, inclusive
@@ -45,6 +46,17 @@ REAL_BOUNDS: dict[str, tuple[float, float]] = {
 #: micro-batches per replica and iteration (global_batch / (dp * micro_batch))
 MAX_MICRO_BATCHES = 4096
 
+#: largest micro-batch a plan search tries (`vtrain plan`, `cluster`, `size` ``--max-micro-batch``): every size up to
+#: it is a grid point, so 10^8 enumerated for hours; real runs use 1 to 16
+MAX_MICRO_BATCH_TRIED = 64
+
+#: most tokens a plan is priced for: the largest runs train on about 1.5e13 (Llama 3, 15 T); infinity made every
+#: plan's cost infinite and the cost chart fail
+MAX_TOKENS = 1e16
+
+#: highest price per GPU-hour (USD): cloud GPUs cost a few dollars an hour
+MAX_PRICE_PER_GPU_HOUR = 1e4
+
 #: largest config file (run config, suite) read, in bytes: real ones are under 2 KB
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -64,11 +76,11 @@ def shown(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def integer_problem(name: str, value: Any) -> str | None:
-    """What is wrong with ``value`` as the integer field ``name`` (None when it is fine)."""
+def integer_problem(name: str, value: Any, bounds: dict[str, tuple[int, int]] = INTEGER_BOUNDS) -> str | None:
+    """What is wrong with ``value`` as the integer field ``name`` of ``bounds`` (None when it is fine)."""
     if isinstance(value, bool) or not isinstance(value, int):
         return f"{name} must be a whole number (got {shown(value)})"
-    low, high = INTEGER_BOUNDS[name]
+    low, high = bounds[name]
     if not low <= value <= high:
         return f"{name} must be between {low} and {high:,} (got {shown_count(value)})"
     return None
@@ -77,7 +89,7 @@ def integer_problem(name: str, value: Any) -> str | None:
 def shown_count(value: int) -> str:
     """A whole number with thousands separators, or in scientific notation beyond 15 digits (a config's 1e300
     would print 301 of them)."""
-    return f"{value:,}" if abs(value) < 10**15 else f"{value:.3e}"
+    return f"{value:,}" if abs(value) < 10**15 else f"{Decimal(value):.3e}"  # a float overflows past 1.8e308
 
 
 def real_problem(name: str, value: Any) -> str | None:
@@ -102,12 +114,19 @@ FITTED_BOUNDS: dict[str, tuple[float, float]] = {
     "op_us": (-1e-9, 1e6),
     "collective_us": (-1e-9, 1e6),
     "sync_us_per_rank": (-1e-9, 1e6),
+    "jitter_us": (-1e-9, 1e6),
     "non_gemm_scale": (0.0, 100.0),
 }
+
+#: a fitted collective curve's group (``metadata.json`` ``fitted.collectives``): name -> (smallest, largest) count
+FITTED_COUNTS: dict[str, tuple[int, int]] = {"group_size": (1, INTEGER_BOUNDS["device_count"][1]),
+                                             "nodes": (1, INTEGER_BOUNDS["device_count"][1])}
 
 
 def fitted_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` as the fitted parameter ``name`` (None when it is fine or not bounded)."""
+    if name in FITTED_COUNTS:
+        return integer_problem(name, value, FITTED_COUNTS)
     if name not in FITTED_BOUNDS or value is None and name == "flops_per_s":  # memory-bound: no FLOP rate
         return None
     if not _is_number(value):

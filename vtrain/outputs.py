@@ -9,6 +9,8 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
   holding :data:`MARKER` (written into every output folder), or, for folders written before the marker existed,
   one that holds a profile's ``metadata.json`` or a report's ``metrics.json`` and nothing that looks like a trace.
 
+An output given as a link to a folder is checked and written where the link points; the link itself stays.
+
 Every writer stages its folder beside the target with :func:`staged` and renames it into place
 (``tables/store.py``, ``report/write.py``, ``simulate/chrome_trace.py``); the staging folder is marked with
 :func:`mark` so that a later ``--force`` may replace it. A staging folder is named
@@ -47,6 +49,7 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
     """Raise :class:`InputError` when ``target`` may not be written (see the module docstring); returns it."""
     target = Path(target)
     _check_not_an_input(target, inputs, what)
+    target = followed(target)
     if target.exists() or target.is_symlink():
         _check_replaceable(target, force, what)
     _check_writable_parent(target)
@@ -64,6 +67,7 @@ def staged(target: Path) -> Iterator[Path]:
     """Yield a marked, empty staging folder beside ``target``; when the block ends without error it replaces
     ``target`` (which :func:`check_output` must have allowed), on any error or interrupt it is removed, with the
     parent folders this call created."""
+    target = followed(target)
     created = _make_parents(target.absolute().parent)
     staging = _sibling(target, "staging")
     try:
@@ -107,6 +111,12 @@ def remove_stale_staging(folder: Path) -> list[Path]:
         shutil.rmtree(child, ignore_errors=True)
         removed.append(child)
     return removed
+
+
+def followed(target: Path) -> Path:
+    """``target``, or the folder it links to: an output given as a link to a folder is written there and the link
+    is kept (renaming the link aside left it behind as a backup, and the old output where it pointed)."""
+    return target.resolve() if target.is_symlink() and target.is_dir() else target
 
 
 def written_by_vtrain(folder: Path) -> bool:
@@ -167,6 +177,7 @@ def publish(target: Path, staging: Path) -> None:
     """Rename ``staging`` to ``target``; an existing target is moved aside first and removed after. Ctrl-C and
     SIGTERM wait until this is done (they arrive right after), so an interrupt never leaves the old output moved
     aside and the new one not yet in place."""
+    target = followed(target)
     with _signals_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)

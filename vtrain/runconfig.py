@@ -295,7 +295,7 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
                 global_batch=_whole(data["global_batch_size"]), schedule=schedule,
                 recompute="full" if _flag(data.get("use_checkpoint", False)) else "none",
                 dp_overlap=_flag(data.get("use_gradient_bucket", False)),
-                dp_bucket_mb=float(data.get("ddp_bucket_size", 25.0)),
+                dp_bucket_mb=_real(data.get("ddp_bucket_size", 25.0)),
             ),
             precision="fp16",
             framework=str(data.get("framework", "megatron")),
@@ -328,8 +328,16 @@ def _flag(value: Any) -> bool:
     raise ValueError(f"{shown(value)} is not true or false")
 
 
+def _real(value: Any) -> float:
+    """A vTrain config's real number: a JSON number, never a string (``"25"``) or a switch (``true`` read as
+    1.0) silently converted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{shown(value)} is not a number")
+    return float(value)
+
+
 def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+    return None if value is None else _real(value)
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors
+from vtrain.cli.options import recompute_option
 from vtrain.errors import InputError
 from vtrain.fit.build import FitSources, build_profile
 from vtrain.outputs import check_output
@@ -35,8 +36,8 @@ def fit_command(
                                                                           "to fit host overheads on."),
     fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
-    recompute: str = typer.Option("full", "--recompute", help="Activation recomputation (none or full) of the "
-                                                              "--measurements rows without that column."),
+    recompute: str = recompute_option("Activation recomputation (none, selective or full) of the --measurements "
+                                      "rows without that column."),
     parent: Path | None = typer.Option(None, "--parent", help="Profile this one refines (recorded as parent)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing profile folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted parameters as JSON."),

@@ -8,6 +8,9 @@ from typing import Any
 
 import typer
 
+from vtrain.limits import MAX_MICRO_BATCH_TRIED
+from vtrain.runconfig import RECOMPUTE
+
 
 def profile_option() -> Any:
     """``--profile``: the profile folder whose tables and device model time the plans."""
@@ -42,4 +45,16 @@ def device_memory_option() -> Any:
 
 def max_micro_batch_option() -> Any:
     """``--max-micro-batch``: the largest micro-batch a plan may use."""
-    return typer.Option(4, "--max-micro-batch", min=1, max=64, help="Largest micro-batch tried.")
+    return typer.Option(4, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED, help="Largest micro-batch tried.")
+
+
+def recompute_option(help_text: str) -> Any:
+    """``--recompute``: the activation recomputation of measured runs whose row does not say (a word that is none
+    of :data:`~vtrain.runconfig.RECOMPUTE` made every row unusable: `fit` ended in a traceback)."""
+    return typer.Option("full", "--recompute", callback=_one_recompute, help=help_text)
+
+
+def _one_recompute(value: str) -> str:
+    if value not in RECOMPUTE:
+        raise typer.BadParameter(f"must be one of {', '.join(RECOMPUTE)} (got {value!r})")
+    return value

@@ -13,6 +13,7 @@ import typer
 from vtrain.cli.errors import user_errors, warn
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
+from vtrain.limits import MAX_MICRO_BATCH_TRIED, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
 from vtrain.outputs import check_output
 from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
@@ -44,15 +45,16 @@ def plan_command(
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
     device_memory: float | None = typer.Option(None, "--device-memory", min=0.1,
                                                help="GiB per GPU (default: the device's)."),
-    price: float | None = typer.Option(None, "--price-per-gpu-hour", min=0.0,
+    price: float | None = typer.Option(None, "--price-per-gpu-hour", min=0.0, max=MAX_PRICE_PER_GPU_HOUR,
                                        help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
-    tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, help=f"Tokens to train on (default "
+    tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, max=MAX_TOKENS, help=f"Tokens to train on (default "
                                                                             f"{TOKENS_SOURCE})."),
     global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="Sequences per iteration."),
     max_iteration_s: float | None = typer.Option(None, "--max-iteration-s", min=0.0,
                                                  help="Best plan: at most this many seconds per iteration."),
     budget_usd: float | None = typer.Option(None, "--budget-usd", min=0.0, help="Best plan: at most this cost."),
-    max_micro_batch: int = typer.Option(8, "--max-micro-batch", min=1, help="Largest micro-batch tried."),
+    max_micro_batch: int = typer.Option(8, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED,
+                                        help="Largest micro-batch tried."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan folder (default plans/<model name>)."),
     force: bool = typer.Option(False, "--force", help="Replace the plan folder if vtrain wrote it."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.cli.options import recompute_option
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
@@ -56,8 +57,8 @@ def validate_command(
     intra_node_gbps: float | None = typer.Option(None, "--intra-node-gbps", min=0.0,
                                                  help="With --measurements: GPU-to-GPU GB/s within a node "
                                                       "(default: the profile's single-node fits)."),
-    recompute: str = typer.Option("full", "--recompute", help="With --measurements: activation recomputation "
-                                                              "(none, selective or full) of rows without that column."),
+    recompute: str = recompute_option("With --measurements: activation recomputation (none, selective or full) of "
+                                      "rows without that column."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes reading the rank files in "
                                                                       "parallel (default: one per core for a large "
                                                                       "folder, one for a small one)."),

@@ -70,7 +70,7 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
     if sources.measurements is not None:
         measured = read_measurements(sources.measurements)
         rows = every_kth_row(measured, sources.fit_every)
-        fitted = fit_host(measured, profile, device, hardware, rows)
+        fitted = fit_host(measured, profile, device, hardware, rows, source=sources.measurements)
         device = fitted.device
         fit_rows = {"file": sources.measurements.name, "sha256": _sha256(sources.measurements),
                     "rows": fitted.rows, "every": sources.fit_every, "mape_pct": round(fitted.mape_pct, 3),

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from vtrain.devices.fitted import FittedDevice, HostOverhead
+from vtrain.errors import InputError
 from vtrain.fit.minimize import nelder_mead
 from vtrain.simulate.measured_runs import Hardware, predict_runs
 from vtrain.tables.store import Profile
@@ -41,10 +43,11 @@ def every_kth_row(measurements: pl.DataFrame, k: int) -> list[int]:
 
 
 def fit_host(measurements: pl.DataFrame, profile: Profile, device: FittedDevice, hardware: Hardware,
-             rows: list[int], iterations: int = 40) -> IterationFit:
+             rows: list[int], iterations: int = 40, source: Path | None = None) -> IterationFit:
     """Fit the host overheads of ``device`` (the fitted device of ``profile``) to the measured runs numbered
-    ``rows``."""
+    ``rows``; an :class:`InputError` naming ``source`` (the table) when none of them can be simulated."""
     subset = measurements.filter(pl.col("row").is_in(rows))
+    _check_usable(predict_runs(subset, profile, device, hardware), source)
     measured = subset["iteration_ms"].to_numpy()
 
     def with_params(params: np.ndarray) -> FittedDevice:
@@ -63,3 +66,14 @@ def fit_host(measurements: pl.DataFrame, profile: Profile, device: FittedDevice,
     mape = float(result["error_pct"].abs().mean())
     provenance = {**fitted.provenance, "host": f"fitted: {len(rows)} measured iteration times"}
     return IterationFit(replace(fitted, provenance=provenance), sorted(rows), mape)
+
+
+def _check_usable(predicted: pl.DataFrame, source: Path | None) -> None:
+    """An :class:`InputError` when no row of ``predicted`` (:func:`predict_runs`) was simulated: nothing to fit on
+    (the mean error of no rows was a TypeError)."""
+    if predicted["predicted_ms"].is_not_null().any():
+        return
+    first = predicted.row(0, named=True) if predicted.height else None
+    reason = f" (row {first['row']}: {first['invalid']})" if first else ""
+    raise InputError(f"none of the {predicted.height} rows to fit the host overheads on can be simulated{reason}",
+                     source)

@@ -27,7 +27,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.importers._read import LINE, csv_rows
-from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem
+from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem, shown
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names -> the normalised ones
@@ -138,7 +138,7 @@ def _as_numbers(rows: pl.DataFrame, columns: list[str], path: Path) -> pl.DataFr
         if not bad.is_empty():
             line, value = bad.row(0, named=True)[LINE], bad.row(0, named=True)[name]
             kind = "a number" if SINGLE_NODE_COLUMNS.get(name, "") in ("iteration_ms", "") else "an integer"
-            problem = "is missing" if value is None else f"is not {kind}: {value!r}"
+            problem = "is missing" if value is None else f"is not {kind}: {shown(value)}"
             raise InputError(f"line {line}: {name!r} {problem}", path)
         rows = rows.with_columns(cast)
     return rows
@@ -182,7 +182,7 @@ def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Pat
         try:
             values.append(None if value is None else _parse(value, dtype))
         except ValueError:
-            raise InputError(f"line {line}: {name!r} is not {_KINDS[dtype]}: {value!r}", path) from None
+            raise InputError(f"line {line}: {name!r} is not {_KINDS[dtype]}: {shown(value)}", path) from None
     return pl.Series(name, values, dtype=dtype)
 
 
@@ -192,7 +192,7 @@ _KINDS = {pl.Int64: "an integer", pl.Float64: "a number", pl.Boolean: "true or f
 def _parse(value: str, dtype: type[pl.DataType]) -> Any:
     if dtype == pl.Int64:
         number = float(value)
-        if number != int(number):
+        if not abs(number) < 2**63 or number != int(number):  # 1e30 and inf are no Int64 (nor any shape)
             raise ValueError(value)
         return int(number)
     if dtype == pl.Float64:

@@ -21,6 +21,7 @@ import polars as pl
 
 from vtrain.devices import DeviceModel
 from vtrain.distributed import quiet_input_warnings
+from vtrain.errors import InputError
 from vtrain.fit.device import device_for_run
 from vtrain.model.memory import GIB, peak_stage_memory
 from vtrain.model.ops import PRECISION_DTYPE
@@ -141,7 +142,7 @@ _SCHEMA = {
 
 def _device_memory_gib(device: DeviceModel) -> float:
     if device.memory_bytes is None:
-        raise ValueError(f"the device model {device.name} has no memory size: give --device-memory")
+        raise InputError(f"the device model {device.name} has no memory size: give --device-memory")
     return device.memory_bytes / GIB
 
 

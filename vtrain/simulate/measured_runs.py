@@ -16,6 +16,7 @@ import polars as pl
 from vtrain.devices.fitted import FittedDevice
 from vtrain.fit.device import for_config
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
+from vtrain.runconfig import RunConfig
 from vtrain.simulate.run import simulate
 from vtrain.tables.store import Profile
 
@@ -45,6 +46,7 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
     memory: list[float | None] = []
     fits: list[bool | None] = []
     invalid: list[str | None] = []
+    done: dict[str, tuple[float, float, bool | None]] = {}  # config -> its prediction: a repeated run is simulated once
     for row in table.iter_rows(named=True):
         problem = row_problem(row)
         config = None if problem else measurement_config(
@@ -57,10 +59,13 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
             fits.append(None)
             invalid.append(problem)
             continue
-        sim = simulate(config, profile, for_config(device, config))
-        predicted.append(sim.iteration_us / 1e3)
-        memory.append(sim.largest_stage_bytes / 2**30)
-        fits.append(sim.fits_device)
+        key = repr(config)
+        if key not in done:
+            done[key] = _predicted(config, profile, device)
+        predicted_ms, memory_gib, fit = done[key]
+        predicted.append(predicted_ms)
+        memory.append(memory_gib)
+        fits.append(fit)
         invalid.append(None)
     return table.with_columns(
         predicted_ms=pl.Series(predicted, dtype=pl.Float64),
@@ -68,3 +73,9 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
         fits=pl.Series(fits, dtype=pl.Boolean),
         invalid=pl.Series(invalid, dtype=pl.String),
     ).with_columns(error_pct=(pl.col("predicted_ms") / pl.col("iteration_ms") - 1.0) * 100)
+
+
+def _predicted(config: RunConfig, profile: Profile | None, device: FittedDevice) -> tuple[float, float, bool | None]:
+    """One run's predicted iteration time (ms), its largest stage's memory per GPU (GiB) and whether that fits."""
+    sim = simulate(config, profile, for_config(device, config))
+    return sim.iteration_us / 1e3, sim.largest_stage_bytes / 2**30, sim.fits_device

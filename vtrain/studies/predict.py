@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vtrain.errors import InputError
 from vtrain.plan.space import Candidate
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 from vtrain.simulate.latency import SOURCES
@@ -87,7 +88,7 @@ class PlanThroughput:
 
         memory = device_for_config(base).memory_bytes
         if memory is None:
-            raise ValueError(f"the device {base.hardware.device} has no memory size: give the device memory")
+            raise InputError(f"the device {base.hardware.device} has no memory size: give --device-memory")
         return memory / GIB
 
     def base_config(self, workload: Workload, gpus: int) -> RunConfig:

@@ -119,6 +119,8 @@ def _read_metadata(meta_file: Path) -> dict[str, Any]:
         raise InputError(f"corrupt {METADATA_FILE}: {exc.msg}", meta_file) from None
     except RecursionError:
         raise InputError(f"corrupt {METADATA_FILE}: nested too deeply", meta_file) from None
+    except ValueError as exc:  # an integer beyond Python's 4,300 digits
+        raise InputError(f"corrupt {METADATA_FILE}: {str(exc).split(';')[0]}", meta_file) from None
     if not isinstance(metadata, dict):
         raise InputError(f"{METADATA_FILE} must hold a JSON object (got {type(metadata).__name__})", meta_file)
     for key, kinds in _METADATA_SHAPE.items():
@@ -194,9 +196,20 @@ _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "me
                     "op_benchmarks": ("median_us", "p10_us", "p90_us", "flops", "bytes")}
 
 
+#: the columns of the latency tables that count ranks, nodes or elements of a shape: at least 1 where given (a group
+#: of 0 ranks or a GEMM of -5 rows changed predictions without a word)
+_COUNT_COLUMNS = {"nccl_latency": ("group_size", "nodes"),
+                  "op_benchmarks": ("batch", "m", "k", "n", "elements", "tp")}
+
+
 def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
-    """Refuse a latency table whose times or counts are negative, NaN, infinite or (median, count) missing: a
-    prediction would use them as they are."""
+    """Refuse a latency table whose times or counts are negative, NaN, infinite or (median, count) missing, or
+    whose group sizes or shapes are below 1: a prediction would use them as they are."""
+    for col in _COUNT_COLUMNS.get(name, ()):
+        bad = (frame[col] < 1).fill_null(False)
+        if bad.any():
+            row = int(bad.arg_true()[0])
+            raise InputError(f"{bad.sum()} row(s) with a {col} below 1 (first: row {row}, {frame[col][row]})", file)
     for col in _LATENCY_COLUMNS.get(name, ()):
         values = frame[col]
         if (col == "median_us" or col == "count" and name != "op_benchmarks") and values.null_count():
