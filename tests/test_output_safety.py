@@ -73,6 +73,12 @@ def test_force_replaces_only_what_vtrain_wrote(traces: Path, tmp_path: Path) -> 
     before = _snapshot(other)
     _refused(vtrain("ingest", traces, "-o", other, "--force"), "not written by vtrain")
     assert _snapshot(other) == before
+    # nor is a folder taken for vtrain's by the names in it: a metadata.json is a common name (it was replaced,
+    # the notes beside it deleted, when a profile's or report's file names were read as vtrain's signature)
+    (mine / "metadata.json").write_text("{}")
+    (mine / "metrics.json").write_text("{}")
+    _refused(vtrain("ingest", traces, "-o", mine, "--force"), "not written by vtrain")
+    assert (mine / "thesis.tex").read_text() == "years of work"
 
 
 def test_force_replaces_a_profile_vtrain_wrote(traces: Path, tmp_path: Path) -> None:

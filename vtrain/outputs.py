@@ -6,8 +6,8 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
   otherwise replace the user's traces with a profile);
 - it exists and is not a folder, or the nearest existing folder above it is not writable, or a parent is a file;
 - it exists and is not empty, unless ``--force`` is given, and even then only when vtrain wrote it: a folder
-  holding :data:`MARKER` (written into every output folder), or, for folders written before the marker existed,
-  one that holds a profile's ``metadata.json`` or a report's ``metrics.json`` and nothing that looks like a trace.
+  holding :data:`MARKER` (written into every output folder). A folder is not taken for vtrain's by the names of
+  the files in it (a ``metadata.json`` is a common name: a user's folder holding one and their notes was replaced).
 
 An output given as a link to a folder is checked and written where the link points; the link itself stays.
 
@@ -36,9 +36,6 @@ from vtrain.errors import InputError, raise_if_stopped
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
 
-#: files by which a folder written before the marker existed is recognised as vtrain's own
-_LEGACY_SIGNATURES = ("metadata.json", "metrics.json", "drift.json")
-_TRACE_SUFFIXES = (".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 #: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
 _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}$")
@@ -120,13 +117,8 @@ def followed(target: Path) -> Path:
 
 
 def written_by_vtrain(folder: Path) -> bool:
-    """Whether ``folder`` was written by vtrain (it holds the marker, or a profile's or report's signature file
-    and no trace files)."""
-    if (folder / MARKER).is_file():
-        return True
-    names = {child.name for child in folder.iterdir()}
-    has_traces = any(name.endswith(_TRACE_SUFFIXES) for name in names)
-    return not has_traces and any(name in names for name in _LEGACY_SIGNATURES)
+    """Whether ``folder`` was written by vtrain: it holds the marker."""
+    return (folder / MARKER).is_file()
 
 
 def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what: str) -> None:
