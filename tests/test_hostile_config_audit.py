@@ -210,10 +210,10 @@ def test_a_plan_on_a_device_without_a_memory_size_is_one_error_line(tmp_path: Pa
 
 
 @pytest.mark.parametrize("flag, value", [("--price-per-gpu-hour", "inf"), ("--tokens", "inf"),
-                                         ("--max-micro-batch", "100000000")])
+                                         ("--max-micro-batch", "100000000"), ("--device-memory", "inf")])
 def test_a_plan_value_beyond_any_run_is_refused(flag: str, value: str, tmp_path: Path) -> None:
     """An infinite price or token count made the cost chart fail (traceback); 10^8 micro-batch sizes enumerated
-    for hours."""
+    for hours; infinite memory let every plan fit."""
     config = tmp_path / "run.yaml"
     shutil.copy(TINY_CPU, config)
     ran = vtrain_in_process("plan", config, "--gpus", "4", "--device", "A100", flag, value, "-o", tmp_path / "plans")

@@ -57,6 +57,10 @@ MAX_TOKENS = 1e16
 #: highest price per GPU-hour (USD): cloud GPUs cost a few dollars an hour
 MAX_PRICE_PER_GPU_HOUR = 1e4
 
+#: most GiB per GPU a plan may be given (`--device-memory`): GPUs hold up to a few hundred; infinity let every plan
+#: fit
+MAX_DEVICE_MEMORY_GIB = 1e5
+
 #: largest config file (run config, suite) read, in bytes: real ones are under 2 KB
 MAX_CONFIG_BYTES = 1 << 20
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from vtrain.limits import MAX_MICRO_BATCH_TRIED
+from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
 from vtrain.runconfig import RECOMPUTE
 
 
@@ -39,8 +39,9 @@ def inter_node_gbps_option() -> Any:
 
 
 def device_memory_option() -> Any:
-    """``--device-memory``: GiB per GPU, replacing the device's."""
-    return typer.Option(None, "--device-memory", min=0.1, help="GiB per GPU.")
+    """``--device-memory``: GiB per GPU, replacing the device's (finite: ``inf`` would let every plan fit)."""
+    return typer.Option(None, "--device-memory", min=0.1, max=MAX_DEVICE_MEMORY_GIB,
+                        help="GiB per GPU (default: the device's).")
 
 
 def max_micro_batch_option() -> Any:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.cli.options import device_memory_option
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.limits import MAX_MICRO_BATCH_TRIED, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
@@ -43,8 +44,7 @@ def plan_command(
                                                    "parallelism is the reference plan. Or give --layers ... instead."),
     gpus: str = typer.Option(..., "--gpus", help="GPU counts: N, N,M,... or ..N for every count up to N."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
-    device_memory: float | None = typer.Option(None, "--device-memory", min=0.1,
-                                               help="GiB per GPU (default: the device's)."),
+    device_memory: float | None = device_memory_option(),
     price: float | None = typer.Option(None, "--price-per-gpu-hour", min=0.0, max=MAX_PRICE_PER_GPU_HOUR,
                                        help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
     tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, max=MAX_TOKENS, help=f"Tokens to train on (default "
