@@ -188,6 +188,7 @@ class RankTrace:
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
     launches: int = 0  # kernel launches in all
+    rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
@@ -255,8 +256,8 @@ class RankTrace:
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
                         absurd_host=self.absurd_host,
                         repeated=self.repeated, bare_numbers=self.bare_numbers, unanswered=self.unanswered,
-                        launches=self.launches, replayable=self.replayable, columns=self.event_columns(),
-                        index=self.index, source=self.source)
+                        launches=self.launches, rank_warning=self.rank_warning, replayable=self.replayable,
+                        columns=self.event_columns(), index=self.index, source=self.source)
 
 
 #: each kind of event as a small number
@@ -299,6 +300,7 @@ class KeptRank:
     bare_numbers: int
     unanswered: int
     launches: int
+    rank_warning: str | None
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -385,9 +387,9 @@ def rank_trace_of_events(path: Path, header: dict[str, Any], events: list[dict[s
 def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTrace:
     """A rank's trace with no events yet: its rank, world size and process groups from ``distributedInfo``."""
     info = distributed_info if isinstance(distributed_info, dict) else {}
-    rank, world_size = rank_and_world_size(path, info)
+    rank, world_size, rank_warning = rank_and_world_size(path, info)
     groups = info.get("pg_config")
-    return RankTrace(rank=rank, path=path, world_size=world_size,
+    return RankTrace(rank=rank, path=path, world_size=world_size, rank_warning=rank_warning,
                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
@@ -561,7 +563,8 @@ def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]
 
 def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
     """The warning lines for one rank of :func:`trace_set_warnings`."""
-    path, lines = trace.path, []
+    path = trace.path
+    lines = [trace.rank_warning] if trace.rank_warning else []
     if trace.bare_numbers:
         lines.append(bare_numbers_warning(path, trace.bare_numbers))
     if trace.dropped:
