@@ -21,7 +21,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader, bare_numbers_warning, readable_trace
+from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
@@ -151,6 +151,14 @@ def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
     if unread:
         warnings.append(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
                         + ", ".join(unread))
+    if line := MalformedEvents(nameless=_nameless(events)).warning(path):
+        warnings.append(line)
+
+
+def _nameless(events: RankEvents) -> int:
+    """How many device activities, CPU ops and runtime calls have no name (none, or an empty one: ingest reads a
+    missing name as empty)."""
+    return sum(int((frame["name"] == "").sum()) for frame in (events.device, events.cpu, events.runtime))
 
 
 def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
