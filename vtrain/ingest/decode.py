@@ -18,6 +18,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
@@ -204,6 +205,32 @@ def bare_numbers_warning(path: Path, count: int) -> str:
             f"float that is not finite) read as missing: an event missing its time or duration is left out")
 
 
+@dataclass
+class MalformedEvents:
+    """Events a reader read loosely or left out for their shape, by kind: the tolerant readers (the replay, `vtrain
+    validate`, `vtrain whatif`) count every kind, `vtrain ingest` (which fails a file for the others) the events
+    without a name. Said in one warning line per file (:meth:`warning`)."""
+
+    not_objects: int = 0  # entries of traceEvents that are not objects: left out
+    infinite: int = 0  # complete events with a time or duration beyond a float's range (1e400): left out
+    uncategorised: int = 0  # complete events without a category, or with one that is not text: left out
+    nameless: int = 0  # complete events without a name (none, or an empty one): kept, with an empty name
+    names_not_text: int = 0  # complete events whose name is not text (a number): kept, with an empty name
+    args_not_objects: int = 0  # complete events whose args are not an object (a list): kept, without their args
+
+    def warning(self, path: Path) -> str | None:
+        """The warning line for ``path``'s malformed events, each kind with its count and what was done with
+        them; ``None`` if there are none."""
+        said = [f"{count} {what}" for count, what in (
+            (self.not_objects, "entries of traceEvents that are not objects (left out)"),
+            (self.infinite, "with a time or duration beyond a float's range, such as 1e400 (left out)"),
+            (self.uncategorised, "without a category or with one that is not text (left out)"),
+            (self.nameless, "without a name (kept, with an empty name)"),
+            (self.names_not_text, "with a name that is not text (kept, with an empty name)"),
+            (self.args_not_objects, "with args that are not an object (kept, without their args)")) if count]
+        return f"{path}: malformed events: {'; '.join(said)}" if said else None
+
+
 def one_events_list(data: Text, path: Path) -> None:
     """An error for a text with two ``traceEvents`` lists at the top level: JSON readers disagree on which one
     the file means (Python's ``json`` and HTA take the last, msgspec the first). A ``traceEvents`` list inside
@@ -319,20 +346,24 @@ class LooseEvent(msgspec.Struct, gc=False):
 
 
 class _ArgsNotAnObject(LooseEvent, gc=False):
-    """The fallback for an event whose ``args`` is not an object (its args are then ignored)."""
+    """The fallback for an event whose ``args`` is not an object (its args are then ignored:
+    :func:`args_not_an_object`)."""
 
     args: Any = None  # type: ignore[assignment]
 
 
 #: decodes a JSON array of events tolerantly (a span of them: :func:`vtrain.ingest.spans.decode_loose_span`)
 LOOSE_EVENTS_DECODER = msgspec.json.Decoder(list[LooseEvent])
-_LOOSE_ONE = msgspec.json.Decoder(LooseEvent)
-_ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject)
+#: one event at a time; a number beyond a float's range (``1e400``, which msgspec otherwise refuses) is read as
+#: Python reads it, an infinity, for the reader to leave out
+_LOOSE_ONE = msgspec.json.Decoder(LooseEvent, float_hook=float)
+_ARGS_NOT_AN_OBJECT = msgspec.json.Decoder(_ArgsNotAnObject, float_hook=float)
 
 
 def decode_loose_one_by_one(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
     """Raw events as :class:`LooseEvent`, each on its own (for a batch that did not decode as a whole): ``None``
-    for one that is not an object, ``args=None`` for one whose args are not an object."""
+    for one that is not an object, ``args=None`` for one whose args are not an object (:func:`args_not_an_object`
+    tells it), an infinity for a number beyond a float's range."""
     events: list[LooseEvent | None] = []
     for item in raw:
         try:
@@ -353,12 +384,23 @@ _RAW_ARGS = {f.encode_name: f.name for f in msgspec.structs.fields(EventArgs) if
 _ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(EventArgs) if f.type is not msgspec.Raw}
 
 
+def args_not_an_object(event: LooseEvent) -> bool:
+    """Whether the event's ``args`` was there but not an object (it was decoded without them)."""
+    return isinstance(event, _ArgsNotAnObject)
+
+
+def loose_name(event: LooseEvent) -> str:
+    """The event's name as the tolerant readers read it: empty where it has none or it is not text (a number)."""
+    return event.name if isinstance(event.name, str) else ""
+
+
 def typed_event(event: LooseEvent, ts: float | None, dur: float | None) -> TraceEvent | None:
     """A loosely decoded complete event as the typed :class:`TraceEvent` ingest's tables are built from, with
-    ``ts`` and ``dur`` already read as numbers; ``None`` when ``cat`` or ``name`` is not text. An argument of the
-    wrong type (``"External id": "5"`` is read as 5; a list where a number belongs) is left out, not the event."""
-    cat, name = event.cat, event.name
-    if not isinstance(cat, str) or not isinstance(name, str):
+    ``ts`` and ``dur`` already read as numbers and its name as :func:`loose_name` reads it; ``None`` when ``cat``
+    is not text. An argument of the wrong type (``"External id": "5"`` is read as 5; a list where a number
+    belongs) is left out, not the event."""
+    cat, name = event.cat, loose_name(event)
+    if not isinstance(cat, str):
         return None
     pid = event.pid if isinstance(event.pid, (int, str)) and not isinstance(event.pid, bool) else None
     tid = event.tid if isinstance(event.tid, (int, str)) and not isinstance(event.tid, bool) else None

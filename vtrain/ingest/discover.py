@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from vtrain.errors import InputError
 
@@ -98,15 +98,27 @@ def is_only_trace(path: Path) -> bool:
     return find_trace_files(path.parent) == [path]
 
 
-def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> tuple[int, int | None]:
+class RankOfFile(NamedTuple):
+    """A trace file's rank and world size (:func:`rank_and_world_size`), and the warning line for a file whose name
+    says another rank than its trace (``None`` where they agree)."""
+
+    rank: int
+    world_size: int | None
+    warning: str | None
+
+
+def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> RankOfFile:
     """The rank (``distributedInfo.rank``, else from the file name, else 0 for the only trace file of its folder:
     a single-process job's ``host_pid.timestamp.pt.trace.json``) and the world size if the trace says it. A rank
-    or world size written as a string of digits (``"3"``) is read as the number, as every number of a trace is."""
+    or world size written as a string of digits (``"3"``) is read as the number, as every number of a trace is.
+    Where the file name says another rank than the trace, the trace's is kept (it is what the run said) and the
+    result's warning says so."""
     info = distributed_info or {}
     given = info.get("rank")
     rank = _count(given)
+    named = rank_from_file_name(path)
     if given is None:
-        rank = rank_from_file_name(path)
+        rank = named
         if rank is None and is_only_trace(path):
             rank = 0
         if rank is None:
@@ -120,7 +132,9 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
                          path)
     if world is not None and rank >= world:
         raise InputError(f"rank {rank} is outside the world size {world}", path)
-    return rank, world
+    warning = (f"{path}: the file name says rank {named} but its distributedInfo.rank is {rank}: read as rank "
+               f"{rank}, as the trace says" if named is not None and named != rank else None)
+    return RankOfFile(rank, world, warning)
 
 
 def _count(value: Any) -> int | None:

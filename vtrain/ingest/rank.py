@@ -21,7 +21,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import RankTables, assemble_rank
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
-from vtrain.ingest.decode import TraceHeader, bare_numbers_warning, readable_trace
+from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
@@ -48,6 +48,7 @@ class RankSource:
     rank: int
     world_size: int | None
     header: TraceHeader
+    rank_warning: str | None = None  # the file's name and its trace disagree on the rank
 
 
 @dataclass
@@ -102,6 +103,8 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
         if (result.source.header.distributedInfo or {}).get("rank") is None and rank_from_file_name(path) is None:
             result.warnings.insert(0, f"{path}: no rank in the trace or its name; the only trace of its folder is "
                                       f"taken as rank 0")
+        if result.source.rank_warning:
+            result.warnings.insert(0, result.source.rank_warning)
         tables = assemble_rank(result.source.rank, events, result.source.header.distributedInfo)
         del events
         _report_rank(path, tables, result.warnings)
@@ -129,8 +132,8 @@ def _read_rank(result: RankResult, text: TraceText, progress: Progress | None) -
 
 
 def _rank_source(path: Path, header: TraceHeader) -> RankSource:
-    rank, world_size = rank_and_world_size(path, header.distributedInfo)
-    return RankSource(path=path, rank=rank, world_size=world_size, header=header)
+    rank, world_size, warning = rank_and_world_size(path, header.distributedInfo)
+    return RankSource(path=path, rank=rank, world_size=world_size, header=header, rank_warning=warning)
 
 
 def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
@@ -148,6 +151,14 @@ def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
     if unread:
         warnings.append(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
                         + ", ".join(unread))
+    if line := MalformedEvents(nameless=_nameless(events)).warning(path):
+        warnings.append(line)
+
+
+def _nameless(events: RankEvents) -> int:
+    """How many device activities, CPU ops and runtime calls have no name (none, or an empty one: ingest reads a
+    missing name as empty)."""
+    return sum(int((frame["name"] == "").sum()) for frame in (events.device, events.cpu, events.runtime))
 
 
 def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:

@@ -21,6 +21,7 @@ without reading the file again, and without ever holding the whole text twice.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -40,7 +41,15 @@ import polars as pl
 from vtrain import kineto
 from vtrain.distributed import map_in_order, map_on_ray_in_order, release_freed_memory
 from vtrain.errors import InputError
-from vtrain.ingest.decode import LooseEvent, TraceHeader, bare_numbers_warning, readable_trace
+from vtrain.ingest.decode import (
+    LooseEvent,
+    MalformedEvents,
+    TraceHeader,
+    args_not_an_object,
+    bare_numbers_warning,
+    loose_name,
+    readable_trace,
+)
 from vtrain.ingest.discover import (
     RankClaims,
     find_trace_files,
@@ -188,6 +197,8 @@ class RankTrace:
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
     launches: int = 0  # kernel launches in all
+    malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
+    rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
@@ -255,8 +266,9 @@ class RankTrace:
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
                         absurd_host=self.absurd_host,
                         repeated=self.repeated, bare_numbers=self.bare_numbers, unanswered=self.unanswered,
-                        launches=self.launches, replayable=self.replayable, columns=self.event_columns(),
-                        index=self.index, source=self.source)
+                        launches=self.launches, malformed=self.malformed, rank_warning=self.rank_warning,
+                        replayable=self.replayable, columns=self.event_columns(), index=self.index,
+                        source=self.source)
 
 
 #: each kind of event as a small number
@@ -299,6 +311,8 @@ class KeptRank:
     bare_numbers: int
     unanswered: int
     launches: int
+    malformed: MalformedEvents
+    rank_warning: str | None
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -385,9 +399,9 @@ def rank_trace_of_events(path: Path, header: dict[str, Any], events: list[dict[s
 def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTrace:
     """A rank's trace with no events yet: its rank, world size and process groups from ``distributedInfo``."""
     info = distributed_info if isinstance(distributed_info, dict) else {}
-    rank, world_size = rank_and_world_size(path, info)
+    rank, world_size, rank_warning = rank_and_world_size(path, info)
     groups = info.get("pg_config")
-    return RankTrace(rank=rank, path=path, world_size=world_size,
+    return RankTrace(rank=rank, path=path, world_size=world_size, rank_warning=rank_warning,
                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
@@ -405,14 +419,22 @@ class _Reader:
 
     def add(self, events: list[LooseEvent | None], times: list[float | None], durations: list[float | None],
             offset: int) -> None:
-        trace = self.trace
+        """Append the events of a batch the replay uses (``times`` and ``durations`` are their ``ts`` and ``dur``
+        read as finite numbers, ``offset`` the first one's position in ``traceEvents``); count those left out, and
+        those read loosely (:attr:`RankTrace.malformed`)."""
+        trace, malformed = self.trace, self.trace.malformed
         for position, event in enumerate(events):
-            if event is None or event.ph != "X" or not isinstance(event.cat, str):
+            if event is None:
+                malformed.not_objects += 1
+                continue
+            if event.ph != "X":
+                continue
+            if not isinstance(event.cat, str) or not event.cat:
+                malformed.uncategorised += 1
                 continue
             kind = kineto.event_kind(event.cat)
             if kind is None:
                 continue
-            name = event.name if isinstance(event.name, str) else ""
             args = self._args(event.args)
             ts, dur = times[position], durations[position]
             lane = (self._lane(event.tid) if kind in (CPU, RUNTIME)
@@ -420,8 +442,13 @@ class _Reader:
             if lane is None and kind != CPU and kind != RUNTIME:
                 lane = self._lane(event.tid)
             if ts is None or dur is None or dur < 0 or lane is None:
-                trace.dropped += 1
+                if _infinite(event.ts) or _infinite(event.dur):
+                    malformed.infinite += 1
+                else:
+                    trace.dropped += 1
                 continue
+            name = self._name(event)
+            malformed.args_not_objects += args_not_an_object(event)
             cat = self._category(kind, event.cat, name)
             trace.kind.append(kind)
             trace.cat.append(cat)
@@ -442,6 +469,16 @@ class _Reader:
             dims = _compact(args.get("input_dims")) if cat == "cpu_op" else None
             trace.input_dims.append(dims if dims is None else self.strings.setdefault(dims, dims))
             trace.index.append(offset + position)
+
+    def _name(self, event: LooseEvent) -> str:
+        """The event's name (:func:`~vtrain.ingest.decode.loose_name`); one missing, empty or not text is
+        counted."""
+        name, malformed = event.name, self.trace.malformed
+        if name is None or name == "":
+            malformed.nameless += 1
+        elif not isinstance(name, str):
+            malformed.names_not_text += 1
+        return loose_name(event)
 
     def _args(self, args: dict[str, Any] | None) -> dict[str, Any]:
         """The event's args with folded keys (``External id`` and ``external id`` -> ``external_id``)."""
@@ -476,7 +513,21 @@ class _Reader:
 
 
 def _number(value: Any) -> float | None:
-    """A time in µs: a JSON number, or a string holding one (some writers quote them); NaN is no time."""
+    """A time in µs: a JSON number, or a string holding one (some writers quote them); NaN is no time, and neither
+    is an infinity (:func:`_infinite`)."""
+    number = _float(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _infinite(value: Any) -> bool:
+    """Whether a time is a number beyond a float's range (``1e400``, read as an infinity), or an infinity."""
+    number = _float(value)
+    return number is not None and math.isinf(number)
+
+
+def _float(value: Any) -> float | None:
+    """A JSON number, or a string holding one, as a float: an infinity for one beyond a float's range (an integer
+    too); ``None`` for anything else, and for NaN."""
     if isinstance(value, str):
         try:
             value = float(value)
@@ -484,7 +535,10 @@ def _number(value: Any) -> float | None:
             return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return math.inf if value > 0 else -math.inf
 
 
 def _integer(value: Any) -> int | None:
@@ -561,9 +615,12 @@ def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]
 
 def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
     """The warning lines for one rank of :func:`trace_set_warnings`."""
-    path, lines = trace.path, []
+    path = trace.path
+    lines = [trace.rank_warning] if trace.rank_warning else []
     if trace.bare_numbers:
         lines.append(bare_numbers_warning(path, trace.bare_numbers))
+    if line := trace.malformed.warning(path):
+        lines.append(line)
     if trace.dropped:
         lines.append(f"{path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
     if trace.repeated:
