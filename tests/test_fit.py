@@ -184,6 +184,11 @@ def test_measurements_need_a_fitted_profile(tmp_path: Path) -> None:
                                  str(SHIPPED), "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and "no such file" in result.stderr
     assert not (tmp_path / "r").exists()
+    (tmp_path / "tables").mkdir()  # a folder was called "no such file"
+    result = runner.invoke(app, ["validate", "--measurements", str(tmp_path / "tables"), "--profile",
+                                 str(SHIPPED), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "is a folder, not a table of measurements" in result.stderr
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")

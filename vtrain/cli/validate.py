@@ -157,7 +157,8 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     from vtrain.validate.measurements import validate_measurements
 
     if not path.is_file():
-        raise InputError("no such file", path)
+        raise InputError("is a folder, not a table of measurements (give its CSV file)" if path.is_dir()
+                         else "no such file", path)
     for flag, value in (("inter_node_gbps", inter_node_gbps), ("intra_node_gbps", intra_node_gbps)):
         problem = None if value is None else real_problem(flag, value)
         if problem:
