@@ -28,7 +28,7 @@ import vtrain
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
-from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row
+from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row, shapeless_warning
 from vtrain.outputs import staged
 from vtrain.runconfig import load_run_config
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
@@ -180,6 +180,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
+        warn(line)
+    if line := shapeless_warning(Path(trace_dir), results):
         warn(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
     metadata["run"] = described_run(Path(trace_dir), warn)

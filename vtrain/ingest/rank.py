@@ -70,6 +70,7 @@ class RankResult:
     accelerator: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+    shapeless: bool = False  # it has operators, none with its input shapes
 
     @property
     def has_device_activity(self) -> bool:
@@ -108,6 +109,7 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
         tables = assemble_rank(result.source.rank, events, result.source.header.distributedInfo)
         del events
         _report_rank(path, tables, result.warnings)
+        result.shapeless = _shapeless(tables.cpu_ops)
         _keep(result, tables, spool)
     except InputError as exc:
         result.error = exc
@@ -181,6 +183,25 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
+
+
+def _shapeless(cpu_ops: pl.DataFrame) -> bool:
+    """Whether a rank has operators and none carries its input shapes (torch's profiler without
+    ``record_shapes=True``, its default)."""
+    ops = cpu_ops.filter(pl.col("cat") == "cpu_op")
+    return not ops.is_empty() and ops["input_dims"].null_count() == ops.height
+
+
+def shapeless_warning(trace_dir: Path, results: list[RankResult]) -> str | None:
+    """One warning line for a folder whose rank files have operators without input shapes: every shape of an
+    operator then shares one latency signature, which a prediction cannot look up by shape."""
+    shapeless = [r for r in results if r.shapeless]
+    if not shapeless:
+        return None
+    which = ("none of its rank files" if len(shapeless) == len(results)
+             else f"{len(shapeless)} of its {len(results)} rank files do not")
+    return (f"{trace_dir}: {which} record the operators' input shapes (profiled without record_shapes=True): each "
+            f"operator's latency is one median over all its shapes, which a prediction cannot look up by shape")
 
 
 def _keep(result: RankResult, tables: RankTables, spool: Path) -> None:
