@@ -180,14 +180,8 @@ def ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     gloo send's span lasts until the sender waits for it, which says nothing about the transfer (the receive
     says when the data arrived)."""
     chosen = _tested_ops(frame).select(  # only these columns are copied (a trace has millions of operators)
-        "rank", "iteration", "event", "kind", "name", "input_dims", "op", "op_class", "collective", "matched", "ts",
-        start=pl.col(side.start), dur=pl.col(side.dur)).collect()
-    return (
-        _with_signature(chosen)
-        .sort("rank", "ts")
-        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
-                "start", "dur")
-    )
+        *_OP_COLUMNS, start=pl.col(side.start), dur=pl.col(side.dur)).collect()
+    return _signed(chosen, "rank", "ts")
 
 
 def launched_ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
@@ -196,9 +190,8 @@ def launched_ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     of the longest of them. A model prediction names its device activities after operators (``aten::mm
     (modelled)``) where a measurement names the kernels a library picked (``nvjet_sm90_...``): the two meet at the
     operator. Activities whose launching operator is not in the trace stay as they are."""
-    columns = ["rank", "iteration", "event", "kind", "name", "input_dims", "op", "op_class", "collective", "matched",
-               "ts"]
-    chosen = _tested_ops(frame).select(*columns, "call", start=pl.col(side.start), dur=pl.col(side.dur)).collect()
+    chosen = _tested_ops(frame).select(*_OP_COLUMNS, "call", start=pl.col(side.start),
+                                       dur=pl.col(side.dur)).collect()
     launched = pl.col("call").is_not_null()
     dims = (frame.lazy().filter(pl.col("kind") == "cpu")
             .select("rank", call=pl.col("event").cast(pl.Int32), call_dims="input_dims"))
@@ -206,7 +199,8 @@ def launched_ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
         chosen.lazy().filter(launched).join(dims, on=["rank", "call"], how="left")
         .sort("dur", "event", descending=[True, False])
         .group_by("rank", "iteration", "call")
-        .agg(event=pl.col("call").first().cast(pl.Int64), name=pl.col("op").first(), input_dims=pl.col("call_dims").first(),
+        .agg(event=pl.col("call").first().cast(pl.Int64), name=pl.col("op").first(),
+             input_dims=pl.col("call_dims").first(),
              op=pl.col("op").first(), op_class=pl.col("op_class").first(), collective=pl.col("collective").first(),
              matched=pl.col("matched").first(), ts=pl.col("ts").min(), start=pl.col("start").min(),
              dur=pl.col("dur").sum())
@@ -214,12 +208,20 @@ def launched_ops(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
         .collect()
     )
     rows = chosen.filter(~launched).drop("call")
-    return (
-        _with_signature(pl.concat([rows, calls.select(rows.columns)], how="vertical_relaxed"))
-        .sort("rank", "ts", "event")  # one order however the groups came out
-        .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
-                "start", "dur")
-    )
+    gathered = pl.concat([rows, calls.select(rows.columns)], how="vertical_relaxed")
+    return _signed(gathered, "rank", "ts", "event")  # the event: one order however the groups came out
+
+
+#: the columns :func:`ops` reads of each operator (besides its start and duration on the chosen side)
+_OP_COLUMNS = ("rank", "iteration", "event", "kind", "name", "input_dims", "op", "op_class", "collective", "matched",
+               "ts")
+
+
+def _signed(chosen: pl.DataFrame, *order: str) -> pl.DataFrame:
+    """Operators with their ``signature``, sorted by ``order``, in the columns :func:`ops` gives."""
+    return (_with_signature(chosen).sort(*order)
+            .select("rank", "iteration", "event", "name", "op", "op_class", "collective", "matched", "signature",
+                    "start", "dur"))
 
 
 def _tested_ops(frame: pl.DataFrame) -> pl.LazyFrame:
