@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from vtrain.errors import InputError
+from vtrain.errors import InputError, InputWarning
 from vtrain.importers import (
     measurement_config,
     measurement_errors,
@@ -364,13 +364,65 @@ def test_measurement_precision_and_cuda_graphs_columns(tmp_path):
 
 
 def test_measurement_table_with_an_unknown_column(tmp_path):
+    """A column vtrain does not read (a job id, notes, a pandas index) is left out with one warning naming it; a
+    value that is not what its column needs is an error naming the line."""
     path = tmp_path / "t.csv"
-    path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},colour\n16,64,2,2048,16,24,2048,2,4,2,812.5,red\n")
-    with pytest.raises(InputError, match="unknown column 'colour'"):
-        read_measurements(path)
+    path.write_text(f",{','.join(GROUND_TRUTH_HEADER)},colour\n0,16,64,2,2048,16,24,2048,2,4,2,812.5,red\n")
+    with pytest.warns(InputWarning, match="column\\(s\\) '', 'colour' not read"):
+        table = read_measurements(path)
+    assert table.row(0, named=True)["iteration_ms"] == 812.5 and "colour" not in table.columns
     path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},schedule,GPUs per node\n16,64,2,2048,16,24,2048,2,4,2,1,1f1b,x\n")
     with pytest.raises(InputError, match="line 2: 'gpus_per_node' is not an integer"):
         read_measurements(path)
+
+
+def test_measurement_tables_from_elsewhere_are_read_by_their_column_names(tmp_path):
+    """A table from another cluster's logs or a paper: columns in any order, short names, no GPU count (t x d x p)
+    or no data-parallel size (GPUs / (t x p)), and the time in seconds, samples or tokens per second. Each says the
+    same runs as vTrain's layout, to the same milliseconds."""
+    vtrain_layout = tmp_path / "vtrain.csv"
+    vtrain_layout.write_text(f"{','.join(GROUND_TRUTH_HEADER)}\n16,64,2,2048,16,24,2048,2,4,2,812.5\n"
+                             "1024,1536,1,12288,96,96,2048,8,8,16,31500\n")
+    expected = read_measurements(vtrain_layout).drop("row")
+    layouts = {
+        "megatron-log.csv": ("tp,pp,dp,mbs,gbs,seq_len,hidden,num_layers,heads,elapsed time per iteration (ms)",
+                             "2,2,4,2,64,2048,2048,24,16,812.5", "8,16,8,1,1536,2048,12288,96,96,31500"),
+        "paper.csv": ("Layers,Hidden size,Attention heads,Sequence length,GPUs,TP,PP,Global batch size,"
+                      "Micro batch size,Iteration time (s)",
+                      "24,2048,16,2048,16,2,2,64,2,0.8125", "96,12288,96,2048,1024,8,16,1536,1,31.5"),
+        "throughput.csv": ("gpus,tp,dp,pp,global batch,micro batch,hidden,heads,layers,seq,samples per second",
+                           f"16,2,4,2,64,2,2048,16,24,2048,{64 / 0.8125}",
+                           f"1024,8,8,16,1536,1,12288,96,96,2048,{1536 / 31.5}"),
+        "tokens.csv": ("gpus,tp,dp,pp,global batch,micro batch,hidden,heads,layers,seq,tokens/s",
+                       f"16,2,4,2,64,2,2048,16,24,2048,{64 * 2048 / 0.8125}",
+                       f"1024,8,8,16,1536,1,12288,96,96,2048,{1536 * 2048 / 31.5}"),
+    }
+    for name, lines in layouts.items():
+        table = read_measurements(write(tmp_path / name, list(lines))).drop("row")
+        assert table.drop("iteration_ms").equals(expected.drop("iteration_ms")), name
+        assert table["iteration_ms"].to_list() == pytest.approx(expected["iteration_ms"].to_list()), name
+
+
+def test_measurement_table_with_two_times_reads_the_iteration_time(tmp_path):
+    path = write(tmp_path / "both.csv", [f"{','.join(GROUND_TRUTH_HEADER)},tokens per second",
+                                         "16,64,2,2048,16,24,2048,2,4,2,812.5,1"])
+    with pytest.warns(InputWarning, match="read from 'iteration time \\(ms\\)'; 'tokens per second' not read"):
+        assert read_measurements(path)["iteration_ms"].to_list() == [812.5]
+
+
+def test_throughput_that_is_no_measurement_is_refused(tmp_path):
+    path = write(tmp_path / "t.csv", ["gpus,tp,dp,pp,global batch,micro batch,hidden,heads,layers,seq,samples/s",
+                                      "16,2,4,2,64,2,2048,16,24,2048,0", "16,2,4,2,64,2,2048,16,24,2048,-3",
+                                      "12,2,,2,64,2,2048,16,24,2048,1"])
+    with pytest.raises(InputError, match="line 4: 'dp' is missing"):
+        read_measurements(path)
+    path = write(tmp_path / "t.csv", ["gpus,tp,pp,global batch,micro batch,hidden,heads,layers,seq,samples/s",
+                                      "16,2,2,64,2,2048,16,24,2048,0", "16,2,2,64,2,2048,16,24,2048,-3",
+                                      "12,2,8,64,2,2048,16,24,2048,1"])
+    problems = read_measurements(path)["problem"].to_list()
+    assert problems[0] == "measured throughput is not a positive number (0.0 samples/s)"
+    assert problems[1] == "measured throughput is not a positive number (-3.0 samples/s)"
+    assert problems[2] == "dp = 0.75 is not a positive integer"
 
 
 def test_rows_that_are_no_measurement_are_refused(tmp_path):
@@ -468,6 +520,11 @@ CASES = {
     "empty file": (lambda tmp: write(tmp / "gt.csv", [""]), read_measurements, "empty file"),
     "header only": (lambda tmp: write(tmp / "gt.csv", ground_truth_lines()[:1]), read_measurements, "no data rows"),
     "wrong columns": (lambda tmp: write(tmp / "gt.csv", ["a,b", "1,2"]), read_measurements, "expected the columns"),
+    "no time column": (lambda tmp: write(tmp / "gt.csv", [",".join(GROUND_TRUTH_HEADER[:-1]), "1," * 9 + "1"]),
+                       read_measurements, "no column for an iteration time"),
+    "neither GPUs nor dp": (lambda tmp: write(tmp / "gt.csv", ["tp,pp,mbs,gbs,hidden,heads,layers,seq,samples/s",
+                                                               "1,1,1,8,1024,16,2,1024,9"]),
+                            read_measurements, "no column for # GPUs"),
     "non-numeric value": (bad_ground_truth_value, read_measurements,
                           "line 3: 'hidden size' is not an integer: 'abc'"),
     "ragged row": (lambda tmp: write(tmp / "gt.csv", ground_truth_lines()[:2] + [",".join("123456789012")]),
@@ -475,11 +532,12 @@ CASES = {
     "not text": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x1f\x8b\x08\x00\xff\xfe"), read_measurements,
                  "not a text file"),
     # an extra column named as vtrain names a required one internally was a polars DuplicateError traceback
-    "extra column named tp": (with_extra_columns(["tp"], ["1"]), read_measurements, "unknown column 'tp'"),
+    "extra column named tp": (with_extra_columns(["tp"], ["1"]), read_measurements,
+                              "columns 'tensor parallelism' and 'tp' both give 'tp'"),
     "optional column twice, two spellings": (with_extra_columns(["schedule", "Schedule"], ["1f1b", "gpipe"]),
                                              read_measurements, "columns 'schedule' and 'Schedule' both give"),
     "optional column twice, same name": (with_extra_columns(["schedule", "schedule"], ["1f1b", "gpipe"]),
-                                         read_measurements, "unknown column 'schedule #2'"),
+                                         read_measurements, "columns 'schedule' and 'schedule' both give"),
     "nccl csv bad time": (
         lambda tmp: write(tmp / "allreduce_8gpu.csv", [NCCL_CSV_HEADER, "1048576,262144,float,92790,19.78,92150,19.91",
                                                         "2097152,524288,float,fast,39.36,92970,39.47"]),

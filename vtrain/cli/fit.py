@@ -32,8 +32,9 @@ def fit_command(
                                                             "GEMMs and collectives join the fit and whose host's "
                                                             "time per operator (traces with a run.yaml) becomes "
                                                             "the host term; repeatable."),
-    measurements: Path | None = typer.Option(None, "--measurements", help="Measured iteration times (vTrain CSV) "
-                                                                          "to fit host overheads on."),
+    measurements: Path | None = typer.Option(None, "--measurements", help="Measured iteration times (CSV, as "
+                                                                          "validate --measurements reads) to fit "
+                                                                          "host overheads on."),
     fit_every: int = typer.Option(10, "--fit-every", min=1, help="Fit on every k-th row of --measurements."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
     recompute: str = recompute_option("Activation recomputation (none, selective or full) of the --measurements "

@@ -48,8 +48,9 @@ def validate_command(
     no_hta: bool = typer.Option(False, "--no-hta", help="Skip HTA's analysis of the measured and predicted traces "
                                                         "(it parses every trace folder again)."),
     measurements: Path | None = typer.Option(None, "--measurements", help="A table of measured iteration times "
-                                                                          "(vTrain CSV) to predict with --profile's "
-                                                                          "fitted device model."),
+                                                                          "(CSV; vTrain's columns or short names, any "
+                                                                          "order) to predict with --profile's fitted "
+                                                                          "device model."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="With --measurements: GPUs per node."),
     inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.0,
                                                  help="With --measurements: network Gbit/s per node (default: "

@@ -63,12 +63,13 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
             raise InputError(f"line {line}: {len(values)} fields where the {'header' if header else 'first line'} "
                              f"has {width}", path)
     columns = list(zip(*(values + [None] * (width - len(values)) for _, values in records), strict=True))
-    frame = pl.DataFrame({name: list(values) for name, values in zip(_unique(names), columns, strict=True)},
-                         schema={name: pl.String for name in _unique(names)})
+    frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
+                         schema={name: pl.String for name in unique_names(names)})
     return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
 
 
-def _unique(names: list[str]) -> list[str]:
+def unique_names(names: list[str]) -> list[str]:
+    """The names with `` #2``, `` #3``... added to the second, third... of a repeated name."""
     seen: dict[str, int] = {}
     unique = []
     for name in names:

@@ -1,15 +1,20 @@
-"""Measured iteration times in vTrain's CSV layout, and the run configs they were measured for.
+"""Measured iteration times, one run a row, and the run configs they were measured for.
 
 vTrain's ``ground_truth_single.csv`` (1,440 single-node GPT runs on up to 8 A100s with Megatron-DeepSpeed) has the
-columns :data:`SINGLE_NODE_COLUMNS`; its multi-node tables add a leading ``Parameters (billion)`` column. Column
-names and values may carry surrounding whitespace and the file a UTF-8 byte-order mark.
+columns of :data:`VTRAIN_COLUMNS`; its multi-node tables add a leading ``Parameters (billion)`` column. A table from
+another cluster, a training log or a paper may name and order its columns otherwise: every column is found by its
+name, in any order, among the names of :data:`SHAPE_COLUMNS` (``hidden size`` or ``hidden``, ``tensor parallelism``
+or ``tp``, ...), names matched without regard to case, surrounding whitespace, spaces, hyphens or underscores. One
+of ``# GPUs`` and ``data parallelism`` may be left out (the other, with t and p, gives it). The measured time is
+one of :data:`TIME_COLUMNS`: milliseconds or seconds per iteration, or a throughput in samples or tokens per second
+(read as ``global batch [x sequence] / throughput``); where a table has several, the first of that list is read.
+A file may start with a UTF-8 byte-order mark.
 
-A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`, any order, names matched
-without regard to case, spaces, hyphens or underscores): schedule, virtual stages, vocabulary, recomputation,
-gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s, framework, precision (fp16,
-bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or false). Where a
+A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
+vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s,
+framework, precision (fp16, bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or false). Where a
 column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
-counts as empty.
+counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
 e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`, an inter-node rate no link has) are kept
@@ -25,18 +30,40 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.errors import InputError
-from vtrain.importers._read import LINE, csv_rows
+from vtrain.errors import InputError, warn_input
+from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem, shown
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
-#: vTrain's column names -> the normalised ones
-SINGLE_NODE_COLUMNS = {
-    "# GPUs": "gpus", "global batch": "global_batch", "micro batch": "micro_batch", "hidden size": "hidden",
-    "attention heads": "heads", "# layers": "layers", "sequence length": "seq", "tensor parallelism": "tp",
-    "data parallelism": "dp", "pipeline parallelism": "pp", "iteration time (ms)": "iteration_ms",
+#: vTrain's column names (its single-node table, in its order)
+VTRAIN_COLUMNS = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
+                  "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
+                  "iteration time (ms)"]
+#: a run's shape: normalised name -> the column names accepted (vTrain's first)
+SHAPE_COLUMNS = {
+    "gpus": ("# GPUs", "GPUs", "num GPUs", "number of GPUs", "world size"),
+    "global_batch": ("global batch", "global batch size", "gbs"),
+    "micro_batch": ("micro batch", "micro batch size", "mbs"),
+    "hidden": ("hidden size", "hidden", "hidden dim", "d model"),
+    "heads": ("attention heads", "heads", "num attention heads", "attention heads count"),
+    "layers": ("# layers", "layers", "num layers", "number of layers"),
+    "seq": ("sequence length", "seq", "seq length", "seq len"),
+    "tp": ("tensor parallelism", "tp", "tensor parallel size", "tensor model parallel size"),
+    "dp": ("data parallelism", "dp", "data parallel size"),
+    "pp": ("pipeline parallelism", "pp", "pipeline parallel size", "pipeline model parallel size"),
+}
+#: of the shape columns, those a table may leave out: each follows from the other with t and p
+DERIVABLE = ("gpus", "dp")
+#: the measured time: its form -> the column names accepted, in the order a table's columns are preferred
+TIME_COLUMNS = {
+    "ms": ("iteration time (ms)", "iteration ms", "iteration time ms", "elapsed time per iteration (ms)",
+           "step time (ms)"),
+    "s": ("iteration time (s)", "iteration s", "iteration time s", "seconds per iteration", "step time (s)"),
+    "samples/s": ("samples per second", "samples/s", "samples per sec", "sequences per second"),
+    "tokens/s": ("tokens per second", "tokens/s", "tokens per sec"),
 }
 PARAMETERS_COLUMN = "Parameters (billion)"
+PARAMETERS_COLUMNS = (PARAMETERS_COLUMN, "parameters (B)", "params (B)", "params billion")
 #: optional columns (normalised name -> the names accepted, compared by :func:`_key`) and their types
 OPTIONAL_COLUMNS = {
     "schedule": (("schedule", "pipeline schedule"), pl.String),
@@ -53,16 +80,12 @@ OPTIONAL_COLUMNS = {
 }
 #: the columns of :func:`read_measurements`
 COLUMNS = {
-    "row": pl.Int64, "params_billion": pl.Float64, "gpus": pl.Int64, "global_batch": pl.Int64,
-    "micro_batch": pl.Int64, "hidden": pl.Int64, "heads": pl.Int64, "layers": pl.Int64, "seq": pl.Int64,
-    "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "iteration_ms": pl.Float64,
-    **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
+    "row": pl.Int64, "params_billion": pl.Float64, **{name: pl.Int64 for name in SHAPE_COLUMNS},
+    "iteration_ms": pl.Float64, **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
 }
 #: shape column -> its field in :data:`vtrain.limits.INTEGER_BOUNDS`, the physical bounds every run config is
 #: checked against (beyond them a row is refused, not simulated)
-SHAPE_FIELDS = {"gpus": "device_count", "global_batch": "global_batch", "micro_batch": "micro_batch",
-                "hidden": "hidden", "heads": "heads", "layers": "layers", "seq": "seq", "tp": "tp", "dp": "dp",
-                "pp": "pp"}
+SHAPE_FIELDS = {"gpus": "device_count", **{name: name for name in SHAPE_COLUMNS if name != "gpus"}}
 #: vTrain's training settings for these runs (Megatron-DeepSpeed, as in its configs)
 VOCAB = 50257
 PRECISION = "fp16"
@@ -74,32 +97,29 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def read_measurements(path: str | Path) -> pl.DataFrame:
-    """The measured runs of a vTrain ground-truth CSV, one row each: ``row`` (1-based data row number),
+    """The measured runs of a measurement table, one row each: ``row`` (1-based data row number),
     ``params_billion`` (null when the file has no such column), ``gpus``, ``global_batch``, ``micro_batch``,
     ``hidden``, ``heads``, ``layers``, ``seq``, ``tp``, ``dp``, ``pp``, ``iteration_ms`` (milliseconds), the
     optional columns (null where absent) and ``problem`` (why the row cannot be simulated, else null)."""
     path = Path(path)
     names, rows = csv_rows(path)
-    single = list(SINGLE_NODE_COLUMNS)
-    required = names[1:len(single) + 1] if names and names[0] == PARAMETERS_COLUMN else names[:len(single)]
-    if required != single:
-        raise InputError(f"not a vTrain measurement table: expected the columns [{PARAMETERS_COLUMN},] "
-                         f"{','.join(single)}; found {','.join(names)}", path)
-    given = [name for name in rows.columns if name != LINE]  # a repeated name has " #2" added
-    optional = _optional_names(given[len(single) + (names[0] == PARAMETERS_COLUMN):], path)
-    numeric = [*single, *([PARAMETERS_COLUMN] if names[0] == PARAMETERS_COLUMN else [])]
-    rows = _as_numbers(rows, numeric, path)
-    rows = rows.rename({**SINGLE_NODE_COLUMNS, PARAMETERS_COLUMN: "params_billion"}, strict=False)
-    rows = rows.rename(optional)
+    columns = _columns(names, path)
+    form = _time_form(columns, path)
+    read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}
+    numeric = {given: meant for given, meant in read.items() if meant in (*SHAPE_COLUMNS, "params_billion", form)}
+    rows = _as_numbers(rows.select(LINE, *read), numeric, path).rename(read)
+    rows = _with_derived_shape(rows)
+    rows = rows.with_columns(iteration_ms=_milliseconds(form))
     rows = rows.with_row_index("row", offset=1)
-    rows = rows.with_columns(problem=pl.Series([_problem(r) for r in rows.iter_rows(named=True)], dtype=pl.String))
+    rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
+                                               dtype=pl.String))
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))
     if "inter_node_gbps" in rows.columns:
         rows = _with_link_rates(rows)
-    integers = [name for name, dtype in COLUMNS.items() if dtype == pl.Int64 and name in SINGLE_NODE_COLUMNS.values()]
-    rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name) for name in integers)
+    rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name)
+                             for name in SHAPE_COLUMNS)
     return rows.select(
         (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in COLUMNS.items())
@@ -114,41 +134,94 @@ def _key(name: str) -> str:
     return re.sub(r"[\s_\-]+", " ", name.strip().lower())
 
 
-def _optional_names(names: list[str], path: Path) -> dict[str, str]:
-    """Extra header names -> normalised optional column names; an error for a name that is none of them."""
-    accepted = {_key(alias): name for name, (aliases, _) in OPTIONAL_COLUMNS.items() for alias in aliases}
-    renamed = {}
-    for name in names:
-        if _key(name) not in accepted:
-            raise InputError(f"unknown column {name!r} (optional columns: "
-                             f"{', '.join(aliases[0] for aliases, _ in OPTIONAL_COLUMNS.values())})", path)
-        twice = [given for given, meant in renamed.items() if meant == accepted[_key(name)]]
+#: every accepted column name (by :func:`_key`) -> the column it gives (a shape, a time form, an optional column)
+_ACCEPTED = {_key(alias): name for name, aliases in
+             [*SHAPE_COLUMNS.items(), *TIME_COLUMNS.items(), ("params_billion", PARAMETERS_COLUMNS),
+              *((name, aliases) for name, (aliases, _) in OPTIONAL_COLUMNS.items())]
+             for alias in aliases}
+
+
+def _columns(names: list[str], path: Path) -> dict[str, str]:
+    """The header's names (as :func:`~vtrain.importers._read.csv_rows` made them unique) -> the column each gives;
+    an error for a column given twice or a required one missing, a warning for names that are none of them."""
+    given: dict[str, str] = {}
+    original: dict[str, str] = {}
+    ignored = []
+    for name, unique in zip(names, unique_names(names), strict=True):
+        meant = _ACCEPTED.get(_key(name))
+        if meant is None:
+            ignored.append(name)
+            continue
+        twice = [other for other, same in given.items() if same == meant]
         if twice:
-            raise InputError(f"columns {twice[0]!r} and {name!r} both give {accepted[_key(name)]!r}", path)
-        renamed[name] = accepted[_key(name)]
-    return renamed
+            raise InputError(f"columns {original[twice[0]]!r} and {name!r} both give {meant!r}", path)
+        given[unique], original[unique] = meant, name
+    needed = [name for name in SHAPE_COLUMNS if name not in DERIVABLE and name not in given.values()]
+    if all(name not in given.values() for name in DERIVABLE):
+        needed.append("gpus")
+    if needed or not any(form in given.values() for form in TIME_COLUMNS):
+        missing = [SHAPE_COLUMNS[name][0] for name in needed]
+        missing += [] if any(form in given.values() for form in TIME_COLUMNS) else ["an iteration time"]
+        raise InputError(f"not a measurement table: no column for {', '.join(missing)} (expected the columns "
+                         f"[{PARAMETERS_COLUMN},] {','.join(VTRAIN_COLUMNS)}, in any order, or the short names "
+                         f"the README lists); found {','.join(names)}", path)
+    if ignored:
+        warn_input(f"column(s) {', '.join(repr(name) for name in ignored)} not read: none of a measurement "
+                   "table's columns (the README lists them)", path)
+    return given
 
 
-def _as_numbers(rows: pl.DataFrame, columns: list[str], path: Path) -> pl.DataFrame:
-    """The columns as floats; an error naming the line of a missing value or of text that is no number (``nan``
-    and ``inf`` are numbers here: :func:`_problem` refuses them per row)."""
-    for name in columns:
+def _time_form(columns: dict[str, str], path: Path) -> str:
+    """The form of the measured time read (a key of :data:`TIME_COLUMNS`: the first a table gives); a warning
+    names the time columns left unread where it gives several."""
+    forms = [form for form in TIME_COLUMNS if form in columns.values()]
+    others = [given for given, meant in columns.items() if meant in forms[1:]]
+    if others:
+        chosen = next(given for given, meant in columns.items() if meant == forms[0])
+        warn_input(f"the measured time is read from {chosen!r}; {', '.join(repr(name) for name in others)} not read",
+                   path)
+    return forms[0]
+
+
+def _as_numbers(rows: pl.DataFrame, columns: dict[str, str], path: Path) -> pl.DataFrame:
+    """The given columns (name in the file -> the column it gives) as floats; an error naming the line of a missing
+    value or of text that is no number (``nan`` and ``inf`` are numbers here: :func:`_problem` refuses them per
+    row)."""
+    for name, meant in columns.items():
         cast = pl.col(name).cast(pl.Float64, strict=False)
         bad = rows.filter(cast.is_null())
         if not bad.is_empty():
             line, value = bad.row(0, named=True)[LINE], bad.row(0, named=True)[name]
-            kind = "a number" if SINGLE_NODE_COLUMNS.get(name, "") in ("iteration_ms", "") else "an integer"
+            kind = "an integer" if meant in SHAPE_COLUMNS else "a number"
             problem = "is missing" if value is None else f"is not {kind}: {shown(value)}"
             raise InputError(f"line {line}: {name!r} {problem}", path)
         rows = rows.with_columns(cast)
     return rows
 
 
-def _problem(row: dict[str, Any]) -> str | None:
+def _with_derived_shape(rows: pl.DataFrame) -> pl.DataFrame:
+    """The GPU count or the data-parallel size where a table leaves one out: GPUs = t x d x p."""
+    if "gpus" not in rows.columns:
+        return rows.with_columns(gpus=pl.col("tp") * pl.col("dp") * pl.col("pp"))
+    if "dp" not in rows.columns:
+        return rows.with_columns(dp=pl.col("gpus") / (pl.col("tp") * pl.col("pp")))
+    return rows
+
+
+def _milliseconds(form: str) -> pl.Expr:
+    """The measured time (column ``form``) as milliseconds per iteration."""
+    measured = pl.col(form)
+    return {"ms": measured, "s": measured * 1000.0, "samples/s": pl.col("global_batch") / measured * 1000.0,
+            "tokens/s": pl.col("global_batch") * pl.col("seq") / measured * 1000.0}[form]
+
+
+def _problem(row: dict[str, Any], form: str) -> str | None:
     """Why a row (shape columns as floats) is not a measurement one can simulate."""
-    measured = row["iteration_ms"]
+    measured = row[form]
     if not math.isfinite(measured) or measured <= 0:
-        return f"measured iteration time is not a positive number ({measured!r} ms)"
+        unit = "ms" if form == "ms" else "s" if form == "s" else form
+        what = "iteration time" if form in ("ms", "s") else "throughput"
+        return f"measured {what} is not a positive number ({measured!r} {unit})"
     for name, field in SHAPE_FIELDS.items():
         value = row[name]
         if not math.isfinite(value) or value != int(value) or value < 1:

@@ -1,4 +1,4 @@
-"""Simulating every run of a table of measured iteration times (vTrain's ground-truth layout).
+"""Simulating every run of a table of measured iteration times (any layout read by vtrain.importers.measurements).
 
 Each row becomes a run config with the settings the runs were measured with (see
 :func:`vtrain.importers.measurements.measurement_config`) and is simulated exactly as ``vtrain simulate`` would
