@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vtrain.cli.errors import user_errors
+from vtrain.tables.latency import RAW_DURATION
 from vtrain.tables.store import load_profile
 
 #: below this many columns the op table shows no kernel names and the NCCL table no algorithm bandwidth
@@ -63,10 +64,15 @@ def op_table(op_latency: pl.DataFrame, top: int, wide: bool) -> Table:
 
 
 def nccl_table(nccl_latency: pl.DataFrame, top: int, wide: bool) -> Table:
-    """The first ``top`` rows of the collective latency table."""
+    """The first ``top`` rows of the collective latency table. A median of raw per-rank durations (no peer's trace
+    to match the call with: the rank's wait for the others is in it) is marked ``*``; where a table has collectives
+    on the host (gloo) and on the GPU (NCCL) both, the host's are named so."""
     nccl = nccl_latency.head(top)
+    raw = nccl.filter(pl.col("duration_source") == RAW_DURATION).height > 0
+    both = nccl_latency["device_type"].n_unique() > 1
     table = Table(title=f"nccl_latency: {min(top, nccl.height)} of {nccl_latency.height} rows",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  caption="* raw durations of one rank, its wait for the others included: no peer's trace matched "
+                          "the call" if raw else None, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("collective", overflow="fold")
     columns = ["group", "bytes", "count", "median µs", *(["algbw GB/s"] if wide else []), "busbw GB/s"]
     for column in columns:
@@ -74,8 +80,10 @@ def nccl_table(nccl_latency: pl.DataFrame, top: int, wide: bool) -> Table:
     table.add_column("algorithm", overflow="fold")
     for row in nccl.iter_rows(named=True):
         busbw = "-" if row["busbw_gbps"] is None else f"{row['busbw_gbps']:.2f}"
-        cells = [row["collective"], str(row["group_size"] or "?"), size(row["bytes"]), f"{row['count']:,}",
-                 f"{row['median_us']:.1f}", *([f"{row['algbw_gbps']:.2f}"] if wide else []), busbw,
+        mark = "*" if row["duration_source"] == RAW_DURATION else ""
+        name = f"{row['collective']} (host)" if both and row["device_type"] == "cpu" else row["collective"]
+        cells = [name, str(row["group_size"] or "?"), size(row["bytes"]), f"{row['count']:,}",
+                 f"{row['median_us']:.1f}{mark}", *([f"{row['algbw_gbps']:.2f}"] if wide else []), busbw,
                  row["algorithm"] or "-"]
         table.add_row(*cells)
     return table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -227,25 +229,32 @@ _DESCRIPTION_SCHEMA = {
 
 def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
                  dist_info: dict[str, Any] | None) -> pl.DataFrame:
-    """One row per collective: NCCL kernels on GPU ranks, ``gloo:*``/``nccl:*`` annotations on CPU-only ranks.
+    """One row per collective: NCCL kernels on GPU ranks, the ``gloo:*``/``nccl:*``/... annotations of CPU-only
+    ranks, and on GPU ranks the annotations of backends that launch no kernel (``gloo:*``, ``mpi:*``, ``ucc:*``: a
+    job whose CUDA tensors go through gloo, or whose object collectives and barriers do), which run on the host.
 
     A collective's description depends only on its kernel's (or annotation's) metadata, which repeats from
-    iteration to iteration: it is worked out once per distinct metadata and joined back.
+    iteration to iteration: it is worked out once per distinct metadata and joined back. An annotation names no
+    process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), its calls
+    are that group's.
     """
-    default_group = _default_group_size(rank, dist_info)
+    group = _only_group(rank, dist_info)
+    size = _default_group_size(rank, dist_info)
+    on_host = cpu.filter(pl.col("cat") == "user_annotation").filter(
+        pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
+    tables = []
     if not kernels.is_empty():
-        calls = kernels.filter(pl.col("kernel_class") == COMMUNICATION)
-        described = _describe(calls, _KERNEL_METADATA, lambda row: _kernel_collective(row, default_group))
-        device_type, stream = "cuda", pl.col("stream")
-    else:
-        calls = cpu.filter(pl.col("cat") == "user_annotation").filter(
-            pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
-        described = _describe(calls, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, default_group))
-        device_type, stream = "cpu", pl.lit(None, dtype=pl.Int64)
-    if calls.is_empty():
+        on_device = kernels.filter(pl.col("kernel_class") == COMMUNICATION)
+        tables.append(_describe(on_device, _KERNEL_METADATA, lambda row: _kernel_collective(row, size))
+                      .with_columns(device_type=pl.lit("cuda"), stream=pl.col("stream")))
+        on_host = on_host.filter(~pl.col("name").str.starts_with("nccl:"))  # NCCL's calls are its kernels
+    tables.append(_describe(on_host, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, size, group))
+                  .with_columns(device_type=pl.lit("cpu"), stream=pl.lit(None, dtype=pl.Int64)))
+    tables = [table for table in tables if not table.is_empty()]
+    if not tables:
         return conform(pl.DataFrame(), "collectives")
-    return conform(described.with_columns(rank=pl.lit(rank), device_type=pl.lit(device_type), stream=stream),
-                   "collectives")
+    return conform(pl.concat([conform(table.with_columns(rank=pl.lit(rank)), "collectives") for table in tables])
+                   .sort("ts"), "collectives")
 
 
 def _describe(calls: pl.DataFrame, keys: list[str],
@@ -274,9 +283,12 @@ def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[
                         algorithm, protocol, source)
 
 
-def _annotation_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:
+def _annotation_collective(row: dict[str, Any], default_group: int | None,
+                           group: tuple[str, str] | None = None) -> tuple[Any, ...]:
     in_n = row["arg_in_nelems"] or elements_from_dims(row["input_dims"])
-    return _description(canonical_collective(row["name"]), row["arg_pg_name"], row["arg_pg_ranks"],
+    pg_name, pg_ranks = (row["arg_pg_name"], row["arg_pg_ranks"]) if row["arg_pg_ranks"] or row["arg_pg_name"] \
+        else group or (None, None)
+    return _description(canonical_collective(row["name"]), pg_name, pg_ranks,
                         row["arg_group_size"] or default_group, row["arg_dtype"] or first_dtype(row["input_types"]),
                         in_n, row["arg_out_nelems"], None, None, "annotation" if in_n else None)
 
@@ -293,6 +305,16 @@ def _description(collective: str | None, pg_name: str | None, pg_ranks: str | No
     size = dtype_bytes(dtype)
     return (collective, pg_name, pg_ranks, group_size, dtype, elements,
             elements * size if elements and size else None, algorithm, protocol, source)
+
+
+def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The name and ranks (JSON, as a trace's ``Process Group Ranks``) of the one process group of more than one
+    rank that holds this rank, if there is exactly one."""
+    groups = [pg for pg in (dist_info or {}).get("pg_config") or []
+              if isinstance(pg.get("ranks"), list) and rank in pg["ranks"] and len(pg["ranks"]) > 1]
+    if len(groups) != 1 or not all(type(r) is int for r in groups[0]["ranks"]):
+        return None
+    return str(groups[0].get("pg_name", "")), json.dumps(groups[0]["ranks"], separators=(",", ":"))
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:

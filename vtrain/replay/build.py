@@ -222,10 +222,10 @@ class _RankBuilder:
         self.ctx = ctx
         trace = ctx.trace
         gpu = trace.has_device_activity
-        self.cpu_collectives = [  # gloo:* annotations of CPU-only ranks (on GPU ranks the NCCL kernels are)
+        self.cpu_collectives = [  # gloo:* annotations (on GPU ranks NCCL's calls are its kernels: nccl:* is not one)
             i for i, name in enumerate(trace.name)
-            if not gpu and trace.kind[i] == CPU and trace.cat[i] in ("user_annotation", "cpu_op")
-            and COLLECTIVE_ANNOTATION.match(name)
+            if trace.kind[i] == CPU and trace.cat[i] in ("user_annotation", "cpu_op")
+            and COLLECTIVE_ANNOTATION.match(name) and not (gpu and name.startswith("nccl:"))
         ]
         skip = set(self.cpu_collectives)
         members = [i for i, kind in enumerate(trace.kind) if kind in (CPU, RUNTIME) and i not in skip]

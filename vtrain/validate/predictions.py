@@ -79,7 +79,7 @@ def compare_replay(frame: pl.DataFrame, steady: list[int], stage_of: dict[int, i
                      f"waited (whole trace, all ranks): {causes}")
     unmatched = sum(stats.collective_calls_unmatched.values())
     if unmatched:
-        reasons = ", ".join(f"{n} {reason}" for reason, n in stats.collective_calls_unmatched.items())
+        reasons = "; ".join(f"{reason}: {n}" for reason, n in stats.collective_calls_unmatched.items())
         notes.append(f"{unmatched} collective call(s) keep their measured duration ({reasons})")
     return Comparison(
         name="replay", measured_ms=median_job(rows, "measured_ms"), predicted_ms=median_job(rows, "predicted_ms"),

@@ -161,10 +161,14 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
     if released:
         notes.append(f"{released} event points were released from dependency cycles")
-    for line in notes:
-        warn(line)
     predicted = _with_times(base.frame, times)
     baseline = _with_times(base.frame, replayed)
+    if other is None and any(hits.values()) and _job_times(predicted, REPLAYED) == _job_times(baseline, REPLAYED):
+        scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
+        notes.append(f"{scaled}: scaled, and no iteration moved: nothing in {base.path}'s recorded dependencies "
+                     "waits for these events (none is on a critical path)")
+    for line in notes:
+        warn(line)
     all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
     steady = all_iterations[1:] or all_iterations
     return WhatIf(
@@ -233,10 +237,10 @@ def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> 
 
 def _scalable(base: TraceSet) -> tuple[list[str | None], list[str | None]]:
     """Class and name of every holder a scale rule may change (``None``: none may): on GPU ranks the device
-    activities (a CPU operator there only launches its kernels), on CPU-only ranks every operator and collective;
-    then the host stretches (class ``host``, no name)."""
+    activities (a CPU operator there only launches its kernels) and the collectives run on the host (gloo's), on
+    CPU-only ranks every operator and collective; then the host stretches (class ``host``, no name)."""
     frame = base.frame
-    scalable = (frame["kind"] == "device") | ~frame["gpu_rank"]
+    scalable = (frame["kind"] == "device") | ~frame["gpu_rank"] | frame["collective"].is_not_null()
     classes = [c if ok else None for c, ok in zip(frame["op_class"], scalable)]
     names = [n if ok else None for n, ok in zip(frame["name"], scalable)]
     host_stretches = 2 * base.owned.events

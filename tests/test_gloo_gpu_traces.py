@@ -1,0 +1,74 @@
+"""Real GPU traces of "one rank of many" whose collectives run on the host: data parallelism over gloo, every rank
+on one H100 (``validators/gpu/gloo_ranks.py``; ``traces/gpu/README.md``). ``h100-gloo-world2`` holds both ranks of
+a world of two, ``h100-gloo-one-of-four`` only rank 2 of four (the others trained unprofiled).
+
+gloo's collectives launch no kernel: they are ``gloo:*`` annotations on gloo's worker threads (and copies through
+host memory). Read as NCCL's would be, through kernels only, a GPU rank had no collective at all.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.tables.latency import MATCHED_DURATION, RAW_DURATION
+from vtrain.whatif.changes import parse_scale
+from vtrain.whatif.retime import what_if
+
+GPU = REPO / "traces" / "gpu"
+WORLD2, ONE_OF_FOUR = GPU / "h100-gloo-world2", GPU / "h100-gloo-one-of-four"
+
+
+def _gloo_calls(trace: Path) -> Counter[str]:
+    """The raw trace's gloo collectives (the host annotations gloo writes), by name."""
+    with gzip.open(trace, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+    return Counter(e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))
+
+
+@pytest.mark.parametrize("folder", [WORLD2, ONE_OF_FOUR], ids=lambda path: path.name)
+def test_every_gloo_collective_of_a_gpu_rank_is_a_collective(folder: Path) -> None:
+    """One row per gloo call of the raw trace, on the host, in the rank's one process group (its
+    distributedInfo.pg_config), with its size from the call's input."""
+    tables = ingest_traces(folder)
+    collectives = tables["collectives"]
+    for trace in sorted(folder.glob("rank-*.json.gz")):
+        rank = int(trace.name.split("-")[1].split(".")[0])
+        raw = _gloo_calls(trace)
+        mine = collectives.filter(pl.col("rank") == rank)
+        assert Counter("gloo:" + name for name in mine["collective"]) == raw and sum(raw.values()) == 8
+        assert set(mine["device_type"]) == {"cpu"} and mine["bytes"].null_count() == 0
+    world = 2 if folder == WORLD2 else 4
+    assert set(collectives["group_ranks"]) == {json.dumps(list(range(world)), separators=(",", ":"))}
+    assert set(collectives["group_size"]) == {world}
+    latency = tables["nccl_latency"]
+    assert set(latency["collective"]) == {"all_reduce", "broadcast"} and set(latency["group_size"]) == {world}
+    # both ranks of the world of two are matched, so the transfer is timed; one rank of four keeps its raw waits
+    assert set(latency["duration_source"]) == {MATCHED_DURATION if folder == WORLD2 else RAW_DURATION}
+
+
+def test_tables_mark_raw_durations_of_one_rank_of_four(tmp_path: Path) -> None:
+    profile = tmp_path / "profile"
+    ingested = vtrain_in_process("ingest", ONE_OF_FOUR, "-o", profile)
+    assert ingested.returncode == 0, ingested.stderr
+    assert "3 of 4 ranks have no trace file (missing: 0, 1, 3)" in ingested.stderr
+    shown = vtrain_in_process("tables", profile)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("*") >= 4 and "raw durations of one rank" in shown.stdout
+
+
+def test_whatif_scales_gloo_collectives_of_gpu_ranks_and_says_when_nothing_waits_for_them() -> None:
+    """The scaled calls are found (before, "no event holds time of this kind"); the recorded dependencies of this
+    run have no wait on them (the rank's stream takes the result through a copy the replay cannot tie to the
+    call), and the what-if says so rather than a bare +0.00 %."""
+    notes: list[str] = []
+    result = what_if(ONE_OF_FOUR, [parse_scale("all_reduce=0.5")], warn=notes.append)
+    assert result.scale_hits == {"all_reduce": 6}
+    assert any("no iteration moved" in note and "all_reduce (6 events)" in note for note in notes), notes
