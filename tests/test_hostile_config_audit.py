@@ -187,7 +187,7 @@ def test_a_repeated_measured_run_is_simulated_once(tmp_path: Path, monkeypatch: 
     calls: list[object] = []
     simulate = measured_runs.simulate
     monkeypatch.setattr(measured_runs, "simulate",
-                        lambda config, *args: calls.append(config) or simulate(config, *args))
+                        lambda config, *args, **kwargs: calls.append(config) or simulate(config, *args, **kwargs))
     profile = load_profile(A100_PROFILE)
     predicted = measured_runs.predict_runs(read_measurements(table), profile, device_from_profile(profile),
                                            measured_runs.Hardware())

@@ -12,14 +12,16 @@ import gc
 import json
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from vtrain.cli.errors import OneLineParser, report, warn
+from vtrain.cli.progress import reading
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files, not_read_warning, unreadable_trace_names
-from vtrain.ingest.pipeline import IngestedRanks, default_workers, ingest_to_folder
+from vtrain.ingest.pipeline import default_workers, ingest_to_folder
 from vtrain.outputs import check_output
 
 #: the command's one-line description (also in `vtrain --help`)
@@ -88,11 +90,10 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     total = sum(f.stat().st_size for f in files)
     workers = workers_within_cores(workers, warn) if workers else default_workers(files)
 
-    # a bar only where someone sees it: elsewhere rich draws nothing but a blank line, after importing itself
-    if total >= PROGRESS_BYTES and sys.stderr.isatty():
-        ranks, rows = _ingest_with_progress(trace_dir, output, total, workers, ray_address)
-    else:
-        ranks, rows = ingest_to_folder(trace_dir, output, warn=warn, workers=workers, ray_address=ray_address)
+    # a bar only for an input that takes a while, and only where someone sees it (vtrain.cli.progress)
+    with reading("ingest", total) if total >= PROGRESS_BYTES else nullcontext() as progress:
+        ranks, rows = ingest_to_folder(trace_dir, output, warn=warn, workers=workers, ray_address=ray_address,
+                                       progress=progress)
     metadata = ranks.metadata
     summary = {
         "profile": str(output),
@@ -106,18 +107,6 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     _print_summary(output, summary)
-
-
-def _ingest_with_progress(trace_dir: Path, output: Path, total: int, workers: int,
-                          ray_address: str | None) -> tuple[IngestedRanks, dict[str, int]]:
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("ingest"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("read", total=total)
-        return ingest_to_folder(trace_dir, output, warn=warn, workers=workers, ray_address=ray_address,
-                                progress=lambda n: bar.advance(task, n))
 
 
 def _print_summary(output: Path, summary: dict[str, Any]) -> None:

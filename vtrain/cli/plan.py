@@ -73,15 +73,7 @@ def plan_command(
 ) -> None:
     """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
     time-versus-cost frontier."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
+    from vtrain.cli.progress import counting
     from vtrain.plan.report import breakdowns, summary, write_plan_folder
     from vtrain.plan.space import parse_gpus
     from vtrain.plan.sweep import sweep
@@ -100,15 +92,12 @@ def plan_command(
             warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on {gpu}: "
                  f"give --price-per-gpu-hour for their cost")
     workers = workers_within_cores(workers, warn)
-    console = Console(stderr=True)
-    with Progress(TextColumn("timing plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("plans", total=None)
+    with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
                       divisible=".." in gpus, pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
                       max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers,
                       ray_address=ray_address or ("local" if ray else None),
-                      progress=lambda done, total: bar.update(task, completed=done, total=total),
+                      progress=progress,
                       time_reference=model is not None)
     if not table.counts["simulated"]:
         warn("no plan was simulated: every plan is invalid or out of memory (plans.csv gives each plan's reason)")

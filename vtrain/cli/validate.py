@@ -154,6 +154,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
                   gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
                   recompute: str) -> None:
+    from vtrain.cli.progress import counting
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
 
@@ -166,7 +167,9 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
             raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
     check_output(target, inputs=[path, profile], force=True, what="report folder")
-    result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn, recompute)
+    with counting("predicting runs") as progress:  # on stderr, where it is a terminal
+        result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
+                                       recompute, progress)
     with staged_folder(target) as staging:
         write_measurement_report(result, staging)
     summary = result.to_dict()

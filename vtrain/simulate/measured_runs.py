@@ -9,6 +9,7 @@ unusable, are kept with their reason and no prediction, never dropped silently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import polars as pl
@@ -17,7 +18,7 @@ from vtrain.devices.fitted import FittedDevice
 from vtrain.fit.device import for_config
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.runconfig import RunConfig
-from vtrain.simulate.run import simulate
+from vtrain.simulate.run import SharedResolvers, simulate
 from vtrain.tables.store import Profile
 
 
@@ -34,19 +35,30 @@ class Hardware:
     framework: str = FRAMEWORK
 
 
+#: a progress callback: (distinct runs simulated so far, distinct runs to simulate)
+Progress = Callable[[int, int], None]
+
+#: how much the resolvers shared by a table's runs may hold (:meth:`SharedResolvers.held`) before fresh ones
+#: replace them: a table of many shapes (a million rows) would otherwise keep every shape's latencies (about
+#: 0.2 MiB a shape); 10,000 is some 100 MiB, and a fresh set costs a run about 5 ms more
+MAX_HELD = 10_000
+#: resolvers kept for this many link rates (each row may give its own) before all are replaced
+MAX_LINK_RATES = 4
+
+
 def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: FittedDevice, hardware: Hardware,
-                 rows: list[int] | None = None) -> pl.DataFrame:
+                 rows: list[int] | None = None, progress: Progress | None = None) -> pl.DataFrame:
     """``measurements`` (from :func:`~vtrain.importers.measurements.read_measurements`) with ``predicted_ms``,
     ``error_pct`` (predicted vs measured, signed), ``memory_gib`` and ``fits`` (the largest stage's memory per GPU
     by the memory model, and whether it fits the device's) and ``invalid`` (why a row was not simulated, else null) added.
     ``device`` is the profile's fitted device (:func:`~vtrain.fit.device.device_from_profile`), put on each row's
-    hardware; ``rows`` restricts the prediction to those row numbers."""
+    hardware; ``rows`` restricts the prediction to those row numbers. Each distinct run is simulated once;
+    ``progress`` is called with (0, distinct runs) before the first and (runs simulated, distinct runs) after
+    each."""
     table = measurements if rows is None else measurements.filter(pl.col("row").is_in(rows))
-    predicted: list[float | None] = []
-    memory: list[float | None] = []
-    fits: list[bool | None] = []
+    keys: list[str | None] = []  # each row's run (its config's repr), None for a row not simulated
     invalid: list[str | None] = []
-    done: dict[str, tuple[float, float, bool | None]] = {}  # config -> its prediction: a repeated run is simulated once
+    runs: dict[str, RunConfig] = {}  # the distinct runs, in the order of their first row
     for row in table.iter_rows(named=True):
         problem = row_problem(row)
         config = None if problem else measurement_config(
@@ -54,19 +66,16 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
             hardware.recompute, hardware.framework)
         problem = problem or next(iter(config.constraint_errors()), None)
         if problem or config is None:
-            predicted.append(None)
-            memory.append(None)
-            fits.append(None)
+            keys.append(None)
             invalid.append(problem)
             continue
         key = repr(config)
-        if key not in done:
-            done[key] = _predicted(config, profile, device)
-        predicted_ms, memory_gib, fit = done[key]
-        predicted.append(predicted_ms)
-        memory.append(memory_gib)
-        fits.append(fit)
+        runs.setdefault(key, config)
+        keys.append(key)
         invalid.append(None)
+    done = _predicted(runs, profile, device, progress)
+    none = (None, None, None)
+    predicted, memory, fits = zip(*(done[key] if key is not None else none for key in keys)) if keys else ((), (), ())
     return table.with_columns(
         predicted_ms=pl.Series(predicted, dtype=pl.Float64),
         memory_gib=pl.Series(memory, dtype=pl.Float64),
@@ -75,7 +84,26 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
     ).with_columns(error_pct=(pl.col("predicted_ms") / pl.col("iteration_ms") - 1.0) * 100)
 
 
-def _predicted(config: RunConfig, profile: Profile | None, device: FittedDevice) -> tuple[float, float, bool | None]:
-    """One run's predicted iteration time (ms), its largest stage's memory per GPU (GiB) and whether that fits."""
-    sim = simulate(config, profile, for_config(device, config))
-    return sim.iteration_us / 1e3, sim.largest_stage_bytes / 2**30, sim.fits_device
+def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: FittedDevice,
+               progress: Progress | None) -> dict[str, tuple[float, float, bool | None]]:
+    """Each run's predicted iteration time (ms), its largest stage's memory per GPU (GiB) and whether that fits.
+
+    Runs on the same links are resolved through one set of shared resolvers (:class:`SharedResolvers`, as a
+    plan's are): what they share (calibration, blocks of the same shape) is resolved once, and each run gets
+    what it would get alone."""
+    if progress is not None:
+        progress(0, len(runs))
+    shared: dict[tuple[float | None, float | None], SharedResolvers] = {}
+    done: dict[str, tuple[float, float, bool | None]] = {}
+    for key, config in runs.items():
+        links = (config.hardware.inter_node_gbps, config.hardware.intra_node_gbps)
+        resolvers = shared.get(links)
+        if resolvers is None or resolvers.held() > MAX_HELD:
+            if resolvers is None and len(shared) >= MAX_LINK_RATES:
+                shared.clear()
+            resolvers = shared[links] = SharedResolvers(profile, for_config(device, config))
+        sim = simulate(config, profile, resolvers.device, shared=resolvers)
+        done[key] = (sim.iteration_us / 1e3, sim.largest_stage_bytes / 2**30, sim.fits_device)
+        if progress is not None:
+            progress(len(done), len(runs))
+    return done

@@ -105,17 +105,19 @@ class Simulation:
 
 
 def simulate(config: RunConfig, profile: Profile | None = None, device: DeviceModel | None = None,
-             source: str | None = None) -> Simulation:
+             source: str | None = None, *, shared: SharedResolvers | None = None) -> Simulation:
     """Predict one training iteration of ``config``.
 
     Operator latencies come from ``profile`` when it has them (measured, else interpolated) and from
     ``device`` otherwise (default: the profile's fitted device model on the config's links, else the datasheet
     model of the config's device: :func:`~vtrain.fit.device.device_for_run`). ``source`` names the config file
-    in errors.
+    in errors. ``shared``: resolvers of the same ``profile`` and ``device`` that earlier runs were resolved
+    through (a table of runs: :func:`~vtrain.simulate.measured_runs.predict_runs`): the same prediction, without
+    resolving again what they share; ``distinct_sources`` then counts every signature resolved through them.
     """
     config.validate(source)
     with _gc_paused():
-        return _simulate(config, profile, device or device_for_run(config, profile, source))
+        return _simulate(config, profile, device or device_for_run(config, profile, source), shared)
 
 
 @contextmanager
@@ -173,6 +175,11 @@ class SharedResolvers:
         self._ops: dict[tuple[str, frozenset[tuple[str, str, str]], tuple[tuple[int, int], ...] | None],
                         tuple[OpLatencyResolver, HostGapResolver]] = {}
         self.work: ResolvedWork = {}
+
+    def held(self) -> int:
+        """How much it holds (calibrated operator resolvers and resolved blocks, steps and buckets), for callers that
+        resolve an unbounded number of runs through it: past a bound, a fresh one costs less than the memory."""
+        return len(self._ops) + len(self.work)
 
     def collectives(self, config: RunConfig) -> CollectiveResolver:
         """The collective resolver for the config's device type and node size."""
@@ -256,8 +263,9 @@ def _device_type(config: RunConfig) -> str:
     return "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
 
 
-def _simulate(config: RunConfig, profile: Profile | None, device: DeviceModel) -> Simulation:
-    chunks, inputs, ops, collectives = resolve_work(config, profile, device)
+def _simulate(config: RunConfig, profile: Profile | None, device: DeviceModel,
+              shared: SharedResolvers | None = None) -> Simulation:
+    chunks, inputs, ops, collectives = resolve_work(config, profile, device, shared)
     graph = build_graph(config, inputs)
     result = schedule(graph)
     layout = Layout.of(config)

@@ -18,7 +18,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile
 from vtrain.importers.measurements import RECOMPUTE, read_measurements
-from vtrain.simulate.measured_runs import Hardware, predict_runs
+from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
 from vtrain.tables.store import load_profile
 
 #: the dimensions errors are broken down by
@@ -78,10 +78,12 @@ class MeasurementValidation:
 def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: int = 8,
                           inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                           warn: Callable[[str], None] | None = None,
-                          recompute: str = RECOMPUTE) -> MeasurementValidation:
+                          recompute: str = RECOMPUTE, progress: Progress | None = None) -> MeasurementValidation:
     """Predict every row of ``measurements`` as ``vtrain simulate`` would with ``profile_dir`` (its tables, then
     its fitted device on the row's hardware). Rows that are no measurement (a time that is not positive, an
-    absurd shape) are refused without being simulated, and ``warn`` gets one line about them."""
+    absurd shape) are refused without being simulated, and ``warn`` gets one line about them. ``progress`` gets
+    (runs simulated so far, distinct runs to simulate), as :func:`~vtrain.simulate.measured_runs.predict_runs`
+    gives them."""
     profile = load_profile(profile_dir)
     fitted = profile.metadata.get("fitted")
     if not fitted:
@@ -90,7 +92,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
     table = read_measurements(measurements)
     hardware = Hardware(device=fitted["device"], gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
                         intra_node_gbps=intra_node_gbps, recompute=recompute)
-    predicted = predict_runs(table, profile, device, hardware).with_columns(
+    predicted = predict_runs(table, profile, device, hardware, progress=progress).with_columns(
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
