@@ -10,6 +10,7 @@ Unchanged durations reproduce the replay exactly.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -163,7 +164,8 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         notes.append(f"{released} event points were released from dependency cycles")
     predicted = _with_times(base.frame, times)
     baseline = _with_times(base.frame, replayed)
-    if other is None and any(hits.values()) and _job_times(predicted, REPLAYED) == _job_times(baseline, REPLAYED):
+    if other is None and any(hits.values()) and _unmoved(_job_times(predicted, REPLAYED),
+                                                          _job_times(baseline, REPLAYED)):
         scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
         notes.append(f"{scaled}: scaled, and no iteration moved: nothing in {base.path}'s recorded dependencies "
                      "waits for these events (none is on a critical path)")
@@ -289,6 +291,12 @@ def _check_same_job(base: TraceSet, other: TraceSet) -> None:
 def _with_times(frame: pl.DataFrame, times: np.ndarray) -> pl.DataFrame:
     start = times[0:2 * frame.height:2]
     return frame.with_columns(sim_ts=pl.Series(start), sim_dur=pl.Series(times[1:2 * frame.height:2] - start))
+
+
+def _unmoved(predicted: dict[int, float], replayed: dict[int, float]) -> bool:
+    """Whether no iteration's predicted time differs from its replay by more than rounding (1e-6 relative)."""
+    return predicted.keys() == replayed.keys() and all(
+        math.isclose(predicted[i], replayed[i], rel_tol=1e-6) for i in predicted)
 
 
 def _job_times(frame: pl.DataFrame, side: Side) -> dict[int, float]:
