@@ -304,3 +304,15 @@ def test_a_folder_of_gpu_and_cpu_only_ranks(tmp_path: Path) -> None:
                        cpu_op_calls(profile["cpu_ops"].filter(pl.col("rank") == 1)).select(columns)])
     assert set(profile["op_latency"]["device_type"]) == {"cuda", "cpu"}
     assert_frame_equal(profile["op_latency"], op_latency(calls), check_row_order=False)
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("rank-3.json.gz", 3), ("trace_rank_12.pt.trace.json", 12), ("RANK7.json", 7), ("worker_rank-2.json", 2),
+    ("node0_local_rank4_rank12.json", 12), ("localrank4_rank12.json", 12), ("frank2.json", None),
+    ("local_rank4.json", None), ("host_123.1700000000.pt.trace.json", None)])
+def test_the_rank_a_file_name_says(name: str, rank: int | None) -> None:
+    """A rank written in the name, never the node-local rank torchrun also writes, nor digits after a word that
+    ends in "rank"."""
+    from vtrain.ingest.discover import rank_from_file_name
+
+    assert rank_from_file_name(Path(name)) == rank

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from vtrain.errors import InputError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"(?<![a-z])(?<!local[-_])rank[-_]?(\d+)", re.IGNORECASE)  # not local_rank, frank
 #: the name ``torch.profiler.tensorboard_trace_handler`` gives the file of each profiler cycle
 _CYCLE_FILE = re.compile(r"^(?P<worker>.+)\.\d+\.pt\.trace\.json(\.gz)?$")
 
