@@ -65,9 +65,9 @@ def test_tables_mark_raw_durations_of_one_rank_of_four(tmp_path: Path) -> None:
 
 
 def test_whatif_scales_gloo_collectives_of_gpu_ranks_and_says_when_nothing_waits_for_them() -> None:
-    """The scaled calls are found (before, "no event holds time of this kind"); the recorded dependencies of this
-    run have no wait on them (the rank's stream takes the result through a copy the replay cannot tie to the
-    call), and the what-if says so rather than a bare +0.00 %."""
+    """The scaled calls are found (before, "no event holds time of this kind"); none is on a critical path of the
+    recorded dependencies (the rank's thread resumes after a wait the replay keeps as measured), and the what-if
+    says so rather than a bare +0.00 %."""
     notes: list[str] = []
     result = what_if(ONE_OF_FOUR, [parse_scale("all_reduce=0.5")], warn=notes.append)
     assert result.scale_hits == {"all_reduce": 6}

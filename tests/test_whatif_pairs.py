@@ -4,15 +4,18 @@ names the operators that moved the critical path."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TRACES
+from tests.conftest import REPO, TRACES
 from vtrain.runconfig import load_run_config
+from vtrain.whatif.changes import parse_scale
 from vtrain.whatif.report import moved_ops
-from vtrain.whatif.retime import TraceSet, load_trace_set, predict
+from vtrain.whatif.retime import TraceSet, load_trace_set, predict, what_if
 
 PAIRS_DIR = TRACES / "whatif"
 JOBS = sorted(p.name.removesuffix("-threads1") for p in PAIRS_DIR.glob("*-threads1"))
@@ -73,3 +76,15 @@ def test_two_profiler_cycles_of_one_gpu_run_are_paired_in_order(tmp_path: Path) 
     summary, notes = result.summary(), result.replay.notes
     assert summary["other_measured_ms"] is not None and abs(summary["error_pct"]) < 1.0, summary
     assert any("paired in order" in line and "#2, #3" in line and "#6, #7" in line for line in notes), notes
+
+
+def test_a_trace_without_profiler_steps_is_one_iteration(tmp_path: Path) -> None:
+    """A profiler used without ``step()`` writes no ProfilerStep#N: validate takes the whole trace as one iteration
+    and says so; whatif did not run at all ("a what-if compares iterations") and now does as validate does."""
+    trace = json.loads(gzip.decompress((REPO / "traces/gpu/h100-user-ckpt-accum/rank-0.json.gz").read_bytes()))
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    (tmp_path / "rank-0.json").write_text(json.dumps(trace))
+    notes: list[str] = []
+    result = what_if(tmp_path, [parse_scale("host=0.5")], warn=notes.append)
+    assert any("no ProfilerStep#N spans; the whole trace is taken as one iteration" in note for note in notes)
+    assert result.iterations == [0] and result.predicted_us[0] < result.replayed_us[0]

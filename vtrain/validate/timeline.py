@@ -123,6 +123,12 @@ def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(work, on=["rank", "event"], how="left").with_columns(pl.col("work_op").fill_null(False))
 
 
+def whole_trace_note(trace_dir: object) -> str:
+    """The warning for a trace set without ``ProfilerStep#N`` spans (a profiler used without ``step()``), whose
+    iteration :func:`iterations` takes to be everything on each rank."""
+    return f"{trace_dir}: no ProfilerStep#N spans; the whole trace is taken as one iteration"
+
+
 def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     """One row per rank and iteration: ``start``, ``end`` and ``time_us`` (``start`` is the step's start, or the
     previous iteration's end when that is later: see the module's definition)."""

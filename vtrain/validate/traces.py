@@ -22,19 +22,27 @@ from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, trace_set_warnings
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import Comparison
+from vtrain.validate.hta import hta_summary
+from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
+from vtrain.validate.peak_memory import peak_memory_rows
 from vtrain.validate.predictions import (
     ModelRun,
     compare_model,
     compare_replay,
     predict_model,
 )
-from vtrain.validate.hta import hta_summary
-from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
-from vtrain.validate.peak_memory import peak_memory_rows
 from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.rank_checks import rank_warnings
 from vtrain.validate.ranks import read_for_validation
-from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, ops
+from vtrain.validate.timeline import (
+    MEASURED,
+    REPLAYED,
+    Side,
+    annotate,
+    iterations,
+    ops,
+    whole_trace_note,
+)
 
 Warn = Callable[[str], None]
 
@@ -163,7 +171,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         note(line)
     steady = all_iterations[1:] or all_iterations
     if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
-        note(f"{trace_dir}: no ProfilerStep#N spans; the whole trace is taken as one iteration")
+        note(whole_trace_note(trace_dir))
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
 

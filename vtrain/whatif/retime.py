@@ -28,7 +28,7 @@ from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.validate.diff import error_pct
-from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations
+from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, whole_trace_note
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
 from vtrain.whatif.match import Matching, match_events
@@ -128,7 +128,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
     if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
-        raise InputError("no ProfilerStep#N spans: a what-if compares iterations", trace_dir)
+        warn(whole_trace_note(trace_dir))
     return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
 
 
@@ -167,8 +167,8 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     if other is None and any(hits.values()) and _unmoved(_job_times(predicted, REPLAYED),
                                                           _job_times(baseline, REPLAYED)):
         scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
-        notes.append(f"{scaled}: scaled, and no iteration moved: nothing in {base.path}'s recorded dependencies "
-                     "waits for these events (none is on a critical path)")
+        notes.append(f"{scaled}: scaled, and no iteration moved: none of these events is on a critical path of "
+                     f"{base.path}'s recorded dependencies (the iterations wait on other work)")
     for line in notes:
         warn(line)
     all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
