@@ -216,3 +216,24 @@ def test_a_rank_outside_the_profiled_iterations_or_off_the_clock_is_said(change,
     assert [line for line in ran.stderr.splitlines() if line.startswith("warning: ") and said in line]
     assert said in (tmp_path / "report" / "report.md").read_text()
     assert "rank 0 is in" not in ran.stderr and "rank 0 +" not in ran.stderr  # the rank that is fine is not said
+
+
+def test_a_run_yaml_that_does_not_load_leaves_the_traces_replayed(tmp_path: Path) -> None:
+    """A run.yaml of another vtrain version (a field this one does not know) beside the traces: validate and whatif
+    replay the traces, one warning line naming the file says the run is not simulated (both stopped at exit 2, as
+    ingest never did); an explicit --config that does not load stays an error."""
+    traces = tmp_path / "traces"
+    shutil.copytree(PIPELINE, traces)
+    described = (traces / "run.yaml").read_text()
+    (traces / "run.yaml").write_text(described.replace("  layers: 4\n", "  layers: 4\n  ffn_hidden: 1536\n"))
+    validated = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "report")
+    assert validated.returncode == 0, validated.stderr
+    warned = [line for line in validated.stderr.splitlines() if "run.yaml" in line]
+    assert len(warned) == 1 and "unknown field(s) in model: ffn_hidden" in warned[0], validated.stderr
+    assert "the run is not simulated, the traces are replayed" in warned[0]
+    assert (tmp_path / "report" / "report.md").is_file()
+    retimed = vtrain_in_process("whatif", traces, "--scale", "gemm=0.5", "-o", tmp_path / "whatif")
+    assert retimed.returncode == 0 and "ffn_hidden: the traces are re-timed without the run" in retimed.stderr
+    explicit = vtrain_in_process("validate", PIPELINE, "--config", traces / "run.yaml", "--no-hta",
+                                 "-o", tmp_path / "report2")
+    assert explicit.returncode == 2 and "ffn_hidden" in explicit.stderr

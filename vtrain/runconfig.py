@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -347,6 +347,27 @@ def load_run_config(path: str | Path) -> RunConfig:
         path = path / "run.yaml"
     data = read_config_file(path, "run config")
     return run_config_from_dict(data, path)
+
+
+class DescribedRun(NamedTuple):
+    """The ``run.yaml`` beside a trace set (:func:`described_run`): its config, or why it does not load."""
+
+    config: RunConfig | None
+    source: str | None  # the run.yaml's path, where there is one
+    problem: str | None  # the one-line error of a run.yaml that does not load (config is then None)
+
+
+def described_run(trace_dir: str | Path) -> DescribedRun:
+    """The run config ``vtrain record`` wrote beside a trace set (``run.yaml``), checked. A trace set is read without
+    one (traces made outside vtrain have none), so a ``run.yaml`` that does not load (another version's keys, a
+    hand edit) is not an error here: the caller says what it does without it."""
+    described = Path(trace_dir) / "run.yaml"
+    if not described.is_file():
+        return DescribedRun(None, None, None)
+    try:
+        return DescribedRun(load_run_config(described).validate(described), str(described), None)
+    except InputError as exc:
+        return DescribedRun(None, str(described), str(exc))
 
 
 def save_run_config(config: RunConfig, path: str | Path) -> None:

@@ -25,12 +25,18 @@ from typing import Any
 import polars as pl
 
 import vtrain
+from vtrain import runconfig
 from vtrain.distributed import map_in_order, usable_cores
-from vtrain.errors import InputError
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
-from vtrain.ingest.rank import SPOOLED, RankResult, RankSource, ingest_rank, rank_row, shapeless_warning
+from vtrain.ingest.rank import (
+    SPOOLED,
+    RankResult,
+    RankSource,
+    ingest_rank,
+    rank_row,
+    shapeless_warning,
+)
 from vtrain.outputs import staged
-from vtrain.runconfig import load_run_config
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import METADATA_FILE, Profile, conform
 
@@ -279,14 +285,10 @@ def described_run(trace_dir: Path, warn: Warn) -> dict[str, Any] | None:
     data for the profile's metadata: what the simulator needs to tell the operators it models in this timeline
     from the time between them when the profile stands for another run. ``None`` without one; a ``run.yaml``
     that does not load is a warning (the traces are read all the same)."""
-    described = trace_dir / "run.yaml"
-    if not described.is_file():
-        return None
-    try:
-        return load_run_config(described).validate(described).to_dict()
-    except InputError as exc:
-        warn(f"{exc}; the profile is written without the traced run's config")
-        return None
+    described = runconfig.described_run(trace_dir)
+    if described.problem:
+        warn(f"{described.problem}; the profile is written without the traced run's config")
+    return described.config.to_dict() if described.config else None
 
 
 def _first(values: Any) -> Any:

@@ -20,7 +20,7 @@ from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, trace_set_warnings
-from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.runconfig import DescribedRun, RunConfig, described_run, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
@@ -136,7 +136,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     (:class:`vtrain.validate.profile.RankTablesSink`) when the run is described and no ``profile_dir`` is given.
     """
     trace_dir = Path(trace_dir)
-    config, config_source = _run_config(trace_dir, config_path)
+    config, config_source, config_problem = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
     builder, traces, text = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
     if not any(trace.replayable for trace in traces):
@@ -180,7 +180,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     if warning:
         note(warning)
     model, model_reason = None, None
-    if config is None:
+    if config_problem:
+        model_reason = f"{config_problem}: the run is not simulated, the traces are replayed"
+    elif config is None:
         model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
                         "to simulate")
     else:
@@ -259,14 +261,12 @@ def _annotated(frame: pl.DataFrame) -> pl.DataFrame:
     return annotate(frame).drop(ANNOTATION_ONLY)
 
 
-def _run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[RunConfig | None, str | None]:
+def _run_config(trace_dir: Path, config_path: str | Path | None) -> DescribedRun:
+    """The run the traces are of: ``--config`` (an error if it does not load: the user asked for it), else the
+    ``run.yaml`` beside them (one that does not load leaves the run undescribed, and says why)."""
     if config_path is not None:
-        config = load_run_config(config_path)
-        return config.validate(config_path), str(config_path)
-    described = trace_dir / "run.yaml"
-    if described.exists():
-        return load_run_config(described).validate(described), str(described)
-    return None, None
+        return DescribedRun(load_run_config(config_path).validate(config_path), str(config_path), None)
+    return described_run(trace_dir)
 
 
 def _check_world(config: RunConfig | None, source: str | None, traces: list) -> None:

@@ -26,7 +26,7 @@ from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import read_trace_set, trace_set_warnings
-from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.runconfig import RunConfig, described_run
 from vtrain.validate.diff import error_pct
 from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, whole_trace_note
 from vtrain.whatif.changes import HOST, Scale, scale_factors
@@ -119,8 +119,9 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     as `vtrain validate` says them)."""
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
-    run_yaml = trace_dir / "run.yaml"
-    config = load_run_config(run_yaml) if run_yaml.exists() else None
+    config, _, problem = described_run(trace_dir)
+    if problem:
+        warn(f"{problem}: the traces are re-timed without the run it describes")
     world_size = config.parallelism.world_size if config else next((t.world_size for t in traces if t.world_size), None)
     for line in trace_set_warnings(trace_dir, traces, world_size):
         warn(line)
