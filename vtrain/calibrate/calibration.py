@@ -23,10 +23,10 @@ from vtrain.ingest.pipeline import ingest_traces
 from vtrain.outputs import check_output
 from vtrain.report.drift import write_drift_report
 from vtrain.report.write import staged_folder
-from vtrain.runconfig import RunConfig, load_run_config
+from vtrain.runconfig import RunConfig, described_run, load_run_config
 from vtrain.tables.store import Profile, write_profile
-from vtrain.validate.traces import validate_traces
 from vtrain.validate.suite import Suite, load_suite
+from vtrain.validate.traces import validate_traces
 
 Warn = Callable[[str], None]
 
@@ -73,17 +73,24 @@ def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, 
 
 def _reference_config(reference: str | Path | None,
                       trace_dir: Path) -> tuple[RunConfig | None, Path | None, str | None]:
-    """The reference run config and its path, or the reason there is none."""
-    path = Path(reference) if reference is not None else trace_dir / "run.yaml"
-    if reference is None and not path.is_file():
+    """The reference run config and its path, or the reason there is none (a ``--reference`` that does not load is
+    an error; a ``run.yaml`` beside the traces that does not load is a reason, as for validate)."""
+    if reference is not None:
+        return load_run_config(reference).validate(reference), Path(reference), None
+    config, source, problem = described_run(trace_dir)
+    if problem:
+        return None, None, f"{problem}: no reference run to predict"
+    if config is None:
         return None, None, f"no --reference given and no run.yaml in {trace_dir}: no reference run to predict"
-    return load_run_config(path).validate(path), path, None
+    return config, Path(source), None
 
 
 def predict_reference(config: RunConfig, source: str, old: Profile,
                       new: Profile) -> tuple[dict[str, Any] | None, str | None]:
     """Iteration time of the reference run simulated from either profile, or ``None`` and why not."""
-    from vtrain.simulate import simulate  # imports the model (and torch): only when there is a reference run
+    from vtrain.simulate import (
+        simulate,  # imports the model (and torch): only when there is a reference run
+    )
 
     try:
         before, after = (simulate(config, profile, source=source) for profile in (old, new))
