@@ -237,3 +237,17 @@ def test_a_run_yaml_that_does_not_load_leaves_the_traces_replayed(tmp_path: Path
     explicit = vtrain_in_process("validate", PIPELINE, "--config", traces / "run.yaml", "--no-hta",
                                  "-o", tmp_path / "report2")
     assert explicit.returncode == 2 and "ffn_hidden" in explicit.stderr
+
+
+def test_a_run_yaml_that_describes_another_run_is_flagged(tmp_path: Path) -> None:
+    """A run.yaml whose model is not the traced one (its hidden size edited): the model side is simulated from the
+    traces' own operators, of which it finds almost none (5 % of its time measured, against 99.8 % for the true
+    run.yaml), and says so, where it printed +482 % with no word of why."""
+    traces = tmp_path / "traces"
+    shutil.copytree(PIPELINE, traces)
+    (traces / "run.yaml").write_text((traces / "run.yaml").read_text().replace("  hidden: 512\n", "  hidden: 256\n"))
+    edited = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "edited")
+    assert edited.returncode == 0, edited.stderr
+    assert "does it describe these traces?" in edited.stderr
+    true = vtrain_in_process("validate", PIPELINE, "--no-hta", "-o", tmp_path / "true")
+    assert true.returncode == 0 and "does it describe these traces?" not in true.stderr
