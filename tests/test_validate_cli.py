@@ -37,6 +37,7 @@ def test_report_json_and_max_error(tmp_path: Path) -> None:
     expected = 0 if abs(model["error_pct"]) <= 5 else 1
     assert result.returncode == expected, result.stderr
     assert summary["passed"] is (expected == 0)
+    assert "does it describe these traces?" not in result.stderr  # its own run.yaml: 99.8 % of the time measured
     report = (out / "report.md").read_text()
     for section in ("## Iteration time", "### Per phase", "### Per pipeline stage", "### Per operator class",
                     "### Breakdown", "### Ten worst-predicted operators", "### Where the error comes from",
@@ -248,6 +249,4 @@ def test_a_run_yaml_that_describes_another_run_is_flagged(tmp_path: Path) -> Non
     (traces / "run.yaml").write_text((traces / "run.yaml").read_text().replace("  hidden: 512\n", "  hidden: 256\n"))
     edited = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "edited")
     assert edited.returncode == 0, edited.stderr
-    assert "does it describe these traces?" in edited.stderr
-    true = vtrain_in_process("validate", PIPELINE, "--no-hta", "-o", tmp_path / "true")
-    assert true.returncode == 0 and "does it describe these traces?" not in true.stderr
+    assert "does it describe these traces?" in edited.stderr  # the true run.yaml: test_report_json_and_max_error
