@@ -73,8 +73,9 @@ class ThreadWaits:
                 ctx.edges.add(a, b, min(length, floor) if wakers else length, THREAD)
                 if kind == BLOCKED and not wakers:
                     ctx.stats.keep(KEPT_HOST, length - min(length, floor))
-                for point, time in wakers:
-                    ctx.edges.add(point, b, chain.times[k + 1] - time, WAKE)
+                woke = max((time for _, time in wakers), default=0.0)
+                for point, _ in wakers:  # it returns after the last of them: each bounds it by that wake-up delay
+                    ctx.edges.add(point, b, chain.times[k + 1] - woke, WAKE)
 
     def _start_edge(self, chain: ThreadChain) -> None:
         """Where a thread's first point hangs: what woke it, else (a thread that first appears mid-trace) its
