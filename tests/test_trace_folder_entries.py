@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 from pathlib import Path
@@ -60,3 +61,22 @@ def test_two_profiler_cycles_of_one_rank_are_named_as_such(command: str, tmp_pat
     assert "rank 0 is claimed by both" in ran.stderr and "two profiler cycles of vm_484" in ran.stderr
     assert "put each cycle's files in a folder of their own" in ran.stderr
     assert not out.exists()
+
+
+def test_a_trace_beside_its_gzipped_copy_is_read_once(tmp_path: Path) -> None:
+    """A user gzipped a trace and kept the original: the same rank twice was an error ("rank 0 is claimed by both
+    rank-0.json and rank-0.json.gz"); the plain copy is now left out with a warning. A plain file that differs from
+    the gzipped one stays two claims of one rank."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SOURCE, traces / "rank-0.json.gz")
+    data = gzip.decompress(SOURCE.read_bytes())
+    (traces / "rank-0.json").write_bytes(data)
+    for command in (["ingest", traces, "-o", tmp_path / "profile"], ["validate", traces, "--no-hta", "-o",
+                                                                       tmp_path / "report"]):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 0, ran.stderr
+        assert f"{traces / 'rank-0.json'}: not read: the same trace as rank-0.json.gz" in ran.stderr
+    (traces / "rank-0.json").write_bytes(data.replace(b'"traceEvents"', b'"traceEvents" ', 1))
+    ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile2")
+    assert ran.returncode == 2 and "rank 0 is claimed by both rank-0.json and rank-0.json.gz" in ran.stderr

@@ -20,7 +20,7 @@ from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.cli.progress import reading
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
-from vtrain.ingest.discover import find_trace_files, not_read_warning, unreadable_trace_names
+from vtrain.ingest.discover import find_trace_files, not_read_warnings
 from vtrain.ingest.pipeline import default_workers, ingest_to_folder
 from vtrain.outputs import check_output
 
@@ -85,8 +85,8 @@ def ingest(trace_dir: Path, output: Path, *, force: bool = False, as_json: bool 
     atexit.register(gc.freeze)
     check_output(output, inputs=[trace_dir], force=force, what="profile folder")
     files = find_trace_files(trace_dir)
-    for skipped in unreadable_trace_names(trace_dir):
-        warn(not_read_warning(skipped))
+    for line in not_read_warnings(trace_dir):
+        warn(line)
     total = sum(f.stat().st_size for f in files)
     workers = workers_within_cores(workers, warn) if workers else default_workers(files)
 

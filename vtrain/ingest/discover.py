@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
 import re
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +28,38 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
         raise InputError("no trace files (*.json, *.json.gz) in the folder", folder)
-    return files
+    copies = {plain for plain, _ in duplicate_trace_files(folder)}
+    return [path for path in files if path not in copies]
+
+
+def duplicate_trace_files(trace_dir: str | Path) -> list[tuple[Path, Path]]:
+    """The ``(X.json, X.json.gz)`` pairs of ``trace_dir`` that hold the same trace (a trace gzipped and its original
+    kept): the plain file is not read, and the caller says so; a pair that differs is two claims of one rank."""
+    folder = Path(trace_dir)
+    pairs = [(plain, plain.with_name(plain.name + ".gz")) for plain in sorted(folder.glob("*.json"))]
+    return [(plain, packed) for plain, packed in pairs
+            if plain.is_file() and packed.is_file() and _same_bytes(*_file_key(plain), *_file_key(packed))]
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return str(path), stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=64)
+def _same_bytes(plain: str, plain_size: int, plain_time: int, packed: str, packed_size: int, packed_time: int) -> bool:
+    """Whether the gzip file ``packed`` decompresses to the bytes of ``plain`` (compared a megabyte at a time; the
+    sizes and times key the cache, so a file changed since is compared again)."""
+    try:
+        with open(plain, "rb") as one, gzip.open(packed, "rb") as other:
+            while True:
+                a, b = one.read(1 << 20), other.read(1 << 20)
+                if a != b:
+                    return False
+                if not a:
+                    return plain_size > 0
+    except (OSError, EOFError, zlib.error):
+        return False
 
 
 def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
@@ -34,9 +68,12 @@ def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(trace_dir).iterdir() if p.name.endswith(TRACE_SUFFIXES) and not p.is_file())
 
 
-def not_read_warning(path: Path) -> str:
-    """The warning line for an entry :func:`unreadable_trace_names` found."""
-    return f"{path}: not read: named like a trace but not a file"
+def not_read_warnings(trace_dir: str | Path) -> list[str]:
+    """The warning lines for the entries of a trace folder that are not read: named like a trace but no file
+    (:func:`unreadable_trace_names`), and a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`)."""
+    copies = duplicate_trace_files(trace_dir)
+    return ([f"{path}: not read: named like a trace but not a file" for path in unreadable_trace_names(trace_dir)]
+            + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies])
 
 
 def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_size: int | None) -> str | None:

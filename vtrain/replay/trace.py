@@ -54,10 +54,9 @@ from vtrain.ingest.discover import (
     RankClaims,
     find_trace_files,
     missing_ranks_warning,
-    not_read_warning,
+    not_read_warnings,
     rank_and_world_size,
     rank_from_file_name,
-    unreadable_trace_names,
 )
 from vtrain.ingest.spans import Span, decode_loose_span, decode_spans, read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
@@ -605,7 +604,7 @@ def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]
     did not read, left out or found suspicious, in `vtrain validate` and `vtrain whatif` alike: entries named like
     a trace that are no file, ranks of the job with no file, and each rank's values, events and launches that could
     not be used."""
-    lines = [not_read_warning(skipped) for skipped in unreadable_trace_names(trace_dir)]
+    lines = not_read_warnings(trace_dir)
     if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
         lines.append(line)
     for trace in traces:
