@@ -80,3 +80,14 @@ def test_a_trace_beside_its_gzipped_copy_is_read_once(tmp_path: Path) -> None:
     (traces / "rank-0.json").write_bytes(data.replace(b'"traceEvents"', b'"traceEvents" ', 1))
     ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile2")
     assert ran.returncode == 2 and "rank 0 is claimed by both rank-0.json and rank-0.json.gz" in ran.stderr
+
+
+def test_a_folder_of_rank_folders_says_where_the_traces_are(tmp_path: Path) -> None:
+    """Traces one folder down (a folder per rank): the one-line error says how many lie in the subfolders and where
+    the first is, instead of only "no trace files"."""
+    for rank in (0, 1):
+        (tmp_path / "run" / f"rank{rank}").mkdir(parents=True)
+        shutil.copy(SOURCE, tmp_path / "run" / f"rank{rank}" / f"rank-{rank}.json.gz")
+    ran = vtrain_in_process("ingest", tmp_path / "run", "-o", tmp_path / "profile")
+    assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
+    assert "2 in its subfolders (rank0/rank-0.json.gz ...)" in ran.stderr

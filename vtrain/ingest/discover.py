@@ -27,7 +27,7 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
         raise InputError("not a folder (give the folder that holds one trace file per rank)", folder)
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
-        raise InputError("no trace files (*.json, *.json.gz) in the folder", folder)
+        raise InputError("no trace files (*.json, *.json.gz) in the folder" + _nested_hint(folder), folder)
     copies = {plain for plain, _ in duplicate_trace_files(folder)}
     return [path for path in files if path not in copies]
 
@@ -60,6 +60,26 @@ def _same_bytes(plain: str, plain_size: int, plain_time: int, packed: str, packe
                     return plain_size > 0
     except (OSError, EOFError, zlib.error):
         return False
+
+
+def _nested_hint(folder: Path, depth: int = 3) -> str:
+    """Where a folder holds no trace itself but its subfolders do (a folder per rank, a log folder above the
+    traces): how many, and where the first is; else nothing."""
+    found: list[Path] = []
+    level = [folder]
+    try:
+        for _ in range(depth):
+            level = [entry for parent in level for entry in sorted(parent.iterdir()) if entry.is_dir()]
+            found += [path for sub in level for path in sorted(sub.iterdir())
+                      if path.is_file() and path.name.endswith(TRACE_SUFFIXES)]
+            if found or not level:
+                break
+    except OSError:  # a subfolder that cannot be listed: no hint rather than another error
+        return ""
+    if not found:
+        return ""
+    return (f"; {len(found)} in its subfolders ({found[0].relative_to(folder)} ...): give the folder that holds one "
+            f"trace file per rank, or gather the ranks' files in one folder")
 
 
 def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
