@@ -91,3 +91,27 @@ def test_a_folder_of_rank_folders_says_where_the_traces_are(tmp_path: Path) -> N
     ran = vtrain_in_process("ingest", tmp_path / "run", "-o", tmp_path / "profile")
     assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
     assert "2 in its subfolders (rank0/rank-0.json.gz ...)" in ran.stderr
+
+
+def test_json_files_that_are_no_trace_are_left_out_with_a_warning(tmp_path: Path) -> None:
+    """A training run's config.json and metrics.json beside its traces stopped every command ("not a Kineto trace:
+    no traceEvents list"); small JSON files named like no trace and holding no traceEvents are now left out, each
+    with a warning. A file named like a trace is still read as one (its error names it), and a folder of nothing
+    but such files says so."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(SOURCE, traces / "rank-0.json.gz")
+    (traces / "config.json").write_text('{"lr": 0.001, "epochs": 3}')
+    (traces / "metrics.json").write_text("[1, 2, 3]")
+    ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    for name in ("config.json", "metrics.json"):
+        assert f"{traces / name}: not read: a JSON file but no Kineto trace (no traceEvents)" in ran.stderr
+    (traces / "rank-1.json").write_text('{"lr": 0.001}')
+    ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile2")
+    assert ran.returncode == 2 and "rank-1.json: not a Kineto trace: no traceEvents list" in ran.stderr
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "config.json").write_text("{}")
+    ran = vtrain_in_process("validate", only, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 2 and "its 1 JSON file(s) are no Kineto trace" in ran.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import json
 import re
 import zlib
 from collections.abc import Iterable
@@ -28,8 +29,38 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
         raise InputError("no trace files (*.json, *.json.gz) in the folder" + _nested_hint(folder), folder)
-    copies = {plain for plain, _ in duplicate_trace_files(folder)}
-    return [path for path in files if path not in copies]
+    left_out = {plain for plain, _ in duplicate_trace_files(folder)} | set(other_json_files(folder))
+    kept = [path for path in files if path not in left_out]
+    if not kept:
+        raise InputError(f"no trace files in the folder: its {len(files)} JSON file(s) are no Kineto trace (no "
+                         f"traceEvents)", folder)
+    return kept
+
+
+def other_json_files(trace_dir: str | Path) -> list[Path]:
+    """The JSON files of a trace folder that are plainly no trace, left out with a warning: small (at most
+    :data:`OTHER_JSON_BYTES`), named like no trace (no rank number, not ``*.pt.trace.json``) and holding no
+    ``traceEvents`` list (a training run's ``config.json`` or ``metrics.json`` beside its traces). A file named
+    like a trace is read as one, and one that is not is an error there."""
+    folder = Path(trace_dir)
+    return [path for path in sorted(folder.iterdir())
+            if path.name.endswith(TRACE_SUFFIXES) and path.is_file() and _plainly_not_a_trace(path)]
+
+
+#: the largest JSON file :func:`other_json_files` opens to see whether it is a trace (a trace is rarely this small)
+OTHER_JSON_BYTES = 1 << 20
+
+
+def _plainly_not_a_trace(path: Path) -> bool:
+    if (rank_from_file_name(path) is not None or ".pt.trace.json" in path.name
+            or path.stat().st_size > OTHER_JSON_BYTES):
+        return False
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        value = json.loads(data)
+    except (OSError, EOFError, zlib.error, ValueError):
+        return False  # unreadable: read as a trace, whose error names the problem
+    return not (isinstance(value, dict) and isinstance(value.get("traceEvents"), list))
 
 
 def duplicate_trace_files(trace_dir: str | Path) -> list[tuple[Path, Path]]:
@@ -90,10 +121,13 @@ def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
 
 def not_read_warnings(trace_dir: str | Path) -> list[str]:
     """The warning lines for the entries of a trace folder that are not read: named like a trace but no file
-    (:func:`unreadable_trace_names`), and a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`)."""
+    (:func:`unreadable_trace_names`), a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`) and
+    JSON files that are no trace (:func:`other_json_files`)."""
     copies = duplicate_trace_files(trace_dir)
     return ([f"{path}: not read: named like a trace but not a file" for path in unreadable_trace_names(trace_dir)]
-            + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies])
+            + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies]
+            + [f"{path}: not read: a JSON file but no Kineto trace (no traceEvents)"
+               for path in other_json_files(trace_dir)])
 
 
 def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_size: int | None) -> str | None:
