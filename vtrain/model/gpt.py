@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op, Step, make_op
+from vtrain.model.ops import DTYPE_BYTES, HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
 
 LONG = "long int"
@@ -123,10 +123,13 @@ def _layer_norm(shape: GptShape) -> Op:
 
 
 def _layer_norm_backward(shape: GptShape) -> Op:
+    """The saved mean and reciprocal deviation are fp32 for fp16 and bf16 inputs (torch keeps its layer norm's
+    statistics in the accumulation type: the traces say ``float``)."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
+    stats = "float" if x in HALF_DTYPES else x
     return make_op("aten::native_layer_norm_backward",
                    [[b, s, h], [b, s, h], [], [b, s, 1], [b, s, 1], [h], [h], []],
-                   [x, x, "ScalarList", x, x, x, x, "ScalarList"])
+                   [x, x, "ScalarList", stats, stats, x, x, "ScalarList"])
 
 
 def _mm(shape: GptShape, m: int, k: int, n: int) -> Op:
