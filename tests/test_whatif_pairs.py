@@ -88,3 +88,16 @@ def test_a_trace_without_profiler_steps_is_one_iteration(tmp_path: Path) -> None
     result = what_if(tmp_path, [parse_scale("host=0.5")], warn=notes.append)
     assert any("no ProfilerStep#N spans; the whole trace is taken as one iteration" in note for note in notes)
     assert result.iterations == [0] and result.predicted_us[0] < result.replayed_us[0]
+
+
+def test_durations_from_a_recording_of_another_job_is_said() -> None:
+    """Two recordings without run.yaml cannot be told apart by their configs: where almost none of the base's
+    operator time finds a partner in the other (a small GPT's eager run against a torch.compile'd one), the
+    what-if says they may be other jobs; the shipped pairs of one job (a thread count, a GPU, CUDA graphs changed)
+    stay silent (each above 50 %)."""
+    notes: list[str] = []
+    what_if(REPO / "traces/gpu/h200-small-eager", [], REPO / "traces/gpu/h200-compiled-gpt", warn=notes.append)
+    assert any("are they recordings of the same job?" in note for note in notes), notes
+    notes.clear()
+    what_if(REPO / "traces/gpu/h200-small-graphs", [], REPO / "traces/gpu/h200-small-eager", warn=notes.append)
+    assert not any("are they recordings of the same job?" in note for note in notes), notes

@@ -207,6 +207,11 @@ def _paired_iterations(base: TraceSet, other: TraceSet, notes: list[str]) -> Tra
     return replace(other, frame=frame)
 
 
+#: the least share of a recording's operator time that finds a partner in another recording of the same job
+#: (the shipped pairs: see tests/test_whatif_pairs.py); below it, --durations-from says the two may be other jobs
+SAME_JOB_SHARE = 0.5
+
+
 def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
                     notes: list[str]) -> tuple[np.ndarray, Matching]:
     """Every holder's time taken from ``other`` where it has a partner there (see :func:`what_if`)."""
@@ -220,6 +225,11 @@ def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
         notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
                      f"(they keep their own duration); {counts['other']} in {other.path} have none in "
                      f"{base.path} (their time counts for the matched operator around them)")
+    own = base.own
+    matched = float(own[matching.other_event >= 0].sum()) / float(own.sum()) if own.sum() > 0 else 1.0
+    if matched < SAME_JOB_SHARE:
+        notes.append(f"only {matched:.0%} of {base.path}'s operator time has a partner in {other.path}: are they "
+                     "recordings of the same job? (the rest keeps its own duration)")
     return new_held, matching
 
 
