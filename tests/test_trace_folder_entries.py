@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import shutil
 from pathlib import Path
@@ -115,3 +116,14 @@ def test_json_files_that_are_no_trace_are_left_out_with_a_warning(tmp_path: Path
     (only / "config.json").write_text("{}")
     ran = vtrain_in_process("validate", only, "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 2 and "its 1 JSON file(s) are no Kineto trace" in ran.stderr
+
+
+def test_traces_compressed_otherwise_than_gzip_are_named(tmp_path: Path) -> None:
+    """rank-0.json.xz (or .zst, .bz2): not read, and the error says what they are and what to do, instead of only
+    "no trace files"."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "rank-0.json.xz").write_bytes(lzma.compress(gzip.decompress(SOURCE.read_bytes())))
+    ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile")
+    assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
+    assert "1 compressed otherwise (rank-0.json.xz ...): gzip them" in ran.stderr

@@ -28,7 +28,8 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
         raise InputError("not a folder (give the folder that holds one trace file per rank)", folder)
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
     if not files:
-        raise InputError("no trace files (*.json, *.json.gz) in the folder" + _nested_hint(folder), folder)
+        raise InputError("no trace files (*.json, *.json.gz) in the folder" + _compressed_hint(folder)
+                         + _nested_hint(folder), folder)
     left_out = {plain for plain, _ in duplicate_trace_files(folder)} | set(other_json_files(folder))
     kept = [path for path in files if path not in left_out]
     if not kept:
@@ -91,6 +92,19 @@ def _same_bytes(plain: str, plain_size: int, plain_time: int, packed: str, packe
                     return plain_size > 0
     except (OSError, EOFError, zlib.error):
         return False
+
+
+#: compressions a trace may come in that vtrain does not read (gzip it, or decompress it)
+OTHER_COMPRESSIONS = (".zst", ".zstd", ".xz", ".bz2", ".lz4", ".zip", ".7z")
+
+
+def _compressed_hint(folder: Path) -> str:
+    """Where the folder holds traces compressed otherwise than gzip (``rank-0.json.zst``): how many and what to do."""
+    packed = sorted(path.name for path in folder.iterdir()
+                    if path.is_file() and any(path.name.endswith(".json" + suffix) for suffix in OTHER_COMPRESSIONS))
+    if not packed:
+        return ""
+    return f"; {len(packed)} compressed otherwise ({packed[0]} ...): gzip them (or decompress them) to read them"
 
 
 def _nested_hint(folder: Path, depth: int = 3) -> str:
