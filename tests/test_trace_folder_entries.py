@@ -127,3 +127,16 @@ def test_traces_compressed_otherwise_than_gzip_are_named(tmp_path: Path) -> None
     ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "profile")
     assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
     assert "1 compressed otherwise (rank-0.json.xz ...): gzip them" in ran.stderr
+
+
+def test_a_trace_in_chromes_array_format_is_named(tmp_path: Path) -> None:
+    """torch.autograd.profiler before PyTorch 1.8 wrote Chrome's JSON array format (a list of events, no
+    traceEvents): the one-line error says so, where it said only "the top level is not a JSON object"."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "rank-0.json").write_text('[{"name": "aten::mm", "ph": "X", "ts": 1, "dur": 5, "tid": 1, '
+                                        '"pid": "CPU functions", "args": {}}]')
+    for command in ("ingest", "validate"):
+        ran = vtrain_in_process(command, traces, "-o", tmp_path / command)
+        assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1, ran.stderr
+        assert "the top level is a JSON array (Chrome's array format" in ran.stderr

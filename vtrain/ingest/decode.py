@@ -434,6 +434,9 @@ def _describe_validation(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     if "missing required field `traceEvents`" in text:
         return "no traceEvents list"
+    if text.startswith("Expected `object`, got `array`") and "$" not in text:
+        return ("the top level is a JSON array (Chrome's array format, as torch.autograd.profiler wrote traces before "
+                "PyTorch 1.8): vtrain reads torch.profiler's Kineto traces, an object with traceEvents")
     if text.startswith("Expected `object`") and "$" not in text:
         return "the top level is not a JSON object"
     return text
