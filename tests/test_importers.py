@@ -637,3 +637,13 @@ def test_vidur_kernels_carry_the_gpu_their_folder_names(tmp_path: Path) -> None:
     assert set(read_vidur_compute(h100 / "mlp.csv")["device"].to_list()) == {"H100"}
     (tmp_path / "mlp.csv").write_bytes(source.read_bytes())
     assert read_vidur_compute(tmp_path / "mlp.csv")["device"].null_count() == read_vidur_compute(source).height
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_table_saved_with_semicolons_or_tabs_is_read(tmp_path, separator):
+    """A spreadsheet saved where the comma is the decimal mark separates fields by ';', a tab-separated export by
+    tabs: both were one column named by the whole header ("not a measurement table")."""
+    comma = write(tmp_path / "comma.csv", [",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,812.5"])
+    other = write(tmp_path / "other.csv", [separator.join(GROUND_TRUTH_HEADER),
+                                           separator.join("16,64,2,2048,16,24,2048,2,4,2,812.5".split(","))])
+    assert read_measurements(other).equals(read_measurements(comma))

@@ -42,7 +42,8 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     ``column 2``... for a file without a header, plus :data:`LINE`. Blank lines are skipped; a short row is
     padded with nulls; a row longer than the header and a file with no data rows are errors.
     """
-    reader = csv.reader(io.StringIO(read_text(path)))
+    text = read_text(path)
+    reader = csv.reader(io.StringIO(text), delimiter=_delimiter(text))
     try:
         records = [(reader.line_num, [value.strip() or None for value in fields])
                    for fields in reader if any(value.strip() for value in fields)]
@@ -66,6 +67,13 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
                          schema={name: pl.String for name in unique_names(names)})
     return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
+
+
+def _delimiter(text: str) -> str:
+    """The field separator of a CSV text: a comma, or the semicolon or tab of a first line that has more of them
+    than commas (a spreadsheet saved in a locale whose decimal mark is the comma, a tab-separated export)."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return max(",;\t", key=first.count) if first.count(",") == 0 else ","
 
 
 def unique_names(names: list[str]) -> list[str]:
