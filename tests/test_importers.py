@@ -647,3 +647,19 @@ def test_a_table_saved_with_semicolons_or_tabs_is_read(tmp_path, separator):
     other = write(tmp_path / "other.csv", [separator.join(GROUND_TRUTH_HEADER),
                                            separator.join("16,64,2,2048,16,24,2048,2,4,2,812.5".split(","))])
     assert read_measurements(other).equals(read_measurements(comma))
+
+
+def test_a_run_without_a_measured_time_is_a_refused_row(tmp_path):
+    """Published tables mark runs that did not run (out of memory) with text or an empty cell: such a row is refused
+    with its reason, where the whole table was an error; a shape that is no number is still one."""
+    path = write(tmp_path / "paper.csv", ["gpus,tp,dp,pp,gbs,mbs,hidden,heads,layers,seq,iteration time (s)",
+                                          "16,2,4,2,64,2,2048,16,24,2048,0.8125", "16,2,4,2,64,8,2048,16,24,2048,OOM",
+                                          "16,2,4,2,64,4,2048,16,24,2048,", "16,2,4,2,64,4,2048,16,24,2048,-"])
+    table = read_measurements(path)
+    assert table["iteration_ms"].to_list() == [812.5, None, None, None]
+    assert table["problem"].to_list() == [None, "no measured time ('OOM')", "no measured time (an empty cell)",
+                                          "no measured time ('-')"]
+    write(path, ["gpus,tp,dp,pp,gbs,mbs,hidden,heads,layers,seq,iteration time (s)",
+                 "16,2,4,2,64,2,big,16,24,2048,0.8125"])
+    with pytest.raises(InputError, match="line 2: 'hidden' is not an integer: 'big'"):
+        read_measurements(path)

@@ -86,6 +86,8 @@ COLUMNS = {
 #: shape column -> its field in :data:`vtrain.limits.INTEGER_BOUNDS`, the physical bounds every run config is
 #: checked against (beyond them a row is refused, not simulated)
 SHAPE_FIELDS = {"gpus": "device_count", **{name: name for name in SHAPE_COLUMNS if name != "gpus"}}
+#: the column that keeps, while a table is read, the text of a measured time that is no number
+UNMEASURED = "unmeasured"
 #: vTrain's training settings for these runs (Megatron-DeepSpeed, as in its configs)
 VOCAB = 50257
 PRECISION = "fp16"
@@ -106,9 +108,12 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     columns = _columns(names, path)
     form = _time_form(columns, path)
     read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}
-    numeric = {given: meant for given, meant in read.items() if meant in (*SHAPE_COLUMNS, "params_billion", form)}
-    rows = _as_numbers(rows.select(LINE, *read), numeric, path).rename(read)
-    rows = _with_derived_shape(rows)
+    numeric = {given: meant for given, meant in read.items() if meant in (*SHAPE_COLUMNS, "params_billion")}
+    time = next(given for given, meant in read.items() if meant == form)
+    unmeasured = rows.select(pl.col(time).alias(UNMEASURED))  # the text of a time that is no number ("OOM", "-")
+    rows = _as_numbers(rows.select(LINE, *read).with_columns(pl.col(time).cast(pl.Float64, strict=False)), numeric,
+                       path).rename(read)
+    rows = _with_derived_shape(rows).with_columns(unmeasured.to_series())
     rows = rows.with_columns(iteration_ms=_milliseconds(form))
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
@@ -218,6 +223,9 @@ def _milliseconds(form: str) -> pl.Expr:
 def _problem(row: dict[str, Any], form: str) -> str | None:
     """Why a row (shape columns as floats) is not a measurement one can simulate."""
     measured = row[form]
+    if measured is None:
+        given = row[UNMEASURED]
+        return f"no measured time ({shown(given)})" if given is not None else "no measured time (an empty cell)"
     if not math.isfinite(measured) or measured <= 0:
         unit = "ms" if form == "ms" else "s" if form == "s" else form
         what = "iteration time" if form in ("ms", "s") else "throughput"
