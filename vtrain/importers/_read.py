@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import polars as pl
@@ -43,9 +44,11 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     padded with nulls; a row longer than the header and a file with no data rows are errors.
     """
     text = read_text(path)
-    reader = csv.reader(io.StringIO(text), delimiter=_delimiter(text))
+    delimiter = _delimiter(text)
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    value_of = _decimal_comma if delimiter == ";" else _stripped
     try:
-        records = [(reader.line_num, [value.strip() or None for value in fields])
+        records = [(reader.line_num, [value_of(value) for value in fields])
                    for fields in reader if any(value.strip() for value in fields)]
     except csv.Error as exc:
         raise InputError(f"line {reader.line_num}: not CSV ({exc})", path) from None
@@ -67,6 +70,19 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
                          schema={name: pl.String for name in unique_names(names)})
     return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
+
+
+def _stripped(value: str) -> str | None:
+    return value.strip() or None
+
+
+def _decimal_comma(value: str) -> str | None:
+    """A value of a semicolon-separated file, whose decimal mark is the comma (``812,5`` is 812.5)."""
+    value = value.strip()
+    return (value.replace(",", ".") if _DECIMAL_COMMA.fullmatch(value) else value) or None
+
+
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+([eE][+-]?\d+)?")
 
 
 def _delimiter(text: str) -> str:
