@@ -87,9 +87,10 @@ _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+([eE][+-]?\d+)?")
 
 def _delimiter(text: str) -> str:
     """The field separator of a CSV text: a comma, or the semicolon or tab of a first line that has more of them
-    than commas (a spreadsheet saved in a locale whose decimal mark is the comma, a tab-separated export)."""
+    than commas (a spreadsheet saved in a locale whose decimal mark is the comma, a tab-separated export; a column
+    name may hold a comma of its own: ``"time (ms, median)"``)."""
     first = next((line for line in text.splitlines() if line.strip()), "")
-    return max(",;\t", key=first.count) if first.count(",") == 0 else ","
+    return max(",;\t", key=first.count)  # the comma on a tie
 
 
 def unique_names(names: list[str]) -> list[str]:
