@@ -88,9 +88,8 @@ def _reference_config(reference: str | Path | None,
 def predict_reference(config: RunConfig, source: str, old: Profile,
                       new: Profile) -> tuple[dict[str, Any] | None, str | None]:
     """Iteration time of the reference run simulated from either profile, or ``None`` and why not."""
-    from vtrain.simulate import (
-        simulate,  # imports the model (and torch): only when there is a reference run
-    )
+    # imports the model (and torch): only when there is a reference run
+    from vtrain.simulate import simulate
 
     try:
         before, after = (simulate(config, profile, source=source) for profile in (old, new))

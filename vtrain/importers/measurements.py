@@ -164,9 +164,10 @@ def _columns(names: list[str], path: Path) -> dict[str, str]:
     needed = [name for name in SHAPE_COLUMNS if name not in DERIVABLE and name not in given.values()]
     if all(name not in given.values() for name in DERIVABLE):
         needed.append("gpus")
-    if needed or not any(form in given.values() for form in TIME_COLUMNS):
-        missing = [SHAPE_COLUMNS[name][0] for name in needed]
-        missing += [] if any(form in given.values() for form in TIME_COLUMNS) else ["an iteration time"]
+    missing = [SHAPE_COLUMNS[name][0] for name in needed]
+    if not any(form in given.values() for form in TIME_COLUMNS):
+        missing.append("an iteration time")
+    if missing:
         raise InputError(f"not a measurement table: no column for {', '.join(missing)} (expected the columns "
                          f"[{PARAMETERS_COLUMN},] {','.join(VTRAIN_COLUMNS)}, in any order, or the short names "
                          f"the README lists); found {','.join(names)}", path)

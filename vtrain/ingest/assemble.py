@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any

@@ -45,16 +45,19 @@ def other_json_files(trace_dir: str | Path) -> list[Path]:
     like a trace is read as one, and one that is not is an error there."""
     folder = Path(trace_dir)
     return [path for path in sorted(folder.iterdir())
-            if path.name.endswith(TRACE_SUFFIXES) and path.is_file() and _plainly_not_a_trace(path)]
+            if path.name.endswith(TRACE_SUFFIXES) and path.is_file() and _plainly_not_a_trace(*_file_key(path))]
 
 
 #: the largest JSON file :func:`other_json_files` opens to see whether it is a trace (a trace is rarely this small)
 OTHER_JSON_BYTES = 1 << 20
 
 
-def _plainly_not_a_trace(path: Path) -> bool:
-    if (rank_from_file_name(path) is not None or ".pt.trace.json" in path.name
-            or path.stat().st_size > OTHER_JSON_BYTES):
+@functools.lru_cache(maxsize=256)
+def _plainly_not_a_trace(name: str, size: int, time: int) -> bool:
+    """See :func:`other_json_files` (the size and modification time key the cache: a folder is listed by every
+    command several times, and a file changed since is read again)."""
+    path = Path(name)
+    if rank_from_file_name(path) is not None or ".pt.trace.json" in path.name or size > OTHER_JSON_BYTES:
         return False
     try:
         data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()

@@ -165,8 +165,8 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         notes.append(f"{released} event points were released from dependency cycles")
     predicted = _with_times(base.frame, times)
     baseline = _with_times(base.frame, replayed)
-    if other is None and any(hits.values()) and _unmoved(_job_times(predicted, REPLAYED),
-                                                          _job_times(baseline, REPLAYED)):
+    predicted_us, replayed_us = _job_times(predicted, REPLAYED), _job_times(baseline, REPLAYED)
+    if other is None and any(hits.values()) and _unmoved(predicted_us, replayed_us):
         scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
         notes.append(f"{scaled}: scaled, and no iteration moved: none of these events is on a critical path of "
                      f"{base.path}'s recorded dependencies (the iterations wait on other work)")
@@ -178,8 +178,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         trace_dir=base.path, other_dir=other.path if other else None,
         changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits, ops_only=ops_only,
         iterations=all_iterations, steady=steady,
-        measured_us=_job_times(base.frame, MEASURED), replayed_us=_job_times(baseline, REPLAYED),
-        predicted_us=_job_times(predicted, REPLAYED),
+        measured_us=_job_times(base.frame, MEASURED), replayed_us=replayed_us, predicted_us=predicted_us,
         other_measured_us=_job_times(other.frame, MEASURED) if other else None,
         baseline_paths=_paths(base, owned.delay, replayed, baseline, steady),
         predicted_paths=_paths(base, delay, times, predicted, steady),
