@@ -144,29 +144,29 @@ def test_the_scan_finds_what_the_k_d_tree_finds(a100_models: tuple[KernelModel, 
 
     for model in a100_models:
         queries = [tuple(row) for row in model.points[::7]]
-        queries += [tuple(_features(model.kind, s)) for s in _mtnlg_shapes()
+        queries += [tuple(_features(model.kind, s, model.sm_count)) for s in _mtnlg_shapes()
                     if (s.kind == GEMM) == (model.kind == GEMM)]
         x = np.array(queries)
         by_tree = model.ratios(x)
-        by_scan = [model._ratio(*model.nearest(row)) for row in x]
+        by_scan = [model._ratio(*model.nearest(row), row) for row in x]
         assert list(by_tree) == by_scan
 
 
 def test_every_measurement_of_a_repeated_shape_counts(a100_models: tuple[KernelModel, KernelModel]) -> None:
-    """A shape measured n > 4 times is predicted from all n measurements (their mean log slowdown), not from
-    whichever 4 a search meets first."""
+    """A shape measured n > 16 times is predicted from all n measurements (their mean log slowdown), not from
+    whichever 16 a search meets first."""
     import numpy as np
 
     memory = a100_models[1]
     shapes, counts = np.unique(memory.points, axis=0, return_counts=True)
     repeated = shapes[counts > memory.neighbours]
-    assert len(repeated) > 10
+    assert len(repeated) >= 3
     for shape in repeated[:50]:
         rows = np.flatnonzero((memory.points == shape).all(axis=1))
         distances, index = memory.nearest(shape)
         assert sorted(index) == list(rows)
         expected = min(max(float(np.mean(memory.targets[rows])), 0.0), memory.ceiling)
-        assert memory._ratio(distances, index) == pytest.approx(expected, rel=1e-12)
+        assert memory._ratio(distances, index, shape) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_kernel_measured_on_another_gpu_is_timed_on_this_ones_memory(benchmarks: pl.DataFrame) -> None:
@@ -222,3 +222,38 @@ def test_a_kernel_moving_more_bytes_per_element_than_any_measured_one_is_timed_b
     assert memory.floor_us(shape) / time > 0.7
     add = kernel_shape(make_op("aten::add", [[8192, 2048], [8192, 2048], []], [HALF, HALF, "Scalar"]))
     assert memory.on_measured_bytes_per_element(add) is add
+
+
+def test_sm_counts_are_the_datasheets() -> None:
+    assert [device_model(name).sm_count for name in ("V100", "A100-40GB", "A100-80GB", "H100", "H200")] == \
+        [80, 108, 108, 132, 132]
+
+
+def test_wave_efficiency_of_known_shapes() -> None:
+    """128 x 128 output tiles, one per SM at a time: at n 4096 (32 tiles a row of tiles) m 384 is 96 tiles, one
+    wave of an A100's 108 SMs; m 392 is 128 tiles, two waves, the second nearly empty; on 132 SMs still one."""
+    from vtrain.fit.kernel_model import wave_efficiency
+
+    assert wave_efficiency(1, 384, 4096, 108) == pytest.approx(384 * 4096 / (108 * 128 * 128))
+    assert wave_efficiency(1, 392, 4096, 108) == pytest.approx(392 * 4096 / (2 * 108 * 128 * 128))
+    assert wave_efficiency(1, 392, 4096, 132) == pytest.approx(392 * 4096 / (132 * 128 * 128))
+    assert wave_efficiency(1, 128 * 9, 128 * 12, 108) == 1.0  # 108 tiles: one full wave
+    assert wave_efficiency(4, 128, 128 * 27, 108) == 1.0  # a batch of 4 x 27 tiles
+
+
+def test_a_second_wave_costs_time_that_the_log_shape_does_not_see(benchmarks: pl.DataFrame) -> None:
+    """m 384 and 392 at k = n = 4096 lie 0.03 apart in log-shape, but on an A100 the second takes a second wave of
+    tiles (Llama-2-7B's measured output projection: 66 -> 81 µs). Fitted without Llama-2-7B (its shapes unseen),
+    the model puts the step there (time / floor 1.63 -> 1.75; without the wave feature and its local fit 1.66 ->
+    1.65), and not on 132 SMs, where both shapes run in one wave."""
+    without_llama = benchmarks.filter((pl.col("source") != "vidur") | ((pl.col("k") != 4096) & (pl.col("n") != 4096)))
+    model = _model(without_llama, GEMM)  # every Llama-2-7B GEMM has k or n 4096 (its hidden), phi-2's none
+
+    def slowdown(m: int, sm_count: int) -> float:
+        on = replace(model, sm_count=sm_count, _cache={})
+        op = make_op("aten::mm", [[m, 4096], [4096, 4096]], [HALF, HALF])
+        return on.time_us(kernel_shape(op))[0] / on.floor_us(kernel_shape(op))
+
+    assert slowdown(392, 108) > 1.04 * slowdown(384, 108)
+    assert slowdown(392, 132) == pytest.approx(slowdown(384, 132), rel=0.02)
+    assert slowdown(392, 108) > 1.04 * slowdown(392, 132)

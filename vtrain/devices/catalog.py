@@ -20,12 +20,12 @@ GB = 1e9
 
 _ASSUMED = ("launch_overhead_us", "gemm_efficiency", "memory_efficiency", "intra_node.alpha_us",
             "inter_node.alpha_us", "inter_node.bandwidth_gbps")
-_DATASHEET = ("peak_flops", "memory_bandwidth", "intra_node.bandwidth_gbps", "memory_bytes")
+_DATASHEET = ("peak_flops", "memory_bandwidth", "intra_node.bandwidth_gbps", "memory_bytes", "sm_count")
 _PROVENANCE = {**{key: "datasheet" for key in _DATASHEET}, **{key: "assumed" for key in _ASSUMED}}
 
 
 def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs: float, nvlink_gbs: float,
-         nic_gbits: float, memory_gb: int) -> DeviceModel:
+         nic_gbits: float, memory_gb: int, sm_count: int) -> DeviceModel:
     peaks = {"float": fp32_tflops * TERA, "c10::Half": fp16_tflops * TERA}
     if bf16:
         peaks["c10::BFloat16"] = fp16_tflops * TERA
@@ -34,22 +34,23 @@ def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs:
         gemm_efficiency=0.7, memory_efficiency=0.8,
         intra_node=Link(alpha_us=2.0, bandwidth_gbps=nvlink_gbs),  # NVLink, per direction
         inter_node=Link(alpha_us=6.0, bandwidth_gbps=nic_gbits / 8.0),  # one NIC per GPU
-        memory_bytes=memory_gb * 2**30, provenance=dict(_PROVENANCE),
+        memory_bytes=memory_gb * 2**30, sm_count=sm_count, provenance=dict(_PROVENANCE),
     )
 
 
-#: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure).
+#: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure). SM counts: the SXM
+#: parts' streaming multiprocessors (V100 80, A100 108, H100 and H200 132), as NVIDIA's architecture papers list them.
 DATASHEET_DEVICES: dict[str, DeviceModel] = {
     "V100": _gpu("V100", fp16_tflops=125, fp32_tflops=15.7, bf16=False, mem_gbs=900, nvlink_gbs=150,
-                 nic_gbits=100, memory_gb=32),
+                 nic_gbits=100, memory_gb=32, sm_count=80),
     "A100-40GB": _gpu("A100-40GB", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1555, nvlink_gbs=300,
-                      nic_gbits=200, memory_gb=40),
+                      nic_gbits=200, memory_gb=40, sm_count=108),
     "A100-80GB": _gpu("A100-80GB", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=2039, nvlink_gbs=300,
-                      nic_gbits=200, memory_gb=80),
+                      nic_gbits=200, memory_gb=80, sm_count=108),
     "H100": _gpu("H100", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=3350, nvlink_gbs=450,
-                 nic_gbits=400, memory_gb=80),
+                 nic_gbits=400, memory_gb=80, sm_count=132),
     "H200": _gpu("H200", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4800, nvlink_gbs=450,
-                 nic_gbits=400, memory_gb=141),
+                 nic_gbits=400, memory_gb=141, sm_count=132),
 }
 
 KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)

@@ -26,6 +26,7 @@ class DeviceModel:
     intra_node: Link
     inter_node: Link
     memory_bytes: int | None = None
+    sm_count: int | None = None  # streaming multiprocessors (what a GEMM's output tiles are spread over)
     provenance: dict[str, str] = field(default_factory=dict)  # parameter -> datasheet|assumed|measured|fitted
 
     def peak_for(self, dtype: str) -> float:

@@ -81,13 +81,14 @@ def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[OperatorKernelMode
 
 def _try_fit(samples: pl.DataFrame, kind: str, base: DeviceModel) -> OperatorKernelModel | None:
     try:
-        return OperatorKernelModel(fit_kernel_model(samples, kind, base.peak_for("c10::Half"), base.memory_bandwidth))
+        return OperatorKernelModel(fit_kernel_model(samples, kind, base.peak_for("c10::Half"), base.memory_bandwidth,
+                                                    base.sm_count))
     except ValueError:
         return None
 
 
 _BASE_FIELDS = ("name", "peak_flops", "memory_bandwidth", "launch_overhead_us", "gemm_efficiency",
-                "memory_efficiency", "intra_node", "inter_node", "memory_bytes")
+                "memory_efficiency", "intra_node", "inter_node", "memory_bytes", "sm_count")
 
 
 def _fitted(base: DeviceModel, **fitted: Any) -> FittedDevice:
@@ -212,17 +213,18 @@ def _first_time_unused(profile: Profile, device: str) -> bool:
 def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:
     """The fitted device on another variant of its GPU (an A100-80GB run with an A100-40GB profile): the kernel
     models keep the efficiencies they learnt and take ``gpu``'s roofline (its peaks: a memory-bound kernel moves
-    its bytes at its bandwidth), and ``gpu``'s datasheet (memory size included); collectives and host terms stay
-    the profile's."""
+    its bytes at its bandwidth; its SM count: a GEMM's waves), and ``gpu``'s datasheet (memory size included);
+    collectives and host terms stay the profile's."""
     def retarget(model: OperatorKernelModel | None) -> OperatorKernelModel | None:
         if model is None:
             return None
         return OperatorKernelModel(replace(model.model, peak_flops=gpu.peak_for("c10::Half"),
-                                           peak_bytes_per_s=gpu.memory_bandwidth, _cache={}))
+                                           peak_bytes_per_s=gpu.memory_bandwidth, sm_count=gpu.sm_count or
+                                           model.model.sm_count, _cache={}))
 
     provenance = {**device.provenance, "gpu": f"{gpu.name} (datasheet; the profile's {device.name} fits on it)"}
     return replace(device, name=gpu.name, peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
-                   memory_bytes=gpu.memory_bytes, gemm=retarget(device.gemm),
+                   memory_bytes=gpu.memory_bytes, sm_count=gpu.sm_count, gemm=retarget(device.gemm),
                    memory_bound=retarget(device.memory_bound), provenance=provenance)
 
 

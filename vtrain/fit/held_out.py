@@ -28,7 +28,7 @@ def held_out_mape(groups: dict[str, pl.DataFrame], held_out: list[str], base: De
             row[f"{key}_mape_pct"], row[f"{key}_rows"] = None, test.height
             try:
                 model = fit_kernel_model(kernel_samples(train, kind), kind, base.peak_for("c10::Half"),
-                                         base.memory_bandwidth)
+                                         base.memory_bandwidth, base.sm_count)
             except ValueError:  # too few kernels of this class left to fit on
                 continue
             row[f"{key}_mape_pct"] = mape_pct(model, test)

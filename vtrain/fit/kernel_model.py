@@ -1,6 +1,6 @@
 """A kernel latency model that holds at every shape: interpolation between the nearest measured shapes in
-log-shape space (inverse-distance weighting of the k nearest, and of every other shape as near as the k-th) between
-a physical floor and ceiling.
+log-shape space (an inverse-distance-weighted local-linear fit of the k nearest, and of every other shape as near
+as the k-th) between a physical floor and ceiling.
 
 Many shapes were measured more than once (vidur measured the same residual add once per tensor-parallel degree;
 up to 32 rows share one shape in ``profiles/a100``): all of a shape's measurements count, so a prediction does not
@@ -11,13 +11,18 @@ The model does not predict the time itself but how far a kernel is above its roo
     time = floor_us · exp(nearest(features)),   floor_us = max(flops / peak FLOP/s, bytes / peak bytes/s)
 
 so what it learns is an efficiency (tiling, wave quantisation, launch latency of small kernels) that depends on
-the shape. Neighbours cannot extrapolate: a shape beyond the measured ones gets the efficiency of the nearest
-measured shapes, never a time below the floor nor above the largest measured slowdown (the ceiling). Every
-prediction says whether its shape lay among the measured ones (``interpolated``: inside their range, one of them
-within a factor of two) or not (``extrapolated``).
+the shape. ``nearest`` is a plane through the neighbours' targets, weighted by inverse distance, its slopes shrunk
+by a ridge (:data:`SETTINGS`): it follows a trend across the neighbours (efficiency rising with m) where their
+mean lags it. It cannot run away: the plane's value is kept within the neighbours' own targets, so a shape beyond
+the measured ones gets an efficiency of the nearest measured shapes, never a time below the floor nor above the
+largest measured slowdown (the ceiling). Every prediction says whether its shape lay among the measured ones
+(``interpolated``: inside their range, one of them within a factor of two) or not (``extrapolated``).
 
-GEMM features: log2 of batch, m, k, n, FLOPs and bytes. Memory-bound features: log2 of elements, bytes and row
-length, and the kind of kernel (:data:`MEMORY_KINDS`).
+GEMM features: log2 of batch, m, k, n, FLOPs and bytes, and of the wave efficiency (:func:`wave_efficiency`: the
+share of the waves of 128 × 128 output tiles over the GPU's SMs that does useful work), so that neighbours are
+compared at their quantisation: two shapes a few rows of m apart, one filling its last wave and one spilling into
+a new one, lie far apart. Memory-bound features: log2 of elements, bytes and row length, and the kind of kernel
+(:data:`MEMORY_KINDS`).
 """
 
 from __future__ import annotations
@@ -48,11 +53,20 @@ INTERPOLATED, EXTRAPOLATED = "interpolated", "extrapolated"
 #: a shape is interpolated when it lies inside the measured ones' range and a measured shape is this close (log2
 #: units: within a factor of two in one feature); else extrapolated
 NEAR = 1.0
-#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load. The
-#: neighbours per class are those with the lowest held-out MAPE on the A100 measurements (each vidur model and
-#: LLMCompass's GPT-3 layer left out in turn): GEMM 8.0 % with 4, 7.6 % with 8, 7.3 % with 16; memory-bound 10.0,
-#: 10.7 and 16.3 %
-SETTINGS = {"neighbours": {GEMM: 16, MEMORY: 4}}
+#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load, and
+#: chosen by the held-out MAPE on the A100 measurements (each vidur model and LLMCompass's GPT-3 layer left out in
+#: turn; `make profile-a100`), checked on the H100 and H200 sweeps (each GPT model left out in turn). GEMM, A100 /
+#: H100 / H200: inverse-distance-weighted mean of 16 neighbours 7.3 / 4.9 / 4.8 %; with the wave feature 7.0 /
+#: 5.0 / 4.9 %; local-linear (ridge 0.1) without it 7.1 / 4.1 / 3.9 %, with it 6.7 / 4.1 / 3.8 % (ridge 0.03:
+#: 6.7 / 4.0 / 3.7 %, 0.3: 6.7 / 4.2 / 3.9 %; 32 neighbours 6.5 / 4.2 / 4.1 %). Memory-bound: mean of 4
+#: neighbours 10.0 / 9.0 / 9.9 % (8: 10.7 %, 16: 16.3 % on the A100); local-linear (ridge 0.1) of 4 10.0 / 8.9 /
+#: 9.8 %, of 16 9.7 / 6.6 / 7.9 %, of 32 9.8 / 5.0 / 6.3 %
+SETTINGS: dict[str, dict[str, Any]] = {"neighbours": {GEMM: 16, MEMORY: 16}, "ridge": {GEMM: 0.1, MEMORY: 0.1}}
+#: the output tile (rows of m, columns of n) a GEMM's waves are counted in: cuBLAS's usual large tile on A100 and
+#: H100; the ratio of the tiles to the SMs sets how full the last wave is
+TILE = (128, 128)
+#: the SM count of a device whose datasheet has none (every catalog GPU has one): an A100's
+UNKNOWN_SM_COUNT = 108
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ class KernelModel:
     ceiling: float  # largest log(time / floor) seen in training
     samples: int
     sources: tuple[str, ...]
+    sm_count: int = UNKNOWN_SM_COUNT  # the device's SMs, over which a GEMM's output tiles run in waves
     _cache: dict[tuple[float, ...], tuple[float, str]] = field(default_factory=dict, repr=False)
 
     def floor_us(self, shape: KernelShape, peak_flops: float | None = None) -> float:
@@ -95,14 +110,14 @@ class KernelModel:
         """Predicted time of one call and whether its shape was inside the measured ones. ``peak_flops``: the
         peak of the call's own precision when it is not the measured kernels' (an fp32 GEMM takes their
         efficiency at the fp32 peak)."""
-        features = tuple(_features(self.kind, self.on_measured_bytes_per_element(shape)))
+        features = tuple(_features(self.kind, self.on_measured_bytes_per_element(shape), self.sm_count))
         key = (*features, peak_flops or 0.0)
         cached = self._cache.get(key)
         if cached is None:
             x = np.array(features)
             distances, index = self.nearest(x)
             inside = bool(np.all(x >= self.low - 1e-9) and np.all(x <= self.high + 1e-9)) and distances[0] <= NEAR
-            cached = self._cache[key] = (self.floor_us(shape, peak_flops) * math.exp(self._ratio(distances, index)),
+            cached = self._cache[key] = (self.floor_us(shape, peak_flops) * math.exp(self._ratio(distances, index, x)),
                                          INTERPOLATED if inside else EXTRAPOLATED)
         return cached
 
@@ -167,35 +182,52 @@ class KernelModel:
         for row, (index, distance) in enumerate(zip(found, distances)):
             keep = distance <= kth[row]
             order = np.lexsort((index[keep], distance[keep]))
-            ratios[row] = self._ratio(distance[keep][order], index[keep][order])
+            ratios[row] = self._ratio(distance[keep][order], index[keep][order], x[row])
         return ratios
 
-    def _ratio(self, distances: np.ndarray, index: np.ndarray) -> float:
-        """log(time / floor) from the neighbours of one shape (nearest first): the inverse-distance-weighted mean
-        of their targets (an exact match: the mean of the exact matches, every measurement of that shape), kept
-        between 0 (the floor) and the ceiling."""
-        exact = distances[0] < 1e-9
-        weights = (distances < 1e-9).astype(float) if exact else 1.0 / distances
-        mean = float(np.sum(weights * self.targets[index]) / np.sum(weights))
+    def _ratio(self, distances: np.ndarray, index: np.ndarray, x: np.ndarray) -> float:
+        """log(time / floor) at the feature row ``x`` from its neighbours (nearest first): an exact match, the mean
+        of the exact matches (every measurement of that shape); else, with a ridge (``SETTINGS["ridge"]``), the
+        inverse-distance-weighted local-linear fit of their targets at ``x`` (a plane through the neighbours, its
+        slopes shrunk by the ridge), kept within the neighbours' own targets; without one, their
+        inverse-distance-weighted mean. Kept between 0 (the floor) and the ceiling."""
+        targets = self.targets[index]
+        if distances[0] < 1e-9:
+            exact = (distances < 1e-9).astype(float)
+            mean = float(np.sum(exact * targets) / np.sum(exact))
+        elif (ridge := SETTINGS["ridge"][self.kind]) is None:
+            weights = 1.0 / distances
+            mean = float(np.sum(weights * targets) / np.sum(weights))
+        else:
+            weights = 1.0 / distances
+            weights /= np.sum(weights)
+            design = np.column_stack([np.ones(len(index)), self.points[index] - x])
+            normal = design.T @ (design * weights[:, None])
+            normal[1:, 1:] += ridge * np.eye(design.shape[1] - 1)
+            plane = np.linalg.solve(normal, design.T @ (weights * targets))
+            mean = min(max(float(plane[0]), float(targets.min())), float(targets.max()))
         return min(max(mean, 0.0), self.ceiling)
 
     def describe(self) -> str:
         return f"nearest of {self.samples} measured {self.kind} kernels ({', '.join(self.sources)})"
 
 
-def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_bytes_per_s: float) -> KernelModel:
-    """Fit a :class:`KernelModel` to ``op_benchmarks`` rows of one class. Raises ``ValueError`` when fewer than
-    ten rows are usable."""
+def fit_kernel_model(samples: pl.DataFrame, kind: str, peak_flops: float, peak_bytes_per_s: float,
+                     sm_count: int | None = None) -> KernelModel:
+    """Fit a :class:`KernelModel` to ``op_benchmarks`` rows of one class for a device of these peaks and SM count
+    (None: unknown, taken as :data:`UNKNOWN_SM_COUNT`). Raises ``ValueError`` when fewer than ten rows are
+    usable."""
     rows = usable(samples)
     if rows.height < 10:
         raise ValueError(f"{rows.height} usable samples, need at least 10")
+    sm_count = sm_count or UNKNOWN_SM_COUNT
     columns = shape_columns(rows, kind)
-    x = features_of(kind, columns)
+    x = features_of(kind, columns, measured_sm_counts(rows, sm_count))
     floors = floors_of(kind, columns, *measured_peaks(rows, peak_flops, peak_bytes_per_s))
     y = np.log(np.maximum(rows["median_us"].to_numpy() / floors, 1.0))
     sources = tuple(sorted(set(rows["source"].drop_nulls().to_list()))) if "source" in rows.columns else ()
     return KernelModel(kind, peak_flops, peak_bytes_per_s, x, y, x.min(0), x.max(0), float(y.max()), rows.height,
-                       sources)
+                       sources, sm_count)
 
 
 def measured_peaks(rows: pl.DataFrame, peak_flops: float, peak_bytes_per_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -215,6 +247,36 @@ def measured_peaks(rows: pl.DataFrame, peak_flops: float, peak_bytes_per_s: floa
             measured_on = (rows["device"] == name).fill_null(False).to_numpy()
             flops[measured_on], bandwidth[measured_on] = gpu.peak_for("c10::Half"), gpu.memory_bandwidth
     return flops, bandwidth
+
+
+def measured_sm_counts(rows: pl.DataFrame, sm_count: int) -> np.ndarray:
+    """The SM count of the GPU each ``op_benchmarks`` row was measured on (its ``device``, a datasheet GPU), else
+    ``sm_count`` (the model's device): a GEMM's waves are those of the GPU that ran it."""
+    counts = np.full(rows.height, float(sm_count))
+    if "device" not in rows.columns:
+        return counts
+    for name in rows["device"].drop_nulls().unique().to_list():
+        gpu = DATASHEET_DEVICES.get(canonical_device_name(str(name)) or "")
+        if gpu is not None and gpu.sm_count:
+            counts[(rows["device"] == name).fill_null(False).to_numpy()] = gpu.sm_count
+    return counts
+
+
+def wave_efficiency(batch: float, m: float, n: float, sm_count: float) -> float:
+    """The share of a GEMM's waves of output tiles that does useful work: ``batch · m · n`` over ``waves · SMs ·
+    tile``, with ``batch · ⌈m / 128⌉ · ⌈n / 128⌉`` tiles of 128 × 128 (:data:`TILE`) run ``SMs`` at a time
+    (``waves = ⌈tiles / SMs⌉``). 1 when the tiles fill every wave exactly; it drops at every tile or wave
+    boundary (an A100's 108 SMs: m 384 → 392 at n 4096 takes a second wave) and is small for small m."""
+    tiles = batch * math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
+    return batch * m * n / (math.ceil(tiles / sm_count) * sm_count * TILE[0] * TILE[1])
+
+
+def wave_efficiencies(columns: dict[str, np.ndarray], sm_counts: np.ndarray) -> np.ndarray:
+    """:func:`wave_efficiency` of every row of :func:`shape_columns` (the same operations in the same order, so
+    a row's value is its shape's to the last bit)."""
+    batch, m, n = columns["batch"], columns["m"], columns["n"]
+    tiles = batch * np.ceil(m / TILE[0]) * np.ceil(n / TILE[1])
+    return batch * m * n / (np.ceil(tiles / sm_counts) * sm_counts * TILE[0] * TILE[1])
 
 
 def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
@@ -282,21 +344,25 @@ def _log2(value: float) -> float:
     return math.log2(max(value, 1.0))
 
 
-def _features(kind: str, s: KernelShape) -> list[float]:
+def _features(kind: str, s: KernelShape, sm_count: float) -> list[float]:
     if kind == GEMM:
-        return [_log2(s.batch), _log2(s.m), _log2(s.k), _log2(s.n), _log2(s.flops), _log2(s.bytes)]
+        return [_log2(s.batch), _log2(s.m), _log2(s.k), _log2(s.n), _log2(s.flops), _log2(s.bytes),
+                math.log2(wave_efficiency(s.batch, s.m, s.n, sm_count))]
     return [_log2(s.elements), _log2(s.bytes), _log2(s.row), *(1.0 if s.kind == k else 0.0 for k in MEMORY_KINDS)]
 
 
-def features_of(kind: str, columns: dict[str, np.ndarray]) -> np.ndarray:
-    """:func:`_features` of every row of :func:`shape_columns`, one row each (the logarithms taken once per
-    distinct value, with :func:`math.log2`, so that a row's features are those of its shape to the last bit)."""
-    def logs(values: np.ndarray) -> np.ndarray:
+def features_of(kind: str, columns: dict[str, np.ndarray], sm_counts: np.ndarray | float) -> np.ndarray:
+    """:func:`_features` of every row of :func:`shape_columns` measured on GPUs of ``sm_counts`` SMs (one per row,
+    or one for all), one row each (the logarithms taken once per distinct value, with :func:`math.log2`, so that
+    a row's features are those of its shape to the last bit)."""
+    def logs(values: np.ndarray, log: Any = _log2) -> np.ndarray:
         distinct, where = np.unique(values, return_inverse=True)
-        return np.array([_log2(float(v)) for v in distinct])[where.ravel()]
+        return np.array([log(float(v)) for v in distinct])[where.ravel()]
 
     if kind == GEMM:
-        return np.column_stack([logs(columns[name]) for name in ("batch", "m", "k", "n", "flops", "bytes")])
+        waves = wave_efficiencies(columns, np.broadcast_to(np.asarray(sm_counts, dtype=float), columns["m"].shape))
+        return np.column_stack([*(logs(columns[name]) for name in ("batch", "m", "k", "n", "flops", "bytes")),
+                                logs(waves, math.log2)])
     sizes = [logs(columns[name]) for name in ("elements", "bytes", "row")]
     return np.column_stack([*sizes, *((columns["kind"] == k).astype(float) for k in MEMORY_KINDS)])
 
@@ -314,7 +380,7 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
     if rows.height == 0:
         return None
     columns = shape_columns(rows, model.kind)
-    ratios = model.ratios(features_of(model.kind, columns))
+    ratios = model.ratios(features_of(model.kind, columns, measured_sm_counts(rows, model.sm_count)))
     peaks = measured_peaks(rows, model.peak_flops, model.peak_bytes_per_s)  # each kernel on the GPU it ran on
     predicted = floors_of(model.kind, columns, *peaks) * np.exp(ratios)
     return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
@@ -322,8 +388,11 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
 
 def summary(model: KernelModel) -> dict[str, Any]:
     """The model's settings as plain data (the model itself is rebuilt from the profile's op_benchmarks)."""
-    return {"model": "inverse-distance-weighted nearest measured shapes in log-shape space",
-            "settings": {"neighbours": SETTINGS["neighbours"][model.kind]},
+    ridge = SETTINGS["ridge"][model.kind]
+    return {"model": ("inverse-distance-weighted local-linear fit of the nearest measured shapes in log-shape space"
+                      if ridge is not None else "inverse-distance-weighted nearest measured shapes in log-shape space"),
+            "settings": {"neighbours": SETTINGS["neighbours"][model.kind], "ridge": ridge,
+                         **({"tile": list(TILE), "sm_count": model.sm_count} if model.kind == GEMM else {})},
             "target": "log(time / roofline floor)", "floor": {"peak_flops": model.peak_flops,
                                                               "peak_bytes_per_s": model.peak_bytes_per_s},
             "samples": model.samples, "sources": list(model.sources)}
