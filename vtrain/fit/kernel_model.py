@@ -61,7 +61,7 @@ NEAR = 1.0
 #: 6.7 / 4.0 / 3.7 %, 0.3: 6.7 / 4.2 / 3.9 %; 32 neighbours 6.5 / 4.2 / 4.1 %). Memory-bound: mean of 4
 #: neighbours 10.0 / 9.0 / 9.9 % (8: 10.7 %, 16: 16.3 % on the A100); local-linear (ridge 0.1) of 4 10.0 / 8.9 /
 #: 9.8 %, of 16 9.7 / 6.6 / 7.9 %, of 32 9.8 / 5.0 / 6.3 %
-SETTINGS: dict[str, dict[str, Any]] = {"neighbours": {GEMM: 16, MEMORY: 16}, "ridge": {GEMM: 0.1, MEMORY: 0.1}}
+SETTINGS: dict[str, dict[str, float]] = {"neighbours": {GEMM: 16, MEMORY: 16}, "ridge": {GEMM: 0.1, MEMORY: 0.1}}
 #: the output tile (rows of m, columns of n) a GEMM's waves are counted in: cuBLAS's usual large tile on A100 and
 #: H100; the ratio of the tiles to the SMs sets how full the last wave is
 TILE = (128, 128)
@@ -189,16 +189,14 @@ class KernelModel:
         """log(time / floor) at the feature row ``x`` from its neighbours (nearest first): an exact match, the mean
         of the exact matches (every measurement of that shape); else, with a ridge (``SETTINGS["ridge"]``), the
         inverse-distance-weighted local-linear fit of their targets at ``x`` (a plane through the neighbours, its
-        slopes shrunk by the ridge), kept within the neighbours' own targets; without one, their
-        inverse-distance-weighted mean. Kept between 0 (the floor) and the ceiling."""
+        slopes shrunk by the ridge), kept within the neighbours' own targets. Kept between 0 (the floor) and the
+        ceiling."""
         targets = self.targets[index]
         if distances[0] < 1e-9:
             exact = (distances < 1e-9).astype(float)
             mean = float(np.sum(exact * targets) / np.sum(exact))
-        elif (ridge := SETTINGS["ridge"][self.kind]) is None:
-            weights = 1.0 / distances
-            mean = float(np.sum(weights * targets) / np.sum(weights))
         else:
+            ridge = SETTINGS["ridge"][self.kind]
             weights = 1.0 / distances
             weights /= np.sum(weights)
             design = np.column_stack([np.ones(len(index)), self.points[index] - x])
@@ -388,10 +386,8 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
 
 def summary(model: KernelModel) -> dict[str, Any]:
     """The model's settings as plain data (the model itself is rebuilt from the profile's op_benchmarks)."""
-    ridge = SETTINGS["ridge"][model.kind]
-    return {"model": ("inverse-distance-weighted local-linear fit of the nearest measured shapes in log-shape space"
-                      if ridge is not None else "inverse-distance-weighted nearest measured shapes in log-shape space"),
-            "settings": {"neighbours": SETTINGS["neighbours"][model.kind], "ridge": ridge,
+    return {"model": "inverse-distance-weighted local-linear fit of the nearest measured shapes in log-shape space",
+            "settings": {"neighbours": SETTINGS["neighbours"][model.kind], "ridge": SETTINGS["ridge"][model.kind],
                          **({"tile": list(TILE), "sm_count": model.sm_count} if model.kind == GEMM else {})},
             "target": "log(time / roofline floor)", "floor": {"peak_flops": model.peak_flops,
                                                               "peak_bytes_per_s": model.peak_bytes_per_s},
