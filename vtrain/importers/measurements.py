@@ -170,10 +170,10 @@ def _columns(names: list[str], path: Path) -> dict[str, str]:
     if missing:
         raise InputError(f"not a measurement table: no column for {', '.join(missing)} (expected the columns "
                          f"[{PARAMETERS_COLUMN},] {','.join(VTRAIN_COLUMNS)}, in any order, or the short names "
-                         f"the README lists); found {','.join(names)}", path)
+                         f"docs/fit-and-profiles.md lists); found {','.join(names)}", path)
     if ignored:
         warn_input(f"column(s) {', '.join(repr(name) for name in ignored)} not read: none of a measurement "
-                   "table's columns (the README lists them)", path)
+                   "table's columns (docs/fit-and-profiles.md lists them)", path)
     return given
 
 
