@@ -1,7 +1,7 @@
 #!/bin/sh
 # Cost-optimal parallelisation of MT-NLG 530B and GPT-3 175B on the shipped A100 profile: every plan on a few
 # GPU counts around the original one, then what the best plans save over the original plan (plans/savings.md).
-# About 10 minutes of wall time on a busy 2-core machine (under 2 minutes of CPU time). Plans go to plans/.
+# About 21 s of wall time on a 2-core machine (load 1.4; 22 s of CPU time). Plans go to plans/.
 set -e
 VTRAIN="${VTRAIN:-vtrain}"
 $VTRAIN plan examples/cost-optimal/mtnlg-530b.yaml --gpus 1680,2240,2520,2800,3360 --profile profiles/a100 \
