@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -20,7 +21,9 @@ from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.device import device_from_profile, device_metadata, fit_device
 from vtrain.importers import read_llmcompass, read_nccl_tests
 from vtrain.model.ops import make_op
+from vtrain.report.measurements import render_markdown
 from vtrain.tables.store import Profile, conform, empty_table
+from vtrain.validate.measurements import validate_measurements
 
 DATA = REPO / "tests" / "data" / "a100"
 NCCL = DATA / "vtrain-a100" / "nccl-tests-allreduce-a100"
@@ -228,3 +231,28 @@ def test_a_fit_without_a_host_source_says_so(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "host: not fitted: no measured iteration times" in result.stdout
     assert "0.0 µs/op" not in result.stdout
+
+
+def test_measurements_split_each_layouts_time_per_micro_batch_and_per_iteration(tmp_path: Path) -> None:
+    """Runs of one layout at several global batches tell the work every micro-batch repeats from the iteration's
+    own: measured 10 ms + 5 ms per micro-batch is read back exactly, and the prediction is split the same way; a
+    layout measured at one global batch only is no layout of the split."""
+    header = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()[0]
+    runs = [(gbs, 10.0 + 5.0 * gbs / (2 * 2)) for gbs in (8, 16, 32)]  # micro-batch 2, dp 2: gbs / 4 micro-batches
+    lines = [header, *(f"4,{gbs},2,1024,16,12,1024,1,2,2,{ms}" for gbs, ms in runs), "2,16,2,1024,16,12,1024,2,1,1,99"]
+    table = tmp_path / "layouts.csv"
+    table.write_text("\n".join(lines) + "\n")
+    v = validate_measurements(table, SHIPPED, recompute="none")
+    layouts = v.per_micro_batch()
+    assert layouts.height == 1 and layouts["runs"].to_list() == [3]
+    row = layouts.row(0, named=True)
+    assert row["per_micro_batch_ms_measured"] == pytest.approx(5.0) and row["fixed_ms_measured"] == pytest.approx(10.0)
+    scored = v.scored.filter(pl.col("tp") == 1).sort("global_batch")
+    slope, fixed = np.polyfit([2.0, 4.0, 8.0], scored["predicted_ms"].to_numpy(), 1)
+    assert row["per_micro_batch_ms_predicted"] == pytest.approx(slope) and row["fixed_ms_predicted"] == pytest.approx(fixed)
+    assert row["per_micro_batch_ratio"] == pytest.approx(slope / 5.0)
+    by_pp = v.per_micro_batch_by("pp").to_dicts()
+    assert by_pp == [{"pp": 2, "layouts": 1, "per_micro_batch_ratio": pytest.approx(slope / 5.0),
+                      "fixed_ms_measured": pytest.approx(10.0), "fixed_ms_predicted": pytest.approx(fixed)}]
+    assert v.to_dict()["per_micro_batch"]["pp"] == by_pp
+    assert "## Per micro-batch and per iteration" in render_markdown(v)

@@ -40,6 +40,19 @@ def dimension_table(frame: pl.DataFrame, dim: str) -> Table:
     return [dim, "rows", "MAPE", "mean signed error"], rows
 
 
+def per_micro_batch_table(frame: pl.DataFrame, dim: str) -> Table:
+    rows = [[str(r[dim]), str(r["layouts"]), f"{r['per_micro_batch_ratio']:.3f}", f"{r['fixed_ms_measured']:.1f}",
+             f"{r['fixed_ms_predicted']:.1f}"] for r in frame.iter_rows(named=True)]
+    return [dim, "layouts", "predicted / measured per micro-batch", "fixed ms measured", "fixed ms predicted"], rows
+
+
+PER_MICRO_BATCH = ("Each layout measured at two or more numbers of micro-batches (rows that differ only in their "
+                   "global batch): its measured and its predicted times fitted as a fixed part plus a part per "
+                   "micro-batch, medians over the layouts. The part per micro-batch is the work every micro-batch "
+                   "repeats (its passes, their communication, a pipeline's hand-offs); the fixed part, the "
+                   "iteration's own (the optimizer step, the gradient all-reduce, filling and draining a pipeline).")
+
+
 def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Document:
     """The report's sections, in order; with ``with_figures`` predicted against measured and the error
     histogram."""
@@ -55,6 +68,9 @@ def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Doc
         doc.Section("Ten worst-predicted rows", [doc.TableBlock(worst_rows(v))]),
         doc.Section("Error by dimension", [doc.TableBlock(dimension_table(frame, dim))
                                            for dim, frame in v.by_dimension().items()]),
+        doc.Section("Per micro-batch and per iteration", [
+            doc.Text(PER_MICRO_BATCH),
+            *(doc.TableBlock(per_micro_batch_table(v.per_micro_batch_by(dim), dim)) for dim in ("tp", "pp"))]),
     ]
     return doc.Document(f"Validation against measured iteration times: {v.measurements.name}", heading, sections)
 
@@ -107,4 +123,9 @@ def terminal_lines(v: MeasurementValidation) -> list[str]:
         frame = v.by_dimension()[dim]
         lines.append(f"  by {dim}: " + ", ".join(f"{r[dim]}: {r['mape_pct']:.1f} %"
                                                  for r in frame.iter_rows(named=True)))
+    by_pp = v.per_micro_batch_by("pp")
+    if not by_pp.is_empty():
+        lines.append("  predicted / measured time per micro-batch, by pp: " + ", ".join(
+            f"{r['pp']}: {r['per_micro_batch_ratio']:.3f}" for r in by_pp.iter_rows(named=True))
+            + f" (median over {by_pp['layouts'].sum()} layouts)")
     return lines

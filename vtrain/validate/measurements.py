@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
@@ -23,6 +24,11 @@ from vtrain.tables.store import load_profile
 
 #: the dimensions errors are broken down by
 DIMENSIONS = ("gpus", "nodes", "tp", "dp", "pp", "micro_batch", "hidden", "layers")
+#: what makes rows one layout, measured at several numbers of micro-batches (every column of a run but the
+#: global batch)
+LAYOUT = ("gpus", "tp", "dp", "pp", "micro_batch", "hidden", "heads", "layers", "seq", "vocab", "schedule",
+          "virtual_stages", "recompute", "dp_overlap", "sequence_parallel", "gpus_per_node", "inter_node_gbps",
+          "framework", "precision", "cuda_graphs")
 
 
 @dataclass
@@ -58,6 +64,40 @@ class MeasurementValidation:
             for dim in DIMENSIONS
         }
 
+    def per_micro_batch(self) -> pl.DataFrame:
+        """Each layout measured at two or more numbers of micro-batches (scored rows that differ only in their
+        global batch), its measured and its predicted times fitted by least squares as a fixed part plus a part
+        per micro-batch: one row per layout, with the predicted part per micro-batch over the measured one
+        (``per_micro_batch_ratio``). It tells an error in the work every micro-batch repeats (its passes, their
+        communication, a pipeline's hand-offs) from one in the work of an iteration (the optimizer step, the
+        gradient all-reduce, filling and draining the pipeline)."""
+        rows = self.scored.with_columns(micro_batches=pl.col("global_batch") // (pl.col("micro_batch") * pl.col("dp")))
+        layouts = []
+        for key, group in rows.group_by([c for c in LAYOUT if c in rows.columns], maintain_order=True):
+            counts = group["micro_batches"].to_numpy().astype(float)
+            if len(set(counts)) < 2:
+                continue
+            fits = {side: np.polyfit(counts, group[column].to_numpy(), 1)
+                    for side, column in (("measured", "iteration_ms"), ("predicted", "predicted_ms"))}
+            layouts.append({**dict(zip([c for c in LAYOUT if c in rows.columns], key)), "runs": group.height,
+                            **{f"per_micro_batch_ms_{side}": float(fit[0]) for side, fit in fits.items()},
+                            **{f"fixed_ms_{side}": float(fit[1]) for side, fit in fits.items()}})
+        frame = pl.DataFrame(layouts) if layouts else pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+        return frame.with_columns(per_micro_batch_ratio=pl.col("per_micro_batch_ms_predicted")
+                                  / pl.col("per_micro_batch_ms_measured")) if layouts else frame
+
+    def per_micro_batch_by(self, dim: str) -> pl.DataFrame:
+        """:meth:`per_micro_batch` per value of ``dim``: layouts, the median ratio of predicted to measured time
+        per micro-batch, and the medians of the fixed parts (ms)."""
+        layouts = self.per_micro_batch()
+        if layouts.is_empty():
+            return pl.DataFrame(schema={dim: pl.Int64, "layouts": pl.UInt32, "per_micro_batch_ratio": pl.Float64,
+                                        "fixed_ms_measured": pl.Float64, "fixed_ms_predicted": pl.Float64})
+        return layouts.group_by(dim).agg(
+            layouts=pl.len(), per_micro_batch_ratio=pl.col("per_micro_batch_ratio").median(),
+            fixed_ms_measured=pl.col("fixed_ms_measured").median(),
+            fixed_ms_predicted=pl.col("fixed_ms_predicted").median()).sort(dim)
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` summary and ``metrics.json``."""
         invalid = self.table.filter(pl.col("invalid").is_not_null())
@@ -71,6 +111,7 @@ class MeasurementValidation:
             "worst": self.worst().select("row", "gpus", "tp", "dp", "pp", "micro_batch", "global_batch", "hidden",
                                          "layers", "iteration_ms", "predicted_ms", "error_pct").to_dicts(),
             "by_dimension": {dim: frame.to_dicts() for dim, frame in self.by_dimension().items()},
+            "per_micro_batch": {dim: self.per_micro_batch_by(dim).to_dicts() for dim in ("tp", "pp")},
             "invalid_rows": invalid.select("row", "invalid").to_dicts(),
         }
 
