@@ -243,7 +243,7 @@ def test_measurements_split_each_layouts_time_per_micro_batch_and_per_iteration(
     table = tmp_path / "layouts.csv"
     table.write_text("\n".join(lines) + "\n")
     v = validate_measurements(table, SHIPPED, recompute="none")
-    layouts = v.per_micro_batch()
+    layouts = v.per_micro_batch
     assert layouts.height == 1 and layouts["runs"].to_list() == [3]
     row = layouts.row(0, named=True)
     assert row["per_micro_batch_ms_measured"] == pytest.approx(5.0) and row["fixed_ms_measured"] == pytest.approx(10.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class MeasurementValidation:
             for dim in DIMENSIONS
         }
 
+    @cached_property
     def per_micro_batch(self) -> pl.DataFrame:
         """Each layout measured at two or more numbers of micro-batches (scored rows that differ only in their
         global batch), its measured and its predicted times fitted by least squares as a fixed part plus a part
@@ -72,24 +74,26 @@ class MeasurementValidation:
         communication, a pipeline's hand-offs) from one in the work of an iteration (the optimizer step, the
         gradient all-reduce, filling and draining the pipeline)."""
         rows = self.scored.with_columns(micro_batches=pl.col("global_batch") // (pl.col("micro_batch") * pl.col("dp")))
+        keys = [column for column in LAYOUT if column in rows.columns]
         layouts = []
-        for key, group in rows.group_by([c for c in LAYOUT if c in rows.columns], maintain_order=True):
+        for key, group in rows.group_by(keys, maintain_order=True):
             counts = group["micro_batches"].to_numpy().astype(float)
             if len(set(counts)) < 2:
                 continue
             fits = {side: np.polyfit(counts, group[column].to_numpy(), 1)
                     for side, column in (("measured", "iteration_ms"), ("predicted", "predicted_ms"))}
-            layouts.append({**dict(zip([c for c in LAYOUT if c in rows.columns], key)), "runs": group.height,
+            layouts.append({**dict(zip(keys, key)), "runs": group.height,
                             **{f"per_micro_batch_ms_{side}": float(fit[0]) for side, fit in fits.items()},
                             **{f"fixed_ms_{side}": float(fit[1]) for side, fit in fits.items()}})
-        frame = pl.DataFrame(layouts) if layouts else pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
-        return frame.with_columns(per_micro_batch_ratio=pl.col("per_micro_batch_ms_predicted")
-                                  / pl.col("per_micro_batch_ms_measured")) if layouts else frame
+        if not layouts:
+            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+        return pl.DataFrame(layouts).with_columns(
+            per_micro_batch_ratio=pl.col("per_micro_batch_ms_predicted") / pl.col("per_micro_batch_ms_measured"))
 
     def per_micro_batch_by(self, dim: str) -> pl.DataFrame:
-        """:meth:`per_micro_batch` per value of ``dim``: layouts, the median ratio of predicted to measured time
+        """:attr:`per_micro_batch` per value of ``dim``: layouts, the median ratio of predicted to measured time
         per micro-batch, and the medians of the fixed parts (ms)."""
-        layouts = self.per_micro_batch()
+        layouts = self.per_micro_batch
         if layouts.is_empty():
             return pl.DataFrame(schema={dim: pl.Int64, "layouts": pl.UInt32, "per_micro_batch_ratio": pl.Float64,
                                         "fixed_ms_measured": pl.Float64, "fixed_ms_predicted": pl.Float64})
