@@ -249,10 +249,37 @@ def test_measurements_split_each_layouts_time_per_micro_batch_and_per_iteration(
     assert row["per_micro_batch_ms_measured"] == pytest.approx(5.0) and row["fixed_ms_measured"] == pytest.approx(10.0)
     scored = v.scored.filter(pl.col("tp") == 1).sort("global_batch")
     slope, fixed = np.polyfit([2.0, 4.0, 8.0], scored["predicted_ms"].to_numpy(), 1)
-    assert row["per_micro_batch_ms_predicted"] == pytest.approx(slope) and row["fixed_ms_predicted"] == pytest.approx(fixed)
+    assert row["per_micro_batch_ms_predicted"] == pytest.approx(slope)
+    assert row["fixed_ms_predicted"] == pytest.approx(fixed)
     assert row["per_micro_batch_ratio"] == pytest.approx(slope / 5.0)
     by_pp = v.per_micro_batch_by("pp").to_dicts()
     assert by_pp == [{"pp": 2, "layouts": 1, "per_micro_batch_ratio": pytest.approx(slope / 5.0),
                       "fixed_ms_measured": pytest.approx(10.0), "fixed_ms_predicted": pytest.approx(fixed)}]
     assert v.to_dict()["per_micro_batch"]["pp"] == by_pp
     assert "## Per micro-batch and per iteration" in render_markdown(v)
+
+
+def test_measurements_split_the_time_per_micro_batch_into_layers_and_what_surrounds_them(tmp_path: Path) -> None:
+    """Layouts that differ only in their layers, each at two global batches, measured at 4 ms per micro-batch
+    outside the layers + 3 ms per layer a stage holds (+ 10 ms per iteration): both parts read back exactly, the
+    prediction split the same way; one family, so one row by pp."""
+    header = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()[0]
+    lines = [header]
+    for layers in (12, 16, 24):
+        for micro_batches in (2, 4):
+            ms = 10.0 + micro_batches * (4.0 + 3.0 * layers / 2)  # pp 2: layers / 2 a stage
+            lines.append(f"4,{micro_batches * 2 * 2},2,1024,16,{layers},1024,1,2,2,{ms}")
+    table = tmp_path / "families.csv"
+    table.write_text("\n".join(lines) + "\n")
+    v = validate_measurements(table, SHIPPED, recompute="none")
+    assert v.per_micro_batch.height == 3 and v.per_layer.height == 1
+    row = v.per_layer.row(0, named=True)
+    assert row["per_layer_ms_measured"] == pytest.approx(3.0) and row["outside_ms_measured"] == pytest.approx(4.0)
+    per_micro_batch = v.per_micro_batch.sort("layers")["per_micro_batch_ms_predicted"].to_numpy()
+    slope, outside = np.polyfit([6.0, 8.0, 12.0], per_micro_batch, 1)  # layers a stage holds: 12, 16, 24 over pp 2
+    assert row["per_layer_ms_predicted"] == pytest.approx(slope)
+    assert row["outside_ms_predicted"] == pytest.approx(outside)
+    assert v.to_dict()["per_layer"]["pp"] == [{"pp": 2, "families": 1, "per_layer_ratio": pytest.approx(slope / 3.0),
+                                                "outside_ms_measured": pytest.approx(4.0),
+                                                "outside_ms_predicted": pytest.approx(outside)}]
+    assert "predicted / measured per layer" in render_markdown(v)

@@ -53,6 +53,18 @@ PER_MICRO_BATCH = ("Each layout measured at two or more numbers of micro-batches
                    "iteration's own (the optimizer step, the gradient all-reduce, filling and draining a pipeline).")
 
 
+def per_layer_table(frame: pl.DataFrame, dim: str) -> Table:
+    rows = [[str(r[dim]), str(r["families"]), f"{r['per_layer_ratio']:.3f}", f"{r['outside_ms_measured']:.1f}",
+             f"{r['outside_ms_predicted']:.1f}"] for r in frame.iter_rows(named=True)]
+    return ([dim, "families", "predicted / measured per layer", "outside the layers ms measured",
+             "outside the layers ms predicted"], rows)
+
+
+PER_LAYER = ("Layouts that differ only in their layers: the time per micro-batch fitted as a part outside the "
+             "layers (embedding, head and loss: the last stage sets a pipeline's pace) plus a part per layer a "
+             "stage holds, medians over the families.")
+
+
 def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Document:
     """The report's sections, in order; with ``with_figures`` predicted against measured and the error
     histogram."""
@@ -70,7 +82,9 @@ def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Doc
                                            for dim, frame in v.by_dimension().items()]),
         doc.Section("Per micro-batch and per iteration", [
             doc.Text(PER_MICRO_BATCH),
-            *(doc.TableBlock(per_micro_batch_table(v.per_micro_batch_by(dim), dim)) for dim in ("tp", "pp"))]),
+            *(doc.TableBlock(per_micro_batch_table(v.per_micro_batch_by(dim), dim)) for dim in ("tp", "pp")),
+            doc.Text(PER_LAYER),
+            *(doc.TableBlock(per_layer_table(v.per_layer_by(dim), dim)) for dim in ("tp", "pp"))]),
     ]
     return doc.Document(f"Validation against measured iteration times: {v.measurements.name}", heading, sections)
 

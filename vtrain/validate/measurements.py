@@ -102,6 +102,44 @@ class MeasurementValidation:
             fixed_ms_measured=pl.col("fixed_ms_measured").median(),
             fixed_ms_predicted=pl.col("fixed_ms_predicted").median()).sort(dim)
 
+    @cached_property
+    def per_layer(self) -> pl.DataFrame:
+        """Each family of :attr:`per_micro_batch` layouts that differ only in their layers (two or more layers per
+        stage): the time per micro-batch, measured and predicted, fitted by least squares as a part outside the
+        layers plus a part per layer a stage holds. A pipeline goes at the pace of its slowest stage, the last one
+        (its layers and the head) in these models, so the part outside the layers is the embedding, the head and
+        the loss; it tells an error in the layers from one in what surrounds them."""
+        layouts = self.per_micro_batch
+        if layouts.is_empty():
+            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+        keys = [column for column in LAYOUT if column in layouts.columns and column not in ("layers", "virtual_stages")]
+        families = []
+        for key, group in layouts.group_by(keys, maintain_order=True):
+            per_stage = (group["layers"] / group["pp"]).to_numpy().astype(float)
+            if len(set(per_stage)) < 2:
+                continue
+            fits = {side: np.polyfit(per_stage, group[f"per_micro_batch_ms_{side}"].to_numpy(), 1)
+                    for side in ("measured", "predicted")}
+            families.append({**dict(zip(keys, key)), "layouts": group.height,
+                             **{f"per_layer_ms_{side}": float(fit[0]) for side, fit in fits.items()},
+                             **{f"outside_ms_{side}": float(fit[1]) for side, fit in fits.items()}})
+        if not families:
+            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+        return pl.DataFrame(families).with_columns(
+            per_layer_ratio=pl.col("per_layer_ms_predicted") / pl.col("per_layer_ms_measured"))
+
+    def per_layer_by(self, dim: str) -> pl.DataFrame:
+        """:attr:`per_layer` per value of ``dim``: families, the median ratio of predicted to measured time per
+        layer, and the medians of the parts outside the layers (ms per micro-batch)."""
+        families = self.per_layer
+        if families.is_empty():
+            return pl.DataFrame(schema={dim: pl.Int64, "families": pl.UInt32, "per_layer_ratio": pl.Float64,
+                                        "outside_ms_measured": pl.Float64, "outside_ms_predicted": pl.Float64})
+        return families.group_by(dim).agg(
+            families=pl.len(), per_layer_ratio=pl.col("per_layer_ratio").median(),
+            outside_ms_measured=pl.col("outside_ms_measured").median(),
+            outside_ms_predicted=pl.col("outside_ms_predicted").median()).sort(dim)
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` summary and ``metrics.json``."""
         invalid = self.table.filter(pl.col("invalid").is_not_null())
@@ -116,6 +154,7 @@ class MeasurementValidation:
                                          "layers", "iteration_ms", "predicted_ms", "error_pct").to_dicts(),
             "by_dimension": {dim: frame.to_dicts() for dim, frame in self.by_dimension().items()},
             "per_micro_batch": {dim: self.per_micro_batch_by(dim).to_dicts() for dim in ("tp", "pp")},
+            "per_layer": {dim: self.per_layer_by(dim).to_dicts() for dim in ("tp", "pp")},
             "invalid_rows": invalid.select("row", "invalid").to_dicts(),
         }
 
