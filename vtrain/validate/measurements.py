@@ -69,76 +69,37 @@ class MeasurementValidation:
     def per_micro_batch(self) -> pl.DataFrame:
         """Each layout measured at two or more numbers of micro-batches (scored rows that differ only in their
         global batch), its measured and its predicted times fitted by least squares as a fixed part plus a part
-        per micro-batch: one row per layout, with the predicted part per micro-batch over the measured one
-        (``per_micro_batch_ratio``). It tells an error in the work every micro-batch repeats (its passes, their
-        communication, a pipeline's hand-offs) from one in the work of an iteration (the optimizer step, the
-        gradient all-reduce, filling and draining the pipeline)."""
+        per micro-batch: one row per layout (``runs``: its rows), with the predicted part per micro-batch over the
+        measured one (``per_micro_batch_ratio``). It tells an error in the work every micro-batch repeats (its
+        passes, their communication, a pipeline's hand-offs) from one in the work of an iteration (the optimizer
+        step, the gradient all-reduce, filling and draining the pipeline)."""
         rows = self.scored.with_columns(micro_batches=pl.col("global_batch") // (pl.col("micro_batch") * pl.col("dp")))
-        keys = [column for column in LAYOUT if column in rows.columns]
-        layouts = []
-        for key, group in rows.group_by(keys, maintain_order=True):
-            counts = group["micro_batches"].to_numpy().astype(float)
-            if len(set(counts)) < 2:
-                continue
-            fits = {side: np.polyfit(counts, group[column].to_numpy(), 1)
-                    for side, column in (("measured", "iteration_ms"), ("predicted", "predicted_ms"))}
-            layouts.append({**dict(zip(keys, key)), "runs": group.height,
-                            **{f"per_micro_batch_ms_{side}": float(fit[0]) for side, fit in fits.items()},
-                            **{f"fixed_ms_{side}": float(fit[1]) for side, fit in fits.items()}})
-        if not layouts:
-            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
-        return pl.DataFrame(layouts).with_columns(
-            per_micro_batch_ratio=pl.col("per_micro_batch_ms_predicted") / pl.col("per_micro_batch_ms_measured"))
+        return _two_parts(rows, [column for column in LAYOUT if column in rows.columns], pl.col("micro_batches"),
+                          {"measured": "iteration_ms", "predicted": "predicted_ms"},
+                          ("per_micro_batch_ms", "fixed_ms", "runs"))
 
     def per_micro_batch_by(self, dim: str) -> pl.DataFrame:
         """:attr:`per_micro_batch` per value of ``dim``: layouts, the median ratio of predicted to measured time
         per micro-batch, and the medians of the fixed parts (ms)."""
-        layouts = self.per_micro_batch
-        if layouts.is_empty():
-            return pl.DataFrame(schema={dim: pl.Int64, "layouts": pl.UInt32, "per_micro_batch_ratio": pl.Float64,
-                                        "fixed_ms_measured": pl.Float64, "fixed_ms_predicted": pl.Float64})
-        return layouts.group_by(dim).agg(
-            layouts=pl.len(), per_micro_batch_ratio=pl.col("per_micro_batch_ratio").median(),
-            fixed_ms_measured=pl.col("fixed_ms_measured").median(),
-            fixed_ms_predicted=pl.col("fixed_ms_predicted").median()).sort(dim)
+        return _medians_by(self.per_micro_batch, dim, "layouts", "per_micro_batch_ratio", "fixed_ms")
 
     @cached_property
     def per_layer(self) -> pl.DataFrame:
         """Each family of :attr:`per_micro_batch` layouts that differ only in their layers (two or more layers per
         stage): the time per micro-batch, measured and predicted, fitted by least squares as a part outside the
-        layers plus a part per layer a stage holds. A pipeline goes at the pace of its slowest stage, the last one
-        (its layers and the head) in these models, so the part outside the layers is the embedding, the head and
-        the loss; it tells an error in the layers from one in what surrounds them."""
+        layers plus a part per layer a stage holds (``layouts``: the family's). A pipeline goes at the pace of its
+        slowest stage, the last one (its layers and the head) in these models, so the part outside the layers is
+        the embedding, the head and the loss; it tells an error in the layers from one in what surrounds them."""
         layouts = self.per_micro_batch
-        if layouts.is_empty():
-            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
         keys = [column for column in LAYOUT if column in layouts.columns and column not in ("layers", "virtual_stages")]
-        families = []
-        for key, group in layouts.group_by(keys, maintain_order=True):
-            per_stage = (group["layers"] / group["pp"]).to_numpy().astype(float)
-            if len(set(per_stage)) < 2:
-                continue
-            fits = {side: np.polyfit(per_stage, group[f"per_micro_batch_ms_{side}"].to_numpy(), 1)
-                    for side in ("measured", "predicted")}
-            families.append({**dict(zip(keys, key)), "layouts": group.height,
-                             **{f"per_layer_ms_{side}": float(fit[0]) for side, fit in fits.items()},
-                             **{f"outside_ms_{side}": float(fit[1]) for side, fit in fits.items()}})
-        if not families:
-            return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
-        return pl.DataFrame(families).with_columns(
-            per_layer_ratio=pl.col("per_layer_ms_predicted") / pl.col("per_layer_ms_measured"))
+        return _two_parts(layouts, keys, pl.col("layers") / pl.col("pp"),
+                          {side: f"per_micro_batch_ms_{side}" for side in ("measured", "predicted")},
+                          ("per_layer_ms", "outside_ms", "layouts"))
 
     def per_layer_by(self, dim: str) -> pl.DataFrame:
         """:attr:`per_layer` per value of ``dim``: families, the median ratio of predicted to measured time per
         layer, and the medians of the parts outside the layers (ms per micro-batch)."""
-        families = self.per_layer
-        if families.is_empty():
-            return pl.DataFrame(schema={dim: pl.Int64, "families": pl.UInt32, "per_layer_ratio": pl.Float64,
-                                        "outside_ms_measured": pl.Float64, "outside_ms_predicted": pl.Float64})
-        return families.group_by(dim).agg(
-            families=pl.len(), per_layer_ratio=pl.col("per_layer_ratio").median(),
-            outside_ms_measured=pl.col("outside_ms_measured").median(),
-            outside_ms_predicted=pl.col("outside_ms_predicted").median()).sort(dim)
+        return _medians_by(self.per_layer, dim, "families", "per_layer_ratio", "outside_ms")
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` summary and ``metrics.json``."""
@@ -184,6 +145,41 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
+
+
+def _two_parts(frame: pl.DataFrame, keys: list[str], x: pl.Expr, sides: dict[str, str],
+               names: tuple[str, str, str]) -> pl.DataFrame:
+    """Per group of ``frame``'s rows by ``keys`` with two or more values of ``x``: each of ``sides`` (name -> its
+    column) fitted by least squares as an intercept plus a slope times ``x``. ``names``: the slope's and the
+    intercept's column prefixes (suffixed with the side) and the rows' count column; the slope's predicted over
+    measured is ``<slope without _ms>_ratio``."""
+    slope, intercept, count = names
+    if frame.is_empty():
+        return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+    parts = []
+    for key, group in frame.with_columns(_x=x).group_by(keys, maintain_order=True):
+        at = group["_x"].to_numpy().astype(float)
+        if len(set(at)) < 2:
+            continue
+        fits = {side: np.polyfit(at, group[column].to_numpy(), 1) for side, column in sides.items()}
+        parts.append({**dict(zip(keys, key)), count: group.height,
+                      **{f"{slope}_{side}": float(fit[0]) for side, fit in fits.items()},
+                      **{f"{intercept}_{side}": float(fit[1]) for side, fit in fits.items()}})
+    if not parts:
+        return pl.DataFrame(schema={"tp": pl.Int64, "pp": pl.Int64})
+    ratio = slope.removesuffix("_ms") + "_ratio"
+    return pl.DataFrame(parts).with_columns((pl.col(f"{slope}_predicted") / pl.col(f"{slope}_measured")).alias(ratio))
+
+
+def _medians_by(frame: pl.DataFrame, dim: str, count: str, ratio: str, intercept: str) -> pl.DataFrame:
+    """Rows of :func:`_two_parts` per value of ``dim``: how many, the median ``ratio`` and the medians of the
+    measured and predicted ``intercept``."""
+    columns = (f"{intercept}_measured", f"{intercept}_predicted")
+    if frame.is_empty():
+        return pl.DataFrame(schema={dim: pl.Int64, count: pl.UInt32, ratio: pl.Float64,
+                                    **{column: pl.Float64 for column in columns}})
+    return frame.group_by(dim).agg(pl.len().alias(count), pl.col(ratio).median(),
+                                   *(pl.col(column).median() for column in columns)).sort(dim)
 
 
 #: a row measured this many times faster or slower than its prediction is said: the model's errors are tens of
