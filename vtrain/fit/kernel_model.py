@@ -260,21 +260,14 @@ def measured_sm_counts(rows: pl.DataFrame, sm_count: int) -> np.ndarray:
     return counts
 
 
-def wave_efficiency(batch: float, m: float, n: float, sm_count: float) -> float:
+def wave_efficiency(batch: Any, m: Any, n: Any, sm_count: Any) -> Any:
     """The share of a GEMM's waves of output tiles that does useful work: ``batch · m · n`` over ``waves · SMs ·
     tile``, with ``batch · ⌈m / 128⌉ · ⌈n / 128⌉`` tiles of 128 × 128 (:data:`TILE`) run ``SMs`` at a time
     (``waves = ⌈tiles / SMs⌉``). 1 when the tiles fill every wave exactly; it drops at every tile or wave
-    boundary (an A100's 108 SMs: m 384 → 392 at n 4096 takes a second wave) and is small for small m."""
-    tiles = batch * math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
-    return batch * m * n / (math.ceil(tiles / sm_count) * sm_count * TILE[0] * TILE[1])
-
-
-def wave_efficiencies(columns: dict[str, np.ndarray], sm_counts: np.ndarray) -> np.ndarray:
-    """:func:`wave_efficiency` of every row of :func:`shape_columns` (the same operations in the same order, so
-    a row's value is its shape's to the last bit)."""
-    batch, m, n = columns["batch"], columns["m"], columns["n"]
+    boundary (an A100's 108 SMs: m 384 → 392 at n 4096 takes a second wave) and is small for small m. Numbers or
+    arrays (one shape or a column of them, by the same operations: a row's value is its shape's to the last bit)."""
     tiles = batch * np.ceil(m / TILE[0]) * np.ceil(n / TILE[1])
-    return batch * m * n / (np.ceil(tiles / sm_counts) * sm_counts * TILE[0] * TILE[1])
+    return batch * m * n / (np.ceil(tiles / sm_count) * sm_count * TILE[0] * TILE[1])
 
 
 def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s: float) -> float:
@@ -358,7 +351,8 @@ def features_of(kind: str, columns: dict[str, np.ndarray], sm_counts: np.ndarray
         return np.array([log(float(v)) for v in distinct])[where.ravel()]
 
     if kind == GEMM:
-        waves = wave_efficiencies(columns, np.broadcast_to(np.asarray(sm_counts, dtype=float), columns["m"].shape))
+        waves = wave_efficiency(columns["batch"], columns["m"], columns["n"],
+                                np.broadcast_to(np.asarray(sm_counts, dtype=float), columns["m"].shape))
         return np.column_stack([*(logs(columns[name]) for name in ("batch", "m", "k", "n", "flops", "bytes")),
                                 logs(waves, math.log2)])
     sizes = [logs(columns[name]) for name in ("elements", "bytes", "row")]
