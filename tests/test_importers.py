@@ -667,3 +667,15 @@ def test_a_run_without_a_measured_time_is_a_refused_row(tmp_path):
                  "16,2,4,2,64,2,big,16,24,2048,0.8125"])
     with pytest.raises(InputError, match="line 2: 'hidden' is not an integer: 'big'"):
         read_measurements(path)
+
+
+def test_a_tab_separated_export_with_a_decimal_comma_is_read(tmp_path):
+    """A tab-separated export from a locale whose decimal mark is the comma (812,5) read every time as no number:
+    the runs were refused. A comma between digits is the decimal mark of a tab-separated file that writes no number
+    with a point; one that does (812.5 beside a "notes, if any" column) keeps its commas as text."""
+    comma = write(tmp_path / "comma.csv", [",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,812.5"])
+    tabs = write(tmp_path / "tabs.tsv", ["\t".join(GROUND_TRUTH_HEADER), "16\t64\t2\t2048\t16\t24\t2048\t2\t4\t2\t812,5"])
+    assert read_measurements(tabs).equals(read_measurements(comma))
+    write(tabs, ["\t".join([*GROUND_TRUTH_HEADER, "notes"]), "16\t64\t2\t2048\t16\t24\t2048\t2\t4\t2\t812.5\t1,5 GB"])
+    with pytest.warns(InputWarning, match="'notes' not read"):
+        assert read_measurements(tabs).equals(read_measurements(comma))

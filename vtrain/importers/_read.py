@@ -46,7 +46,7 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     text = read_text(path)
     delimiter = _delimiter(text)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    value_of = _decimal_comma if delimiter == ";" else _stripped
+    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _stripped
     try:
         records = [(reader.line_num, [value_of(value) for value in fields])
                    for fields in reader if any(value.strip() for value in fields)]
@@ -83,6 +83,15 @@ def _decimal_comma(value: str) -> str | None:
 
 
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+([eE][+-]?\d+)?")
+
+
+def _comma_is_decimal(text: str, delimiter: str) -> bool:
+    """Whether a comma between digits is the decimal mark: in a semicolon-separated file (the export of a locale
+    whose decimal mark is the comma), and in a tab-separated one that writes numbers with a comma between digits
+    and none with a point (a locale writes one or the other)."""
+    if delimiter == ";":
+        return True
+    return delimiter == "\t" and re.search(r"\d,\d", text) is not None and re.search(r"\d\.\d", text) is None
 
 
 def _delimiter(text: str) -> str:
