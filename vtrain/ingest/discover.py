@@ -39,13 +39,48 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
 
 
 def other_json_files(trace_dir: str | Path) -> list[Path]:
-    """The JSON files of a trace folder that are plainly no trace, left out with a warning: small (at most
-    :data:`OTHER_JSON_BYTES`), named like no trace (no rank number, not ``*.pt.trace.json``) and holding no
-    ``traceEvents`` list (a training run's ``config.json`` or ``metrics.json`` beside its traces). A file named
-    like a trace is read as one, and one that is not is an error there."""
+    """The JSON files of a trace folder that are plainly no trace, left out with a warning (:func:`not_a_trace`
+    says why). A file named like a trace is read as one, and one that is not is an error there."""
     folder = Path(trace_dir)
     return [path for path in sorted(folder.iterdir())
-            if path.name.endswith(TRACE_SUFFIXES) and path.is_file() and _plainly_not_a_trace(*_file_key(path))]
+            if path.name.endswith(TRACE_SUFFIXES) and path.is_file() and not_a_trace(path) is not None]
+
+
+def not_a_trace(path: Path) -> str | None:
+    """Why the JSON file ``path`` is plainly no Kineto trace, else ``None``: a PyTorch execution trace
+    (``ExecutionTraceObserver``'s file, of any size and name: its text begins ``{"schema": ..., "nodes": [``), or
+    a small file (at most :data:`OTHER_JSON_BYTES`) named like no trace (no rank number, not ``*.pt.trace.json``)
+    holding no ``traceEvents`` list (a training run's ``config.json`` or ``metrics.json`` beside its traces)."""
+    key = _file_key(path)
+    if _execution_trace(*key):
+        return "a PyTorch execution trace (ExecutionTraceObserver), no Kineto trace"
+    if _plainly_not_a_trace(*key):
+        return "a JSON file but no Kineto trace (no traceEvents)"
+    return None
+
+
+#: the bytes of a file's text :func:`_execution_trace` reads: an execution trace's keys come before its nodes
+_HEAD_BYTES = 4096
+#: the head of a PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``): its first key is
+#: ``schema`` (a Kineto trace's is ``schemaVersion``, its events ``traceEvents``), its operators are ``nodes``
+_EXECUTION_TRACE_HEAD = re.compile(rb'^(\xef\xbb\xbf)?\s*\{\s*"schema"\s*:\s*"[^"]*"\s*,.*?"nodes"\s*:\s*\[',
+                                   re.DOTALL)
+
+
+@functools.lru_cache(maxsize=256)
+def _execution_trace(name: str, size: int, time: int) -> bool:
+    """Whether the file ``name`` is a PyTorch execution trace, by the head of its text (see :func:`not_a_trace`;
+    the size and modification time key the cache)."""
+    try:
+        if name.endswith(".gz"):
+            with gzip.open(name, "rb") as handle:
+                head = handle.read(_HEAD_BYTES)
+        else:
+            with open(name, "rb") as handle:
+                head = handle.read(_HEAD_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return False  # unreadable: read as a trace, whose error names the problem
+    return _EXECUTION_TRACE_HEAD.match(head) is not None
 
 
 #: the largest JSON file :func:`other_json_files` opens to see whether it is a trace (a trace is rarely this small)
@@ -143,8 +178,7 @@ def not_read_warnings(trace_dir: str | Path) -> list[str]:
     copies = duplicate_trace_files(trace_dir)
     return ([f"{path}: not read: named like a trace but not a file" for path in unreadable_trace_names(trace_dir)]
             + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies]
-            + [f"{path}: not read: a JSON file but no Kineto trace (no traceEvents)"
-               for path in other_json_files(trace_dir)])
+            + [f"{path}: not read: {not_a_trace(path)}" for path in other_json_files(trace_dir)])
 
 
 def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_size: int | None) -> str | None:
