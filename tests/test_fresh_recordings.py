@@ -8,6 +8,7 @@ the code before its fix.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from tests.conftest import vtrain_in_process
 
 torch = pytest.importorskip("torch")
-from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function  # noqa: E402
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function, schedule  # noqa: E402
 
 
 def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> None:
@@ -58,3 +59,60 @@ def test_an_execution_trace_beside_the_kineto_trace_is_left_out_with_a_warning(t
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
     assert line in validated.stderr
+
+
+def _step_spans(trace: Path) -> dict[int, float]:
+    """The raw JSON's ``ProfilerStep#N`` spans: iteration -> duration (µs), read with plain ``json``."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    return {int(step[1]): e["dur"] for e in events
+            if e.get("ph") == "X" and (step := re.fullmatch(r"ProfilerStep#([0-9]+)", e.get("name", "")))}
+
+
+def test_a_users_span_named_like_a_profiler_step_is_no_iteration(tmp_path: Path) -> None:
+    """``record_function("ProfilerStep#warmup")`` in each step, open until after ``prof.step()``: ingest counted
+    each as an iteration (6 for 3 steps) and validate stretched each step to its end; iterations are now only the
+    spans named ``ProfilerStep#N``, in ingest, validate and whatif alike."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    model, optimizer, batch = _model()
+    trace = folder / "rank-0.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda done: done.export_chrome_trace(str(trace))) as prof:
+        for _ in range(4):  # ProfilerStep#1-3 recorded
+            span = record_function("ProfilerStep#warmup")
+            span.__enter__()
+            _train_step(model, optimizer, batch)
+            prof.step()
+            for _ in range(200):  # the span outlasts its step by these operators, in the next step
+                batch.add(1.0)
+            span.__exit__(None, None, None)
+    steps = _step_spans(trace)
+    assert len(steps) == 3
+    ingested = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile", "--json")
+    assert ingested.returncode == 0, ingested.stderr
+    assert json.loads(ingested.stdout)["ranks"]["0"]["iterations"] == len(steps)
+    validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
+    assert validated.returncode == 0, validated.stderr
+    measured = json.loads((tmp_path / "report" / "metrics.json").read_text())["replay"]["iterations"]
+    assert {row["iteration"] for row in measured} == set(sorted(steps)[1:])
+    for row in measured:  # CPU only: an iteration is its step span
+        assert row["measured_ms"] == pytest.approx(steps[row["iteration"]] / 1e3, rel=1e-6)
+
+
+def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(tmp_path: Path) -> None:
+    """No ``prof.step()``, only a user's ``ProfilerStep#warmup`` span: validate and whatif now say that the whole
+    trace is taken as one iteration (they said nothing: a span whose name begins like a step's counted as one)."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    model, optimizer, batch = _model()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("ProfilerStep#warmup"):
+            _train_step(model, optimizer, batch)
+    prof.export_chrome_trace(str(folder / "rank-0.json"))
+    note = f"warning: {folder}: no ProfilerStep#N spans; the whole trace is taken as one iteration"
+    validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
+    assert validated.returncode == 0, validated.stderr
+    assert note in validated.stderr
+    retimed = vtrain_in_process("whatif", folder, "--scale", "gemm=0.5", "-o", tmp_path / "whatif")
+    assert retimed.returncode == 0, retimed.stderr
+    assert note in retimed.stderr

@@ -19,6 +19,12 @@ Iterations are the profiler's own ``ProfilerStep#N`` spans.
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import polars as pl
+
 SPAN_PREFIX = "vtrain/"
 
 #: kinds of span: phases (forward, backward, recompute, optimizer), model blocks (embedding, layer, head =
@@ -33,6 +39,10 @@ PHASES = ("forward", "backward", "recompute", "optimizer")
 COMM_PURPOSES = ("tp", "pp", "dp")
 
 ITERATION_PREFIX = "ProfilerStep#"
+
+#: the whole name of an iteration's span: the prefix and the iteration number in ASCII digits (at most 18: an
+#: int64), nothing else (a ``record_function("ProfilerStep#warmup")`` of the user's is no iteration)
+ITERATION_NAME = rf"^{ITERATION_PREFIX}([0-9]{{1,18}})$"
 
 #: the prefix of every communication span (``vtrain/comm purpose=...``)
 COMM_SPAN_PREFIX = f"{SPAN_PREFIX}comm"
@@ -68,9 +78,14 @@ def parse_span_name(name: str) -> tuple[str, dict[str, str]] | None:
 
 
 def iteration_id(name: str) -> int | None:
-    """The iteration number of a ``ProfilerStep#N`` span, else ``None``."""
-    if name.startswith(ITERATION_PREFIX):
-        tail = name[len(ITERATION_PREFIX):]
-        if tail.isdigit():
-            return int(tail)
-    return None
+    """The iteration number of a ``ProfilerStep#N`` span (:data:`ITERATION_NAME`), else ``None``."""
+    match = re.fullmatch(ITERATION_NAME, name)
+    return int(match.group(1)) if match else None
+
+
+def iteration_numbers(names: pl.Expr) -> pl.Expr:
+    """:func:`iteration_id` of each name of a string column: the iteration number of a ``ProfilerStep#N`` span,
+    else null."""
+    import polars as pl
+
+    return names.str.extract(ITERATION_NAME).cast(pl.Int64)

@@ -26,7 +26,7 @@ from vtrain.kineto import (
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.naming import ITERATION_PREFIX
+from vtrain.naming import ITERATION_PREFIX, iteration_numbers
 from vtrain.tables.store import conform
 
 
@@ -67,7 +67,7 @@ def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
     """``ProfilerStep#N`` spans as (step_ts, step_end, iteration), sorted by start."""
     return (
         cpu.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
-        .with_columns(iteration=pl.col("name").str.strip_prefix(ITERATION_PREFIX).cast(pl.Int64, strict=False))
+        .with_columns(iteration=iteration_numbers(pl.col("name")))
         .filter(pl.col("iteration").is_not_null())
         .select(step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), iteration="iteration")
         .sort("step_ts")

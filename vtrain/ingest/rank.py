@@ -28,7 +28,7 @@ from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
 from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning, unanswered_launches_warning
-from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX
+from vtrain.naming import COMM_SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import gpu_op_calls
 
 Progress = Callable[[int], None]
@@ -239,5 +239,5 @@ def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
         "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
         "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
         "memory_us": round(by_class.get(MEMORY, 0.0), 3),
-        "iterations": cpu_ops.filter(pl.col("name").str.starts_with(ITERATION_PREFIX)).height,
+        "iterations": cpu_ops.filter(iteration_numbers(pl.col("name")).is_not_null()).height,
     }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
+from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
 
@@ -84,12 +84,17 @@ def _with_op_class(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
 
+def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
+    """The ``ProfilerStep#N`` spans of a timeline frame: its CPU events of such a name
+    (:data:`vtrain.naming.ITERATION_NAME`; a user's ``ProfilerStep#warmup`` annotation is none)."""
+    named = frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
+    return named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
+
+
 def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
     steps = (
-        frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
-        .with_columns(step=pl.col("name").cast(pl.String).str.strip_prefix(ITERATION_PREFIX)
-                      .cast(pl.Int64, strict=False))
-        .filter(pl.col("step").is_not_null())
+        step_spans(frame)
+        .with_columns(step=iteration_numbers(pl.col("name").cast(pl.String)))
         .select("rank", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), step="step")
         .sort("rank", "step_ts")
     )
@@ -134,13 +139,13 @@ def iterations(frame: pl.DataFrame, side: Side) -> pl.DataFrame:
     previous iteration's end when that is later: see the module's definition)."""
     start, dur = pl.col(side.start), pl.col(side.dur)
     # queries, so that only the columns the windows need are read, not every column of the events chosen
-    def windows(events: pl.Expr) -> pl.DataFrame:
-        return frame.lazy().filter(events & pl.col("iteration").is_not_null()).group_by("rank", "iteration").agg(
+    def windows(events: pl.LazyFrame) -> pl.DataFrame:
+        return events.filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration").agg(
             start=start.min(), step_end=(start + dur).max()).collect()
 
-    steps = windows((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
+    steps = windows(step_spans(frame).lazy())
     if steps.is_empty():  # no iteration marks: the iteration is everything on the rank
-        steps = windows(pl.lit(True))
+        steps = windows(frame.lazy())
     device_end = (
         frame.lazy().filter((pl.col("kind") == "device") & pl.col("iteration").is_not_null())
         .group_by("rank", "iteration").agg(device_end=(start + dur).max()).collect()

@@ -15,7 +15,6 @@ import polars as pl
 
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
-from vtrain.naming import ITERATION_PREFIX
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
@@ -41,6 +40,7 @@ from vtrain.validate.timeline import (
     annotate,
     iterations,
     ops,
+    step_spans,
     whole_trace_note,
 )
 
@@ -170,7 +170,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     for line in rank_warnings(trace_dir, traces, measured):
         note(line)
     steady = all_iterations[1:] or all_iterations
-    if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
+    if step_spans(frame).is_empty():
         note(whole_trace_note(trace_dir))
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")

@@ -21,14 +21,21 @@ import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.naming import ITERATION_PREFIX
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, described_run
 from vtrain.validate.diff import error_pct
-from vtrain.validate.timeline import MEASURED, REPLAYED, Side, annotate, iterations, whole_trace_note
+from vtrain.validate.timeline import (
+    MEASURED,
+    REPLAYED,
+    Side,
+    annotate,
+    iterations,
+    step_spans,
+    whole_trace_note,
+)
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
 from vtrain.whatif.match import Matching, match_events
@@ -128,7 +135,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
-    if not frame.filter(pl.col("name").cat.starts_with(ITERATION_PREFIX)).height:
+    if step_spans(frame).is_empty():
         warn(whole_trace_note(trace_dir))
     return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
 
