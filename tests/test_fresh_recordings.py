@@ -16,7 +16,14 @@ import pytest
 from tests.conftest import vtrain_in_process
 
 torch = pytest.importorskip("torch")
-from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function, schedule  # noqa: E402
+from torch.profiler import (  # noqa: E402
+    ExecutionTraceObserver,
+    ProfilerActivity,
+    profile,
+    record_function,
+    schedule,
+    tensorboard_trace_handler,
+)
 
 
 def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> None:
@@ -116,3 +123,25 @@ def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(t
     retimed = vtrain_in_process("whatif", folder, "--scale", "gemm=0.5", "-o", tmp_path / "whatif")
     assert retimed.returncode == 0, retimed.stderr
     assert note in retimed.stderr
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_two_profiler_cycles_of_a_single_process_job_are_named_as_such(gzip: bool, tmp_path: Path) -> None:
+    """``schedule(wait=1, warmup=1, active=2, repeat=2)`` with ``tensorboard_trace_handler`` in a job without
+    torch.distributed writes a file per cycle, ``WORKER.TIMESTAMP.pt.trace.json[.gz]``, with no rank in it. The
+    error said "name it rank-N.json.gz" (which would make the two cycles two ranks); it now says that they are two
+    cycles of one worker and what to do: one line, exit 2, nothing written."""
+    folder = tmp_path / "traces"
+    model, optimizer, batch = _model()
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(str(folder), worker_name="worker0", use_gzip=gzip)) as prof:
+        for _ in range(8):
+            _train_step(model, optimizer, batch)
+            prof.step()
+    cycles = sorted(path.name for path in folder.iterdir())
+    assert len(cycles) == 2 and all(name.startswith("worker0.") for name in cycles), cycles
+    for command in (["ingest", folder, "-o", tmp_path / "out"], ["validate", folder, "--no-hta", "-o", tmp_path / "out"]):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1, ran.stderr
+        assert "two profiler cycles of worker0" in ran.stderr and "in a folder of their own" in ran.stderr
+        assert not (tmp_path / "out").exists()

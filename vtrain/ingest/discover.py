@@ -196,9 +196,24 @@ def _rank_claimed_twice(rank: int, first: Path, second: Path) -> InputError:
     one worker (``WORKER.TIMESTAMP.pt.trace.json``), they are two cycles of one profiler (``schedule(repeat=2)``):
     the error says so and what to do."""
     worker = _cycle_worker(first)
-    hint = (f": two profiler cycles of {worker} (tensorboard_trace_handler writes a file per cycle); put each "
-            f"cycle's files in a folder of their own") if worker and worker == _cycle_worker(second) else ""
+    hint = f": {_cycles_advice(worker)}" if worker and worker == _cycle_worker(second) else ""
     return InputError(f"rank {rank} is claimed by both {first.name} and {second.name}{hint}", second)
+
+
+def _cycles_advice(worker: str) -> str:
+    """What to do with the files of several profiler cycles of one worker in one folder."""
+    return (f"two profiler cycles of {worker} (tensorboard_trace_handler writes a file per cycle); put each "
+            f"cycle's files in a folder of their own")
+
+
+def _other_cycle(path: Path) -> Path | None:
+    """Another file of the folder of ``path`` that ``tensorboard_trace_handler`` wrote for the same worker (another
+    profiler cycle of the same process), else ``None``."""
+    worker = _cycle_worker(path)
+    if worker is None:
+        return None
+    return next((other for other in find_trace_files(path.parent) if other != path and _cycle_worker(other) == worker),
+                None)
 
 
 def _cycle_worker(path: Path) -> str | None:
@@ -263,6 +278,9 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
         rank = named
         if rank is None and is_only_trace(path):
             rank = 0
+        if rank is None and (cycle := _other_cycle(path)) is not None:
+            raise InputError(f"no rank in the trace or its name, and {cycle.name} beside it: "
+                             f"{_cycles_advice(_cycle_worker(path) or '')}", path)
         if rank is None:
             raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
                              "file name (name it rank-N.json.gz)", path)
