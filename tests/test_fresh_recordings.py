@@ -145,3 +145,24 @@ def test_two_profiler_cycles_of_a_single_process_job_are_named_as_such(gzip: boo
         assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1, ran.stderr
         assert "two profiler cycles of worker0" in ran.stderr and "in a folder of their own" in ran.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_a_span_name_with_a_double_quote_is_named_as_the_fault(tmp_path: Path) -> None:
+    """``record_function('say "hi"')``: torch's profiler writes the name without escaping the quote, so the file is
+    no JSON (Python's json refuses it too). The one-line error gave only msgspec's "expected ',' or '}' (byte N)";
+    it now says that an event name holds a bare double quote, and what to do."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    model, optimizer, batch = _model()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function('say "hi"'):
+            _train_step(model, optimizer, batch)
+    prof.export_chrome_trace(str(folder / "rank-0.json"))
+    with pytest.raises(json.JSONDecodeError):
+        json.loads((folder / "rank-0.json").read_text())
+    for command in (["ingest", folder, "-o", tmp_path / "out"], ["validate", folder, "--no-hta", "-o", tmp_path / "out"]):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1, ran.stderr
+        assert ran.stderr.startswith(f"error: {folder / 'rank-0.json'}: invalid JSON: ")
+        assert 'an event name there holds a double quote that is not escaped (say "hi")' in ran.stderr
+        assert not (tmp_path / "out").exists()

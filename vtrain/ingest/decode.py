@@ -327,7 +327,8 @@ def decode_header(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADE
     except msgspec.ValidationError as exc:
         raise InputError(f"not a Kineto trace: {_describe_validation(exc)}", path) from None
     except msgspec.DecodeError as exc:
-        raise InputError(f"invalid JSON: {_describe_decode(exc, len(data))}", path) from None
+        raise InputError(f"invalid JSON: {_describe_decode(exc, len(data))}{_unescaped_name_hint(exc, data)}",
+                         path) from None
 
 
 class LooseEvent(msgspec.Struct, gc=False):
@@ -440,6 +441,35 @@ def _describe_validation(exc: msgspec.ValidationError) -> str:
     if text.startswith("Expected `object`") and "$" not in text:
         return "the top level is not a JSON object"
     return text
+
+
+#: where msgspec says a JSON error is (``... (byte 7783)``)
+_ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
+#: a line of Kineto's JSON that holds an event's name (Kineto writes each field on a line of its own)
+_NAME_LINE = re.compile(rb'^\s*"name"\s*:\s*"(?P<name>.*)"\s*,?\s*$')
+#: the most bytes of a line :func:`_unescaped_name_hint` looks at on each side of the error
+_LINE_REACH = 1 << 16
+
+
+def _unescaped_name_hint(exc: msgspec.DecodeError, data: Text) -> str:
+    """Where the JSON error lies in an event's ``"name"`` line whose name holds a bare double quote, what it is:
+    PyTorch's profiler writes ``record_function`` names into the trace without escaping them, so a span named
+    ``say "hi"`` makes the whole file invalid JSON. Else nothing."""
+    where = _ERROR_BYTE.search(str(exc))
+    if where is None:
+        return ""
+    at = int(where[1])
+    start = data.rfind(b"\n", max(0, at - _LINE_REACH), at) + 1
+    end = data.find(b"\n", at, at + _LINE_REACH)
+    line = bytes(data[start:end if end >= 0 else at])
+    name = _NAME_LINE.match(line)
+    if name is None or not re.search(rb'(?<!\\)"', name["name"]):
+        return ""
+    shown = name["name"].decode("utf-8", "replace")
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return (f": an event name there holds a double quote that is not escaped ({shown}); PyTorch's profiler writes "
+            f"record_function names as they are: rename the span without '\"' and record again, or escape the quote "
+            f"in the file")
 
 
 def _describe_decode(exc: msgspec.DecodeError, size: int) -> str:
