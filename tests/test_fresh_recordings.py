@@ -166,3 +166,30 @@ def test_a_span_name_with_a_double_quote_is_named_as_the_fault(tmp_path: Path) -
         assert ran.stderr.startswith(f"error: {folder / 'rank-0.json'}: invalid JSON: ")
         assert 'an event name there holds a double quote that is not escaped (say "hi")' in ran.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_a_memory_timeline_beside_the_trace_is_left_out_whatever_its_size(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prof.export_memory_timeline(FOLDER/"memory.json")`` writes a JSON array beside the trace; one above the
+    1 MiB that vtrain opens to see whether a JSON file is a trace (a real run's: about 10 kB a step of a small
+    model) stopped ingest and validate ("not a Kineto trace: no traceEvents list"). Recording one of that size
+    takes 15 s, so the limit is lowered below this small recording's file instead."""
+    import vtrain.ingest.discover as discover
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    model, optimizer, batch = _model()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        _train_step(model, optimizer, batch)
+    prof.export_chrome_trace(str(folder / "rank-0.json"))
+    with pytest.warns(FutureWarning):  # deprecated in torch 2.13, still written
+        prof.export_memory_timeline(str(folder / "memory.json"), device="cpu")
+    timeline = folder / "memory.json"
+    assert isinstance(json.loads(timeline.read_text()), list)
+    monkeypatch.setattr(discover, "OTHER_JSON_BYTES", timeline.stat().st_size - 1)
+    line = f"warning: {timeline}: not read: a JSON array of arrays (export_memory_timeline writes one), no Kineto trace"
+    for command in (["ingest", folder, "-o", tmp_path / "profile"], ["validate", folder, "--no-hta", "-o",
+                                                                      tmp_path / "report"]):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 0, ran.stderr
+        assert line in ran.stderr

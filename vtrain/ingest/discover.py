@@ -47,30 +47,42 @@ def other_json_files(trace_dir: str | Path) -> list[Path]:
 
 
 def not_a_trace(path: Path) -> str | None:
-    """Why the JSON file ``path`` is plainly no Kineto trace, else ``None``: a PyTorch execution trace
-    (``ExecutionTraceObserver``'s file, of any size and name: its text begins ``{"schema": ..., "nodes": [``), or
-    a small file (at most :data:`OTHER_JSON_BYTES`) named like no trace (no rank number, not ``*.pt.trace.json``)
-    holding no ``traceEvents`` list (a training run's ``config.json`` or ``metrics.json`` beside its traces)."""
+    """Why the JSON file ``path`` is plainly no Kineto trace, else ``None``. Whatever its size: a PyTorch execution
+    trace (``ExecutionTraceObserver``'s file, whatever its name: its text begins ``{"schema": ..., "nodes": [``),
+    or a file named like no trace (no rank number, not ``*.pt.trace.json``) whose text is a JSON array of arrays
+    (``export_memory_timeline``'s file); a small file (at most :data:`OTHER_JSON_BYTES`) named like no trace holding
+    no ``traceEvents`` list (a training run's ``config.json`` or ``metrics.json`` beside its traces)."""
     key = _file_key(path)
-    if _execution_trace(*key):
+    head = _head_kind(*key)
+    if head == "execution trace":
         return "a PyTorch execution trace (ExecutionTraceObserver), no Kineto trace"
     if _plainly_not_a_trace(*key):
         return "a JSON file but no Kineto trace (no traceEvents)"
+    if head == "arrays" and not named_like_a_trace(path):
+        return "a JSON array of arrays (export_memory_timeline writes one), no Kineto trace"
     return None
 
 
-#: the bytes of a file's text :func:`_execution_trace` reads: an execution trace's keys come before its nodes
+def named_like_a_trace(path: Path) -> bool:
+    """Whether the name of ``path`` says it is a trace: a rank number in it, or ``*.pt.trace.json[.gz]``."""
+    return rank_from_file_name(path) is not None or ".pt.trace.json" in path.name
+
+
+#: the bytes of a file's text :func:`_head_kind` reads: an execution trace's keys come before its nodes
 _HEAD_BYTES = 4096
 #: the head of a PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``): its first key is
 #: ``schema`` (a Kineto trace's is ``schemaVersion``, its events ``traceEvents``), its operators are ``nodes``
 _EXECUTION_TRACE_HEAD = re.compile(rb'^(\xef\xbb\xbf)?\s*\{\s*"schema"\s*:\s*"[^"]*"\s*,.*?"nodes"\s*:\s*\[',
                                    re.DOTALL)
+#: the head of a JSON text that is an array of arrays, never a trace (a Kineto trace is an object, a trace in
+#: Chrome's array format an array of objects: its error says what it is)
+_ARRAYS_HEAD = re.compile(rb"^(\xef\xbb\xbf)?\s*\[\s*\[")
 
 
 @functools.lru_cache(maxsize=256)
-def _execution_trace(name: str, size: int, time: int) -> bool:
-    """Whether the file ``name`` is a PyTorch execution trace, by the head of its text (see :func:`not_a_trace`;
-    the size and modification time key the cache)."""
+def _head_kind(name: str, size: int, time: int) -> str | None:
+    """What the head of the file ``name`` shows it to be: ``"execution trace"``, ``"arrays"``, else ``None`` (see
+    :func:`not_a_trace`; the size and modification time key the cache)."""
     try:
         if name.endswith(".gz"):
             with gzip.open(name, "rb") as handle:
@@ -79,8 +91,10 @@ def _execution_trace(name: str, size: int, time: int) -> bool:
             with open(name, "rb") as handle:
                 head = handle.read(_HEAD_BYTES)
     except (OSError, EOFError, zlib.error):
-        return False  # unreadable: read as a trace, whose error names the problem
-    return _EXECUTION_TRACE_HEAD.match(head) is not None
+        return None  # unreadable: read as a trace, whose error names the problem
+    if _EXECUTION_TRACE_HEAD.match(head):
+        return "execution trace"
+    return "arrays" if _ARRAYS_HEAD.match(head) else None
 
 
 #: the largest JSON file :func:`other_json_files` opens to see whether it is a trace (a trace is rarely this small)
@@ -92,7 +106,7 @@ def _plainly_not_a_trace(name: str, size: int, time: int) -> bool:
     """See :func:`other_json_files` (the size and modification time key the cache: a folder is listed by every
     command several times, and a file changed since is read again)."""
     path = Path(name)
-    if rank_from_file_name(path) is not None or ".pt.trace.json" in path.name or size > OTHER_JSON_BYTES:
+    if named_like_a_trace(path) or size > OTHER_JSON_BYTES:
         return False
     try:
         data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
