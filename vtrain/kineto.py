@@ -15,6 +15,7 @@ The one place that says what an event's category means; ingest and replay both l
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 
@@ -143,6 +144,33 @@ def unanswered_launches_warning(path: object, missing: int, launches: int) -> st
 EXTERNAL_ID_KEYS = ("External id", "external id")
 #: the spellings of the arg holding a CPU op's input shapes, newest first (PyTorch 1.8 wrote ``Input dims``)
 INPUT_DIMS_KEYS = ("Input Dims", "Input dims")
+
+#: bytes per element of each dtype, by its name in lower case: as the profiler writes it (C++ type names in ``Input
+#: type``: ``float``, ``c10::BFloat16``, ``short int``, ``long unsigned int`` ...; ScalarType names in
+#: ``record_param_comms``' ``dtype``: ``Float``, ``BFloat16``, ``UInt32`` ...) and as other tools spell it
+#: (``float32``, ``uint8`` ...).
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
+    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "long long int": 8, "short": 2, "int16": 2,
+    "short int": 2, "unsigned short": 2, "short unsigned int": 2, "uint16": 2, "unsigned int": 4, "uint32": 4,
+    "long unsigned int": 8, "long long unsigned int": 8, "uint64": 8,
+    "char": 1, "int8": 1, "byte": 1, "uint8": 1, "unsigned char": 1, "signed char": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
+    "c10::float8_e4m3fnuz": 1, "c10::float8_e5m2fnuz": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "c10::complex<c10::half>": 4, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "complexhalf": 4, "complexfloat": 8, "complexdouble": 16,
+}
+
+
+@lru_cache(maxsize=1024)
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype as the profiler (or another tool) spells it, in any case
+    (:data:`DTYPE_BYTES`); ``None`` for no dtype or one not known (``Scalar``, ``TensorList``, ``""``)."""
+    if not dtype:
+        return None
+    return DTYPE_BYTES.get(dtype.strip().lower())
 
 
 #: categories of older PyTorch versions (lower case) -> today's name

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vtrain.fit.kernel_model import GEMM, KernelModel, KernelShape, memory_kind, summary
-from vtrain.model.ops import DTYPE_BYTES, Op, first_dtype, gemm_dims, largest_elements, row_length
+from vtrain.kineto import dtype_bytes
+from vtrain.model.ops import Op, first_dtype, gemm_dims, largest_elements, row_length
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def kernel_shape(op: Op) -> KernelShape:
     """The shape the kernel model sees of one operator."""
     if op.is_gemm and op.flops > 0:
         batch, m, k, n = gemm_dims(op)
-        element = DTYPE_BYTES.get(first_dtype(op.input_types), 2)  # operands and output, as the benchmarks count
+        element = dtype_bytes(first_dtype(op.input_types)) or 2  # operands and output, as the benchmarks count
         return KernelShape(flops=op.flops, bytes=element * batch * (m * k + k * n + m * n), batch=batch, m=m, k=k,
                            n=n, kind=GEMM)
     kind = memory_kind(op.name)

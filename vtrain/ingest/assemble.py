@@ -12,7 +12,6 @@ import polars as pl
 from vtrain.ingest.classify import COMMUNICATION
 from vtrain.ingest.collectives import (
     canonical_collective,
-    dtype_bytes,
     elements_from_dims,
     first_dtype,
     parse_nccl_kernel,
@@ -22,6 +21,7 @@ from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     absurd_host_events,
+    dtype_bytes,
     is_graph_launch,
     unanswered_launches,
 )

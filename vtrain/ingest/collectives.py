@@ -24,13 +24,6 @@ _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _ALGORITHMS = ("COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS_TREE", "NVLSTREE", "NVLS", "COLLNET", "RING", "TREE", "PAT")
 _PROTOCOLS = ("LL128", "LL", "SIMPLE")
 
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8,
-    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "short": 2, "int16": 2,
-    "char": 1, "int8": 1, "byte": 1, "uint8": 1, "unsigned char": 1, "signed char": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
-}
 
 
 def canonical_collective(name: str | None) -> str | None:
@@ -57,13 +50,6 @@ def parse_nccl_kernel(name: str) -> tuple[str | None, str | None, str | None]:
     algorithm = next((a for a in _ALGORITHMS if f"_{a}_" in f"_{joined}_"), None)
     protocol = next((p for p in _PROTOCOLS if p in tokens), None)
     return collective, algorithm, protocol
-
-
-def dtype_bytes(dtype: str | None) -> int | None:
-    """Bytes per element of a dtype as Kineto spells it (``Float``, ``c10::Half``, ``unsigned char`` ...)."""
-    if not dtype:
-        return None
-    return DTYPE_BYTES.get(dtype.strip().lower())
 
 
 @lru_cache(maxsize=65536)

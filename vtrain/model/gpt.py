@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from vtrain.model.ops import DTYPE_BYTES, HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
+from vtrain.kineto import dtype_bytes
+from vtrain.model.ops import HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
 
 LONG = "long int"
@@ -66,7 +67,7 @@ class GptShape:
 
     @property
     def element_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        return dtype_bytes(self.dtype) or 4  # self.dtype is one of PRECISION_DTYPE's
 
     @property
     def activation_bytes(self) -> int:

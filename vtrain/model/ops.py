@@ -13,11 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-#: bytes per element of the dtype strings the profiler writes
-DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
-    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::Float8_e4m3fn": 1,
-}
+from vtrain.kineto import dtype_bytes
+
 
 #: the 16-bit floating-point dtype strings: the precision of every kernel the importers read
 HALF_DTYPES = ("c10::Half", "c10::BFloat16")
@@ -90,7 +87,7 @@ def make_op(name: str, dims: list[Any], types: list[str], *, indexed: int | None
     if indexed is None:
         flops, nbytes = op_cost(name, dims, types, list_element_bytes)
         return Op(name, json.dumps(dims), json.dumps(types), flops, nbytes)
-    element = DTYPE_BYTES.get(types[0], 4)
+    element = dtype_bytes(types[0]) or 4
     return Op(name, json.dumps(dims), json.dumps(types), 0.0, float(indexed * (2 * element + INDEX_BYTES)), indexed)
 
 
@@ -130,7 +127,7 @@ def _gemm_flops(name: str, dims: list[Any]) -> float:
 
 
 def _is_tensor(shape: Any, dtype: str) -> bool:
-    return dtype in DTYPE_BYTES or dtype == "TensorList" or (isinstance(shape, list) and shape != []
+    return dtype_bytes(dtype) is not None or dtype == "TensorList" or (isinstance(shape, list) and shape != []
                                                              and dtype not in ("Scalar", "ScalarList", ""))
 
 
@@ -139,7 +136,7 @@ def _tensor_bytes(shape: Any, dtype: str, list_element_bytes: int) -> int:
         return sum(list_element_bytes * math.prod(s) for s in shape if isinstance(s, list))
     if not isinstance(shape, list):
         return 0
-    return DTYPE_BYTES.get(dtype, 4) * math.prod(shape)
+    return (dtype_bytes(dtype) or 4) * math.prod(shape)
 
 
 def gemm_dims(op: Op) -> tuple[int, int, int, int]:

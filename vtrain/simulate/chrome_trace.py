@@ -27,7 +27,8 @@ import msgspec
 from vtrain import kineto
 from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
-from vtrain.model.ops import DTYPE_BYTES, PRECISION_DTYPE, Collective, Op
+from vtrain.kineto import dtype_bytes
+from vtrain.model.ops import PRECISION_DTYPE, Collective, Op
 from vtrain.naming import span_name
 from vtrain.outputs import check_output, staged
 from vtrain.runconfig import save_run_config
@@ -200,7 +201,7 @@ class _RankTrace:
                    end: float, tid: int, stream: int) -> None:
         """A collective as torch records it: a ``nccl:<op>`` (``gloo:<op>`` on CPU runs) annotation and, on
         GPUs, the ``record_param_comms`` op launching the NCCL kernel."""
-        elements = nbytes // DTYPE_BYTES.get(dtype, 4)  # the whole buffer: all-gather's output, reduce-scatter's input
+        elements = nbytes // (dtype_bytes(dtype) or 4)  # the whole buffer: all-gather's output, reduce-scatter's input
         shard = elements // max(group, 1)
         sizes = {"Collective name": _NCCL_COLLECTIVE.get(op, op),
                  "In msg nelems": shard if op == "all_gather" else elements,
