@@ -98,8 +98,12 @@ RECORD_PARAM_COMMS = "record_param_comms"
 ISSUING_OP_PREFIXES = (C10D_OP_PREFIX, RECORD_PARAM_COMMS)
 #: CPU annotations the c10d backends write around a collective (``gloo:all_reduce``, ``nccl:send``, ...)
 BACKEND_ANNOTATION_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
-#: every CPU event that is communication: the issuing operators and the backends' annotations
-COMMUNICATION_OP_PREFIXES = ISSUING_OP_PREFIXES + BACKEND_ANNOTATION_PREFIXES
+#: CPU operators that wait for a collective's result: functional collectives' (DTensor, tensor parallelism,
+#: compiled code; ``c10d_functional::`` before PyTorch 2.3). On a CPU rank the wait blocks the thread for as long
+#: as the collective takes: communication, not an operator's work
+COLLECTIVE_WAIT_OPS = ("_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
+#: every CPU event that is communication: the issuing operators, the backends' annotations and the waits for them
+COMMUNICATION_OP_PREFIXES = ISSUING_OP_PREFIXES + BACKEND_ANNOTATION_PREFIXES + COLLECTIVE_WAIT_OPS
 
 #: runtime / driver calls that launch a whole captured graph: one call, many device activities sharing its
 #: correlation id (CUDA runtime and driver, HIP); version suffixes (``cudaGraphLaunch_v10000``, ``_ptsz``) aside
