@@ -250,18 +250,25 @@ def _functional_collectives_rank(rank: int, world: int, folder: str, store: str)
     dist.destroy_process_group()
 
 
-def test_waits_for_functional_collectives_are_communication(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def functional_collectives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traces of 2 gloo ranks that all-reduce and all-gather with functional collectives (about 5 s)."""
+    import torch.multiprocessing as mp
+
+    folder = tmp_path_factory.mktemp("funcol") / "traces"
+    folder.mkdir()
+    mp.spawn(_functional_collectives_rank, args=(2, str(folder), str(folder.parent / "store")), nprocs=2)
+    return folder
+
+
+def test_waits_for_functional_collectives_are_communication(functional_collectives: Path, tmp_path: Path) -> None:
     """Functional collectives (DTensor, tensor parallelism, compiled code) on 2 gloo ranks: the thread blocks in
     ``_c10d_functional::wait_tensor`` for as long as the collective takes. That wait was an operator doing work:
     a row of ``op_latency`` (2.6 ms "per call") and compute in validate's breakdown (3.6 of a 4.3 ms step, against
     0.5 ms of operators). It is now communication."""
-    import torch.multiprocessing as mp
-
     from vtrain.tables.store import load_profile
 
-    folder = tmp_path / "traces"
-    folder.mkdir()
-    mp.spawn(_functional_collectives_rank, args=(2, str(folder), str(tmp_path / "store")), nprocs=2)
+    folder = functional_collectives
     ingested = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
     assert ingested.returncode == 0, ingested.stderr
     ops = set(load_profile(tmp_path / "profile")["op_latency"]["op"])
@@ -282,3 +289,44 @@ def test_waits_for_functional_collectives_are_communication(tmp_path: Path) -> N
     per_step = 2 * len(steady)  # ranks x steady iterations
     assert waits > 0
     assert breakdown["compute"] * 1e3 <= (steps - waits) / per_step + 1.0, (breakdown, waits / per_step)
+
+
+def _occurrences(trace: dict) -> dict[tuple[str, int], tuple[float, float]]:
+    """Each complete event of a trace's main names keyed by (name, occurrence in start order): (start, end)."""
+    events = sorted((e for e in trace["traceEvents"] if e.get("ph") == "X"), key=lambda e: (e["ts"], -e["dur"]))
+    seen: dict[str, int] = {}
+    keyed = {}
+    for event in events:
+        name = event["name"]
+        keyed[(name, seen.get(name, 0))] = (event["ts"], event["ts"] + event["dur"])
+        seen[name] = seen.get(name, 0) + 1
+    return keyed
+
+
+def test_whatif_ends_each_wait_after_its_functional_collective(functional_collectives: Path, tmp_path: Path) -> None:
+    """``whatif --scale all_reduce=10`` on the functional collectives' traces: the replay kept each
+    ``wait_tensor`` at its measured length, so in the predicted traces the thread went on long before the
+    all-reduce it waited for had ended. Each wait now ends when the collective that ended it in the measurement
+    ends (or later): checked for the waits that an all-reduce ended."""
+    import gzip
+
+    ran = vtrain_in_process("whatif", functional_collectives, "--scale", "all_reduce=10", "-o", tmp_path / "whatif")
+    assert ran.returncode == 0, ran.stderr
+    checked = 0
+    for rank in (0, 1):
+        measured = _occurrences(json.loads((functional_collectives / f"rank-{rank}.json").read_text()))
+        predicted = _occurrences(json.loads(gzip.decompress(
+            (tmp_path / "whatif" / "predicted" / f"rank-{rank}.json.gz").read_bytes())))
+        collectives = [(key, end) for key, (_, end) in measured.items() if key[0].startswith("gloo:")]
+        for key, (start, end) in measured.items():
+            if key[0] != "_c10d_functional::wait_tensor" or key not in predicted:
+                continue
+            ended = [(finish, other) for other, finish in collectives if start <= finish <= end]
+            if not ended:
+                continue  # the collective had ended before the wait began
+            waker = max(ended)[1]
+            if waker[0] != "gloo:all_reduce":
+                continue  # the scaled collectives' waits (an unscaled all-gather's start is not tied to its issue)
+            assert predicted[key][1] >= predicted[waker][1] - 1.0, (rank, key, waker)
+            checked += 1
+    assert checked >= 2

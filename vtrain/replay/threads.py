@@ -6,8 +6,9 @@ timeline as a sequence of points (starts and ends); between two consecutive poin
 
 * ``working``: inside an operator or runtime call that does the work itself (a leaf) or between the children
   of an operator (dispatch overhead): its measured length is kept;
-* ``idle``: outside every event or inside an annotation (``record_function`` spans, ``ProfilerStep#N``): the
-  thread may be waiting for another thread or for a collective, or running Python;
+* ``idle``: outside every event, inside an annotation (``record_function`` spans, ``ProfilerStep#N``) or inside
+  a wait for a collective (``_c10d_functional::wait_tensor``): the thread may be waiting for another thread or
+  for a collective, or running Python;
 * ``blocked``: inside a runtime call that can wait for the device (synchronize, memcpy, free, or any call
   far slower than usual for its name, such as a launch into a full queue).
 
@@ -22,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
+from vtrain.kineto import COLLECTIVE_WAIT_OPS
 from vtrain.replay.trace import CPU, RUNTIME, RankTrace
 
 WORKING, IDLE, BLOCKED = "working", "idle", "blocked"
@@ -141,7 +143,8 @@ def _segment_kind(trace: RankTrace, innermost: int | None, has_child: set[int],
                   blocking: set[int]) -> tuple[str, int]:
     if innermost is None:
         return IDLE, -1
-    if trace.kind[innermost] == CPU and trace.cat[innermost] == "user_annotation":
+    if trace.kind[innermost] == CPU and (trace.cat[innermost] == "user_annotation"
+                                         or trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS)):
         return IDLE, -1
     if innermost in blocking and innermost not in has_child:
         return BLOCKED, innermost
