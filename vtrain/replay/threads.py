@@ -6,9 +6,10 @@ timeline as a sequence of points (starts and ends); between two consecutive poin
 
 * ``working``: inside an operator or runtime call that does the work itself (a leaf) or between the children
   of an operator (dispatch overhead): its measured length is kept;
-* ``idle``: outside every event, inside an annotation (``record_function`` spans, ``ProfilerStep#N``) or inside
-  a wait for a collective (``_c10d_functional::wait_tensor``): the thread may be waiting for another thread or
-  for a collective, or running Python;
+* ``idle``: outside every event, inside an annotation (``record_function`` spans, ``ProfilerStep#N``) or, on a
+  rank without device activities, inside a wait for a collective (``_c10d_functional::wait_tensor``, which blocks
+  a gloo rank's thread until the collective ends; on a GPU it only orders streams): the thread may be waiting for
+  another thread or for a collective, or running Python;
 * ``blocked``: inside a runtime call that can wait for the device (synchronize, memcpy, free, or any call
   far slower than usual for its name, such as a launch into a full queue).
 
@@ -77,11 +78,12 @@ def build_chains(trace: RankTrace, members: list[int], offset: int,
         by_thread[trace.lane[i]].append(i)
     chains: list[ThreadChain] = []
     floating: list[int] = []
+    host_waits = not trace.has_device_activity  # a collective's wait blocks the thread (see the module)
     for tid, events in sorted(by_thread.items()):
         events.sort(key=lambda i: (trace.ts[i], -trace.dur[i], i))
         nested, has_child, loose = _nest(trace, events)
         floating.extend(loose)
-        chains.append(_walk(trace, tid, nested, has_child, offset, blocking))
+        chains.append(_walk(trace, tid, nested, has_child, offset, blocking, host_waits))
     return chains, floating
 
 
@@ -107,14 +109,14 @@ def _nest(trace: RankTrace, events: list[int]) -> tuple[list[int], set[int], lis
 
 
 def _walk(trace: RankTrace, tid: int, nested: list[int], has_child: set[int], offset: int,
-          blocking: set[int]) -> ThreadChain:
+          blocking: set[int], host_waits: bool) -> ThreadChain:
     """The thread's points in order, with the kind of each segment between them."""
     chain = ThreadChain(tid=tid)
     stack: list[int] = []
 
     def emit(point: int, time: float) -> None:
         if chain.points:
-            kind, blocker = _segment_kind(trace, stack[-1] if stack else None, has_child, blocking)
+            kind, blocker = _segment_kind(trace, stack[-1] if stack else None, has_child, blocking, host_waits)
             chain.segment.append(kind)
             chain.blocker.append(blocker)
         chain.points.append(point)
@@ -139,12 +141,14 @@ def _end(trace: RankTrace, i: int) -> float:
     return trace.ts[i] + trace.dur[i]
 
 
-def _segment_kind(trace: RankTrace, innermost: int | None, has_child: set[int],
-                  blocking: set[int]) -> tuple[str, int]:
+def _segment_kind(trace: RankTrace, innermost: int | None, has_child: set[int], blocking: set[int],
+                  host_waits: bool) -> tuple[str, int]:
+    """The kind of the segment inside ``innermost`` (see the module; ``host_waits``: the rank's collective waits
+    block its threads)."""
     if innermost is None:
         return IDLE, -1
-    if trace.kind[innermost] == CPU and (trace.cat[innermost] == "user_annotation"
-                                         or trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS)):
+    if trace.kind[innermost] == CPU and (trace.cat[innermost] == "user_annotation" or (
+            host_waits and trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS))):
         return IDLE, -1
     if innermost in blocking and innermost not in has_child:
         return BLOCKED, innermost
