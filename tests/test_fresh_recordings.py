@@ -1,8 +1,10 @@
 """Recordings made here and now with the installed torch (CPU), with profiler options and workloads the shipped
-traces do not cover, read by `vtrain ingest` and `vtrain validate --no-hta`.
+traces do not cover, read by `vtrain ingest`, `vtrain validate --no-hta` and `vtrain whatif`: an execution trace
+and a memory timeline beside the trace, a user's span named like a profiler step, profiler cycles of a
+single-process job, a span name holding a double quote, collectives of every dtype, functional collectives.
 
-Each recording is made in the test (each takes well under a second once torch is imported) and each test fails on
-the code before its fix.
+Each recording is made in the test (well under a second once torch is imported; the 2-rank functional
+collectives job about 5 s, once for the module) and each test fails on the code before its fix.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch.profiler import (  # noqa: E402
 
 
 def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+    """One training step: forward, backward, optimizer step."""
     loss = model(batch).square().mean()
     loss.backward()
     optimizer.step()
@@ -34,6 +37,7 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    """A small MLP, its optimizer and a batch."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 16)
