@@ -282,17 +282,17 @@ def test_waits_for_functional_collectives_are_communication(functional_collectiv
     assert validated.returncode == 0, validated.stderr
     metrics = json.loads((tmp_path / "report" / "metrics.json").read_text())
     steady = metrics["steady_iterations"]
-    waits = steps = 0.0
+    waits = 0.0
     for rank in (0, 1):
         events = [e for e in json.loads((folder / f"rank-{rank}.json").read_text())["traceEvents"] if e.get("ph") == "X"]
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] in {f"ProfilerStep#{i}" for i in steady}]
         waits += sum(e["dur"] for e in events if e["name"] == "_c10d_functional::wait_tensor"
                      and any(start <= e["ts"] < end for start, end in spans))
-        steps += sum(end - start for start, end in spans)
     breakdown = {row["category"]: row["measured_ms"] for row in metrics["replay"]["breakdown"]}
     per_step = 2 * len(steady)  # ranks x steady iterations
     assert waits > 0
-    assert breakdown["compute"] * 1e3 <= (steps - waits) / per_step + 1.0, (breakdown, waits / per_step)
+    # counted as compute, the waits alone made compute at least their time; the operators take a fraction of it
+    assert breakdown["compute"] * 1e3 < waits / per_step, (breakdown, waits / per_step)
 
 
 def _occurrences(trace: dict) -> dict[tuple[str, int], tuple[float, float]]:
