@@ -22,8 +22,10 @@ demo: venv
 	$(VENV)/bin/vtrain tables profiles/demo --top 10
 	$(VENV)/bin/vtrain validate traces/t2p2d2 -o reports/demo
 
+# Two workers (pytest-xdist), a test file each: the suite took 17-20 min in one process on CI's 2 cores, 10 min
+# so; a file's module fixtures (recordings, ingested profiles) stay in one worker.
 test: venv
-	$(PY) -m pytest -q --ignore=tests/benchmarks
+	$(PY) -m pytest -q --ignore=tests/benchmarks -n 2 --dist loadfile
 
 bench: venv
 	$(PY) -m pytest -q tests/benchmarks --benchmark-enable --benchmark-only
