@@ -124,6 +124,10 @@ def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(t
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
     assert note in validated.stderr
+    # the report says why iteration 0 is the steady one (it said "the first profiled one excluded")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "steady iterations [0] (no ProfilerStep#N spans: the whole trace is one iteration)" in report, report
+    assert "first profiled one excluded" not in report
     retimed = vtrain_in_process("whatif", folder, "--scale", "gemm=0.5", "-o", tmp_path / "whatif")
     assert retimed.returncode == 0, retimed.stderr
     assert note in retimed.stderr
@@ -334,3 +338,14 @@ def test_whatif_ends_each_wait_after_its_functional_collective(functional_collec
             assert predicted[key][1] >= predicted[waker][1] - 1.0, (rank, key, waker)
             checked += 1
     assert checked >= 2
+
+
+def test_the_steady_iterations_say_why_they_are_those() -> None:
+    """Every profiled iteration but the first (a warm-up); the only one when there is one; the whole trace when it
+    has no step spans: each with its reason, which the report prints beside them."""
+    from vtrain.validate.traces import steady_iterations
+
+    assert steady_iterations([3, 4, 5], marked=True) == ([4, 5], "the first profiled one excluded")
+    assert steady_iterations([7], marked=True) == ([7], "the only profiled one, used although it is the first")
+    assert steady_iterations([0], marked=False)[0] == [0]
+    assert "whole trace" in steady_iterations([0], marked=False)[1]

@@ -34,8 +34,7 @@ def document(v: Validation, *, with_figures: bool = False) -> doc.Document:
     figures = [timeline_figure(v), class_error_figure(v), histogram_figure(v)] if with_figures else []
     heading: list[doc.Block] = [
         doc.Bullets([f"ranks {v.ranks} of world size {v.world_size or '?'}, {v.device} traces",
-                     f"profiled iterations {v.iterations}; steady iterations {v.steady} (the first profiled one "
-                     "excluded)",
+                     f"profiled iterations {v.iterations}; steady iterations {v.steady} ({v.steady_basis})",
                      f"run described by: {v.config_source or 'nothing (replay only)'}",
                      f"iteration time: {v.measured['definition']}"])]
     sections = [doc.Section("Iteration time", [

@@ -64,6 +64,7 @@ class Validation:
     config_source: str | None
     iterations: list[int]
     steady: list[int]
+    steady_basis: str  # why the steady iterations are these (:func:`steady_iterations`)
     measured: dict[str, Any]
     replay: Comparison
     model: Comparison | None
@@ -85,7 +86,8 @@ class Validation:
         return {
             "trace_dir": str(self.trace_dir), "ranks": self.ranks, "world_size": self.world_size,
             "device": self.device, "config": self.config_source, "iterations": self.iterations,
-            "steady_iterations": self.steady, "measured": self.measured, "replay": self.replay.to_dict(),
+            "steady_iterations": self.steady, "steady_basis": self.steady_basis, "measured": self.measured,
+            "replay": self.replay.to_dict(),
             "model": self.model.to_dict() if self.model else None, "model_reason": self.model_reason,
             "hta": self.hta, "warnings": self.warnings,
             "memory": {"source": PEAK_SOURCE, "ranks": self.memory} if self.memory else None,
@@ -106,11 +108,22 @@ class Prepared:
     frame: pl.DataFrame  # the annotated replay (measured and replayed times of every event)
     all_iterations: list[int]
     steady: list[int]
+    steady_basis: str
     model: ModelRun | None
     model_reason: str | None
     warnings: list[str]
     text: TextAside  # holds the ranks' kept text until the replayed traces are written
     memory: list[dict[str, Any]] = field(default_factory=list)  # :func:`peak_memory_rows`
+
+
+def steady_iterations(all_iterations: list[int], *, marked: bool) -> tuple[list[int], str]:
+    """The iterations a validation compares (every profiled one but the first, which warms up) and why, in words:
+    ``marked`` is whether the traces have ``ProfilerStep#N`` spans (without them the whole trace is iteration 0)."""
+    if not marked:
+        return all_iterations, "no ProfilerStep#N spans: the whole trace is one iteration"
+    if len(all_iterations) == 1:
+        return all_iterations, "the only profiled one, used although it is the first"
+    return all_iterations[1:], "the first profiled one excluded"
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
@@ -169,8 +182,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
         note(line)
-    steady = all_iterations[1:] or all_iterations
-    if step_spans(frame).is_empty():
+    marked = not step_spans(frame).is_empty()
+    steady, steady_basis = steady_iterations(all_iterations, marked=marked)
+    if not marked:
         note(whole_trace_note(trace_dir))
     elif len(all_iterations) == 1:
         note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
@@ -200,7 +214,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
             note(f"{config_source}: {exc}: the memory model is not compared with it")
     release_freed_memory()  # the decoding, replay and annotation are done: what they freed goes back before comparing
     return Prepared(trace_dir=trace_dir, traces=traces, config=config, config_source=config_source,
-                    replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady, model=model,
+                    replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady,
+                    steady_basis=steady_basis, model=model,
                     model_reason=model_reason, warnings=warnings, text=text, memory=memory)
 
 
@@ -248,6 +263,7 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
     return Validation(
         trace_dir=trace_dir, ranks=[t.rank for t in traces], world_size=traces[0].world_size if traces else None,
         device=device, config_source=prepared.config_source, iterations=prepared.all_iterations, steady=steady,
+        steady_basis=prepared.steady_basis,
         measured=_measured_summary(measured_iterations, steady), replay=replay_result, model=model_result,
         model_reason=prepared.model_reason, hta=hta, timelines=timelines, warnings=prepared.warnings,
         memory=prepared.memory,
