@@ -124,6 +124,9 @@ def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(t
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
     assert note in validated.stderr
+    ingested = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ingested.returncode == 0, ingested.stderr
+    assert f"warning: {folder}: none of its rank files mark iterations (no ProfilerStep#N spans" in ingested.stderr
     # the report says why iteration 0 is the steady one (it said "the first profiled one excluded")
     report = (tmp_path / "report" / "report.md").read_text()
     assert "steady iterations [0] (no ProfilerStep#N spans: the whole trace is one iteration)" in report, report

@@ -35,6 +35,7 @@ from vtrain.ingest.rank import (
     ingest_rank,
     rank_row,
     shapeless_warning,
+    unmarked_warning,
 )
 from vtrain.outputs import staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
@@ -187,8 +188,9 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
         warn(line)
-    if line := shapeless_warning(Path(trace_dir), results):
-        warn(line)
+    for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results)):
+        if line:
+            warn(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
     metadata["run"] = described_run(Path(trace_dir), warn)
     return IngestedRanks(spool=spool, results=results, metadata=metadata)

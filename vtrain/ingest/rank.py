@@ -195,13 +195,29 @@ def _shapeless(cpu_ops: pl.DataFrame) -> bool:
 def shapeless_warning(trace_dir: Path, results: list[RankResult]) -> str | None:
     """One warning line for a folder whose rank files have operators without input shapes: every shape of an
     operator then shares one latency signature, which a prediction cannot look up by shape."""
-    shapeless = [r for r in results if r.shapeless]
-    if not shapeless:
+    which = _which_do_not(sum(r.shapeless for r in results), len(results))
+    if which is None:
         return None
-    which = ("none of its rank files" if len(shapeless) == len(results)
-             else f"{len(shapeless)} of its {len(results)} rank files do not")
     return (f"{trace_dir}: {which} record the operators' input shapes (profiled without record_shapes=True): each "
             f"operator's latency is one median over all its shapes, which a prediction cannot look up by shape")
+
+
+def unmarked_warning(trace_dir: Path, results: list[RankResult]) -> str | None:
+    """One warning line for a folder whose rank files mark no iteration (no ``ProfilerStep#N`` span: profiled
+    without a schedule's ``prof.step()``): their tables hold every operator of the whole trace, warm-up included,
+    and validate and whatif take the whole trace as one iteration."""
+    which = _which_do_not(sum(not r.iterations for r in results), len(results))
+    if which is None:
+        return None
+    return (f"{trace_dir}: {which} mark iterations (no ProfilerStep#N spans: profiled without prof.step()): the "
+            f"tables hold every operator of the whole trace, warm-up included, and 0 iterations are counted")
+
+
+def _which_do_not(some: int, of: int) -> str | None:
+    """``none of its rank files`` / ``K of its N rank files do not`` (followed by a verb), None when ``some`` is 0."""
+    if not some:
+        return None
+    return "none of its rank files" if some == of else f"{some} of its {of} rank files do not"
 
 
 def _keep(result: RankResult, tables: RankTables, spool: Path) -> None:
