@@ -110,16 +110,22 @@ def test_a_users_span_named_like_a_profiler_step_is_no_iteration(tmp_path: Path)
         assert row["measured_ms"] == pytest.approx(steps[row["iteration"]] / 1e3, rel=1e-6)
 
 
-def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(tmp_path: Path) -> None:
-    """No ``prof.step()``, only a user's ``ProfilerStep#warmup`` span: validate and whatif now say that the whole
-    trace is taken as one iteration (they said nothing: a span whose name begins like a step's counted as one)."""
+def _one_step_in_a_span(tmp_path: Path, name: str) -> Path:
+    """A folder with one CPU trace of one training step inside ``record_function(name)``, no ``prof.step()``."""
     folder = tmp_path / "traces"
     folder.mkdir()
     model, optimizer, batch = _model()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function("ProfilerStep#warmup"):
+        with record_function(name):
             _train_step(model, optimizer, batch)
     prof.export_chrome_trace(str(folder / "rank-0.json"))
+    return folder
+
+
+def test_a_trace_whose_only_step_like_spans_are_a_users_is_one_whole_iteration(tmp_path: Path) -> None:
+    """No ``prof.step()``, only a user's ``ProfilerStep#warmup`` span: validate and whatif now say that the whole
+    trace is taken as one iteration (they said nothing: a span whose name begins like a step's counted as one)."""
+    folder = _one_step_in_a_span(tmp_path, "ProfilerStep#warmup")
     note = f"warning: {folder}: no ProfilerStep#N spans; the whole trace is taken as one iteration"
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
@@ -162,13 +168,7 @@ def test_a_span_name_with_a_double_quote_is_named_as_the_fault(tmp_path: Path) -
     """``record_function('say "hi"')``: torch's profiler writes the name without escaping the quote, so the file is
     no JSON (Python's json refuses it too). The one-line error gave only msgspec's "expected ',' or '}' (byte N)";
     it now says that an event name holds a bare double quote, and what to do."""
-    folder = tmp_path / "traces"
-    folder.mkdir()
-    model, optimizer, batch = _model()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function('say "hi"'):
-            _train_step(model, optimizer, batch)
-    prof.export_chrome_trace(str(folder / "rank-0.json"))
+    folder = _one_step_in_a_span(tmp_path, 'say "hi"')
     with pytest.raises(json.JSONDecodeError):
         json.loads((folder / "rank-0.json").read_text())
     for command in (["ingest", folder, "-o", tmp_path / "out"], ["validate", folder, "--no-hta", "-o", tmp_path / "out"]):
