@@ -83,13 +83,10 @@ _ARRAYS_HEAD = re.compile(rb"^(\xef\xbb\xbf)?\s*\[\s*\[")
 def _head_kind(name: str, size: int, time: int) -> str | None:
     """What the head of the file ``name`` shows it to be: ``"execution trace"``, ``"arrays"``, else ``None`` (see
     :func:`not_a_trace`; the size and modification time key the cache)."""
+    opener = gzip.open if name.endswith(".gz") else open
     try:
-        if name.endswith(".gz"):
-            with gzip.open(name, "rb") as handle:
-                head = handle.read(_HEAD_BYTES)
-        else:
-            with open(name, "rb") as handle:
-                head = handle.read(_HEAD_BYTES)
+        with opener(name, "rb") as handle:
+            head = handle.read(_HEAD_BYTES)
     except (OSError, EOFError, zlib.error):
         return None  # unreadable: read as a trace, whose error names the problem
     if _EXECUTION_TRACE_HEAD.match(head):
