@@ -84,3 +84,22 @@ def test_whatif_says_when_the_scaled_events_move_no_iteration() -> None:
     result = what_if(GPU / "h100-user-ckpt-accum", [parse_scale("gemm=2")], warn=notes.append)
     assert result.scale_hits["gemm"] > 0
     assert any("no iteration moved: none of these events is on a critical path" in note for note in notes), notes
+
+
+def test_gloo_collectives_of_a_rank_in_two_groups_of_the_same_members(tmp_path: Path) -> None:
+    """A job that makes a gloo group of every rank beside its default NCCL group (for CPU-side collectives) has two
+    groups of the same members in ``pg_config``: its annotations are still among those ranks, and the two ranks'
+    calls are matched into collectives. Before, no group: the calls kept no ranks and raw durations."""
+    for trace in sorted(WORLD2.glob("rank-*.json.gz")):
+        with gzip.open(trace, "rt") as handle:
+            data = json.load(handle)
+        groups = data["distributedInfo"]["pg_config"]
+        assert len(groups) == 1 and groups[0]["ranks"] == [0, 1]
+        groups.append({**groups[0], "pg_name": "gloo-of-all", "backend_config": "cpu:gloo"})
+        with gzip.open(tmp_path / trace.name, "wt") as handle:
+            json.dump(data, handle)
+    tables = ingest_traces(tmp_path)
+    collectives = tables["collectives"]
+    assert collectives.height == 16 and set(collectives["group_ranks"]) == {"[0,1]"}
+    assert collectives["process_group"].null_count() == 16  # two names for those ranks: neither is said
+    assert set(tables["nccl_latency"]["duration_source"]) == {MATCHED_DURATION}

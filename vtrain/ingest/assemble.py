@@ -234,8 +234,8 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
 
     A collective's description depends only on its kernel's (or annotation's) metadata, which repeats from
     iteration to iteration: it is worked out once per distinct metadata and joined back. An annotation names no
-    process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), its calls
-    are that group's.
+    process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), or in
+    several with the same members, its calls are among those ranks.
     """
     group = _only_group(rank, dist_info)
     size = _default_group_size(rank, dist_info)
@@ -283,7 +283,7 @@ def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[
 
 
 def _annotation_collective(row: dict[str, Any], default_group: int | None,
-                           group: tuple[str, str] | None = None) -> tuple[Any, ...]:
+                           group: tuple[str | None, str] | None = None) -> tuple[Any, ...]:
     in_n = row["arg_in_nelems"] or elements_from_dims(row["input_dims"])
     pg_name, pg_ranks = (row["arg_pg_name"], row["arg_pg_ranks"]) if row["arg_pg_ranks"] or row["arg_pg_name"] \
         else group or (None, None)
@@ -306,14 +306,18 @@ def _description(collective: str | None, pg_name: str | None, pg_ranks: str | No
             elements * size if elements and size else None, algorithm, protocol, source)
 
 
-def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str, str] | None:
+def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str | None, str] | None:
     """The name and ranks (JSON, as a trace's ``Process Group Ranks``) of the one process group of more than one
-    rank that holds this rank, if there is exactly one."""
+    rank that holds this rank, if there is exactly one; where several hold it with the same members (a job's
+    default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks, and a name only
+    when they share one."""
     groups = [pg for pg in (dist_info or {}).get("pg_config") or []
               if isinstance(pg.get("ranks"), list) and rank in pg["ranks"] and len(pg["ranks"]) > 1]
-    if len(groups) != 1 or not all(type(r) is int for r in groups[0]["ranks"]):
+    members = {tuple(pg["ranks"]) for pg in groups}
+    if len(members) != 1 or not all(type(r) is int for r in groups[0]["ranks"]):
         return None
-    return str(groups[0].get("pg_name", "")), json.dumps(groups[0]["ranks"], separators=(",", ":"))
+    names = {str(pg.get("pg_name", "")) for pg in groups}
+    return (names.pop() if len(names) == 1 else None), json.dumps(groups[0]["ranks"], separators=(",", ":"))
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
