@@ -61,11 +61,16 @@ def test_an_execution_trace_beside_the_kineto_trace_is_left_out_with_a_warning(t
     prof.export_chrome_trace(str(folder / "rank-0.json"))
     execution_trace = folder / "execution_trace.json"
     assert execution_trace.stat().st_size > 1 << 20, "the execution trace must be larger than 1 MiB"
-    assert "nodes" in json.loads(execution_trace.read_text())
+    written = json.loads(execution_trace.read_text())
+    assert "nodes" in written and next(iter(written)) == "schema"
+    # the same file re-written by a tool with its keys sorted: "nodes" first, "schema" far beyond the head
+    resorted = folder / "execution_trace_sorted.json"
+    resorted.write_text(json.dumps(written, sort_keys=True))
     line = f"warning: {execution_trace}: not read: a PyTorch execution trace (ExecutionTraceObserver)"
     ingested = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile", "--json")
     assert ingested.returncode == 0, ingested.stderr
     assert line in ingested.stderr
+    assert f"warning: {resorted}: not read: a PyTorch execution trace" in ingested.stderr
     assert list(json.loads(ingested.stdout)["ranks"]) == ["0"]
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr

@@ -68,12 +68,15 @@ def named_like_a_trace(path: Path) -> bool:
     return rank_from_file_name(path) is not None or ".pt.trace.json" in path.name
 
 
-#: the bytes of a file's text :func:`_head_kind` reads: an execution trace's keys come before its nodes
+#: the bytes of a file's text :func:`_head_kind` reads: an execution trace's keys come before its nodes (sorted, its
+#: first node's)
 _HEAD_BYTES = 4096
-#: the head of a PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``): its first key is
-#: ``schema`` (a Kineto trace's is ``schemaVersion``, its events ``traceEvents``), its operators are ``nodes``
-_EXECUTION_TRACE_HEAD = re.compile(rb'^(\xef\xbb\xbf)?\s*\{\s*"schema"\s*:\s*"[^"]*"\s*,.*?"nodes"\s*:\s*\[',
-                                   re.DOTALL)
+#: the head of a PyTorch execution trace (``torch.profiler.ExecutionTraceObserver``): an object with a ``nodes`` list
+#: (its operators) and a ``schema`` key (its first, as PyTorch writes it: a Kineto trace's is ``schemaVersion``) or,
+#: where a tool re-wrote the file with its keys sorted (``nodes`` first), the nodes' ``ctrl_deps``; and no
+#: ``traceEvents``
+_EXECUTION_TRACE_HEAD = re.compile(rb'^(\xef\xbb\xbf)?\s*\{(?!.*"traceEvents")(?=.*?"nodes"\s*:\s*\[)'
+                                   rb'(?=.*?"(schema|ctrl_deps)"\s*:)', re.DOTALL)
 #: the head of a JSON text that is an array of arrays, never a trace (a Kineto trace is an object, a trace in
 #: Chrome's array format an array of objects: its error says what it is)
 _ARRAYS_HEAD = re.compile(rb"^(\xef\xbb\xbf)?\s*\[\s*\[")
