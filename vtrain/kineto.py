@@ -38,9 +38,6 @@ RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "drive
                                 "hip_runtime", "xpu_runtime", "privateuse1_runtime", "privateuse1_driver"})
 SYNC_CATEGORIES = frozenset({"cuda_sync"})
 
-#: the ``stream`` Kineto gives context-wide records (Context Sync): not a stream of its own
-ALL_STREAMS = 4294967295
-
 
 def event_kind(category: str) -> str | None:
     """:data:`DEVICE`, :data:`CPU`, :data:`RUNTIME`, :data:`SYNC` or ``None`` for a category in any case."""

@@ -36,7 +36,6 @@ SPAN_KINDS = ("forward", "backward", "recompute", "optimizer", "embedding", "lay
 FIELD_ORDER = ("purpose", "op", "phase", "stage", "chunk", "mb", "layer", "peer", "bucket")
 
 PHASES = ("forward", "backward", "recompute", "optimizer")
-COMM_PURPOSES = ("tp", "pp", "dp")
 
 ITERATION_PREFIX = "ProfilerStep#"
 
