@@ -151,17 +151,18 @@ def test_measurements_say_rows_that_could_not_have_fitted(tmp_path: Path) -> Non
     table = tmp_path / "one.csv"
     table.write_text("\n".join([lines[0], lines[342]]) + "\n")
     said = {}
-    for recompute in ("none", "full"):
+    for name, flags in (("none", ["--recompute", "none"]), ("full", ["--recompute", "full"]),
+                        ("80GB", ["--recompute", "none", "--device", "A100-80GB"])):
         result = CliRunner().invoke(app, ["validate", "--measurements", str(table), "--profile", str(SHIPPED),
-                                          "--recompute", recompute, "-o", str(tmp_path / recompute), "--json"])
+                                          *flags, "-o", str(tmp_path / name), "--json"])
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["rows"] == 1
-        said[recompute] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(said["none"]) == 1 and said["full"] == [], said
-    assert ("1 row(s) measured although the memory model puts their largest stage over the device's 40 GiB, scored "
-            "all the same (row 1: 51.3 GiB with recomputation none)") in said["none"][0]
-    # a table measured on 80 GB A100s and scored with this 40 GB profile is told which device's memory counted
-    assert "more memory than the profile's A100-40GB" in said["none"][0]
+        said[name] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said["none"]) == 1 and said["full"] == [] and said["80GB"] == [], said
+    assert ("1 row(s) measured although the memory model puts their largest stage over the GPU's memory, scored "
+            "all the same (row 1: 51.3 GiB of A100-40GB's 40 GiB with recomputation none)") in said["none"][0]
+    # a table measured on 80 GB A100s and scored with this 40 GB profile is told how to say so
+    assert "give theirs: --device or a device column, e.g. A100-80GB" in said["none"][0]
     rows = pl.read_parquet(tmp_path / "none" / "rows.parquet")
     assert rows["fits"].to_list() == [False] and rows["memory_gib"][0] == pytest.approx(51.28, abs=0.01)
 

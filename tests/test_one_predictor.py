@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -36,12 +37,12 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _run(tmp_path: Path, gpus: int, tp: int, dp: int, pp: int, inter: float | None) -> Path:
+def _run(tmp_path: Path, gpus: int, tp: int, dp: int, pp: int, inter: float | None, gpu: str = "A100-40GB") -> Path:
     config = {"model": {"layers": 8, "hidden": 2048, "heads": 16, "seq": 2048, "vocab": 50257},
               "parallelism": {"tp": tp, "pp": pp, "dp": dp, "micro_batch": 2, "global_batch": 16 * dp,
                               "schedule": "1f1b", "recompute": "full", "dp_overlap": False},
               "precision": "fp16", "framework": "megatron",
-              "hardware": {"device": "A100-40GB", "device_count": gpus, "gpus_per_node": 8,
+              "hardware": {"device": gpu, "device_count": gpus, "gpus_per_node": 8,
                            "inter_node_gbps": inter}}
     path = tmp_path / f"run-{gpus}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -71,6 +72,46 @@ def test_same_run_same_prediction_through_every_command(profile: Path, tmp_path:
     api_ms = simulate(load_run_config(run), load_profile(profile)).iteration_us / 1e3
     assert cli_ms == pytest.approx(api_ms, rel=1e-9)
     assert measurements_ms == pytest.approx(api_ms, rel=1e-9)
+
+
+def test_a_run_on_another_variant_of_the_profiles_gpu_same_prediction_through_every_command(
+        profile: Path, tmp_path: Path) -> None:
+    """Published runs are mostly on A100-80GB parts, the profile an A100-40GB's: a table says so by a device column
+    or ``--device``, and the row is predicted as `vtrain simulate` predicts the run on that GPU. A row on another
+    GPU (an H100 with this A100 profile) or on none vtrain knows is not simulated, and says why."""
+    runner = CliRunner()
+    simulated = {}
+    for gpu in ("A100-40GB", "A100-80GB"):
+        result = runner.invoke(app, ["simulate", str(_run(tmp_path, 8, 2, 2, 2, None, gpu)), "--profile",
+                                     str(profile), "--json"])
+        assert result.exit_code == 0, result.output
+        simulated[gpu] = json.loads(result.stdout)["iteration_time_ms"]
+    assert simulated["A100-80GB"] < 0.99 * simulated["A100-40GB"]  # its memory-bound kernels move bytes faster
+
+    row = "8,32,2,2048,16,8,2048,2,2,2,1000"
+    column = tmp_path / "column.csv"
+    column.write_text(f"{HEADER},GPU\n{row},A100-80GB\n{row},a100\n{row},NVIDIA H100 80GB HBM3\n{row},TPU v4\n")
+    flag = tmp_path / "flag.csv"
+    flag.write_text(f"{HEADER}\n{row}\n")
+    predicted = {}
+    for name, table, extra in (("column", column, []), ("flag", flag, ["--device", "a100-sxm4-80gb"])):
+        result = runner.invoke(app, ["validate", "--measurements", str(table), "--profile", str(profile), *extra,
+                                     "-o", str(tmp_path / name), "--json"])
+        assert result.exit_code == 0, result.output
+        predicted[name] = pl.read_parquet(tmp_path / name / "rows.parquet")
+    rows = predicted["column"]
+    assert rows["predicted_ms"].to_list()[:2] == pytest.approx([simulated["A100-80GB"], simulated["A100-40GB"]],
+                                                               rel=1e-9)
+    assert predicted["flag"]["predicted_ms"].to_list() == pytest.approx([simulated["A100-80GB"]], rel=1e-9)
+    assert rows["invalid"].to_list()[2:] == [
+        "device H100 is not a variant of the profile's A100-40GB: score runs on it with a profile fitted for it",
+        "device 'tpu v4' is no GPU vtrain knows (vtrain/devices/catalog.py lists them)"]
+
+    refused = runner.invoke(app, ["validate", "--measurements", str(flag), "--profile", str(profile), "--device",
+                                  "H100", "-o", str(tmp_path / "h100")])
+    assert refused.exit_code == 2 and not (tmp_path / "h100").exists()
+    assert refused.stderr.strip() == ("error: --device: device H100 is not a variant of the profile's A100-40GB: "
+                                      "score runs on it with a profile fitted for it")
 
 
 def test_prediction_uses_the_fitted_device_and_says_so(profile: Path, tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ def validate_command(
                                                       "(default: the profile's single-node fits)."),
     recompute: str = recompute_option("With --measurements: activation recomputation (none, selective or full) of "
                                       "rows without that column."),
+    device: str | None = typer.Option(None, "--device", help="With --measurements: the GPU of rows without a device "
+                                                             "column, a variant of the profile's (A100-80GB with an "
+                                                             "A100-40GB profile; default: the profile's)."),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes reading the rank files in "
                                                                       "parallel (default: one per core for a large "
                                                                       "folder, one for a small one)."),
@@ -77,7 +80,7 @@ def validate_command(
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps, recompute)
+                      intra_node_gbps, recompute, device)
         return
     if suite is not None:
         if trace_dir is not None:
@@ -153,7 +156,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
                   gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
-                  recompute: str) -> None:
+                  recompute: str, device: str | None) -> None:
     from vtrain.cli.progress import counting
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
@@ -169,7 +172,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     check_output(target, inputs=[path, profile], force=True, what="report folder")
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
-                                       recompute, progress)
+                                       recompute, progress, device)
     with staged_folder(target) as staging:
         write_measurement_report(result, staging)
     summary = result.to_dict()

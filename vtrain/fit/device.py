@@ -174,17 +174,28 @@ def for_config(device: FittedDevice, config: RunConfig) -> FittedDevice:
     return device
 
 
+def on_run_hardware(device: FittedDevice, config: RunConfig) -> FittedDevice:
+    """The fitted ``device`` on the hardware of a run on its GPU family: on the run's variant of the GPU
+    (:func:`on_gpu`, where the run names another one) and on the run's links (:func:`for_config`)."""
+    wanted = canonical_device_name(config.hardware.device) or ""
+    if wanted != canonical_device_name(device.name) and wanted in DATASHEET_DEVICES:
+        device = on_gpu(device, DATASHEET_DEVICES[wanted])
+    return for_config(device, config)
+
+
+def same_family(one: str, other: str) -> bool:
+    """Whether two catalog device names are variants of one GPU (``A100-40GB`` and ``A100-80GB``)."""
+    return one.split("-")[0] == other.split("-")[0]
+
+
 def device_for_run(config: RunConfig, profile: Profile | None, source: str | None = None) -> DeviceModel:
     """The one device model every prediction uses: the profile's fitted device when it has one for the run's
     GPU family (on the run's links, :func:`for_config`; on the run's variant of the GPU, :func:`on_gpu`), else the
     datasheet model of the run's device."""
     fitted = (profile.metadata.get("fitted") or {}) if profile is not None else {}
     wanted = canonical_device_name(config.hardware.device) or ""
-    if fitted.get("device") and wanted.split("-")[0] == str(fitted["device"]).split("-")[0]:
-        device = _loaded(profile, source)
-        if wanted != canonical_device_name(str(fitted["device"])) and wanted in DATASHEET_DEVICES:
-            device = on_gpu(device, DATASHEET_DEVICES[wanted])
-        return for_config(device, config)
+    if fitted.get("device") and same_family(wanted, str(fitted["device"])):
+        return on_run_hardware(_loaded(profile, source), config)
     if fitted.get("device") and _first_time_unused(profile, wanted):
         warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "
                    f"{config.hardware.device}: its device model is not used, the run's datasheet times what the "

@@ -30,6 +30,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem, shown
@@ -77,6 +78,7 @@ OPTIONAL_COLUMNS = {
     "framework": (("framework",), pl.String),
     "precision": (("precision", "dtype"), pl.String),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
+    "device": (("device", "gpu", "gpu type"), pl.String),
 }
 #: the columns of :func:`read_measurements`
 COLUMNS = {
@@ -292,7 +294,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                        inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                        recompute: str = RECOMPUTE, framework: str = FRAMEWORK) -> RunConfig:
     """The run config of one measured run (a row of :func:`read_measurements`, as a dict): the row's own columns
-    where it has them, else the given node size, link rates, recomputation and framework and vTrain's
+    where it has them, else the given device, node size, link rates, recomputation and framework and vTrain's
     Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing, no CUDA graphs);
     ``device_count`` = the row's GPUs.
 
@@ -316,11 +318,16 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
         precision=str(given("precision", PRECISION)),
         framework=str(given("framework", framework)),
         cuda_graphs=bool(given("cuda_graphs", False)),
-        hardware=HardwareConfig(device=device, device_count=int(row["gpus"]),
+        hardware=HardwareConfig(device=_device_name(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
                                 intra_node_gbps=intra_node_gbps,
                                 inter_node_gbps=given("inter_node_gbps", inter_node_gbps)),
     )
+
+
+def _device_name(name: str) -> str:
+    """A device column's text (lower case, as read) as the catalog names it, when it names a known GPU."""
+    return canonical_device_name(name) or name
 
 
 def measurement_errors(measurements: pl.DataFrame, gpus_per_node: int = 8) -> pl.DataFrame:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.devices.fitted import FittedDevice
-from vtrain.fit.device import for_config
+from vtrain.fit.device import on_run_hardware, same_family
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.run import SharedResolvers, simulate
@@ -42,8 +43,8 @@ Progress = Callable[[int, int], None]
 #: replace them: a table of many shapes (a million rows) would otherwise keep every shape's latencies (about
 #: 0.2 MiB a shape); 10,000 is some 100 MiB, and a fresh set costs a run about 5 ms more
 MAX_HELD = 10_000
-#: resolvers kept for this many link rates (each row may give its own) before all are replaced
-MAX_LINK_RATES = 4
+#: resolvers kept for this many GPUs and link rates (each row may give its own) before all are replaced
+MAX_HARDWARE = 4
 
 
 def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: FittedDevice, hardware: Hardware,
@@ -64,7 +65,7 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
         config = None if problem else measurement_config(
             row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps, hardware.intra_node_gbps,
             hardware.recompute, hardware.framework)
-        problem = problem or next(iter(config.constraint_errors()), None)
+        problem = problem or device_problem(config.hardware.device, device) or next(iter(config.constraint_errors()), None)
         if problem or config is None:
             keys.append(None)
             invalid.append(problem)
@@ -93,17 +94,29 @@ def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: Fitt
     what it would get alone."""
     if progress is not None:
         progress(0, len(runs))
-    shared: dict[tuple[float | None, float | None], SharedResolvers] = {}
+    shared: dict[tuple[str, float | None, float | None], SharedResolvers] = {}
     done: dict[str, tuple[float, float, bool | None]] = {}
     for key, config in runs.items():
-        links = (config.hardware.inter_node_gbps, config.hardware.intra_node_gbps)
-        resolvers = shared.get(links)
+        hardware = (config.hardware.device, config.hardware.inter_node_gbps, config.hardware.intra_node_gbps)
+        resolvers = shared.get(hardware)
         if resolvers is None or resolvers.held() > MAX_HELD:
-            if resolvers is None and len(shared) >= MAX_LINK_RATES:
+            if resolvers is None and len(shared) >= MAX_HARDWARE:
                 shared.clear()
-            resolvers = shared[links] = SharedResolvers(profile, for_config(device, config))
+            resolvers = shared[hardware] = SharedResolvers(profile, on_run_hardware(device, config))
         sim = simulate(config, profile, resolvers.device, shared=resolvers)
         done[key] = (sim.iteration_us / 1e3, sim.largest_stage_bytes / 2**30, sim.fits_device)
         if progress is not None:
             progress(len(done), len(runs))
     return done
+
+
+def device_problem(name: str, device: FittedDevice) -> str | None:
+    """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
+    it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""
+    wanted = canonical_device_name(name)
+    if wanted is None:
+        return f"device {name!r} is no GPU vtrain knows (vtrain/devices/catalog.py lists them)"
+    if not same_family(wanted, device.name):
+        return (f"device {wanted} is not a variant of the profile's {device.name}: score runs on it with a profile "
+                f"fitted for it")
+    return None

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile
 from vtrain.importers.measurements import RECOMPUTE, read_measurements
-from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
+from vtrain.simulate.measured_runs import Hardware, Progress, device_problem, predict_runs
 from vtrain.tables.store import load_profile
 
 #: the dimensions errors are broken down by
@@ -29,7 +30,7 @@ DIMENSIONS = ("gpus", "nodes", "tp", "dp", "pp", "micro_batch", "hidden", "layer
 #: global batch)
 LAYOUT = ("gpus", "tp", "dp", "pp", "micro_batch", "hidden", "heads", "layers", "seq", "vocab", "schedule",
           "virtual_stages", "recompute", "dp_overlap", "sequence_parallel", "gpus_per_node", "inter_node_gbps",
-          "framework", "precision", "cuda_graphs")
+          "framework", "precision", "cuda_graphs", "device")
 
 
 @dataclass
@@ -123,25 +124,29 @@ class MeasurementValidation:
 def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: int = 8,
                           inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                           warn: Callable[[str], None] | None = None,
-                          recompute: str = RECOMPUTE, progress: Progress | None = None) -> MeasurementValidation:
+                          recompute: str = RECOMPUTE, progress: Progress | None = None,
+                          gpu: str | None = None) -> MeasurementValidation:
     """Predict every row of ``measurements`` as ``vtrain simulate`` would with ``profile_dir`` (its tables, then
-    its fitted device on the row's hardware). Rows that are no measurement (a time that is not positive, an
-    absurd shape) are refused without being simulated, and ``warn`` gets one line about them. ``progress`` gets
-    (runs simulated so far, distinct runs to simulate), as :func:`~vtrain.simulate.measured_runs.predict_runs`
-    gives them."""
+    its fitted device on the row's hardware: ``gpu``, a variant of the profile's GPU, for rows without a device
+    column; default the profile's). Rows that are no measurement (a time that is not positive, an absurd shape)
+    are refused without being simulated, and ``warn`` gets one line about them. ``progress`` gets (runs simulated
+    so far, distinct runs to simulate), as :func:`~vtrain.simulate.measured_runs.predict_runs` gives them."""
     profile = load_profile(profile_dir)
     fitted = profile.metadata.get("fitted")
     if not fitted:
         raise InputError("the profile has no fitted device model (build one with `vtrain fit`)", profile_dir)
     device = device_from_profile(profile, str(profile_dir / "metadata.json"))
+    problem = device_problem(gpu, device) if gpu is not None else None
+    if problem:
+        raise InputError(f"--device: {problem}")
     table = read_measurements(measurements)
-    hardware = Hardware(device=fitted["device"], gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                        intra_node_gbps=intra_node_gbps, recompute=recompute)
+    hardware = Hardware(device=canonical_device_name(gpu or "") or fitted["device"], gpus_per_node=gpus_per_node,
+                        inter_node_gbps=inter_node_gbps, intra_node_gbps=intra_node_gbps, recompute=recompute)
     predicted = predict_runs(table, profile, device, hardware, progress=progress).with_columns(
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
-    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, device.memory_bytes, device.name, recompute)):
+    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, hardware.device, recompute)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
@@ -211,21 +216,23 @@ def _far_off(predicted: pl.DataFrame) -> str | None:
             f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
 
 
-def _over_memory(predicted: pl.DataFrame, capacity: int | None, device_name: str, recompute: str) -> str | None:
+def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | None:
     """One warning line for the rows that ran although the memory model says their largest stage does not fit the
-    device (scored all the same), None when there are none: a run that did not fit could not have been measured,
-    so what the row says ran (recomputation above all; ``recompute`` where the row does not say) or the memory model
-    is wrong."""
+    GPU (the row's, else ``device``), scored all the same, None when there are none: a run that did not fit could
+    not have been measured, so what the row says ran (recomputation above all; ``recompute`` where the row does
+    not say), its GPU or the memory model is wrong."""
     over = predicted.filter(pl.col("fits").not_())
-    if over.is_empty() or not capacity:
+    if over.is_empty():
         return None
     first = over.row(0, named=True)
     recompute = first.get("recompute") or recompute
-    return (f"{over.height} row(s) measured although the memory model puts their largest stage over the device's "
-            f"{capacity / 2**30:,.0f} GiB, scored all the same (row {first['row']}: {first['memory_gib']:,.1f} GiB "
-            f"with recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute "
-            f"activations, run on GPUs with more memory than the profile's {device_name} (then score them with a "
-            f"profile of that device), or does the memory model over-count?")
+    gpu = DATASHEET_DEVICES.get(canonical_device_name(first.get("device") or device) or "")
+    capacity = f" of {gpu.name}'s {gpu.memory_bytes / 2**30:,.0f} GiB" if gpu and gpu.memory_bytes else ""
+    return (f"{over.height} row(s) measured although the memory model puts their largest stage over the GPU's "
+            f"memory, scored all the same (row {first['row']}: {first['memory_gib']:,.1f} GiB{capacity} with "
+            f"recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute activations, "
+            f"run on GPUs with more memory (give theirs: --device or a device column, e.g. A100-80GB), or does the "
+            f"memory model over-count?")
 
 
 def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
