@@ -30,7 +30,6 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem, shown
@@ -318,16 +317,11 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
         precision=str(given("precision", PRECISION)),
         framework=str(given("framework", framework)),
         cuda_graphs=bool(given("cuda_graphs", False)),
-        hardware=HardwareConfig(device=_device_name(given("device", device)), device_count=int(row["gpus"]),
+        hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
                                 intra_node_gbps=intra_node_gbps,
                                 inter_node_gbps=given("inter_node_gbps", inter_node_gbps)),
     )
-
-
-def _device_name(name: str) -> str:
-    """A device column's text (lower case, as read) as the catalog names it, when it names a known GPU."""
-    return canonical_device_name(name) or name
 
 
 def measurement_errors(measurements: pl.DataFrame, gpus_per_node: int = 8) -> pl.DataFrame:
