@@ -166,3 +166,67 @@ def test_members_a_node_or_more_apart_span_one_node_each() -> None:
     assert nodes_spanned(4, 3, 8) == 2  # ranks 0, 3, 6, 9
     assert nodes_spanned(16, 1, 8) == 2  # t = 16
     assert nodes_spanned(1, 64, 8) == 1
+
+
+def test_an_inter_node_group_gets_the_share_of_the_network_its_members_hold_on_a_node() -> None:
+    """Nodes of eight A100s with 1,600 Gbit/s each (8 x 200 Gb/s HDR, one NIC per GPU): a data-parallel group at
+    t = 8 (one GPU per node) reduces at one NIC's 25 GB/s, a group of all eight GPUs of two nodes at the node's
+    200 GB/s, four per node at 100 GB/s. Before, every inter-node group got the node's whole 200 GB/s: a t = 8
+    gradient all-reduce and every pipeline transfer between nodes 8x too fast."""
+    from vtrain.devices.catalog import device_for_config
+    from vtrain.runconfig import run_config_from_dict
+
+    config = run_config_from_dict({
+        "model": {"layers": 2, "hidden": 1024, "heads": 16, "seq": 1024},
+        "parallelism": {"tp": 8, "dp": 2, "global_batch": 2},
+        "hardware": {"device": "A100-80GB", "device_count": 16, "gpus_per_node": 8, "inter_node_gbps": 1600}})
+    device = device_for_config(config)
+    assert device.inter_node.bandwidth_gbps == 25.0  # a GPU's share of its node's network
+    for size, nodes, bus in ((2, 2, 25.0), (8, 2, 100.0), (16, 2, 200.0), (12, 12, 25.0)):
+        latency, detail = device.collective_us("all_reduce", size, GIB, nodes)
+        assert detail.endswith(f"inter-node {bus:g} GB/s"), (size, nodes, detail)
+        assert latency == device.inter_node_share(size, nodes).collective_us("all_reduce", size, GIB)[0]
+    assert device.collective_us("send_recv", 2, GIB, 2)[1].endswith("inter-node 25 GB/s")
+    assert device.collective_us("all_reduce", 8, GIB, 1)[1].endswith(f"intra-node {A100.intra_node.bandwidth_gbps:g} "
+                                                                      "GB/s")  # NVLink: no share
+
+
+def test_a_fitted_multi_node_curve_is_chosen_by_members_per_node_and_shares_a_given_rate() -> None:
+    """vidur's two-node all-reduces (profiles/a100) ran at 5.9 GB/s of bus bandwidth with one GPU per node and 14.6
+    with eight: a t = 8 data-parallel group of twelve, one GPU on each of twelve nodes, takes the one-per-node
+    curve (before: the sixteen-rank curve, the nearest group size). With the run's network given (per node), the
+    curve keeps its fitted latency and takes the group's share of it."""
+    from vtrain.fit.device import device_from_profile, for_config
+    from vtrain.runconfig import run_config_from_dict
+    from vtrain.tables.store import load_profile
+
+    fitted = device_from_profile(load_profile(REPO / "profiles" / "a100"))
+    curve, ratio = fitted.collective_fit("all_reduce", 12, 12)
+    assert (curve.group_size, curve.nodes, ratio) == (2, 2, 1.0)
+    assert fitted.collective_fit("all_reduce", 64, 8)[0].group_size == 16  # eight per node: the 16 x 8 curve
+    config = run_config_from_dict({
+        "model": {"layers": 2, "hidden": 1024, "heads": 16, "seq": 1024},
+        "parallelism": {"tp": 8, "dp": 12, "global_batch": 12},
+        "hardware": {"device": "A100-40GB", "device_count": 96, "gpus_per_node": 8, "inter_node_gbps": 1600}})
+    device = for_config(fitted, config)
+    for size, nodes, bus in ((12, 12, 25.0), (64, 8, 200.0)):
+        fit = device.collective_fit("all_reduce", size, nodes)[0]
+        latency, detail = device.collective_us("all_reduce", size, GIB, nodes)
+        assert latency == pytest.approx(fit.alpha_us + GIB * bus_bandwidth_factor("all_reduce", size) / (bus * 1e3))
+        assert "--inter-node-gbps" in detail
+
+
+def test_vtrain_configs_give_a_gpus_nic_rate_and_a_node_has_node_size_of_them(tmp_path) -> None:
+    """vTrain's ``inter_node_bandwidth`` is a GPU's NIC (200 Gbit/s: one HDR port, as beside each A100 of a DGX
+    node; its ``intra_node_bandwidth`` 300 is a GPU's NVLink GB/s): MT-NLG's config on 8-GPU nodes is 1,600
+    Gbit/s per node, which a pipeline pair (one GPU per node) shares as one NIC's 25 GB/s."""
+    import json
+
+    from vtrain.runconfig import load_run_config
+
+    config = load_run_config(REPO / "examples" / "mtnlg-530b.json")
+    assert json.loads((REPO / "examples" / "mtnlg-530b.json").read_text())["inter_node_bandwidth"] == 200
+    assert (config.hardware.inter_node_gbps, config.hardware.gpus_per_node) == (1600.0, 8)
+    four = tmp_path / "four.json"
+    four.write_text(json.dumps({**json.loads((REPO / "examples" / "mtnlg-530b.json").read_text()), "node_size": 4}))
+    assert load_run_config(four).hardware.inter_node_gbps == 800.0

@@ -18,6 +18,11 @@ The rule:
   pipeline stages, ``node_size`` consecutive ranks per node), so a group of n ranks spaced ``stride`` apart spans
   ⌈stride·n / node_size⌉ nodes; a group inside one node (or whose node count is unknown) uses the intra-node
   link, any other the inter-node link.
+- **A node's network is shared by its GPUs** (one NIC each on DGX/HGX nodes; a rate given per node is split
+  evenly among them): every group of one kind runs its collective at the same moment (all data-parallel groups
+  reduce together, all pipeline pairs send together), so an inter-node group gets the share of the GPUs it has
+  on a node, ``members per node`` times a GPU's. A data-parallel group at t = 8 (one GPU per node) reduces at one
+  NIC's rate, a group of all eight GPUs of each node at the node's.
 - **Fitted curve** (:class:`AlphaBeta`): ``α + bytes·factor(n)/bus bandwidth`` per collective, group size and
   node count, so its bus bandwidth reads like nccl-tests' busbw column; over another group size it keeps its α
   and bus bandwidth.
@@ -113,6 +118,12 @@ def nodes_spanned(group_size: int, rank_stride: int, node_size: int, world_size:
     return max((offset + (group_size - 1) * rank_stride) // node_size + 1 for offset in offsets)
 
 
+def members_per_node(group_size: int, nodes: int) -> int:
+    """The members a group of ``group_size`` ranks has on each of the ``nodes`` nodes it spans, its ranks spread
+    evenly (rounded up)."""
+    return max(math.ceil(group_size / max(nodes, 1)), 1)
+
+
 def link_name(nodes: int | None) -> str:
     """The link a group on ``nodes`` nodes uses: :data:`INTRA_NODE` within one node (or an unknown count), else
     :data:`INTER_NODE`."""
@@ -121,7 +132,8 @@ def link_name(nodes: int | None) -> str:
 
 @dataclass(frozen=True)
 class Link:
-    """One class of link between two ranks: per-step latency and per-GPU, per-direction bandwidth."""
+    """One class of link between two ranks: per-step latency and per-GPU, per-direction bandwidth (inter-node: the
+    GPU's share of its node's network, so that a group's bus bandwidth is that times its members per node)."""
 
     alpha_us: float  # latency of one step of a collective
     bandwidth_gbps: float  # GB/s (1e9 bytes/s) per GPU per direction
@@ -155,10 +167,12 @@ class AlphaBeta:
     mape_pct: float
     sources: tuple[str, ...]
 
-    def time_us(self, nbytes: float, group_size: int | None = None) -> float:
+    def time_us(self, nbytes: float, group_size: int | None = None, bus_gbps: float | None = None) -> float:
         """Predicted time of one call moving ``nbytes`` (the message size nccl-tests reports), over this curve's
-        group size or, extrapolating with the same latency and bus bandwidth, over ``group_size`` ranks."""
-        return self.alpha_us + transfer_us(self.collective, group_size or self.group_size, nbytes, self.bus_gbps)
+        group size or, extrapolating with the same latency and bus bandwidth, over ``group_size`` ranks; at
+        ``bus_gbps`` instead of the fitted bus bandwidth where given."""
+        return self.alpha_us + transfer_us(self.collective, group_size or self.group_size, nbytes,
+                                           bus_gbps or self.bus_gbps)
 
     def to_dict(self) -> dict[str, Any]:
         """The curve as plain data (profile metadata)."""

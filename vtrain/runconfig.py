@@ -92,8 +92,8 @@ class HardwareConfig:
     device_count: int = 1
     gpus_per_node: int = 8
     cores: int | None = None
-    intra_node_gbps: float | None = None  # GB/s, as vTrain's intra_node_bandwidth
-    inter_node_gbps: float | None = None  # Gbit/s, as vTrain's inter_node_bandwidth
+    intra_node_gbps: float | None = None  # GB/s per GPU, as vTrain's intra_node_bandwidth
+    inter_node_gbps: float | None = None  # Gbit/s per node, all its NICs (vTrain's inter_node_bandwidth x node_size)
 
 
 @dataclass(frozen=True)
@@ -273,10 +273,17 @@ VTRAIN_KEYS = frozenset({
     "intra_node_bandwidth", "inter_node_bandwidth"})
 
 
+def _per_node(per_gpu: float | None, gpus_per_node: int) -> float | None:
+    """A node's network (Gbit/s) from a GPU's NIC rate."""
+    return None if per_gpu is None else per_gpu * gpus_per_node
+
+
 def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
     """Map vTrain's config keys onto the run-config schema (vocab defaults to 50257, fp16 and Megatron's kernels
-    as in vTrain, which models Megatron-LM runs). Keys vtrain does not read are said (a misspelt key would
-    otherwise fall back to its default without a word)."""
+    as in vTrain, which models Megatron-LM runs). vTrain's link rates are a GPU's: ``intra_node_bandwidth`` its
+    NVLink GB/s (300 for an A100), ``inter_node_bandwidth`` its NIC's Gbit/s (200: one HDR InfiniBand port, as
+    each A100 of a DGX node has), so a node's network is ``inter_node_bandwidth x node_size``. Keys vtrain does not
+    read are said (a misspelt key would otherwise fall back to its default without a word)."""
     unread = sorted(map(str, set(data) - VTRAIN_KEYS))
     if unread:
         warn_input(f"vTrain config keys vtrain does not read, ignored: {', '.join(unread)}", source)
@@ -305,7 +312,8 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
                 * _whole(data["pipeline_parallel_size"]) * _whole(data["data_parallel_size"]),
                 gpus_per_node=_whole(data.get("node_size", 8)),
                 intra_node_gbps=_optional_float(data.get("intra_node_bandwidth")),
-                inter_node_gbps=_optional_float(data.get("inter_node_bandwidth")),
+                inter_node_gbps=_per_node(_optional_float(data.get("inter_node_bandwidth")),
+                                          _whole(data.get("node_size", 8))),
             ),
         )
     except KeyError as exc:

@@ -88,7 +88,8 @@ def device_model(name: str, source: str | None = None) -> DeviceModel:
 def device_for_config(config: RunConfig, source: str | None = None) -> DeviceModel:
     """The device model of a run config, with the config's link bandwidths (if given) replacing the defaults.
 
-    ``intra_node_gbps`` is GB/s and ``inter_node_gbps`` Gbit/s, as in vTrain's config.
+    ``intra_node_gbps`` is GB/s per GPU and ``inter_node_gbps`` Gbit/s per node, shared by its ``gpus_per_node``
+    GPUs (the inter-node link's bandwidth is a GPU's share: :class:`~vtrain.collective_cost.Link`).
     """
     device = device_model(config.hardware.device, source)
     hardware = config.hardware
@@ -98,6 +99,6 @@ def device_for_config(config: RunConfig, source: str | None = None) -> DeviceMod
         intra = replace(intra, bandwidth_gbps=float(hardware.intra_node_gbps))
         provenance["intra_node.bandwidth_gbps"] = "config"
     if hardware.inter_node_gbps is not None:
-        inter = replace(inter, bandwidth_gbps=float(hardware.inter_node_gbps) / 8.0)
+        inter = replace(inter, bandwidth_gbps=float(hardware.inter_node_gbps) / 8.0 / max(hardware.gpus_per_node, 1))
         provenance["inter_node.bandwidth_gbps"] = "config"
     return replace(device, intra_node=intra, inter_node=inter, provenance=provenance)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vtrain.collective_cost import STAND_INS, AlphaBeta, has_no_peers
+from vtrain.collective_cost import INTER_NODE, STAND_INS, AlphaBeta, has_no_peers, members_per_node
 from vtrain.devices.model import DeviceModel
 from vtrain.model.ops import HALF_DTYPES, Op, first_dtype
 
@@ -98,8 +98,11 @@ class FittedDevice(DeviceModel):
 
     def collective_fit(self, collective: str, group_size: int, nodes: int) -> tuple[AlphaBeta, float] | None:
         """The fitted curve for a collective (or the one that stands in for it, with its time ratio): the same
-        group size and node count, else the nearest measured group size on as many nodes (on the most nodes
-        measured when the group spans more)."""
+        group size and node count, else, on as many nodes (on the most nodes measured when the group spans more),
+        the curve measured with the nearest number of members per node, then the nearest group size: a group's
+        share of its nodes' network follows its members per node (vidur's two-node all-reduces: 5.9 GB/s of bus
+        bandwidth with one GPU per node, 20.2 with four), so a data-parallel group of one GPU per node on twelve
+        nodes is timed like two ranks on two nodes, not like sixteen."""
         wanted = [(collective, 1.0)]
         if collective in STAND_INS:
             wanted.append(STAND_INS[collective])
@@ -112,19 +115,26 @@ class FittedDevice(DeviceModel):
             if not same:
                 continue
             exact = [f for f in same if f.group_size == group_size]
-            best = exact[0] if exact else min(same, key=lambda f: (abs(f.group_size - group_size), -f.group_size))
+            members = members_per_node(group_size, nodes)
+            best = exact[0] if exact else min(same, key=lambda f: (abs(members_per_node(f.group_size, f.nodes)
+                                                                       - members), abs(f.group_size - group_size),
+                                                                   -f.group_size))
             return best, ratio
         return None
 
     def collective_us(self, collective: str, group_size: int, nbytes: float, nodes: int) -> tuple[float, str]:
-        """The fitted α-β curve of this collective (or its stand-in) on as many nodes, else the links' model."""
+        """The fitted α-β curve of this collective (or its stand-in) on as many nodes, else the links' model. A
+        multi-node curve whose rate the run's config replaced (``--inter-node-gbps``, per node) keeps its latency
+        and takes the group's share of that rate (:meth:`~vtrain.devices.model.DeviceModel.inter_node_share`)."""
         if has_no_peers(collective, group_size):
             return 0.0, "no peers"
         found = self.collective_fit(collective, group_size, nodes)
         if found is None:
             return super().collective_us(collective, group_size, nbytes, nodes)
         fit, ratio = found
-        latency = ratio * fit.time_us(nbytes, group_size)
+        replaced = fit.nodes > 1 and self.provenance.get(f"{INTER_NODE}.bandwidth_gbps") == "config"
+        share = self.inter_node_share(group_size, nodes).bandwidth_gbps if replaced else None
+        latency = ratio * fit.time_us(nbytes, group_size, share)
         stand_in = "" if fit.collective == collective else f" as {ratio:g}x {fit.collective}"
         return latency, (f"fitted alpha-beta {fit.collective} n={fit.group_size} nodes={fit.nodes}{stand_in} "
                          f"({', '.join(fit.sources)})")

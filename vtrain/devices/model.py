@@ -7,9 +7,9 @@ with :func:`dataclasses.replace` and still say where each number came from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from vtrain.collective_cost import Link, link_name
+from vtrain.collective_cost import INTER_NODE, Link, link_name, members_per_node
 from vtrain.model.ops import Op, first_dtype
 
 
@@ -59,11 +59,18 @@ class DeviceModel:
     def collective_us(self, collective: str, group_size: int, nbytes: float, nodes: int) -> tuple[float, str]:
         """Modelled time of one collective and how it was obtained: the α-β model
         (:mod:`vtrain.collective_cost`) of the intra-node link when the group fits in one node, else of the
-        inter-node link."""
+        inter-node link at the group's share of its nodes' network (:meth:`inter_node_share`)."""
         name = link_name(nodes)
-        link: Link = getattr(self, name)
+        link: Link = self.inter_node_share(group_size, nodes) if name == INTER_NODE else self.intra_node
         latency, algorithm = link.collective_us(collective, group_size, nbytes)
         return latency, f"alpha-beta {algorithm} {name.replace('_', '-')} {link.bandwidth_gbps:g} GB/s"
+
+    def inter_node_share(self, group_size: int, nodes: int) -> Link:
+        """The inter-node link as a group of ``group_size`` ranks on ``nodes`` nodes has it: its members on a node
+        share their GPUs' part of the node's network (:func:`~vtrain.collective_cost.members_per_node` times a
+        GPU's bandwidth)."""
+        members = members_per_node(group_size, nodes)
+        return replace(self.inter_node, bandwidth_gbps=self.inter_node.bandwidth_gbps * members)
 
     def describe(self) -> str:
         """One line naming the device and where its numbers come from."""

@@ -124,13 +124,16 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
     return _fitted(base, provenance=provenance, gemm=gemm, memory_bound=memory, collectives=collectives, host=host)
 
 
-def with_inter_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
-    """The device on a cluster whose nodes have ``gbps`` Gbit/s of network each: multi-node collective curves
-    keep their fitted latency and take that rate as their bus bandwidth (GB/s = Gbit/s / 8)."""
-    curves = tuple(replace(c, bus_gbps=gbps / 8.0, sources=(*c.sources, "--inter-node-gbps"))
+def with_inter_node_rate(device: FittedDevice, gbps: float, gpus_per_node: int) -> FittedDevice:
+    """The device on a cluster whose nodes have ``gbps`` Gbit/s of network each, shared by their
+    ``gpus_per_node`` GPUs: the inter-node link runs at a GPU's share (GB/s = Gbit/s / 8 / GPUs per node), and
+    multi-node collective curves keep their fitted latency and take, per group, the share of the GPUs it has on
+    a node (:meth:`~vtrain.devices.fitted.FittedDevice.collective_us`)."""
+    per_gpu = gbps / 8.0 / max(gpus_per_node, 1)
+    curves = tuple(replace(c, bus_gbps=per_gpu, sources=(*c.sources, "--inter-node-gbps"))
                    if link_name(c.nodes) == INTER_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "inter_node.bandwidth_gbps": "config"}
-    inter = replace(device.inter_node, bandwidth_gbps=gbps / 8.0)
+    inter = replace(device.inter_node, bandwidth_gbps=per_gpu)
     return replace(device, collectives=curves, inter_node=inter, provenance=provenance)
 
 
@@ -164,11 +167,11 @@ def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
 
 
 def for_config(device: FittedDevice, config: RunConfig) -> FittedDevice:
-    """The fitted device on the hardware a run config describes: its inter-node network (Gbit/s per node) and
-    GPU-to-GPU link rate (GB/s), where given, replace the fitted ones."""
+    """The fitted device on the hardware a run config describes: its inter-node network (Gbit/s per node, shared
+    by the node's GPUs) and GPU-to-GPU link rate (GB/s), where given, replace the fitted ones."""
     hardware = config.hardware
     if hardware.inter_node_gbps is not None:
-        device = with_inter_node_rate(device, float(hardware.inter_node_gbps))
+        device = with_inter_node_rate(device, float(hardware.inter_node_gbps), hardware.gpus_per_node)
     if hardware.intra_node_gbps is not None:
         device = with_intra_node_rate(device, float(hardware.intra_node_gbps))
     return device
