@@ -177,6 +177,14 @@ def layer_parameters(shape: GptShape) -> list[tuple[int, ...]]:
             (h,), (h,), (f, h), (f,), (h, f), (h,)]
 
 
+def pipeline_handoff(shape: GptShape) -> list[Collective]:
+    """What a stage's rank does to hand one micro-batch's activation (backward: its gradient) to the rank of the
+    same tensor-parallel index in the next stage, in order: the reference model sends it whole from every rank."""
+    if _megatron(shape):
+        return _megatron(shape).pipeline_handoff(shape)
+    return [Collective("pp", "send", shape.pipeline_bytes, shape.dtype)]
+
+
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank (2 TP all-reduces)."""
     if _megatron(shape):

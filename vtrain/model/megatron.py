@@ -103,6 +103,17 @@ def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
     return [make_op("aten::add_", [list(p), list(p), []], [x, x, "Scalar"]) for p in params]
 
 
+def pipeline_handoff(shape: GptShape) -> list[Collective]:
+    """Megatron's scatter-gather between stages (Narayanan et al., SC21, §4.1; DeepSpeed's pipeline engine
+    partitions the same way): each of the t ranks sends its 1/t of the activation to its peer, and the receiving
+    ranks all-gather it over their node's links, instead of every rank sending all of it over the network. With
+    sequence parallelism the activation is already split (1/t of the sequence) and goes as it is."""
+    if shape.t == 1 or shape.sequence_parallel:
+        return [Collective("pp", "send", shape.pipeline_bytes, shape.dtype)]
+    return [Collective("pp", "send", shape.pipeline_bytes // shape.t, shape.dtype),
+            Collective("tp", "all_gather", shape.pipeline_bytes, shape.dtype)]
+
+
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank."""
     h, x = shape.h, shape.dtype

@@ -40,6 +40,7 @@ from vtrain.simulate.latency import (
     MODELLED,
     HostGapResolver,
     IssueRate,
+    SOURCES,
     OpLatencyResolver,
     Resolution,
 )
@@ -326,6 +327,18 @@ class WorkloadResolver:
         resolution = self.collectives.resolve(op, group, nbytes, stride, self._world)
         return CommWork(op, nbytes, group, resolution.latency_us, resolution)
 
+    def pipeline_transfer(self) -> CommWork:
+        """A stage's hand-off of one micro-batch to the next (:func:`~vtrain.model.gpt.pipeline_handoff`), its
+        collectives one after the other: the send, and with Megatron's scatter-gather the receivers' all-gather."""
+        done = [self.comm(step.purpose, step.op, step.bytes) for step in gpt.pipeline_handoff(self.shape)]
+        if len(done) == 1:
+            return done[0]
+        latency = sum(comm.latency_us for comm in done)
+        source = max((comm.resolution.source for comm in done), key=SOURCES.index)
+        detail = " then ".join(f"{comm.op} of {comm.bytes:,} bytes over {comm.group_size}: {comm.resolution.detail}"
+                               for comm in done)
+        return CommWork(done[0].op, done[0].bytes, done[0].group_size, latency, Resolution(latency, source, detail))
+
     def buckets(self, backward: PhaseWork) -> list[Bucket]:
         """Gradient buckets of a chunk, as PyTorch DDP and Megatron fill them: parameters in reverse order of
         definition, a bucket closing once it holds ``dp_bucket_mb`` MiB. A bucket can be reduced once the
@@ -373,7 +386,7 @@ class WorkloadResolver:
         self._per_stage = stage_of is not None
         inputs = GraphInputs(forward={}, backward={}, optimizer={}, pp_transfer=None)
         if par.pp > 1:
-            inputs.pp_transfer = self.comm("pp", "send", self.shape.pipeline_bytes)
+            inputs.pp_transfer = self.pipeline_transfer()
         chunk_work: dict[tuple[object, ...], _ChunkWork] = {}
         optimizer: dict[tuple[object, ...], PhaseWork] = {}
         for stage_chunks in chunks:
