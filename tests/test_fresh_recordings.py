@@ -300,11 +300,13 @@ def test_whatif_ends_each_wait_after_its_functional_collective(functional_collec
     """``whatif --scale all_reduce=10`` on the functional collectives' traces: the replay kept each
     ``wait_tensor`` at its measured length, so the thread went on long before the all-reduce it waited for had ended
     and the predicted iteration did not move (0.0 %). Each wait now ends when the collective it waits for ends: the
-    iteration grows with the all-reduces (+144 % on this recording; checked loosely, the times are a loaded CPU's)."""
+    iteration grows with the all-reduces (+144 % on this recording on an idle machine, +8 % when three processes
+    shared its two cores while it recorded: the all-reduces' share of a step is the loaded CPU's, so the bound
+    only tells the change from the old 0.0 %)."""
     ran = vtrain_in_process("whatif", functional_collectives, "--scale", "all_reduce=10", "-o", tmp_path / "whatif",
                             "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)["change_pct"] > 20.0, ran.stdout
+    assert json.loads(ran.stdout)["change_pct"] > 2.0, ran.stdout
 
 
 def test_the_steady_iterations_say_why_they_are_those() -> None:
