@@ -191,6 +191,18 @@ def same_family(one: str, other: str) -> bool:
     return one.split("-")[0] == other.split("-")[0]
 
 
+def device_problem(name: str, device: FittedDevice) -> str | None:
+    """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
+    it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""
+    wanted = canonical_device_name(name)
+    if wanted is None:
+        return f"device {name!r} is no GPU vtrain knows (vtrain/devices/catalog.py lists them)"
+    if not same_family(wanted, device.name):
+        return (f"device {wanted} is not a variant of the profile's {device.name}: score runs on it with a profile "
+                f"fitted for it")
+    return None
+
+
 def device_for_run(config: RunConfig, profile: Profile | None, source: str | None = None) -> DeviceModel:
     """The one device model every prediction uses: the profile's fitted device when it has one for the run's
     GPU family (on the run's links, :func:`for_config`; on the run's variant of the GPU, :func:`on_gpu`), else the

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from vtrain.devices.catalog import canonical_device_name
 from vtrain.devices.fitted import FittedDevice
-from vtrain.fit.device import on_run_hardware, same_family
+from vtrain.fit.device import device_problem, on_run_hardware
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.run import SharedResolvers, simulate
@@ -109,14 +108,3 @@ def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: Fitt
             progress(len(done), len(runs))
     return done
 
-
-def device_problem(name: str, device: FittedDevice) -> str | None:
-    """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
-    it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""
-    wanted = canonical_device_name(name)
-    if wanted is None:
-        return f"device {name!r} is no GPU vtrain knows (vtrain/devices/catalog.py lists them)"
-    if not same_family(wanted, device.name):
-        return (f"device {wanted} is not a variant of the profile's {device.name}: score runs on it with a profile "
-                f"fitted for it")
-    return None

@@ -19,9 +19,9 @@ import polars as pl
 
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.errors import InputError
-from vtrain.fit.device import device_from_profile
+from vtrain.fit.device import device_from_profile, device_problem
 from vtrain.importers.measurements import RECOMPUTE, read_measurements
-from vtrain.simulate.measured_runs import Hardware, Progress, device_problem, predict_runs
+from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
 from vtrain.tables.store import load_profile
 
 #: the dimensions errors are broken down by
