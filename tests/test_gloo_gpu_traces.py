@@ -103,3 +103,26 @@ def test_gloo_collectives_of_a_rank_in_two_groups_of_the_same_members(tmp_path: 
     assert collectives.height == 16 and set(collectives["group_ranks"]) == {"[0,1]"}
     assert collectives["process_group"].null_count() == 16  # two names for those ranks: neither is said
     assert set(tables["nccl_latency"]["duration_source"]) == {MATCHED_DURATION}
+
+
+def test_a_damaged_process_group_list_is_said_and_the_groups_in_it_still_read(tmp_path: Path) -> None:
+    """``distributedInfo.pg_config`` with entries that are no process group (a number, ranks as a text or holding
+    an object, a size as a word) beside the real one: ingest said an AttributeError traceback; now one warning line
+    per file, and the real group still gives the calls their ranks and size."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    for trace in sorted(WORLD2.glob("rank-*.json.gz")):
+        with gzip.open(trace, "rt") as handle:
+            data = json.load(handle)
+        data["distributedInfo"]["pg_config"] = [5, {"ranks": "abc"}, {"ranks": [0, {"x": 1}], "pg_size": "two"},
+                                                *data["distributedInfo"]["pg_config"]]
+        with gzip.open(folder / trace.name, "wt") as handle:
+            json.dump(data, handle)
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "pg_config" in line]
+    assert len(said) == 2 and all("3 entries of distributedInfo.pg_config are no process group" in s for s in said)
+    collectives = pl.read_parquet(tmp_path / "profile" / "collectives.parquet")
+    assert set(collectives["group_ranks"]) == {"[0,1]"} and set(collectives["group_size"]) == {2}
+    validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
+    assert validated.returncode == 0, validated.stderr

@@ -311,20 +311,37 @@ def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str | None
     rank that holds this rank, if there is exactly one; where several hold it with the same members (a job's
     default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks, and a name only
     when they share one."""
-    groups = [pg for pg in (dist_info or {}).get("pg_config") or []
-              if isinstance(pg.get("ranks"), list) and rank in pg["ranks"] and len(pg["ranks"]) > 1]
-    members = {tuple(pg["ranks"]) for pg in groups}
-    if len(members) != 1 or not all(type(r) is int for r in groups[0]["ranks"]):
+    groups = [pg for pg in _groups_of(rank, dist_info) if len(pg["ranks"]) > 1]
+    if len({tuple(pg["ranks"]) for pg in groups}) != 1:
         return None
     names = {str(pg.get("pg_name", "")) for pg in groups}
     return (names.pop() if len(names) == 1 else None), json.dumps(groups[0]["ranks"], separators=(",", ":"))
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
-    """The group size when every process group of size > 1 holding this rank has the same size."""
-    if not dist_info:
-        return None
-    sizes = {int(pg.get("pg_size", len(pg.get("ranks", []))))
-             for pg in dist_info.get("pg_config") or [] if rank in (pg.get("ranks") or [])}
+    """The group size when every process group of size > 1 holding this rank has the same size (its ``pg_size``
+    where that is a whole number, else its ranks counted)."""
+    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int else len(pg["ranks"])
+             for pg in _groups_of(rank, dist_info)}
     sizes.discard(1)
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The process groups (:func:`process_groups`) that hold ``rank``."""
+    return [pg for pg in process_groups(dist_info) if rank in pg["ranks"]]
+
+
+def process_groups(dist_info: Any) -> list[dict[str, Any]]:
+    """The entries of ``distributedInfo.pg_config`` that are process groups: objects whose ``ranks`` are a list of
+    whole numbers (:func:`not_process_groups` counts the others)."""
+    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    return [pg for pg in groups if isinstance(pg, dict) and isinstance(pg.get("ranks"), list)
+            and all(type(r) is int for r in pg["ranks"])] if isinstance(groups, list) else []
+
+
+def not_process_groups(dist_info: Any) -> int:
+    """How many entries of ``distributedInfo.pg_config`` are no process group (a number, a text, ranks that are not
+    a list of whole numbers): left out of the collectives' groups, and said."""
+    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    return len(groups) - len(process_groups(dist_info)) if isinstance(groups, list) else 0
