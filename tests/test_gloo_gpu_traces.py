@@ -126,3 +126,9 @@ def test_a_damaged_process_group_list_is_said_and_the_groups_in_it_still_read(tm
     assert set(collectives["group_ranks"]) == {"[0,1]"} and set(collectives["group_size"]) == {2}
     validated = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
+    from vtrain.ingest.assemble import pg_config_problem
+
+    assert pg_config_problem({"pg_config": {"0": [0, 1]}}) == ("distributedInfo.pg_config is no list of process "
+                                                              "groups: left out")
+    assert pg_config_problem({"pg_config": [{"ranks": [0, 1], "pg_size": -3}]}) is None
+    assert pg_config_problem({}) is None and pg_config_problem(None) is None

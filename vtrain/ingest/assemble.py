@@ -320,8 +320,8 @@ def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str | None
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
     """The group size when every process group of size > 1 holding this rank has the same size (its ``pg_size``
-    where that is a whole number, else its ranks counted)."""
-    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int else len(pg["ranks"])
+    where that is a positive whole number, else its ranks counted)."""
+    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int and pg["pg_size"] >= 1 else len(pg["ranks"])
              for pg in _groups_of(rank, dist_info)}
     sizes.discard(1)
     return sizes.pop() if len(sizes) == 1 else None
@@ -334,14 +334,21 @@ def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[dict[str, An
 
 def process_groups(dist_info: Any) -> list[dict[str, Any]]:
     """The entries of ``distributedInfo.pg_config`` that are process groups: objects whose ``ranks`` are a list of
-    whole numbers (:func:`not_process_groups` counts the others)."""
+    whole numbers (:func:`pg_config_problem` says what the others are)."""
     groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
     return [pg for pg in groups if isinstance(pg, dict) and isinstance(pg.get("ranks"), list)
             and all(type(r) is int for r in pg["ranks"])] if isinstance(groups, list) else []
 
 
-def not_process_groups(dist_info: Any) -> int:
-    """How many entries of ``distributedInfo.pg_config`` are no process group (a number, a text, ranks that are not
-    a list of whole numbers): left out of the collectives' groups, and said."""
+def pg_config_problem(dist_info: Any) -> str | None:
+    """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none): entries that
+    are no process group (a number, a text, ranks that are not a list of whole numbers), or no list at all. What
+    is wrong is left out of the collectives' groups; the caller says so."""
     groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
-    return len(groups) - len(process_groups(dist_info)) if isinstance(groups, list) else 0
+    if groups is None:
+        return None
+    if not isinstance(groups, list):
+        return "distributedInfo.pg_config is no list of process groups: left out"
+    unread = len(groups) - len(process_groups(dist_info))
+    return (f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of integer "
+            f"ranks): left out of the collectives' groups") if unread else None

@@ -19,7 +19,7 @@ import msgspec
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.ingest.assemble import RankTables, assemble_rank, not_process_groups
+from vtrain.ingest.assemble import RankTables, assemble_rank, pg_config_problem
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
@@ -106,9 +106,8 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
                                       f"taken as rank 0")
         if result.source.rank_warning:
             result.warnings.insert(0, result.source.rank_warning)
-        if unread := not_process_groups(result.source.header.distributedInfo):
-            result.warnings.append(f"{path}: {unread} entries of distributedInfo.pg_config are no process group (an "
-                                   f"object with a list of integer ranks): left out of the collectives' groups")
+        if problem := pg_config_problem(result.source.header.distributedInfo):
+            result.warnings.append(f"{path}: {problem}")
         tables = assemble_rank(result.source.rank, events, result.source.header.distributedInfo)
         del events
         _report_rank(path, tables, result.warnings)
