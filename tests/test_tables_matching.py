@@ -133,3 +133,18 @@ def test_recorded_gloo_run_latency_table_has_group_sizes_and_no_waits(shipped_pr
     raw = profile["collectives"].group_by("collective", "bytes").agg(pl.col("dur").mean())
     joined = table.join(raw, on=["collective", "bytes"])
     assert (joined["mean_us"] < joined["dur"]).all()  # the collectives table keeps the raw durations
+
+
+def test_one_reading_of_a_groups_ranks_for_ingest_replay_and_matching() -> None:
+    """A process group's ranks are read one way wherever a trace gives them (pg_config, Process Group Ranks):
+    whole numbers, also as texts or floats, sorted; a bool, an object, a negative or fractional number makes it no
+    group. Before, ingest took only integers (a ["0", "1"] group was no group there) and the replay truncated 1.5 to
+    1 and took True for 1."""
+    from vtrain.ingest.assemble import _only_group
+    from vtrain.kineto import group_ranks
+    from vtrain.tables.matching import _metadata_group
+
+    assert group_ranks([1, "0", 2.0]) == (0, 1, 2)
+    assert [group_ranks(v) for v in ([0, True], [0, 1.5], [0, -1], [0, {}], "0,1", [])] == [None] * 6
+    assert _only_group(0, {"pg_config": [{"pg_name": "0", "ranks": ["1", "0"]}]}) == ("0", "[0,1]")
+    assert _metadata_group('["1", 0]', None) == ("ranks", (0, 1))

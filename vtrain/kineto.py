@@ -87,6 +87,25 @@ def parse_stream(value: object) -> int | None:
     return value if isinstance(value, int) and INT64_MIN <= value <= INT64_MAX else None
 
 
+def group_ranks(value: object) -> tuple[int, ...] | None:
+    """The ranks of a process group as a trace gives them (``distributedInfo.pg_config``'s ``ranks``, a call's
+    ``Process Group Ranks`` once parsed): a non-empty list of whole numbers >= 0 (integers, or texts and floats
+    holding one), as a sorted tuple; anything else (a text, a number, a list holding an object or a bool) is no
+    group."""
+    if not isinstance(value, list) or not value:
+        return None
+    ranks = [_rank_number(r) for r in value]
+    return tuple(sorted(ranks)) if all(r is not None for r in ranks) else None  # type: ignore[type-var]
+
+
+def _rank_number(value: object) -> int | None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if type(value) is int and 0 <= value <= INT64_MAX else None
+
+
 #: CPU operators of c10d (``c10d::allreduce_``, ``c10d::send``): each issues one collective
 C10D_OP_PREFIX = "c10d::"
 #: the CPU operator that launches a collective's NCCL kernel and carries its sizes and process group

@@ -22,6 +22,7 @@ from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     absurd_host_events,
     dtype_bytes,
+    group_ranks,
     is_graph_launch,
     unanswered_launches,
 )
@@ -311,33 +312,35 @@ def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str | None
     rank that holds this rank, if there is exactly one; where several hold it with the same members (a job's
     default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks, and a name only
     when they share one."""
-    groups = [pg for pg in _groups_of(rank, dist_info) if len(pg["ranks"]) > 1]
-    if len({tuple(pg["ranks"]) for pg in groups}) != 1:
+    groups = [(pg, ranks) for pg, ranks in _groups_of(rank, dist_info) if len(ranks) > 1]
+    if len({ranks for _, ranks in groups}) != 1:
         return None
-    names = {str(pg.get("pg_name", "")) for pg in groups}
-    return (names.pop() if len(names) == 1 else None), json.dumps(groups[0]["ranks"], separators=(",", ":"))
+    names = {str(pg.get("pg_name", "")) for pg, _ in groups}
+    return (names.pop() if len(names) == 1 else None), json.dumps(list(groups[0][1]), separators=(",", ":"))
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
     """The group size when every process group of size > 1 holding this rank has the same size (its ``pg_size``
     where that is a positive whole number, else its ranks counted)."""
-    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int and pg["pg_size"] >= 1 else len(pg["ranks"])
-             for pg in _groups_of(rank, dist_info)}
+    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int and pg["pg_size"] >= 1 else len(ranks)
+             for pg, ranks in _groups_of(rank, dist_info)}
     sizes.discard(1)
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
     """The process groups (:func:`process_groups`) that hold ``rank``."""
-    return [pg for pg in process_groups(dist_info) if rank in pg["ranks"]]
+    return [(pg, ranks) for pg, ranks in process_groups(dist_info) if rank in ranks]
 
 
-def process_groups(dist_info: Any) -> list[dict[str, Any]]:
-    """The entries of ``distributedInfo.pg_config`` that are process groups: objects whose ``ranks`` are a list of
-    whole numbers (:func:`pg_config_problem` says what the others are)."""
+def process_groups(dist_info: Any) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
+    """The entries of ``distributedInfo.pg_config`` that are process groups, with their ranks: objects whose
+    ``ranks`` are a list of whole numbers (:func:`~vtrain.kineto.group_ranks`; :func:`pg_config_problem` says what
+    the others are)."""
     groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
-    return [pg for pg in groups if isinstance(pg, dict) and isinstance(pg.get("ranks"), list)
-            and all(type(r) is int for r in pg["ranks"])] if isinstance(groups, list) else []
+    found = [(pg, group_ranks(pg.get("ranks"))) for pg in groups if isinstance(pg, dict)] \
+        if isinstance(groups, list) else []
+    return [(pg, ranks) for pg, ranks in found if ranks is not None]
 
 
 def pg_config_problem(dist_info: Any) -> str | None:

@@ -107,7 +107,7 @@ class GroupResolver:
         self.rank = trace.rank
         self.layout = layout
         self.by_name = {str(pg.get("pg_name")): ranks for pg in trace.process_groups
-                        if (ranks := _rank_tuple(pg.get("ranks"))) is not None}
+                        if (ranks := kineto.group_ranks(pg.get("ranks"))) is not None}
         sets = {ranks for ranks in self.by_name.values() if self.rank in ranks and len(ranks) > 1}
         if not sets and trace.world_size == 2:
             sets = {(0, 1)}
@@ -154,17 +154,7 @@ def _parse_ranks(text: str | None) -> tuple[int, ...] | None:
         ranks = json.loads(text)
     except json.JSONDecodeError:
         return None
-    return _rank_tuple(ranks)
-
-
-def _rank_tuple(ranks: object) -> tuple[int, ...] | None:
-    """A list of ranks (integers, or strings holding them) as a sorted tuple; anything else is no group."""
-    if not isinstance(ranks, list) or not ranks:
-        return None
-    try:
-        return tuple(sorted(int(r) for r in ranks if not isinstance(r, bool)))
-    except (TypeError, ValueError):
-        return None
+    return kineto.group_ranks(ranks)
 
 
 def collective_kind(trace: RankTrace, i: int) -> str | None:

@@ -41,7 +41,7 @@ from collections import defaultdict
 
 import polars as pl
 
-from vtrain.kineto import C10D_OP_PREFIX
+from vtrain.kineto import C10D_OP_PREFIX, group_ranks
 from vtrain.naming import COMM_SPAN_PREFIX, parse_span_name
 from vtrain.tables.calls import Call, align, classes, ordered, pair_in_order, start_when_ready
 from vtrain.tables.pairing import match_point_to_point
@@ -143,8 +143,8 @@ def _metadata_group(ranks: str | None, pg_name: str | None) -> tuple | None:
             parsed = json.loads(ranks)
         except json.JSONDecodeError:
             parsed = None
-        if isinstance(parsed, list) and parsed and all(isinstance(r, int) for r in parsed):
-            return ("ranks", tuple(sorted(parsed)))
+        if (ranks := group_ranks(parsed)) is not None:
+            return ("ranks", ranks)
     return ("name", pg_name) if pg_name else None
 
 
