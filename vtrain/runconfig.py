@@ -11,7 +11,7 @@ A run config is a YAML (or JSON) mapping with these sections::
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
     cuda_graphs: false                      # each layer's forward and backward replayed from CUDA graphs
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
-                  intra_node_gbps: null, inter_node_gbps: null}   # GB/s and Gbit/s, as in vTrain
+                  intra_node_gbps: null, inter_node_gbps: null}   # GB/s per GPU, Gbit/s per node
     software:    {torch: 2.13.0, cuda: null, nccl: null, python: 3.11.7}
     recording:   {steps: 4, warmup: 2, seed: 1234}                 # only in recorded runs; on GPUs also
                  # peak_memory_bytes (by rank, torch.cuda.max_memory_allocated)
