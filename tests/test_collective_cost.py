@@ -230,3 +230,13 @@ def test_vtrain_configs_give_a_gpus_nic_rate_and_a_node_has_node_size_of_them(tm
     four = tmp_path / "four.json"
     four.write_text(json.dumps({**json.loads((REPO / "examples" / "mtnlg-530b.json").read_text()), "node_size": 4}))
     assert load_run_config(four).hardware.inter_node_gbps == 800.0
+
+
+def test_a_group_spread_unevenly_is_paced_by_its_node_with_fewest_members() -> None:
+    """Ranks 6, 8 and 10 of 8-GPU nodes (t = 2, d = 3): one member on the first node, two on the second; the first
+    node's one NIC share sets the ring's pace."""
+    from vtrain.collective_cost import members_per_node
+
+    assert nodes_spanned(3, 2, 8, world_size=6 * 8) == 2
+    assert members_per_node(3, 2) == 1 and members_per_node(16, 2) == 8 and members_per_node(12, 12) == 1
+    assert members_per_node(1, 1) == 1 and members_per_node(5, 0) == 5

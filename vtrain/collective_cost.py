@@ -119,9 +119,10 @@ def nodes_spanned(group_size: int, rank_stride: int, node_size: int, world_size:
 
 
 def members_per_node(group_size: int, nodes: int) -> int:
-    """The members a group of ``group_size`` ranks has on each of the ``nodes`` nodes it spans, its ranks spread
-    evenly (rounded up)."""
-    return max(math.ceil(group_size / max(nodes, 1)), 1)
+    """The members a group of ``group_size`` ranks has on the node where it has fewest, of the ``nodes`` nodes it
+    spans, its ranks spread as evenly as they can be: that node's share of the network sets the group's pace (ranks
+    6, 8 and 10 of 8-GPU nodes: one on the first node)."""
+    return max(group_size // max(nodes, 1), 1)
 
 
 def link_name(nodes: int | None) -> str:
