@@ -193,6 +193,12 @@ def test_measurements_need_a_fitted_profile(tmp_path: Path) -> None:
                                  str(SHIPPED), "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and "is a folder, not a table of measurements" in result.stderr
     assert not (tmp_path / "r").exists()
+    # the measurements' hardware flags on a trace folder were ignored in silence
+    result = runner.invoke(app, ["validate", str(REPO / "traces" / "t1p1d2"), "--device", "A100-80GB",
+                                 "--inter-node-gbps", "800", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and not (tmp_path / "r").exists()
+    assert result.stderr.strip() == ("error: --device, --inter-node-gbps go with --measurements (a trace folder's run "
+                                     "is described by its run.yaml or --config)")
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")

@@ -82,6 +82,11 @@ def validate_command(
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
                       intra_node_gbps, recompute, device)
         return
+    given = [flag for flag, value in (("--device", device), ("--inter-node-gbps", inter_node_gbps),
+                                      ("--intra-node-gbps", intra_node_gbps)) if value is not None]
+    if given:
+        raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --measurements (a trace "
+                         f"folder's run is described by its run.yaml or --config)")
     if suite is not None:
         if trace_dir is not None:
             raise InputError("give either a TRACE_DIR or --suite, not both")
