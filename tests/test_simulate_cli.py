@@ -70,11 +70,27 @@ def test_flags_override_the_config_and_text_summary() -> None:
     assert "modelled 100.0%" in result.stdout
 
 
+def test_the_links_of_the_run_are_flags_too() -> None:
+    """A node's network and size and the GPUs' links override the run config's hardware, as `validate
+    --measurements`, `cluster` and `size` take them: MT-NLG's t = 8 gradient all-reduces and pipeline transfers
+    (one GPU of each node) take a GPU's share of the node's network."""
+    times = {}
+    for gbps in (800, 3200):
+        result = vtrain_in_process("simulate", MTNLG, "--profile", REPO / "profiles" / "a100", "--json",
+                                   "--inter-node-gbps", gbps, "--gpus-per-node", 8, "--intra-node-gbps", 300)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        times[gbps] = summary["breakdown_ms"]["pp"] + summary["breakdown_ms"]["dp"]
+    assert times[800] > 1.5 * times[3200] > 0
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--tp", 16], "tp*dp*pp = 16*12*35 = 6720 does not equal the number of devices (3360)"),
     (["--pp", 10, "--dp", 42], "layers (105) is not divisible by pp*virtual_stages (10*1)"),
     (["--micro-batch", 7], "global batch (1920) is not divisible by dp*micro_batch (12*7)"),
     (["--device", "TPUv9"], "unknown device 'TPUv9'"),
+    (["--inter-node-gbps", -5], "inter_node_gbps must be a finite number above 0"),
+    (["--gpus-per-node", 0], "gpus_per_node must be between 1 and 1,024 (got 0)"),
 ])
 def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:
     result = vtrain_in_process("simulate", MTNLG, *args)  # in this process (tests/conftest.py)

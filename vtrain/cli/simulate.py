@@ -56,6 +56,11 @@ def parser() -> OneLineParser:
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
     overrides.add_argument("--gpus", type=int, metavar="N", help="Override the number of devices.")
     overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...).")
+    overrides.add_argument("--gpus-per-node", type=int, metavar="N", help="Override the GPUs of a node.")
+    overrides.add_argument("--inter-node-gbps", type=float, metavar="G",
+                           help="Override a node's network, Gbit/s (all its NICs, shared by its GPUs).")
+    overrides.add_argument("--intra-node-gbps", type=float, metavar="B",
+                           help="Override a GPU's link to the others of its node, GB/s.")
     overrides.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                            help="Override whether each layer's passes are replayed from CUDA graphs.")
     return parsed
@@ -73,10 +78,12 @@ def main(argv: Sequence[str]) -> int:
 
 def simulate_command(config: Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
                      force: bool = False, gpus: int | None = None, device: str | None = None,
-                     cuda_graphs: bool | None = None, **overrides: object) -> None:
-    """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism, ``gpus`` and
-    ``device`` of its hardware, ``cuda_graphs``) and print the summary; with ``output``, write the predicted traces
-    there."""
+                     gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
+                     intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
+                     **overrides: object) -> None:
+    """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``gpus``,
+    ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``) and print the summary; with
+    ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
     from vtrain.runconfig import load_run_config
     from vtrain.simulate import simulate
@@ -85,11 +92,11 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     run = load_run_config(config).with_overrides(**overrides)
     if cuda_graphs is not None:
         run = replace(run, cuda_graphs=cuda_graphs)
-    if gpus is not None or device is not None:
-        hardware = run.hardware
-        run = replace(run, hardware=replace(hardware,
-                                            device_count=hardware.device_count if gpus is None else gpus,
-                                            device=hardware.device if device is None else device))
+    hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
+                                              ("gpus_per_node", gpus_per_node), ("inter_node_gbps", inter_node_gbps),
+                                              ("intra_node_gbps", intra_node_gbps)) if value is not None}
+    if hardware:
+        run = replace(run, hardware=replace(run.hardware, **hardware))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None
