@@ -64,7 +64,8 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
         config = None if problem else measurement_config(
             row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps, hardware.intra_node_gbps,
             hardware.recompute, hardware.framework)
-        problem = problem or device_problem(config.hardware.device, device) or next(iter(config.constraint_errors()), None)
+        problem = (problem or device_problem(config.hardware.device, device)
+                   or next(iter(config.constraint_errors()), None))
         if problem or config is None:
             keys.append(None)
             invalid.append(problem)
