@@ -90,6 +90,8 @@ def test_the_links_of_the_run_are_flags_too() -> None:
     (["--micro-batch", 7], "global batch (1920) is not divisible by dp*micro_batch (12*7)"),
     (["--device", "TPUv9"], "unknown device 'TPUv9'"),
     (["--inter-node-gbps", -5], "inter_node_gbps must be a finite number above 0"),
+    (["--inter-node-gbps", 1e-300], "inter_node_gbps must be a finite number above 0.001"),  # overflowed the schedule
+    (["--intra-node-gbps", 1e-300], "intra_node_gbps must be a finite number above 0.001"),
     (["--gpus-per-node", 0], "gpus_per_node must be between 1 and 1,024 (got 0)"),
 ])
 def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:

@@ -39,8 +39,8 @@ INTEGER_BOUNDS: dict[str, tuple[int, int]] = {
 #: field -> (exclusive lower bound, inclusive upper bound) of positive real values
 REAL_BOUNDS: dict[str, tuple[float, float]] = {
     "dp_bucket_mb": (0.0, 1e6),           # MB; PyTorch's default bucket is 25
-    "intra_node_gbps": (0.0, 1e5),        # GB/s; NVLink 5 is 900 per direction
-    "inter_node_gbps": (0.0, 1e6),        # Gbit/s per node; 8 x 400 Gbit/s NICs is 3200
+    "intra_node_gbps": (1e-3, 1e5),       # GB/s; NVLink 5 is 900 per direction; 1 MB/s, no real link is slower
+    "inter_node_gbps": (1e-3, 1e6),       # Gbit/s per node; 8 x 400 Gbit/s NICs is 3200; 1e-300 overflowed the schedule
 }
 
 #: micro-batches per replica and iteration (global_batch / (dp * micro_batch))
