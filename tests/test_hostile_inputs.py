@@ -382,6 +382,7 @@ def profile_cases() -> list[Case]:
         "fitted-scale-zero": (with_metadata(lambda m: m["fitted"].update(non_gemm_scale=0)), meta),
         "fitted-collectives-a-string": (with_metadata(lambda m: m["fitted"].update(collectives="x")), meta),
         "fitted-bus-zero": (with_metadata(lambda m: m["fitted"]["collectives"][0].update(bus_gbps=0)), meta),
+        "fitted-bus-denormal": (with_metadata(lambda m: m["fitted"]["collectives"][0].update(bus_gbps=1e-300)), meta),
         "fitted-alpha-negative": (with_metadata(lambda m: m["fitted"]["collectives"][0].update(alpha_us=-1e6)),
                                   meta),
         "metadata-not-utf8": (then(copy_of(SHIPPED_PROFILE, "profile"),

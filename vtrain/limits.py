@@ -114,7 +114,7 @@ FITTED_BOUNDS: dict[str, tuple[float, float]] = {
     "bytes_per_s": (0.0, 1e14),
     "fixed_us": (-1e-9, 1e6),
     "alpha_us": (-1e-9, 1e6),
-    "bus_gbps": (0.0, 1e5),
+    "bus_gbps": (1e-3, 1e5),  # 1 MB/s: no real link is slower; 1e-300 overflowed the schedule
     "op_us": (-1e-9, 1e6),
     "collective_us": (-1e-9, 1e6),
     "sync_us_per_rank": (-1e-9, 1e6),
