@@ -140,11 +140,28 @@ def test_one_reading_of_a_groups_ranks_for_ingest_replay_and_matching() -> None:
     whole numbers, also as texts or floats, sorted; a bool, an object, a negative or fractional number makes it no
     group. Before, ingest took only integers (a ["0", "1"] group was no group there) and the replay truncated 1.5 to
     1 and took True for 1."""
-    from vtrain.ingest.assemble import _only_group
-    from vtrain.kineto import group_ranks
+    from vtrain.kineto import group_ranks, only_group
     from vtrain.tables.matching import _metadata_group
 
     assert group_ranks([1, "0", 2.0]) == (0, 1, 2)
     assert [group_ranks(v) for v in ([0, True], [0, 1.5], [0, -1], [0, {}], "0,1", [])] == [None] * 6
-    assert _only_group(0, {"pg_config": [{"pg_name": "0", "ranks": ["1", "0"]}]}) == ("0", "[0,1]")
+    assert only_group(0, [{"pg_name": "0", "ranks": ["1", "0"]}]) == ("0", (0, 1))
     assert _metadata_group('["1", 0]', None) == ("ranks", (0, 1))
+
+
+def test_one_rule_for_the_group_of_a_collective_that_names_none() -> None:
+    """Ingest and replay take a collective that names no group to be among the one group of more than one rank
+    that holds the rank (one function, ``kineto.only_group``): two groups with the same members are that group
+    (named only when they share a name), two different groups leave it unknown, and a two-rank job that lists no
+    group is ranks 0 and 1. Before, ingest had its own copy without the two-rank rule, and the replay keyed groups
+    by name (two groups of one name were one)."""
+    from vtrain.kineto import only_group
+
+    nccl_and_gloo = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}, {"pg_name": "1", "ranks": [3, 2, 1, 0]}]
+    assert only_group(2, nccl_and_gloo) == (None, (0, 1, 2, 3))
+    tp_and_dp = [{"pg_name": "tp", "ranks": [0, 1]}, {"pg_name": "dp", "ranks": [0, 2]}]
+    assert only_group(0, tp_and_dp) is None and only_group(1, tp_and_dp) == ("tp", (0, 1))
+    assert only_group(1, [], world_size=2) == (None, (0, 1)) and only_group(1, [], world_size=4) is None
+    assert only_group(1, "not a list", world_size=2) == (None, (0, 1))
+    same_name = [{"pg_name": "x", "ranks": [0, 1]}, {"pg_name": "x", "ranks": [0, 2]}]
+    assert only_group(0, same_name) is None

@@ -15,6 +15,7 @@ The one place that says what an event's category means; ingest and replay both l
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 from functools import lru_cache
 
 import numpy as np
@@ -96,6 +97,30 @@ def group_ranks(value: object) -> tuple[int, ...] | None:
         return None
     ranks = [_rank_number(r) for r in value]
     return tuple(sorted(ranks)) if all(r is not None for r in ranks) else None  # type: ignore[type-var]
+
+
+def process_groups(pg_config: object) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
+    """The entries of a trace's ``distributedInfo.pg_config`` that are process groups, with their ranks: objects
+    whose ``ranks`` are a list of whole numbers (:func:`group_ranks`); anything else in it is no group (the
+    ingest's ``pg_config_problem`` says what)."""
+    found = [(pg, group_ranks(pg.get("ranks"))) for pg in pg_config if isinstance(pg, dict)] \
+        if isinstance(pg_config, list) else []
+    return [(pg, ranks) for pg, ranks in found if ranks is not None]
+
+
+def only_group(rank: int, pg_config: object, world_size: object = None) -> tuple[str | None, tuple[int, ...]] | None:
+    """The name and ranks of the one process group of more than one rank that holds ``rank`` (its collectives
+    that name no group are among those ranks), if there is exactly one; where several hold it with the same
+    members (a job's default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks,
+    and a name only when they share one. A job of two ranks that lists no group: ranks 0 and 1."""
+    groups = [(pg, ranks) for pg, ranks in process_groups(pg_config) if rank in ranks and len(ranks) > 1]
+    members = {ranks for _, ranks in groups}
+    if not members and world_size == 2 and rank in (0, 1):
+        return None, (0, 1)
+    if len(members) != 1:
+        return None
+    names = {str(pg.get("pg_name", "")) for pg, _ in groups}
+    return (names.pop() if len(names) == 1 else None), members.pop()
 
 
 def _rank_number(value: object) -> int | None:

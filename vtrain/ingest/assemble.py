@@ -22,8 +22,9 @@ from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     absurd_host_events,
     dtype_bytes,
-    group_ranks,
     is_graph_launch,
+    only_group,
+    process_groups,
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
@@ -238,7 +239,9 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), or in
     several with the same members, its calls are among those ranks.
     """
-    group = _only_group(rank, dist_info)
+    info = dist_info if isinstance(dist_info, dict) else {}
+    only = only_group(rank, info.get("pg_config"), info.get("world_size"))
+    group = (only[0], json.dumps(list(only[1]), separators=(",", ":"))) if only else None
     size = _default_group_size(rank, dist_info)
     on_host = cpu.filter(pl.col("cat") == "user_annotation").filter(
         pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
@@ -307,18 +310,6 @@ def _description(collective: str | None, pg_name: str | None, pg_ranks: str | No
             elements * size if elements and size else None, algorithm, protocol, source)
 
 
-def _only_group(rank: int, dist_info: dict[str, Any] | None) -> tuple[str | None, str] | None:
-    """The name and ranks (JSON, as a trace's ``Process Group Ranks``) of the one process group of more than one
-    rank that holds this rank, if there is exactly one; where several hold it with the same members (a job's
-    default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks, and a name only
-    when they share one."""
-    groups = [(pg, ranks) for pg, ranks in _groups_of(rank, dist_info) if len(ranks) > 1]
-    if len({ranks for _, ranks in groups}) != 1:
-        return None
-    names = {str(pg.get("pg_name", "")) for pg, _ in groups}
-    return (names.pop() if len(names) == 1 else None), json.dumps(list(groups[0][1]), separators=(",", ":"))
-
-
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
     """The group size when every process group of size > 1 holding this rank has the same size (its ``pg_size``
     where that is a positive whole number, else its ranks counted)."""
@@ -328,30 +319,24 @@ def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | No
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def _pg_config(dist_info: Any) -> Any:
+    return dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+
+
 def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
     """The process groups (:func:`process_groups`) that hold ``rank``."""
-    return [(pg, ranks) for pg, ranks in process_groups(dist_info) if rank in ranks]
-
-
-def process_groups(dist_info: Any) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
-    """The entries of ``distributedInfo.pg_config`` that are process groups, with their ranks: objects whose
-    ``ranks`` are a list of whole numbers (:func:`~vtrain.kineto.group_ranks`; :func:`pg_config_problem` says what
-    the others are)."""
-    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
-    found = [(pg, group_ranks(pg.get("ranks"))) for pg in groups if isinstance(pg, dict)] \
-        if isinstance(groups, list) else []
-    return [(pg, ranks) for pg, ranks in found if ranks is not None]
+    return [(pg, ranks) for pg, ranks in process_groups(_pg_config(dist_info)) if rank in ranks]
 
 
 def pg_config_problem(dist_info: Any) -> str | None:
     """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none): entries that
     are no process group (a number, a text, ranks that are not a list of whole numbers), or no list at all. What
     is wrong is left out of the collectives' groups; the caller says so."""
-    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    groups = _pg_config(dist_info)
     if groups is None:
         return None
     if not isinstance(groups, list):
         return "distributedInfo.pg_config is no list of process groups: left out"
-    unread = len(groups) - len(process_groups(dist_info))
+    unread = len(groups) - len(process_groups(groups))
     return (f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of integer "
             f"ranks): left out of the collectives' groups") if unread else None

@@ -106,12 +106,9 @@ class GroupResolver:
     def __init__(self, trace: RankTrace, layout: Layout | None) -> None:
         self.rank = trace.rank
         self.layout = layout
-        self.by_name = {str(pg.get("pg_name")): ranks for pg in trace.process_groups
-                        if (ranks := kineto.group_ranks(pg.get("ranks"))) is not None}
-        sets = {ranks for ranks in self.by_name.values() if self.rank in ranks and len(ranks) > 1}
-        if not sets and trace.world_size == 2:
-            sets = {(0, 1)}
-        self.only_group = sets.pop() if len(sets) == 1 else None
+        self.by_name = {str(pg.get("pg_name")): ranks for pg, ranks in kineto.process_groups(trace.process_groups)}
+        only = kineto.only_group(self.rank, trace.process_groups, trace.world_size)
+        self.only_group = only[1] if only else None
 
     def group(self, kind: str | None, pg_ranks: str | None, pg_name: str | None,
               span: dict[str, str] | None) -> tuple[tuple[int, ...] | None, tuple[int, int] | None,
