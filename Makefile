@@ -37,6 +37,7 @@ bench: venv
 A100 := tests/data/a100
 profile-a100: venv
 	$(VENV)/bin/vtrain ingest traces/hta-a100-2rank-nccl -o profiles/.hta-a100 --force
+	rm -f profiles/a100/README.md  # put there below: --force keeps what vtrain did not write
 	$(VENV)/bin/vtrain fit -o profiles/a100 --force --device A100-40GB \
 	  --nccl-tests $(A100)/vtrain-a100/nccl-tests-allreduce-a100 --llmcompass $(A100)/llmcompass-a100 \
 	  --vidur-compute $(A100)/vidur-a100/compute --vidur-network $(A100)/vidur-a100/network \
@@ -50,6 +51,7 @@ profile-a100: venv
 # a launch-bound recording on it (traces/gpu/h200-small-eager); no collective measurements
 profile-h200: venv
 	$(VENV)/bin/vtrain ingest traces/gpu/h200-small-eager -o build/h200-host --force
+	rm -f profiles/h200/README.md  # put there below: --force keeps what vtrain did not write
 	$(VENV)/bin/vtrain fit -o profiles/h200 --force --device H200 --vidur-compute profiles/h200-kernels \
 	  --profile build/h200-host
 	cp profiles/h200.README.md profiles/h200/README.md
@@ -57,6 +59,7 @@ profile-h200: venv
 # H100 (80GB HBM3): the same sweep and the same recording on one H100
 profile-h100: venv
 	$(VENV)/bin/vtrain ingest traces/gpu/h100-small-eager -o build/h100-host --force
+	rm -f profiles/h100/README.md  # put there below: --force keeps what vtrain did not write
 	$(VENV)/bin/vtrain fit -o profiles/h100 --force --device H100 --vidur-compute profiles/h100-kernels \
 	  --profile build/h100-host
 	cp profiles/h100.README.md profiles/h100/README.md

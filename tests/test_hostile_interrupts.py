@@ -22,7 +22,7 @@ import pytest
 
 from tests.benchmarks.synth import repeat_trace
 from tests.conftest import REPO, TRACES
-from vtrain.outputs import MARKER, remove_stale_staging, staged
+from vtrain.outputs import MARKER, PROFILE, remove_stale_staging, staged
 
 RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: validate replays and simulates
 SOURCE_TRACE = TRACES / "hta-v100-2rank" / "rank-1.json.gz"
@@ -216,11 +216,11 @@ def test_stale_staging_rules(tmp_path: Path) -> None:
 
 def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_path: Path) -> None:
     target = tmp_path / "reports" / "deep" / "result"
-    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+    with pytest.raises(KeyboardInterrupt), staged(target, PROFILE) as staging:
         (staging / "half.parquet").write_text("x")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
-    with staged(target) as staging:
+    with staged(target, PROFILE) as staging:
         (staging / "whole.parquet").write_text("x")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "whole.parquet"]
     assert [p.name for p in target.parent.iterdir()] == ["result"]
@@ -242,7 +242,7 @@ def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monke
     """Ctrl-C while the new output replaces the old one (here: right after the old one was moved aside) arrives
     once the swap is done: never the old output moved aside and the new one not in place."""
     target = tmp_path / "result"
-    with staged(target) as staging:
+    with staged(target, PROFILE) as staging:
         (staging / "old.txt").write_text("old")
     remove = shutil.rmtree
 
@@ -253,7 +253,7 @@ def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monke
         remove(path, **kwargs)
 
     monkeypatch.setattr("vtrain.outputs.shutil.rmtree", interrupted_removal)
-    with pytest.raises(KeyboardInterrupt), staged(target) as staging:
+    with pytest.raises(KeyboardInterrupt), staged(target, PROFILE) as staging:
         (staging / "new.txt").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["result"]  # no backup, no staging folder

@@ -132,3 +132,50 @@ def test_calibrate_into_its_trace_folder_is_refused(traces: Path, tmp_path: Path
     before = _snapshot(traces)
     _refused(vtrain_process("calibrate", traces, "--base", base, "-o", traces, "--force"), "is the input")
     assert _snapshot(traces) == before
+
+
+def test_a_report_replaces_only_an_earlier_report(tmp_path: Path) -> None:
+    """Report commands have no --force (their folder is rewritten on every run) and replaced any folder vtrain
+    wrote: `vtrain validate traces/x -o profiles/x` put a report where the user's profile was, `-o` a recording
+    replaced the traces (an audit, with `validate`, `validate --measurements`, `whatif` and `calibrate
+    --report-dir`). Now a report replaces an earlier report, and a profile or recording is refused, untouched."""
+    profile = tmp_path / "profile"
+    assert vtrain("ingest", RECORDED, "-o", profile).returncode == 0
+    before = _snapshot(profile)
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", profile), "holds vtrain's profile")
+    _refused(vtrain("whatif", RECORDED, "--scale", "gemm=0.5", "-o", profile), "holds vtrain's profile")
+    assert _snapshot(profile) == before
+    report = tmp_path / "report"
+    for _ in range(2):  # the second run replaces the first's report
+        ran = vtrain("validate", RECORDED, "--no-hta", "-o", report)
+        assert ran.returncode == 0, ran.stderr
+    assert (report / "report.md").is_file()
+
+
+def test_force_keeps_what_the_user_added_to_a_vtrain_folder(tmp_path: Path) -> None:
+    """`--force` replaced a vtrain folder whole, with the notes and data a user had put in it since (an audit:
+    `simulate -o out; echo notes > out/NOTES.md; simulate -o out --force` removed NOTES.md in silence). The
+    marker lists what vtrain wrote; anything else makes the folder refused, named."""
+    out = tmp_path / "out"
+    config = REPO / "examples" / "tiny-cpu.yaml"
+    assert vtrain("simulate", config, "-o", out).returncode == 0
+    (out / "NOTES.md").write_text("mine\n")
+    (out / "mydata").mkdir()
+    _refused(vtrain("simulate", config, "-o", out, "--force"), "2 entries vtrain did not write (NOTES.md, mydata)")
+    assert (out / "NOTES.md").read_text() == "mine\n"
+    (out / "NOTES.md").unlink()
+    (out / "mydata").rmdir()
+    assert vtrain("simulate", config, "-o", out, "--force").returncode == 0
+
+
+def test_folders_of_an_older_vtrain_keep_their_rules(tmp_path: Path) -> None:
+    """A marker of an older vtrain says neither the kind nor the entries: a folder with a report's files is a
+    report (replaced by the next report, as before); one with a profile's metadata is not."""
+    old_report, old_profile = tmp_path / "old-report", tmp_path / "old-profile"
+    for folder, name in ((old_report, "report.md"), (old_profile, "metadata.json")):
+        folder.mkdir()
+        (folder / ".vtrain-output").write_text("written by vtrain; `--force` may replace this folder\n")
+        (folder / name).write_text("{}\n")
+    assert vtrain("validate", RECORDED, "--no-hta", "-o", old_report).returncode == 0
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", old_profile), "earlier vtrain output")
+    assert (old_profile / "metadata.json").read_text() == "{}\n"

@@ -8,6 +8,10 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
 - it exists and is not empty, unless ``--force`` is given, and even then only when vtrain wrote it: a folder
   holding :data:`MARKER` (written into every output folder). A folder is not taken for vtrain's by the names of
   the files in it (a ``metadata.json`` is a common name: a user's folder holding one and their notes was replaced).
+  The marker names what vtrain wrote: the kind of output (:data:`KINDS`) and the entries it put in the folder.
+  A report command, which has no ``--force`` (its report folder is rewritten on every run), replaces only an
+  earlier *report* (``vtrain validate traces/x -o profiles/x`` replaced the profile); and ``--force`` never removes
+  what someone added to a vtrain folder since (their notes beside a report): such a folder is refused, naming them.
 
 An output given as a link to a folder is checked and written where the link points; the link itself stays.
 
@@ -21,6 +25,7 @@ and by its process being gone. Nothing else is ever removed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -30,11 +35,16 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from vtrain.errors import InputError, raise_if_stopped
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
+#: the kinds of output folder: a profile (tables), recorded or predicted traces, a report (validate, whatif,
+#: calibrate's drift report, plan, cluster, size)
+PROFILE, TRACES, REPORT = "profile", "traces", "report"
+KINDS = (PROFILE, TRACES, REPORT)
 
 
 #: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
@@ -42,26 +52,49 @@ _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-
 
 
 def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = (), force: bool = False,
-                 what: str = "output folder") -> Path:
-    """Raise :class:`InputError` when ``target`` may not be written (see the module docstring); returns it."""
+                 what: str = "output folder", replaces: str | None = None) -> Path:
+    """Raise :class:`InputError` when ``target`` may not be written (see the module docstring); returns it.
+    ``replaces``: the kind of earlier output (:data:`KINDS`) that is replaced without ``force``."""
     target = Path(target)
     _check_not_an_input(target, inputs, what)
     target = followed(target)
     if target.exists() or target.is_symlink():
-        _check_replaceable(target, force, what)
+        _check_replaceable(target, force, what, replaces)
     _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
     return target
 
 
-def mark(folder: Path) -> None:
-    """Label ``folder`` (a staging folder about to be renamed into place) as written by vtrain."""
-    (folder / MARKER).write_text("written by vtrain; `--force` may replace this folder\n")
+def mark(folder: Path, kind: str, entries: list[str] | None = None) -> None:
+    """Label ``folder`` (a staging folder) as vtrain's output of ``kind``, holding ``entries`` (None: not known
+    yet; :func:`publish` lists them)."""
+    (folder / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": kind, "entries": entries,
+                                             "note": "`--force` may replace this folder"}) + "\n")
+
+
+def marker(folder: Path) -> dict[str, Any] | None:
+    """What ``folder``'s marker says (``kind``, ``entries``), None when it has none. The marker of an older vtrain
+    said neither: its folder is a report when it holds a report's files and none of a profile's or a recording's
+    (a report replaces it without ``--force``, as it did), else of no known kind."""
+    try:
+        text = (folder / MARKER).read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    names = {child.name for child in folder.iterdir()}
+    looks_like_report = names & {"report.md", "suite.md"} and not names & {"metadata.json", "run.yaml"}
+    return {"kind": REPORT} if looks_like_report else {}
 
 
 @contextmanager
-def staged(target: Path) -> Iterator[Path]:
-    """Yield a marked, empty staging folder beside ``target``; when the block ends without error it replaces
+def staged(target: Path, kind: str) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``target``, marked as vtrain's ``kind`` of output; when the block
+    ends without error it replaces
     ``target`` (which :func:`check_output` must have allowed), on any error or interrupt it is removed, with the
     parent folders this call created."""
     target = followed(target)
@@ -69,7 +102,7 @@ def staged(target: Path) -> Iterator[Path]:
     staging = _sibling(target, "staging")
     try:
         staging.mkdir()
-        mark(staging)
+        mark(staging, kind)
         yield staging
         raise_if_stopped()  # a stopped run is never published, even if its stop's exception was dropped
         publish(target, staging)
@@ -121,6 +154,14 @@ def written_by_vtrain(folder: Path) -> bool:
     return (folder / MARKER).is_file()
 
 
+def _added_since(folder: Path, written: dict[str, Any]) -> list[str]:
+    """The entries of ``folder`` that its marker does not list (none known for a marker without a list)."""
+    entries = written.get("entries")
+    if not isinstance(entries, list):
+        return []
+    return sorted(child.name for child in folder.iterdir() if child.name not in {MARKER, *map(str, entries)})
+
+
 def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what: str) -> None:
     resolved = target.resolve()
     for given in inputs:
@@ -137,16 +178,25 @@ def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what:
                              f"an input); give another -o", target)
 
 
-def _check_replaceable(target: Path, force: bool, what: str) -> None:
+def _check_replaceable(target: Path, force: bool, what: str, replaces: str | None) -> None:
     if not target.is_dir():
         raise InputError(f"the {what} exists and is not a folder", target)
     if not any(target.iterdir()):
         return
-    if not force:
-        raise InputError(f"{what} already exists (use --force to replace it)", target)
-    if not written_by_vtrain(target):
-        raise InputError(f"{what} exists and was not written by vtrain: --force replaces only vtrain's own "
-                         "output; give another -o", target)
+    written = marker(target)
+    if written is None:
+        raise InputError(f"{what} exists and was not written by vtrain: "
+                         + ("--force replaces only vtrain's own output; give another -o" if force
+                            else "give another -o"), target)
+    kind = written.get("kind")
+    if not force and (replaces is None or kind != replaces):
+        held = f"it holds vtrain's {kind}" if kind in KINDS else "it holds an earlier vtrain output"
+        advice = "use --force to replace it" if replaces is None else "give another -o, or remove it first"
+        raise InputError(f"{what} already exists ({held}; {advice})", target)
+    if added := _added_since(target, written):
+        shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
+        raise InputError(f"{what} holds {len(added)} entries vtrain did not write ({shown}): replacing it would "
+                         "remove them; move them out or give another -o", target)
 
 
 def _check_writable_parent(target: Path) -> None:
@@ -170,6 +220,9 @@ def publish(target: Path, staging: Path) -> None:
     SIGTERM wait until this is done (they arrive right after), so an interrupt never leaves the old output moved
     aside and the new one not yet in place."""
     target = followed(target)
+    written = marker(staging) or {}
+    mark(staging, str(written.get("kind", "")), sorted(child.name for child in staging.iterdir()
+                                                     if child.name != MARKER))
     with _signals_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)

@@ -20,7 +20,7 @@ from vtrain.calibrate.result import Calibration, SuiteSet
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.outputs import check_output
+from vtrain.outputs import REPORT, check_output
 from vtrain.report.drift import write_drift_report
 from vtrain.report.write import staged_folder
 from vtrain.runconfig import RunConfig, described_run, load_run_config
@@ -68,7 +68,7 @@ def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, 
     if output.resolve() == base.resolve():
         raise InputError("the new profile would replace its own base profile; give another -o", output)
     check_output(output, inputs=[trace_dir, base], force=force, what="profile folder")
-    check_output(report_dir, inputs=[trace_dir, base, output], force=True, what="report folder")
+    check_output(report_dir, inputs=[trace_dir, base, output], replaces=REPORT, what="report folder")
 
 
 def _reference_config(reference: str | Path | None,

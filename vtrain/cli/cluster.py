@@ -20,7 +20,7 @@ from vtrain.cli.options import (
     profile_option,
 )
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, staged
+from vtrain.outputs import REPORT, check_output, staged
 
 if TYPE_CHECKING:
     from vtrain.studies.cluster import Job, Speeds
@@ -67,7 +67,7 @@ def cluster_command(
     schedules = [simulate_cluster(jobs, gpus, speeds, name, resize_overhead_min / 60) for name in policies]
     study = ClusterStudy(jobs, schedules, speeds, str(profile) if profile else None, resize_overhead_min / 60,
                          describe(hardware))
-    with staged(target) as staging:
+    with staged(target, REPORT) as staging:
         write_cluster_files(study, staging)
     if as_json:
         print(json.dumps({**study_summary(study), "output": str(target)}, indent=2))

@@ -19,7 +19,7 @@ from vtrain.cli.options import (
     profile_option,
 )
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, staged
+from vtrain.outputs import REPORT, check_output, staged
 
 REPORTS = Path("reports")
 LOSS_MODELS = ("chinchilla",)
@@ -65,7 +65,7 @@ def size_command(
         raise InputError(f"no shape has a plan that runs on {gpus} GPUs (divisibility or device memory)")
     study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu), mfu, describe(hardware),
                       str(profile) if profile else None)
-    with staged(target) as staging:
+    with staged(target, REPORT) as staging:
         write_size_files(study, staging)
     summary = size_summary(study)
     if as_json:

@@ -16,7 +16,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
-from vtrain.outputs import check_output
+from vtrain.outputs import REPORT, check_output
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
@@ -95,7 +95,7 @@ def validate_command(
     if trace_dir is None:
         raise InputError("give a TRACE_DIR (a folder of traces) or --suite validators/NAME.yaml")
     target = output or REPORTS / trace_dir.resolve().name
-    check_output(target, inputs=[trace_dir, config, profile], force=True, what="report folder")
+    check_output(target, inputs=[trace_dir, config, profile], replaces=REPORT, what="report folder")
     _check_inputs(trace_dir, config)
     files = find_trace_files(trace_dir)
     prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn,
@@ -128,7 +128,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
     loaded = load_suite(path)
     target = output or REPORTS / f"suite-{loaded.name}"
     check_output(target, inputs=[path, *(i for e in loaded.entries for i in (e.traces, e.config, e.profile))],
-                 force=True, what="report folder")
+                 replaces=REPORT, what="report folder")
     for entry in loaded.entries:
         _check_inputs(entry.traces, entry.config)
     results: list[SetResult] = []
@@ -174,7 +174,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
         if problem:
             raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
-    check_output(target, inputs=[path, profile], force=True, what="report folder")
+    check_output(target, inputs=[path, profile], replaces=REPORT, what="report folder")
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
                                        recompute, progress, device)

@@ -10,7 +10,7 @@ import typer
 
 from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
-from vtrain.outputs import check_output
+from vtrain.outputs import REPORT, check_output
 
 REPORTS = Path("reports")
 
@@ -50,7 +50,7 @@ def whatif_command(
         if folder is not None and not folder.is_dir():
             raise InputError("not a folder", folder)
     target = output or REPORTS / f"whatif-{trace_dir.resolve().name}"
-    check_output(target, inputs=[trace_dir, durations_from], force=True, what="report folder")
+    check_output(target, inputs=[trace_dir, durations_from], replaces=REPORT, what="report folder")
 
     from vtrain.report.write import staged_folder
     from vtrain.whatif.report import write_whatif_report

@@ -37,7 +37,7 @@ from vtrain.ingest.rank import (
     shapeless_warning,
     unmarked_warning,
 )
-from vtrain.outputs import staged
+from vtrain.outputs import PROFILE, staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import METADATA_FILE, Profile, conform
 
@@ -148,7 +148,7 @@ def ingest_to_folder(trace_dir: str | Path, output: Path, *, warn: Warn = lambda
     """Ingest ``trace_dir`` into the profile folder ``output`` (which :func:`vtrain.outputs.check_output` must
     have allowed): staged beside it with the spool inside, and renamed into place when complete. Returns the
     ingested ranks and the rows of each table."""
-    with staged(output) as staging:
+    with staged(output, PROFILE) as staging:
         spool = staging / ".ranks"
         spool.mkdir()
         ranks = ingest_ranks(trace_dir, spool, warn=warn, progress=progress, workers=workers,

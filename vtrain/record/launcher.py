@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import vtrain
 from vtrain.errors import InputError
-from vtrain.outputs import check_output, mark, publish, staged
+from vtrain.outputs import TRACES, check_output, mark, publish, staged
 from vtrain.record.cuda_graphs import check_graphable
 from vtrain.record.worker import LEARNING_RATE, RankJob, result_name, run_rank, trace_name
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
@@ -136,7 +136,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
             raise InputError("--cuda-graphs records one GPU; torchrun is for several")
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
 
-    with staged(out) as staging:
+    with staged(out, TRACES) as staging:
         with tempfile.TemporaryDirectory(prefix="vtrain-rendezvous-") as rendezvous:
             job = RankJob(config=config, staging=str(staging), init_method=f"file://{rendezvous}/store",
                           device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
@@ -226,7 +226,7 @@ def _record_as_torchrun_rank(config: RunConfig, out: Path, steps: int, warmup: i
         described = describe_run(config, device, steps, warmup, seed,
                                  gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)), threads=threads)
         recorded, losses = _finish(staging, described, world)
-        mark(staging)
+        mark(staging, TRACES)
         publish(out, staging)
         return Recording(path=out, config=recorded, losses=losses, seconds=time.perf_counter() - started)
     finally:

@@ -9,15 +9,16 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from vtrain.outputs import check_output, staged
+from vtrain.outputs import REPORT, staged
 from vtrain.report.validation import render_html, render_markdown
 from vtrain.validate.traces import Validation
 
 
 def staged_folder(target: Path) -> AbstractContextManager[Path]:
-    """An empty staging folder for the report ``target``: on success it replaces ``target`` (only a folder vtrain
-    wrote), on any error or interrupt it is removed, with the parent folders it created (``reports/``)."""
-    return staged(check_output(target, force=True, what="report folder"))
+    """An empty staging folder for the report ``target`` (which the command checked first: ``check_output`` with
+    ``replaces=REPORT``): on success it replaces ``target``, on any error or interrupt it is removed, with the
+    parent folders it created (``reports/``)."""
+    return staged(target, REPORT)
 
 
 def write_report_files(v: Validation, folder: Path) -> None:

@@ -30,7 +30,7 @@ from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.kineto import dtype_bytes
 from vtrain.model.ops import PRECISION_DTYPE, Collective, Op
 from vtrain.naming import span_name
-from vtrain.outputs import check_output, staged
+from vtrain.outputs import TRACES, check_output, staged
 from vtrain.runconfig import save_run_config
 from vtrain.simulate.latency import Resolution
 from vtrain.simulate.run import Simulation
@@ -67,7 +67,7 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
     ``keep``, if given, also gets each rank's file path, header and events as written (`vtrain validate` reads
     the prediction from them rather than reading the files back)."""
     target = check_output(out_dir, force=overwrite)
-    with staged(target) as staging:
+    with staged(target, TRACES) as staging:
         names = []
         for stage in range(sim.graph.stages):
             rank = sim.stages[stage].rank

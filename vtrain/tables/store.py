@@ -15,7 +15,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.limits import MAX_METADATA_BYTES, fitted_problem
-from vtrain.outputs import check_output, staged
+from vtrain.outputs import PROFILE, check_output, staged
 from vtrain.runconfig import RunConfig, run_config_from_dict
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
 
@@ -71,7 +71,7 @@ def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = False) -> Path:
     """Write all tables and the metadata to ``target`` atomically; returns the final path."""
     target = check_output(target, force=overwrite, what="profile folder")
-    with staged(target) as staging:
+    with staged(target, PROFILE) as staging:
         for name, frame in profile.tables.items():
             frame.write_parquet(staging / f"{name}.parquet")
         (staging / METADATA_FILE).write_text(json.dumps(profile.metadata, indent=2, sort_keys=False) + "\n")
