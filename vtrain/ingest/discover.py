@@ -109,11 +109,23 @@ def _plainly_not_a_trace(name: str, size: int, time: int) -> bool:
     if named_like_a_trace(path) or size > OTHER_JSON_BYTES:
         return False
     try:
-        data = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-        value = json.loads(data)
-    except (OSError, EOFError, zlib.error, ValueError):
-        return False  # unreadable: read as a trace, whose error names the problem
-    return not (isinstance(value, dict) and isinstance(value.get("traceEvents"), list))
+        data = _read_at_most(path, _OTHER_JSON_TEXT_BYTES)
+        value = json.loads(data) if data is not None else None
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):
+        return False  # unreadable or nested beyond Python's parser: read as a trace, whose error names the problem
+    return data is not None and not (isinstance(value, dict) and isinstance(value.get("traceEvents"), list))
+
+
+#: the text of a small JSON file beside the traces is read up to this many bytes: a gzip file of 1 MiB that
+#: expands to 1 GB (a "bomb") was decompressed whole here, 2.1 GB of memory, before the trace reader refused it
+_OTHER_JSON_TEXT_BYTES = 64 << 20
+
+
+def _read_at_most(path: Path, limit: int) -> bytes | None:
+    """The (decompressed) bytes of ``path``, None when there are more than ``limit``."""
+    with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as handle:
+        data = handle.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def duplicate_trace_files(trace_dir: str | Path) -> list[tuple[Path, Path]]:

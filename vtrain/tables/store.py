@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.limits import MAX_METADATA_BYTES, fitted_problem
+from vtrain.limits import MAX_METADATA_BYTES, MAX_TRACE_US, fitted_problem
 from vtrain.outputs import PROFILE, check_output, staged
 from vtrain.runconfig import RunConfig, run_config_from_dict
 from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
@@ -153,6 +153,8 @@ _METADATA_SHAPE: dict[str, tuple[type, ...]] = {
 def _fitted_problem(fitted: dict[str, Any]) -> str | None:
     """The first fitted parameter that is not a number within :data:`vtrain.limits.FITTED_BOUNDS`."""
     sections: list[tuple[str, Any]] = [(key, fitted.get(key)) for key in ("gemm", "memory_bound", "host")]
+    if not isinstance(fitted.get("provenance", {}), dict):
+        return f"provenance must be a mapping (got {type(fitted['provenance']).__name__})"
     collectives = fitted.get("collectives") or []
     if not isinstance(collectives, list):
         return "collectives must be a list"
@@ -192,8 +194,17 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
 
 #: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
 _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
-                    "nccl_latency": ("bytes", "count", "median_us", "p10_us", "p90_us", "mean_us"),
+                    "nccl_latency": ("bytes", "count", "median_us", "p10_us", "p90_us", "mean_us", "wait_us",
+                                     "algbw_gbps", "busbw_gbps"),
                     "op_benchmarks": ("median_us", "p10_us", "p90_us", "flops", "bytes")}
+
+#: the time columns (µs), at most :data:`~vtrain.limits.MAX_TRACE_US` (a week: no trace holds a longer call; a
+#: median of 1e300 µs made predictions of 1e300 ms without a word)
+_TIME_COLUMNS = ("median_us", "p10_us", "p90_us", "mean_us", "wait_us")
+
+#: the tables whose medians are of work that takes time: a measured kernel or collective of 0 µs is no measurement
+#: (op_latency keeps 0: Kineto before 1.9 wrote whole microseconds, and a tiny operator's kernels could sum to 0)
+_POSITIVE_MEDIANS = ("nccl_latency", "op_benchmarks")
 
 
 #: the columns of the latency tables that count ranks, nodes or elements of a shape: at least 1 where given (a group
@@ -203,8 +214,10 @@ _COUNT_COLUMNS = {"nccl_latency": ("group_size", "nodes"),
 
 
 def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
-    """Refuse a latency table whose times or counts are negative, NaN, infinite or (median, count) missing, or
-    whose group sizes or shapes are below 1: a prediction would use them as they are."""
+    """Refuse a latency table whose times or counts are negative, NaN, infinite, beyond a week or (median, count)
+    missing, whose group sizes or shapes are below 1, whose measured kernels or collectives take no time or
+    whose GEMMs no FLOPs, or whose operator signatures do not parse: a prediction would use them as they are."""
+    _check_rows(frame, name, file)
     for col in _COUNT_COLUMNS.get(name, ()):
         bad = (frame[col] < 1).fill_null(False)
         if bad.any():
@@ -222,6 +235,40 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
             row = int(bad.arg_true()[0])
             raise InputError(f"{bad.sum()} row(s) with a {col} that is negative or not finite (first: row {row}, "
                              f"{values[row]})", file)
+        if col in _TIME_COLUMNS:
+            _refuse_rows(frame, values > MAX_TRACE_US, f"a {col} beyond a week ({MAX_TRACE_US:.0e} us)", col, file)
+
+
+def _check_rows(frame: pl.DataFrame, name: str, file: Path) -> None:
+    """The per-row rules beyond ranges: positive medians where work was measured, FLOPs for GEMMs, signatures
+    that parse."""
+    if name in _POSITIVE_MEDIANS:
+        _refuse_rows(frame, frame["median_us"] == 0, "a median_us of 0 (a measured call takes time)", "median_us",
+                     file)
+    if name == "op_benchmarks":
+        gemm = frame["op_class"] == "gemm"
+        _refuse_rows(frame, gemm & (frame["flops"] <= 0), "a GEMM of no FLOPs", "flops", file)
+    if name == "op_latency":
+        unreadable = pl.Series([_unreadable(d) or _unreadable(t) for d, t in
+                                zip(frame["input_dims"], frame["input_types"])], dtype=pl.Boolean)
+        _refuse_rows(frame, unreadable, "input_dims or input_types that are no JSON list (a signature no "
+                     "prediction can match)", "input_dims", file)
+
+
+def _unreadable(text: str | None) -> bool:
+    if text is None:
+        return False
+    try:
+        return not isinstance(json.loads(text), list)
+    except (ValueError, RecursionError):
+        return True
+
+
+def _refuse_rows(frame: pl.DataFrame, bad: pl.Series, what: str, col: str, file: Path) -> None:
+    bad = bad.fill_null(False)
+    if bad.any():
+        row = int(bad.arg_true()[0])
+        raise InputError(f"{bad.sum()} row(s) with {what} (first: row {row}, {frame[col][row]!r})", file)
 
 
 def _cast(frame: pl.DataFrame, col: str, dtype: pl.DataType, file: Path) -> pl.Series:

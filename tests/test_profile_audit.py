@@ -1,0 +1,60 @@
+"""A profile's tables hold values no prediction may use (an audit, each through `vtrain simulate`): a NaN
+``wait_us`` made the iteration ``nan ms`` (and validate a traceback, plan an MFU of 12,195 %), medians of 1e300 µs
+or 0 made predictions of 1e300 ms or of no compute, GEMMs of no FLOPs tripled a prediction, a signature that does
+not parse was dropped from the exact lookups, a ``provenance`` that is a list was a traceback. Each is now one
+line naming the table, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+
+A100 = REPO / "profiles" / "a100"
+CONFIG = REPO / "examples" / "gpt-1.3b-a100.yaml"
+
+
+def _table(table: str, change: Callable[[pl.DataFrame], pl.DataFrame]) -> Callable[[Path], str]:
+    def corrupt(profile: Path) -> str:
+        file = profile / f"{table}.parquet"
+        change(pl.read_parquet(file)).write_parquet(file)
+        return f"{table}.parquet"
+    return corrupt
+
+
+def _provenance_list(profile: Path) -> str:
+    file = profile / "metadata.json"
+    metadata = json.loads(file.read_text())
+    metadata["fitted"]["provenance"] = [1]
+    file.write_text(json.dumps(metadata))
+    return "metadata.json"
+
+
+CASES = {
+    "nan wait_us": (_table("nccl_latency", lambda d: d.with_columns(wait_us=pl.lit(float("nan")))), "wait_us"),
+    "huge collective mean": (_table("nccl_latency", lambda d: d.with_columns(mean_us=pl.lit(1e300))), "a week"),
+    "huge kernel median": (_table("op_benchmarks", lambda d: d.with_columns(median_us=pl.lit(1e300))), "a week"),
+    "zero kernel median": (_table("op_benchmarks", lambda d: d.with_columns(median_us=pl.lit(0.0))), "of 0"),
+    "gemm of no flops": (_table("op_benchmarks", lambda d: d.with_columns(flops=pl.lit(0.0))), "no FLOPs"),
+    "unparsable signature": (_table("op_latency", lambda d: d.with_columns(input_dims=pl.lit("[[["))), "JSON list"),
+    "provenance a list": (_provenance_list, "provenance must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_profile_with_values_no_prediction_may_use_is_one_line(case: str, tmp_path: Path) -> None:
+    profile = tmp_path / "profile"
+    shutil.copytree(A100, profile)
+    corrupt, words = CASES[case]
+    file = corrupt(profile)
+    ran = vtrain_in_process("simulate", CONFIG, "--profile", profile)
+    assert ran.returncode == 2, (ran.stdout, ran.stderr)
+    errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and file in errors[0] and words in errors[0], ran.stderr
+    assert "Traceback" not in ran.stderr
