@@ -58,3 +58,18 @@ def test_a_profile_with_values_no_prediction_may_use_is_one_line(case: str, tmp_
     errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and file in errors[0] and words in errors[0], ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_metadata_is_read_as_strictly_as_a_run_config(tmp_path: Path) -> None:
+    """``metadata.json`` with a key given twice was read silently (Python's json keeps the last), and one saved
+    with a byte-order mark (a Windows editor) was refused with json's own advice; run configs refuse the first
+    and read the second."""
+    profile = tmp_path / "profile"
+    shutil.copytree(A100, profile)
+    file = profile / "metadata.json"
+    text = file.read_text()
+    file.write_text("\ufeff" + text)
+    assert vtrain_in_process("simulate", CONFIG, "--profile", profile).returncode == 0
+    file.write_text(text.replace("{", '{"kind": "profile", ', 1))
+    ran = vtrain_in_process("simulate", CONFIG, "--profile", profile)
+    assert ran.returncode == 2 and "key 'kind' given twice" in ran.stderr, ran.stderr

@@ -105,14 +105,17 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def _read_metadata(meta_file: Path) -> dict[str, Any]:
-    """``metadata.json``, refused when it is not JSON or not of the shape vtrain writes (see
+    """``metadata.json`` (a UTF-8 byte-order mark skipped, as in run configs), refused when it is not JSON, gives a
+    key twice, or is not of the shape vtrain writes (see
     :data:`_METADATA_SHAPE`) or when a fitted device's numbers lie outside physical bounds."""
     if not meta_file.is_file():
         raise InputError(f"{METADATA_FILE} is not a regular file", meta_file)
     if meta_file.stat().st_size > MAX_METADATA_BYTES:
         raise InputError(f"{METADATA_FILE} is larger than {MAX_METADATA_BYTES:,} bytes", meta_file)
     try:
-        metadata = json.loads(meta_file.read_bytes().decode("utf-8"))
+        metadata = json.loads(meta_file.read_bytes().decode("utf-8-sig"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise InputError(f"corrupt {METADATA_FILE}: key {exc} given twice", meta_file) from None
     except UnicodeDecodeError as exc:
         raise InputError(f"corrupt {METADATA_FILE}: not UTF-8 (byte {exc.start})", meta_file) from None
     except json.JSONDecodeError as exc:
@@ -140,6 +143,18 @@ def _read_metadata(meta_file: Path) -> dict[str, Any]:
         if problem:
             raise InputError(f"{METADATA_FILE}: fitted device model: {problem}", meta_file)
     return metadata
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object that gives a key twice (Python's json keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (as run configs are read: ``configfile``)."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(repr(next(key for key in keys if keys.count(key) > 1)))
+    return dict(pairs)
 
 
 #: the keys of ``metadata.json`` that commands read, and the JSON types each may have (or null)
