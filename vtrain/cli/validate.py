@@ -168,7 +168,8 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
 
     if not path.is_file():
         raise InputError("is a folder, not a table of measurements (give its CSV file)" if path.is_dir()
-                         else "no such file", path)
+                         else "is not a regular file (a pipe or a device), not a table of measurements"
+                         if path.exists() else "no such file", path)
     for flag, value in (("inter_node_gbps", inter_node_gbps), ("intra_node_gbps", intra_node_gbps)):
         problem = None if value is None else real_problem(flag, value)
         if problem:
@@ -178,9 +179,12 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
                                        recompute, progress, device)
+    summary = result.to_dict()
+    if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
+        raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "
+                         f"{summary['invalid_rows'][0]['row']}, {summary['invalid_rows'][0]['invalid']})", path)
     with staged_folder(target) as staging:
         write_measurement_report(result, staging)
-    summary = result.to_dict()
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True
     if as_json:
         print(json.dumps({key: summary[key] for key in ("mape_pct", "rows", "excluded", "invalid",

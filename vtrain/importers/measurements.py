@@ -119,6 +119,7 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
+    _warn_repeated_rows(rows, [meant for meant in read.values()], path)
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))
@@ -129,6 +130,23 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     return rows.select(
         (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in COLUMNS.items())
+
+
+#: the shortest measured iteration a table may hold: 1 µs (a kernel launch takes longer; a time of 1e-300 ms gave
+#: a MAPE of 3e304 %)
+MIN_ITERATION_MS = 1e-3
+
+
+def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
+    """One warning line for rows that repeat an earlier row in every column read, the measured time to its last
+    digit (a table pasted twice): each is scored, so it counts twice in the MAPE. Repeated runs of one
+    configuration differ in their times and are not warned of."""
+    repeated = rows.filter(pl.struct(columns).is_duplicated() & ~pl.struct(columns).is_first_distinct())
+    if repeated.height:
+        shown_rows = ", ".join(str(r) for r in repeated["row"].head(5).to_list())
+        warn_input(f"{repeated.height} row(s) repeat an earlier row exactly, measured time included (rows "
+                   f"{shown_rows}{', ...' if repeated.height > 5 else ''}): each is scored (a table pasted twice?)",
+                   path)
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
@@ -228,10 +246,13 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if measured is None:
         given = row[UNMEASURED]
         return f"no measured time ({shown(given)})" if given is not None else "no measured time (an empty cell)"
+    unit = "ms" if form == "ms" else "s" if form == "s" else form
+    what = "iteration time" if form in ("ms", "s") else "throughput"
     if not math.isfinite(measured) or measured <= 0:
-        unit = "ms" if form == "ms" else "s" if form == "s" else form
-        what = "iteration time" if form in ("ms", "s") else "throughput"
         return f"measured {what} is not a positive number ({measured!r} {unit})"
+    if row["iteration_ms"] is not None and row["iteration_ms"] < MIN_ITERATION_MS:
+        converted = "" if form == "ms" else f" ({row['iteration_ms']:.3g} ms)"
+        return f"measured {what} of {measured!r} {unit}{converted} is shorter than any iteration (1 µs)"
     for name, field in SHAPE_FIELDS.items():
         value = row[name]
         if not math.isfinite(value) or value != int(value) or value < 1:

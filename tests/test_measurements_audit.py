@@ -1,0 +1,57 @@
+"""Tables of measurements that are suspicious or useless (an audit of `validate --measurements`): a table pasted
+twice was scored twice in silence, a measured time of 1e-300 ms gave a MAPE of 3e304 %, a named pipe given as the
+table was "no such file", and a table none of whose rows could be predicted ended with exit 0 and a null MAPE."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.conftest import REPO, vtrain_in_process
+
+GROUND_TRUTH = REPO / "tests" / "data" / "a100" / "vtrain-a100" / "ground_truth_single.csv"
+PROFILE = REPO / "profiles" / "a100"
+
+
+def _table(folder: Path, lines: list[str]) -> Path:
+    header, *rows = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()
+    table = folder / "runs.csv"
+    table.write_text("\n".join([header, *(rows[:3] if not lines else lines)]) + "\n")
+    return table
+
+
+def _rows(count: int) -> list[str]:
+    return GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()[1:count + 1]
+
+
+def _measure(table: Path, tmp_path: Path) -> object:
+    return vtrain_in_process("validate", "--measurements", table, "--profile", PROFILE, "-o", tmp_path / "report",
+                             "--json")
+
+
+def test_a_table_pasted_twice_is_warned_of(tmp_path: Path) -> None:
+    ran = _measure(_table(tmp_path, _rows(3) * 2), tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "3 row(s) repeat an earlier row exactly" in ran.stderr and "rows 4, 5, 6" in ran.stderr, ran.stderr
+
+
+def test_an_iteration_shorter_than_a_microsecond_is_no_measurement(tmp_path: Path) -> None:
+    first, *others = _rows(3)
+    fields = first.split(",")
+    ran = _measure(_table(tmp_path, [",".join([*fields[:-1], "1e-300"]), *others]), tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert '"invalid": 1' in ran.stdout and "1e-300 ms is shorter than any iteration" in ran.stderr, ran.stderr
+
+
+def test_a_table_of_which_no_row_can_be_predicted_is_an_error(tmp_path: Path) -> None:
+    rows = [",".join([*row.split(",")[:-1], "OOM"]) for row in _rows(3)]
+    ran = _measure(_table(tmp_path, rows), tmp_path)
+    assert ran.returncode == 2 and "no row could be predicted (3 refused; first: row 1" in ran.stderr, ran.stderr
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_named_pipe_is_no_table(tmp_path: Path) -> None:
+    pipe = tmp_path / "runs.csv"
+    os.mkfifo(pipe)
+    ran = _measure(pipe, tmp_path)
+    assert ran.returncode == 2 and "is not a regular file" in ran.stderr, ran.stderr
