@@ -164,9 +164,10 @@ class RankTrace:
     memsets) or sync (CUPTI synchronisation activities). ``cat`` is the category in one spelling (``cpu_op``,
     ``user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, the runtime category in lower case,
     ``cuda_sync``). ``lane`` is the thread id for cpu and runtime events and the stream for device and sync
-    events. ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
-    The numeric columns ``lane``, ``ts``, ``dur`` and ``index`` are compact arrays (8 bytes an event). ``source``
-    is the file's text, compressed (:class:`KeptText`).
+    events. ``device`` is a device activity's device (its ``device`` arg; -1 for other events and where it has
+    none). ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
+    The numeric columns ``lane``, ``ts``, ``dur``, ``device`` and ``index`` are compact arrays (8 bytes an event).
+    ``source`` is the file's text, compressed (:class:`KeptText`).
     """
 
     rank: int
@@ -188,11 +189,19 @@ class RankTrace:
     pg_ranks: list[str | None]
     pg_name: list[str | None]
     input_dims: list[str | None]  # CPU operators: their ``Input Dims`` as compact JSON text
+    device: array  # of int64
     index: array  # of int64
     dropped: int = 0
+    #: correlation ids of the device activities left out in ``dropped`` (their launches are answered: the activity
+    #: is in the file, without a usable time)
+    dropped_correlations: list[int] = field(default_factory=list)
     absurd: int = 0  # device activities left out for a time no measurement can have (kineto.absurd_activities)
     absurd_host: int = 0  # host events left out for such a time (kineto.absurd_host_events)
-    repeated: int = 0  # device activities that repeat another exactly (same stream, name, start and duration)
+    repeated: int = 0  # device activities that repeat another exactly (same device, stream, name, start, duration)
+    devices: tuple[int, ...] = ()  # the devices the file's device activities name (several: one process, many GPUs)
+    device_categories: set[str] = field(default_factory=set)  # the device activities' categories as written
+    unreadable_args: int = 0  # events with an id, stream, device or count that is no 64-bit whole number
+    begin_end: int = 0  # spans written as "B"/"E" pairs (their "B" events): not read
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
     launches: int = 0  # kernel launches in all
@@ -205,17 +214,19 @@ class RankTrace:
 
     def count_launches(self) -> None:
         """Count the kernel launches, and those whose device activity is not in the file (:attr:`unanswered`), as
-        `vtrain ingest` counts them: before any activity is left out for an absurd time."""
+        `vtrain ingest` counts them: before any activity is left out for an absurd time. An activity left out for
+        its duration (:attr:`dropped_correlations`) is in the file: its launch is answered."""
         runtime = [i for i, kind in enumerate(self.kind) if kind == RUNTIME]
-        device = (c for c, kind in zip(self.correlation, self.kind) if kind == DEVICE)
+        device = [c for c, kind in zip(self.correlation, self.kind) if kind == DEVICE] + self.dropped_correlations
         self.unanswered, self.launches = kineto.unanswered_launches(
             (self.name[i] for i in runtime), (self.correlation[i] for i in runtime), device)
 
     def check_device_times(self) -> None:
-        """Count the device activities that repeat another exactly (:attr:`repeated`, kept) and leave out the events
-        whose time cannot be a measurement, by the rules `vtrain ingest` applies: host events
-        (:func:`vtrain.kineto.absurd_host_events`, counted in :attr:`absurd_host`), then device activities against
-        the span of the others (:func:`vtrain.kineto.absurd_activities`, counted in :attr:`absurd`)."""
+        """Count the device activities that repeat another exactly on one device (:attr:`repeated`, kept), note the
+        devices they name (:attr:`devices`) and leave out the events whose time cannot be a measurement, by the rules
+        `vtrain ingest` applies: host events (:func:`vtrain.kineto.absurd_host_events`, counted in
+        :attr:`absurd_host`), then device activities against the span of the others
+        (:func:`vtrain.kineto.absurd_activities`, counted in :attr:`absurd`)."""
         kinds = np.fromiter((_KIND_CODES[kind] for kind in self.kind), dtype=np.int8, count=len(self.kind))
         ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
         host = (kinds == _KIND_CODES[CPU]) | (kinds == _KIND_CODES[RUNTIME])
@@ -226,7 +237,10 @@ class RankTrace:
         host &= ~absurd
         if device.any():
             lanes = np.frombuffer(self.lane, dtype=np.int64)[device]
-            self.repeated = _repeats(lanes, [self.name[i] for i in np.flatnonzero(device)], ts[device], dur[device])
+            devices = np.frombuffer(self.device, dtype=np.int64)[device]
+            self.devices = tuple(int(d) for d in np.unique(devices[devices >= 0]))
+            self.repeated = _repeats(devices, lanes, [self.name[i] for i in np.flatnonzero(device)], ts[device],
+                                     dur[device])
             start = float(ts[host].min()) if host.any() else None
             end = float((ts[host] + dur[host]).max()) if host.any() else None
             absurd[device] = kineto.absurd_activities(start, end, ts[device], dur[device])
@@ -242,6 +256,15 @@ class RankTrace:
     @property
     def has_device_activity(self) -> bool:
         return DEVICE in self.kind
+
+    @property
+    def accelerator(self) -> str | None:
+        """The accelerator the device activities ran on, as `vtrain ingest` reads it (:func:`vtrain.kineto.accelerator`:
+        ``cuda``, ``rocm``, ``mtia``); ``None`` without device activity."""
+        if not self.has_device_activity:
+            return None
+        return kineto.accelerator(self.device_categories,
+                                  {name for name, kind in zip(self.name, self.kind) if kind == RUNTIME})
 
     @property
     def replayable(self) -> bool:
@@ -264,7 +287,9 @@ class RankTrace:
         return KeptRank(rank=self.rank, path=self.path, world_size=self.world_size,
                         process_groups=self.process_groups, dropped=self.dropped, absurd=self.absurd,
                         absurd_host=self.absurd_host,
-                        repeated=self.repeated, bare_numbers=self.bare_numbers, unanswered=self.unanswered,
+                        repeated=self.repeated, devices=self.devices, accelerator=self.accelerator,
+                        unreadable_args=self.unreadable_args, begin_end=self.begin_end,
+                        bare_numbers=self.bare_numbers, unanswered=self.unanswered,
                         launches=self.launches, malformed=self.malformed, rank_warning=self.rank_warning,
                         replayable=self.replayable, columns=self.event_columns(), index=self.index,
                         source=self.source)
@@ -274,19 +299,20 @@ class RankTrace:
 _KIND_CODES = {kind: code for code, kind in enumerate((CPU, RUNTIME, DEVICE, SYNC))}
 
 
-def _repeats(lanes: np.ndarray, names: list[str], ts: np.ndarray, dur: np.ndarray) -> int:
-    """How many of these activities repeat an earlier one exactly (same lane, name, start and duration): rows of
-    four 64-bit numbers (the name by a number of its own, times by their bits, ``-0.0`` as ``0.0``), counted
-    apart from their distinct rows."""
+def _repeats(devices: np.ndarray, lanes: np.ndarray, names: list[str], ts: np.ndarray, dur: np.ndarray) -> int:
+    """How many of these activities repeat an earlier one exactly (same device, lane, name, start and duration:
+    one process driving two GPUs runs the same kernels on both at once): rows of five 64-bit numbers (the name by a
+    number of its own, times by their bits, ``-0.0`` as ``0.0``), counted apart from their distinct rows."""
     codes: dict[str, int] = {}
     named = np.fromiter((codes.setdefault(name, len(codes)) for name in names), dtype=np.int64, count=len(names))
-    rows = np.column_stack([lanes, named, (ts + 0.0).view(np.int64), (dur + 0.0).view(np.int64)])
+    rows = np.column_stack([devices, lanes, named, (ts + 0.0).view(np.int64), (dur + 0.0).view(np.int64)])
     return len(rows) - len(np.unique(rows, axis=0))
 
 
 #: the per-event columns of a :class:`RankTrace`
 _COLUMNS = ("kind", "cat", "name", "lane", "ts", "dur", "correlation", "external_id", "wait_on_stream",
-            "wait_on_event_record", "collective_name", "elements", "pg_ranks", "pg_name", "input_dims", "index")
+            "wait_on_event_record", "collective_name", "elements", "pg_ranks", "pg_name", "input_dims", "device",
+            "index")
 
 #: the event frame's columns read off the events (the others are times, launches and collectives)
 EVENT_COLUMNS = ("kind", "cat", "name", "lane", "external_id", "input_dims")
@@ -307,6 +333,10 @@ class KeptRank:
     absurd: int
     absurd_host: int
     repeated: int
+    devices: tuple[int, ...]
+    accelerator: str | None
+    unreadable_args: int
+    begin_end: int
     bare_numbers: int
     unanswered: int
     launches: int
@@ -404,7 +434,7 @@ def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTra
                      process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
-                     pg_ranks=[], pg_name=[], input_dims=[], index=array("q"), source=source)
+                     pg_ranks=[], pg_name=[], input_dims=[], device=array("q"), index=array("q"), source=source)
 
 
 class _Reader:
@@ -427,6 +457,7 @@ class _Reader:
                 malformed.not_objects += 1
                 continue
             if event.ph != "X":
+                trace.begin_end += event.ph == "B" and isinstance(event.cat, str) and bool(kineto.event_kind(event.cat))
                 continue
             if not isinstance(event.cat, str) or not event.cat:
                 malformed.uncategorised += 1
@@ -436,37 +467,45 @@ class _Reader:
                 continue
             args = self._args(event.args)
             ts, dur = times[position], durations[position]
-            lane = (self._lane(event.tid) if kind in (CPU, RUNTIME)
-                    else kineto.parse_stream(args.get("stream")))
-            if lane is None and kind != CPU and kind != RUNTIME:
-                lane = self._lane(event.tid)
+            on_host = kind == CPU or kind == RUNTIME
+            numbers = _whole_numbers(args, _HOST_ID_KEYS if on_host else _DEVICE_ID_KEYS)
+            number = numbers.get
+            correlation, stream = number("correlation"), number("stream")
+            lane = self._lane(event.tid) if stream is None else stream  # a device event without one: its thread's
             if ts is None or dur is None or dur < 0 or lane is None:
                 if _infinite(event.ts) or _infinite(event.dur):
                     malformed.infinite += 1
                 else:
                     trace.dropped += 1
+                if kind == DEVICE and correlation is not None:
+                    trace.dropped_correlations.append(correlation)
                 continue
+            trace.unreadable_args += None in numbers.values()
             name = self._name(event)
             malformed.args_not_objects += args_not_an_object(event)
             cat = self._category(kind, event.cat, name)
+            if kind == DEVICE:
+                trace.device_categories.add(event.cat)
             trace.kind.append(kind)
             trace.cat.append(cat)
             trace.name.append(self.strings.setdefault(name, name))
             trace.lane.append(lane)
             trace.ts.append(ts)
             trace.dur.append(dur)
-            trace.correlation.append(_integer(args.get("correlation")))
-            trace.external_id.append(_integer(args.get("external_id")))
-            trace.wait_on_stream.append(kineto.parse_stream(args.get("wait_on_stream")))
-            trace.wait_on_event_record.append(_integer(args.get("wait_on_cuda_event_record_corr_id")))
+            trace.correlation.append(correlation)
+            trace.external_id.append(number("external_id"))
+            trace.wait_on_stream.append(number("wait_on_stream"))
+            trace.wait_on_event_record.append(number("wait_on_cuda_event_record_corr_id"))
             trace.collective_name.append(_text(args.get("collective_name")))
             sized = cat == "user_annotation" or name.startswith(kineto.ISSUING_OP_PREFIXES)
-            elements = _integer(args.get("in_msg_nelems")) or _integer(args.get("out_msg_nelems"))
+            elements = number("in_msg_nelems") or number("out_msg_nelems")
             trace.elements.append(elements or (_elements(args.get("input_dims")) if sized else None))
             trace.pg_ranks.append(_text(args.get("process_group_ranks"), keep_json=True))
             trace.pg_name.append(_text(args.get("process_group_name")))
             dims = _compact(args.get("input_dims")) if cat == "cpu_op" else None
             trace.input_dims.append(dims if dims is None else self.strings.setdefault(dims, dims))
+            device = number("device") if kind == DEVICE else None
+            trace.device.append(-1 if device is None else device)
             trace.index.append(offset + position)
 
     def _name(self, event: LooseEvent) -> str:
@@ -509,6 +548,19 @@ class _Reader:
         if number is not None or not isinstance(tid, str):
             return number
         return self.named_lanes.setdefault(tid, -1 - len(self.named_lanes))
+
+
+#: the args (folded, :func:`vtrain.kineto.arg_key`) the replay reads as whole numbers: ids and counts of every
+#: event; device and sync events' stream and device besides
+_HOST_ID_KEYS = frozenset({"correlation", "external_id", "wait_on_stream", "wait_on_cuda_event_record_corr_id",
+                           "in_msg_nelems", "out_msg_nelems"})
+_DEVICE_ID_KEYS = _HOST_ID_KEYS | {"stream", "device"}
+
+
+def _whole_numbers(args: dict[str, Any], keys: frozenset[str]) -> dict[str, int | None]:
+    """The args of ``keys`` an event has (not null), each read as a whole number (:func:`_integer`); ``None`` for
+    one that is none (``"External id": "n/a"``, a stream ``"s1"``, an id beyond 64 bits)."""
+    return {key: _integer(args[key]) for key in args.keys() & keys if args[key] is not None}
 
 
 def _number(value: Any) -> float | None:
@@ -622,9 +674,19 @@ def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
         lines.append(line)
     if trace.dropped:
         lines.append(f"{path}: {trace.dropped} event(s) without a usable time, duration or lane were left out")
+    if trace.begin_end:
+        lines.append(f"{path}: {trace.begin_end} span(s) written as \"B\"/\"E\" (begin/end) pairs were left out: the "
+                     f"replay reads complete (\"X\") events, as Kineto writes them")
+    if trace.unreadable_args:
+        lines.append(f"{path}: {trace.unreadable_args} event(s) with an id, stream, device or count that is no whole "
+                     f"number (such as \"External id\": \"n/a\") were read without it")
     if trace.repeated:
-        lines.append(f"{path}: {trace.repeated} device activities repeat another exactly (same stream, name, start "
-                     f"and duration): a trace written twice into one file? They are kept")
+        lines.append(f"{path}: {trace.repeated} device activities repeat another exactly (same device, stream, name, "
+                     f"start and duration): a trace written twice into one file? They are kept")
+    if len(trace.devices) > 1:
+        lines.append(f"{path}: device activities on {len(trace.devices)} devices "
+                     f"({', '.join(map(str, trace.devices))}): one process driving several GPUs? The replay takes them "
+                     f"as one rank, and a stream number on several devices as one stream")
     if trace.absurd_host:
         lines.append(kineto.absurd_host_warning(path, trace.absurd_host))
     if trace.absurd:

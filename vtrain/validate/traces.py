@@ -33,6 +33,8 @@ from vtrain.validate.predictions import (
 from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.rank_checks import rank_warnings
 from vtrain.validate.ranks import read_for_validation
+from vtrain.validate.steady import steady_iterations as steady_iterations  # its home before steady.py
+from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
     MEASURED,
     REPLAYED,
@@ -40,8 +42,6 @@ from vtrain.validate.timeline import (
     annotate,
     iterations,
     ops,
-    step_spans,
-    whole_trace_note,
 )
 
 Warn = Callable[[str], None]
@@ -64,7 +64,7 @@ class Validation:
     config_source: str | None
     iterations: list[int]
     steady: list[int]
-    steady_basis: str  # why the steady iterations are these (:func:`steady_iterations`)
+    steady_basis: str  # why the steady iterations are these (:func:`vtrain.validate.steady.steady_set`)
     measured: dict[str, Any]
     replay: Comparison
     model: Comparison | None
@@ -114,16 +114,6 @@ class Prepared:
     warnings: list[str]
     text: TextAside  # holds the ranks' kept text until the replayed traces are written
     memory: list[dict[str, Any]] = field(default_factory=list)  # :func:`peak_memory_rows`
-
-
-def steady_iterations(all_iterations: list[int], *, marked: bool) -> tuple[list[int], str]:
-    """The iterations a validation compares (every profiled one but the first, which warms up) and why, in words:
-    ``marked`` is whether the traces have ``ProfilerStep#N`` spans (without them the whole trace is iteration 0)."""
-    if not marked:
-        return all_iterations, "no ProfilerStep#N spans: the whole trace is one iteration"
-    if len(all_iterations) == 1:
-        return all_iterations, "the only profiled one, used although it is the first"
-    return all_iterations[1:], "the first profiled one excluded"
 
 
 def validate_traces(trace_dir: str | Path, work_dir: Path, *, config_path: str | Path | None = None,
@@ -182,12 +172,10 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
         note(line)
-    marked = not step_spans(frame).is_empty()
-    steady, steady_basis = steady_iterations(all_iterations, marked=marked)
-    if not marked:
-        note(whole_trace_note(trace_dir))
-    elif len(all_iterations) == 1:
-        note(f"{trace_dir}: only one profiled iteration ({all_iterations[0]}); it is used although it is the first")
+    chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
+    steady, steady_basis = chosen.iterations, chosen.basis
+    for line in chosen.notes:
+        note(line)
 
     graphed = replayed.stats.graph_launches
     warning = _graph_warning(trace_dir, graphed, config, profile_dir) if graphed and config is not None else None
@@ -252,7 +240,7 @@ def finish_validation(prepared: Prepared, work_dir: Path, *, with_hta: bool = Tr
     if prepared.model is not None and prepared.config is not None:
         model_result, model_frame = compare_model(prepared.model, prepared.config, frame, predicted_root / "model")
 
-    device = "cuda" if frame["gpu_rank"].any() else "cpu"
+    device = next((trace.accelerator for trace in traces if trace.accelerator), "cpu")
     hta = (_hta(trace_dir, replay_dir, predicted_root / "model" if model_result else None, device) if with_hta
            else {"reason": "skipped (--no-hta)"})
     shown = (model_result.details["test_iterations"][0] if model_result else steady[0])
@@ -315,7 +303,8 @@ def _measured_summary(table: pl.DataFrame, steady: list[int]) -> dict[str, Any]:
     return {"iteration_ms": _spread(job), "per_rank": dict(sorted(per_rank.items(), key=lambda kv: int(kv[0]))),
             "definition": "ProfilerStep#N start (or the previous iteration's end, when steps overlap on the device) "
                           "to the later of its end and the end of the last device activity it launched; job time = "
-                          "mean over ranks; the first profiled iteration is excluded"}
+                          "mean over ranks; the first profiled iteration is excluded, and a last one the "
+                          "profiler's stop cut short"}
 
 
 def _spread(values_us: list[float]) -> dict[str, float | int | None]:
@@ -335,7 +324,7 @@ def _spread(values_us: list[float]) -> dict[str, float | int | None]:
 
 
 def _hta(trace_dir: Path, replay_dir: Path, model_dir: Path | None, device: str) -> dict[str, Any]:
-    if device != "cuda":
+    if device == "cpu":
         return {"reason": "CPU-only traces: HTA's temporal breakdown and overlap are computed from GPU kernels"}
     result: dict[str, Any] = {}
     for side, folder in (("measured", trace_dir), ("replay", replay_dir), ("model", model_dir)):

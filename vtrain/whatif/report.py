@@ -47,7 +47,7 @@ def per_iteration(w: WhatIf) -> Table:
     rows = []
     for i in w.iterations:
         measured, predicted = to_ms(w.measured_us.get(i)), to_ms(w.predicted_us.get(i))
-        row = [f"{i}{'' if i in w.steady else ' (first, not steady)'}", ms(measured), ms(predicted),
+        row = [f"{i}{'' if i in w.steady else ' (not steady)'}", ms(measured), ms(predicted),
                pct(error_pct(predicted, measured))]
         if other:
             reference = to_ms(w.other_measured_us.get(i))

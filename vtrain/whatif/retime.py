@@ -27,14 +27,13 @@ from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, described_run
 from vtrain.validate.diff import error_pct
+from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
     MEASURED,
     REPLAYED,
     Side,
     annotate,
     iterations,
-    step_spans,
-    whole_trace_note,
 )
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
@@ -44,14 +43,16 @@ from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
 
 @dataclass
 class TraceSet:
-    """One recording: its graph with the holder of every edge, its annotated event frame (measured times) and
-    the time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`)."""
+    """One recording: its graph with the holder of every edge, its annotated event frame (measured times), the
+    time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`) and its steady
+    iterations (:func:`vtrain.validate.steady.steady_set`, as `vtrain validate` chooses them)."""
 
     path: Path
     config: RunConfig | None
     owned: OwnedGraph
     frame: pl.DataFrame
     held: np.ndarray
+    steady: list[int]
 
     @property
     def own(self) -> np.ndarray:
@@ -135,9 +136,12 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
-    if step_spans(frame).is_empty():
-        warn(whole_trace_note(trace_dir))
-    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time)
+    all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
+    chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
+    for line in chosen.notes:
+        warn(line)
+    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time,
+                    steady=chosen.iterations)
 
 
 def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
@@ -180,7 +184,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     for line in notes:
         warn(line)
     all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
-    steady = all_iterations[1:] or all_iterations
+    steady = [i for i in base.steady if other is None or i in other.steady] or base.steady
     return WhatIf(
         trace_dir=base.path, other_dir=other.path if other else None,
         changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits, ops_only=ops_only,
@@ -210,7 +214,7 @@ def _paired_iterations(base: TraceSet, other: TraceSet, notes: list[str]) -> Tra
                     f"{other.path}" if len(ours) != len(theirs) else ""))
     frame = other.frame.with_columns(
         iteration=pl.col("iteration").replace_strict(pairs, default=None, return_dtype=other.frame["iteration"].dtype))
-    return replace(other, frame=frame)
+    return replace(other, frame=frame, steady=[pairs[i] for i in other.steady if i in pairs])
 
 
 #: the least share of a recording's operator time that finds a partner in another recording of the same job
