@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
 import polars as pl
@@ -28,6 +29,7 @@ from vtrain.kineto import (
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
+from vtrain.limits import FITTED_COUNTS
 from vtrain.naming import ITERATION_PREFIX, iteration_numbers
 from vtrain.tables.store import conform
 
@@ -58,6 +60,13 @@ class RankTables:
     launches: int  # kernel launches (runtime calls) in all
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
+    shared_correlations: int = 0  # runtime calls whose correlation id an earlier call of the file already has
+    impossible_sizes: int = 0  # collectives whose size or group size no collective can have (read as absent)
+    unsized: int = 0  # collectives without a name or a size in bytes (but those impossible): not in nccl_latency
+    #: device activities without a device or stream, and host events (CPU ops, runtime calls) without a thread, that
+    #: is a number: neither args.device/stream nor a pid/tid holding one (:func:`vtrain.ingest.extract.thread_id`)
+    unidentified_device: int = 0
+    unidentified_host: int = 0
 
     @property
     def dropped(self) -> int:
@@ -102,13 +111,16 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
     if kernels.height != device.height:  # every join below is many-to-one: this cannot happen, and must not
         raise RuntimeError(f"rank {rank}: {device.height} device activities became {kernels.height} kernel rows")
     collectives = _collectives(rank, kernels, cpu, dist_info)
+    impossible = collectives["impossible_size"].fill_null(False)
+    unsized = (collectives["collective"].is_null() | collectives["bytes"].is_null()) & ~impossible
+    # a device activity dropped for its duration answers its launch: it is said as dropped, not as missing
     unanswered, launches = unanswered_launches(events.runtime["name"], events.runtime["correlation"],
-                                               events.device["correlation"])
+                                               chain(events.device["correlation"], events.counts.dropped_correlations))
     return RankTables(
         rank=rank,
         kernels=conform(kernels.with_columns(rank=pl.lit(rank)), "kernels"),
         cpu_ops=conform(cpu.with_columns(rank=pl.lit(rank)), "cpu_ops"),
-        collectives=collectives,
+        collectives=conform(collectives, "collectives"),
         graph_launches=conform(_graph_launches(events.runtime, kernels, steps).with_columns(rank=pl.lit(rank)),
                                "graph_launches"),
         iterations=steps["iteration"].to_list(),
@@ -121,7 +133,19 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         launches=launches,
         repeated=kernels.height - kernels.select("device", "stream", "name", "ts", "dur").n_unique(),
         accelerator=events.accelerator,
+        shared_correlations=_shared_correlations(events.runtime),
+        impossible_sizes=int(impossible.sum()),
+        unsized=int(unsized.sum()),
+        unidentified_device=kernels.filter(pl.col("device").is_null() | pl.col("stream").is_null()).height,
+        unidentified_host=cpu["tid"].null_count() + events.runtime["tid"].null_count(),
     )
+
+
+def _shared_correlations(runtime: pl.DataFrame) -> int:
+    """How many runtime calls repeat the correlation id of an earlier call: CUPTI gives each call its own, so a
+    kernel of that id is credited to the first call's launch and op (a trace merged from two, or rewritten)."""
+    ids = runtime["correlation"].drop_nulls()
+    return ids.len() - ids.n_unique()
 
 
 def without_absurd_host_events(events: RankEvents) -> tuple[RankEvents, int]:
@@ -224,8 +248,20 @@ _ANNOTATION_METADATA = ["name", "input_dims", "input_types", "arg_in_nelems", "a
 _DESCRIPTION_SCHEMA = {
     "collective": pl.String, "process_group": pl.String, "group_ranks": pl.String, "group_size": pl.Int64,
     "dtype": pl.String, "elements": pl.Int64, "bytes": pl.Int64, "algorithm": pl.String, "protocol": pl.String,
-    "metadata_source": pl.String,
+    "metadata_source": pl.String, "impossible_size": pl.Boolean,
 }
+#: the largest message a collective can move, in bytes (and so in elements): 2^48 B = 256 TiB, a thousand times the
+#: memory of the largest GPU. A larger size is no measurement, and 2^62 elements overflowed the 64-bit byte count.
+MAX_MESSAGE_BYTES = 1 << 48
+#: the element counts and group sizes of a collective's metadata: (smallest, largest) value a collective can have
+#: (zero elements is a real, barrier-like call; the largest group is vtrain.limits' cluster bound)
+_METADATA_BOUNDS = {
+    **dict.fromkeys(["arg_in_nelems", "op_in_nelems", "arg_out_nelems", "op_out_nelems"], (0, MAX_MESSAGE_BYTES)),
+    **dict.fromkeys(["arg_group_size", "op_group_size"], FITTED_COUNTS["group_size"]),
+}
+#: what :data:`_METADATA_BOUNDS` and :data:`MAX_MESSAGE_BYTES` rule out, for the warning line
+IMPOSSIBLE_SIZE = (f"an element count negative or over 2^{MAX_MESSAGE_BYTES.bit_length() - 1} bytes, a group size "
+                   f"below 1 or over {FITTED_COUNTS['group_size'][1]:,}")
 
 
 def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
@@ -237,7 +273,8 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     A collective's description depends only on its kernel's (or annotation's) metadata, which repeats from
     iteration to iteration: it is worked out once per distinct metadata and joined back. An annotation names no
     process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), or in
-    several with the same members, its calls are among those ranks.
+    several with the same members, its calls are among those ranks. The table has the columns of
+    ``collectives`` and ``impossible_size`` (:func:`_description`), to be counted before it is conformed.
     """
     info = dist_info if isinstance(dist_info, dict) else {}
     only = only_group(rank, info.get("pg_config"), info.get("world_size"))
@@ -255,9 +292,9 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
                   .with_columns(device_type=pl.lit("cpu"), stream=pl.lit(None, dtype=pl.Int64)))
     tables = [table for table in tables if not table.is_empty()]
     if not tables:
-        return conform(pl.DataFrame(), "collectives")
-    return conform(pl.concat([conform(table.with_columns(rank=pl.lit(rank)), "collectives") for table in tables])
-                   .sort("ts"), "collectives")
+        return conform(pl.DataFrame(), "collectives").with_columns(impossible_size=pl.lit(None, dtype=pl.Boolean))
+    return pl.concat([conform(table.with_columns(rank=pl.lit(rank)), "collectives")
+                      .with_columns(table["impossible_size"]) for table in tables]).sort("ts")
 
 
 def _describe(calls: pl.DataFrame, keys: list[str],
@@ -271,43 +308,76 @@ def _describe(calls: pl.DataFrame, keys: list[str],
 
 
 def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:
+    """The description of an NCCL kernel's collective. The op-level name wins over the kernel's: NCCL runs
+    all_to_all, send and recv, and ProcessGroupNCCL an all-gather among many ranks, as SendRecv kernels, and NCCL
+    >= 2.19 runs every collective as ``ncclDevKernel_Generic``."""
+    impossible = _without_impossible(row)
     kernel_collective, algorithm, protocol = parse_nccl_kernel(row["name"])
-    # the op-level name wins: NCCL runs all_to_all, send and recv as SendRecv kernels
     collective = (canonical_collective(row["arg_collective"]) or canonical_collective(row["op_collective"])
                   or canonical_collective(row["cpu_op"]) or kernel_collective)
     dtype = row["arg_dtype"] or row["op_dtype"] or first_dtype(row["input_types"])
-    in_n = row["arg_in_nelems"] or row["op_in_nelems"] or elements_from_dims(row["input_dims"])
-    out_n = row["arg_out_nelems"] or row["op_out_nelems"]
-    source = ("kernel_args" if row["arg_in_nelems"] else "record_param_comms" if row["op_in_nelems"]
-              else "annotation" if in_n else None)
+    in_n = _first(row["arg_in_nelems"], row["op_in_nelems"], elements_from_dims(row["input_dims"]))
+    source = ("kernel_args" if row["arg_in_nelems"] is not None else "record_param_comms"
+              if row["op_in_nelems"] is not None else "annotation" if in_n is not None else None)
     return _description(collective, row["arg_pg_name"] or row["op_pg_name"],
                         row["arg_pg_ranks"] or row["op_pg_ranks"],
-                        row["arg_group_size"] or row["op_group_size"] or default_group, dtype, in_n, out_n,
-                        algorithm, protocol, source)
+                        _first(row["arg_group_size"], row["op_group_size"], default_group), dtype, in_n,
+                        _first(row["arg_out_nelems"], row["op_out_nelems"]), algorithm, protocol, source, impossible)
 
 
 def _annotation_collective(row: dict[str, Any], default_group: int | None,
                            group: tuple[str | None, str] | None = None) -> tuple[Any, ...]:
-    in_n = row["arg_in_nelems"] or elements_from_dims(row["input_dims"])
+    """The description of a collective annotation's call (``gloo:all_reduce``, ...)."""
+    impossible = _without_impossible(row)
+    in_n = _first(row["arg_in_nelems"], elements_from_dims(row["input_dims"]))
     pg_name, pg_ranks = (row["arg_pg_name"], row["arg_pg_ranks"]) if row["arg_pg_ranks"] or row["arg_pg_name"] \
         else group or (None, None)
     return _description(canonical_collective(row["name"]), pg_name, pg_ranks,
-                        row["arg_group_size"] or default_group, row["arg_dtype"] or first_dtype(row["input_types"]),
-                        in_n, row["arg_out_nelems"], None, None, "annotation" if in_n else None)
+                        _first(row["arg_group_size"], default_group),
+                        row["arg_dtype"] or first_dtype(row["input_types"]), in_n, row["arg_out_nelems"], None, None,
+                        "annotation" if in_n is not None else None, impossible)
+
+
+def _first(*values: int | None) -> int | None:
+    """The first value given: 0 is a size (a zero-element collective), not a missing one."""
+    return next((value for value in values if value is not None), None)
+
+
+def _without_impossible(row: dict[str, Any]) -> bool:
+    """Read as absent the element counts and group sizes of a collective's metadata that no collective can have
+    (:data:`_METADATA_BOUNDS`: negative, or beyond the largest message or cluster), so that the next source is
+    used; whether there were any. Kept, a negative size made a profile that `vtrain tables` refuses."""
+    impossible = False
+    for key, (low, high) in _METADATA_BOUNDS.items():
+        value = row.get(key)
+        if value is not None and not low <= value <= high:
+            row[key] = None
+            impossible = True
+    return impossible
 
 
 def _description(collective: str | None, pg_name: str | None, pg_ranks: str | None, group_size: int | None,
                  dtype: str | None, in_n: int | None, out_n: int | None, algorithm: str | None,
-                 protocol: str | None, source: str | None) -> tuple[Any, ...]:
-    """The description columns of a collective (see :data:`_DESCRIPTION_SCHEMA`)."""
+                 protocol: str | None, source: str | None, impossible: bool) -> tuple[Any, ...]:
+    """The description columns of a collective (see :data:`_DESCRIPTION_SCHEMA`).
+
+    A size beyond :data:`MAX_MESSAGE_BYTES` or below 0 (from ``Input Dims``, or an all-gather's input times its
+    group) is left out, as ``impossible`` metadata (read before as absent) is: the call keeps its row and time but
+    has no size, so it stays out of ``nccl_latency``, and ingest says how many. Not an error: the trace's kernels
+    and other collectives are sound, and one corrupt field should not refuse them."""
     if collective in ("send", "recv", "send_recv"):
         group_size = 2
-    elements = max(n for n in (in_n, out_n) if n) if (in_n or out_n) else None
-    if collective == "all_gather" and in_n and not out_n and group_size:
+    given = [n for n in (in_n, out_n) if n is not None]
+    elements = max(given) if given else None
+    if collective == "all_gather" and in_n is not None and out_n is None and group_size:
         elements = in_n * group_size  # nccl-tests sizes all-gather by its output buffer
     size = dtype_bytes(dtype)
-    return (collective, pg_name, pg_ranks, group_size, dtype, elements,
-            elements * size if elements and size else None, algorithm, protocol, source)
+    nbytes = elements * size if elements is not None and size else None
+    if elements is not None and not 0 <= max(elements, nbytes or 0) <= MAX_MESSAGE_BYTES:
+        elements = nbytes = None
+        impossible = True
+    return (collective, pg_name, pg_ranks, group_size, dtype, elements, nbytes, algorithm, protocol, source,
+            impossible)
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:

@@ -6,18 +6,26 @@ import json
 import re
 from functools import lru_cache
 
-#: canonical collective names, from the spellings in Kineto args, NCCL kernel names and c10d/gloo annotations.
+#: canonical collective names, keyed by a spelling in lower case without underscores (:func:`_alias_key`): the
+#: ``Collective name`` of Kineto args and ``record_param_comms``, NCCL kernel names (``AllReduce``, ``SendRecv``),
+#: ProcessGroupNCCL's profiling titles (``nccl:_all_gather_base``, ``nccl:all_reduce_coalesced``,
+#: ``nccl:_broadcast_oop``, ``nccl:_reduce_oop``, ``nccl:all_reduce_barrier`` ...), c10d ops
+#: (``c10d::_allgather_base_``, ``c10d::reduce_scatter_tensor_coalesced_``, ``c10d::recv_any_source_`` ...), functional
+#: collectives (``_c10d_functional::all_gather_into_tensor``, ``all_to_all_single``) and gloo/MPI/UCC titles, as
+#: PyTorch 1.13 to 2.5 write them. ``nccl:coalesced`` (a batch of any collectives) names none.
 _ALIASES = {
-    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "all_gather": "all_gather", "_allgather_base": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
-    "allgather_coalesced": "all_gather",
-    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "all_to_allv": "all_to_all", "alltoallv": "all_to_all",
-    "alltoall_base": "all_to_all",
-    "send": "send", "recv": "recv", "sendrecv": "send_recv", "send_recv": "send_recv", "barrier": "barrier",
+    **dict.fromkeys(["allreduce", "allreducecoalesced"], "all_reduce"),
+    **dict.fromkeys(["allgather", "allgatherbase", "allgathercoalesced", "allgatherintotensor",
+                     "allgatherintotensorcoalesced", "allgatherintotensorout"], "all_gather"),
+    **dict.fromkeys(["reducescatter", "reducescatterbase", "reducescattertensor", "reducescattertensorcoalesced"],
+                    "reduce_scatter"),
+    **dict.fromkeys(["broadcast", "broadcastoop"], "broadcast"),
+    **dict.fromkeys(["reduce", "reduceoop"], "reduce"),
+    "gather": "gather", "scatter": "scatter",
+    **dict.fromkeys(["alltoall", "alltoallv", "alltoallbase", "alltoallsingle"], "all_to_all"),
+    "send": "send", **dict.fromkeys(["recv", "recvanysource"], "recv"), "sendrecv": "send_recv",
+    # ProcessGroupNCCL's barrier is a one-element all-reduce: the op is the barrier
+    **dict.fromkeys(["barrier", "monitoredbarrier", "allreducebarrier"], "barrier"),
 }
 
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
@@ -25,13 +33,17 @@ _ALGORITHMS = ("COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS_TREE", "NVLSTREE", "NVLS
 _PROTOCOLS = ("LL128", "LL", "SIMPLE")
 
 
-
 def canonical_collective(name: str | None) -> str | None:
     """``all_reduce`` for ``allreduce``, ``nccl:all_reduce``, ``gloo:all_reduce``, ``c10d::allreduce_`` ..."""
     if not name:
         return None
-    key = name.split(":")[-1].strip().lower().rstrip("_")
-    return _ALIASES.get(key)
+    return _ALIASES.get(_alias_key(name))
+
+
+def _alias_key(name: str) -> str:
+    """The key of a name in :data:`_ALIASES`: after the last ``:``, lower case, without underscores (PyTorch spells
+    one collective ``_allgather_base`` in c10d and ``_all_gather_base`` in ProcessGroupNCCL)."""
+    return name.rsplit(":", 1)[-1].strip().lower().replace("_", "")
 
 
 @lru_cache(maxsize=None)

@@ -8,8 +8,10 @@ per distinct name.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -51,14 +53,18 @@ Column = list[Any] | pl.Series | None  # None: all null
 @dataclass
 class EventCounts:
     """What the decoder saw of a rank's events besides the frames: ``dropped`` complete events left out for a
-    missing or negative duration (``device_dropped`` of them device activities), complete events without a
-    category (``uncategorised``) and events without a phase (``no_phase``), and ``events`` in all."""
+    missing or negative duration (``device_dropped`` of them device activities, whose correlation ids are
+    ``dropped_correlations``), complete events without a category (``uncategorised``), events without a phase
+    (``no_phase``), duration events (``"ph": "B"``/``"E"``, not read: ``duration_events``), and ``events`` in
+    all."""
 
     dropped: int = 0
     device_dropped: int = 0
     uncategorised: int = 0
     no_phase: int = 0
+    duration_events: int = 0
     events: int = 0
+    dropped_correlations: list[int] = field(default_factory=list)
 
     def add(self, other: EventCounts) -> None:
         """Add another part's counts to these."""
@@ -66,7 +72,9 @@ class EventCounts:
         self.device_dropped += other.device_dropped
         self.uncategorised += other.uncategorised
         self.no_phase += other.no_phase
+        self.duration_events += other.duration_events
         self.events += other.events
+        self.dropped_correlations += other.dropped_correlations
 
 
 @dataclass
@@ -181,7 +189,8 @@ def event_frames(events: Sequence[Any], times: Sequence[float | None],
     events_in: list[list[Any]] = [[] for _ in _SLOTS]
     times_in: list[list[float]] = [[] for _ in _SLOTS]
     slots = _SLOT_OF_CATEGORY
-    dropped = device_dropped = 0
+    dropped = 0
+    dropped_correlations: list[int] = []
     for event, ts in zip(events, times):
         slot = slots.get(event.cat)
         if slot is None:
@@ -189,11 +198,13 @@ def event_frames(events: Sequence[Any], times: Sequence[float | None],
         dur = event.dur
         if dur is None or dur < 0 or ts is None:
             dropped += 1
-            device_dropped += slot == 0
+            if slot == 0:  # its launch is answered: said as dropped, not as a launch without device activity
+                dropped_correlations.append((event.args or _NO_ARGS).correlation)
             continue
         events_in[slot].append(event)
         times_in[slot].append(ts)
-    counts = EventCounts(dropped=dropped, device_dropped=device_dropped, uncategorised=len(events_in[4]))
+    counts = EventCounts(dropped=dropped, device_dropped=len(dropped_correlations), uncategorised=len(events_in[4]),
+                         dropped_correlations=[c for c in dropped_correlations if c is not None])
     return EventsPart(_device_frame(events_in[0], times_in[0]),
                       _cpu_frame(events_in[1], times_in[1], json_text or JsonText()),
                       _runtime_frame(events_in[2], times_in[2]), counts)
@@ -257,12 +268,25 @@ def _streams(values: list[Any]) -> pl.Series:
 
 
 def _thread_ids(values: list[Any]) -> pl.Series:
-    """``pid`` or ``tid`` values as integers; strings (Kineto's own ``"Spans"`` rows, ``"stream 7"``) become
-    null."""
+    """``pid`` or ``tid`` values as integers (:func:`thread_id` for those written as text)."""
     try:
         return pl.Series(values, dtype=pl.Int64, strict=True)
     except TypeError:  # some are strings
-        return pl.Series([v if type(v) is int else None for v in values], dtype=pl.Int64)
+        return pl.Series([v if type(v) is int else thread_id(v) for v in values], dtype=pl.Int64)
+
+
+_WHOLE_NUMBER = re.compile(r"-?\d+")
+
+
+@lru_cache(maxsize=4096)
+def thread_id(value: str | None) -> int | None:
+    """The number in a ``pid`` or ``tid`` written as text, where it holds exactly one (``"[pid] 123"``,
+    ``"[tid] 456"``, ``"GPU 0"``, ``"stream 7"``: exporters other than Kineto write them so); None where it holds
+    none (Kineto's own ``"Spans"`` rows) or several (which one is the id is a guess). Ingest counts the null ones
+    on device activities and host events, with a warning."""
+    numbers = _WHOLE_NUMBER.findall(value) if isinstance(value, str) else []
+    number = int(numbers[0]) if len(numbers) == 1 else None
+    return number if number is not None and -(1 << 63) <= number < (1 << 63) else None  # an Int64 column's range
 
 
 def _device_frame(events: list[Any], times: list[float]) -> pl.DataFrame:

@@ -19,7 +19,7 @@ import msgspec
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.ingest.assemble import RankTables, assemble_rank, pg_config_problem
+from vtrain.ingest.assemble import IMPOSSIBLE_SIZE, RankTables, assemble_rank, pg_config_problem
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
@@ -155,6 +155,10 @@ def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
     if unread:
         warnings.append(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
                         + ", ".join(unread))
+    if counts.duration_events:
+        warnings.append(f"{path}: {counts.duration_events} duration events (\"ph\": \"B\"/\"E\", which Kineto does not "
+                        f"write) are not read, only complete events (\"X\"): their spans are not in cpu_ops, and "
+                        f"kernels they launched are credited to the complete op around them")
     if line := MalformedEvents(nameless=_nameless(events)).warning(path):
         warnings.append(line)
 
@@ -185,6 +189,29 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
+    if tables.shared_correlations:
+        warnings.append(f"{path}: {tables.shared_correlations} runtime calls share their correlation id with an "
+                        f"earlier call (each call has its own in a Kineto trace: two traces merged, or rewritten?): "
+                        f"the device activities of a shared id are all credited to the first call's launch and op")
+    unidentified = [f"{n} {what}" for n, what in (
+        (tables.unidentified_device, "device activities have no device or stream"),
+        (tables.unidentified_host, "CPU ops and runtime calls have no thread")) if n]
+    if unidentified:
+        warnings.append(f"{path}: {' and '.join(unidentified)} (no args.device/stream, and a pid/tid that holds no "
+                        f"single number): left null; such a host event nests in no op and launches no kernel")
+    _report_collectives(path, tables, warnings)
+
+
+def _report_collectives(path: Path, tables: RankTables, warnings: list[str]) -> None:
+    """Warnings for collectives whose metadata is impossible, and for those left out of ``nccl_latency``."""
+    if tables.impossible_sizes:
+        warnings.append(f"{path}: {tables.impossible_sizes} collectives carry a size no collective can have "
+                        f"({IMPOSSIBLE_SIZE}): read as absent, so those without another size are left out of "
+                        f"nccl_latency")
+    if tables.unsized:
+        warnings.append(f"{path}: {tables.unsized} of {tables.collectives.height} collectives have no name or no "
+                        f"message size in the trace (no element count or dtype in their args, op or annotation): "
+                        f"left out of nccl_latency; their time still counts as communication")
 
 
 def _shapeless(cpu_ops: pl.DataFrame) -> bool:
@@ -250,12 +277,13 @@ def activity_counts(tables: RankTables) -> dict[str, int]:
 
 
 def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
-    """One rank's kernel count and time per HTA kernel class (over the whole trace), and its iteration count."""
+    """One rank's kernel count and time per HTA kernel class (over the whole trace), and its iteration count:
+    distinct ``ProfilerStep#N`` numbers, as a step marked on two threads is one iteration."""
     by_class = dict(kernels.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
     return {
         "kernels": kernels.height,
         "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
         "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
         "memory_us": round(by_class.get(MEMORY, 0.0), 3),
-        "iterations": cpu_ops.filter(iteration_numbers(pl.col("name")).is_not_null()).height,
+        "iterations": cpu_ops.select(iteration_numbers(pl.col("name")).drop_nulls().n_unique()).item(),
     }
