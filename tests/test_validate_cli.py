@@ -250,3 +250,24 @@ def test_a_run_yaml_that_describes_another_run_is_flagged(tmp_path: Path) -> Non
     edited = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "edited")
     assert edited.returncode == 0, edited.stderr
     assert "does it describe these traces?" in edited.stderr  # the true run.yaml: test_report_json_and_max_error
+
+
+@pytest.mark.parametrize(("set_name", "words"), [(".vtrain-output", "is taken by the suite's own report"),
+                                                 ("suite.md", "is taken by the suite's own report"),
+                                                 ("metrics.json", "is taken by the suite's own report")])
+def test_a_set_named_like_the_suites_own_files_is_refused(set_name: str, words: str, tmp_path: Path) -> None:
+    """A set named `.vtrain-output` was a FileExistsError traceback, one named `suite.md` or `metrics.json` an
+    IsADirectoryError (an audit): its report folder would be the suite's own marker or file."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"sets:\n  - traces: {V100_1RANK}\n    name: {set_name}\n")
+    result = vtrain("validate", "--suite", suite, "-o", tmp_path / "out", "--no-hta")
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_set_named_by_its_traces_folder_says_so(tmp_path: Path) -> None:
+    """`traces: ..` gave "name '..' must not be a path" for a set that gave no name."""
+    suite = tmp_path / "sets" / "suite.yaml"
+    suite.parent.mkdir()
+    suite.write_text("sets:\n  - traces: ..\n")
+    result = vtrain("validate", "--suite", suite, "-o", tmp_path / "out", "--no-hta")
+    assert result.returncode == 2 and "its traces folder's" in result.stderr, result.stderr

@@ -21,7 +21,7 @@ from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
 from vtrain.runconfig import load_run_config
-from vtrain.validate.suite import SuiteEntry, check, load_suite
+from vtrain.validate.suite import SUITE_METRICS, SUITE_REPORT, SuiteEntry, check, load_suite
 from vtrain.validate.traces import Prepared, finish_validation, prepare_validation
 
 EXIT_TOO_FAR = 1
@@ -145,8 +145,8 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
             result = finish_validation(prepared, folder, with_hta=with_hta)
             write_report_files(result, folder)
             results.append(SetResult(entry=entry, summary=result.summary()))
-        (staging / "suite.md").write_text(render_suite_markdown(loaded, results))
-        write_json(staging / "metrics.json", {"suite": loaded.name, "sets": [r.to_dict() for r in results],
+        (staging / SUITE_REPORT).write_text(render_suite_markdown(loaded, results))
+        write_json(staging / SUITE_METRICS, {"suite": loaded.name, "sets": [r.to_dict() for r in results],
                                              "passed": all(r.passed for r in results)})
     passed = all(r.passed for r in results) and all(
         check(r.error(p), max_error) for r in results for p in ("replay", "model"))

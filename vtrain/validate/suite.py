@@ -102,13 +102,22 @@ def _entry(item: Any, position: int, base: Path, path: Path) -> SuiteEntry:
                              f"(got {value!r})", path)
         bounds[key] = None if value is None else float(value)
     name = item.get("name") or traces.name
+    given = "name" if item.get("name") else f"name (its traces folder's, {item['traces']!r})"
     if "/" in name or name in (".", ".."):
-        raise InputError(f"set {position}: name {name!r} must not be a path (it names the set's report folder)",
+        raise InputError(f"set {position}: {given} {name!r} must not be a path (it names the set's report folder)",
                          path)
+    if name in SUITE_FILES or name.startswith("."):
+        raise InputError(f"set {position}: {given} {name!r} is taken by the suite's own report "
+                         f"({', '.join(SUITE_FILES)}, hidden names): give the set another name", path)
     return SuiteEntry(
         name=name, traces=traces,
         config=base / item["config"] if item.get("config") else None,
         profile=base / item["profile"] if item.get("profile") else None, **bounds)
+
+
+#: the files a suite's report folder holds beside its sets' folders
+SUITE_REPORT, SUITE_METRICS = "suite.md", "metrics.json"
+SUITE_FILES = (SUITE_REPORT, SUITE_METRICS)
 
 
 def check(error_pct: float | None, bound: float | None) -> bool:
