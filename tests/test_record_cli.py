@@ -100,13 +100,14 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path, flags: list[str], messag
     assert not tmp_path.joinpath("never").exists() and list(tmp_path.iterdir()) == []
 
 
-def test_existing_output_needs_force(tmp_path: Path) -> None:
+def test_an_existing_folder_of_the_users_is_refused(tmp_path: Path) -> None:
+    """A folder vtrain did not write is refused with the advice that holds: --force would not replace it either."""
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     result = CliRunner().invoke(app, ["record", *TINY, "-o", str(out)])
     assert result.exit_code == 2
-    assert result.output.strip() == f"error: {out}: output folder already exists (use --force to replace it)"
+    assert result.output.strip() == f"error: {out}: output folder exists and was not written by vtrain: give another -o"
     assert (out / "keep.txt").read_text() == "mine"
 
 

@@ -9,17 +9,22 @@ One reader for both, so that every such file is refused the same way, with one l
   hundred bytes becomes gigabytes;
 - YAML tags other than the standard ones (``!!python/object`` and the like are never constructed, let alone run);
 - JSON's non-standard ``NaN`` and ``Infinity``;
-- values that cannot be built (a date such as ``2024-13-45``, an integer beyond Python's 4,300 digits).
+- values that cannot be built (a date such as ``2024-13-45``, an integer beyond Python's 4,300 digits);
+- numbers that YAML 1.1 (PyYAML) and YAML 1.2 read differently: base 60 (``layers: 1:0`` is 60 in YAML 1.1, text
+  in 1.2), a leading 0 (``017``: 15, octal, in 1.1; 17 in 1.2), binary (``0b101``) and underscores (``1_000``),
+  which YAML 1.2 reads as text. YAML 1.2's own forms are numbers: ``0x1F`` (as in 1.1) and ``0o17`` (text in
+  1.1).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from vtrain.errors import InputError
 from vtrain.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
@@ -122,7 +127,7 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
-        for key_node, _ in node.value:
+        for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen
@@ -131,7 +136,42 @@ class _StrictLoader(yaml.SafeLoader):
                 continue
             if duplicate:
                 raise _Refused(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice")
+            problem = _version_dependent(value_node)
+            if problem:
+                raise _Refused(f"line {value_node.start_mark.line + 1}: {key}: {problem}")
         return super().construct_mapping(node, deep=deep)
+
+    def construct_number(self, node: ScalarNode) -> int | float:
+        """An integer or float that YAML 1.1 and 1.2 read alike (a list's item; a mapping's value is refused
+        naming its key first)."""
+        problem = _version_dependent(node)
+        if problem:
+            raise _Refused(f"line {node.start_mark.line + 1}: {problem}")
+        return super().construct_yaml_int(node) if node.tag == _INT else super().construct_yaml_float(node)
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_StrictLoader.add_constructor(_INT, _StrictLoader.construct_number)
+_StrictLoader.add_constructor(_FLOAT, _StrictLoader.construct_number)
+_StrictLoader.add_implicit_resolver(_INT, re.compile(r"^0o[0-7]+$"), list("0"))  # YAML 1.2's octal (text in 1.1)
+
+
+def _version_dependent(node: Node) -> str | None:
+    """Why the number ``node`` holds depends on the YAML version (None when it does not, or it is no number)."""
+    if not isinstance(node, ScalarNode) or node.tag not in (_INT, _FLOAT):
+        return None
+    text = node.value
+    if ":" in text:
+        return (f"{text} is a base-60 number in YAML 1.1 ({yaml.safe_load(text)}) and text in YAML 1.2: write it "
+                "in decimal")
+    if "_" in text:
+        return f"{text} is a number in YAML 1.1 only (text in YAML 1.2): write it without underscores"
+    if text.lstrip("+-").startswith("0b"):
+        return f"{text} is a binary number in YAML 1.1 only (text in YAML 1.2): write it in decimal"
+    if node.tag == _INT and re.fullmatch(r"[-+]?0[0-7]+", text) and int(text, 8) != int(text, 10):
+        return (f"{text} is octal ({int(text, 8)}) in YAML 1.1 and {int(text, 10)} in YAML 1.2: write it without "
+                "the leading 0, or with 0o for an octal number")
+    return None
 
 
 def _parse_yaml(text: str) -> Any:

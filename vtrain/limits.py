@@ -162,3 +162,33 @@ MAX_TRACE_US = 7 * 24 * 3600 * 1e6
 #: largest factor a what-if may scale a duration by: a device or library change makes an operator a few times,
 #: at most hundreds of times, faster or slower; 1e308 overflowed the replay's times to infinity
 MAX_SCALE_FACTOR = 1e6
+
+#: latest arrival and longest deadline of a cluster's job, in hours (`vtrain cluster`, ``arrival_h`` and
+#: ``deadline_h``): ten years. A study's jobs arrive over days to months; 1732665600 is a Unix timestamp in seconds,
+#: not hours, and at such a clock a short job's end was lost in the float rounding of the time (the simulation
+#: never finished). Ten years of hours keep the clock's rounding about 10^-11 h.
+MAX_JOB_HOURS = 10 * 365.25 * 24
+
+#: most rows a printed table shows (`vtrain tables --top`): a profile holds thousands of signatures; 10^20
+#: overflowed the table's row count to a traceback
+MAX_TABLE_ROWS = 1_000_000
+
+#: most profiled iterations of a recording (`vtrain record --steps`): profilers record a few (HTA's traces 1 to 10);
+#: every rank's trace grows with each, and 10^8 ran without end
+MAX_RECORD_STEPS = 100
+
+#: most warm-up iterations of a recording (`vtrain record --warmup`): one or two settle the allocator and the
+#: kernels' autotuning; 10^8 ran without end
+MAX_RECORD_WARMUP = 100
+
+#: most intra-op threads a recording's rank may run (`vtrain record --threads`): the largest hosts have a few
+#: hundred cores; 100,000 threads exhausted the process limit ("Resource temporarily unavailable")
+MAX_RECORD_THREADS = 1024
+
+#: the largest message a collective can move, in bytes (and so in elements): 2^48 B = 256 TiB, a thousand times the
+#: memory of the largest GPU. A larger size is no measurement, and 2^62 elements overflowed the 64-bit byte count.
+MAX_MESSAGE_BYTES = 1 << 48
+
+#: the shortest measured iteration a table of measurements may hold, in ms: 1 µs (a kernel launch takes longer; a
+#: time of 1e-300 ms gave a MAPE of 3e304 %)
+MIN_ITERATION_MS = 1e-3

@@ -18,6 +18,7 @@ from vtrain.cli.options import (
     inter_node_gbps_option,
     max_micro_batch_option,
     profile_option,
+    real_option,
 )
 from vtrain.errors import InputError
 from vtrain.outputs import REPORT, check_output, staged
@@ -39,8 +40,8 @@ def cluster_command(
                                                                      "reports/cluster-<jobs file name>)."),
     force: bool = force_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the summary per policy as JSON."),
-    resize_overhead_min: float = typer.Option(5.0, "--resize-overhead-min", min=0.0, max=1e4,
-                                              help="Minutes a running job loses when resized (checkpoint-restart)."),
+    resize_overhead_min: float = real_option(5.0, "--resize-overhead-min", 0.0, 1e4,
+                                             "Minutes a running job loses when resized (checkpoint-restart)."),
     device: str = device_option(),
     gpus_per_node: int = gpus_per_node_option(),
     inter_node_gbps: float | None = inter_node_gbps_option(),

@@ -4,6 +4,8 @@ folder the same way."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -34,14 +36,13 @@ def gpus_per_node_option() -> Any:
 
 def inter_node_gbps_option() -> Any:
     """``--inter-node-gbps``: the network rate per node, replacing the profile's."""
-    return typer.Option(None, "--inter-node-gbps", min=0.001, max=1e6,
-                        help="Network bandwidth per node, Gbit/s (default: the profile's).")
+    return real_option(None, "--inter-node-gbps", 0.001, 1e6,
+                       "Network bandwidth per node, Gbit/s (default: the profile's).")
 
 
 def device_memory_option() -> Any:
     """``--device-memory``: GiB per GPU, replacing the device's (finite: ``inf`` would let every plan fit)."""
-    return typer.Option(None, "--device-memory", min=0.1, max=MAX_DEVICE_MEMORY_GIB,
-                        help="GiB per GPU (default: the device's).")
+    return real_option(None, "--device-memory", 0.1, MAX_DEVICE_MEMORY_GIB, "GiB per GPU (default: the device's).")
 
 
 def max_micro_batch_option() -> Any:
@@ -59,3 +60,27 @@ def _one_recompute(value: str) -> str:
     if value not in RECOMPUTE:
         raise typer.BadParameter(f"must be one of {', '.join(RECOMPUTE)} (got {value!r})")
     return value
+
+
+def real_option(default: Any, flag: str, low: float, high: float, help_text: str) -> Any:
+    """A real-valued option from ``low`` to ``high`` (inclusive; ``high`` may be infinity). ``nan`` is "not a
+    number" (typer's own bounds said that it "should be less than or equal to" the largest value: NaN compares
+    false with every number); ``min`` and ``max`` only show the range in the help, which the parser checks."""
+    return typer.Option(default, flag, parser=_real_between(low, high), min=low,
+                        max=None if math.isinf(high) else high, help=help_text)
+
+
+def _real_between(low: float, high: float) -> Callable[[str | float], float]:
+    def parse(text: str | float) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not a number") from None
+        if math.isnan(value):
+            raise typer.BadParameter(f"{text!r} is not a number")
+        if not low <= value <= high:
+            within = f"at least {low:g}" if math.isinf(high) else f"between {low:g} and {high:g}"
+            raise typer.BadParameter(f"must be {within} (got {text!r})")
+        return value
+
+    return parse

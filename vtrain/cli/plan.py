@@ -4,6 +4,7 @@ frontier."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import device_memory_option
+from vtrain.cli.options import device_memory_option, real_option
+from vtrain.devices.catalog import device_model
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.limits import MAX_MICRO_BATCH_TRIED, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
@@ -45,14 +47,14 @@ def plan_command(
     gpus: str = typer.Option(..., "--gpus", help="GPU counts: N, N,M,... or ..N for every count up to N."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
     device_memory: float | None = device_memory_option(),
-    price: float | None = typer.Option(None, "--price-per-gpu-hour", min=0.0, max=MAX_PRICE_PER_GPU_HOUR,
-                                       help=f"USD per GPU-hour (default {PRICE_SOURCE})."),
-    tokens: float = typer.Option(DEFAULT_TOKENS, "--tokens", min=1.0, max=MAX_TOKENS, help=f"Tokens to train on (default "
-                                                                            f"{TOKENS_SOURCE})."),
+    price: float | None = real_option(None, "--price-per-gpu-hour", 0.0, MAX_PRICE_PER_GPU_HOUR,
+                                      f"USD per GPU-hour (default {PRICE_SOURCE})."),
+    tokens: float = real_option(DEFAULT_TOKENS, "--tokens", 1.0, MAX_TOKENS,
+                                f"Tokens to train on (default {TOKENS_SOURCE})."),
     global_batch: int | None = typer.Option(None, "--global-batch", min=1, help="Sequences per iteration."),
-    max_iteration_s: float | None = typer.Option(None, "--max-iteration-s", min=0.0,
-                                                 help="Best plan: at most this many seconds per iteration."),
-    budget_usd: float | None = typer.Option(None, "--budget-usd", min=0.0, help="Best plan: at most this cost."),
+    max_iteration_s: float | None = real_option(None, "--max-iteration-s", 0.0, math.inf,
+                                                "Best plan: at most this many seconds per iteration."),
+    budget_usd: float | None = real_option(None, "--budget-usd", 0.0, math.inf, "Best plan: at most this cost."),
     max_micro_batch: int = typer.Option(8, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED,
                                         help="Largest micro-batch tried."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan folder (default plans/<model name>)."),
@@ -80,6 +82,7 @@ def plan_command(
     from vtrain.tables.store import load_profile
 
     base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
+    device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
     counts = parse_gpus(gpus, base)
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
@@ -91,6 +94,9 @@ def plan_command(
         if gpu.lower() != "cpu" and not gpu.upper().startswith("A100"):
             warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on {gpu}: "
                  f"give --price-per-gpu-hour for their cost")
+    if price == 0:
+        warn("--price-per-gpu-hour 0: every plan costs $0, so the cheapest plan is the fastest of those within the "
+             "limits (and any --budget-usd is met)")
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
@@ -99,8 +105,9 @@ def plan_command(
                       ray_address=ray_address or ("local" if ray else None),
                       progress=progress,
                       time_reference=model is not None)
-    if not table.counts["simulated"]:
-        warn("no plan was simulated: every plan is invalid or out of memory (plans.csv gives each plan's reason)")
+    reason = table.no_best_reason()
+    if reason is not None:
+        warn(f"{reason}; there is no cheapest plan within limits (plans.csv gives each plan's reason and time)")
     details = breakdowns(table, table_profile)
     write_plan_folder(table, target, details)
     if as_json:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
+from vtrain.limits import MAX_RECORD_STEPS, MAX_RECORD_THREADS, MAX_RECORD_WARMUP, shown_count
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
 
 EXIT_RANK_FAILED = 1
@@ -47,6 +49,7 @@ def record_command(
     force: bool = typer.Option(False, "--force", help="Replace the output folder if it exists."),
 ) -> None:
     """Train a GPT with real tensor, pipeline and data parallelism and record one Kineto trace per rank."""
+    _check_counts(steps, warmup, threads)
     config = RunConfig(
         model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
         parallelism=ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
@@ -74,6 +77,19 @@ def record_command(
     loss = " -> ".join(f"{x:.4f}" for x in (result.losses[0], result.losses[-1])) if result.losses else "n/a"
     print(f"{result.path}: {hw.device_count} rank(s) on {hw.device} ({hw.cores} cores), "
           f"{steps} profiled step(s) after {warmup} warm-up, loss {loss}, {result.seconds:.1f} s")
+
+
+def _check_counts(steps: int, warmup: int, threads: int | None) -> None:
+    """An error for more iterations or threads than :mod:`vtrain.limits` allows a recording (10^8 steps ran
+    without end, 10^5 threads exhausted the process limit); a warning for more threads than this machine has
+    cores. The lower bounds are the recorder's (:func:`vtrain.record.launcher.check_recordable`)."""
+    for flag, value, high in (("--steps", steps, MAX_RECORD_STEPS), ("--warmup", warmup, MAX_RECORD_WARMUP),
+                              ("--threads", threads, MAX_RECORD_THREADS)):
+        if value is not None and value > high:
+            raise InputError(f"{flag} must be at most {high:,} (got {shown_count(value)})")
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        warn(f"--threads {threads} is more than this machine's {cores} cores: each rank's threads will share them")
 
 
 def _check_fits_in_memory(config: RunConfig) -> None:

@@ -17,6 +17,7 @@ from vtrain.cli.options import (
     inter_node_gbps_option,
     max_micro_batch_option,
     profile_option,
+    real_option,
 )
 from vtrain.errors import InputError
 from vtrain.outputs import REPORT, check_output, staged
@@ -28,11 +29,11 @@ LOSS_MODELS = ("chinchilla",)
 @user_errors
 def size_command(
     gpus: int = typer.Option(..., "--gpus", min=1, max=1 << 20, help="GPUs in the budget."),
-    days: float = typer.Option(..., "--days", min=0.001, max=3650, help="Days in the budget."),
+    days: float = real_option(..., "--days", 0.001, 3650, "Days in the budget."),
     profile: Path | None = profile_option(),
     loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
                                                                       "2022)."),
-    mfu: float = typer.Option(0.4, "--mfu", min=0.01, max=1.0, help="The fixed MFU of the comparison answer."),
+    mfu: float = real_option(0.4, "--mfu", 0.01, 1.0, "The fixed MFU of the comparison answer."),
     seq: int = typer.Option(2048, "--seq", min=1, max=1 << 21, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, max=1 << 22, help="Vocabulary size."),
     global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),

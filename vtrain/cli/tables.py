@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vtrain.cli.errors import user_errors
+from vtrain.limits import MAX_TABLE_ROWS
 from vtrain.tables.latency import RAW_DURATION
 from vtrain.tables.store import load_profile
 
@@ -28,7 +29,7 @@ WIDE = 110
 @user_errors
 def tables_command(
     profile_dir: Path = typer.Argument(..., help="A profile folder written by `vtrain ingest`."),
-    top: int = typer.Option(15, "--top", min=1, help="Rows per table."),
+    top: int = typer.Option(15, "--top", min=1, max=MAX_TABLE_ROWS, help="Rows per table."),
 ) -> None:
     """Print a profile's operator and NCCL latency tables, slowest first."""
     profile = load_profile(profile_dir)

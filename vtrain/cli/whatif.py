@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
 from vtrain.outputs import REPORT, check_output
+
+if TYPE_CHECKING:
+    from vtrain.whatif.changes import Scale
 
 REPORTS = Path("reports")
 
@@ -42,6 +46,7 @@ def whatif_command(
     from vtrain.whatif.changes import parse_scale, parse_scale_kernel
 
     scales = [parse_scale(s) for s in scale] + [parse_scale_kernel(s) for s in scale_kernel]
+    _each_once(scales, [*scale, *scale_kernel])
     if ops_only and durations_from is None:
         raise InputError("--ops-only needs --durations-from", trace_dir)
     if not scales and durations_from is None:
@@ -72,3 +77,14 @@ def whatif_command(
         line += f"; {durations_from} has no iteration paired with this one's steady iterations"
     print(line)
     print(f"report: {target}")
+
+
+def _each_once(scales: list[Scale], texts: list[str]) -> None:
+    """An error for a class or pattern given twice (``--scale gemm=2 --scale gemm=3`` multiplied gemm by 6)."""
+    seen: dict[str, str] = {}
+    for rule, text in zip(scales, texts):
+        if rule.label in seen:
+            flag = "--scale-kernel" if rule.pattern is not None else "--scale"
+            raise InputError(f"{flag}: {rule.label} is given twice ({seen[rule.label]}, {text}): give each "
+                             "class or pattern once, with the factor it should have")
+        seen[rule.label] = text

@@ -32,7 +32,7 @@ import polars as pl
 
 from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, unique_names
-from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, real_problem, shown
+from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, MIN_ITERATION_MS, real_problem, shown
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names (its single-node table, in its order)
@@ -130,11 +130,6 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     return rows.select(
         (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in COLUMNS.items())
-
-
-#: the shortest measured iteration a table may hold: 1 µs (a kernel launch takes longer; a time of 1e-300 ms gave
-#: a MAPE of 3e304 %)
-MIN_ITERATION_MS = 1e-3
 
 
 def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> None:

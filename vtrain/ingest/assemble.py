@@ -29,7 +29,7 @@ from vtrain.kineto import (
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.limits import FITTED_COUNTS
+from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES
 from vtrain.naming import ITERATION_PREFIX, iteration_numbers
 from vtrain.tables.store import conform
 
@@ -250,9 +250,6 @@ _DESCRIPTION_SCHEMA = {
     "dtype": pl.String, "elements": pl.Int64, "bytes": pl.Int64, "algorithm": pl.String, "protocol": pl.String,
     "metadata_source": pl.String, "impossible_size": pl.Boolean,
 }
-#: the largest message a collective can move, in bytes (and so in elements): 2^48 B = 256 TiB, a thousand times the
-#: memory of the largest GPU. A larger size is no measurement, and 2^62 elements overflowed the 64-bit byte count.
-MAX_MESSAGE_BYTES = 1 << 48
 #: the element counts and group sizes of a collective's metadata: (smallest, largest) value a collective can have
 #: (zero elements is a real, barrier-like call; the largest group is vtrain.limits' cluster bound)
 _METADATA_BOUNDS = {

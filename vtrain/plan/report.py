@@ -99,6 +99,7 @@ def summary(table: PlanTable) -> dict[str, Any]:
         "simulated": counts["simulated"],
         "frontier": table.frontier().to_dicts(),
         "best": table.best(),
+        "best_reason": table.no_best_reason(),
         "reference": table.reference,
         "device": table.device, "device_memory_gib": table.device_memory_gib, "profile": table.profile,
         "limits": {"max_iteration_s": table.max_iteration_s, "budget_usd": table.budget_usd},
@@ -141,12 +142,9 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
     if with_figures:
         heading += [doc.Figure(_cost_time_figure(table)), doc.Figure(_memory_figure(table))]
     best = table.best()
-    limits = ", ".join(part for part in (
-        f"iteration <= {table.max_iteration_s:g} s" if table.max_iteration_s is not None else "",
-        f"cost <= ${table.budget_usd:,.0f}" if table.budget_usd is not None else "") if part) or "no limits"
     sections = [doc.Section("Time-versus-cost frontier", [doc.TableBlock(_plan_table(table.frontier().to_dicts()))]),
-                doc.Section(f"Cheapest plan ({limits})", [doc.TableBlock(_plan_table([best])) if best
-                                                          else doc.Text("none meets them")])]
+                doc.Section(f"Cheapest plan ({table.limits()})", [doc.TableBlock(_plan_table([best])) if best
+                                                                  else doc.Text("none meets them")])]
     if table.reference is not None:
         sections.append(doc.Section("Reference plan (the given config's own parallelism)",
                                     [doc.TableBlock(_plan_table([table.reference]))]))
@@ -264,10 +262,8 @@ def write_frontier_svg(table: PlanTable, path: Path) -> None:
             axes.plot([row["days"]], [row["usd"]], _SYMBOLS[name][1], color="black", markersize=9,
                       markerfacecolor="none" if name == "reference" else "black", label=f"{name}: {label(row)}")
         if chart.plans.is_empty():  # every plan invalid or out of memory: nothing to put on log axes
-            axes.text(0.5, 0.5, "no plan was simulated: every plan is invalid or out of memory", ha="center",
-                      transform=axes.transAxes)
-        scale = "linear" if chart.plans.is_empty() else "log"
-        axes.set(xscale=scale, yscale=scale, ylabel="USD",
+            axes.text(0.5, 0.5, table.no_best_reason(), ha="center", transform=axes.transAxes)
+        axes.set(xscale=_scale(chart.plans["days"]), yscale=_scale(chart.plans["usd"]), ylabel="USD",
                  title=f"Training cost versus time ({len(chart.plans)} plans)",
                  xlabel=f"training days ({table.pricing.tokens / 1e9:g}B tokens: {chart.iterations:,.0f} iterations)")
         for axis, form in ((axes.xaxis, _number), (axes.yaxis, _dollars)):
@@ -276,6 +272,12 @@ def write_frontier_svg(table: PlanTable, path: Path) -> None:
                                                    in (2, 3, 5) else ""))
         figure.legend(loc="outside lower center", ncols=2, fontsize=8)
         figure.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+
+
+def _scale(values: pl.Series) -> str:
+    """A chart axis's scale for ``values``: logarithmic where they are all positive, else linear (none, or every
+    cost $0 at ``--price-per-gpu-hour 0``: a log axis has no place for 0, and matplotlib warned)."""
+    return "log" if len(values) and values.min() > 0 else "linear"
 
 
 def _memory_figure(table: PlanTable) -> go.Figure:

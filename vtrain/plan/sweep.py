@@ -79,6 +79,24 @@ class PlanTable:
         limits = self.simulated().filter(pl.col("meets_limits")).sort(["usd", "days"])
         return limits.row(0, named=True) if limits.height else None
 
+    def limits(self) -> str:
+        """The limits the best plan is chosen within, in words (``iteration <= 30 s, cost <= $1,000``)."""
+        return ", ".join(part for part in (
+            f"iteration <= {self.max_iteration_s:g} s" if self.max_iteration_s is not None else "",
+            f"cost <= ${self.budget_usd:,.0f}" if self.budget_usd is not None else "") if part) or "no limits"
+
+    def no_best_reason(self) -> str | None:
+        """Why :meth:`best` is ``None`` (None when there is a best plan): no plan was timed, or none of those timed
+        is within the limits, with how near the fastest and the cheapest came."""
+        timed = self.simulated()
+        if timed.is_empty():
+            return "no plan was simulated: every plan is invalid or out of memory"
+        if self.best() is not None:
+            return None
+        fastest, cheapest = timed["iteration_ms"].min() / 1e3, timed["usd"].min()
+        return (f"no simulated plan is within the limits ({self.limits()}): the fastest takes {fastest:.3g} s per "
+                f"iteration, the cheapest costs ${cheapest:,.0f}")
+
 
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
           device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,

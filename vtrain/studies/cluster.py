@@ -206,7 +206,11 @@ POLICIES: dict[str, Policy] = {"baseline": baseline_policy, "vtrain": vtrain_pol
 
 def simulate_cluster(jobs: Sequence[Job], cluster_gpus: int, speeds: Speeds, policy: str,
                      resize_overhead_h: float = 0.0) -> Schedule:
-    """Run ``jobs`` on a cluster of ``cluster_gpus`` GPUs under ``policy`` until every job has finished."""
+    """Run ``jobs`` on a cluster of ``cluster_gpus`` GPUs under ``policy`` until every job has finished.
+
+    Every event admits an arrival or ends a running job (the job whose end is the event ends there, whatever the
+    rounding of its remaining tokens), so the simulation takes at most one event per arrival and one per job's
+    end: at a late clock (10^9 h) a short job's remaining tokens never reached zero, and it ran forever."""
     decide = POLICIES[policy]
     order = sorted(jobs, key=lambda j: j.arrival_h)  # stable: ties keep the file's order
     remaining = {job.name: float(job.tokens) for job in order}
@@ -216,7 +220,9 @@ def simulate_cluster(jobs: Sequence[Job], cluster_gpus: int, speeds: Speeds, pol
     now, arrived, active = 0.0, 0, []
     if order:
         now = order[0].arrival_h
-    while arrived < len(order) or active:
+    for _ in range(2 * len(order) + 1):
+        if arrived == len(order) and not active:
+            return Schedule(policy, cluster_gpus, [results[job.name] for job in jobs])
         while arrived < len(order) and order[arrived].arrival_h <= now:
             active.append(order[arrived])
             arrived += 1
@@ -244,18 +250,21 @@ def simulate_cluster(jobs: Sequence[Job], cluster_gpus: int, speeds: Speeds, pol
             remaining[name] -= prediction.tokens_per_s * 3600 * (then - now)
         now = then
         for job in list(active):
-            if job.name in opened and remaining[job.name] <= _RELATIVE_EPS * job.tokens:
-                _close(results, opened, job.name, now)
+            if job.name in opened and (finish[job.name] <= then  # the event is its end, whatever the rounding
+                                       or remaining[job.name] <= _RELATIVE_EPS * job.tokens):
+                _close(results, opened, job.name, now, ended=True)
                 active.remove(job)
                 current.pop(job.name, None)
-    return Schedule(policy, cluster_gpus, [results[job.name] for job in jobs])
+    raise AssertionError(f"policy {policy}: {len(order)} jobs took more than {2 * len(order) + 1} events")
 
 
 def _close(results: dict[str, JobResult], opened: dict[str, tuple[float, int, Prediction]], name: str,
-           now: float) -> None:
+           now: float, ended: bool = False) -> None:
+    """End the running segment of job ``name`` at ``now``; one of no length is left out, unless the job
+    ``ended`` in it and has no other (a job of a few tokens, its run lost in the rounding of the clock)."""
     if name in opened:
         start, gpus, prediction = opened.pop(name)
-        if now > start:
+        if now > start or (ended and not results[name].segments):
             results[name].segments.append(Segment(start, now, gpus, prediction.label))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
-from vtrain.limits import integer_problem
+from vtrain.limits import MAX_JOB_HOURS, MAX_TOKENS, integer_problem
 from vtrain.runconfig import ModelConfig
 from vtrain.studies.cluster import Job
 from vtrain.studies.throughput import Workload
@@ -28,6 +28,10 @@ DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
 _OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch")
+#: what an out-of-range value likely is, by key
+_HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
+             "deadline_h": ": hours after the arrival, ten years at most",
+             "tokens": ": the largest runs train on about 1.5e13"}
 #: more jobs than this is not a study one runs on a laptop (each job is swept on every allocation size)
 MAX_JOBS = 200
 
@@ -76,18 +80,20 @@ def _job(entry: Any, index: int, path: Path) -> Job:
         problem = integer_problem("device_count", entry["gpus"])
         if problem:
             raise InputError(f"{where}: gpus: {problem}", path)
-    tokens = _number(entry["tokens"], "tokens", where, path, positive=True)
-    arrival = _number(entry["arrival_h"], "arrival_h", where, path, positive=False)
+    tokens = _number(entry["tokens"], "tokens", where, path, positive=True, high=MAX_TOKENS)
+    arrival = _number(entry["arrival_h"], "arrival_h", where, path, positive=False, high=MAX_JOB_HOURS)
     deadline = entry.get("deadline_h")
     if deadline is not None:
-        deadline = _number(deadline, "deadline_h", where, path, positive=True)
+        deadline = _number(deadline, "deadline_h", where, path, positive=True, high=MAX_JOB_HOURS)
     model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
                         vocab=entry["vocab"])
     return Job(name=name, workload=Workload(model, entry["global_batch"]), tokens=tokens, arrival_h=arrival,
                deadline_h=deadline, gpus=entry.get("gpus"))
 
 
-def _number(value: Any, key: str, where: str, path: Path, positive: bool) -> float:
+def _number(value: Any, key: str, where: str, path: Path, positive: bool, high: float) -> float:
+    """``value`` as a finite number, at least 0 (above 0 when ``positive``) and at most ``high``; an
+    :class:`InputError` naming the job and key otherwise."""
     if isinstance(value, str):  # YAML 1.1 reads 2.0e9 (no exponent sign) as a string; YAML 1.2 as a number
         try:
             value = float(value)
@@ -97,4 +103,6 @@ def _number(value: Any, key: str, where: str, path: Path, positive: bool) -> flo
         raise InputError(f"{where}: {key} must be a finite number (got {value!r})", path)
     if value < 0 or (positive and value == 0):
         raise InputError(f"{where}: {key} must be {'above' if positive else 'at least'} 0 (got {value!r})", path)
+    if value > high:
+        raise InputError(f"{where}: {key} must be at most {high:,g} (got {value!r}){_HIGH_WHY.get(key, '')}", path)
     return float(value)

@@ -1,0 +1,208 @@
+"""Findings of a hostile audit of the planning and study commands (`plan`, `cluster`, `size`, `tables`, `record`,
+`whatif`) and of the strict config reader: each bad input is one line and exit code 2 (no traceback, no hang),
+each suspicious one a warning line. Commands run in-process (:func:`tests.conftest.vtrain_in_process`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+from vtrain.configfile import read_config_file
+from vtrain.errors import InputError
+from vtrain.runconfig import ModelConfig
+from vtrain.studies.cluster import Job, Speeds, simulate_cluster
+from vtrain.studies.throughput import Prediction, Workload
+
+PROFILE = REPO / "profiles" / "a100"
+CONFIG = REPO / "examples" / "gpt-1.3b-a100.yaml"
+TRACES = REPO / "traces" / "t2p2d2"
+#: a small model whose sweep on 8 GPUs takes about a second
+SMALL_PLAN = ["plan", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256", "--vocab", "1024",
+              "--global-batch", "16", "--gpus", "8", "--max-micro-batch", "1"]
+TINY_RECORD = ["record", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "16", "--vocab", "128",
+               "--micro-batch", "2", "--global-batch", "4"]
+
+
+def one_error(result, *parts: str) -> str:
+    """The one ``error:`` line of a refused command, holding every one of ``parts``."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(part in lines[0] for part in parts), lines[0]
+    return lines[0]
+
+
+def job_line(**fields: object) -> str:
+    job = {"name": "a", "layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "tokens": "1.0e+9", "arrival_h": 0,
+           "gpus": 8, **fields}
+    return "jobs:\n  - {" + ", ".join(f"{key}: {value}" for key, value in job.items()) + "}\n"
+
+
+# ------------------------------------------------------------------------------------------- cluster (3, 4)
+
+@pytest.fixture
+def ten_seconds() -> Iterator[None]:
+    """A test that must end in ten seconds: a simulation that spins forever fails (a TimeoutError) instead."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError("did not end in 10 s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("fields, parts", [
+    ({"arrival_h": 1732665600}, ["job 'a': arrival_h must be at most 87,660", "Unix timestamp"]),
+    ({"arrival_h": "1.0e+12"}, ["arrival_h must be at most"]),
+    ({"deadline_h": "1.0e+12"}, ["deadline_h must be at most"]),
+    ({"tokens": "1.0e+300"}, ["tokens must be at most 1e+16"]),
+])
+def test_cluster_refuses_times_and_tokens_beyond_physical_bounds(tmp_path: Path, fields: dict[str, object],
+                                                                parts: list[str], ten_seconds: None) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(job_line(**fields))
+    result = vtrain_in_process("cluster", jobs, "--gpus", 8, "--profile", PROFILE, "-o", tmp_path / "out")
+    one_error(result, str(jobs), *parts)
+    assert not (tmp_path / "out").exists()
+
+
+WORKLOAD = Workload(ModelConfig(layers=2, hidden=64, heads=2, seq=16), global_batch=4)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "vtrain"])
+def test_a_simulation_at_a_late_clock_ends(policy: str, ten_seconds: None) -> None:
+    """At a clock of 10^9 hours an hour-long job's remaining tokens lost their last digits to rounding and never
+    reached zero: the simulation ran forever. Every event now ends a job or admits one."""
+    jobs = [Job("a", WORKLOAD, 1e9 + 7, 1732665600.0, gpus=8), Job("b", WORKLOAD, 3e9 + 1, 1732665600.5, gpus=8),
+            Job("c", WORKLOAD, 1e-300, 1732665601.0, gpus=8)]  # c: its run is lost in the clock's rounding
+    speeds = Speeds(lambda workload, gpus: Prediction(1e9 / 3600, label=f"{gpus} GPUs"), [8])
+    schedule = simulate_cluster(jobs, 8, speeds, policy)
+    ends = {job.name: job.end_h for job in schedule.jobs}
+    assert ends["a"] == pytest.approx(1732665601.0) and ends["b"] == pytest.approx(1732665604.0)
+    assert all(job.segments for job in schedule.jobs) and math.isfinite(schedule.makespan_h)
+
+
+# ------------------------------------------------------------------------------------------------ tables (11)
+
+def test_tables_top_beyond_any_table_is_one_line() -> None:
+    one_error(vtrain_in_process("tables", PROFILE, "--top", "99999999999999999999"), "--top")
+
+
+# -------------------------------------------------------------------------------------------------- plan (12)
+
+def test_plan_unknown_device_is_the_only_line(tmp_path: Path) -> None:
+    result = vtrain_in_process("plan", CONFIG, "--gpus", 16, "--device", "BOGUS", "--profile", PROFILE,
+                               "-o", tmp_path / "x")
+    one_error(result, "--device: unknown device 'BOGUS'")
+    assert not (tmp_path / "x").exists()
+
+
+# -------------------------------------------------------------------------------------------------- plan (13)
+
+@pytest.mark.filterwarnings("error::UserWarning")  # a library's raw warning (matplotlib's log axis of $0) fails
+def test_plan_at_no_price_says_so_and_draws_its_chart(tmp_path: Path) -> None:
+    result = vtrain_in_process(*SMALL_PLAN, "--price-per-gpu-hour", 0, "-o", tmp_path / "p", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: --price-per-gpu-hour 0: every plan costs $0"), lines
+    assert (tmp_path / "p" / "frontier.svg").stat().st_size > 0
+    assert json.loads(result.stdout)["best"]["usd"] == 0
+
+
+# -------------------------------------------------------------------------------------------------- plan (21)
+
+def test_plan_with_no_plan_within_its_limits_says_why(tmp_path: Path) -> None:
+    result = vtrain_in_process(*SMALL_PLAN, "--max-iteration-s", "1e-9", "-o", tmp_path / "p", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: no simulated plan is within the limits "
+                                                   "(iteration <= 1e-09 s): the fastest takes"), lines
+    summary = json.loads(result.stdout)
+    assert summary["best"] is None and summary["best_reason"].startswith("no simulated plan is within the limits")
+
+
+# ------------------------------------------------------------------------------------------ number flags (19)
+
+@pytest.mark.parametrize("args, flag", [
+    (["plan", CONFIG, "--gpus", "16", "--price-per-gpu-hour", "nan"], "--price-per-gpu-hour"),
+    (["plan", CONFIG, "--gpus", "16", "--tokens", "nan"], "--tokens"),
+    (["plan", CONFIG, "--gpus", "16", "--device-memory", "nan"], "--device-memory"),
+    (["plan", CONFIG, "--gpus", "16", "--max-iteration-s", "NaN"], "--max-iteration-s"),
+    (["size", "--gpus", "8", "--days", "nan"], "--days"),
+    (["size", "--gpus", "8", "--days", "1", "--mfu", "nan"], "--mfu"),
+    (["cluster", CONFIG, "--gpus", "8", "--resize-overhead-min", "nan"], "--resize-overhead-min"),
+])
+def test_nan_flags_are_not_a_number(tmp_path: Path, args: list[object], flag: str) -> None:
+    one_error(vtrain_in_process(*args, "-o", tmp_path / "out"), flag, "is not a number")
+    assert not (tmp_path / "out").exists()
+
+
+def test_number_flags_out_of_range_say_the_range(tmp_path: Path) -> None:
+    result = vtrain_in_process("plan", CONFIG, "--gpus", "16", "--tokens", "1e20", "-o", tmp_path / "out")
+    one_error(result, "--tokens", "must be between 1 and 1e+16 (got '1e20')")
+
+
+# ------------------------------------------------------------------------------------------------ record (14)
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "100000"], "--threads must be at most 1,024"),
+    (["--steps", "100000000"], "--steps must be at most 100"),
+    (["--warmup", "100000000"], "--warmup must be at most 100"),
+])
+def test_record_counts_beyond_a_recording_are_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
+    one_error(vtrain_in_process(*TINY_RECORD, *flags, "-o", tmp_path / "t"), message)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------ whatif (15)
+
+@pytest.mark.parametrize("flags, message", [
+    (["--scale", "gemm=2", "--scale", "gemm=3"], "--scale: gemm is given twice (gemm=2, gemm=3)"),
+    (["--scale-kernel", "addmm=2", "--scale-kernel", "addmm=0.5"], "--scale-kernel: /addmm/ is given twice"),
+])
+def test_whatif_change_given_twice_is_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
+    one_error(vtrain_in_process("whatif", TRACES, *flags, "-o", tmp_path / "w"), message)
+    assert not (tmp_path / "w").exists()
+
+
+# ------------------------------------------------------------------------------------------- config file (17)
+
+@pytest.mark.parametrize("value, message", [
+    ("1:0", "line 2: layers: 1:0 is a base-60 number in YAML 1.1 (60)"),
+    ("1:30.5", "layers: 1:30.5 is a base-60 number"),
+    ("1_000", "layers: 1_000 is a number in YAML 1.1 only"),
+    ("017", "layers: 017 is octal (15) in YAML 1.1 and 17 in YAML 1.2"),
+    ("0b101", "layers: 0b101 is a binary number in YAML 1.1 only"),
+])
+def test_yaml_numbers_read_differently_by_yaml_versions_are_refused(tmp_path: Path, value: str,
+                                                                   message: str) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model:\n  layers: {value}\n")
+    with pytest.raises(InputError, match="run config refused") as refused:
+        read_config_file(path, "run config")
+    assert message in str(refused.value) and str(path) in str(refused.value)
+    path.write_text(f"gpus: [8, {value}]\n")  # a list's item: the line and value
+    with pytest.raises(InputError, match=f"line 1: {value} is"):
+        read_config_file(path, "run config")
+
+
+def test_yaml_1_2_numbers_are_read_as_yaml_1_2_reads_them(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("a: 0x1F\nb: 0o17\nc: 07\nd: 24\ne: 1.0e+9\n")
+    assert read_config_file(path, "run config") == {"a": 31, "b": 15, "c": 7, "d": 24, "e": 1e9}
+
+
+def test_base_60_layers_in_a_run_config_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(CONFIG.read_text().replace("layers: 24", "layers: 1:0"))
+    one_error(vtrain_in_process("simulate", config), str(config), "layers: 1:0 is a base-60 number")
