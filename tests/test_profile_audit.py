@@ -73,3 +73,9 @@ def test_metadata_is_read_as_strictly_as_a_run_config(tmp_path: Path) -> None:
     file.write_text(text.replace("{", '{"kind": "profile", ', 1))
     ran = vtrain_in_process("simulate", CONFIG, "--profile", profile)
     assert ran.returncode == 2 and "key 'kind' given twice" in ran.stderr, ran.stderr
+
+
+def test_a_file_given_as_the_profile_says_so() -> None:
+    """`simulate --profile examples/tiny-cpu.yaml` said "no such profile folder" of a file that exists."""
+    ran = vtrain_in_process("simulate", CONFIG, "--profile", CONFIG)
+    assert ran.returncode == 2 and "is a file, not a profile folder" in ran.stderr, ran.stderr

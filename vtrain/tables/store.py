@@ -83,7 +83,8 @@ def load_profile(path: str | Path) -> Profile:
     """Read a profile folder written by :func:`write_profile` (``vtrain ingest`` or ``vtrain calibrate``)."""
     path = Path(path)
     if not path.is_dir():
-        raise InputError("no such profile folder", path)
+        raise InputError("is a file, not a profile folder (give the folder `vtrain ingest` or `vtrain fit` wrote)"
+                         if path.exists() else "no such profile folder", path)
     meta_file = path / METADATA_FILE
     if not meta_file.exists():
         raise InputError(f"not a profile folder: {METADATA_FILE} is missing", path)
