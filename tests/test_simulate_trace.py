@@ -122,7 +122,7 @@ def test_output_folder_is_not_overwritten_by_accident(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(InputError, match="already exists"):
+    with pytest.raises(InputError, match="not written by vtrain"):
         write_chrome_traces(sim, out)
     assert (out / "keep.txt").read_text() == "mine"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left behind
