@@ -134,8 +134,10 @@ def test_micro_batches_in_flight_follow_the_schedule(schedule: str, p: int, m: i
 
 
 def test_mixed_precision_keeps_16_bytes_per_parameter_and_half_the_activations() -> None:
-    """Megatron's 16-bit runs keep fp32 master weights and moments (16 bytes a parameter); the reference model's
-    bf16 runs keep torch's Adam moments in bf16 (8 bytes); fp32 runs 16 bytes in both."""
+    """Megatron's 16-bit runs keep fp32 master weights and moments (16 bytes a parameter), its fp16 runs copy the
+    gradients to fp32 for the step (20 at its peak) and its bf16 runs accumulate them in fp32 (18), as Megatron-LM's
+    own table counts (an audit found vtrain at 16 for both); the reference model's bf16 runs keep torch's Adam
+    moments in bf16 (8 bytes); fp32 runs 16 bytes in both."""
     fp32 = _config(SHAPES[0], "none")
     fp16 = run_config_from_dict({**fp32.to_dict(), "precision": "fp16"})
     wide, half = peak_stage_memory(fp32), peak_stage_memory(fp16)
@@ -144,6 +146,9 @@ def test_mixed_precision_keeps_16_bytes_per_parameter_and_half_the_activations()
     assert wide.parameter_bytes + wide.gradient_bytes + wide.optimizer_bytes == 16 * params
     megatron = peak_stage_memory(run_config_from_dict({**fp16.to_dict(), "framework": "megatron"}))
     assert megatron.parameter_bytes + megatron.gradient_bytes + megatron.optimizer_bytes == 16 * params
+    assert megatron.step_bytes == 4 * params  # the step's fp32 copies of the fp16 gradients
+    bf16 = peak_stage_memory(run_config_from_dict({**fp16.to_dict(), "framework": "megatron", "precision": "bf16"}))
+    assert (bf16.parameter_bytes, bf16.gradient_bytes, bf16.step_bytes) == (2 * params, 4 * params, 0)
     softmax = GptShape.from_config(fp16).tokens * fp16.model.vocab * 4  # the head's softmax stays fp32, and the
     fp32 = 2 * softmax  # logits it is computed from are held beside it at the head's peak
     assert half.activation_bytes - fp32 == pytest.approx((wide.activation_bytes - fp32) / 2, rel=1e-6)

@@ -1,7 +1,11 @@
 """Peak memory of one GPU of a pipeline stage: model states, stored activations and communication buffers.
 
-**Model states** per parameter (no optimizer sharding): Megatron's fp16/bf16 runs (mixed precision) keep 16-bit
-parameters and gradients (2 + 2 bytes), fp32 master weights (4) and Adam's two fp32 moments (4 + 4): 16 bytes.
+**Model states** per parameter (no optimizer sharding), as Megatron-LM's own table counts them (its distributed
+optimizer's documentation: 20 bytes for fp16, 18 for bf16): Megatron's fp16 runs keep fp16 parameters and
+gradients (2 + 2 bytes), fp32 master weights (4) and Adam's two fp32 moments (4 + 4): 16 bytes, and the optimizer
+step copies the gradients to fp32 beside them (4 more while it runs: the step's moment below); bf16 runs accumulate
+the gradients in fp32 (Megatron forces ``accumulate_allreduce_grads_in_fp32`` for bf16), 2 + 4 + 12 = 18 bytes,
+which the step reads in place.
 fp32 runs keep fp32 parameters, gradients and moments (4 + 4 + 8): 16 bytes, no master copy. The reference model
 that ``vtrain record`` trains in bf16 is bf16 throughout (torch's Adam keeps its moments in the parameters' dtype):
 2 + 2 + 4 = 8 bytes.
@@ -57,7 +61,10 @@ FP32_BYTES = 4
 
 #: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments), for
 #: Megatron's mixed precision
-STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 12), "bf16": (2, 2, 12)}
+STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 12), "bf16": (2, 4, 12)}
+#: precision -> bytes per parameter Megatron's optimizer step adds beside the states: fp16 gradients copied to fp32
+#: (``main_grads_from_model_grads``); bf16 and fp32 gradients are read where they are
+MEGATRON_STEP_BYTES = {"fp32": 0, "fp16": 4, "bf16": 0}
 #: the same for the reference model, whose 16-bit runs keep no fp32 copy (torch's Adam on 16-bit parameters)
 REFERENCE_STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 4), "bf16": (2, 2, 4)}
 
@@ -209,9 +216,10 @@ def optimizer_step_bytes(config: RunConfig, shape: GptShape, chunks: list[Chunk]
     """Temporaries of one Adam step: torch's Adam (the reference model) takes the square root of the second moments
     into new tensors, all of them at once on GPUs (its multi-tensor path: the parameters' bytes again, measured on
     an H200 as the peak of a run whose parameters outweigh its activations, ``traces/gpu/``), one parameter at a time
-    on CPUs (the largest parameter, twice: the root, then its quotient); Megatron's fused Adam updates in place."""
+    on CPUs (the largest parameter, twice: the root, then its quotient); Megatron's fused Adam updates in place,
+    beside the fp32 copies of fp16 gradients (:data:`MEGATRON_STEP_BYTES`)."""
     if config.framework == "megatron":
-        return 0
+        return MEGATRON_STEP_BYTES[config.precision] * stage_parameter_count(shape, chunks)
     element = REFERENCE_STATE_BYTES[config.precision][0]
     if shape.device_type == "cpu":
         return 2 * element * max((math.prod(p) for p in stage_parameters(shape, chunks)), default=0)
