@@ -228,6 +228,17 @@ def test_cli_device_overrides_the_run_configs_and_the_a100_price_is_said(tmp_pat
     assert priced.exit_code == 0 and "--price-per-gpu-hour" not in priced.stderr
 
 
+@pytest.mark.parametrize(("device", "said"), [("A100-80GB", True), ("A100", False)])
+def test_the_p4d_price_is_said_not_to_be_an_a100_80gbs(device: str, said: bool, tmp_path: Path) -> None:
+    """The default price is p4d's, whose GPUs are A100-40GB: a plan on A100-80GB (MT-NLG's, GPT-3's) was priced at
+    it without a word (an audit), as only GPUs whose name did not start with "A100" were warned of."""
+    planned = runner.invoke(app, ["plan", str(REPO / "examples" / "tiny-cpu.yaml"), "--gpus", "8", "--device", device,
+                                  "--max-micro-batch", "1", "-o", str(tmp_path / "plans")])
+    assert planned.exit_code == 0, planned.output
+    lines = [line for line in planned.stderr.splitlines() if "--price-per-gpu-hour" in line]
+    assert len(lines) == int(said) and all("A100-40GB" in line and device in line for line in lines), planned.stderr
+
+
 def test_cli_ray_flags_reach_the_ray_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vtrain import distributed
 

@@ -13,7 +13,7 @@ import typer
 
 from vtrain.cli.errors import user_errors, warn
 from vtrain.cli.options import device_memory_option, real_option
-from vtrain.devices.catalog import device_model
+from vtrain.devices.catalog import canonical_device_name, device_model
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.limits import MAX_MICRO_BATCH_TRIED, MAX_PRICE_PER_GPU_HOUR, MAX_TOKENS
@@ -22,6 +22,7 @@ from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
     DEFAULT_TOKENS,
     PRICE_SOURCE,
+    PRICED_DEVICE,
     TOKENS_SOURCE,
     Pricing,
 )
@@ -91,9 +92,9 @@ def plan_command(
     if price is None:
         price = DEFAULT_PRICE_PER_GPU_HOUR
         gpu = base.hardware.device
-        if gpu.lower() != "cpu" and not gpu.upper().startswith("A100"):
-            warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an A100; the plans run on {gpu}: "
-                 f"give --price-per-gpu-hour for their cost")
+        if canonical_device_name(gpu) not in (PRICED_DEVICE, "cpu"):
+            warn(f"the default price, ${price:.4f} per GPU-hour, is AWS p4d's for an {PRICED_DEVICE}; the plans run "
+                 f"on {gpu}: give --price-per-gpu-hour for their cost")
     if price == 0:
         warn("--price-per-gpu-hour 0: every plan costs $0, so the cheapest plan is the fastest of those within the "
              "limits (and any --budget-usd is met)")

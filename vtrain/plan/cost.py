@@ -13,8 +13,10 @@ from vtrain.runconfig import ModelConfig
 
 P4D_PRICE_PER_HOUR = 32.77
 P4D_GPUS = 8
+#: the GPU the default price is for (the catalog's name): a plan on any other says so
+PRICED_DEVICE = "A100-40GB"
 DEFAULT_PRICE_PER_GPU_HOUR = P4D_PRICE_PER_HOUR / P4D_GPUS
-PRICE_SOURCE = (f"AWS EC2 p4d.24xlarge on demand, ${P4D_PRICE_PER_HOUR}/h for {P4D_GPUS} A100-40GB "
+PRICE_SOURCE = (f"AWS EC2 p4d.24xlarge on demand, ${P4D_PRICE_PER_HOUR}/h for {P4D_GPUS} {PRICED_DEVICE} "
                 f"(the price vTrain's paper uses): ${DEFAULT_PRICE_PER_GPU_HOUR:.4f} per GPU-hour")
 #: MT-NLG 530B's training tokens (Smith et al., 2022), the default --tokens
 DEFAULT_TOKENS = 270e9
