@@ -312,7 +312,7 @@ def test_whatif_ends_each_wait_after_its_functional_collective(functional_collec
 def test_the_steady_iterations_say_why_they_are_those() -> None:
     """Every profiled iteration but the first (a warm-up); the only one when there is one; the whole trace when it
     has no step spans: each with its reason, which the report prints beside them."""
-    from vtrain.validate.traces import steady_iterations
+    from vtrain.validate.steady import steady_iterations
 
     assert steady_iterations([3, 4, 5], marked=True) == ([4, 5], "the first profiled one excluded")
     assert steady_iterations([7], marked=True) == ([7], "the only profiled one, used although it is the first")

@@ -119,7 +119,7 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
-    _warn_repeated_rows(rows, [meant for meant in read.values()], path)
+    _warn_repeated_rows(rows, list(read.values()), path)
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))

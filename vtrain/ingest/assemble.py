@@ -273,8 +273,8 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     several with the same members, its calls are among those ranks. The table has the columns of
     ``collectives`` and ``impossible_size`` (:func:`_description`), to be counted before it is conformed.
     """
-    info = dist_info if isinstance(dist_info, dict) else {}
-    only = only_group(rank, info.get("pg_config"), info.get("world_size"))
+    world_size = dist_info.get("world_size") if isinstance(dist_info, dict) else None
+    only = only_group(rank, _pg_config(dist_info), world_size)
     group = (only[0], json.dumps(list(only[1]), separators=(",", ":"))) if only else None
     size = _default_group_size(rank, dist_info)
     on_host = cpu.filter(pl.col("cat") == "user_annotation").filter(

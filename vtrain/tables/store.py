@@ -235,10 +235,7 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
     whose GEMMs no FLOPs, or whose operator signatures do not parse: a prediction would use them as they are."""
     _check_rows(frame, name, file)
     for col in _COUNT_COLUMNS.get(name, ()):
-        bad = (frame[col] < 1).fill_null(False)
-        if bad.any():
-            row = int(bad.arg_true()[0])
-            raise InputError(f"{bad.sum()} row(s) with a {col} below 1 (first: row {row}, {frame[col][row]})", file)
+        _refuse_rows(frame, frame[col] < 1, f"a {col} below 1", col, file)
     for col in _LATENCY_COLUMNS.get(name, ()):
         values = frame[col]
         if (col == "median_us" or col == "count" and name != "op_benchmarks") and values.null_count():
@@ -246,11 +243,7 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
         bad = values < 0
         if values.dtype.is_float():
             bad = bad | values.is_nan() | values.is_infinite()
-        bad = bad.fill_null(False)
-        if bad.any():
-            row = int(bad.arg_true()[0])
-            raise InputError(f"{bad.sum()} row(s) with a {col} that is negative or not finite (first: row {row}, "
-                             f"{values[row]})", file)
+        _refuse_rows(frame, bad, f"a {col} that is negative or not finite", col, file)
         if col in _TIME_COLUMNS:
             _refuse_rows(frame, values > MAX_TRACE_US, f"a {col} beyond a week ({MAX_TRACE_US:.0e} us)", col, file)
 

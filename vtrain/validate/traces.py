@@ -33,7 +33,6 @@ from vtrain.validate.predictions import (
 from vtrain.validate.profile import RankTablesSink
 from vtrain.validate.rank_checks import rank_warnings
 from vtrain.validate.ranks import read_for_validation
-from vtrain.validate.steady import steady_iterations as steady_iterations  # its home before steady.py
 from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
     MEASURED,
