@@ -55,3 +55,13 @@ def test_a_named_pipe_is_no_table(tmp_path: Path) -> None:
     os.mkfifo(pipe)
     ran = _measure(pipe, tmp_path)
     assert ran.returncode == 2 and "is not a regular file" in ran.stderr, ran.stderr
+
+
+def test_repeated_runs_of_one_configuration_are_not_warned_of(tmp_path: Path) -> None:
+    """A table of repeated runs (one configuration measured three times, as published tables and users' logs
+    give) is no table pasted twice: the rows differ in their times."""
+    first = _rows(1)[0]
+    fields = first.split(",")
+    repeats = [",".join([*fields[:-1], f"{float(fields[-1]) * factor:.6f}"]) for factor in (1.0, 1.01, 0.99)]
+    ran = _measure(_table(tmp_path, repeats), tmp_path)
+    assert ran.returncode == 0 and "repeat an earlier row" not in ran.stderr, ran.stderr

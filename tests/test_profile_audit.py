@@ -79,3 +79,28 @@ def test_a_file_given_as_the_profile_says_so() -> None:
     """`simulate --profile examples/tiny-cpu.yaml` said "no such profile folder" of a file that exists."""
     ran = vtrain_in_process("simulate", CONFIG, "--profile", CONFIG)
     assert ran.returncode == 2 and "is a file, not a profile folder" in ran.stderr, ran.stderr
+
+
+def test_a_trace_in_whole_microseconds_makes_a_profile_vtrain_reads(tmp_path: Path) -> None:
+    """Kineto before PyTorch 1.9 wrote whole microseconds: a small collective's kernel lasts 0. Refusing medians
+    of 0 in every latency table made `vtrain ingest` of such a trace write a profile that `vtrain tables` and
+    `simulate` then refused; only imported kernel measurements must take time."""
+    import gzip
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for source in sorted((REPO / "traces" / "hta-a100-2rank-nccl").glob("rank-*.json.gz")):
+        trace = json.loads(gzip.decompress(source.read_bytes()))
+        for event in trace["traceEvents"]:
+            if event.get("cat") == "kernel" and "nccl" in event.get("name", "").lower():
+                event["dur"] = 0
+        (traces / source.name).write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert vtrain_in_process("ingest", traces, "-o", tmp_path / "profile").returncode == 0
+    ran = vtrain_in_process("tables", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    from vtrain.cli.tables import nccl_table
+    from vtrain.tables.store import load_profile
+
+    nccl = load_profile(tmp_path / "profile").nccl_latency
+    assert (nccl["median_us"] == 0).any() and nccl["algbw_gbps"].null_count()  # no rate of a call of 0 µs
+    assert nccl_table(nccl, 10, True).row_count == nccl.height  # the wide table shows it as "-"

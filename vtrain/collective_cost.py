@@ -187,8 +187,10 @@ class AlphaBeta:
 
 def with_bandwidths(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` (``collective``, ``group_size``, ``bytes``, ``median_us``) with ``algbw_gbps`` (bytes / median
-    time, 1e9 B/s) and ``busbw_gbps`` (algbw x :func:`bus_bandwidth_factor`; null where the group size is)."""
+    time, 1e9 B/s; null for a median of 0, which a trace in whole microseconds gives a small collective: no rate)
+    and ``busbw_gbps`` (algbw x :func:`bus_bandwidth_factor`; null where the group size is)."""
     factors = [None if size is None else bus_bandwidth_factor(name, size)
                for name, size in zip(frame["collective"], frame["group_size"], strict=True)]
-    return frame.with_columns(algbw_gbps=pl.col("bytes") / pl.col("median_us") / 1e3).with_columns(
+    rate = pl.when(pl.col("median_us") > 0).then(pl.col("bytes") / pl.col("median_us") / 1e3)
+    return frame.with_columns(algbw_gbps=rate).with_columns(
         busbw_gbps=pl.col("algbw_gbps") * pl.Series(factors, dtype=pl.Float64))

@@ -80,11 +80,11 @@ def nccl_table(nccl_latency: pl.DataFrame, top: int, wide: bool) -> Table:
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("algorithm", overflow="fold")
     for row in nccl.iter_rows(named=True):
-        busbw = "-" if row["busbw_gbps"] is None else f"{row['busbw_gbps']:.2f}"
+        algbw, busbw = ("-" if row[key] is None else f"{row[key]:.2f}" for key in ("algbw_gbps", "busbw_gbps"))
         mark = "*" if row["duration_source"] == RAW_DURATION else ""
         name = f"{row['collective']} (host)" if both and row["device_type"] == "cpu" else row["collective"]
         cells = [name, str(row["group_size"] or "?"), size(row["bytes"]), f"{row['count']:,}",
-                 f"{row['median_us']:.1f}{mark}", *([f"{row['algbw_gbps']:.2f}"] if wide else []), busbw,
+                 f"{row['median_us']:.1f}{mark}", *([algbw] if wide else []), busbw,
                  row["algorithm"] or "-"]
         table.add_row(*cells)
     return table

@@ -218,9 +218,10 @@ _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "me
 #: median of 1e300 µs made predictions of 1e300 ms without a word)
 _TIME_COLUMNS = ("median_us", "p10_us", "p90_us", "mean_us", "wait_us")
 
-#: the tables whose medians are of work that takes time: a measured kernel or collective of 0 µs is no measurement
-#: (op_latency keeps 0: Kineto before 1.9 wrote whole microseconds, and a tiny operator's kernels could sum to 0)
-_POSITIVE_MEDIANS = ("nccl_latency", "op_benchmarks")
+#: the tables whose medians are of work that takes time: an imported kernel measurement of 0 µs is no measurement.
+#: The tables ingest writes keep 0: Kineto before 1.9 wrote whole microseconds, so a tiny operator's kernels or a
+#: small collective could last 0 (refused, such a trace made a profile vtrain could not read)
+_POSITIVE_MEDIANS = ("op_benchmarks",)
 
 
 #: the columns of the latency tables that count ranks, nodes or elements of a shape: at least 1 where given (a group
