@@ -309,6 +309,24 @@ def test_whatif_ends_each_wait_after_its_functional_collective(functional_collec
     assert json.loads(ran.stdout)["change_pct"] > 2.0, ran.stdout
 
 
+def test_a_wait_for_a_functional_collective_ends_with_it_however_late_its_thread_resumed(
+        functional_collectives: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine a thread in ``wait_tensor`` resumes long after its collective ended (the scheduler); past
+    the replay's wake-up bound (``thread_wake_us``) the wait was kept at its measured length, and ``--scale
+    all_reduce=10`` moved nothing (0.0 %: the CI of this session, once). A wait for a collective is woken by the
+    collective ending within it, whatever the delay: here every wake-up is made "late" by a bound of 1 ns."""
+    from vtrain.replay.build import build_graph
+    from vtrain.replay.graph import ReplayOptions
+    from vtrain.whatif import retime
+
+    monkeypatch.setattr(retime, "build_graph", lambda traces, config: build_graph(
+        traces, config, ReplayOptions(thread_wake_us=1e-3)))
+    ran = vtrain_in_process("whatif", functional_collectives, "--scale", "all_reduce=10", "-o", tmp_path / "whatif",
+                            "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["change_pct"] > 2.0, ran.stdout
+
+
 def test_the_steady_iterations_say_why_they_are_those() -> None:
     """Every profiled iteration but the first (a warm-up); the only one when there is one; the whole trace when it
     has no step spans: each with its reason, which the report prints beside them."""

@@ -46,7 +46,8 @@ class ThreadChain:
     points: list[int] = field(default_factory=list)  # global point ids
     times: list[float] = field(default_factory=list)  # measured times
     segment: list[str] = field(default_factory=list)
-    blocker: list[int] = field(default_factory=list)  # local index of the blocking runtime call, else -1
+    blocker: list[int] = field(default_factory=list)  # local index of the blocking runtime call or of the
+    # collective wait (idle) the segment is in, else -1
 
 
 def blocking_calls(trace: RankTrace) -> set[int]:
@@ -147,8 +148,9 @@ def _segment_kind(trace: RankTrace, innermost: int | None, has_child: set[int], 
     block its threads)."""
     if innermost is None:
         return IDLE, -1
-    if trace.kind[innermost] == CPU and (trace.cat[innermost] == "user_annotation" or (
-            host_waits and trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS))):
+    if trace.kind[innermost] == CPU and host_waits and trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS):
+        return IDLE, innermost  # idle, its blocker the wait: a collective's end wakes it
+    if trace.kind[innermost] == CPU and trace.cat[innermost] == "user_annotation":
         return IDLE, -1
     if innermost in blocking and innermost not in has_child:
         return BLOCKED, innermost

@@ -65,8 +65,9 @@ class ThreadWaits:
                 if kind == BLOCKED:
                     wakers = self._device_wakers(chain.blocker[k])
                     floor = self.own_time[ctx.trace.name[chain.blocker[k]]]
-                else:
-                    found = self._cpu_waker(chain, chain.times[k], chain.times[k + 1], b)
+                else:  # idle; a wait for a collective (its blocker) is woken by one that ends within it
+                    found = self._cpu_waker(chain, chain.times[k], chain.times[k + 1], b,
+                                            any_delay=chain.blocker[k] >= 0)
                     wakers = [found] if found is not None else []
                     floor = idle_floor
                     ctx.stats.thread_waits += bool(wakers)
@@ -92,16 +93,19 @@ class ThreadWaits:
             ctx.edges.add(earlier[0], point, time - earlier[1], ANCHOR)
 
     def _cpu_waker(self, chain: ThreadChain, low: float, high: float, woken: int | None = None,
-                   collectives: bool = True) -> Waker | None:
+                   collectives: bool = True, any_delay: bool = False) -> Waker | None:
         """What woke an idle thread at ``high`` (point ``woken``, by default the chain's point there): the last
         collective (preferred) or other-thread point in ``[low, high]`` at most ``thread_wake_us`` before (with
-        ``low`` of minus infinity: at any time before), preceding the woken point."""
+        ``low`` of minus infinity: at any time before), preceding the woken point. ``any_delay``: the thread waited
+        for a collective (``wait_tensor``), which its end wakes however long the thread then takes to run again (a
+        loaded CPU's scheduler: over ``thread_wake_us``, the wait was kept at its measured length and scaling the
+        collective moved nothing): the last collective ending within the wait."""
         if woken is None:
             woken = chain.points[bisect_right(chain.times, high) - 1]
         floor = max(low, high - self.ctx.options.thread_wake_us) if low != float("-inf") else low
         if collectives:
             found = self._latest_before(self.collective_end_times, self.collective_end_points, high, woken)
-            if found is not None and found[1] >= floor:
+            if found is not None and found[1] >= (low if any_delay else floor):
                 return found
         best: Waker | None = None
         for other in self.chains:
