@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +20,17 @@ if TYPE_CHECKING:
     from vtrain.tables.store import Profile
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: what vtrain derives from profiles (:mod:`vtrain.cache`) is kept in a folder of this test run, shared by its
+#: workers and the commands they start (they inherit the environment), never in the user's cache
+if "VTRAIN_TEST_CACHE" not in os.environ:
+    os.environ["VTRAIN_TEST_CACHE"] = os.environ["VTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="vtrain-cache-")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove the test run's cache folder (once, by the process that made it: not by an xdist worker)."""
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(os.environ["VTRAIN_TEST_CACHE"], ignore_errors=True)
 TRACES = REPO / "traces"
 HTA_TRACE_SETS = sorted(p for p in TRACES.glob("hta-*") if p.is_dir())
 

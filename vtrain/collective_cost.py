@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 #: point-to-point transfers: one step, bus factor 1, never free
 POINT_TO_POINT = ("send", "recv", "send_recv")
@@ -189,6 +190,8 @@ def with_bandwidths(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` (``collective``, ``group_size``, ``bytes``, ``median_us``) with ``algbw_gbps`` (bytes / median
     time, 1e9 B/s; null for a median of 0, which a trace in whole microseconds gives a small collective: no rate)
     and ``busbw_gbps`` (algbw x :func:`bus_bandwidth_factor`; null where the group size is)."""
+    import polars as pl
+
     factors = [None if size is None else bus_bandwidth_factor(name, size)
                for name, size in zip(frame["collective"], frame["group_size"], strict=True)]
     rate = pl.when(pl.col("median_us") > 0).then(pl.col("bytes") / pl.col("median_us") / 1e3)

@@ -36,6 +36,9 @@ SPAN_KINDS = ("forward", "backward", "recompute", "optimizer", "embedding", "lay
 FIELD_ORDER = ("purpose", "op", "phase", "stage", "chunk", "mb", "layer", "peer", "bucket")
 
 PHASES = ("forward", "backward", "recompute", "optimizer")
+#: the phase of a timeline's calls that no phase span holds, and the name of every phase together (latency
+#: tables, host gaps and interference factors measured over all phases: :mod:`vtrain.tables.gaps`)
+ALL, OTHER = "all", "other"
 
 ITERATION_PREFIX = "ProfilerStep#"
 

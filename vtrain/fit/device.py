@@ -13,27 +13,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
+from vtrain import cache
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name, device_for_config, device_model
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError, warn_input
-from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
 from vtrain.fit.operators import OperatorKernelModel
 from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, first_dtype, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, empty_table
 
+if TYPE_CHECKING:
+    import polars as pl
+
 MEMORY_BOUND_CLASSES = ("layernorm", "softmax", "gelu", "elementwise", "embedding")
 
 
 def fit_device(profile: Profile, device_name: str) -> FittedDevice:
     """A :class:`FittedDevice` for ``device_name`` (a datasheet device) with every part the profile can fit."""
+    import polars as pl
+
+    from vtrain.fit.alpha_beta import fit_collectives
+
     base = device_model(device_name)
     gemm, memory = fit_kernels(profile, base)
     provenance = dict(base.provenance)
@@ -49,6 +54,8 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
     """The half-precision GEMM operators of the profile's own GPU traces as ``op_benchmarks`` rows (source
     ``trace``). The kernel model learns half-precision efficiencies (an fp32 GEMM takes them at the fp32 peak): an
     fp32 GEMM among its samples, against the half-precision floor, would teach it that those shapes run 10x slow."""
+    import polars as pl
+
     table = profile.op_latency.filter((pl.col("device_type") == "cuda") & pl.col("op").is_in(list(GEMM_OPS)))
     rows: list[dict[str, Any]] = []
     for name, dims, types, count, median in table.select(
@@ -66,6 +73,8 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
 
 def kernel_samples(benchmarks: pl.DataFrame, kind: str) -> pl.DataFrame:
     """The ``op_benchmarks`` rows of one kernel class (GEMM or memory-bound)."""
+    import polars as pl
+
     if kind == GEMM:
         return benchmarks.filter(pl.col("op_class") == "gemm")
     return benchmarks.filter(pl.col("op_class").is_in(MEMORY_BOUND_CLASSES))
@@ -73,6 +82,8 @@ def kernel_samples(benchmarks: pl.DataFrame, kind: str) -> pl.DataFrame:
 
 def fit_kernels(profile: Profile, base: DeviceModel) -> tuple[OperatorKernelModel | None, OperatorKernelModel | None]:
     """The GEMM and memory-bound kernel models of the profile's benchmarks and traced GEMMs (None: too few)."""
+    import polars as pl
+
     imported = profile.tables.get("op_benchmarks", empty_table("op_benchmarks"))  # absent in a fresh ingest
     benchmarks = pl.concat([imported, traced_gemms(profile)], how="diagonal_relaxed")
     return (_try_fit(kernel_samples(benchmarks, GEMM), GEMM, base),
@@ -113,7 +124,8 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"malformed fitted device in metadata.json (refit it with `vtrain fit`): {exc}",
                          source) from None
-    gemm, memory = fit_kernels(profile, base)
+    gemm, memory = cache.derived(profile.content_key(), f"kernel-models-{base.name}",
+                                 lambda: fit_kernels(profile, base))
     provenance = dict(fitted.get("provenance", {}))
     for key, model in (("gemm", gemm), ("memory_bound", memory)):
         if model is None and str(provenance.get(key, "")).startswith("fitted"):

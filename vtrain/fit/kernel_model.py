@@ -33,11 +33,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 
 if TYPE_CHECKING:
+    import polars as pl
     from sklearn.neighbors import KDTree
 
 GEMM, MEMORY = "gemm", "memory"
@@ -277,6 +277,8 @@ def _floor_us(kind: str, shape: KernelShape, peak_flops: float, peak_bytes_per_s
 
 def usable(samples: pl.DataFrame) -> pl.DataFrame:
     """Rows with a positive, finite time and work (polars orders NaN above every number: it is not > 0 here)."""
+    import polars as pl
+
     return samples.filter(pl.col("median_us").is_finite() & (pl.col("median_us") > 0)
                           & pl.col("bytes").is_finite() & (pl.col("bytes") > 0))
 
@@ -285,6 +287,8 @@ def shape_columns(rows: pl.DataFrame, kind: str) -> dict[str, np.ndarray]:
     """The :class:`KernelShape` fields of every ``op_benchmarks`` row, one array per field (a missing or zero
     size is 1; memory-bound rows without an element count have bytes / 4; ``row`` is the reduced row's length
     for layernorm and softmax, else 1)."""
+    import polars as pl
+
     def number(name: str, default: float) -> np.ndarray:
         if name not in rows.columns:
             return np.full(rows.height, default)

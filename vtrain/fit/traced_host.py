@@ -22,7 +22,7 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import warn_input
 from vtrain.simulate.run import SharedResolvers
-from vtrain.tables.gaps import ALL
+from vtrain.naming import ALL
 from vtrain.tables.store import Profile
 
 

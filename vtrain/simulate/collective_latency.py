@@ -27,8 +27,6 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
-import polars as pl
-
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, link_name, nodes_spanned
 from vtrain.devices.model import DeviceModel
 from vtrain.simulate.latency import (
@@ -39,6 +37,7 @@ from vtrain.simulate.latency import (
     TRANSFER,
     Resolution,
 )
+from vtrain.tables.digest import ProfileDigest
 from vtrain.tables.store import Profile
 
 #: which rows of the table stand for a pipeline send (first present wins)
@@ -90,7 +89,7 @@ class CollectiveResolver:
     def _index(self, profile: Profile, device_type: str) -> None:
         replaced = frozenset(key for key in (INTRA_NODE, INTER_NODE)
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
-        self._curves = _curves(profile.nccl_latency, device_type, replaced)
+        self._curves = _curves(profile.digest, device_type, replaced)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
                 world_size: int | None = None) -> Resolution:
@@ -123,23 +122,20 @@ class CollectiveResolver:
         return Resolution(latency, MODELLED, detail)
 
 
-_CURVES: dict[tuple[int, str, frozenset[str]], tuple[pl.DataFrame, dict[tuple[str, int, int | None], _Curve]]] = {}
+_CURVES: dict[tuple[int, str, frozenset[str]], tuple[ProfileDigest, dict[tuple[str, int, int | None], _Curve]]] = {}
 
 
-def _curves(table: pl.DataFrame, device_type: str,
+def _curves(digest: ProfileDigest, device_type: str,
             replaced: frozenset[str]) -> dict[tuple[str, int, int | None], _Curve]:
-    """The measured curves of an ``nccl_latency`` table by (collective, group size, nodes), leaving out those on
-    the ``replaced`` links; built once per table (a table of measurements is predicted row after row)."""
-    key = (id(table), device_type, replaced)
+    """The measured curves of a profile's ``nccl_latency`` rows by (collective, group size, nodes), leaving out
+    those on the ``replaced`` links; built once per profile (a table of measurements is predicted row after row)."""
+    key = (id(digest), device_type, replaced)
     cached = _CURVES.get(key)
-    if cached is not None and cached[0] is table:
+    if cached is not None and cached[0] is digest:
         return cached[1]
-    rows = table.filter(table["device_type"] == device_type).select(
-        "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us", "algorithm"
-    ).sort("bytes").rows()
     points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
     algorithms: dict[tuple[str, int, int | None], str] = {}
-    for collective, group_size, nodes, nbytes, mean, median, wait, algorithm in rows:
+    for _, collective, group_size, nodes, nbytes, mean, median, wait, algorithm in digest.nccl_rows(device_type):
         latency = mean if mean is not None else median
         if latency is None or nbytes is None or group_size is None:
             continue
@@ -153,7 +149,7 @@ def _curves(table: pl.DataFrame, device_type: str,
               for key, by_size in points.items()}
     if len(_CURVES) > 8:
         _CURVES.clear()
-    _CURVES[key] = (table, curves)
+    _CURVES[key] = (digest, curves)
     return curves
 
 

@@ -29,16 +29,17 @@ import bisect
 import json
 import math
 import statistics
-from typing import Any
 from dataclasses import dataclass
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from vtrain.devices.fitted import FittedDevice
 from vtrain.devices.model import DeviceModel
 from vtrain.model.ops import Op, op_cost
-from vtrain.tables.gaps import ALL, EVENTS_SCHEMA, op_gaps, placed_events
+from vtrain.naming import ALL
 from vtrain.tables.store import Profile
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MEASURED, INTERPOLATED, MODELLED = "measured", "interpolated", "modelled"
 SOURCES = (MEASURED, INTERPOLATED, MODELLED)
@@ -104,10 +105,8 @@ class OpLatencyResolver:
             self._index(profile)
 
     def _index(self, profile: Profile) -> None:
-        table = profile.op_latency.filter(pl.col("device_type") == self.device_type)
-        rows = table.select("op", "input_dims", "input_types", "median_us", "kernels").rows()
         groups: dict[tuple[str, str, bool], list[_Sample]] = {}
-        for name, dims, types, latency, kernels in rows:
+        for _, name, dims, types, latency, kernels in profile.digest.op_rows(self.device_type):
             if latency is None:
                 continue
             names = tuple(k for k in (kernels or "").split(" ; ") if k)
@@ -122,15 +121,19 @@ class OpLatencyResolver:
         for key, samples in groups.items():
             self._by_op[key] = sorted((s for s in samples if s.cost > 0), key=lambda s: s.cost)
 
-    def calibrate(self, events: pl.DataFrame, stage_of: dict[int, int] | None = None) -> None:
+    def calibrate(self, events: pl.DataFrame | None, stage_of: dict[int, int] | None = None) -> None:
         """Set the interference factor of each phase from the placed calls of the profile's timeline (``events``
         of :func:`vtrain.tables.gaps.placed_events`): per iteration, their total time over the sum of their
         signatures' medians (phase ``all``: every call); the median over iterations, so that a burst of slow
         iterations does not move it. With ``stage_of`` (the profile's rank -> pipeline stage, when it is the
         simulated run's own layout) each stage also gets its own factors. Must come before the first
-        :meth:`resolve`."""
+        :meth:`resolve`. ``None``: the profile has no timeline (no factor)."""
         if self._cache:
             raise RuntimeError("calibrate() after resolve()")
+        if events is None:
+            return
+        import polars as pl
+
         columns = ("rank", "phase", "iteration", "op", "input_dims", "input_types", "dur")
         # in one order whatever order the timeline's rows came in: float sums depend on it
         calls = events.filter(pl.col("device_type") == self.device_type).select(columns).sort(
@@ -249,7 +252,7 @@ class HostGapResolver:
     def __init__(self, profile: Profile | None, device_type: str) -> None:
         self.profile = profile
         self.device_type = device_type
-        self.events = pl.DataFrame(schema=EVENTS_SCHEMA)
+        self.events: pl.DataFrame | None = None  # the placed calls of the timeline (:meth:`fit`), if it has one
         self._by_phase: dict[tuple[int | None, str], Resolution] | None = None
         self._issue: dict[tuple[int | None, str], IssueRate] = {}
 
@@ -260,8 +263,12 @@ class HostGapResolver:
         rank -> pipeline stage, when it is the simulated run's own layout), per stage. ``traced_ops``: the
         operators per rank and iteration, by phase, the model places in the traced run (for the issue rate)."""
         self._by_phase, self._issue = {}, {}
-        if self.profile is None:
+        if self.profile is None or not self.profile.digest.has_timeline:
             return
+        import polars as pl
+
+        from vtrain.tables.gaps import op_gaps, placed_events
+
         tables = self.profile.tables
         self.events = placed_events(tables["cpu_ops"], tables["kernels"], tables["collectives"], placed,
                                     tables.get("graph_launches"))

@@ -249,13 +249,7 @@ class SharedResolvers:
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""
         if self._timeline is None:
-            found: set[tuple[str, str, str]] = set()
-            if self.profile is not None:
-                tables = self.profile.tables
-                for table, name in ((tables["cpu_ops"], "name"), (tables["kernels"], "cpu_op")):
-                    if not table.is_empty():
-                        found.update(table.select(name, "input_dims", "input_types").unique().iter_rows())
-            self._timeline = frozenset(found)
+            self._timeline = self.profile.digest.timeline if self.profile is not None else frozenset()
         return self._timeline
 
 

@@ -21,8 +21,6 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-import polars as pl
-
 from vtrain.collective_cost import nodes_spanned
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
@@ -30,7 +28,7 @@ from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
-from vtrain.naming import SPAN_PREFIX, parse_span_name
+from vtrain.naming import ALL, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collective_latency import CollectiveResolver, wait_once
@@ -44,7 +42,6 @@ from vtrain.simulate.latency import (
     OpLatencyResolver,
     Resolution,
 )
-from vtrain.tables.gaps import ALL
 
 #: blocks by kind; ``attention`` is a layer's attention core, the block selective recomputation re-runs
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward,
@@ -233,10 +230,8 @@ class WorkloadResolver:
         profile, par = self.ops.profile, self.config.parallelism
         if profile is None or profile.metadata.get("world_size") != par.world_size:
             return None
-        passes = profile["cpu_ops"].filter(pl.col("name").str.starts_with(f"{SPAN_PREFIX}forward ")).select(
-            "rank", "name").unique()
         stages: dict[int, set[int]] = {}
-        for rank, name in passes.iter_rows():
+        for rank, name in profile.digest.forward_spans:
             parsed = parse_span_name(name)
             if parsed is not None and parsed[1].get("stage", "").isdigit():
                 stages.setdefault(rank, set()).add(int(parsed[1]["stage"]))

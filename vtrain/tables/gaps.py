@@ -43,12 +43,11 @@ from collections.abc import Iterable
 import numpy as np
 import polars as pl
 
-from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX
+from vtrain.naming import ALL, ITERATION_PREFIX, OTHER, SPAN_PREFIX
 from vtrain.tables.latency import in_communication, op_nesting
 from vtrain.tables.matching import match_calls
 from vtrain.tables.schema import COMMUNICATION
 
-ALL, OTHER = "all", "other"
 DATA_PARALLEL = "dp"
 _PHASES = ("forward", "backward", "optimizer")
 _NESTED = "recompute"

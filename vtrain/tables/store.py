@@ -2,33 +2,74 @@
 
 Profiles are written atomically: everything goes to a hidden temporary folder beside the target, which is renamed
 into place only when complete, so a failed run never leaves a half-written profile behind.
+
+A profile read from a folder keeps its tables' digest (what predictions read, :mod:`vtrain.tables.digest`) in
+vtrain's cache (:mod:`vtrain.cache`), under the key of the folder's contents: read again, its tables are not read
+(nor polars imported) until something asks for them, and every table was checked when it was first read.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
+from vtrain import cache
 from vtrain.errors import InputError
 from vtrain.limits import MAX_METADATA_BYTES, MAX_TRACE_US, fitted_problem
 from vtrain.outputs import PROFILE, check_output, staged
 from vtrain.runconfig import RunConfig, run_config_from_dict
-from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
+from vtrain.tables.digest import DIGEST_TABLES, ProfileDigest, digest_of
+
+if TYPE_CHECKING:
+    import polars as pl
 
 METADATA_FILE = "metadata.json"
+
+
+class FolderTables(MutableMapping[str, "pl.DataFrame"]):
+    """The tables of a profile folder, each read from its Parquet file (and checked) when first asked for, with the
+    key of the folder's contents (:func:`vtrain.cache.content_key`) while none was replaced."""
+
+    def __init__(self, path: Path, key: str | None, frames: dict[str, pl.DataFrame] | None = None) -> None:
+        self.path = path
+        self.key = key
+        self.version = object()  # replaced whenever a table is: what a digest of them was made of
+        self._frames = dict(frames or {})
+
+    def __getitem__(self, name: str) -> pl.DataFrame:
+        if name not in self._frames:
+            self._frames[name] = _read_table(self.path, name)
+        return self._frames[name]
+
+    def __setitem__(self, name: str, frame: pl.DataFrame) -> None:
+        self._frames[name] = frame
+        self.key, self.version = None, object()
+
+    def __delitem__(self, name: str) -> None:
+        del self._frames[name]
+        self.key, self.version = None, object()
+
+    def __iter__(self) -> Iterator[str]:
+        from vtrain.tables.schema import TABLES
+
+        return iter([*TABLES, *(name for name in self._frames if name not in TABLES)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass
 class Profile:
     """The tables of one profile folder and its metadata."""
 
-    tables: dict[str, pl.DataFrame]
+    tables: MutableMapping[str, pl.DataFrame]
     metadata: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    _digest: tuple[tuple[object, ...], ProfileDigest] | None = field(default=None, init=False, repr=False,
+                                                                      compare=False)
 
     def __getitem__(self, name: str) -> pl.DataFrame:
         return self.tables[name]
@@ -40,6 +81,23 @@ class Profile:
     @property
     def nccl_latency(self) -> pl.DataFrame:
         return self.tables["nccl_latency"]
+
+    @property
+    def digest(self) -> ProfileDigest:
+        """What predictions read from the tables (made again when a table was replaced since)."""
+        made_of = self._made_of()
+        if self._digest is None or any(a is not b for a, b in zip(self._digest[0], made_of)):
+            self._digest = (made_of, digest_of(self.tables))
+        return self._digest[1]
+
+    def content_key(self) -> str | None:
+        """The key of the folder's contents when the tables are still those read from it, else ``None``."""
+        return self.tables.key if isinstance(self.tables, FolderTables) else None
+
+    def _made_of(self) -> tuple[object, ...]:
+        if isinstance(self.tables, FolderTables):
+            return (self.tables, self.tables.version)
+        return tuple(self.tables.get(name) for name in DIGEST_TABLES)
 
     def traced_run(self) -> RunConfig | None:
         """The run config of the job whose timeline this profile holds (``metadata.json``'s ``run``, written by
@@ -54,11 +112,19 @@ class Profile:
 
 def empty_table(name: str) -> pl.DataFrame:
     """An empty frame with the schema of table ``name``."""
+    import polars as pl
+
+    from vtrain.tables.schema import TABLES
+
     return pl.DataFrame(schema=TABLES[name])
 
 
 def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
     """Select and cast ``frame``'s columns to the schema of table ``name`` (missing columns become null)."""
+    import polars as pl
+
+    from vtrain.tables.schema import TABLES
+
     schema = TABLES[name]
     if frame.width == 0:
         return empty_table(name)
@@ -80,7 +146,9 @@ def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = Fal
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read a profile folder written by :func:`write_profile` (``vtrain ingest`` or ``vtrain calibrate``)."""
+    """Read a profile folder written by :func:`write_profile` (``vtrain ingest`` or ``vtrain calibrate``): its
+    metadata, and its tables unless the cache holds the digest of these contents (then each table is read when
+    first asked for)."""
     path = Path(path)
     if not path.is_dir():
         raise InputError("is a file, not a profile folder (give the folder `vtrain ingest` or `vtrain fit` wrote)"
@@ -89,20 +157,49 @@ def load_profile(path: str | Path) -> Profile:
     if not meta_file.exists():
         raise InputError(f"not a profile folder: {METADATA_FILE} is missing", path)
     metadata = _read_metadata(meta_file)
-    tables: dict[str, pl.DataFrame] = {}
-    for name in TABLES:
-        file = path / f"{name}.parquet"
-        if not file.exists() and name in OPTIONAL_TABLES:
-            tables[name] = empty_table(name)
-            continue
-        if not file.exists():
-            raise InputError(f"not a profile folder: {file.name} is missing", path)
-        try:
-            frame = pl.read_parquet(file)
-        except Exception as exc:  # polars raises several error types for corrupt Parquet
-            raise InputError(f"corrupt table: {str(exc).splitlines()[0]}", file) from None
-        tables[name] = _with_schema(frame, name, file)
-    return Profile(tables=tables, metadata=metadata, path=path)
+    key = _folder_key(path)
+    digest = cache.lookup(key, "digest") if key is not None else None
+    if isinstance(digest, ProfileDigest):
+        tables = FolderTables(path, key)
+    else:
+        from vtrain.tables.schema import TABLES
+
+        tables = FolderTables(path, key, {name: _read_table(path, name) for name in TABLES})
+        digest = digest_of(tables)
+        if key is not None:
+            cache.keep(key, "digest", digest)
+    profile = Profile(tables=tables, metadata=metadata, path=path)
+    profile._digest = (profile._made_of(), digest)
+    return profile
+
+
+def _folder_key(path: Path) -> str | None:
+    """The key of a profile folder's contents (its tables and metadata), ``None`` when a file cannot be read."""
+    try:
+        return cache.content_key([*path.glob("*.parquet"), path / METADATA_FILE])
+    except OSError:
+        return None
+
+
+def _read_table(path: Path, name: str) -> pl.DataFrame:
+    """Table ``name`` of the profile folder ``path``, checked (:func:`_with_schema`); an optional table the folder
+    lacks is empty."""
+    import polars as pl
+
+    from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
+
+    if name not in TABLES:
+        raise KeyError(name)
+    file = path / f"{name}.parquet"
+    if not file.exists() and name in OPTIONAL_TABLES:
+        return empty_table(name)
+    if not file.exists():
+        raise InputError(f"not a profile folder: {file.name} is missing", path)
+    try:
+        frame = pl.read_parquet(file)
+    except Exception as exc:  # polars raises several error types for corrupt Parquet
+        raise InputError(f"corrupt table: {str(exc).splitlines()[0]}", file) from None
+    return _with_schema(frame, name, file)
 
 
 def _read_metadata(meta_file: Path) -> dict[str, Any]:
@@ -193,6 +290,10 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
     """``frame`` with the columns and types of table ``name``: a column of another type is cast when every value
     converts (integers to floats), else refused; a table written before a column was added to its schema gets
     that column as nulls."""
+    import polars as pl
+
+    from vtrain.tables.schema import TABLES
+
     schema = TABLES[name]
     if frame.width and not set(frame.columns) & set(schema):
         raise InputError(f"wrong schema: none of the {name} table's columns ({', '.join(list(schema)[:4])}, ...)",
@@ -252,6 +353,8 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
 def _check_rows(frame: pl.DataFrame, name: str, file: Path) -> None:
     """The per-row rules beyond ranges: positive medians where work was measured, FLOPs for GEMMs, signatures
     that parse."""
+    import polars as pl
+
     if name in _POSITIVE_MEDIANS:
         _refuse_rows(frame, frame["median_us"] == 0, "a median_us of 0 (a measured call takes time)", "median_us",
                      file)
@@ -282,6 +385,8 @@ def _refuse_rows(frame: pl.DataFrame, bad: pl.Series, what: str, col: str, file:
 
 
 def _cast(frame: pl.DataFrame, col: str, dtype: pl.DataType, file: Path) -> pl.Series:
+    import polars as pl
+
     problem = f"column {col} holds {frame.schema[col]}, not {dtype}"
     if frame.schema[col] == pl.String and dtype.is_numeric():
         raise InputError(f"wrong schema: {problem}", file)

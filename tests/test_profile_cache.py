@@ -1,0 +1,110 @@
+"""What vtrain derives from a profile is kept between runs (vtrain/cache.py): a profile read again predicts the same
+without reading its tables or importing polars, and nothing stale, broken or unwritable in the cache changes a
+prediction."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO
+from vtrain.runconfig import load_run_config
+from vtrain.simulate import simulate
+from vtrain.tables.store import load_profile
+
+MTNLG = REPO / "examples" / "mtnlg-530b.json"
+GPT_1_3B = REPO / "examples" / "gpt-1.3b-a100.yaml"  # its tensor-parallel all-reduces interpolated in nccl_latency
+A100 = REPO / "profiles" / "a100"
+
+#: `vtrain simulate --json` in a fresh process, then whether it imported polars
+_SIMULATE = """
+import json, runpy, sys
+sys.argv = ["vtrain", "simulate", sys.argv[1], "--profile", sys.argv[2], "--json"]
+try:
+    runpy.run_module("vtrain.cli.main", run_name="__main__")
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(json.dumps({"polars": "polars" in sys.modules, "sklearn": "sklearn" in sys.modules}))
+"""
+
+
+def _simulate_process(profile: Path, cache: Path) -> tuple[dict, dict]:
+    env = {**os.environ, "VTRAIN_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", _SIMULATE, str(MTNLG), str(profile)], capture_output=True,
+                          text=True, cwd=REPO, env=env, check=True)
+    summary, _, imported = done.stdout.rpartition("\n{")
+    return json.loads(summary), json.loads("{" + imported)
+
+
+def test_a_profile_read_again_predicts_the_same_without_polars(tmp_path: Path) -> None:
+    first, first_imports = _simulate_process(A100, tmp_path / "cache")
+    again, again_imports = _simulate_process(A100, tmp_path / "cache")
+    assert first_imports["polars"] and not again_imports["polars"] and not again_imports["sklearn"]
+    assert again == first
+    fresh, _ = _simulate_process(A100, tmp_path / "another cache")
+    assert fresh == first
+
+
+def _iteration_ms(profile_dir: Path) -> float:
+    return simulate(load_run_config(MTNLG), load_profile(profile_dir)).iteration_us / 1e3
+
+
+def test_a_changed_profile_is_read_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    profile = tmp_path / "a100"
+    shutil.copytree(A100, profile)
+    before = _iteration_ms(profile)
+    table = pl.read_parquet(profile / "op_benchmarks.parquet")  # what the kernel models are fitted to
+    table.with_columns(pl.col("median_us") * 3).write_parquet(profile / "op_benchmarks.parquet")
+    after = _iteration_ms(profile)
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path / "fresh cache"))
+    assert after == _iteration_ms(profile) and after > before * 1.01
+
+
+def test_tables_replaced_in_memory_are_what_is_predicted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    config = load_run_config(GPT_1_3B)
+    load_profile(A100)  # kept in the cache
+    profile = load_profile(A100)
+    before = simulate(config, profile).iteration_us
+    profile.tables["nccl_latency"] = profile.nccl_latency.with_columns(pl.col("median_us") * 3,
+                                                                       pl.col("mean_us") * 3)
+    assert profile.content_key() is None
+    assert simulate(config, profile).iteration_us > before * 1.01
+
+
+def test_a_broken_or_unwritable_cache_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(cache))
+    expected = _iteration_ms(A100)
+    entries = sorted(cache.glob("*.pickle"))
+    assert [entry.name.split("-")[0] for entry in entries] == ["digest", "kernel"]
+    for entry in entries:
+        entry.write_bytes(entry.read_bytes()[:100])  # cut short, as by a full disk
+    assert _iteration_ms(A100) == expected
+    assert all(entry.stat().st_size > 100 for entry in entries)  # derived again and replaced
+    not_a_folder = tmp_path / "a file"
+    not_a_folder.write_text("not a folder")
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(not_a_folder))
+    assert _iteration_ms(A100) == expected
+    assert not_a_folder.read_text() == "not a folder"
+
+
+def test_a_bad_table_is_refused_whatever_was_read_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtrain.errors import InputError
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    profile = tmp_path / "a100"
+    shutil.copytree(A100, profile)
+    load_profile(profile)
+    table = pl.read_parquet(profile / "op_benchmarks.parquet")
+    table.with_columns(pl.lit(-1.0).alias("median_us")).write_parquet(profile / "op_benchmarks.parquet")
+    with pytest.raises(InputError, match="op_benchmarks.parquet: .*median_us"):
+        load_profile(profile)

@@ -1,0 +1,108 @@
+"""What vtrain derives from a profile, kept between runs: the plain rows a prediction reads from its tables
+(:mod:`vtrain.tables.digest`) and its fitted kernel models (:func:`vtrain.fit.device.fit_kernels`).
+
+Deriving them takes longer than a simulation (reading Parquet needs polars, whose import alone is 0.12 s; the
+kernel models are rebuilt from thousands of measured kernels), and they depend on nothing but the profile's files
+and vtrain's code. So they are kept in the user's cache folder, under a key made of the profile files' contents
+(:func:`content_key`) and of vtrain's source files (:func:`code_key`): a profile changed, replaced or copied
+elsewhere with other contents, or another vtrain, finds nothing and derives afresh. The folder is
+``$VTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/vtrain``, else ``~/.cache/vtrain``; removing it is always safe.
+Where it cannot be written (a read-only home), nothing is kept and every run derives what it needs.
+
+Entries are pickles of vtrain's own objects, written atomically (a temporary file renamed into place) and read
+only from the user's own cache folder; one that does not load is derived again and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+import vtrain
+
+T = TypeVar("T")
+
+CACHE_ENV = "VTRAIN_CACHE_DIR"
+_PACKAGE = Path(vtrain.__file__).resolve().parent
+_CODE_KEY: list[str] = []
+
+
+def cache_dir() -> Path:
+    """The folder entries are kept in."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "vtrain"
+
+
+def content_key(files: Iterable[Path]) -> str:
+    """A key of the contents of ``files`` (their names and bytes)."""
+    digest = hashlib.sha256()
+    for file in sorted(files):
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
+def code_key() -> str:
+    """A key of vtrain's source files (their paths, sizes and modification times), once per process."""
+    if not _CODE_KEY:
+        digest = hashlib.sha256(vtrain.__version__.encode())
+        for root, dirs, files in os.walk(_PACKAGE):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(f for f in files if f.endswith(".py")):
+                stat = os.stat(os.path.join(root, name))
+                digest.update(f"{os.path.relpath(os.path.join(root, name), _PACKAGE)}:{stat.st_size}:"
+                              f"{stat.st_mtime_ns}\0".encode())
+        _CODE_KEY.append(digest.hexdigest())
+    return _CODE_KEY[0]
+
+
+def lookup(key: str, what: str) -> object | None:
+    """What an earlier run kept under ``key`` (a :func:`content_key`) and ``what`` (the kind of result) with this
+    vtrain's code, ``None`` when nothing loads."""
+    try:
+        with open(_entry(key, what), "rb") as handle:
+            return pickle.load(handle)
+    except Exception:  # none kept yet, or an entry that does not load (truncated): the caller derives it again
+        return None
+
+
+def keep(key: str, what: str, value: object) -> None:
+    """Keep ``value`` under ``key`` and ``what``, atomically; nothing when the cache folder cannot be written."""
+    file = _entry(key, what)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=file.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(temporary, file)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    except OSError:
+        pass
+
+
+def derived(key: str | None, what: str, build: Callable[[], T]) -> T:
+    """``build()``, kept under ``key`` and ``what``: read back when an earlier run kept it, else built and kept.
+    Without a key (tables not read from a folder, or changed since), built every time."""
+    if key is None:
+        return build()
+    found = lookup(key, what)
+    if found is not None:
+        return found  # type: ignore[return-value]
+    value = build()
+    keep(key, what, value)
+    return value
+
+
+def _entry(key: str, what: str) -> Path:
+    return cache_dir() / f"{what}-{hashlib.sha256(f'{key}:{code_key()}'.encode()).hexdigest()[:40]}.pickle"
