@@ -2,7 +2,8 @@
 
 - GEMM kernel model: ``op_benchmarks`` GEMM rows plus the GEMM operators measured in the profile's own traces;
 - memory-bound kernel model: ``op_benchmarks`` rows of normalisation, softmax, element-wise and embedding kernels
-  (both :mod:`vtrain.fit.kernel_model`; rebuilt from the profile's tables when it is loaded);
+  (both :mod:`vtrain.fit.kernel_model`; rebuilt from the profile's tables when it is loaded, or read back from
+  vtrain's cache when these tables were loaded before: :mod:`vtrain.cache`);
 - collectives: every ``nccl_latency`` row with a group size (nccl-tests, vidur, traces);
 - host overheads: only when measured iteration times are given (:mod:`vtrain.fit.iterations`).
 
@@ -270,7 +271,8 @@ _LOADED: dict[int, tuple[Profile, FittedDevice]] = {}
 
 
 def _loaded(profile: Profile, source: str | None) -> FittedDevice:
-    """:func:`device_from_profile`, once per profile object (its kernel models are rebuilt from its tables)."""
+    """:func:`device_from_profile`, once per profile object (its kernel models are rebuilt from its tables, or read
+    from vtrain's cache)."""
     cached = _LOADED.get(id(profile))
     if cached is None or cached[0] is not profile:
         _LOADED.clear()

@@ -53,7 +53,8 @@ INTERPOLATED, EXTRAPOLATED = "interpolated", "extrapolated"
 #: a shape is interpolated when it lies inside the measured ones' range and a measured shape is this close (log2
 #: units: within a factor of two in one feature); else extrapolated
 NEAR = 1.0
-#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load, and
+#: model settings: fixed, so a profile's model is rebuilt identically from its op_benchmarks on every load (and a
+#: model kept in vtrain's cache is the one a load would build), and
 #: chosen by the held-out MAPE on the A100 measurements (each vidur model and LLMCompass's GPT-3 layer left out in
 #: turn; `make profile-a100`), checked on the H100 and H200 sweeps (each GPT model left out in turn). GEMM, A100 /
 #: H100 / H200: inverse-distance-weighted mean of 16 neighbours 7.3 / 4.9 / 4.8 %; with the wave feature 7.0 /
