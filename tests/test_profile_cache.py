@@ -108,3 +108,34 @@ def test_a_bad_table_is_refused_whatever_was_read_before(tmp_path: Path, monkeyp
     table.with_columns(pl.lit(-1.0).alias("median_us")).write_parquet(profile / "op_benchmarks.parquet")
     with pytest.raises(InputError, match="op_benchmarks.parquet: .*median_us"):
         load_profile(profile)
+
+
+def test_an_entry_others_could_have_written_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pickle runs code when loaded: an entry in a shared cache folder that other users may write is derived
+    again rather than read."""
+    from vtrain import cache
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path))
+    cache.keep("some contents", "test", {"derived": 1})
+    assert cache.lookup("some contents", "test") == {"derived": 1}
+    (entry,) = tmp_path.glob("test-*.pickle")
+    entry.chmod(0o666)
+    assert cache.lookup("some contents", "test") is None
+    assert cache.derived("some contents", "test", lambda: {"derived": 2}) == {"derived": 2}
+    assert entry.stat().st_mode & 0o777 == 0o600  # replaced by an entry of the user's alone
+
+
+def test_one_entry_per_profile_is_kept_whatever_vtrain_wrote_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """vtrain's code is part of an entry's key (an edited kernel model must not be served an old fit); entries of
+    the same contents written by another vtrain are removed, so the folder does not grow with every upgrade."""
+    from vtrain import cache
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path))
+    cache.keep("contents", "test", 1)
+    cache.keep("other contents", "test", 2)
+    monkeypatch.setattr(cache, "_CODE_KEY", ["another vtrain"])
+    assert cache.lookup("contents", "test") is None
+    cache.keep("contents", "test", 3)
+    assert cache.lookup("contents", "test") == 3 and cache.lookup("other contents", "test") is None
+    assert len(list(tmp_path.glob("test-*.pickle"))) == 2

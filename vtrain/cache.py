@@ -9,8 +9,9 @@ elsewhere with other contents, or another vtrain, finds nothing and derives afre
 ``$VTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/vtrain``, else ``~/.cache/vtrain``; removing it is always safe.
 Where it cannot be written (a read-only home), nothing is kept and every run derives what it needs.
 
-Entries are pickles of vtrain's own objects, written atomically (a temporary file renamed into place) and read
-only from the user's own cache folder; one that does not load is derived again and rewritten.
+Entries are pickles of vtrain's own objects, written atomically (a temporary file renamed into place, readable
+and writable by the user alone) and read only when the user owns them and no one else may write them; one that
+does not load is derived again and rewritten.
 """
 
 from __future__ import annotations
@@ -69,9 +70,17 @@ def lookup(key: str, what: str) -> object | None:
     vtrain's code, ``None`` when nothing loads."""
     try:
         with open(_entry(key, what), "rb") as handle:
+            if not _own(os.fstat(handle.fileno())):
+                return None
             return pickle.load(handle)
     except Exception:  # none kept yet, or an entry that does not load (truncated): the caller derives it again
         return None
+
+
+def _own(stat: os.stat_result) -> bool:
+    """Whether an entry is the user's own and only the user's to write: a pickle runs code when loaded, so one that
+    someone else could have put in a shared cache folder is not read."""
+    return stat.st_uid == os.getuid() and not stat.st_mode & 0o022
 
 
 def keep(key: str, what: str, value: object) -> None:
@@ -87,6 +96,9 @@ def keep(key: str, what: str, value: object) -> None:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
+        for older in file.parent.glob(f"{_prefix(key, what)}*.pickle"):
+            if older != file:  # the same result of another vtrain's code: one entry per profile is kept
+                older.unlink(missing_ok=True)
     except OSError:
         pass
 
@@ -105,4 +117,10 @@ def derived(key: str | None, what: str, build: Callable[[], T]) -> T:
 
 
 def _entry(key: str, what: str) -> Path:
-    return cache_dir() / f"{what}-{hashlib.sha256(f'{key}:{code_key()}'.encode()).hexdigest()[:40]}.pickle"
+    """The file of an entry: named by what it holds, the key and vtrain's code (the key's entries of other code
+    share its first part: :func:`keep` removes them)."""
+    return cache_dir() / f"{_prefix(key, what)}{code_key()[:24]}.pickle"
+
+
+def _prefix(key: str, what: str) -> str:
+    return f"{what}-{hashlib.sha256(key.encode()).hexdigest()[:24]}-"
