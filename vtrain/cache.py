@@ -80,6 +80,8 @@ def lookup(key: str, what: str) -> object | None:
 def _own(stat: os.stat_result) -> bool:
     """Whether an entry is the user's own and only the user's to write: a pickle runs code when loaded, so one that
     someone else could have put in a shared cache folder is not read."""
+    if not hasattr(os, "getuid"):  # no owners to compare (Windows): nothing is read, every run derives
+        return False
     return stat.st_uid == os.getuid() and not stat.st_mode & 0o022
 
 
