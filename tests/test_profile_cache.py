@@ -139,3 +139,20 @@ def test_one_entry_per_profile_is_kept_whatever_vtrain_wrote_it(tmp_path: Path,
     cache.keep("contents", "test", 3)
     assert cache.lookup("contents", "test") == 3 and cache.lookup("other contents", "test") is None
     assert len(list(tmp_path.glob("test-*.pickle"))) == 2
+
+
+def test_the_cache_keeps_what_was_used_last_within_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from vtrain import cache
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 350_000)
+    for age, name in ((300, "first"), (200, "second"), (100, "third")):
+        cache.keep(name, "test", bytes(100_000))
+        written = time.time_ns() - age * 10**9  # (file times are coarser than one test's steps)
+        os.utime(cache._entry(name, "test"), ns=(written, written))
+    assert cache.lookup("first", "test") is not None  # used: now the most recent
+    cache.keep("fourth", "test", bytes(100_000))
+    assert [cache.lookup(name, "test") is not None for name in ("first", "second", "third", "fourth")] == [
+        True, False, True, True]
