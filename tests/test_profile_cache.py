@@ -156,3 +156,21 @@ def test_the_cache_keeps_what_was_used_last_within_its_bound(tmp_path: Path, mon
     cache.keep("fourth", "test", bytes(100_000))
     assert [cache.lookup(name, "test") is not None for name in ("first", "second", "third", "fourth")] == [
         True, False, True, True]
+
+
+def test_a_pipe_in_a_profile_folder_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key of a folder's contents reads its Parquet files whole: a named pipe or a device among them would never
+    end. Such a folder gets no key (nothing kept) and is read as before: a table that is a device is refused, a
+    pipe beside the tables is left alone."""
+    from vtrain.errors import InputError
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    profile = tmp_path / "a100"
+    shutil.copytree(A100, profile)
+    os.mkfifo(profile / "notes.parquet")
+    assert load_profile(profile).content_key() is None
+    assert _iteration_ms(profile) == _iteration_ms(A100)
+    (profile / "kernels.parquet").unlink()
+    (profile / "kernels.parquet").symlink_to("/dev/zero")
+    with pytest.raises(InputError, match="kernels.parquet: corrupt table"):
+        load_profile(profile)

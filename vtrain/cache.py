@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -45,9 +46,12 @@ def cache_dir() -> Path:
 
 
 def content_key(files: Iterable[Path]) -> str:
-    """A key of the contents of ``files`` (their names and bytes)."""
+    """A key of the contents of ``files`` (their names and bytes). Raises ``OSError`` for a file that is not a
+    regular one (a pipe or a device never ends: no key)."""
     digest = hashlib.sha256()
     for file in sorted(files):
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            raise OSError(f"{file}: not a regular file")
         digest.update(file.name.encode() + b"\0")
         with open(file, "rb") as handle:
             digest.update(hashlib.file_digest(handle, "sha256").digest())
@@ -61,9 +65,9 @@ def code_key() -> str:
         for root, dirs, files in os.walk(_PACKAGE):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(f for f in files if f.endswith(".py")):
-                stat = os.stat(os.path.join(root, name))
-                digest.update(f"{os.path.relpath(os.path.join(root, name), _PACKAGE)}:{stat.st_size}:"
-                              f"{stat.st_mtime_ns}\0".encode())
+                info = os.stat(os.path.join(root, name))
+                digest.update(f"{os.path.relpath(os.path.join(root, name), _PACKAGE)}:{info.st_size}:"
+                              f"{info.st_mtime_ns}\0".encode())
         _CODE_KEY.append(digest.hexdigest())
     return _CODE_KEY[0]
 
@@ -82,12 +86,12 @@ def lookup(key: str, what: str) -> object | None:
         return None
 
 
-def _own(stat: os.stat_result) -> bool:
+def _own(info: os.stat_result) -> bool:
     """Whether an entry is the user's own and only the user's to write: a pickle runs code when loaded, so one that
     someone else could have put in a shared cache folder is not read."""
     if not hasattr(os, "getuid"):  # no owners to compare (Windows): nothing is read, every run derives
         return False
-    return stat.st_uid == os.getuid() and not stat.st_mode & 0o022
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 def keep(key: str, what: str, value: object) -> None:
@@ -114,12 +118,12 @@ def keep(key: str, what: str, value: object) -> None:
 def _trim(folder: Path) -> None:
     """Remove the least recently used entries until the rest hold at most :data:`MAX_CACHE_BYTES`."""
     entries = sorted(((entry.stat(), entry) for entry in folder.glob("*.pickle")), key=lambda e: e[0].st_mtime_ns)
-    held = sum(stat.st_size for stat, _ in entries)
-    for stat, entry in entries[:-1]:  # the newest stays, however large
+    held = sum(info.st_size for info, _ in entries)
+    for info, entry in entries[:-1]:  # the newest stays, however large
         if held <= MAX_CACHE_BYTES:
             break
         entry.unlink(missing_ok=True)
-        held -= stat.st_size
+        held -= info.st_size
 
 
 def derived(key: str | None, what: str, build: Callable[[], T]) -> T:
