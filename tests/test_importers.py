@@ -425,6 +425,29 @@ def test_throughput_that_is_no_measurement_is_refused(tmp_path):
     assert problems[2] == "dp = 0.75 is not a positive integer"
 
 
+def test_achieved_teraflops_per_gpu_are_read_as_narayanan_et_al_count_them(tmp_path):
+    """Megatron-LM's weak-scaling table and MT-NLG give achieved TFLOP/s per GPU, not times: counted with Narayanan
+    et al.'s Eq. 3 (SC21), 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with full recomputation. The time is those FLOPs over
+    the GPUs' rate; a run without recomputation (column or --recompute) ran a quarter fewer layer FLOPs, one with
+    selective recomputation only the attention scores again (Korthikanti et al.)."""
+    header = "params (B),heads,hidden,layers,tp,pp,gpus,global batch,micro batch,seq,vocab,recompute,tflop/s per gpu"
+    path = write(tmp_path / "sc21.csv", [header, "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,full,163",
+                                         "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,none,163",
+                                         "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,selective,163",
+                                         "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,,163"])
+    b, s, l, h, v = 2520, 2048, 105, 20480, 51200
+    eq3 = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    no_recompute = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    expected_ms = [flops / (163e12 * 2520) * 1e3 for flops in (eq3, no_recompute, no_recompute + 4 * b * l * s * s * h)]
+    table = read_measurements(path, recompute="none")
+    assert table["iteration_ms"].to_list() == pytest.approx([*expected_ms, expected_ms[1]], rel=1e-12)
+    assert expected_ms[0] == pytest.approx(2520 * 2048 * 529.6e9 * 8 / (163e12 * 2520) * 1e3, rel=0.02)  # ~8NT
+    assert read_measurements(path)["iteration_ms"][3] == pytest.approx(expected_ms[0])  # vTrain's: full
+    refused = write(tmp_path / "zero.csv", [header, "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,full,0"])
+    assert read_measurements(refused)["problem"][0] == ("measured throughput is not a positive number (0.0 TFLOP/s "
+                                                        "per GPU)")
+
+
 def test_rows_that_are_no_measurement_are_refused(tmp_path):
     """Negative, zero and NaN times and absurd shapes are kept with the reason, never simulated nor scored."""
     path = tmp_path / "bad.csv"

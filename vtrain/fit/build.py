@@ -68,7 +68,7 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
             **device.provenance, "host": "; ".join(each.describe() for each in measured_hosts)})
     fit_rows: dict[str, Any] | None = None
     if sources.measurements is not None:
-        measured = read_measurements(sources.measurements)
+        measured = read_measurements(sources.measurements, recompute=hardware.recompute)
         rows = every_kth_row(measured, sources.fit_every)
         fitted = fit_host(measured, profile, device, hardware, rows, source=sources.measurements)
         device = fitted.device

@@ -6,8 +6,10 @@ another cluster, a training log or a paper may name and order its columns otherw
 name, in any order, among the names of :data:`SHAPE_COLUMNS` (``hidden size`` or ``hidden``, ``tensor parallelism``
 or ``tp``, ...), names matched without regard to case, surrounding whitespace, spaces, hyphens or underscores. One
 of ``# GPUs`` and ``data parallelism`` may be left out (the other, with t and p, gives it). The measured time is
-one of :data:`TIME_COLUMNS`: milliseconds or seconds per iteration, or a throughput in samples or tokens per second
-(read as ``global batch [x sequence] / throughput``); where a table has several, the first of that list is read.
+one of :data:`TIME_COLUMNS`: milliseconds or seconds per iteration, a throughput in samples or tokens per second
+(read as ``global batch [x sequence] / throughput``) or achieved TFLOP/s per GPU (the FLOPs the GPUs ran, as
+Narayanan et al. count them, over their rate: :func:`_milliseconds`); where a table has several, the first of that
+list is read.
 A file may start with a UTF-8 byte-order mark.
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
@@ -33,6 +35,7 @@ import polars as pl
 from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, MIN_ITERATION_MS, real_problem, shown
+from vtrain.model.flops import hardware_flops
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names (its single-node table, in its order)
@@ -61,6 +64,8 @@ TIME_COLUMNS = {
     "s": ("iteration time (s)", "iteration s", "iteration time s", "seconds per iteration", "step time (s)"),
     "samples/s": ("samples per second", "samples/s", "samples per sec", "sequences per second"),
     "tokens/s": ("tokens per second", "tokens/s", "tokens per sec"),
+    "tflops/gpu": ("tflop/s per gpu", "tflops per gpu", "teraflop/s per gpu", "achieved teraflop/s per gpu",
+                   "achieved tflop/s per gpu"),
 }
 PARAMETERS_COLUMN = "Parameters (billion)"
 PARAMETERS_COLUMNS = (PARAMETERS_COLUMN, "parameters (B)", "params (B)", "params billion")
@@ -99,11 +104,13 @@ FRAMEWORK = "megatron"
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
-def read_measurements(path: str | Path) -> pl.DataFrame:
+def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFrame:
     """The measured runs of a measurement table, one row each: ``row`` (1-based data row number),
     ``params_billion`` (null when the file has no such column), ``gpus``, ``global_batch``, ``micro_batch``,
     ``hidden``, ``heads``, ``layers``, ``seq``, ``tp``, ``dp``, ``pp``, ``iteration_ms`` (milliseconds), the
-    optional columns (null where absent) and ``problem`` (why the row cannot be simulated, else null)."""
+    optional columns (null where absent) and ``problem`` (why the row cannot be simulated, else null).
+    ``recompute``: the activation recomputation of rows without a recomputation column (what achieved TFLOP/s
+    count: :func:`_milliseconds`)."""
     path = Path(path)
     names, rows = csv_rows(path)
     columns = _columns(names, path)
@@ -115,14 +122,14 @@ def read_measurements(path: str | Path) -> pl.DataFrame:
     rows = _as_numbers(rows.select(LINE, *read).with_columns(pl.col(time).cast(pl.Float64, strict=False)), numeric,
                        path).rename(read)
     rows = _with_derived_shape(rows).with_columns(unmeasured.to_series())
-    rows = rows.with_columns(iteration_ms=_milliseconds(form))
+    for name, (_, dtype) in OPTIONAL_COLUMNS.items():
+        if name in rows.columns:
+            rows = rows.with_columns(_optional(rows, name, dtype, path))
+    rows = rows.with_columns(iteration_ms=_milliseconds(rows, form, recompute))
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
     _warn_repeated_rows(rows, list(read.values()), path)
-    for name, (_, dtype) in OPTIONAL_COLUMNS.items():
-        if name in rows.columns:
-            rows = rows.with_columns(_optional(rows, name, dtype, path))
     if "inter_node_gbps" in rows.columns:
         rows = _with_link_rates(rows)
     rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name)
@@ -228,11 +235,24 @@ def _with_derived_shape(rows: pl.DataFrame) -> pl.DataFrame:
     return rows
 
 
-def _milliseconds(form: str) -> pl.Expr:
-    """The measured time (column ``form``) as milliseconds per iteration."""
-    measured = pl.col(form)
-    return {"ms": measured, "s": measured * 1000.0, "samples/s": pl.col("global_batch") / measured * 1000.0,
-            "tokens/s": pl.col("global_batch") * pl.col("seq") / measured * 1000.0}[form]
+def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
+    """The measured time (column ``form``) as milliseconds per iteration: a throughput in samples or tokens per
+    second as ``global batch [x sequence] / throughput``, achieved TFLOP/s per GPU as the FLOPs the GPUs ran
+    (:func:`vtrain.model.flops.hardware_flops`: the row's vocabulary and recomputation, else vTrain's vocabulary
+    and ``recompute``) over the GPUs' rate."""
+    if form != "tflops/gpu":
+        measured = pl.col(form)
+        return rows.select({"ms": measured, "s": measured * 1000.0,
+                            "samples/s": pl.col("global_batch") / measured * 1000.0,
+                            "tokens/s": pl.col("global_batch") * pl.col("seq") / measured * 1000.0}[form]).to_series()
+    columns = ("global_batch", "seq", "layers", "hidden", "gpus", form)
+    vocab = rows["vocab"] if "vocab" in rows.columns else pl.repeat(None, rows.height, eager=True)
+    recomputed = rows["recompute"] if "recompute" in rows.columns else pl.repeat(None, rows.height, eager=True)
+    times = [None if None in (batch, seq, layers, hidden, gpus, tflops) or tflops <= 0 or gpus <= 0 else
+             hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute) / (tflops * 1e12 * gpus) * 1e3
+             for (batch, seq, layers, hidden, gpus, tflops), v, r
+             in zip(rows.select(columns).iter_rows(), vocab, recomputed)]
+    return pl.Series(times, dtype=pl.Float64)
 
 
 def _problem(row: dict[str, Any], form: str) -> str | None:
@@ -241,7 +261,7 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if measured is None:
         given = row[UNMEASURED]
         return f"no measured time ({shown(given)})" if given is not None else "no measured time (an empty cell)"
-    unit = "ms" if form == "ms" else "s" if form == "s" else form
+    unit = "TFLOP/s per GPU" if form == "tflops/gpu" else form
     what = "iteration time" if form in ("ms", "s") else "throughput"
     if not math.isfinite(measured) or measured <= 0:
         return f"measured {what} is not a positive number ({measured!r} {unit})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vtrain.model.flops import model_flops
 from vtrain.runconfig import ModelConfig
 
 P4D_PRICE_PER_HOUR = 32.77
@@ -43,10 +44,8 @@ class PlanCost:
 
 
 def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
-    """Model FLOPs of one iteration without recomputation (Narayanan et al., SC21, Eq. 3 over three passes):
-    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""
-    b, s, l, h, v = global_batch, model.seq, model.layers, model.hidden, model.vocab
-    return 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    """Model FLOPs of one iteration without recomputation (:func:`vtrain.model.flops.model_flops`)."""
+    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab)
 
 
 def plan_cost(iteration_s: float, gpus: int, model: ModelConfig, global_batch: int, pricing: Pricing,

@@ -139,7 +139,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
     problem = device_problem(gpu, device) if gpu is not None else None
     if problem:
         raise InputError(f"--device: {problem}")
-    table = read_measurements(measurements)
+    table = read_measurements(measurements, recompute=recompute)
     hardware = Hardware(device=canonical_device_name(gpu or "") or fitted["device"], gpus_per_node=gpus_per_node,
                         inter_node_gbps=inter_node_gbps, intra_node_gbps=intra_node_gbps, recompute=recompute)
     predicted = predict_runs(table, profile, device, hardware, progress=progress).with_columns(
