@@ -43,6 +43,15 @@ def test_an_iteration_shorter_than_a_microsecond_is_no_measurement(tmp_path: Pat
     assert '"invalid": 1' in ran.stdout and "1e-300 ms is shorter than any iteration" in ran.stderr, ran.stderr
 
 
+def test_an_iteration_longer_than_a_day_is_no_measurement(tmp_path: Path) -> None:
+    """1e300 s (or a throughput of 1e-300) was scored at -100 % and pulled the MAPE towards 100 %."""
+    first, *others = _rows(3)
+    fields = first.split(",")
+    ran = _measure(_table(tmp_path, [",".join([*fields[:-1], "1e300"]), *others]), tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert '"invalid": 1' in ran.stdout and "1e+300 ms is longer than any iteration" in ran.stderr, ran.stderr
+
+
 def test_a_table_of_which_no_row_can_be_predicted_is_an_error(tmp_path: Path) -> None:
     rows = [",".join([*row.split(",")[:-1], "OOM"]) for row in _rows(3)]
     ran = _measure(_table(tmp_path, rows), tmp_path)

@@ -34,7 +34,14 @@ import polars as pl
 
 from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, unique_names
-from vtrain.limits import INTEGER_BOUNDS, MAX_MICRO_BATCHES, MIN_ITERATION_MS, real_problem, shown
+from vtrain.limits import (
+    INTEGER_BOUNDS,
+    MAX_ITERATION_MS,
+    MAX_MICRO_BATCHES,
+    MIN_ITERATION_MS,
+    real_problem,
+    shown,
+)
 from vtrain.model.flops import hardware_flops
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
@@ -268,6 +275,9 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if row["iteration_ms"] is not None and row["iteration_ms"] < MIN_ITERATION_MS:
         converted = "" if form == "ms" else f" ({row['iteration_ms']:.3g} ms)"
         return f"measured {what} of {measured!r} {unit}{converted} is shorter than any iteration (1 µs)"
+    if row["iteration_ms"] is not None and not row["iteration_ms"] <= MAX_ITERATION_MS:
+        converted = "" if form == "ms" else f" ({row['iteration_ms']:.3g} ms)"
+        return f"measured {what} of {measured!r} {unit}{converted} is longer than any iteration (a day)"
     for name, field in SHAPE_FIELDS.items():
         value = row[name]
         if not math.isfinite(value) or value != int(value) or value < 1:
