@@ -38,6 +38,10 @@ CASES = [
     {"pp": 7, "dp": 1, "global_batch": 14, "dp_overlap": False},
     {"cuda_graphs": True},  # each layer pass one launch: the fitted host time once per graph
     {"pp": 5, "dp": 4, "global_batch": 40, "recompute": "selective", "cuda_graphs": True},
+    {"distributed_optimizer": True},  # buckets reduce-scattered, their parameters all-gathered after the step
+    {"distributed_optimizer": True, "dp_overlap": False},
+    {"pp": 5, "dp": 4, "global_batch": 40, "schedule": "interleaved", "virtual_stages": 7,
+     "distributed_optimizer": True},
 ]
 
 

@@ -6,7 +6,8 @@ A run config is a YAML (or JSON) mapping with these sections::
     model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512}
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
-                  dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false}
+                  dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false,
+                  distributed_optimizer: false}   # Megatron's: optimizer states sharded over dp (ZeRO-1)
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
     cuda_graphs: false                      # each layer's forward and backward replayed from CUDA graphs
@@ -73,6 +74,9 @@ class ParallelConfig:
     dp_overlap: bool = False
     dp_bucket_mb: float = 25.0
     sequence_parallel: bool = False  # Megatron's (Korthikanti et al.): norms and dropout split the sequence by tp
+    #: Megatron's distributed optimizer (ZeRO stage 1): each data-parallel rank keeps and updates 1/d of the
+    #: optimizer states; gradients are reduce-scattered and the updated parameters all-gathered
+    distributed_optimizer: bool = False
 
     @property
     def world_size(self) -> int:
@@ -153,6 +157,9 @@ class RunConfig:
             errors.append("cuda_graphs needs a GPU: CUDA graphs replay device work (the device is cpu)")
         if p.sequence_parallel and self.framework != "megatron":
             errors.append("sequence_parallel is Megatron's: it needs framework megatron (got "
+                          f"{shown(self.framework)})")
+        if p.distributed_optimizer and self.framework != "megatron":
+            errors.append("distributed_optimizer is Megatron's: it needs framework megatron (got "
                           f"{shown(self.framework)})")
         if p.sequence_parallel and m.seq % p.tp:
             errors.append(f"sequence_parallel needs seq ({m.seq}) divisible by tp ({p.tp})")

@@ -58,6 +58,10 @@ def plan_command(
     budget_usd: float | None = real_option(None, "--budget-usd", 0.0, math.inf, "Best plan: at most this cost."),
     max_micro_batch: int = typer.Option(8, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED,
                                         help="Largest micro-batch tried."),
+    distributed_optimizer: bool = typer.Option(False, "--distributed-optimizer",
+                                               help="Also search every plan with Megatron's distributed optimizer "
+                                                    "(ZeRO-1: optimizer states split over the data-parallel "
+                                                    "ranks; framework megatron)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Plan folder (default plans/<model name>)."),
     force: bool = typer.Option(False, "--force", help="Replace the plan folder if vtrain wrote it."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -100,12 +104,11 @@ def plan_command(
              "limits (and any --budget-usd is met)")
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
-        table = sweep(base, counts, table_profile, device_memory_gib=device_memory,
-                      divisible=".." in gpus, pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
-                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, workers=workers,
-                      ray_address=ray_address or ("local" if ray else None),
-                      progress=progress,
-                      time_reference=model is not None)
+        table = sweep(base, counts, table_profile, device_memory_gib=device_memory, divisible=".." in gpus,
+                      pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
+                      distributed_optimizer=distributed_optimizer, max_iteration_s=max_iteration_s,
+                      budget_usd=budget_usd, workers=workers, ray_address=ray_address or ("local" if ray else None),
+                      progress=progress, time_reference=model is not None)
     reason = table.no_best_reason()
     if reason is not None:
         warn(f"{reason}; there is no cheapest plan within limits (plans.csv gives each plan's reason and time)")

@@ -51,6 +51,9 @@ def parser() -> OneLineParser:
     overrides.add_argument("--recompute", metavar="NAME", help="Override recomputation: none, selective or full.")
     overrides.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                            help="Override Megatron's sequence parallelism (framework megatron).")
+    overrides.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                           help="Override Megatron's distributed optimizer: optimizer states sharded over the "
+                                "data-parallel ranks (ZeRO-1; framework megatron).")
     overrides.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction,
                            help="Override overlapping of the gradient all-reduce.")
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
@@ -142,6 +145,7 @@ def format_summary(sim: Simulation) -> str:
         + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")
         + f", recompute {par.recompute}, dp overlap {'on' if par.dp_overlap else 'off'}"
         + (", sequence parallel" if par.sequence_parallel else "")
+        + (", distributed optimizer" if par.distributed_optimizer else "")
         + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else ""),
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",

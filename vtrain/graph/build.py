@@ -10,7 +10,8 @@ stream per stage, whatever the number of GPUs. Nodes are tasks, sequential on on
 * ``pp``: one activation (forward) or activation gradient (backward) sent to the adjacent stage, on a
   first-come-first-served stream per sending stage and direction;
 * ``dp``: a data-parallel all-reduce of one gradient bucket (during the last backward pass when overlapped, else
-  after the stage's last backward), on a first-come-first-served stream per stage;
+  after the stage's last backward), on a first-come-first-served stream per stage; with Megatron's distributed
+  optimizer a reduce-scatter, and after the optimizer step an all-gather of the bucket's parameters;
 * ``optimizer``: the optimizer step of a stage, after its gradients are reduced.
 
 Edges are data dependencies. Each stream runs its tasks in an order known before anything is timed: a compute
@@ -296,7 +297,9 @@ def build_graph(config: RunConfig, inputs: GraphInputs) -> ExecutionGraph:
 def _reductions(par: ParallelConfig, inputs: GraphInputs, passes: _Passes, works: _Works, streams: list[Stream],
                 first: int, split_last: bool) -> tuple[dict[str, np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
     """Per stage its gradient buckets' all-reduces (when data-parallel) and its optimizer step, numbered from
-    ``first``, with their dependencies; adds each stage's gradient stream to ``streams``."""
+    ``first``, with their dependencies; adds each stage's gradient stream to ``streams``. With the distributed
+    optimizer the buckets are reduce-scattered and, after the step, their parameters all-gathered on the same
+    stream."""
     p, v, m = par.pp, par.virtual_stages, par.micro_batches
     columns: dict[str, list[int]] = {name: [] for name in ("kind", "stage", "chunk", "stream", "bucket", "work")}
     before: list[int] = []
@@ -323,6 +326,11 @@ def _reductions(par: ParallelConfig, inputs: GraphInputs, passes: _Passes, works
         optimizer = add("optimizer", stage, 0, stage, -1, works.add(inputs.optimizer[stage]))
         before += [last, *reduced]
         after += [optimizer] * (1 + len(reduced))
+        gathers = [(chunk, index, bucket.gather) for chunk in range(v) if par.dp > 1
+                   for index, bucket in enumerate(inputs.dp_buckets[(stage, chunk)]) if bucket.gather is not None]
+        for chunk, index, gather in gathers:  # the updated parameters, after the step (distributed optimizer)
+            before.append(optimizer)
+            after.append(add("dp", stage, chunk, len(streams) - 1, index, works.add(gather)))
     rows = _rows(len(columns["kind"]), **{name: np.array(values, dtype=np.int64) for name, values in columns.items()})
     return rows, [(np.array(before, dtype=np.int64), np.array(after, dtype=np.int64))]
 

@@ -62,10 +62,12 @@ class CommWork:
 class Bucket:
     """A data-parallel gradient bucket. With overlap it is all-reduced once the backward of block ``after_block``
     (an index into the chunk's backward blocks) has produced its last gradient; without, after the last backward
-    pass of the stage."""
+    pass of the stage. With Megatron's distributed optimizer it is reduce-scattered instead, and its parameters,
+    once the stage's optimizer step has updated this rank's share of them, all-gathered (``gather``)."""
 
     after_block: int
     comm: CommWork
+    gather: CommWork | None = None
 
 
 @dataclass

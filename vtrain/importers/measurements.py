@@ -13,8 +13,9 @@ list is read.
 A file may start with a UTF-8 byte-order mark.
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
-vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, GPUs per node, inter-node Gbit/s,
-framework, precision (fp16, bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or false). Where a
+vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
+inter-node Gbit/s, framework, precision (fp16, bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or
+false). Where a
 column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
 counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
@@ -84,6 +85,7 @@ OPTIONAL_COLUMNS = {
     "recompute": (("recompute", "recomputation", "activation recomputation"), pl.String),
     "dp_overlap": (("gradient all-reduce overlap", "dp overlap", "overlap grad reduce"), pl.Boolean),
     "sequence_parallel": (("sequence parallelism", "sequence parallel"), pl.Boolean),
+    "distributed_optimizer": (("distributed optimizer", "use distributed optimizer", "zero1"), pl.Boolean),
     "gpus_per_node": (("gpus per node", "node size"), pl.Int64),
     "inter_node_gbps": (("inter-node gbps", "inter node gbit/s", "inter-node gbit/s"), pl.Float64),
     "framework": (("framework",), pl.String),
@@ -359,7 +361,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    virtual_stages=int(given("virtual_stages", 1)),
                                    recompute=str(given("recompute", recompute)),
                                    dp_overlap=bool(given("dp_overlap", False)),
-                                   sequence_parallel=bool(given("sequence_parallel", False))),
+                                   sequence_parallel=bool(given("sequence_parallel", False)),
+                                   distributed_optimizer=bool(given("distributed_optimizer", False))),
         precision=str(given("precision", PRECISION)),
         framework=str(given("framework", framework)),
         cuda_graphs=bool(given("cuda_graphs", False)),

@@ -41,6 +41,8 @@ class GptShape:
     device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
     framework: str = "reference"  # reference | megatron: whose kernels the run launches
     sequence_parallel: bool = False  # Megatron's: the ops outside the tensor-parallel regions split the sequence
+    optimizer_shards: int = 1  # the data-parallel ranks the optimizer states are split over (Megatron's distributed
+    #                            optimizer, ZeRO-1: d), else 1
 
     @property
     def d(self) -> int:
@@ -91,7 +93,8 @@ class GptShape:
         device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
         return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
                    dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework,
-                   sequence_parallel=p.sequence_parallel and p.tp > 1)
+                   sequence_parallel=p.sequence_parallel and p.tp > 1,
+                   optimizer_shards=p.dp if p.distributed_optimizer else 1)
 
 
 def _megatron(shape: GptShape) -> ModuleType | None:

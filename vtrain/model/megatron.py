@@ -39,6 +39,8 @@ from vtrain.model.ops import Collective, Op, Step, make_op
 OPTIMIZER_BYTES = {"megatron::main_grads_from_model_grads": 6, "aten::_amp_foreach_non_finite_check_and_unscale_": 8,
                    "apex::multi_tensor_l2norm": 4, "apex::multi_tensor_adam": 28, "apex::multi_tensor_scale": 6,
                    "aten::zero_": 2}
+#: the steps over the whole gradient buffer, whatever share of the optimizer states a rank holds
+_WHOLE_BUFFER = ("aten::zero_",)
 
 
 def _layer_norm(shape: GptShape) -> Op:
@@ -234,8 +236,14 @@ def _reference_head(shape: GptShape) -> GptShape:
 
 
 def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
-    """Megatron's fp16 optimizer step over this rank's parameters (multi-tensor kernels over all of them)."""
+    """Megatron's fp16 optimizer step over this rank's parameters (multi-tensor kernels over all of them); with the
+    distributed optimizer (``shape.optimizer_shards`` = d) over its 1/d of them, but for zeroing the whole gradient
+    buffer."""
     count = sum(math.prod(p) for p in params)
-    dims, types = json.dumps([[[count]]]), json.dumps(["TensorList"])
-    return [Op(name, dims, types, 0.0, float(per_param * count)) for name, per_param in OPTIMIZER_BYTES.items()]
+    shard = math.ceil(count / shape.optimizer_shards)
+    steps: list[Step] = []
+    for name, per_param in OPTIMIZER_BYTES.items():
+        elements = count if name in _WHOLE_BUFFER else shard
+        steps.append(Op(name, json.dumps([[[elements]]]), json.dumps(["TensorList"]), 0.0, float(per_param * elements)))
+    return steps
 

@@ -60,7 +60,8 @@ GIB = 2**30
 FP32_BYTES = 4
 
 #: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments), for
-#: Megatron's mixed precision
+#: Megatron's mixed precision; with its distributed optimizer each data-parallel rank holds 1/d of the third part
+#: (Megatron-LM's docs/distrib_optimizer.md: 4 + 16/d bytes for fp16, 6 + 12/d for bf16, with the step's copies)
 STATE_BYTES = {"fp32": (4, 4, 8), "fp16": (2, 2, 12), "bf16": (2, 4, 12)}
 #: precision -> bytes per parameter Megatron's optimizer step adds beside the states: fp16 gradients copied to fp32
 #: (``main_grads_from_model_grads``); bf16 and fp32 gradients are read where they are
@@ -205,10 +206,12 @@ def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> Sta
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
     buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
         + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)
+    shards = shape.optimizer_shards
     return StageMemory(
         stage=chunks[0].stage, parameter_bytes=params * parameter, gradient_bytes=params * gradient,
-        optimizer_bytes=params * optimizer, activation_bytes=int(_peak_activation_bytes(config, shape, chunks)),
-        buffer_bytes=buffers, in_flight=in_flight, step_bytes=optimizer_step_bytes(config, shape, chunks),
+        optimizer_bytes=math.ceil(params / shards) * optimizer,
+        activation_bytes=int(_peak_activation_bytes(config, shape, chunks)), buffer_bytes=buffers,
+        in_flight=in_flight, step_bytes=optimizer_step_bytes(config, shape, chunks),
     )
 
 
@@ -217,9 +220,11 @@ def optimizer_step_bytes(config: RunConfig, shape: GptShape, chunks: list[Chunk]
     into new tensors, all of them at once on GPUs (its multi-tensor path: the parameters' bytes again, measured on
     an H200 as the peak of a run whose parameters outweigh its activations, ``traces/gpu/``), one parameter at a time
     on CPUs (the largest parameter, twice: the root, then its quotient); Megatron's fused Adam updates in place,
-    beside the fp32 copies of fp16 gradients (:data:`MEGATRON_STEP_BYTES`)."""
+    beside the fp32 copies of fp16 gradients (:data:`MEGATRON_STEP_BYTES`), of its 1/d of them with the
+    distributed optimizer."""
     if config.framework == "megatron":
-        return MEGATRON_STEP_BYTES[config.precision] * stage_parameter_count(shape, chunks)
+        return MEGATRON_STEP_BYTES[config.precision] * math.ceil(stage_parameter_count(shape, chunks)
+                                                                 / shape.optimizer_shards)
     element = REFERENCE_STATE_BYTES[config.precision][0]
     if shape.device_type == "cpu":
         return 2 * element * max((math.prod(p) for p in stage_parameters(shape, chunks)), default=0)

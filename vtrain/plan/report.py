@@ -51,7 +51,8 @@ def label(row: dict[str, Any]) -> str:
     schedule = row["schedule"] + (f" v{row['virtual_stages']}" if row["virtual_stages"] > 1 else "")
     return (f"t{row['tp']} d{row['dp']} p{row['pp']} mb{row['micro_batch']} {schedule} "
             f"{_RECOMPUTE_LABELS[row['recompute']]}"
-            f"{' overlap' if row['dp_overlap'] else ''}{' sp' if row.get('sequence_parallel') else ''}")
+            f"{' overlap' if row['dp_overlap'] else ''}{' sp' if row.get('sequence_parallel') else ''}"
+            f"{' dist-opt' if row.get('distributed_optimizer') else ''}")
 
 
 def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:
@@ -87,7 +88,7 @@ def _config(base: RunConfig, row: dict[str, Any]) -> RunConfig:
 
     return Candidate(row["gpus"], row["tp"], row["pp"], row["dp"], row["micro_batch"], row["schedule"],
                      row["virtual_stages"], row["recompute"], row["dp_overlap"],
-                     bool(row.get("sequence_parallel"))).config(base)
+                     bool(row.get("sequence_parallel")), bool(row.get("distributed_optimizer"))).config(base)
 
 
 def summary(table: PlanTable) -> dict[str, Any]:

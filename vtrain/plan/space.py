@@ -6,7 +6,8 @@ node, as in Megatron), p every divisor of N/t, d = N/(t·p); micro-batch 1 … `
 1F1B or GPipe (one model chunk per stage) or interleaved 1F1B with v model chunks for every divisor v > 1 of
 the layer count (a sweep over every count up to N takes only the divisible points: p dividing the layers, d the
 global batch, the micro-batch the replica's batch, v the stage's layers); recomputation none or full; the all-reduce overlapped or not (only when d > 1: without data
-parallelism there is nothing to overlap). A point is *invalid* when the run config rejects it
+parallelism there is nothing to overlap); for Megatron runs, sequence parallelism with and without (t > 1), and,
+when asked (``vtrain plan --distributed-optimizer``), Megatron's distributed optimizer with and without (d > 1). A point is *invalid* when the run config rejects it
 (:meth:`vtrain.runconfig.RunConfig.constraint_errors`: heads, hidden or layers not divisible, global batch not
 divisible by d·micro-batch, interleaved micro-batches not divisible by p), or when it asks for a pipeline
 schedule without a pipeline (GPipe or interleaved with p = 1 is 1F1B).
@@ -42,20 +43,23 @@ class Candidate:
     recompute: str
     dp_overlap: bool
     sequence_parallel: bool = False
+    distributed_optimizer: bool = False
 
     def config(self, base: RunConfig) -> RunConfig:
         """``base`` (model, precision, hardware, global batch) with this point's parallelism and GPU count."""
         run = base.with_overrides(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch,
                                   schedule=self.schedule, virtual_stages=self.virtual_stages,
                                   recompute=self.recompute, dp_overlap=self.dp_overlap,
-                                  sequence_parallel=self.sequence_parallel)
+                                  sequence_parallel=self.sequence_parallel,
+                                  distributed_optimizer=self.distributed_optimizer)
         return replace(run, hardware=replace(run.hardware, device_count=self.gpus))
 
     def as_row(self) -> dict[str, object]:
         """The point's columns in the plan table."""
         return {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
                 "schedule": self.schedule, "virtual_stages": self.virtual_stages, "recompute": self.recompute,
-                "dp_overlap": self.dp_overlap, "sequence_parallel": self.sequence_parallel}
+                "dp_overlap": self.dp_overlap, "sequence_parallel": self.sequence_parallel,
+                "distributed_optimizer": self.distributed_optimizer}
 
 
 def parse_gpus(spec: str, base: RunConfig) -> list[int]:
@@ -88,11 +92,12 @@ def _reachable(limit: int, base: RunConfig) -> set[int]:
     return counts
 
 
-def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
-               divisible: bool = False) -> Iterator[Candidate]:
+def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8, divisible: bool = False,
+               distributed: bool = False) -> Iterator[Candidate]:
     """Every grid point for ``gpus`` GPUs (valid or not). ``divisible``: only the points whose p divides the
     layers, d the global batch, micro-batch the replica's batch and v the stage's layers (the rest are invalid
-    anyway; a sweep over every GPU count up to N enumerates only these)."""
+    anyway; a sweep over every GPU count up to N enumerates only these). ``distributed``: each point with d > 1
+    also with Megatron's distributed optimizer."""
     layers, batch = base.model.layers, base.parallelism.global_batch
     for t in _tensor_sizes(gpus, base.hardware.gpus_per_node):
         # Megatron's sequence parallelism, with and without, where there is a tensor-parallel group to split over
@@ -101,6 +106,7 @@ def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
             d = gpus // (t * p)
             if divisible and (layers % p or batch % d):
                 continue
+            sharding = (False, True) if d > 1 and distributed else (False,)
             chunks = [v for v in _divisors(layers // p if divisible else layers) if v > 1]
             schedules = [(name, 1) for name in FLAT_SCHEDULES] + [("interleaved", v) for v in chunks]
             for micro_batch in range(1, max_micro_batch + 1):
@@ -110,7 +116,9 @@ def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8,
                     for recompute in RECOMPUTE:
                         for overlap in ((False, True) if d > 1 else (False,)):
                             for split in sequence:
-                                yield Candidate(gpus, t, p, d, micro_batch, schedule, v, recompute, overlap, split)
+                                for sharded in sharding:
+                                    yield Candidate(gpus, t, p, d, micro_batch, schedule, v, recompute, overlap,
+                                                    split, sharded)
 
 
 def invalid_reason(candidate: Candidate, base: RunConfig) -> str | None:

@@ -100,7 +100,7 @@ class PlanTable:
 
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
           device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,
-          max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
+          distributed_optimizer: bool = False, max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
           ray_address: str | None = None, progress: Progress | None = None, within: Within | None = None,
           select: Select | None = None, shared: SharedResolvers | None = None,
           time_reference: bool = True) -> PlanTable:
@@ -110,7 +110,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     largest stage exceeds ``device_memory_gib`` (default: the device's memory) say by how much, the rest are
     timed with ``profile`` exactly as `vtrain simulate` would time them and priced with ``pricing``. Plans over
     ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``divisible``: enumerate
-    only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N. ``base`` itself (its
+    only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N;
+    ``distributed_optimizer``: each plan with d > 1 with and without Megatron's distributed optimizer. ``base`` itself (its
     own parallelism) is timed too, as :attr:`PlanTable.reference`, unless ``time_reference`` is false (a model
     given by its shape alone has no plan of its own). ``ray_address`` ("local" for a local
     instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
@@ -125,7 +126,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     device = shared.device if shared is not None else device_for_run(base, profile)
     memory_gib = device_memory_gib if device_memory_gib is not None else _device_memory_gib(device)
     with _worker_pool(workers if ray_address is None else 1, base, profile, device) as pool:
-        rows, to_time = _prune_all(pool, base, list(gpus), memory_gib, max_micro_batch, divisible, within)
+        rows, to_time = _prune_all(pool, base, list(gpus), memory_gib, max_micro_batch, divisible, within,
+                                   distributed_optimizer)
         if select is not None:
             to_time = _selected(rows, to_time, select)
         timings = _time_all(base, profile, device, to_time, pool, ray_address, progress, shared)
@@ -138,7 +140,8 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     return PlanTable(plans=plans, base=base, pricing=pricing, device_memory_gib=memory_gib, device=device.name,
                      max_iteration_s=max_iteration_s, budget_usd=budget_usd, reference=reference,
                      profile=str(profile.path) if profile is not None and profile.path is not None else None,
-                     settings={"max_micro_batch": max_micro_batch, "workers": workers, "ray": ray_address})
+                     settings={"max_micro_batch": max_micro_batch, "distributed_optimizer": distributed_optimizer,
+                               "workers": workers, "ray": ray_address})
 
 
 def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None,
@@ -150,7 +153,7 @@ def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = No
 _SCHEMA = {
     "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
     "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
-    "sequence_parallel": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean,
+    "sequence_parallel": pl.Boolean, "distributed_optimizer": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean,
     "memory_gib": pl.Float64, "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64,
     "idle_ms": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "days": pl.Float64, "usd": pl.Float64,
@@ -165,12 +168,13 @@ def _device_memory_gib(device: DeviceModel) -> float:
 
 
 def _prune_all(pool: ProcessPoolExecutor | None, base: RunConfig, gpus: list[int], memory_gib: float,
-               max_micro_batch: int, divisible: bool,
-               within: Within | None) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+               max_micro_batch: int, divisible: bool, within: Within | None,
+               distributed: bool) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
     """:func:`_prune` over every GPU count, one count per task over the worker processes when there are some."""
     if pool is None:
-        return _prune(base, gpus, memory_gib, max_micro_batch, divisible, within)
-    futures = [pool.submit(_prune, base, [count], memory_gib, max_micro_batch, divisible, within) for count in gpus]
+        return _prune(base, gpus, memory_gib, max_micro_batch, divisible, within, distributed)
+    futures = [pool.submit(_prune, base, [count], memory_gib, max_micro_batch, divisible, within, distributed)
+               for count in gpus]
     rows: list[dict[str, Any]] = []
     to_time: list[tuple[int, Candidate]] = []
     for future in futures:  # in the order of the counts
@@ -180,20 +184,22 @@ def _prune_all(pool: ProcessPoolExecutor | None, base: RunConfig, gpus: list[int
     return rows, to_time
 
 
-def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_batch: int,
-           divisible: bool, within: Within | None = None) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
+def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_batch: int, divisible: bool,
+           within: Within | None = None,
+           distributed: bool = False) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
     """A row per grid point (``within`` the part swept), and the points left to time (row index, point)."""
     rows: list[dict[str, Any]] = []
     to_time: list[tuple[int, Candidate]] = []
     needs: dict[tuple[object, ...], float] = {}  # GiB of the largest stage, by what it depends on
     reasons: dict[tuple[object, ...], str | None] = {}
     for count in gpus:
-        for candidate in candidates(base, count, max_micro_batch, divisible):
+        for candidate in candidates(base, count, max_micro_batch, divisible, distributed):
             if within is not None and not within(candidate):
                 continue
             row: dict[str, Any] = candidate.as_row()
             validity = (candidate.tp, candidate.pp, candidate.dp, candidate.micro_batch, candidate.schedule,
-                        candidate.virtual_stages, candidate.sequence_parallel)  # what the constraints read
+                        candidate.virtual_stages, candidate.sequence_parallel,
+                        candidate.distributed_optimizer)  # what the constraints read
             if validity not in reasons:
                 reasons[validity] = invalid_reason(candidate, base)
             reason = reasons[validity]
@@ -201,8 +207,9 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
                 row.update(status=INVALID, reason=reason, fits=None)
             else:
                 micro_batches = base.parallelism.global_batch // (candidate.dp * candidate.micro_batch)
+                shards = candidate.dp if candidate.distributed_optimizer else 1  # the optimizer states' split
                 key = (candidate.tp, candidate.pp, candidate.virtual_stages, candidate.schedule, candidate.recompute,
-                       candidate.micro_batch, micro_batches, candidate.dp > 1, candidate.sequence_parallel)
+                       candidate.micro_batch, micro_batches, candidate.dp > 1, candidate.sequence_parallel, shards)
                 if key not in needs:
                     needs[key] = peak_stage_memory(candidate.config(base)).total_bytes / GIB
                 need = needs[key]
@@ -337,7 +344,8 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
     if base.constraint_errors():
         return None
     candidate = Candidate(par.world_size, par.tp, par.pp, par.dp, par.micro_batch, par.schedule,
-                          par.virtual_stages, par.recompute, par.dp_overlap, par.sequence_parallel)
+                          par.virtual_stages, par.recompute, par.dp_overlap, par.sequence_parallel,
+                          par.distributed_optimizer)
     row: dict[str, Any] = candidate.as_row()
     need = peak_stage_memory(base).total_bytes / GIB
     row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),

@@ -6,7 +6,8 @@ stream runs its passes in the schedule's order (:func:`vtrain.parallel.pass_tabl
 one on its stream is done and its input has arrived; a pipeline transfer starts once its pass is done and the
 previous transfer on the sender's stream is done (a sender's transfers become ready in the order of its passes,
 so first come, first served is that order); gradient buckets are reduced first come, first served (ties in the
-graph's task order); the optimizer runs after the last backward pass and every bucket of the stage.
+graph's task order); the optimizer runs after the last backward pass and every bucket of the stage, and with the
+distributed optimizer the buckets' all-gathers after it, one after the other.
 ``tests/test_plan_timeline.py`` checks that it gives :func:`vtrain.simulate.simulate`'s iteration time for every
 schedule, with and without overlap and recomputation.
 
@@ -50,7 +51,7 @@ def iteration_timeline(par: ParallelConfig, inputs: GraphInputs) -> Timeline:
     transfer = inputs.pp_transfer.latency_us if inputs.pp_transfer is not None else 0.0
     end, busy = _walk(*pass_table(SCHEDULE_CODES[par.schedule], p, m, v), p, m, v, inputs.pp_transfer is None,
                       split_last, transfer, work.forward, work.backward, work.optimizer, work.block_us,
-                      work.block_first, work.bucket_block, work.bucket_us, work.bucket_first)
+                      work.block_first, work.bucket_block, work.bucket_us, work.bucket_first, work.gather_us)
     if end < 0.0:
         raise ValueError("pipeline schedule deadlocks: a stage waits for a pass that never runs")
     return Timeline(iteration_us=float(end), busy_us=busy.tolist())
@@ -61,7 +62,7 @@ class _Work:
     """The durations the walk reads, as arrays: passes per (stage, chunk[, accumulating]), the optimizer per
     stage, and per (stage, chunk) (row ``stage * v + chunk``, from ``*_first[row]`` to ``*_first[row + 1]``) the
     blocks of the last backward pass when it is split and the gradient buckets (the block after which each is
-    ready, its all-reduce)."""
+    ready, its all-reduce, the all-gather of its parameters after the optimizer step: 0 without)."""
 
     forward: np.ndarray  # (p, v)
     backward: np.ndarray  # (p, v, 2): first micro-batch, accumulating
@@ -71,6 +72,7 @@ class _Work:
     bucket_block: np.ndarray
     bucket_us: np.ndarray
     bucket_first: np.ndarray
+    gather_us: np.ndarray
 
     @classmethod
     def of(cls, inputs: GraphInputs, p: int, v: int, m: int, split_last: bool) -> _Work:
@@ -86,7 +88,9 @@ class _Work:
             block_first=np.cumsum([0] + [len(each) for each in blocks]),
             bucket_block=np.array([bucket.after_block for each in buckets for bucket in each], dtype=np.int64),
             bucket_us=np.array([bucket.comm.latency_us for each in buckets for bucket in each], dtype=np.float64),
-            bucket_first=np.cumsum([0] + [len(each) for each in buckets]))
+            bucket_first=np.cumsum([0] + [len(each) for each in buckets]),
+            gather_us=np.array([bucket.gather.latency_us if bucket.gather is not None else 0.0
+                                for each in buckets for bucket in each], dtype=np.float64))
 
 
 @njit(cache=True)
@@ -94,7 +98,7 @@ def _walk(order_backward: np.ndarray, order_chunk: np.ndarray, order_mb: np.ndar
           local: bool, split_last: bool, transfer: float,
           forward: np.ndarray, backward: np.ndarray, optimizer: np.ndarray, block_us: np.ndarray,
           block_first: np.ndarray, bucket_block: np.ndarray, bucket_us: np.ndarray,
-          bucket_first: np.ndarray) -> tuple[float, np.ndarray]:  # pragma: no cover - compiled
+          bucket_first: np.ndarray, gather_us: np.ndarray) -> tuple[float, np.ndarray]:  # pragma: no cover - compiled
     """When the iteration ends (-1: the order deadlocks) and each stage's busy time.
 
     Stages are walked in turn, each as far as the inputs of its next passes have arrived. A pass reads the
@@ -166,7 +170,10 @@ def _walk(order_backward: np.ndarray, order_chunk: np.ndarray, order_mb: np.ndar
         last = stream_free[stage]
         reduced = _reduce_buckets(stage, v, last, split_last, ready_at, bucket_us, bucket_first)
         busy[stage] += optimizer[stage]
-        end = max(end, max(last, reduced) + optimizer[stage], reduced)
+        stepped = max(last, reduced) + optimizer[stage]
+        for bucket in range(bucket_first[stage * v], bucket_first[stage * v + v]):
+            stepped += gather_us[bucket]  # the distributed optimizer's all-gathers (0 without), in task order
+        end = max(end, stepped, reduced)
     return end, busy
 
 

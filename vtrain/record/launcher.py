@@ -96,6 +96,8 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
                          "would send its activations to itself); with one virtual stage it is 1F1B")
     if p.sequence_parallel:
         raise InputError("sequence_parallel is not recorded: the recorder's model is not Megatron's")
+    if p.distributed_optimizer:
+        raise InputError("distributed_optimizer is not recorded: the recorder's optimizer is not Megatron's")
     if p.recompute == "selective":
         raise InputError("recompute must be one of none, full to record: the recorder checkpoints whole layers "
                          "(selective recomputation is simulated, not recorded)")

@@ -232,7 +232,7 @@ class _RankTrace:
             elif task.kind == "pp" and self.stage == task.peer:
                 self._transfer(task, posted.get(i, result.start_us[i]), result.end_us[i])
             elif task.kind == "dp" and task.stage == self.stage:
-                self._all_reduce(task, result.start_us[i], result.end_us[i])
+                self._data_parallel(task, result.start_us[i], result.end_us[i])
 
     def _fields(self, task: Task, chunk: int | None = None) -> dict[str, Any]:
         return {"stage": self.stage, "chunk": (task.chunk if chunk is None else chunk) if self.interleaved else None,
@@ -306,13 +306,13 @@ class _RankTrace:
                   tid=tid, stream=stream)
         self.collective(op, comm.bytes, self.dtype, 2, comm.resolution, start, end, tid, stream)
 
-    def _all_reduce(self, task: Task, start: float, end: float) -> None:
+    def _data_parallel(self, task: Task, start: float, end: float) -> None:
         comm = task.work
         assert isinstance(comm, CommWork)
-        name = span_name("comm", purpose="dp", op="all_reduce", stage=self.stage,
+        name = span_name("comm", purpose="dp", op=comm.op, stage=self.stage,
                          chunk=task.chunk if self.interleaved else None, bucket=task.bucket)
         self.span(name, start, end, tid=DP_THREAD, stream=DP_STREAM)
-        self.collective("all_reduce", comm.bytes, self.dtype, comm.group_size, comm.resolution, start, end,
+        self.collective(comm.op, comm.bytes, self.dtype, comm.group_size, comm.resolution, start, end,
                         DP_THREAD, DP_STREAM)
 
 

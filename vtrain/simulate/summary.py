@@ -151,7 +151,8 @@ def describe_task(task: Task) -> str:
     if task.kind == "pp":
         return f"pp {task.phase} {task.stage}->{task.peer}{chunk} mb={task.mb}"
     if task.kind == "dp":
-        return f"dp all_reduce stage={task.stage} bucket={task.bucket}"
+        assert isinstance(task.work, CommWork)
+        return f"dp {task.work.op} stage={task.stage} bucket={task.bucket}"
     if task.kind == "optimizer":
         return f"optimizer stage={task.stage}"
     block = f" block={task.block}" if task.block >= 0 else ""

@@ -343,14 +343,15 @@ class WorkloadResolver:
         counted by its identity: :func:`~vtrain.simulate.summary.coverage`)."""
         key = self._key("buckets", tuple((block.kind, block.phase) for block in backward.blocks))
         if key not in self._resolved:
-            self._resolved[key] = [(bucket.after_block, bucket.comm) for bucket in self._buckets(backward)]
-        return [Bucket(after, CommWork(comm.op, comm.bytes, comm.group_size, comm.latency_us, comm.resolution))
-                for after, comm in self._resolved[key]]  # type: ignore[attr-defined]
+            self._resolved[key] = [(bucket.after_block, bucket.comm, bucket.gather)
+                                   for bucket in self._buckets(backward)]
+        return [Bucket(after, _copy(comm), _copy(gather) if gather is not None else None)
+                for after, comm, gather in self._resolved[key]]  # type: ignore[attr-defined]
 
     def _buckets(self, backward: PhaseWork) -> list[Bucket]:
         limit = self.config.parallelism.dp_bucket_mb * 2**20
         element = self.shape.element_bytes
-        buckets: list[Bucket] = []
+        sizes: list[tuple[int, int]] = []  # (after block, bytes)
         filled = 0
         last_block = 0
         for index, block in enumerate(backward.blocks):
@@ -360,13 +361,14 @@ class WorkloadResolver:
             for param in reversed(_PARAMETERS[block.kind](self.shape)):
                 filled += math.prod(param) * element
                 if filled >= limit:
-                    buckets.append(Bucket(index, self.comm("dp", "all_reduce", filled)))
+                    sizes.append((index, filled))
                     filled = 0
         if filled:
-            buckets.append(Bucket(last_block, self.comm("dp", "all_reduce", filled)))
-        chain = wait_once([bucket.comm.resolution for bucket in buckets])
-        return [replace(bucket, comm=replace(bucket.comm, latency_us=resolution.latency_us, resolution=resolution))
-                for bucket, resolution in zip(buckets, chain)]
+            sizes.append((last_block, filled))
+        sharded = self.shape.optimizer_shards > 1
+        reductions = _chain([self.comm("dp", "reduce_scatter" if sharded else "all_reduce", n) for _, n in sizes])
+        gathers = _chain([self.comm("dp", "all_gather", n) for _, n in sizes]) if sharded else [None] * len(sizes)
+        return [Bucket(after, comm, gather) for (after, _), comm, gather in zip(sizes, reductions, gathers)]
 
     def graph_inputs(self, chunks: list[list[Chunk]], *, by_shape: bool = False) -> GraphInputs:
         """Resolved work for every (stage, chunk) of the partition.
@@ -413,3 +415,15 @@ class WorkloadResolver:
         """What a chunk's resolved work depends on besides the run: its blocks, and its stage when the gaps are
         per stage."""
         return chunk.shape, chunk.stage if self._per_stage else None
+
+
+def _chain(comms: list[CommWork]) -> list[CommWork]:
+    """Collectives issued back to back, the straggler wait counted once (:func:`wait_once`)."""
+    chain = wait_once([comm.resolution for comm in comms])
+    return [replace(comm, latency_us=resolution.latency_us, resolution=resolution)
+            for comm, resolution in zip(comms, chain)]
+
+
+def _copy(comm: CommWork) -> CommWork:
+    """A collective's work as an object of its own (a task's work is counted by its identity)."""
+    return CommWork(comm.op, comm.bytes, comm.group_size, comm.latency_us, comm.resolution)

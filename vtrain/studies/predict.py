@@ -107,10 +107,11 @@ _PLAN_KEYS = ("gpus", "tp", "dp", "pp", "micro_batch", "schedule", "virtual_stag
 
 def studied(candidate: Candidate) -> bool:
     """The studies' part of the design space, the vTrain paper's: 1F1B, the gradient all-reduce overlapped when
-    there is one, recomputation none or full, no sequence parallelism (the divisible points only: the sweep is
-    asked for them)."""
+    there is one, recomputation none or full, no sequence parallelism nor distributed optimizer (the divisible
+    points only: the sweep is asked for them)."""
     return (candidate.schedule == "1f1b" and candidate.dp_overlap == (candidate.dp > 1)
-            and candidate.recompute != "selective" and not candidate.sequence_parallel)
+            and candidate.recompute != "selective" and not candidate.sequence_parallel
+            and not candidate.distributed_optimizer)
 
 
 def first_that_fits(fitting: list[Candidate]) -> list[Candidate]:

@@ -29,8 +29,8 @@ DIMENSIONS = ("gpus", "nodes", "tp", "dp", "pp", "micro_batch", "hidden", "layer
 #: what makes rows one layout, measured at several numbers of micro-batches (every column of a run but the
 #: global batch)
 LAYOUT = ("gpus", "tp", "dp", "pp", "micro_batch", "hidden", "heads", "layers", "seq", "vocab", "schedule",
-          "virtual_stages", "recompute", "dp_overlap", "sequence_parallel", "gpus_per_node", "inter_node_gbps",
-          "framework", "precision", "cuda_graphs", "device")
+          "virtual_stages", "recompute", "dp_overlap", "sequence_parallel", "distributed_optimizer", "gpus_per_node",
+          "inter_node_gbps", "framework", "precision", "cuda_graphs", "device")
 
 
 @dataclass
