@@ -11,15 +11,14 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import REPO
+from vtrain.fit.device import device_for_run
 from vtrain.graph.build import build_graph
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import stage_memory
+from vtrain.model.memory import stage_memory, stage_parameter_count
 from vtrain.model.partition import partition
-from vtrain.model.memory import stage_parameter_count
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.simulate import simulate
 from vtrain.simulate.run import resolve_work
-from vtrain.fit.device import device_for_run
 from vtrain.tables.store import load_profile
 
 MTNLG = REPO / "examples" / "mtnlg-530b.json"

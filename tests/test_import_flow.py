@@ -26,7 +26,8 @@ from tests.conftest import REPO
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation: shared vocabularies and plumbing", (
         "vtrain", "vtrain.errors", "vtrain.limits", "vtrain.configfile", "vtrain.runconfig", "vtrain.parallel",
-        "vtrain.naming", "vtrain.kineto", "vtrain.outputs", "vtrain.collective_cost", "vtrain.distributed")),
+        "vtrain.naming", "vtrain.kineto", "vtrain.outputs", "vtrain.collective_cost", "vtrain.distributed",
+        "vtrain.flops", "vtrain.cache")),
     ("tables: schemas, store, latency tables", ("vtrain.tables",)),
     ("sources: recording, ingesting traces, importing benchmarks", ("vtrain.record", "vtrain.ingest",
                                                                      "vtrain.importers")),

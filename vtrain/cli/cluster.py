@@ -16,6 +16,7 @@ from vtrain.cli.options import (
     force_option,
     gpus_per_node_option,
     inter_node_gbps_option,
+    framework_option,
     max_micro_batch_option,
     profile_option,
     real_option,
@@ -47,6 +48,7 @@ def cluster_command(
     inter_node_gbps: float | None = inter_node_gbps_option(),
     device_memory: float | None = device_memory_option(),
     max_micro_batch: int = max_micro_batch_option(),
+    framework: str = framework_option(),
 ) -> None:
     """Simulate the jobs on a shared cluster under a FIFO baseline and a throughput-aware (vtrain) policy."""
     from vtrain.studies.cluster import POLICIES, Speeds, allocation_sizes, simulate_cluster
@@ -61,7 +63,7 @@ def cluster_command(
     target = output if output is not None else REPORTS / f"cluster-{jobs_file.stem}"
     check_output(target, inputs=[jobs_file, profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                       device_memory_gib=device_memory)
+                       device_memory_gib=device_memory, framework=framework)
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     speeds = Speeds(throughput, allocation_sizes(gpus, [job.gpus for job in jobs if job.gpus]))
     _check_runnable(jobs, gpus, speeds, policies, jobs_file)

@@ -45,6 +45,13 @@ def device_memory_option() -> Any:
     return real_option(None, "--device-memory", 0.1, MAX_DEVICE_MEMORY_GIB, "GiB per GPU (default: the device's).")
 
 
+def framework_option() -> Any:
+    """``--framework``: whose kernels and memory the studied jobs run with."""
+    return typer.Option("megatron", "--framework", help="Whose kernels, mixed precision and optimizer states the jobs "
+                        "run with: megatron (Megatron-LM's, as the vTrain paper's studies and the runs profiles/a100 "
+                        "was fitted to) or reference (vtrain record's model).")
+
+
 def max_micro_batch_option() -> Any:
     """``--max-micro-batch``: the largest micro-batch a plan may use."""
     return typer.Option(4, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED, help="Largest micro-batch tried.")

@@ -15,6 +15,7 @@ from vtrain.cli.options import (
     force_option,
     gpus_per_node_option,
     inter_node_gbps_option,
+    framework_option,
     max_micro_batch_option,
     profile_option,
     real_option,
@@ -46,6 +47,7 @@ def size_command(
     inter_node_gbps: float | None = inter_node_gbps_option(),
     device_memory: float | None = device_memory_option(),
     max_micro_batch: int = max_micro_batch_option(),
+    framework: str = framework_option(),
 ) -> None:
     """Search GPT shapes used in practice for the lowest loss a budget of GPUs and days buys."""
     from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput
@@ -57,7 +59,7 @@ def size_command(
     target = output if output is not None else REPORTS / f"size-{gpus}x{days:g}d"
     check_output(target, inputs=[profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                       device_memory_gib=device_memory)
+                       device_memory_gib=device_memory, framework=framework)
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
     shapes = practice_shapes(seq, vocab)

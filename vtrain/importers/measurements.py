@@ -43,7 +43,7 @@ from vtrain.limits import (
     real_problem,
     shown,
 )
-from vtrain.model.flops import hardware_flops
+from vtrain.flops import hardware_flops
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names (its single-node table, in its order)
@@ -247,7 +247,7 @@ def _with_derived_shape(rows: pl.DataFrame) -> pl.DataFrame:
 def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
     """The measured time (column ``form``) as milliseconds per iteration: a throughput in samples or tokens per
     second as ``global batch [x sequence] / throughput``, achieved TFLOP/s per GPU as the FLOPs the GPUs ran
-    (:func:`vtrain.model.flops.hardware_flops`: the row's vocabulary and recomputation, else vTrain's vocabulary
+    (:func:`vtrain.flops.hardware_flops`: the row's vocabulary and recomputation, else vTrain's vocabulary
     and ``recompute``) over the GPUs' rate."""
     if form != "tflops/gpu":
         measured = pl.col(form)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vtrain.errors import InputError
 from vtrain.plan.space import Candidate
-from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
+from vtrain.runconfig import FRAMEWORKS, HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 from vtrain.simulate.latency import SOURCES
 from vtrain.simulate.run import SharedResolvers
 from vtrain.studies.throughput import Prediction, Workload
@@ -32,6 +32,11 @@ class Cluster:
     inter_node_gbps: float | None = None  # Gbit/s per node; None: the profile's own
     device_memory_gib: float | None = None  # None: the device's
     precision: str = "fp16"
+    framework: str = "megatron"  # whose kernels, mixed precision and optimizer states (a run config's framework)
+
+    def __post_init__(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise InputError(f"--framework must be one of {', '.join(FRAMEWORKS)} (got {self.framework!r})")
 
 
 @dataclass
@@ -97,7 +102,7 @@ class PlanThroughput:
         hardware = replace(HardwareConfig(), device=c.device, device_count=gpus, gpus_per_node=c.gpus_per_node,
                            inter_node_gbps=c.inter_node_gbps)
         return RunConfig(model=workload.model, parallelism=ParallelConfig(global_batch=workload.global_batch),
-                         precision=c.precision, hardware=hardware)
+                         precision=c.precision, hardware=hardware, framework=c.framework)
 
 
 #: what a prediction says of its plan: the plan table's columns for the point, its memory, time, speed and sources
@@ -134,7 +139,7 @@ def describe(cluster: Cluster) -> str:
     """``A100, 8 GPUs per node, 1600 Gbit/s per node`` for a report."""
     network = f"{cluster.inter_node_gbps:g} Gbit/s per node" if cluster.inter_node_gbps else "the profile's network"
     memory = f", {cluster.device_memory_gib:g} GiB per GPU" if cluster.device_memory_gib else ""
-    return f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}"
+    return f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}, {cluster.framework}'s kernels"
 
 
 def peak_flops(cluster: Cluster) -> float:
