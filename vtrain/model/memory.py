@@ -196,13 +196,19 @@ def softmax_backward_temporary_bytes(shape: GptShape) -> int:
     return score_elements(shape) * e
 
 
+def state_bytes(config: RunConfig) -> tuple[int, int, int]:
+    """Bytes per parameter of the run's parameters, gradients and optimizer states (:data:`STATE_BYTES` for
+    Megatron, :data:`REFERENCE_STATE_BYTES` for the reference model): what its buffers hold and its gradient
+    buckets reduce (Megatron's bf16 runs reduce fp32 gradients)."""
+    return (STATE_BYTES if config.framework == "megatron" else REFERENCE_STATE_BYTES)[config.precision]
+
+
 def stage_memory(config: RunConfig, shape: GptShape, chunks: list[Chunk]) -> StageMemory:
     """Peak memory of one GPU of the stage holding ``chunks``: model states, buffers, the activations of the passes'
     largest moment and the optimizer step's temporaries (the larger of the two counts: the module docstring)."""
     par = config.parallelism
     params = stage_parameter_count(shape, chunks)
-    states = STATE_BYTES if config.framework == "megatron" else REFERENCE_STATE_BYTES
-    parameter, gradient, optimizer = states[config.precision]
+    parameter, gradient, optimizer = state_bytes(config)
     in_flight = in_flight_micro_batches(config, chunks[0].stage)
     buffers = (4 * shape.pipeline_bytes if par.pp > 1 else 0) \
         + (2 * int(par.dp_bucket_mb * 2**20) if par.dp > 1 else 0)

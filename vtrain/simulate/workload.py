@@ -25,7 +25,7 @@ from vtrain.collective_cost import nodes_spanned
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import stage_parameters
+from vtrain.model.memory import stage_parameters, state_bytes
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.model.partition import Chunk
 from vtrain.naming import ALL, parse_span_name
@@ -350,8 +350,8 @@ class WorkloadResolver:
 
     def _buckets(self, backward: PhaseWork) -> list[Bucket]:
         limit = self.config.parallelism.dp_bucket_mb * 2**20
-        element = self.shape.element_bytes
-        sizes: list[tuple[int, int]] = []  # (after block, bytes)
+        parameter, gradient, _ = state_bytes(self.config)
+        sizes: list[tuple[int, int]] = []  # (after block, parameters)
         filled = 0
         last_block = 0
         for index, block in enumerate(backward.blocks):
@@ -359,15 +359,17 @@ class WorkloadResolver:
                 continue
             last_block = index
             for param in reversed(_PARAMETERS[block.kind](self.shape)):
-                filled += math.prod(param) * element
-                if filled >= limit:
+                filled += math.prod(param)
+                if filled * gradient >= limit:
                     sizes.append((index, filled))
                     filled = 0
         if filled:
             sizes.append((last_block, filled))
         sharded = self.shape.optimizer_shards > 1
-        reductions = _chain([self.comm("dp", "reduce_scatter" if sharded else "all_reduce", n) for _, n in sizes])
-        gathers = _chain([self.comm("dp", "all_gather", n) for _, n in sizes]) if sharded else [None] * len(sizes)
+        reductions = _chain([self.comm("dp", "reduce_scatter" if sharded else "all_reduce", n * gradient)
+                             for _, n in sizes])
+        gathers = (_chain([self.comm("dp", "all_gather", n * parameter) for _, n in sizes]) if sharded
+                   else [None] * len(sizes))
         return [Bucket(after, comm, gather) for (after, _), comm, gather in zip(sizes, reductions, gathers)]
 
     def graph_inputs(self, chunks: list[list[Chunk]], *, by_shape: bool = False) -> GraphInputs:
