@@ -315,7 +315,7 @@ def test_ground_truth_single():
     assert table.row(0, named=True) == {
         "row": 1, "params_billion": None, "gpus": 2, "global_batch": 16, "micro_batch": 8, "hidden": 1024,
         "heads": 16, "layers": 24, "seq": 1024, "tp": 1, "dp": 1, "pp": 2, "iteration_ms": 372.160408,
-        **optional, "problem": None,
+        **optional, "problem": None, "measured_as": "ms",
     }
     assert table["row"].to_list() == list(range(1, 1441))
     assert measurement_errors(table).is_empty()
@@ -383,7 +383,7 @@ def test_measurement_tables_from_elsewhere_are_read_by_their_column_names(tmp_pa
     vtrain_layout = tmp_path / "vtrain.csv"
     vtrain_layout.write_text(f"{','.join(GROUND_TRUTH_HEADER)}\n16,64,2,2048,16,24,2048,2,4,2,812.5\n"
                              "1024,1536,1,12288,96,96,2048,8,8,16,31500\n")
-    expected = read_measurements(vtrain_layout).drop("row")
+    expected = read_measurements(vtrain_layout).drop("row", "measured_as")
     layouts = {
         "megatron-log.csv": ("tp,pp,dp,mbs,gbs,seq_len,hidden,num_layers,heads,elapsed time per iteration (ms)",
                              "2,2,4,2,64,2048,2048,24,16,812.5", "8,16,8,1,1536,2048,12288,96,96,31500"),
@@ -398,7 +398,7 @@ def test_measurement_tables_from_elsewhere_are_read_by_their_column_names(tmp_pa
                        f"1024,8,8,16,1536,1,12288,96,96,2048,{1536 * 2048 / 31.5}"),
     }
     for name, lines in layouts.items():
-        table = read_measurements(write(tmp_path / name, list(lines))).drop("row")
+        table = read_measurements(write(tmp_path / name, list(lines))).drop("row", "measured_as")
         assert table.drop("iteration_ms").equals(expected.drop("iteration_ms")), name
         assert table["iteration_ms"].to_list() == pytest.approx(expected["iteration_ms"].to_list()), name
 
@@ -443,6 +443,7 @@ def test_achieved_teraflops_per_gpu_are_read_as_narayanan_et_al_count_them(tmp_p
     assert table["iteration_ms"].to_list() == pytest.approx([*expected_ms, expected_ms[1]], rel=1e-12)
     assert expected_ms[0] == pytest.approx(2520 * 2048 * 529.6e9 * 8 / (163e12 * 2520) * 1e3, rel=0.02)  # ~8NT
     assert read_measurements(path)["iteration_ms"][3] == pytest.approx(expected_ms[0])  # vTrain's: full
+    assert table["measured_as"].unique().to_list() == ["tflops/gpu"]  # the report says how the times were read
     refused = write(tmp_path / "zero.csv", [header, "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,full,0"])
     assert read_measurements(refused)["problem"][0] == ("measured throughput is not a positive number (0.0 TFLOP/s "
                                                         "per GPU)")

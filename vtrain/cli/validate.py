@@ -188,7 +188,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True
     if as_json:
         print(json.dumps({key: summary[key] for key in ("mape_pct", "rows", "excluded", "invalid",
-                                                         "median_abs_error_pct", "max_abs_error_pct")}
+                                                         "median_abs_error_pct", "max_abs_error_pct", "measured_as")}
                          | {"report": str(target), "max_error": max_error, "passed": passed}))
     else:
         print("\n".join(terminal_lines(result)))

@@ -75,6 +75,15 @@ TIME_COLUMNS = {
     "tflops/gpu": ("tflop/s per gpu", "tflops per gpu", "teraflop/s per gpu", "achieved teraflop/s per gpu",
                    "achieved tflop/s per gpu"),
 }
+#: how each form of measured time becomes an iteration time, as reports say it
+TIME_READINGS = {
+    "ms": "iteration times in ms, as measured",
+    "s": "iteration times in s, as measured",
+    "samples/s": "throughputs in samples per second, read as global batch / throughput",
+    "tokens/s": "throughputs in tokens per second, read as global batch x sequence / throughput",
+    "tflops/gpu": ("achieved TFLOP/s per GPU, read as the FLOPs the GPUs ran (Narayanan et al., SC21, Eq. 3, with "
+                   "each row's recomputation and vocabulary) over their rate"),
+}
 PARAMETERS_COLUMN = "Parameters (billion)"
 PARAMETERS_COLUMNS = (PARAMETERS_COLUMN, "parameters (B)", "params (B)", "params billion")
 #: optional columns (normalised name -> the names accepted, compared by :func:`_key`) and their types
@@ -97,6 +106,7 @@ OPTIONAL_COLUMNS = {
 COLUMNS = {
     "row": pl.Int64, "params_billion": pl.Float64, **{name: pl.Int64 for name in SHAPE_COLUMNS},
     "iteration_ms": pl.Float64, **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
+    "measured_as": pl.String,  # the form the table gave the time in (a key of TIME_COLUMNS)
 }
 #: shape column -> its field in :data:`vtrain.limits.INTEGER_BOUNDS`, the physical bounds every run config is
 #: checked against (beyond them a row is refused, not simulated)
@@ -117,7 +127,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     """The measured runs of a measurement table, one row each: ``row`` (1-based data row number),
     ``params_billion`` (null when the file has no such column), ``gpus``, ``global_batch``, ``micro_batch``,
     ``hidden``, ``heads``, ``layers``, ``seq``, ``tp``, ``dp``, ``pp``, ``iteration_ms`` (milliseconds), the
-    optional columns (null where absent) and ``problem`` (why the row cannot be simulated, else null).
+    optional columns (null where absent), ``problem`` (why the row cannot be simulated, else null) and
+    ``measured_as`` (the form of the table's time: a key of :data:`TIME_READINGS`).
     ``recompute``: the activation recomputation of rows without a recomputation column (what achieved TFLOP/s
     count: :func:`_milliseconds`)."""
     path = Path(path)
@@ -134,7 +145,7 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))
-    rows = rows.with_columns(iteration_ms=_milliseconds(rows, form, recompute))
+    rows = rows.with_columns(iteration_ms=_milliseconds(rows, form, recompute), measured_as=pl.lit(form))
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))

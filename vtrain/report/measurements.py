@@ -71,8 +71,8 @@ def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Doc
     heading: list[doc.Block] = [
         doc.Text(f"Profile `{v.profile}`; {v.hardware.gpus_per_node} GPUs per node; inter-node "
                  f"{v.hardware.inter_node_gbps or 'fitted'} Gbit/s; intra-node "
-                 f"{v.hardware.intra_node_gbps or 'fitted'} GB/s. Rows the profile was fitted on are predicted but "
-                 "not scored (grey in the plot)."),
+                 f"{v.hardware.intra_node_gbps or 'fitted'} GB/s. Measured: {v.measured_as}. Rows the profile was "
+                 "fitted on are predicted but not scored (grey in the plot)."),
         doc.TableBlock(headline(v)), *(doc.Figure(f) for f in (_figures(v) if with_figures else []))]
     sections = [
         doc.Section("Where the device model's numbers come from",

@@ -20,7 +20,7 @@ import polars as pl
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile, device_problem
-from vtrain.importers.measurements import RECOMPUTE, read_measurements
+from vtrain.importers.measurements import RECOMPUTE, TIME_READINGS, read_measurements
 from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
 from vtrain.tables.store import load_profile
 
@@ -47,6 +47,12 @@ class MeasurementValidation:
     def scored(self) -> pl.DataFrame:
         """Rows that count: predicted and not fitted on."""
         return self.table.filter(~pl.col("fitted") & pl.col("predicted_ms").is_not_null())
+
+    @property
+    def measured_as(self) -> str:
+        """How the table's measured times were read (:data:`~vtrain.importers.measurements.TIME_READINGS`)."""
+        forms = self.table["measured_as"].drop_nulls().unique().to_list()
+        return TIME_READINGS[forms[0]] if forms else TIME_READINGS["ms"]
 
     @property
     def mape_pct(self) -> float | None:
@@ -107,7 +113,7 @@ class MeasurementValidation:
         invalid = self.table.filter(pl.col("invalid").is_not_null())
         return {
             "measurements": str(self.measurements), "profile": str(self.profile),
-            "mape_pct": self.mape_pct, "rows": self.scored.height,
+            "measured_as": self.measured_as, "mape_pct": self.mape_pct, "rows": self.scored.height,
             "excluded": int(self.table["fitted"].sum()), "invalid": invalid.height,
             "median_abs_error_pct": float(self.scored["error_pct"].abs().median()) if self.scored.height else None,
             "max_abs_error_pct": float(self.scored["error_pct"].abs().max()) if self.scored.height else None,
