@@ -301,12 +301,12 @@ def test_whatif_ends_each_wait_after_its_functional_collective(functional_collec
     ``wait_tensor`` at its measured length, so the thread went on long before the all-reduce it waited for had ended
     and the predicted iteration did not move (0.0 %). Each wait now ends when the collective it waits for ends: the
     iteration grows with the all-reduces (+144 % on this recording on an idle machine, +8 % when three processes
-    shared its two cores while it recorded: the all-reduces' share of a step is the loaded CPU's, so the bound
-    only tells the change from the old 0.0 %)."""
+    shared its two cores while it recorded, +1.0 % on a CI run: the all-reduces' share of a step is what the loaded
+    CPU left them, so the bound only tells the change from the old 0.0 %, far above rounding)."""
     ran = vtrain_in_process("whatif", functional_collectives, "--scale", "all_reduce=10", "-o", tmp_path / "whatif",
                             "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)["change_pct"] > 2.0, ran.stdout
+    assert json.loads(ran.stdout)["change_pct"] > _MOVED_PCT, ran.stdout
 
 
 def test_a_wait_for_a_functional_collective_ends_with_it_however_late_its_thread_resumed(
@@ -324,7 +324,13 @@ def test_a_wait_for_a_functional_collective_ends_with_it_however_late_its_thread
     ran = vtrain_in_process("whatif", functional_collectives, "--scale", "all_reduce=10", "-o", tmp_path / "whatif",
                             "--json")
     assert ran.returncode == 0, ran.stderr
-    assert json.loads(ran.stdout)["change_pct"] > 2.0, ran.stdout
+    assert json.loads(ran.stdout)["change_pct"] > _MOVED_PCT, ran.stdout
+
+
+#: what the functional collectives' iteration must grow by with its all-reduces 10x longer: the waits once kept their
+#: measured length and it moved by exactly 0.0 %; how much it moves is the all-reduces' share of a step, which the
+#: recording machine's load sets (1 % to 144 % seen)
+_MOVED_PCT = 0.05
 
 
 def test_the_steady_iterations_say_why_they_are_those() -> None:
