@@ -89,8 +89,12 @@ def test_plan_searches_it_when_asked() -> None:
     profile = load_profile(REPO / "profiles" / "a100")
     base = _mtnlg()
     within = lambda c: c.tp == 8 and c.schedule == "1f1b" and c.micro_batch == 1  # noqa: E731 (a small part)
+    from vtrain.plan.report import render_markdown
+
     plain = sweep(base, [3360], profile, within=within, time_reference=False).plans
-    both = sweep(base, [3360], profile, within=within, distributed_optimizer=True, time_reference=False).plans
+    searched = sweep(base, [3360], profile, within=within, distributed_optimizer=True, time_reference=False)
+    assert "with and without Megatron's distributed optimizer" in render_markdown(searched, [])
+    both = searched.plans
     assert not plain["distributed_optimizer"].any()
     assert both.height == plain.height + plain.filter(plain["dp"] > 1).height
     sharded = both.filter(both["distributed_optimizer"])

@@ -135,7 +135,9 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
     counts, base, m = table.counts, table.base, table.base.model
     heading: list[doc.Block] = [
         doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
-                 f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."),
+                 f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."
+                 + (" Every plan with d > 1 with and without Megatron's distributed optimizer (`dist-opt`)."
+                    if table.settings.get("distributed_optimizer") else "")),
         doc.Text(f"Priced for {table.pricing.tokens:.3g} tokens ({_tokens_source(table)}) at "
                  f"${table.pricing.price_per_gpu_hour:.4f} per GPU-hour ({_price_source(table)})."),
         doc.Bullets([f"enumerated: {counts['enumerated']}", f"pruned as invalid (divisibility): {counts['invalid']}",
