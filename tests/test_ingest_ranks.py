@@ -172,11 +172,12 @@ def test_a_gzip_file_of_several_members_is_read_whole(tmp_path: Path) -> None:
 
 
 def _with_source_of(profile, folder: Path):
-    """``profile`` as if read from ``folder``'s one file (its name, size and hash differ)."""
+    """``profile`` as if read from ``folder``'s one file (its name, size and hash differ, and its warnings name it)."""
     source = json.loads(json.dumps(profile.metadata["sources"][0]))
     file = next(folder.iterdir())
     source.update(bytes=file.stat().st_size, sha256=hashlib.sha256(file.read_bytes()).hexdigest())
-    profile.metadata.update(source_dir=str(folder), sources=[source])
+    warnings = [line.replace(str(A100), str(folder)) for line in profile.metadata["warnings"]]
+    profile.metadata.update(source_dir=str(folder), sources=[source], warnings=warnings)
     return profile
 
 

@@ -95,3 +95,19 @@ def test_large_jobs_fit_80_columns_without_eliding_a_name_or_a_number() -> None:
         assert name in last, name
     for number in ("1,234,567", "123456.7", "99999.9", "1234567.8", "123,456", "3.0 GiB", "2.61", "40.95"):
         assert number in out, number
+
+
+def test_the_warnings_of_an_ingest_are_said_again_by_tables(tmp_path: Path) -> None:
+    """`vtrain ingest` warns once; a user reading the tables later (or someone else's profile) saw nothing. The
+    profile keeps its ingest's warnings (traces/hta-v100-2rank: 2,020 collectives without a size, a rank missing,
+    no input shapes) and `vtrain tables` says them again, marked as the ingest's."""
+    from tests.conftest import vtrain_in_process
+
+    ingested = vtrain_in_process("ingest", REPO / "traces" / "hta-v100-2rank", "-o", tmp_path / "profile")
+    assert ingested.returncode == 0, ingested.stderr
+    said = [line for line in ingested.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 3 and any("2020 of 2020 collectives" in line for line in said)
+    shown = vtrain_in_process("tables", tmp_path / "profile", "--top", "1")
+    assert shown.returncode == 0, shown.stderr
+    again = [line for line in shown.stderr.splitlines() if line.startswith("warning: ")]
+    assert again == [line.replace("warning: ", "warning: (when the traces were ingested) ", 1) for line in said]

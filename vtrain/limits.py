@@ -72,6 +72,9 @@ MAX_SUITE_SETS = 1000
 
 #: largest profile ``metadata.json`` read, in bytes: a fitted profile's is about 11 KB
 MAX_METADATA_BYTES = 64 << 20
+#: most warning lines a profile's metadata keeps from its ingest (`vtrain tables` says them again): one per rank
+#: of a job of thousands would make the metadata large and the terminal useless
+MAX_KEPT_WARNINGS = 200
 
 
 def shown(value: Any, width: int = 60) -> str:

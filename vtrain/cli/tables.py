@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from vtrain.cli.errors import user_errors
-from vtrain.limits import MAX_TABLE_ROWS
+from vtrain.cli.errors import user_errors, warn
+from vtrain.limits import MAX_KEPT_WARNINGS, MAX_TABLE_ROWS
 from vtrain.tables.latency import RAW_DURATION
 from vtrain.tables.store import load_profile
 
@@ -31,9 +31,11 @@ def tables_command(
     profile_dir: Path = typer.Argument(..., help="A profile folder written by `vtrain ingest`."),
     top: int = typer.Option(15, "--top", min=1, max=MAX_TABLE_ROWS, help="Rows per table."),
 ) -> None:
-    """Print a profile's operator and NCCL latency tables, slowest first."""
+    """Print a profile's operator and NCCL latency tables, slowest first (and, first, the warnings its ingest gave)."""
     profile = load_profile(profile_dir)
     meta = profile.metadata
+    for line in (meta.get("warnings") or [])[:MAX_KEPT_WARNINGS + 1]:  # ingest's, said again where the tables are read
+        warn(f"(when the traces were ingested) {line}")
     console = Console()
     device = meta.get("device", {})
     console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type')}, ranks {meta.get('ranks')} "

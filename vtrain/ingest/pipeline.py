@@ -37,6 +37,7 @@ from vtrain.ingest.rank import (
     shapeless_warning,
     unmarked_warning,
 )
+from vtrain.limits import MAX_KEPT_WARNINGS
 from vtrain.outputs import PROFILE, staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
 from vtrain.tables.store import METADATA_FILE, Profile, conform
@@ -165,6 +166,12 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     cluster at ``ray_address`` (see :func:`_map_ranks_on_ray`); the checks across ranks, warnings and errors come
     in folder order, as in a serial run."""
     files = find_trace_files(trace_dir)
+    said: list[str] = []  # every warning, kept in the metadata: `vtrain tables` says them again
+
+    def say(line: str) -> None:
+        said.append(line)
+        warn(line)
+
     started = time.time()
     results: list[RankResult] = []
     sources: list[RankSource] = []
@@ -180,19 +187,21 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
             if result.error:
                 raise result.error
             for line in result.warnings:
-                warn(line)
+                say(line)
             assert result.source is not None
             sources.append(result.source)
             results.append(result)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
-        warn(line)
+        say(line)
     for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results)):
         if line:
-            warn(line)
+            say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
-    metadata["run"] = described_run(Path(trace_dir), warn)
+    metadata["run"] = described_run(Path(trace_dir), say)
+    metadata["warnings"] = said[:MAX_KEPT_WARNINGS] + (
+        [f"... and {len(said) - MAX_KEPT_WARNINGS} more warning(s)"] if len(said) > MAX_KEPT_WARNINGS else [])
     return IngestedRanks(spool=spool, results=results, metadata=metadata)
 
 
