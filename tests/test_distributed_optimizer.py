@@ -125,3 +125,13 @@ def test_simulate_says_it() -> None:
     assert done.returncode == 0, done.stderr
     assert "distributed optimizer" in done.stdout.splitlines()[1]
     assert "would not fit" not in done.stderr  # 18.90 GiB of the 40 GB part's 40
+
+
+def test_plan_refuses_a_run_config_and_a_shape_given_together(tmp_path) -> None:
+    """`plan examples/mtnlg-530b.json --layers 4 --hidden 1024 ...` swept MT-NLG's 105 layers in silence (the flags'
+    help says they replace a run config)."""
+    from tests.conftest import vtrain_in_process
+
+    done = vtrain_in_process("plan", MTNLG, "--gpus", "8", "--layers", "4", "--hidden", "1024", "-o", tmp_path / "p")
+    assert done.returncode == 2 and "not both" in done.stderr and "--layers, --hidden" in done.stderr
+    assert not (tmp_path / "p").exists()

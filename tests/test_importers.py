@@ -444,6 +444,10 @@ def test_achieved_teraflops_per_gpu_are_read_as_narayanan_et_al_count_them(tmp_p
     assert expected_ms[0] == pytest.approx(2520 * 2048 * 529.6e9 * 8 / (163e12 * 2520) * 1e3, rel=0.02)  # ~8NT
     assert read_measurements(path)["iteration_ms"][3] == pytest.approx(expected_ms[0])  # vTrain's: full
     assert table["measured_as"].unique().to_list() == ["tflops/gpu"]  # the report says how the times were read
+    shapeless = write(tmp_path / "shapeless.csv", [header, "529.6,128,0,105,8,35,2520,2520,1,2048,51200,full,163",
+                                                   "529.6,128,20480,-105,8,35,2520,2520,1,2048,51200,full,163"])
+    assert read_measurements(shapeless)["problem"].to_list() == [  # no FLOPs counted of a shape no run has
+        "hidden = 0 is not a positive integer", "layers = -105 is not a positive integer"]
     refused = write(tmp_path / "zero.csv", [header, "529.6,128,20480,105,8,35,2520,2520,1,2048,51200,full,0"])
     assert read_measurements(refused)["problem"][0] == ("measured throughput is not a positive number (0.0 TFLOP/s "
                                                         "per GPU)")

@@ -172,5 +172,21 @@ def test_a_pipe_in_a_profile_folder_is_not_read(tmp_path: Path, monkeypatch: pyt
     assert _iteration_ms(profile) == _iteration_ms(A100)
     (profile / "kernels.parquet").unlink()
     (profile / "kernels.parquet").symlink_to("/dev/zero")
-    with pytest.raises(InputError, match="kernels.parquet: corrupt table"):
+    with pytest.raises(InputError, match="kernels.parquet: not a regular file"):
+        load_profile(profile)
+    (profile / "kernels.parquet").unlink()
+    os.mkfifo(profile / "kernels.parquet")  # read, a table that is a pipe never ended (an audit's hang)
+    with pytest.raises(InputError, match="kernels.parquet: not a regular file"):
+        load_profile(profile)
+
+
+def test_another_tables_file_under_a_tables_name_is_refused(tmp_path: Path) -> None:
+    """nccl_latency.parquet copied over op_latency.parquet shares a few columns (count, median_us, ...): it was read
+    as 16,122 operators of no name, which `simulate` used without a word and `vtrain tables` crashed on."""
+    from vtrain.errors import InputError
+
+    profile = tmp_path / "a100"
+    shutil.copytree(A100, profile)
+    shutil.copy(profile / "nccl_latency.parquet", profile / "op_latency.parquet")
+    with pytest.raises(InputError, match="op_latency.parquet: wrong schema: no op, input_dims, input_types column"):
         load_profile(profile)

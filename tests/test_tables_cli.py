@@ -111,3 +111,24 @@ def test_the_warnings_of_an_ingest_are_said_again_by_tables(tmp_path: Path) -> N
     assert shown.returncode == 0, shown.stderr
     again = [line for line in shown.stderr.splitlines() if line.startswith("warning: ")]
     assert again == [line.replace("warning: ", "warning: (when the traces were ingested) ", 1) for line in said]
+
+
+def test_the_warnings_a_profile_keeps_are_printed_as_text_lines(tmp_path: Path) -> None:
+    """What `vtrain tables` says again comes from a file: terminal escapes are shown as codes, not run; entries that
+    are not text are refused; more than it prints are counted."""
+    import json
+    import shutil
+
+    from tests.conftest import vtrain_in_process
+
+    profile = tmp_path / "profile"
+    shutil.copytree(REPO / "profiles" / "a100", profile)
+    metadata = json.loads((profile / "metadata.json").read_text())
+    (profile / "metadata.json").write_text(json.dumps({**metadata, "warnings": ["\x1b[2Jcleared\x07"] * 300}))
+    shown = vtrain_in_process("tables", profile, "--top", "1")
+    lines = [line for line in shown.stderr.splitlines() if line.startswith("warning: ")]
+    assert shown.returncode == 0 and "\x1b" not in shown.stderr and len(lines) == 202
+    assert lines[0].endswith("\\x1b[2Jcleared\\x07") and "99 more warning(s)" in lines[-1]
+    (profile / "metadata.json").write_text(json.dumps({**metadata, "warnings": [1, None]}))
+    refused = vtrain_in_process("tables", profile)
+    assert refused.returncode == 2 and "warnings must be a list of text" in refused.stderr

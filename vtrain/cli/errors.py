@@ -22,8 +22,10 @@ def report(exc: InputError) -> int:
 
 
 def one_line(text: str) -> str:
-    """``text`` with its line breaks escaped."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """``text`` with its line breaks escaped, and any other control character (a terminal escape sequence read from
+    a file) shown as its code."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in text)
 
 
 def warn(line: str) -> None:

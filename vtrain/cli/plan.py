@@ -123,6 +123,11 @@ def plan_command(
 def _base_config(model: Path | None, global_batch: int | None, layers: int | None, hidden: int | None,
                  heads: int | None, seq: int | None, vocab: int, device: str | None) -> RunConfig:
     """The run config whose model, batch, precision and hardware are swept (on ``device`` when given)."""
+    given = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--heads", heads), ("--seq", seq))
+             if value is not None]
+    if model is not None and given:
+        raise InputError(f"give a run config or the model's shape ({', '.join(given)}), not both: the run config's "
+                         f"model would be swept")
     if model is not None:
         base = load_run_config(model)
         if device is not None:

@@ -22,6 +22,8 @@ from vtrain.limits import MAX_KEPT_WARNINGS, MAX_TABLE_ROWS
 from vtrain.tables.latency import RAW_DURATION
 from vtrain.tables.store import load_profile
 
+#: most characters of one warning kept in a profile that `vtrain tables` prints (one line, not a page)
+_LONGEST_WARNING = 2000
 #: below this many columns the op table shows no kernel names and the NCCL table no algorithm bandwidth
 WIDE = 110
 
@@ -34,8 +36,12 @@ def tables_command(
     """Print a profile's operator and NCCL latency tables, slowest first (and, first, the warnings its ingest gave)."""
     profile = load_profile(profile_dir)
     meta = profile.metadata
-    for line in (meta.get("warnings") or [])[:MAX_KEPT_WARNINGS + 1]:  # ingest's, said again where the tables are read
-        warn(f"(when the traces were ingested) {line}")
+    said = meta.get("warnings") or []  # ingest's, said again where the tables are read
+    for line in said[:MAX_KEPT_WARNINGS + 1]:
+        warn(f"(when the traces were ingested) {line[:_LONGEST_WARNING]}")
+    if len(said) > MAX_KEPT_WARNINGS + 1:
+        warn(f"(when the traces were ingested) ... and {len(said) - MAX_KEPT_WARNINGS - 1:,} more warning(s) in "
+             f"{profile_dir / 'metadata.json'}")
     console = Console()
     device = meta.get("device", {})
     console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type')}, ranks {meta.get('ranks')} "

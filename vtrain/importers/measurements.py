@@ -268,8 +268,9 @@ def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
     columns = ("global_batch", "seq", "layers", "hidden", "gpus", form)
     vocab = rows["vocab"] if "vocab" in rows.columns else pl.repeat(None, rows.height, eager=True)
     recomputed = rows["recompute"] if "recompute" in rows.columns else pl.repeat(None, rows.height, eager=True)
-    times = [None if None in (batch, seq, layers, hidden, gpus, tflops) or tflops <= 0 or gpus <= 0 else
-             hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute) / (tflops * 1e12 * gpus) * 1e3
+    times = [hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute) / (tflops * 1e12 * gpus) * 1e3
+             if all(x is not None and math.isfinite(x) and x > 0 for x in (batch, seq, layers, hidden, gpus, tflops))
+             else None  # a shape or rate that is no number above 0: the row's problem says which
              for (batch, seq, layers, hidden, gpus, tflops), v, r
              in zip(rows.select(columns).iter_rows(), vocab, recomputed)]
     return pl.Series(times, dtype=pl.Float64)

@@ -195,6 +195,8 @@ def _read_table(path: Path, name: str) -> pl.DataFrame:
         return empty_table(name)
     if not file.exists():
         raise InputError(f"not a profile folder: {file.name} is missing", path)
+    if not file.is_file():  # a pipe or a device would be read without end
+        raise InputError("not a regular file", file)
     try:
         frame = pl.read_parquet(file)
     except Exception as exc:  # polars raises several error types for corrupt Parquet
@@ -236,6 +238,8 @@ def _read_metadata(meta_file: Path) -> dict[str, Any]:
     for key in ("ranks", "ranks_missing", "iterations"):
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in metadata.get(key) or []):
             raise InputError(f"{METADATA_FILE}: {key} must be a list of whole numbers >= 0", meta_file)
+    if any(not isinstance(line, str) for line in metadata.get("warnings") or []):
+        raise InputError(f"{METADATA_FILE}: warnings must be a list of text", meta_file)
     if metadata.get("fitted"):
         problem = _fitted_problem(metadata["fitted"])
         if problem:
@@ -299,6 +303,9 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
     if frame.width and not set(frame.columns) & set(schema):
         raise InputError(f"wrong schema: none of the {name} table's columns ({', '.join(list(schema)[:4])}, ...)",
                          file)
+    missing = [col for col in _KEY_COLUMNS.get(name, ()) if col not in frame.columns]
+    if frame.width and missing:  # another table's file under this name: its shared columns alone are no table
+        raise InputError(f"wrong schema: no {', '.join(missing)} column (another table's file?)", file)
     columns = []
     for col, dtype in schema.items():
         if col not in frame.columns:
@@ -309,6 +316,10 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
     _check_latencies(frame, name, file)
     return frame
 
+
+#: the columns that say what a table's rows are of: without them a row is of nothing (a table from another file)
+_KEY_COLUMNS = {"op_latency": ("op", "input_dims", "input_types"), "nccl_latency": ("collective",),
+                "op_benchmarks": ("op_class",), "kernels": ("name",), "cpu_ops": ("name",)}
 
 #: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
 _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
