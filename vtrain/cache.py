@@ -75,12 +75,13 @@ def code_key() -> str:
 def lookup(key: str, what: str) -> object | None:
     """What an earlier run kept under ``key`` (a :func:`content_key`) and ``what`` (the kind of result) with this
     vtrain's code, ``None`` when nothing loads."""
+    file = _entry(key, what)
     try:
-        with open(_entry(key, what), "rb") as handle:
+        with open(file, "rb") as handle:
             if not _own(os.fstat(handle.fileno())):
                 return None
             value = pickle.load(handle)
-        os.utime(_entry(key, what))  # used now: the last to go (:func:`_trim`)
+        os.utime(file)  # used now: the last to go (:func:`_trim`)
         return value
     except Exception:  # none kept yet, or an entry that does not load (truncated): the caller derives it again
         return None
