@@ -190,3 +190,19 @@ def test_another_tables_file_under_a_tables_name_is_refused(tmp_path: Path) -> N
     shutil.copy(profile / "nccl_latency.parquet", profile / "op_latency.parquet")
     with pytest.raises(InputError, match="op_latency.parquet: wrong schema: no op, input_dims, input_types column"):
         load_profile(profile)
+
+
+def test_processes_reading_one_profile_at_once_agree(tmp_path: Path) -> None:
+    """Plan workers, or several jobs of a CI, read the same new profile at the same moment: each derives and keeps
+    the entries; they replace each other atomically, and nothing half-written is left or read."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "VTRAIN_CACHE_DIR": str(cache)}
+    command = [sys.executable, "-m", "vtrain.cli.main", "simulate", str(MTNLG), "--profile", str(A100), "--json"]
+    running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                                env=env) for _ in range(3)]
+    outputs = [process.communicate(timeout=300)[0] for process in running]
+    assert all(process.returncode == 0 for process in running)
+    assert len(set(outputs)) == 1 and outputs[0].startswith("{")
+    assert sorted(entry.name.split("-")[0] for entry in cache.iterdir()) == ["digest", "kernel"]  # no .tmp left
+    again, _ = _simulate_process(A100, cache)
+    assert again == json.loads(outputs[0])
