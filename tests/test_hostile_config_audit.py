@@ -142,7 +142,7 @@ def test_a_metadata_integer_beyond_the_digit_limit_is_refused(tmp_path: Path) ->
     profile = damaged_profile(tmp_path)
     (profile / "metadata.json").write_text('{"kind": "profile", "world_size": ' + "9" * 5000 + "}")
     ran = unchanged(tmp_path, lambda: vtrain_in_process("tables", profile))
-    refused(ran, str(profile / "metadata.json"), "corrupt metadata.json")
+    refused(ran, str(profile / "metadata.json"), "not valid JSON")
 
 
 @pytest.mark.parametrize("name, column, value", [("nccl_latency", "group_size", 0), ("op_benchmarks", "m", -5)])

@@ -209,41 +209,41 @@ def _read_metadata(meta_file: Path) -> dict[str, Any]:
     key twice, or is not of the shape vtrain writes (see
     :data:`_METADATA_SHAPE`) or when a fitted device's numbers lie outside physical bounds."""
     if not meta_file.is_file():
-        raise InputError(f"{METADATA_FILE} is not a regular file", meta_file)
+        raise InputError("not a regular file", meta_file)
     if meta_file.stat().st_size > MAX_METADATA_BYTES:
-        raise InputError(f"{METADATA_FILE} is larger than {MAX_METADATA_BYTES:,} bytes", meta_file)
+        raise InputError(f"larger than {MAX_METADATA_BYTES:,} bytes", meta_file)
     try:
         metadata = json.loads(meta_file.read_bytes().decode("utf-8-sig"), object_pairs_hook=_unique_keys)
     except _DuplicateKey as exc:
-        raise InputError(f"corrupt {METADATA_FILE}: key {exc} given twice", meta_file) from None
+        raise InputError(f"key {exc} given twice", meta_file) from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"corrupt {METADATA_FILE}: not UTF-8 (byte {exc.start})", meta_file) from None
+        raise InputError(f"not valid JSON: not UTF-8 (byte {exc.start})", meta_file) from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"corrupt {METADATA_FILE}: {exc.msg}", meta_file) from None
+        raise InputError(f"not valid JSON: {exc.msg}", meta_file) from None
     except RecursionError:
-        raise InputError(f"corrupt {METADATA_FILE}: nested too deeply", meta_file) from None
+        raise InputError("not valid JSON: nested too deeply", meta_file) from None
     except ValueError as exc:  # an integer beyond Python's 4,300 digits
-        raise InputError(f"corrupt {METADATA_FILE}: {str(exc).split(';')[0]}", meta_file) from None
+        raise InputError(f"not valid JSON: {str(exc).split(';')[0]}", meta_file) from None
     if not isinstance(metadata, dict):
-        raise InputError(f"{METADATA_FILE} must hold a JSON object (got {type(metadata).__name__})", meta_file)
+        raise InputError(f"must hold a JSON object (got {type(metadata).__name__})", meta_file)
     for key, kinds in _METADATA_SHAPE.items():
         value = metadata.get(key)
         if value is not None and not isinstance(value, kinds):
-            raise InputError(f"{METADATA_FILE}: {key} must be {' or '.join(k.__name__ for k in kinds)} "
+            raise InputError(f"{key} must be {' or '.join(k.__name__ for k in kinds)} "
                              f"(got {type(value).__name__})", meta_file)
     for key in ("world_size", "dropped_events"):
         value = metadata.get(key)
         if isinstance(value, bool) or isinstance(value, int) and value < 0:
-            raise InputError(f"{METADATA_FILE}: {key} must be a count >= 0 (got {value!r})", meta_file)
+            raise InputError(f"{key} must be a count >= 0 (got {value!r})", meta_file)
     for key in ("ranks", "ranks_missing", "iterations"):
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in metadata.get(key) or []):
-            raise InputError(f"{METADATA_FILE}: {key} must be a list of whole numbers >= 0", meta_file)
+            raise InputError(f"{key} must be a list of whole numbers >= 0", meta_file)
     if any(not isinstance(line, str) for line in metadata.get("warnings") or []):
-        raise InputError(f"{METADATA_FILE}: warnings must be a list of text", meta_file)
+        raise InputError("warnings must be a list of text", meta_file)
     if metadata.get("fitted"):
         problem = _fitted_problem(metadata["fitted"])
         if problem:
-            raise InputError(f"{METADATA_FILE}: fitted device model: {problem}", meta_file)
+            raise InputError(f"fitted device model: {problem}", meta_file)
     return metadata
 
 
