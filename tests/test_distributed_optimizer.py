@@ -125,6 +125,21 @@ def test_simulate_says_it() -> None:
     assert done.returncode == 0, done.stderr
     assert "distributed optimizer" in done.stdout.splitlines()[1]
     assert "would not fit" not in done.stderr  # 18.90 GiB of the 40 GB part's 40
+    assert "shards nothing" not in done.stderr
+
+
+def test_without_data_parallelism_it_is_said_to_shard_nothing() -> None:
+    """At d = 1 the distributed optimizer is the plain one (a config written for another d, say): predicted as
+    without it, and said."""
+    from tests.conftest import vtrain_in_process
+
+    runs = {flag: vtrain_in_process("simulate", MTNLG, "--profile", REPO / "profiles" / "a100", "--dp", "1",
+                                    "--pp", "35", "--gpus", "280", "--global-batch", "160", flag)
+            for flag in ("--distributed-optimizer", "--no-distributed-optimizer")}
+    sharded, plain = runs["--distributed-optimizer"], runs["--no-distributed-optimizer"]
+    assert sharded.returncode == plain.returncode == 0, sharded.stderr
+    assert sharded.stdout.splitlines()[0] == plain.stdout.splitlines()[0]  # the iteration time
+    assert "with dp = 1 it shards nothing" in sharded.stderr and "shards nothing" not in plain.stderr
 
 
 def test_plan_refuses_a_run_config_and_a_shape_given_together(tmp_path) -> None:

@@ -18,6 +18,7 @@ from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.errors import InputError
 
 if TYPE_CHECKING:
+    from vtrain.runconfig import RunConfig
     from vtrain.simulate import Simulation
 
 #: the command's one-line description (also in `vtrain --help`)
@@ -104,8 +105,9 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         check_output(output, inputs=[config, profile], force=force)
     table = load_profile(profile) if profile is not None else None
     sim = simulate(run, table, source=config)
-    if line := _memory_warning(sim):
-        warn(f"{config}: {line}")
+    for line in (_memory_warning(sim), _unsharded_warning(run)):
+        if line:
+            warn(f"{config}: {line}")
     written = []
     if output is not None:
         from vtrain.simulate.chrome_trace import write_chrome_traces
@@ -129,6 +131,15 @@ def _memory_warning(sim: Simulation) -> str | None:
             f"parameters, gradients, optimizer state, activations), more than the "
             f"{sim.device.memory_bytes / 2**30:,.0f} GiB of {sim.device.name}: the run "
             f"would not fit (`vtrain plan --device-memory` finds plans that do)")
+
+
+def _unsharded_warning(run: RunConfig) -> str | None:
+    """A warning when the distributed optimizer is asked for without data parallelism: one replica shards nothing
+    (predicted as the plain optimizer, which it is)."""
+    if not (run.parallelism.distributed_optimizer and run.parallelism.dp == 1):
+        return None
+    return "the distributed optimizer shards the optimizer states over data-parallel replicas; with dp = 1 it " \
+           "shards nothing: predicted as without it"
 
 
 def format_summary(sim: Simulation) -> str:
