@@ -146,7 +146,8 @@ def op_latency(calls: pl.DataFrame) -> pl.DataFrame:
         .drop("seen")
     )
     table = stats.join(sequence, on=SIGNATURE, how="left", nulls_equal=True)
-    return conform(table.sort("median_us", descending=True), "op_latency")
+    # the slowest first; ties in signature order, so that the same calls write the same table (the profile's key)
+    return conform(table.sort("median_us", *SIGNATURE, descending=[True] + [False] * len(SIGNATURE)), "op_latency")
 
 
 def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:

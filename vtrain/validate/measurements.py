@@ -66,7 +66,7 @@ class MeasurementValidation:
     def by_dimension(self) -> dict[str, pl.DataFrame]:
         """Per dimension value: rows, MAPE and mean signed error."""
         return {
-            dim: self.scored.group_by(dim).agg(
+            dim: self.scored.group_by(dim, maintain_order=True).agg(
                 rows=pl.len(), mape_pct=pl.col("error_pct").abs().mean(),
                 mean_error_pct=pl.col("error_pct").mean()).sort(dim)
             for dim in DIMENSIONS
@@ -189,7 +189,7 @@ def _medians_by(frame: pl.DataFrame, dim: str, count: str, ratio: str, intercept
     if frame.is_empty():
         return pl.DataFrame(schema={dim: pl.Int64, count: pl.UInt32, ratio: pl.Float64,
                                     **{column: pl.Float64 for column in columns}})
-    return frame.group_by(dim).agg(pl.len().alias(count), pl.col(ratio).median(),
+    return frame.group_by(dim, maintain_order=True).agg(pl.len().alias(count), pl.col(ratio).median(),
                                    *(pl.col(column).median() for column in columns)).sort(dim)
 
 
