@@ -68,9 +68,10 @@ def test_device_type_must_match() -> None:
 def test_gemm_is_scaled_by_flops_at_the_nearest_measured_efficiency() -> None:
     small, large = mm(128, 128, 128), mm(1024, 1024, 1024)
     resolver = OpLatencyResolver(profile([row(small, 10.0), row(large, 1000.0)]), A100, "cuda")
-    # beyond the largest: the largest shape's FLOP rate
+    # beyond the largest: the largest shape's work (its time less the launch) scaled by FLOPs, one launch added
     bigger = mm(2048, 1024, 1024)
-    assert resolver.resolve(bigger).latency_us == pytest.approx(2000.0)
+    assert resolver.resolve(bigger).latency_us == pytest.approx(A100.launch_overhead_us
+                                                                + 2 * (1000.0 - A100.launch_overhead_us))
     assert resolver.resolve(bigger).source == INTERPOLATED
     # between: the rate interpolated in log(FLOPs) between the neighbours
     middle = mm(512, 512, 512)  # 2^28 FLOPs; neighbours at 2^22 and 2^31 FLOPs
@@ -84,7 +85,20 @@ def test_memory_bound_op_is_scaled_by_bytes() -> None:
     resolver = OpLatencyResolver(profile([row(gelu(1 << 20), 50.0)]), A100, "cuda")
     resolution = resolver.resolve(gelu(1 << 22))
     assert resolution.source == INTERPOLATED
-    assert resolution.latency_us == pytest.approx(200.0)
+    assert resolution.latency_us == pytest.approx(A100.launch_overhead_us + 4 * (50.0 - A100.launch_overhead_us))
+
+
+def test_a_launch_bound_neighbour_says_nothing_of_a_larger_shape() -> None:
+    """A 1 us kernel is its launch: its bytes per us carried to 4,096 times the bytes gave 4 ms. A kernel whose time
+    is mostly its launch gives no rate beyond the measured shapes: the device model answers."""
+    small, large = gelu(1 << 10), gelu(1 << 22)
+    resolver = OpLatencyResolver(profile([row(small, 1.0)]), A100, "cuda")
+    resolution = resolver.resolve(large)
+    assert resolution.source == MODELLED
+    assert resolution.latency_us == pytest.approx(A100.op_latency_us(large))
+    # below the smallest measured shape: at least the launch, not a vanishing share of the neighbour's time
+    resolver = OpLatencyResolver(profile([row(large, 300.0)]), A100, "cuda")
+    assert resolver.resolve(small).latency_us >= A100.launch_overhead_us
 
 
 def test_other_dtypes_do_not_count_as_the_same_op() -> None:
@@ -179,13 +193,13 @@ def events(rows: list[tuple[str, object, float]]) -> pl.DataFrame:
 
 def test_interference_scales_op_medians_per_phase() -> None:
     op, other = mm(128, 128, 128), gelu(1 << 20)
-    resolver = OpLatencyResolver(profile([row(op, 10.0), row(other, 5.0)]), A100, "cuda")
-    resolver.calibrate(events([("forward", op, 10.0), ("forward", op, 30.0), ("backward", other, 5.0)]))
+    resolver = OpLatencyResolver(profile([row(op, 10.0), row(other, 50.0)]), A100, "cuda")
+    resolver.calibrate(events([("forward", op, 10.0), ("forward", op, 30.0), ("backward", other, 50.0)]))
     forward = resolver.resolve(op, "forward")
     assert forward.latency_us == pytest.approx(20.0) and forward.source == MEASURED
     assert (forward.part_us(OPERATOR), forward.part_us(INTERFERENCE)) == (pytest.approx(10.0), pytest.approx(10.0))
     assert resolver.resolve(op, "backward").latency_us == pytest.approx(10.0)
-    assert resolver.resolve(op, "optimizer").latency_us == pytest.approx(10.0 * 45.0 / 25.0)  # all phases
+    assert resolver.resolve(op, "optimizer").latency_us == pytest.approx(10.0 * 90.0 / 70.0)  # all phases
     assert resolver.resolve(gelu(1 << 22), "backward").source == INTERPOLATED
 
 

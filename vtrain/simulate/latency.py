@@ -6,7 +6,11 @@
 3. ``modelled``: the device model: a fitted one (``vtrain fit``: kernel models interpolated between measured
    kernels, :mod:`vtrain.fit.kernel_model`), else the datasheet one (peak FLOP/s and memory bandwidth). With a
    fitted device, a shape outside the range of the profile's measured signatures of that op goes to the fitted
-   model rather than to one neighbour's rate carried beyond it.
+   model rather than to one neighbour's rate carried beyond it; with the datasheet one, the nearest signature's
+   time less the device's launch overhead is scaled by cost and the overhead added back, when most of its time is
+   work; a kernel whose time is mostly its launch says nothing of a larger shape's rate, and the device model
+   answers (its whole time scaled made a [2, 2048, 51200] subtraction on an H200 take 45 ms from a 1.3 us
+   [2048, 2] one: ``traces/gpu/h200-mcore-*``).
 
 A measured signature's latency is its median times the profile's *interference factor* of the op's phase: the time
 of the calls the model places in that phase, as the profile's timeline has them, over the sum of their signatures'
@@ -76,7 +80,11 @@ class _Sample:
 
 def _issue_rate(row: dict[str, Any], where: str, traced_ops: float | None) -> IssueRate:
     """The issue rate of one phase from :func:`~vtrain.tables.gaps.op_gaps`' row: the mean host time between
-    launches, times the placed calls found per rank-iteration over the operators the model places there."""
+    launches and the device's mean time between operators, each times the placed calls found per rank-iteration
+    over the operators the model places there (both were measured between the calls found: spread over the
+    model's operators, an iteration keeps the measured total; per operator of a Megatron-core run whose trace
+    has 218 of the 736 the model places, the device's gap held three operators' and made 371 ms of an iteration
+    of 252)."""
     found = row["op_calls"] / row["rank_iterations"]
     share = found / traced_ops if traced_ops else 1.0
     detail = (f"host time per operator ({where}): {row['host_us']:.1f} us between launches over "
@@ -86,7 +94,8 @@ def _issue_rate(row: dict[str, Any], where: str, traced_ops: float | None) -> Is
     graph = (Resolution(row["graph_host_us"], MEASURED, f"host time per CUDA graph replay ({where}): "
                                                          f"{row['graph_host_us']:.1f} us between launches")
              if row["graph_host_us"] is not None else None)
-    return IssueRate(Resolution(row["host_us"] * share, MEASURED, detail), row["device_gap_us"] or 0.0, graph)
+    return IssueRate(Resolution(row["host_us"] * share, MEASURED, detail), (row["device_gap_us"] or 0.0) * share,
+                     graph)
 
 
 class OpLatencyResolver:
@@ -188,30 +197,44 @@ class OpLatencyResolver:
         samples = self._by_op.get((op.name, op.input_types, is_gemm))
         cost = op.flops if is_gemm else op.bytes
         if samples and cost > 0 and (samples[0].cost <= cost <= samples[-1].cost
-                                     or not isinstance(self.device, FittedDevice)):
-            return self._scale(op, samples, cost, is_gemm)
+                                     or not isinstance(self.device, FittedDevice)
+                                     and _is_work(_nearest(samples, cost), self.device.launch_overhead_us)):
+            return self._scale(op, samples, cost, is_gemm, self.device.launch_overhead_us)
         modelled, detail = self.device.op_latency(op)
         return Resolution(modelled, MODELLED, detail)
 
     @staticmethod
-    def _scale(op: Op, samples: list[_Sample], cost: float, is_gemm: bool) -> Resolution:
+    def _scale(op: Op, samples: list[_Sample], cost: float, is_gemm: bool, overhead_us: float) -> Resolution:
         """Scale by cost at the rate (cost per µs) of the nearest measured shapes, interpolating the rate in
-        log(cost) between the two neighbours that bracket ``cost``."""
+        log(cost) between the two neighbours that bracket ``cost``; beyond them, the nearest one's work (its time
+        less the device's launch overhead ``overhead_us``) scaled, plus the overhead."""
         costs = [s.cost for s in samples]
-        i = bisect.bisect_left(costs, cost)
-        if 0 < i < len(samples):
-            lo, hi = samples[i - 1], samples[i]
-            weight = (math.log(cost) - math.log(lo.cost)) / (math.log(hi.cost) - math.log(lo.cost)) \
-                if hi.cost > lo.cost else 0.0
-            nearest = lo if weight < 0.5 else hi
-            rate_lo, rate_hi = _rate(lo), _rate(hi)
-            rate = rate_lo + weight * (rate_hi - rate_lo) if math.isfinite(rate_lo + rate_hi) else _rate(nearest)
-        else:
-            nearest = samples[0] if i == 0 else samples[-1]
-            rate = _rate(nearest)
         unit = "FLOPs" if is_gemm else "bytes"
+        if not costs[0] <= cost <= costs[-1]:
+            nearest = _nearest(samples, cost)
+            return Resolution(overhead_us + (nearest.latency_us - overhead_us) * cost / nearest.cost, INTERPOLATED,
+                              f"scaled by {unit} from {op.name} {nearest.dims} beyond the measured shapes (its time "
+                              f"less {overhead_us:g} us of launch)", nearest.kernels)
+        i = bisect.bisect_left(costs, cost)  # costs[i - 1] < cost <= costs[i], or cost == costs[0]
+        lo, hi = samples[max(i - 1, 0)], samples[i]
+        weight = (math.log(cost) - math.log(lo.cost)) / (math.log(hi.cost) - math.log(lo.cost)) \
+            if hi.cost > lo.cost else 0.0
+        nearest = lo if weight < 0.5 else hi
+        rate_lo, rate_hi = _rate(lo), _rate(hi)
+        rate = rate_lo + weight * (rate_hi - rate_lo) if math.isfinite(rate_lo + rate_hi) else _rate(nearest)
         latency = cost / rate if rate > 0 else 0.0
         return Resolution(latency, INTERPOLATED, f"scaled by {unit} from {op.name} {nearest.dims}", nearest.kernels)
+
+
+def _nearest(samples: list[_Sample], cost: float) -> _Sample:
+    """The measured shape at the end of the measured range nearest ``cost``."""
+    return samples[0] if cost < samples[0].cost else samples[-1]
+
+
+def _is_work(sample: _Sample, overhead_us: float) -> bool:
+    """Whether most of a measured kernel's time is work rather than its launch: only then does its rate say
+    anything of a shape beyond it."""
+    return sample.latency_us >= 2 * overhead_us
 
 
 def _rate(sample: _Sample) -> float:
