@@ -90,15 +90,20 @@ def test_a_shape_beyond_the_measured_ones_is_not_a_small_kernels_rate_carried(wi
     assert floor_us <= resolved.latency_us <= 2 * floor_us
 
 
-def test_the_device_gaps_measured_between_few_operators_are_spread_over_the_models(tmp_path: Path) -> None:
-    """Megatron-core's trace has 218 calls per iteration of the operators ``framework: megatron`` places (736: its
-    fused softmax, bias-GeLU, apex's Adam are other operators here); the device's time between them, 504 us a call
-    (the other operators' kernels among it), was added after each of the 736: 370 ms of idle device in an
-    iteration measured at 252 ms (+148 %). Spread over the model's operators as the host's time is, the iteration
-    keeps the measured total (+7.9 %)."""
+@pytest.mark.parametrize("name", ["h200-mcore-6l-h4096-none", "h200-mcore-gpt1.3b-none"])
+def test_megatrons_iteration_predicted_from_its_own_trace(name: str, tmp_path: Path) -> None:
+    """The model side of ``vtrain validate`` on a trace vtrain did not record, whose operators differ from those
+    ``framework: megatron`` places (its fused softmax, bias-GeLU and apex's Adam are other operators here).
+
+    - 6 layers, hidden 4,096: the trace has 218 calls per iteration of the 736 operators the model places; the
+      device's time between them, 504 us a call (the other operators' kernels among it), was added after each of
+      the 736: 370 ms of idle device in an iteration measured at 252 ms (+148 %). Spread over the model's
+      operators as the host's time is, the iteration keeps the measured total: +8.0 %.
+    - 24 layers: the host's time between two launches that found the launch queue nearly empty held 204 ms in
+      which the host waited for slots in the full queue (the device's time, not the host's): +74 %. A stretch with
+      a full queue anywhere in it measures nothing of the host: +3.3 %."""
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(GPU / "h200-mcore-6l-h4096-none"),
-                           "-o", str(out), "--json", "--no-hta"], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(GPU / name), "-o", str(out),
+                           "--json", "--no-hta"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    model = json.loads(done.stdout)["model"]
-    assert abs(model["error_pct"]) < 15.0
+    assert abs(json.loads(done.stdout)["model"]["error_pct"]) < 10.0

@@ -201,13 +201,24 @@ def _issued(calls: pl.DataFrame, queued: dict[int, tuple[np.ndarray, np.ndarray]
     for (rank, _), group in calls.group_by("rank", "iteration"):
         group = group.sort("launch")
         launched, started = queued[int(rank)]
-        at = group["launch"].to_numpy()
-        waiting = np.searchsorted(launched, at, side="left") - np.searchsorted(started, at, side="right")
+        waiting = _most_queued(launched, started, group["launch"].to_numpy())
         frames.append(group.with_columns(
             host=pl.col("launch").diff(), queued=pl.Series(waiting, dtype=pl.Int64),
             ahead=(pl.col("launch") < pl.col("end").cum_max().shift()).fill_null(False)))
     return pl.concat(frames) if frames else calls.with_columns(host=pl.lit(None, pl.Float64),
                                                                 queued=pl.lit(None, pl.Int64), ahead=pl.lit(False))
+
+
+def _most_queued(launched: np.ndarray, started: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each launch in ``at`` (sorted), the most device activities queued (launched, not yet started) at any
+    launch since the one before it: a host that waited for a slot anywhere in between did not spend that time on
+    its own (one such wait in Megatron-core's 24-layer run made 204 ms of an iteration's 694 the host's)."""
+    depth = np.append(np.arange(len(launched)) - np.searchsorted(started, launched, side="right"), -1)
+    first = np.searchsorted(launched, at[:1], side="left")
+    bounds = np.concatenate([first, np.searchsorted(launched, at, side="right")])  # launch i's: [i, i + 1)
+    most = np.maximum.reduceat(depth, bounds)[:-1]
+    own = np.searchsorted(launched, at, side="left") - np.searchsorted(started, at, side="right")
+    return np.maximum(most, own)
 
 
 def _timed(calls: pl.DataFrame, cpu_ops: pl.DataFrame, waits: dict[int, np.ndarray], device_type: str,
