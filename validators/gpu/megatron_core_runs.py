@@ -5,7 +5,7 @@ Run on a machine with one CUDA GPU, from the repository root, with megatron-core
 without its optional dependencies: no Transformer Engine, no apex) beside torch, numpy and PyYAML::
 
     pip install --no-deps --target /tmp/site megatron_core-0.16.1-*.whl
-    PYTHONPATH=/tmp/site:. python3 validators/gpu/megatron_core_runs.py OUT_DIR [--only NAME,...] [--cpu-smoke]
+    PYTHONPATH=/tmp/site:. python3 validators/gpu/megatron_core_runs.py OUT [--only NAME,...] [--steps N] [--cpu-smoke]
 
 Each run below trains a GPT as Megatron-LM's ``pretrain_gpt.py`` does on one GPU (t = p = d = 1): the local
 (pure PyTorch) layer spec, ``GPTModel`` with tied embeddings and learned positions, bf16 parameters in
@@ -73,7 +73,7 @@ from megatron.core.transformer.module import Float16Module
 
 SEED = 1234
 LR = 1e-4
-STEPS, WARMUP = 2, 1
+WARMUP = 1
 PORT = 29561
 GIB = 2**30
 
@@ -244,12 +244,12 @@ class Measured(NamedTuple):
     optimizer_class: str
 
 
-def train_and_profile(run: Run, folder: Path, cpu: bool) -> Measured:
+def train_and_profile(run: Run, folder: Path, cpu: bool, steps: int) -> Measured:
     """Build the run's model and optimizer in fresh model-parallel state, train it under the profiler and measure
     it; the state (and its attention buffer) is destroyed after, whatever happens."""
     parallel_state.initialize_model_parallel(1, 1)
     try:
-        return _train_and_profile(run, folder, cpu)
+        return _train_and_profile(run, folder, cpu, steps)
     finally:
         gc.collect()
         if not cpu:
@@ -257,7 +257,7 @@ def train_and_profile(run: Run, folder: Path, cpu: bool) -> Measured:
         parallel_state.destroy_model_parallel()
 
 
-def _train_and_profile(run: Run, folder: Path, cpu: bool) -> Measured:
+def _train_and_profile(run: Run, folder: Path, cpu: bool, steps: int) -> Measured:
     if cpu:  # the dropout's RNG fork without CUDA RNG states
         tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     else:
@@ -270,7 +270,7 @@ def _train_and_profile(run: Run, folder: Path, cpu: bool) -> Measured:
     if optimizer is not None:  # as Megatron-LM's train(): the loss goes through the optimizer's scale
         config.grad_scale_func = optimizer.scale_loss
         config.finalize_model_grads_func = finalize_model_grads
-    warmup, steps = (0, 1) if cpu else (WARMUP, STEPS)
+    warmup, steps = (0, 1) if cpu else (WARMUP, steps)
     batches = [micro_batches(run, iteration, device) for iteration in range(warmup + steps)]
     losses, times = [], []
     with trace_profiler(folder / "rank-0.json.gz", warmup, steps, not cpu) as prof:
@@ -289,11 +289,11 @@ def _train_and_profile(run: Run, folder: Path, cpu: bool) -> Measured:
     return Measured(losses, times, peak, optimizer_class(optimizer) if optimizer is not None else "none")
 
 
-def run_yaml(run: Run, measured: Measured, cpu: bool) -> dict[str, Any]:
+def run_yaml(run: Run, measured: Measured, cpu: bool, steps: int) -> dict[str, Any]:
     """vtrain's run config of the run, as ``vtrain record`` writes it, with what was measured."""
     cuda = not cpu
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
-    warmup, steps = (0, 1) if cpu else (WARMUP, STEPS)
+    warmup, steps = (0, 1) if cpu else (WARMUP, steps)
     return {
         "model": {"layers": run.layers, "hidden": run.hidden, "heads": run.heads, "seq": run.seq, "vocab": run.vocab},
         "parallelism": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": run.micro_batch,
@@ -327,14 +327,14 @@ def predicted_bytes(run_yaml_path: Path) -> int | None:
     return peak_stage_memory(load_run_config(run_yaml_path)).total_bytes
 
 
-def record_one(name: str, run: Run, out: Path, cpu: bool) -> None:
+def record_one(name: str, run: Run, out: Path, cpu: bool, steps: int) -> None:
     """Train, profile and describe one run into ``out/name``; print its summary line."""
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    measured = train_and_profile(run, folder, cpu)
+    measured = train_and_profile(run, folder, cpu, steps)
     path = folder / "run.yaml"
-    path.write_text(yaml.safe_dump(run_yaml(run, measured, cpu), sort_keys=False))
+    path.write_text(yaml.safe_dump(run_yaml(run, measured, cpu, steps), sort_keys=False))
     predicted = predicted_bytes(path)
     line = f"{name}: {time.perf_counter() - started:.1f} s, loss {[round(x, 4) for x in measured.losses]}"
     if measured.peak_bytes is not None:
@@ -364,6 +364,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", default=",".join(RUNS))
     parser.add_argument("--cpu-smoke", action="store_true", help="one iteration of a tiny model on the CPU")
+    parser.add_argument("--steps", type=int, default=2, help="profiled iterations after the warm-up one")
     args = parser.parse_args()
     unknown = set(args.only.split(",")) - set(RUNS)
     if unknown:
@@ -376,7 +377,7 @@ def main() -> int:
     failed = 0
     for name, run in runs.items():
         try:
-            record_one(name, run, args.out, args.cpu_smoke)
+            record_one(name, run, args.out, args.cpu_smoke, args.steps)
         except Exception:  # one line per failed run; the others go on
             failed += 1
             print(f"{name}: FAILED", file=sys.stderr, flush=True)
