@@ -193,8 +193,9 @@ def _queued_at(kernels: pl.DataFrame, launches: pl.DataFrame) -> dict[int, tuple
 
 def _issued(calls: pl.DataFrame, queued: dict[int, tuple[np.ndarray, np.ndarray]]) -> pl.DataFrame:
     """Placed GPU calls with how the host issued them: ``host``, the time since the previous placed call's launch
-    in the iteration (null for the first); ``queued``, the device activities launched and not yet started at its
-    launch (near the launch queue's depth the host waits for the device); ``ahead``, whether it was launched
+    in the iteration (null for the first); ``queued``, the most device activities launched and not yet started at
+    any launch since that one (:func:`_most_queued`: near the launch queue's depth the host waits for the device
+    and its time is not its own); ``ahead``, whether it was launched
     before the previous one ended on the device (its gap is then the device's own time between operators, not a
     wait for the host)."""
     frames = []
