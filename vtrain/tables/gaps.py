@@ -64,9 +64,9 @@ GAPS_SCHEMA = {"device_type": pl.String, "phase": pl.String, "ops": pl.Int64, "r
                "device_gap_us": pl.Float64}
 #: the columns :func:`_timed` gives every placed call (how the host issued it is known on GPU ranks only)
 _TIMED = [name for name in EVENTS_SCHEMA if name not in ("host", "queued", "ahead", "graph")]
-#: a launch made with fewer device activities queued ahead of it than this did not wait for a slot in the launch
-#: queue (CUDA's holds about a thousand; 754 were the most queued in the H200 and H100 recordings): the time
-#: since the previous launch is the host's own
+#: a stretch between two launches in which fewer device activities than this were ever queued had the host wait
+#: for no slot in the launch queue (CUDA's holds about a thousand; 754 were the most queued in the H200 and H100
+#: recordings, 979 in Megatron-core's): its time is the host's own
 FREE_QUEUE = 256
 
 
@@ -95,9 +95,9 @@ def op_gaps(events: pl.DataFrame) -> pl.DataFrame:
 
 def _issue_times(graph: bool) -> pl.Expr:
     """The host's times to issue an operator (or, ``graph``, to replay a CUDA graph): the time since the previous
-    launch, for launches that did not wait for a slot in the launch queue (:data:`FREE_QUEUE`) and that the host
-    made on its own, ahead of the device or with the device idle before the operator (a launch just as the device
-    became free is the host keeping pace with it: a synchronous call, or a timeline written so)."""
+    launch, for stretches in which the host waited for no slot in the launch queue (:data:`FREE_QUEUE`) and launches
+    the host made on its own, ahead of the device or with the device idle before the operator (a launch just as the
+    device became free is the host keeping pace with it: a synchronous call, or a timeline written so)."""
     return pl.col("host").filter((pl.col("graph") == graph) & (pl.col("queued") < FREE_QUEUE)
                                  & (pl.col("ahead") | (pl.col("gap") > 0)))
 
