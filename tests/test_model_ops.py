@@ -152,3 +152,16 @@ def test_optimizer_updates_every_parameter() -> None:
     assert len(loop) == 7 * len(params)  # Adam's per-tensor loop on CPU tensors
     foreach = [op for op in gpt.optimizer_step(cuda, params) if isinstance(op, Op)]
     assert len(foreach) == 7 and json.loads(foreach[0].input_dims)[0] == [list(p) for p in params]
+
+
+def test_an_ops_dtype_is_its_first_tensors_wherever_it_is_read() -> None:
+    """One reading of a signature's dtype for ingest, the device models and the kernel fits (there were two: the
+    model's took the first quoted name, so a scalar first input made an op's dtype ``Scalar``, and its elements 2
+    bytes in the fitted memory-bound model whatever its tensors held)."""
+    from vtrain.kineto import first_dtype
+
+    assert first_dtype('["Scalar", "c10::BFloat16", "c10::BFloat16"]') == "c10::BFloat16"
+    assert first_dtype('["TensorList", "", "float"]') == "float"
+    assert first_dtype("[]", "float") == "float" and first_dtype("[]") is None
+    assert first_dtype("not json", "float") == "float" and first_dtype('{"float": 1}') is None
+    assert first_dtype(None, "float") == "float"

@@ -14,6 +14,8 @@ The one place that says what an event's category means; ingest and replay both l
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable
 from typing import Any
 from functools import lru_cache
@@ -216,6 +218,19 @@ def dtype_bytes(dtype: str | None) -> int | None:
     if not dtype:
         return None
     return DTYPE_BYTES.get(dtype.strip().lower())
+
+
+@lru_cache(maxsize=65536)
+def first_dtype(types_json: str | None, default: str | None = None) -> str | None:
+    """The first tensor dtype in an ``Input type`` JSON text (``Scalar``, ``TensorList`` and empty names skipped),
+    ``default`` when it has none or is not a JSON list."""
+    try:
+        types = json.loads(types_json) if types_json else None
+    except json.JSONDecodeError:
+        return default
+    if not isinstance(types, list):
+        return default
+    return next((t for t in types if isinstance(t, str) and t and t not in ("Scalar", "TensorList")), default)
 
 
 #: categories of older PyTorch versions (lower case) -> today's name

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from vtrain.collective_cost import INTER_NODE, STAND_INS, AlphaBeta, has_no_peers, members_per_node
 from vtrain.devices.model import DeviceModel
-from vtrain.model.ops import HALF_DTYPES, Op, first_dtype
+from vtrain.kineto import first_dtype
+from vtrain.model.ops import HALF_DTYPES, Op
 
 
 class KernelLatency(Protocol):
@@ -85,7 +86,7 @@ class FittedDevice(DeviceModel):
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
         if model is None:
             return super().op_latency(op)
-        dtype = first_dtype(op.input_types)
+        dtype = first_dtype(op.input_types, "float")
         if model is self.gemm and dtype not in HALF_DTYPES:  # measured at half precision (the importers' dtype)
             return model.op_latency(op, self.peak_for(dtype))
         return model.op_latency(op)

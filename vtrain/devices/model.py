@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from vtrain.collective_cost import INTER_NODE, Link, link_name, members_per_node
-from vtrain.model.ops import Op, first_dtype
+from vtrain.kineto import first_dtype
+from vtrain.model.ops import Op
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class DeviceModel:
     def op_latency_us(self, op: Op) -> float:
         """Modelled latency of one operator: launch overhead plus its FLOPs (GEMMs) or bytes at the device's
         achieved rates."""
-        dtype = first_dtype(op.input_types)
+        dtype = first_dtype(op.input_types, "float")
         if op.is_gemm and op.flops > 0:
             work = op.flops / (self.peak_for(dtype) * self.gemm_efficiency)
         else:

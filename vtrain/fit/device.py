@@ -24,7 +24,8 @@ from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError, warn_input
 from vtrain.fit.kernel_model import GEMM, MEMORY, fit_kernel_model
 from vtrain.fit.operators import OperatorKernelModel
-from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, first_dtype, gemm_dims, make_op
+from vtrain.kineto import first_dtype
+from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, empty_table
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vtrain.fit.kernel_model import GEMM, KernelModel, KernelShape, memory_kind, summary
-from vtrain.kineto import dtype_bytes
-from vtrain.model.ops import Op, first_dtype, gemm_dims, largest_elements, row_length
+from vtrain.kineto import dtype_bytes, first_dtype
+from vtrain.model.ops import Op, gemm_dims, largest_elements, row_length
 
 
 @dataclass(frozen=True)

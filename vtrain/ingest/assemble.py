@@ -14,7 +14,6 @@ from vtrain.ingest.classify import COMMUNICATION
 from vtrain.ingest.collectives import (
     canonical_collective,
     elements_from_dims,
-    first_dtype,
     parse_nccl_kernel,
 )
 from vtrain.ingest.enclosing import enclosing_op_ids
@@ -23,6 +22,7 @@ from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     absurd_host_events,
     dtype_bytes,
+    first_dtype,
     is_graph_launch,
     only_group,
     process_groups,

@@ -88,13 +88,3 @@ def _count(node: object) -> int:
     return 0
 
 
-@lru_cache(maxsize=65536)
-def first_dtype(types_json: str | None) -> str | None:
-    """The first non-empty dtype in an ``Input type`` JSON text."""
-    if not types_json:
-        return None
-    try:
-        types = json.loads(types_json)
-    except json.JSONDecodeError:
-        return None
-    return next((t for t in types if isinstance(t, str) and t and t not in ("Scalar", "TensorList")), None)

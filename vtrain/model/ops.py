@@ -165,8 +165,3 @@ def row_length(op: Op) -> int:
     return int(first[-1]) if isinstance(first, list) and first and isinstance(first[-1], int) else 1
 
 
-def first_dtype(types_json: str) -> str:
-    """The first dtype string of a signature's input types (``float`` when there is none)."""
-    start = types_json.find('"')
-    end = types_json.find('"', start + 1)
-    return types_json[start + 1:end] if start >= 0 and end > start else "float"
