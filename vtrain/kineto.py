@@ -15,7 +15,6 @@ The one place that says what an event's category means; ingest and replay both l
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterable
 from typing import Any
 from functools import lru_cache
