@@ -319,6 +319,23 @@ def test_a_trace_of_torch_compile_with_cudagraph_trees(tmp_path: Path) -> None:
     assert abs(json.loads(result.stdout)["replay"]["error_pct"]) < 1.0
 
 
+def test_halving_the_gemms_of_a_compiled_run_finds_cublas_kernels_of_hopper(tmp_path: Path) -> None:
+    """Replayed from CUDA graphs, a compiled run's GEMM kernels belong to no operator and are classed by name; cuBLAS
+    names its Hopper kernels ``nvjet_sm90_tst_...`` (no "gemm" in them): ``whatif --scale gemm=0.5`` said "no event
+    holds time of this kind; nothing changed" of a run whose kernels are 45 % GEMMs. Now -20 %."""
+    from vtrain.validate.opclass import GEMM, kernel_class
+
+    assert kernel_class("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_NNT") == GEMM  # "bias" is no elementwise
+    assert kernel_class("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0") == GEMM  # rocBLAS on AMD
+    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "whatif", str(_recording("compiled-gpt")),
+                           "--scale", "gemm=0.5", "-o", str(tmp_path / "whatif")], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "nothing changed" not in done.stderr
+    summary = json.loads((tmp_path / "whatif" / "whatif.json").read_text())
+    assert summary["change_pct"] < -10.0
+
+
 @pytest.mark.parametrize("peaks", ["lots", [1, 2], [-5], [True], [1.5e9]])
 def test_a_peak_memory_record_that_is_not_one_whole_number_per_rank_is_said_and_left_out(
         peaks: object, tmp_path: Path) -> None:

@@ -36,12 +36,14 @@ _ELEMENTWISE_OPS = re.compile(r"(norm|softmax|gelu|relu|silu|sigmoid|tanh|dropou
                               r"_foreach|mask|eq|ne|lt|gt|le|ge|reciprocal|square|cumsum|prod|all|any|"
                               r"logsumexp|bias)", re.IGNORECASE)
 
-_GEMM_KERNEL = re.compile(r"(gemm|cutlass|xmma|wgmma|cublas|matmul|_mma_|sm\d+_xmma)", re.IGNORECASE)
+#: GEMM kernels by name: cuBLAS and CUTLASS on every NVIDIA generation (``nvjet_*`` is cuBLAS's on Hopper and later,
+#: ``nvjet_sm90_tst_128x256_..._bias``), rocBLAS and hipBLASLt's Tensile kernels on AMD (``Cijk_Alik_Bljk_...``)
+_GEMM_KERNEL = re.compile(r"(gemm|cutlass|xmma|wgmma|cublas|matmul|_mma_|sm\d+_xmma|nvjet|^Cijk_)", re.IGNORECASE)
 _CONV_KERNEL = re.compile(r"(conv|implicit_gemm|winograd|fft2d|precomputed_convolve|cudnn::.*conv)",
                           re.IGNORECASE)
 _ATTENTION_KERNEL = re.compile(r"(flash|fmha|attention|attn)", re.IGNORECASE)
 _ELEMENTWISE_KERNEL = re.compile(r"(elementwise|vectorized|reduce|norm|softmax|gelu|relu|silu|dropout|"
-                                 r"pointwise|unrolled|foreach|bn_|batch_norm|bias|adam|sgd|triton_)",
+                                 r"pointwise|unrolled|foreach|multi_tensor|bn_|batch_norm|bias|adam|sgd|triton_)",
                                  re.IGNORECASE)
 _MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)|copy|fill|cat_|index|gather|scatter|embedding",
                             re.IGNORECASE)
