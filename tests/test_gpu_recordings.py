@@ -323,10 +323,12 @@ def test_halving_the_gemms_of_a_compiled_run_finds_cublas_kernels_of_hopper(tmp_
     """Replayed from CUDA graphs, a compiled run's GEMM kernels belong to no operator and are classed by name; cuBLAS
     names its Hopper kernels ``nvjet_sm90_tst_...`` (no "gemm" in them): ``whatif --scale gemm=0.5`` said "no event
     holds time of this kind; nothing changed" of a run whose kernels are 45 % GEMMs. Now -20 %."""
-    from vtrain.validate.opclass import GEMM, kernel_class
+    from vtrain.validate.opclass import ELEMENTWISE, GEMM, kernel_class
 
     assert kernel_class("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_NNT") == GEMM  # "bias" is no elementwise
     assert kernel_class("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0") == GEMM  # rocBLAS on AMD
+    assert kernel_class("void transformer_engine::layer_norm::ln_fwd_tuned_kernel<...>") == ELEMENTWISE
+    assert kernel_class("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>") == ELEMENTWISE
     done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "whatif", str(_recording("compiled-gpt")),
                            "--scale", "gemm=0.5", "-o", str(tmp_path / "whatif")], capture_output=True, text=True,
                           cwd=REPO)
