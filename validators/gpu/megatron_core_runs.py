@@ -238,6 +238,9 @@ def trace_profiler(trace: Path, warmup: int, steps: int, cuda: bool) -> profile:
 
 
 class Measured(NamedTuple):
+    """What one run measured: the loss and wall time of every iteration, the profiled iterations' peak memory
+    (``None`` on the CPU) and the optimizer that stepped."""
+
     losses: list[float]
     iteration_ms: list[float]
     peak_bytes: int | None
