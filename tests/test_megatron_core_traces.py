@@ -90,8 +90,9 @@ def test_a_shape_beyond_the_measured_ones_is_not_a_small_kernels_rate_carried(wi
     assert floor_us <= resolved.latency_us <= 2 * floor_us
 
 
-@pytest.mark.parametrize("name", ["h200-mcore-6l-h4096-none", "h200-mcore-gpt1.3b-none"])
-def test_megatrons_iteration_predicted_from_its_own_trace(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "bound_pct"), [("h200-mcore-6l-h4096-none", 10.0),
+                                                 ("h200-mcore-gpt1.3b-none", 20.0)])
+def test_megatrons_iteration_predicted_from_its_own_trace(name: str, bound_pct: float, tmp_path: Path) -> None:
     """The model side of ``vtrain validate`` on a trace vtrain did not record, whose operators differ from those
     ``framework: megatron`` places (its fused softmax, bias-GeLU and apex's Adam are other operators here).
 
@@ -100,12 +101,18 @@ def test_megatrons_iteration_predicted_from_its_own_trace(name: str, tmp_path: P
       the 736: 370 ms of idle device in an iteration measured at 252 ms (+148 %). Spread over the model's
       operators as the host's time is, the iteration keeps the measured total: +7.0 % (held out).
     - 24 layers: the host's time between two launches that found the launch queue nearly empty held 204 ms in
-      which the host waited for slots in the full queue (the device's time, not the host's): +74 %. A stretch with
-      a full queue anywhere in it measures nothing of the host: 716 ms predicted, +5.6 % against the median of the
-      two held-out iterations (746.7 and 609.1 ms: the first stalled 143 ms), +17.6 % against the clean one (the
-      framework's fused attention counted beside the measured gaps that carry Megatron-core's unfused one)."""
+      which the host waited for slots in the full queue (the device's time, not the host's): 1,211 ms predicted. A
+      stretch with a full queue anywhere in it measures nothing of the host: 716 ms, +17.6 % on the clean held-out
+      iteration (the framework's fused attention counted beside the measured gaps that carry Megatron-core's
+      unfused one).
+
+    Each against the fastest steady iteration the run measured (``recording.iteration_ms``): ``validate``'s own
+    figure for the 24-layer run, +5.6 %, is against the median of two held-out iterations, one of which stalled
+    143 ms."""
     out = tmp_path / "report"
     done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(GPU / name), "-o", str(out),
                            "--json", "--no-hta"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert abs(json.loads(done.stdout)["model"]["error_pct"]) < 10.0
+    steady = load_run_config(GPU / name / "run.yaml").recording["iteration_ms"][2:]  # after warm-up and the first
+    predicted = json.loads(done.stdout)["model"]["predicted_ms"]
+    assert abs(predicted / min(steady) - 1) * 100 < bound_pct
