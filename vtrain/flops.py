@@ -5,9 +5,9 @@ again.
 Per layer and sample, the forward pass multiplies ``24·s·h²`` for its four GEMMs and ``4·s²·h`` for the attention
 scores and their use; the logits ``2·s·h·V``. So the three passes of an iteration of ``B`` samples are
 ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``; full recomputation adds each layer's forward again (Eq. 3:
-``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``), selective recomputation (Korthikanti et al.) the attention scores and
-their use, ``4·B·l·s²·h``. Published achieved TFLOP/s per GPU (Megatron-LM's weak-scaling table, MT-NLG) count the
-hardware's FLOPs; model FLOPs utilisation counts the model's.
+``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``), selective recomputation (Korthikanti et al.) the attention scores
+and their use, ``4·B·l·s²·h``. Published achieved TFLOP/s per GPU (Megatron-LM's weak-scaling table, MT-NLG)
+count the hardware's FLOPs; model FLOPs utilisation counts the model's.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError, warn_input
+from vtrain.flops import hardware_flops
 from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import (
     INTEGER_BOUNDS,
@@ -43,7 +44,6 @@ from vtrain.limits import (
     real_problem,
     shown,
 )
-from vtrain.flops import hardware_flops
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 #: vTrain's column names (its single-node table, in its order)

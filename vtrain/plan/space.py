@@ -5,9 +5,10 @@ Per GPU count N the grid is: t a power of two up to the GPUs of one node (tensor
 node, as in Megatron), p every divisor of N/t, d = N/(t·p); micro-batch 1 … ``max_micro_batch``; the schedule
 1F1B or GPipe (one model chunk per stage) or interleaved 1F1B with v model chunks for every divisor v > 1 of
 the layer count (a sweep over every count up to N takes only the divisible points: p dividing the layers, d the
-global batch, the micro-batch the replica's batch, v the stage's layers); recomputation none or full; the all-reduce overlapped or not (only when d > 1: without data
-parallelism there is nothing to overlap); for Megatron runs, sequence parallelism with and without (t > 1), and,
-when asked (``vtrain plan --distributed-optimizer``), Megatron's distributed optimizer with and without (d > 1). A point is *invalid* when the run config rejects it
+global batch, the micro-batch the replica's batch, v the stage's layers); recomputation none or full; the
+all-reduce overlapped or not (only when d > 1: without data parallelism there is nothing to overlap); for Megatron
+runs, sequence parallelism with and without (t > 1), and, when asked (``vtrain plan --distributed-optimizer``),
+Megatron's distributed optimizer with and without (d > 1). A point is *invalid* when the run config rejects it
 (:meth:`vtrain.runconfig.RunConfig.constraint_errors`: heads, hidden or layers not divisible, global batch not
 divisible by d·micro-batch, interleaved micro-batches not divisible by p), or when it asks for a pipeline
 schedule without a pipeline (GPipe or interleaved with p = 1 is 1F1B).

@@ -100,7 +100,8 @@ class PlanTable:
 
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
           device_memory_gib: float | None = None, pricing: Pricing | None = None, max_micro_batch: int = 8,
-          distributed_optimizer: bool = False, max_iteration_s: float | None = None, budget_usd: float | None = None, workers: int = 1,
+          distributed_optimizer: bool = False, max_iteration_s: float | None = None,
+          budget_usd: float | None = None, workers: int = 1,
           ray_address: str | None = None, progress: Progress | None = None, within: Within | None = None,
           select: Select | None = None, shared: SharedResolvers | None = None,
           time_reference: bool = True) -> PlanTable:
@@ -111,9 +112,9 @@ def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, 
     timed with ``profile`` exactly as `vtrain simulate` would time them and priced with ``pricing``. Plans over
     ``max_iteration_s`` or ``budget_usd`` stay in the table with ``meets_limits`` false. ``divisible``: enumerate
     only the divisible points (:func:`vtrain.plan.space.candidates`), as for every GPU count up to N;
-    ``distributed_optimizer``: each plan with d > 1 with and without Megatron's distributed optimizer. ``base`` itself (its
-    own parallelism) is timed too, as :attr:`PlanTable.reference`, unless ``time_reference`` is false (a model
-    given by its shape alone has no plan of its own). ``ray_address`` ("local" for a local
+    ``distributed_optimizer``: each plan with d > 1 with and without Megatron's distributed optimizer. ``base``
+    itself (its own parallelism) is timed too, as :attr:`PlanTable.reference`, unless ``time_reference`` is false
+    (a model given by its shape alone has no plan of its own). ``ray_address`` ("local" for a local
     instance) runs the timing as Ray tasks instead of ``workers`` processes. Worker processes are spawned, so a
     script calling this with ``workers > 1`` needs the usual ``if __name__ == "__main__":`` guard.
 
@@ -153,7 +154,8 @@ def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = No
 _SCHEMA = {
     "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
     "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
-    "sequence_parallel": pl.Boolean, "distributed_optimizer": pl.Boolean, "status": pl.String, "reason": pl.String, "fits": pl.Boolean,
+    "sequence_parallel": pl.Boolean, "distributed_optimizer": pl.Boolean, "status": pl.String, "reason": pl.String,
+    "fits": pl.Boolean,
     "memory_gib": pl.Float64, "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64,
     "idle_ms": pl.Float64,
     "tokens_per_s": pl.Float64, "mfu": pl.Float64, "days": pl.Float64, "usd": pl.Float64,

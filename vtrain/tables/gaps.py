@@ -217,7 +217,8 @@ def _most_queued(launched: np.ndarray, started: np.ndarray, at: np.ndarray) -> n
     depth = np.append(np.arange(len(launched)) - np.searchsorted(started, launched, side="right"), -1)
     first = np.searchsorted(launched, at[:1], side="left")
     bounds = np.concatenate([first, np.searchsorted(launched, at, side="right")])  # launch i's: [i, i + 1)
-    most = np.maximum.reduceat(depth, bounds)[:-1]
+    most = np.maximum.reduceat(depth, bounds)[:-1]  # a stretch with no launch (a graph's, launched at no kernel's
+    # launch time) reads the next launch's depth, never above its own: the count at its own launch settles it
     own = np.searchsorted(launched, at, side="left") - np.searchsorted(started, at, side="right")
     return np.maximum(most, own)
 

@@ -190,7 +190,7 @@ def _medians_by(frame: pl.DataFrame, dim: str, count: str, ratio: str, intercept
         return pl.DataFrame(schema={dim: pl.Int64, count: pl.UInt32, ratio: pl.Float64,
                                     **{column: pl.Float64 for column in columns}})
     return frame.group_by(dim, maintain_order=True).agg(pl.len().alias(count), pl.col(ratio).median(),
-                                   *(pl.col(column).median() for column in columns)).sort(dim)
+                                                        *(pl.col(column).median() for column in columns)).sort(dim)
 
 
 #: a row measured this many times faster or slower than its prediction is said: the model's errors are tens of
