@@ -8,14 +8,12 @@ pruned by; vtrain's own recordings are of its reference model only.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, vtrain_in_process
 from tests.rawcount import count_file
 from vtrain.fit.device import device_for_run
 from vtrain.model.memory import peak_stage_memory
@@ -52,8 +50,6 @@ def test_megatrons_measured_peak_is_the_memory_models(folder: Path) -> None:
 def test_ingest_reads_every_device_activity_megatron_launched(folder: Path, tmp_path: Path) -> None:
     """A trace vtrain did not record: no vtrain spans, Megatron's own modules and a mixed-precision optimizer.
     Every kernel, copy and memset of the raw trace is one row, with the time per class the raw trace has."""
-    from tests.conftest import vtrain_in_process
-
     done = vtrain_in_process("ingest", folder, "-o", tmp_path / "p")
     assert done.returncode == 0, done.stderr
     kernels = pl.read_parquet(tmp_path / "p" / "kernels.parquet")
@@ -66,8 +62,6 @@ def test_ingest_reads_every_device_activity_megatron_launched(folder: Path, tmp_
 
 @pytest.fixture(scope="module")
 def wide_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.conftest import vtrain_in_process
-
     out = tmp_path_factory.mktemp("mcore") / "p"
     done = vtrain_in_process("ingest", GPU / "h200-mcore-6l-h4096-none", "-o", out)
     assert done.returncode == 0, done.stderr
@@ -110,8 +104,7 @@ def test_megatrons_iteration_predicted_from_its_own_trace(name: str, bound_pct: 
     figure for the 24-layer run, +5.6 %, is against the median of two held-out iterations, one of which stalled
     143 ms."""
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "validate", str(GPU / name), "-o", str(out),
-                           "--json", "--no-hta"], capture_output=True, text=True, cwd=REPO)
+    done = vtrain_in_process("validate", GPU / name, "-o", out, "--json", "--no-hta")
     assert done.returncode == 0, done.stderr
     steady = load_run_config(GPU / name / "run.yaml").recording["iteration_ms"][2:]  # after warm-up and the first
     predicted = json.loads(done.stdout)["model"]["predicted_ms"]
