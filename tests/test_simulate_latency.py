@@ -137,6 +137,25 @@ def test_collectives_interpolate_in_size_per_group_size() -> None:
     assert resolver.resolve("all_reduce", 4, 1 << 20, 1).source == MODELLED  # no curve for 4 ranks
 
 
+def test_two_sources_of_one_curve_are_averaged_not_interleaved() -> None:
+    """nccl-tests and vidur both time the 8-GPU all-reduce of an A100 node, vidur every 32 KiB and about 17 %
+    slower: merged into one curve the latency zigzagged between the two testbeds from one size to the next, and a
+    size both give was whichever row came last. Each source is a curve; where both measured, their mean."""
+    mib = 1 << 20
+    fast = [{**nccl("all_reduce", 8, size * mib, 100.0 * size), "source": "nccl-tests"} for size in (1, 2, 4, 8)]
+    slow = [{**nccl("all_reduce", 8, size * mib // 2, 60.0 * size), "source": "vidur"} for size in range(1, 9)]
+    for rows in (fast + slow, slow + fast, slow[::-1] + fast[::-1]):
+        resolver = CollectiveResolver(profile([row(mm(1, 1, 1), 1.0)], rows), A100, "cuda", node_size=8)
+        both = resolver.resolve("all_reduce", 8, 2 * mib, 1)  # 200 us by nccl-tests, 240 by vidur
+        assert (both.source, both.latency_us) == (MEASURED, pytest.approx(220.0))
+        assert "mean of nccl-tests, vidur" in both.detail
+        between = [resolver.resolve("all_reduce", 8, size, 1).latency_us for size in (3 * mib // 2, 5 * mib // 2)]
+        assert between == [pytest.approx((150.0 + 180.0) / 2), pytest.approx((250.0 + 300.0) / 2)]
+        assert resolver.resolve("all_reduce", 8, mib // 4, 1).latency_us == pytest.approx(60.0)  # vidur alone
+        beyond = resolver.resolve("all_reduce", 8, 6 * mib, 1)  # nccl-tests alone above vidur's 4 MiB
+        assert (beyond.latency_us, beyond.detail.endswith("(nccl-tests)")) == (pytest.approx(600.0), True)
+
+
 def test_alpha_beta_uses_intra_node_links_for_groups_inside_a_node() -> None:
     resolver = CollectiveResolver(None, A100, "cuda", node_size=8)
     nbytes = 64 << 20

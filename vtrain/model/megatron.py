@@ -4,7 +4,8 @@ Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per s
 
 - apex's fused LayerNorm (one kernel forward, one backward);
 - the attention scores as one ``baddbmm`` (scale folded in, no copies of q, k, v: strided batched GEMMs), then
-  the fused causal scale-mask-softmax (``scaled_upper_triang_masked_softmax``) and the attention dropout;
+  the fused causal scale-mask-softmax (``scaled_upper_triang_masked_softmax``) where its kernel takes the shape
+  (:func:`fused_softmax_available`; else PyTorch's softmax in fp32, five operators) and the attention dropout;
 - bias + GeLU (the bias of the first MLP GEMM is not added by the GEMM) and bias + dropout + residual add (after
   the attention output and second MLP GEMMs), each one kernel, with the bias gradient a reduction in backward;
 - the vocabulary-parallel cross-entropy in fp32 (as the reference model's head, which follows it);
@@ -41,6 +42,8 @@ OPTIMIZER_BYTES = {"megatron::main_grads_from_model_grads": 6, "aten::_amp_forea
                    "aten::zero_": 2}
 #: the steps over the whole gradient buffer, whatever share of the optimizer states a rank holds
 _WHOLE_BUFFER = ("aten::zero_",)
+#: the longest sequence Megatron's fused causal softmax takes (``is_kernel_available``: 16 < sk <= 4096)
+FUSED_SOFTMAX_MAX_SEQ = 4096
 
 
 def _layer_norm(shape: GptShape) -> Op:
@@ -139,14 +142,67 @@ def layer_forward(shape: GptShape) -> list[Step]:
 
 
 def attention_core(shape: GptShape) -> list[Step]:
-    """Scores (one ``baddbmm``), the fused causal scale-mask-softmax, the attention dropout and the product with
-    the values: what Megatron's selective recomputation (``--recompute-granularity selective``) re-runs."""
+    """Scores (one ``baddbmm``), the causal scale-mask-softmax, the attention dropout and the product with the
+    values: what Megatron's selective recomputation (``--recompute-granularity selective``) re-runs."""
     s, d, x = shape.s, shape.d, shape.dtype
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
-            make_op("megatron::scaled_upper_triang_masked_softmax", [[heads, s, s], []], [x, "Scalar"]),
+            *_softmax(shape),
             _dropout(shape, [heads, s, s]),
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]
+
+
+def fused_softmax_available(shape: GptShape) -> bool:
+    """Whether Megatron runs its fused causal scale-mask-softmax kernel for this shape
+    (``FusedScaleMaskSoftmax.is_kernel_available``): half-precision scores, 16 < s <= 4,096 and a multiple of 4,
+    and the rank's score matrices (micro-batch x heads per rank) a multiple of 4 and of the kernel's batches per
+    thread block (8 for sequences up to 128, else 4). Otherwise it runs PyTorch's softmax: 16 heads over t = 8 at
+    micro-batch 1 are 2 score matrices, and do."""
+    s, batches = shape.s, shape.b * (shape.a // shape.t)
+    per_block = 8 if s <= 128 else 4
+    return (shape.dtype != "float" and 16 < s <= FUSED_SOFTMAX_MAX_SEQ and s % 4 == 0 and batches % 4 == 0
+            and batches % per_block == 0)
+
+
+def _softmax(shape: GptShape) -> list[Step]:
+    """The causal scale-mask-softmax of the scores: the fused kernel, or Megatron's ``forward_torch_softmax`` in
+    fp32 (query-key layer scaling forces the softmax to fp32): the scores converted, scaled, masked in place,
+    softmax, converted back."""
+    s, x = shape.s, shape.dtype
+    scores = [shape.b * (shape.a // shape.t), s, s]
+    if fused_softmax_available(shape):
+        return [make_op("megatron::scaled_upper_triang_masked_softmax", [scores, []], [x, "Scalar"])]
+    mask = [shape.b, 1, s, s]
+    return [*_to_fp32(shape, scores),
+            make_op("aten::mul", [scores, []], ["float", "double"]),
+            make_op("aten::masked_fill_", [scores, mask, []], ["float", "bool", "Scalar"]),
+            make_op("aten::_softmax", [scores, [], []], ["float", "Scalar", "Scalar"]),
+            *_from_fp32(shape, scores)]
+
+
+def _softmax_backward(shape: GptShape) -> list[Step]:
+    """The backward of :func:`_softmax`: the fused kernel's, or autograd's through PyTorch's ops in reverse (the
+    gradient to fp32, softmax backward, the mask's zeros, the scale, back to half precision)."""
+    s, x = shape.s, shape.dtype
+    scores = [shape.b * (shape.a // shape.t), s, s]
+    if fused_softmax_available(shape):
+        return [make_op("megatron::scaled_upper_triang_masked_softmax_backward", [scores, scores, []],
+                        [x, x, "Scalar"])]
+    return [*_to_fp32(shape, scores),
+            make_op("aten::_softmax_backward_data", [scores, scores, [], []], ["float", "float", "Scalar", "Scalar"]),
+            make_op("aten::masked_fill", [scores, [shape.b, 1, s, s], []], ["float", "bool", "Scalar"]),
+            make_op("aten::mul", [scores, []], ["float", "double"]),
+            *_from_fp32(shape, scores)]
+
+
+def _to_fp32(shape: GptShape, dims: list[int]) -> list[Step]:
+    x = shape.dtype
+    return [] if x == "float" else [make_op("aten::copy_", [dims, dims, []], ["float", x, "Scalar"])]
+
+
+def _from_fp32(shape: GptShape, dims: list[int]) -> list[Step]:
+    x = shape.dtype
+    return [] if x == "float" else [make_op("aten::copy_", [dims, dims, []], [x, "float", "Scalar"])]
 
 
 def layer_backward(shape: GptShape) -> list[Step]:
@@ -171,8 +227,7 @@ def layer_backward(shape: GptShape) -> list[Step]:
               make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
               make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
               make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []], [x, "bool", "double"]),
-              make_op("megatron::scaled_upper_triang_masked_softmax_backward", [[heads, s, s], [heads, s, s], []],
-                      [x, x, "Scalar"]),
+              *_softmax_backward(shape),
               make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
               make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad k
               make_op("aten::copy_", [[n, 3 * hp], [n, 3 * hp], []], [x, x, "Scalar"]),  # q, k, v grads joined

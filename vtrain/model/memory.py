@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from vtrain.model.gpt import GptShape, embedding_parameters, head_parameters, layer_parameters
+from vtrain.model.megatron import fused_softmax_available
 from vtrain.model.partition import Chunk, partition
 from vtrain.parallel import peak_passes_in_flight
 from vtrain.runconfig import RunConfig
@@ -144,9 +145,13 @@ def score_elements(shape: GptShape) -> int:
 
 def attention_score_bytes(shape: GptShape) -> int:
     """Bytes of one layer's attention scores on one tensor-parallel rank, for one micro-batch: the softmax output,
-    and with Megatron's attention dropout its mask and output."""
+    and with Megatron's attention dropout its mask and output (the softmax output in fp32 where Megatron's fused
+    kernel does not take the shape and PyTorch's softmax runs in fp32)."""
     e = shape.element_bytes
-    return score_elements(shape) * (2 * e + 1 if shape.framework == "megatron" else e)
+    if shape.framework != "megatron":
+        return score_elements(shape) * e
+    softmax = e if fused_softmax_available(shape) else FP32_BYTES
+    return score_elements(shape) * (softmax + e + 1)
 
 
 def head_activation_bytes(shape: GptShape) -> int:

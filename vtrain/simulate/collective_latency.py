@@ -45,13 +45,18 @@ _P2P_NAMES = ("send", "send_recv", "recv")
 
 
 @dataclass(frozen=True)
-class _Curve:
-    """Measured latency (and straggler wait) against message bytes for one collective and group size."""
+class _SourceCurve:
+    """One source's measured latency (and straggler wait) against message bytes, for one collective, group size
+    and node count (a size it gives more than once: the mean of its rows)."""
 
+    source: str
     sizes: list[int]
     latencies: list[float]
     waits: list[float]
-    algorithm: str
+
+    def distance(self, nbytes: int) -> int:
+        """How far ``nbytes`` lies outside the measured sizes (0: inside)."""
+        return max(self.sizes[0] - nbytes, nbytes - self.sizes[-1], 0)
 
     def at(self, nbytes: int) -> tuple[float, float, str]:
         """Latency and wait at ``nbytes`` and whether they were measured or interpolated (the latency piecewise
@@ -73,6 +78,32 @@ class _Curve:
         share = (nbytes - x0) / (x1 - x0)
         return (lats[i - 1] + (lats[i] - lats[i - 1]) * share, waits[i - 1] + (waits[i] - waits[i - 1]) * share,
                 INTERPOLATED)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Measured latency (and straggler wait) against message bytes for one collective, group size and node count,
+    from every source that measured it (nccl-tests, vidur, a trace), each source one curve.
+
+    Where several sources measured a size, the latency is the mean of their curves there, one voice each: their
+    points merged into one curve zigzag between testbeds (vidur's torch-level timings of an 8-GPU all-reduce lie
+    about 17 % above nccl-tests' from 1 to 64 MiB, its sizes every 32 KiB between nccl-tests' ones), and a size both
+    give was whichever row came last. Outside every source's range, the nearest source extrapolates."""
+
+    sources: tuple[_SourceCurve, ...]
+
+    def at(self, nbytes: int) -> tuple[float, float, str, str]:
+        """Latency and wait at ``nbytes``, whether measured (by every source covering it) or interpolated, and
+        which sources gave it."""
+        covering = [curve for curve in self.sources if curve.distance(nbytes) == 0]
+        if not covering:
+            covering = [min(self.sources, key=lambda curve: curve.distance(nbytes))]
+        points = [curve.at(nbytes) for curve in covering]
+        kind = MEASURED if all(point[2] == MEASURED for point in points) else INTERPOLATED
+        named = [curve.source for curve in covering if curve.source]
+        said = "" if not named else f" ({named[0]})" if len(named) == 1 else f" (mean of {', '.join(named)})"
+        return (sum(point[0] for point in points) / len(points), sum(point[1] for point in points) / len(points),
+                kind, said)
 
 
 class CollectiveResolver:
@@ -112,8 +143,8 @@ class CollectiveResolver:
         for name in names:
             curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:
-                latency, wait, source = curve.at(nbytes)
-                detail = f"nccl_latency {name} n={group_size}"
+                latency, wait, source, sources = curve.at(nbytes)
+                detail = f"nccl_latency {name} n={group_size}{sources}"
                 if wait <= 0:
                     return Resolution(latency, source, detail)
                 detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
@@ -133,24 +164,29 @@ def _curves(digest: ProfileDigest, device_type: str,
     cached = _CURVES.get(key)
     if cached is not None and cached[0] is digest:
         return cached[1]
-    points: dict[tuple[str, int, int | None], dict[int, tuple[float, float]]] = {}
-    algorithms: dict[tuple[str, int, int | None], str] = {}
-    for _, collective, group_size, nodes, nbytes, mean, median, wait, algorithm in digest.nccl_rows(device_type):
+    points: dict[tuple[str, int, int | None], dict[str, dict[int, list[tuple[float, float]]]]] = {}
+    for _, collective, group_size, nodes, nbytes, mean, median, wait, _, source in digest.nccl_rows(device_type):
         latency = mean if mean is not None else median
         if latency is None or nbytes is None or group_size is None:
             continue
         if nodes is not None and link_name(nodes) in replaced:
             continue
         waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
-        points.setdefault((collective, group_size, nodes), {})[int(nbytes)] = (float(latency), float(waited))
-        algorithms.setdefault((collective, group_size, nodes), algorithm or "")
-    curves = {key: _Curve(sorted(by_size), [by_size[s][0] for s in sorted(by_size)],
-                          [by_size[s][1] for s in sorted(by_size)], algorithms[key])
-              for key, by_size in points.items()}
+        by_source = points.setdefault((collective, group_size, nodes), {})
+        by_source.setdefault(source or "", {}).setdefault(int(nbytes), []).append((float(latency), float(waited)))
+    curves = {what: _Curve(tuple(_source_curve(source, by_source[source]) for source in sorted(by_source)))
+              for what, by_source in points.items()}
     if len(_CURVES) > 8:
         _CURVES.clear()
     _CURVES[key] = (digest, curves)
     return curves
+
+
+def _source_curve(source: str, by_size: dict[int, list[tuple[float, float]]]) -> _SourceCurve:
+    """One source's curve from its rows by size (the mean of a size's rows)."""
+    sizes = sorted(by_size)
+    return _SourceCurve(source, sizes, [sum(lat for lat, _ in by_size[size]) / len(by_size[size]) for size in sizes],
+                        [sum(wait for _, wait in by_size[size]) / len(by_size[size]) for size in sizes])
 
 
 def wait_once(chain: list[Resolution]) -> list[Resolution]:
