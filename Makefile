@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean profile-a100 validate-a100 profile-h200 profile-h100
+.PHONY: venv demo test bench clean profile-a100 validate-a100 validate-published profile-h200 profile-h100
 
 venv: $(STAMP)
 
@@ -46,7 +46,6 @@ profile-a100: venv
 	rm -rf profiles/.hta-a100
 	cp profiles/a100.README.md profiles/a100/README.md
 
-# vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
 # H200: layer kernels timed on one H200 (validators/gpu/layer_kernels.py); the host's time per operator measured in
 # a launch-bound recording on it (traces/gpu/h200-small-eager); no collective measurements
 profile-h200: venv
@@ -64,9 +63,19 @@ profile-h100: venv
 	  --profile build/h100-host
 	cp profiles/h100.README.md profiles/h100/README.md
 
+# vtrain's accuracy on vTrain's 1,440 measured single-node A100 runs (rows fitted on are excluded).
 validate-a100: venv
 	$(VENV)/bin/vtrain validate --measurements $(A100)/vtrain-a100/ground_truth_single.csv \
 	  --profile profiles/a100 --recompute none -o reports/a100-ground-truth
+
+# vtrain's accuracy on published A100 runs (validators/published/README.md: sources, and what each table adds)
+PUBLISHED := sc21-table1 korthikanti-table5 mtnlg-530b
+validate-published: venv
+	@for table in $(PUBLISHED); do \
+	  echo "vtrain validate --measurements validators/published/$$table.csv --profile profiles/a100"; \
+	  $(VENV)/bin/vtrain validate --measurements validators/published/$$table.csv --profile profiles/a100 \
+	    -o reports/published-$$table || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) profiles/demo reports/demo
