@@ -125,7 +125,7 @@ def test_work_by_chunk_shape_is_the_same_work(trace_set: str) -> None:
     recorded = load_run_config(REPO / "traces" / trace_set / "run.yaml")
     shared = SharedResolvers(profile, device_for_run(recorded, profile))
     variants = [recorded, recorded.with_overrides(recompute="full"),
-                recorded.with_overrides(pp=1, dp=2, dp_overlap=True)]
+                recorded.with_overrides(pp=1, dp=2, dp_overlap=True, schedule="1f1b", virtual_stages=1)]
     for config in variants:
         config = replace(config, hardware=replace(config.hardware, device_count=config.parallelism.world_size))
         config.validate()

@@ -93,6 +93,9 @@ def test_the_links_of_the_run_are_flags_too() -> None:
     (["--inter-node-gbps", 1e-300], "inter_node_gbps must be a finite number above 0.001"),  # overflowed the schedule
     (["--intra-node-gbps", 1e-300], "intra_node_gbps must be a finite number above 0.001"),
     (["--gpus-per-node", 0], "gpus_per_node must be between 1 and 1,024 (got 0)"),
+    # one stage has nothing to interleave with: it was simulated as three chunks of one stage, with no warning
+    (["--pp", 1, "--dp", 420, "--global-batch", 1680, "--schedule", "interleaved", "--virtual-stages", 3],
+     "virtual_stages=3 needs pp >= 2"),
 ])
 def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:
     result = vtrain_in_process("simulate", MTNLG, *args)  # in this process (tests/conftest.py)

@@ -153,6 +153,9 @@ class RunConfig:
                           f"({p.dp}*{p.micro_batch})")
         if p.virtual_stages > 1 and p.schedule != "interleaved":
             errors.append(f"virtual_stages={p.virtual_stages} needs schedule interleaved (got {p.schedule})")
+        if p.virtual_stages > 1 and p.pp == 1:
+            errors.append(f"virtual_stages={p.virtual_stages} needs pp >= 2: one stage has no other to interleave "
+                          "its chunks with (Megatron refuses it; with one virtual stage interleaved is 1F1B)")
         if self.cuda_graphs and h.device.lower() == "cpu":
             errors.append("cuda_graphs needs a GPU: CUDA graphs replay device work (the device is cpu)")
         if p.sequence_parallel and self.framework != "megatron":

@@ -91,9 +91,6 @@ def check_recordable(config: RunConfig, steps: int, warmup: int, device: str) ->
     if m.vocab % p.tp:
         raise InputError(f"vocab ({m.vocab}) is not divisible by tp ({p.tp}); the vocabulary-parallel "
                          f"embedding and logits split it evenly (Megatron pads 50257 to 50304)")
-    if p.schedule == "interleaved" and p.virtual_stages > 1 and p.pp < 2:
-        raise InputError(f"schedule interleaved with {p.virtual_stages} virtual stages needs pp >= 2 (one stage "
-                         "would send its activations to itself); with one virtual stage it is 1F1B")
     if p.sequence_parallel:
         raise InputError("sequence_parallel is not recorded: the recorder's model is not Megatron's")
     if p.distributed_optimizer:
