@@ -122,10 +122,12 @@ class ExecutionGraph:
         return len(self.sources)
 
     @cached_property
-    def stream_order(self) -> dict[int, list[int]]:
-        """Each stage's compute stream -> its tasks in execution order."""
+    def stream_order(self) -> dict[int, np.ndarray]:
+        """Each ordered stream (a stage's compute stream) -> its task ids in execution order."""
         stream = self.rows["stream"]
-        return {s: np.flatnonzero(stream == s).tolist() for s, each in enumerate(self.streams) if each.ordered}
+        by_stream = np.argsort(stream, kind="stable")  # row order within a stream: the order it runs them
+        bounds = np.searchsorted(stream[by_stream], np.arange(len(self.streams) + 1))
+        return {s: by_stream[bounds[s]:bounds[s + 1]] for s, each in enumerate(self.streams) if each.ordered}
 
     @cached_property
     def columns(self) -> TaskColumns:
@@ -346,7 +348,7 @@ def _stream_previous(rows: dict[str, np.ndarray], sources: np.ndarray, targets: 
     first_come = np.array([not each.ordered for each in streams])[stream]
     fed = first_come[targets]
     waits_for[targets[fed]] = sources[fed]  # a transfer or an all-reduce has one input
-    order = np.lexsort((np.arange(n), waits_for, stream))
+    order = np.argsort(stream.astype(np.int64) * n + waits_for, kind="stable")  # by stream, then input; ties: task
     previous = np.full(n, -1, dtype=np.int64)
     same = stream[order[1:]] == stream[order[:-1]]
     previous[order[1:][same]] = order[:-1][same]

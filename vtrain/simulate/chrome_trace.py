@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from vtrain import kineto
 from vtrain.graph.build import Task
@@ -238,10 +239,10 @@ class _RankTrace:
         return {"stage": self.stage, "chunk": (task.chunk if chunk is None else chunk) if self.interleaved else None,
                 "mb": task.mb}
 
-    def _compute(self, order: list[int]) -> None:
+    def _compute(self, order: np.ndarray) -> None:
         """The stage's passes in stream order; a backward pass split per block is one group of tasks."""
         tasks, result = self.sim.graph.tasks, self.sim.schedule
-        for _, group in itertools.groupby(order, key=lambda i: (tasks[i].kind, tasks[i].chunk, tasks[i].mb)):
+        for _, group in itertools.groupby(order.tolist(), key=lambda i: (tasks[i].kind, tasks[i].chunk, tasks[i].mb)):
             ids = list(group)
             first = tasks[ids[0]]
             start, end = result.start_us[ids[0]], result.end_us[ids[-1]]

@@ -76,16 +76,17 @@ def stage_summaries(graph: ExecutionGraph, result: Schedule, iteration_us: float
     owner = np.concatenate([columns.stage, columns.peer[transfers]])
     begins = np.concatenate([start, _posted(columns, start, end, transfers)])
     ends = np.concatenate([end, end[transfers]])
-    by_owner = np.lexsort((begins, owner))
+    by_owner = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[by_owner], np.arange(graph.stages + 1))
     compute_order = {graph.streams[s].stage: order for s, order in graph.stream_order.items()
                      if graph.streams[s].name == "compute"}
     summaries = []
     for stage in range(graph.stages):
         mine = by_owner[bounds[stage]:bounds[stage + 1]]
+        mine = mine[np.argsort(begins[mine], kind="stable")]  # by beginning (ties: in task order)
         summaries.append(StageSummary(
             stage=stage, rank=ranks[stage],
-            breakdown_us=_account(columns, start, end, waited_on, np.asarray(compute_order[stage]), iteration_us),
+            breakdown_us=_account(columns, start, end, waited_on, compute_order[stage], iteration_us),
             busy_us=_union_length(begins[mine], ends[mine]),
             first_activity_us=float(begins[mine].min()) if len(mine) else 0.0,
             last_activity_us=float(ends[mine].max()) if len(mine) else 0.0))
