@@ -183,7 +183,8 @@ def test_selective_recomputation_keeps_all_but_the_attention_scores() -> None:
 def test_a_megatron_layer_whose_softmax_is_pytorchs_keeps_it_in_fp32() -> None:
     """Where Megatron's fused softmax does not take the shape (16 heads over t = 8 at micro-batch 1: 2 score
     matrices), PyTorch's softmax runs in fp32 and its output, kept for the backward, is 4 bytes an element: the
-    scores cost 4 + 2 + 1 bytes (softmax, dropout output, mask) where Korthikanti et al.'s fused kernel keeps 2 + 2 + 1."""
+    scores cost 4 + 2 + 1 bytes (softmax, dropout output, mask) where Korthikanti et al.'s fused kernel keeps
+    2 + 2 + 1."""
     fused, torch_softmax = (GptShape(b=b, s=1024, h=1024, a=16, t=8, vocab=51200, dtype="c10::Half",
                                      device_type="cuda", framework="megatron") for b in (2, 1))
     assert attention_score_bytes(fused) == 2 * 16 // 8 * 1024 * 1024 * (2 + 2 + 1)

@@ -165,7 +165,7 @@ def _curves(digest: ProfileDigest, device_type: str,
     if cached is not None and cached[0] is digest:
         return cached[1]
     points: dict[tuple[str, int, int | None], dict[str, dict[int, list[tuple[float, float]]]]] = {}
-    for _, collective, group_size, nodes, nbytes, mean, median, wait, _, source in digest.nccl_rows(device_type):
+    for _, collective, group_size, nodes, nbytes, mean, median, wait, source in digest.nccl_rows(device_type):
         latency = mean if mean is not None else median
         if latency is None or nbytes is None or group_size is None:
             continue

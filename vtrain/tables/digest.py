@@ -22,9 +22,8 @@ if TYPE_CHECKING:
 DIGEST_TABLES = ("op_latency", "nccl_latency", "cpu_ops", "kernels")
 #: (device type, op, input dims, input types, median µs, kernels joined by " ; ")
 OpRow = tuple[str, str, str, str, float | None, str | None]
-#: (device type, collective, group size, nodes, bytes, mean µs, median µs, wait µs, algorithm, source)
-NcclRow = tuple[str, str, int | None, int | None, int | None, float | None, float | None, float | None, str | None,
-                str | None]
+#: (device type, collective, group size, nodes, bytes, mean µs, median µs, wait µs, source)
+NcclRow = tuple[str, str, int | None, int | None, int | None, float | None, float | None, float | None, str | None]
 Signature = tuple[str, str, str]
 
 
@@ -54,7 +53,7 @@ def digest_of(tables: Mapping[str, pl.DataFrame]) -> ProfileDigest:
     nccl = tables.get("nccl_latency")
     nccl_rows = [] if nccl is None or nccl.is_empty() else nccl.sort("bytes", maintain_order=True).select(
         "device_type", "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us",
-        "algorithm", "source").rows()
+        "source").rows()
     timeline: set[Signature] = set()
     has_timeline = False
     for name, op in (("cpu_ops", "name"), ("kernels", "cpu_op")):
