@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,9 +14,10 @@ from vtrain.devices import DeviceModel
 from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
-from vtrain.graph.work import GraphInputs
+from vtrain.graph.work import CommWork, GraphInputs, PhaseWork
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
+from vtrain.model.ops import Op
 from vtrain.model.partition import Chunk, partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
@@ -26,6 +27,12 @@ from vtrain.simulate.list_scheduler import Schedule, critical_path, schedule
 from vtrain.simulate.summary import CATEGORIES, StageSummary, coverage, describe_task, stage_summaries
 from vtrain.simulate.workload import ResolvedWork, WorkloadResolver
 from vtrain.tables.store import Profile
+
+
+#: the share of a timeline's kernel time in operators a run does not place beyond which that is said
+#: (:func:`unplaced_kernel_time`; vtrain's own GPU recordings: under 1 %; Megatron-core without apex under
+#: ``framework: megatron``: 28-29 %)
+UNPLACED_SHARE = 0.1
 
 
 @dataclass
@@ -46,6 +53,14 @@ class Simulation:
     @property
     def iteration_us(self) -> float:
         return self.schedule.makespan_us
+
+    @cached_property
+    def operator_names(self) -> frozenset[str]:
+        """The names of the operators the run places (every pass, block and optimizer step)."""
+        blocks = [block for work in self.graph.works if not isinstance(work, CommWork)
+                  for block in (work.blocks if isinstance(work, PhaseWork) else (work,))]
+        return frozenset(resolved.step.name for block in blocks for resolved in block.steps
+                         if isinstance(resolved.step, Op))
 
     @property
     def largest_stage_bytes(self) -> int:
@@ -236,22 +251,54 @@ class SharedResolvers:
     def _check_traced(self, traced: RunConfig, placed: frozenset[tuple[str, str, str]]) -> None:
         """Warn when fewer than half the operator signatures of the run the profile says it recorded are in its
         timeline (61-100 % in the recordings shipped; a run.yaml of another run beside the traces, e.g. another
-        width, 21 %): the timeline's host time is then measured between the wrong operators."""
+        width, 21 %; Megatron-core without apex, whose attention is not the fused one ``framework: megatron``
+        places, 30 %): the timeline's host time is then measured between the wrong operators. The warning names
+        the operators the model does not place that hold the most kernel time: they say which of the two it is."""
         timeline = self._timeline_signatures()
         found = len(placed & timeline)
         if timeline and placed and found < len(placed) / 2:
             assert self.profile is not None
             model = traced.model
+            unplaced = unplaced_kernel_time(self.profile, {signature[0] for signature in placed})
             warn_input(f"the run the profile says it recorded (metadata.json's run: {model.layers} layers, hidden "
                        f"{model.hidden}, sequence {model.seq}) places only {found} of its {len(placed)} operator "
-                       f"signatures where its timeline has calls: is it the run these traces are of? Host time "
-                       f"measured between the wrong operators is wrong", self.profile.path)
+                       f"signatures where its timeline has calls{', and ' + unplaced if unplaced else ''}: is it the "
+                       f"run these traces are of, and framework {traced.framework}'s operators the ones that ran? "
+                       f"Host time measured between the wrong operators is wrong", self.profile.path)
 
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""
         if self._timeline is None:
             self._timeline = self.profile.digest.timeline if self.profile is not None else frozenset()
         return self._timeline
+
+
+def unplaced_kernel_time(profile: Profile, names: Iterable[str]) -> str:
+    """``"28% of the timeline's kernel time is in operators the model does not place (aten::_softmax 7%, ...)"``:
+    the share of the timeline's computation kernels launched by operators whose names are not among ``names`` (the
+    operators a run places), and the three that hold most; ``""`` when that share is under a tenth. Kernels
+    without a launching operator, and those a CUDA graph's launch released (the graph's module names them), are
+    left out: no name says what they are."""
+    import polars as pl  # only when a check is due: the prediction path does not import polars
+
+    from vtrain.tables.schema import COMPUTATION
+
+    kernels = profile.tables.get("kernels")
+    if kernels is None or kernels.is_empty():
+        return ""
+    kernels = kernels.filter((pl.col("kernel_class") == COMPUTATION) & pl.col("cpu_op").is_not_null())
+    launches = profile.tables.get("graph_launches")
+    if launches is not None and launches.height:
+        kernels = kernels.filter(~pl.col("correlation").is_in(launches["correlation"].implode()))
+    total = kernels["dur"].sum() if kernels.height else 0.0
+    unplaced = kernels.filter(~pl.col("cpu_op").is_in(sorted(set(names)))).group_by("cpu_op").agg(
+        pl.col("dur").sum())
+    if not total or unplaced["dur"].sum() < UNPLACED_SHARE * total:
+        return ""
+    top = unplaced.sort(["dur", "cpu_op"], descending=[True, False]).head(3)
+    named = ", ".join(f"{op} {dur / total:.0%}" for op, dur in top.iter_rows())
+    return (f"{unplaced['dur'].sum() / total:.0%} of the timeline's kernel time is in operators the model does not "
+            f"place ({named}, ...)")
 
 
 def _device_type(config: RunConfig) -> str:

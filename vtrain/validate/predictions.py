@@ -142,6 +142,14 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
     if profile_dir is None and measured < DESCRIBES_TRACES:
         note(f"{config_source}: only {measured:.0%} of the simulated operators' time was measured in {trace_dir} "
              f"(its run has other operators or shapes than the traced one): does it describe these traces?")
+    if profile_dir is None:
+        from vtrain.simulate.run import unplaced_kernel_time  # with the model: only when a run is described
+
+        unplaced = unplaced_kernel_time(profile, prediction.simulation.operator_names)
+        if unplaced:
+            note(f"{trace_dir}: {unplaced}: the traced run ran operators that framework {config.framework} "
+                 f"({config_source}) does not place, and the model counts their time between its operators, beside "
+                 f"its own versions of what they did")
     return ModelRun(split=split, test=test, source=source, from_traces=profile_dir is None,
                     prediction=prediction), None
 
