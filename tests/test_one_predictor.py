@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.conftest import REPO
+from tests.conftest import REPO, vtrain_in_process
 from vtrain.cli.main import app
 from vtrain.runconfig import load_run_config
 from vtrain.simulate.run import simulate
@@ -112,6 +112,34 @@ def test_a_run_on_another_variant_of_the_profiles_gpu_same_prediction_through_ev
     assert refused.exit_code == 2 and not (tmp_path / "h100").exists()
     assert refused.stderr.strip() == ("error: --device: device H100 is not a variant of the profile's A100-40GB: "
                                       "score runs on it with a profile fitted for it")
+
+
+def test_the_framework_of_rows_without_the_column_is_a_flag(profile: Path, tmp_path: Path) -> None:
+    """``--framework`` says whose kernels the rows without a framework column ran (default megatron: vTrain's
+    runs): the row is predicted as `vtrain simulate` predicts the run of that framework; a row's own column wins;
+    a word that is no framework is a usage error."""
+    runner = CliRunner()
+    config = yaml.safe_load(_run(tmp_path, 8, 2, 2, 2, None).read_text())
+    simulated = {}
+    for framework in ("megatron", "reference"):
+        run = tmp_path / f"{framework}.yaml"
+        run.write_text(yaml.safe_dump({**config, "framework": framework}))
+        result = runner.invoke(app, ["simulate", str(run), "--profile", str(profile), "--json"])
+        assert result.exit_code == 0, result.output
+        simulated[framework] = json.loads(result.stdout)["iteration_time_ms"]
+    assert simulated["reference"] != pytest.approx(simulated["megatron"], rel=0.01)
+    row = "8,32,2,2048,16,8,2048,2,2,2,1000"
+    table = tmp_path / "table.csv"
+    table.write_text(f"{HEADER},framework\n{row},\n{row},megatron\n")
+    result = runner.invoke(app, ["validate", "--measurements", str(table), "--profile", str(profile), "--framework",
+                                 "reference", "-o", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    predicted = pl.read_parquet(tmp_path / "report" / "rows.parquet")["predicted_ms"].to_list()
+    assert predicted == pytest.approx([simulated["reference"], simulated["megatron"]], rel=1e-9)
+    refused = vtrain_in_process("validate", "--measurements", table, "--profile", profile, "--framework",
+                                "deepspeed", "-o", tmp_path / "refused")
+    assert refused.returncode == 2 and not (tmp_path / "refused").exists()
+    assert refused.stderr.strip().endswith("must be one of reference, megatron (got 'deepspeed')")
 
 
 def test_prediction_uses_the_fitted_device_and_says_so(profile: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import RECOMPUTE
+from vtrain.runconfig import FRAMEWORKS, RECOMPUTE
 
 
 def profile_option() -> Any:
@@ -45,11 +45,18 @@ def device_memory_option() -> Any:
     return real_option(None, "--device-memory", 0.1, MAX_DEVICE_MEMORY_GIB, "GiB per GPU (default: the device's).")
 
 
-def framework_option() -> Any:
-    """``--framework``: whose kernels and memory the studied jobs run with."""
-    return typer.Option("megatron", "--framework", help="Whose kernels, mixed precision and optimizer states the jobs "
-                        "run with: megatron (Megatron-LM's, as the vTrain paper's studies and the runs profiles/a100 "
-                        "was fitted to) or reference (vtrain record's model).")
+def framework_option(help_text: str = "Whose kernels, mixed precision and optimizer states the jobs run with: ") -> Any:
+    """``--framework``: whose kernels and memory the studied jobs (or the measured runs) run with; a word that is
+    none of :data:`~vtrain.runconfig.FRAMEWORKS` is a usage error."""
+    return typer.Option("megatron", "--framework", callback=_one_framework, help=help_text + (
+        "megatron (Megatron-LM's, as the vTrain paper's studies and the runs profiles/a100 was fitted to) or "
+        "reference (vtrain record's model)."))
+
+
+def _one_framework(value: str) -> str:
+    if value not in FRAMEWORKS:
+        raise typer.BadParameter(f"must be one of {', '.join(FRAMEWORKS)} (got {value!r})")
+    return value
 
 
 def max_micro_batch_option() -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import recompute_option
+from vtrain.cli.options import framework_option, recompute_option
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.ingest.discover import find_trace_files
@@ -60,6 +60,8 @@ def validate_command(
                                                       "(default: the profile's single-node fits)."),
     recompute: str = recompute_option("With --measurements: activation recomputation (none, selective or full) of "
                                       "rows without that column."),
+    framework: str = framework_option("With --measurements: whose kernels, mixed precision and optimizer states "
+                                      "the rows without a framework column ran with: "),
     device: str | None = typer.Option(None, "--device", help="With --measurements: the GPU of rows without a device "
                                                              "column, a variant of the profile's (A100-80GB with an "
                                                              "A100-40GB profile; default: the profile's)."),
@@ -80,7 +82,7 @@ def validate_command(
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps, recompute, device)
+                      intra_node_gbps, recompute, device, framework)
         return
     given = [flag for flag, value in (("--device", device), ("--inter-node-gbps", inter_node_gbps),
                                       ("--intra-node-gbps", intra_node_gbps)) if value is not None]
@@ -161,7 +163,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
                   gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
-                  recompute: str, device: str | None) -> None:
+                  recompute: str, device: str | None, framework: str) -> None:
     from vtrain.cli.progress import counting
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
@@ -178,7 +180,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     check_output(target, inputs=[path, profile], replaces=REPORT, what="report folder")
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
-                                       recompute, progress, device)
+                                       recompute, progress, device, framework)
     summary = result.to_dict()
     if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
         raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "
