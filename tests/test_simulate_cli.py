@@ -70,6 +70,19 @@ def test_flags_override_the_config_and_text_summary() -> None:
     assert "modelled 100.0%" in result.stdout
 
 
+def test_the_precision_and_framework_of_the_run_are_flags_too() -> None:
+    """A YAML run config that leaves the precision out runs in fp32 (ten times fp16's time on an A100's GEMMs), and
+    there was no flag to say otherwise: ``--precision`` and ``--framework`` override the run's as its own keys would
+    (MT-NLG's config is fp16: in fp32 it takes more than three times as long)."""
+    times = {}
+    for flags in ((), ("--precision", "fp32"), ("--framework", "megatron", "--precision", "bf16")):
+        result = vtrain(MTNLG, "--json", *flags)
+        assert result.returncode == 0, result.stderr
+        times[flags] = json.loads(result.stdout)["iteration_time_ms"]
+    assert times[("--precision", "fp32")] > 3 * times[()]
+    assert times[("--framework", "megatron", "--precision", "bf16")] != times[()]
+
+
 def test_the_links_of_the_run_are_flags_too() -> None:
     """A node's network and size and the GPUs' links override the run config's hardware, as `validate
     --measurements`, `cluster` and `size` take them: MT-NLG's t = 8 gradient all-reduces and pipeline transfers
@@ -96,6 +109,8 @@ def test_the_links_of_the_run_are_flags_too() -> None:
     # one stage has nothing to interleave with: it was simulated as three chunks of one stage, with no warning
     (["--pp", 1, "--dp", 420, "--global-batch", 1680, "--schedule", "interleaved", "--virtual-stages", 3],
      "virtual_stages=3 needs pp >= 2"),
+    (["--framework", "deepspeed"], "framework must be one of reference, megatron (got 'deepspeed')"),
+    (["--precision", "fp8"], "precision must be one of fp32, fp16, bf16 (got 'fp8')"),
 ])
 def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str) -> None:
     result = vtrain_in_process("simulate", MTNLG, *args)  # in this process (tests/conftest.py)

@@ -67,6 +67,9 @@ def parser() -> OneLineParser:
                            help="Override a GPU's link to the others of its node, GB/s.")
     overrides.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                            help="Override whether each layer's passes are replayed from CUDA graphs.")
+    overrides.add_argument("--precision", metavar="NAME", help="Override the precision: fp32, fp16 or bf16.")
+    overrides.add_argument("--framework", metavar="NAME",
+                           help="Override whose kernels the run launches: megatron or reference.")
     return parsed
 
 
@@ -84,18 +87,20 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
                      force: bool = False, gpus: int | None = None, device: str | None = None,
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
                      intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
-                     **overrides: object) -> None:
+                     precision: str | None = None, framework: str | None = None, **overrides: object) -> None:
     """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``gpus``,
-    ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``) and print the summary; with
-    ``output``, write the predicted traces there."""
+    ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision`` and
+    ``framework``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
     from vtrain.runconfig import load_run_config
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile
 
     run = load_run_config(config).with_overrides(**overrides)
-    if cuda_graphs is not None:
-        run = replace(run, cuda_graphs=cuda_graphs)
+    whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
+                                           ("framework", framework)) if value is not None}
+    if whole:
+        run = replace(run, **whole)
     hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
                                               ("gpus_per_node", gpus_per_node), ("inter_node_gbps", inter_node_gbps),
                                               ("intra_node_gbps", intra_node_gbps)) if value is not None}
