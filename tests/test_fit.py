@@ -199,6 +199,11 @@ def test_measurements_need_a_fitted_profile(tmp_path: Path) -> None:
     assert result.exit_code == 2 and not (tmp_path / "r").exists()
     assert result.stderr.strip() == ("error: --device, --inter-node-gbps go with --measurements (a trace folder's run "
                                      "is described by its run.yaml or --config)")
+    # and so were the rows' recomputation and framework
+    result = runner.invoke(app, ["validate", str(REPO / "traces" / "t1p1d2"), "--recompute", "none", "--framework",
+                                 "reference", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2 and not (tmp_path / "r").exists()
+    assert result.stderr.strip().startswith("error: --recompute, --framework go with --measurements")
 
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="profiles/a100 is built by `make profile-a100`")

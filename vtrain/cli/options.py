@@ -45,16 +45,18 @@ def device_memory_option() -> Any:
     return real_option(None, "--device-memory", 0.1, MAX_DEVICE_MEMORY_GIB, "GiB per GPU (default: the device's).")
 
 
-def framework_option(help_text: str = "Whose kernels, mixed precision and optimizer states the jobs run with: ") -> Any:
+def framework_option(help_text: str = "Whose kernels, mixed precision and optimizer states the jobs run with: ",
+                     default: str | None = "megatron") -> Any:
     """``--framework``: whose kernels and memory the studied jobs (or the measured runs) run with; a word that is
-    none of :data:`~vtrain.runconfig.FRAMEWORKS` is a usage error."""
-    return typer.Option("megatron", "--framework", callback=_one_framework, help=help_text + (
+    none of :data:`~vtrain.runconfig.FRAMEWORKS` is a usage error. ``default`` None: a command that tells whether
+    it was given (``validate`` takes it only with ``--measurements``)."""
+    return typer.Option(default, "--framework", callback=_one_framework, help=help_text + (
         "megatron (Megatron-LM's, as the vTrain paper's studies and the runs profiles/a100 was fitted to) or "
         "reference (vtrain record's model)."))
 
 
-def _one_framework(value: str) -> str:
-    if value not in FRAMEWORKS:
+def _one_framework(value: str | None) -> str | None:
+    if value is not None and value not in FRAMEWORKS:
         raise typer.BadParameter(f"must be one of {', '.join(FRAMEWORKS)} (got {value!r})")
     return value
 
@@ -64,14 +66,15 @@ def max_micro_batch_option() -> Any:
     return typer.Option(4, "--max-micro-batch", min=1, max=MAX_MICRO_BATCH_TRIED, help="Largest micro-batch tried.")
 
 
-def recompute_option(help_text: str) -> Any:
+def recompute_option(help_text: str, default: str | None = "full") -> Any:
     """``--recompute``: the activation recomputation of measured runs whose row does not say (a word that is none
-    of :data:`~vtrain.runconfig.RECOMPUTE` made every row unusable: `fit` ended in a traceback)."""
-    return typer.Option("full", "--recompute", callback=_one_recompute, help=help_text)
+    of :data:`~vtrain.runconfig.RECOMPUTE` made every row unusable: `fit` ended in a traceback). ``default`` None:
+    a command that tells whether it was given."""
+    return typer.Option(default, "--recompute", callback=_one_recompute, help=help_text)
 
 
-def _one_recompute(value: str) -> str:
-    if value not in RECOMPUTE:
+def _one_recompute(value: str | None) -> str | None:
+    if value is not None and value not in RECOMPUTE:
         raise typer.BadParameter(f"must be one of {', '.join(RECOMPUTE)} (got {value!r})")
     return value
 

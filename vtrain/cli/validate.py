@@ -13,6 +13,7 @@ from vtrain.cli.errors import user_errors, warn
 from vtrain.cli.options import framework_option, recompute_option
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
+from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
@@ -58,10 +59,11 @@ def validate_command(
     intra_node_gbps: float | None = typer.Option(None, "--intra-node-gbps", min=0.0,
                                                  help="With --measurements: GPU-to-GPU GB/s within a node "
                                                       "(default: the profile's single-node fits)."),
-    recompute: str = recompute_option("With --measurements: activation recomputation (none, selective or full) of "
-                                      "rows without that column."),
-    framework: str = framework_option("With --measurements: whose kernels, mixed precision and optimizer states "
-                                      "the rows without a framework column ran with: "),
+    recompute: str | None = recompute_option("With --measurements: activation recomputation (none, selective or "
+                                             "full) of rows without that column (default full).", default=None),
+    framework: str | None = framework_option("With --measurements: whose kernels, mixed precision and optimizer "
+                                             "states the rows without a framework column ran with (default "
+                                             "megatron): ", default=None),
     device: str | None = typer.Option(None, "--device", help="With --measurements: the GPU of rows without a device "
                                                              "column, a variant of the profile's (A100-80GB with an "
                                                              "A100-40GB profile; default: the profile's)."),
@@ -82,10 +84,11 @@ def validate_command(
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps, recompute, device, framework)
+                      intra_node_gbps, recompute or RECOMPUTE, device, framework or FRAMEWORK)
         return
     given = [flag for flag, value in (("--device", device), ("--inter-node-gbps", inter_node_gbps),
-                                      ("--intra-node-gbps", intra_node_gbps)) if value is not None]
+                                      ("--intra-node-gbps", intra_node_gbps), ("--recompute", recompute),
+                                      ("--framework", framework)) if value is not None]
     if given:
         raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --measurements (a trace "
                          f"folder's run is described by its run.yaml or --config)")
