@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 

@@ -58,6 +58,15 @@ class CommWork:
     resolution: object  # how the latency was obtained (opaque to the graph)
 
 
+def steps_of(work: PhaseWork | BlockWork | CommWork) -> list[object]:
+    """The resolved steps a pass or block runs, in order (none for a transfer or all-reduce, which is one step of its
+    own: its ``resolution``)."""
+    if isinstance(work, CommWork):
+        return []
+    blocks = work.blocks if isinstance(work, PhaseWork) else (work,)
+    return [step for block in blocks for step in block.steps]
+
+
 @dataclass(frozen=True)
 class Bucket:
     """A data-parallel gradient bucket. With overlap it is all-reduced once the backward of block ``after_block``

@@ -173,11 +173,11 @@ def _softmax(shape: GptShape) -> list[Step]:
     if fused_softmax_available(shape):
         return [make_op("megatron::scaled_upper_triang_masked_softmax", [scores, []], [x, "Scalar"])]
     mask = [shape.b, 1, s, s]
-    return [*_to_fp32(shape, scores),
+    return [*_cast(shape, scores, to_fp32=True),
             make_op("aten::mul", [scores, []], ["float", "double"]),
             make_op("aten::masked_fill_", [scores, mask, []], ["float", "bool", "Scalar"]),
             make_op("aten::_softmax", [scores, [], []], ["float", "Scalar", "Scalar"]),
-            *_from_fp32(shape, scores)]
+            *_cast(shape, scores, to_fp32=False)]
 
 
 def _softmax_backward(shape: GptShape) -> list[Step]:
@@ -188,21 +188,20 @@ def _softmax_backward(shape: GptShape) -> list[Step]:
     if fused_softmax_available(shape):
         return [make_op("megatron::scaled_upper_triang_masked_softmax_backward", [scores, scores, []],
                         [x, x, "Scalar"])]
-    return [*_to_fp32(shape, scores),
+    return [*_cast(shape, scores, to_fp32=True),
             make_op("aten::_softmax_backward_data", [scores, scores, [], []], ["float", "float", "Scalar", "Scalar"]),
             make_op("aten::masked_fill", [scores, [shape.b, 1, s, s], []], ["float", "bool", "Scalar"]),
             make_op("aten::mul", [scores, []], ["float", "double"]),
-            *_from_fp32(shape, scores)]
+            *_cast(shape, scores, to_fp32=False)]
 
 
-def _to_fp32(shape: GptShape, dims: list[int]) -> list[Step]:
+def _cast(shape: GptShape, dims: list[int], to_fp32: bool) -> list[Step]:
+    """The copy of a half-precision tensor to fp32 (``to_fp32``) or back; none in an fp32 run."""
     x = shape.dtype
-    return [] if x == "float" else [make_op("aten::copy_", [dims, dims, []], ["float", x, "Scalar"])]
-
-
-def _from_fp32(shape: GptShape, dims: list[int]) -> list[Step]:
-    x = shape.dtype
-    return [] if x == "float" else [make_op("aten::copy_", [dims, dims, []], [x, "float", "Scalar"])]
+    if x == "float":
+        return []
+    destination, source = ("float", x) if to_fp32 else (x, "float")
+    return [make_op("aten::copy_", [dims, dims, []], [destination, source, "Scalar"])]
 
 
 def layer_backward(shape: GptShape) -> list[Step]:

@@ -14,7 +14,7 @@ from vtrain.devices import DeviceModel
 from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
-from vtrain.graph.work import CommWork, GraphInputs, PhaseWork
+from vtrain.graph.work import GraphInputs, steps_of
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.ops import Op
@@ -57,10 +57,8 @@ class Simulation:
     @cached_property
     def operator_names(self) -> frozenset[str]:
         """The names of the operators the run places (every pass, block and optimizer step)."""
-        blocks = [block for work in self.graph.works if not isinstance(work, CommWork)
-                  for block in (work.blocks if isinstance(work, PhaseWork) else (work,))]
-        return frozenset(resolved.step.name for block in blocks for resolved in block.steps
-                         if isinstance(resolved.step, Op))
+        return frozenset(resolved.step.name for work in self.graph.works for resolved in steps_of(work)
+                         if isinstance(resolved.step, Op))  # type: ignore[attr-defined]
 
     @property
     def largest_stage_bytes(self) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vtrain.graph.build import KINDS, ExecutionGraph, Task, TaskColumns
-from vtrain.graph.work import BlockWork, CommWork, PhaseWork
+from vtrain.graph.work import BlockWork, CommWork, PhaseWork, steps_of
 from vtrain.simulate.latency import SOURCES, Resolution
 from vtrain.simulate.list_scheduler import Schedule
 
@@ -142,8 +142,7 @@ def coverage(graph: ExecutionGraph) -> dict[str, float]:
 def _resolutions(work: PhaseWork | BlockWork | CommWork) -> list[Resolution]:
     if isinstance(work, CommWork):
         return [work.resolution] if isinstance(work.resolution, Resolution) else []
-    blocks = work.blocks if isinstance(work, PhaseWork) else (work,)
-    return [step.resolution for block in blocks for step in block.steps]  # type: ignore[attr-defined]
+    return [step.resolution for step in steps_of(work)]  # type: ignore[attr-defined]
 
 
 def describe_task(task: Task) -> str:

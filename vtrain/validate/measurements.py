@@ -136,8 +136,8 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
     its fitted device on the row's hardware: ``gpu``, a variant of the profile's GPU, for rows without a device
     column; default the profile's). Rows that are no measurement (a time that is not positive, an absurd shape)
     are refused without being simulated, and ``warn`` gets one line about them. ``framework``: whose kernels rows
-    without a framework column ran. ``progress`` gets (runs simulated
-    so far, distinct runs to simulate), as :func:`~vtrain.simulate.measured_runs.predict_runs` gives them."""
+    without a framework column ran. ``progress`` gets (runs simulated so far, distinct runs to simulate), as
+    :func:`~vtrain.simulate.measured_runs.predict_runs` gives them."""
     profile = load_profile(profile_dir)
     fitted = profile.metadata.get("fitted")
     if not fitted:
