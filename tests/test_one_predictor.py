@@ -116,8 +116,9 @@ def test_a_run_on_another_variant_of_the_profiles_gpu_same_prediction_through_ev
 
 def test_the_framework_of_rows_without_the_column_is_a_flag(profile: Path, tmp_path: Path) -> None:
     """``--framework`` says whose kernels the rows without a framework column ran (default megatron: vTrain's
-    runs): the row is predicted as `vtrain simulate` predicts the run of that framework; a row's own column wins;
-    a word that is no framework is a usage error."""
+    runs): the row is predicted as `vtrain simulate` predicts the run of that framework; a row's own column wins,
+    naming the project as a user's table does (Megatron-LM, Megatron-DeepSpeed; they were refused); Megatron-core,
+    whose kernels are not those, and a word that is no framework are refused."""
     runner = CliRunner()
     config = yaml.safe_load(_run(tmp_path, 8, 2, 2, 2, None).read_text())
     simulated = {}
@@ -136,6 +137,14 @@ def test_the_framework_of_rows_without_the_column_is_a_flag(profile: Path, tmp_p
     assert result.exit_code == 0, result.output
     predicted = pl.read_parquet(tmp_path / "report" / "rows.parquet")["predicted_ms"].to_list()
     assert predicted == pytest.approx([simulated["reference"], simulated["megatron"]], rel=1e-9)
+    named = tmp_path / "named.csv"  # a user's table names the project: Megatron-LM, Megatron-DeepSpeed
+    named.write_text(f"{HEADER},framework\n{row},Megatron-LM\n{row},megatron_deepspeed\n{row},Megatron-Core\n")
+    result = runner.invoke(app, ["validate", "--measurements", str(named), "--profile", str(profile), "-o",
+                                 str(tmp_path / "named")])
+    assert result.exit_code == 0, result.output
+    rows = pl.read_parquet(tmp_path / "named" / "rows.parquet")
+    assert rows["predicted_ms"].to_list()[:2] == pytest.approx([simulated["megatron"]] * 2, rel=1e-9)
+    assert rows["invalid"][2] == "framework must be one of reference, megatron (got 'megatron-core')"
     refused = vtrain_in_process("validate", "--measurements", table, "--profile", profile, "--framework",
                                 "deepspeed", "-o", tmp_path / "refused")
     assert refused.returncode == 2 and not (tmp_path / "refused").exists()

@@ -75,12 +75,15 @@ def test_the_precision_and_framework_of_the_run_are_flags_too() -> None:
     there was no flag to say otherwise: ``--precision`` and ``--framework`` override the run's as its own keys would
     (MT-NLG's config is fp16: in fp32 it takes more than three times as long)."""
     times = {}
-    for flags in ((), ("--precision", "fp32"), ("--framework", "megatron", "--precision", "bf16")):
+    for flags in ((), ("--precision", "fp32"), ("--framework", "megatron", "--precision", "bf16"),
+                  ("--framework", "Megatron-LM", "--precision", "bf16")):
         result = vtrain(MTNLG, "--json", *flags)
         assert result.returncode == 0, result.stderr
         times[flags] = json.loads(result.stdout)["iteration_time_ms"]
     assert times[("--precision", "fp32")] > 3 * times[()]
     assert times[("--framework", "megatron", "--precision", "bf16")] != times[()]
+    assert times[("--framework", "Megatron-LM", "--precision", "bf16")] == times[("--framework", "megatron",
+                                                                                  "--precision", "bf16")]
 
 
 def test_the_links_of_the_run_are_flags_too() -> None:

@@ -46,6 +46,16 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: whose kernels a run launches: vtrain record's reference model, or Megatron-DeepSpeed's fused ones
 FRAMEWORKS = ("reference", "megatron")
+#: the projects whose kernels a framework stands for, as tables and configs name them (case, ``_`` and spaces aside)
+FRAMEWORK_PROJECTS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron"}
+
+
+def framework_named(name: object) -> object:
+    """The framework ``name`` stands for: Megatron-LM and Megatron-DeepSpeed are ``megatron``; any other value as
+    given (the run config's checks say what is wrong with it). Megatron-core is not: without apex or Transformer
+    Engine it runs other kernels than the fused ones ``megatron`` places."""
+    key = name.strip().lower().replace("_", "-").replace(" ", "-") if isinstance(name, str) else None
+    return FRAMEWORK_PROJECTS.get(key, name) if key else name
 
 
 @dataclass(frozen=True)
@@ -254,7 +264,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         parallelism=_build(ParallelConfig, _or_empty(data.get("parallelism")), "parallelism", source),
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
-        framework=data.get("framework", "reference"),
+        framework=framework_named(data.get("framework", "reference")),
         cuda_graphs=data.get("cuda_graphs", False),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
@@ -315,7 +325,7 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
                 dp_bucket_mb=_real(data.get("ddp_bucket_size", 25.0)),
             ),
             precision="fp16",
-            framework=str(data.get("framework", "megatron")),
+            framework=str(framework_named(data.get("framework", "megatron"))),
             hardware=HardwareConfig(
                 device=str(data.get("gpu_name", "A100")),
                 device_count=_whole(data.get("num_gpus", 0)) or _whole(data["tensor_parallel_size"])

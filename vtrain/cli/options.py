@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import FRAMEWORKS, RECOMPUTE
+from vtrain.runconfig import FRAMEWORKS, RECOMPUTE, framework_named
 
 
 def profile_option() -> Any:
@@ -56,9 +56,12 @@ def framework_option(help_text: str = "Whose kernels, mixed precision and optimi
 
 
 def _one_framework(value: str | None) -> str | None:
-    if value is not None and value not in FRAMEWORKS:
+    if value is None:
+        return None
+    named = framework_named(value)
+    if named not in FRAMEWORKS:
         raise typer.BadParameter(f"must be one of {', '.join(FRAMEWORKS)} (got {value!r})")
-    return value
+    return str(named)
 
 
 def max_micro_batch_option() -> Any:

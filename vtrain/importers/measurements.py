@@ -44,7 +44,7 @@ from vtrain.limits import (
     real_problem,
     shown,
 )
-from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
+from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig, framework_named
 
 #: vTrain's column names (its single-node table, in its order)
 VTRAIN_COLUMNS = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -376,7 +376,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    sequence_parallel=bool(given("sequence_parallel", False)),
                                    distributed_optimizer=bool(given("distributed_optimizer", False))),
         precision=str(given("precision", PRECISION)),
-        framework=str(given("framework", framework)),
+        framework=str(framework_named(given("framework", framework))),
         cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
