@@ -5,6 +5,7 @@ cannot read, reads such an id as no id (an event whose lane it was is left out a
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,21 @@ def test_validate_reads_it_as_no_id(name: str, folders: dict[str, Path], tmp_pat
     ("0x7f", 127), (7.0, 7), (7.5, None), (True, None)])
 def test_ids_are_64_bit(value: object, expected: int | None) -> None:
     assert parse_stream(value) == expected
+
+
+def test_validate_of_a_recording_reads_a_launch_thread_beyond_64_bits_as_none(tmp_path: Path) -> None:
+    """A recording with its run config is also ingested by validate (the model side): a kernel launch's tid beyond
+    64 bits, in a file where some other event's tid is text, was a polars traceback there."""
+    recording = TRACES / "gpu" / "h100-small-eager"
+
+    def change(events: list[dict[str, Any]]) -> None:
+        launches = [event for event in events if event.get("cat") in ("cuda_runtime", "cuda_driver")]
+        launches[3]["tid"], launches[5]["tid"] = TOO_BIG, "7"
+
+    folder = tmp_path / "recording"
+    folder.mkdir()
+    (folder / "rank-0.json").write_bytes(changed_trace(recording / "rank-0.json.gz", change))
+    shutil.copy(recording / "run.yaml", folder)
+    ran = vtrain_in_process("validate", folder, "-o", tmp_path / "report", "--no-hta")
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert "1 event(s) without a usable time, duration or lane were left out" in ran.stderr

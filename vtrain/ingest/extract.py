@@ -19,7 +19,18 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-from vtrain.kineto import CPU, DEVICE, RUNTIME, accelerator, canonical_category, device_kind, event_kind, parse_stream
+from vtrain.kineto import (
+    CPU,
+    DEVICE,
+    INT64_MAX,
+    INT64_MIN,
+    RUNTIME,
+    accelerator,
+    canonical_category,
+    device_kind,
+    event_kind,
+    parse_stream,
+)
 
 _NO_ARGS = EventArgs()
 
@@ -268,11 +279,16 @@ def _streams(values: list[Any]) -> pl.Series:
 
 
 def _thread_ids(values: list[Any]) -> pl.Series:
-    """``pid`` or ``tid`` values as integers (:func:`thread_id` for those written as text)."""
+    """``pid`` or ``tid`` values as integers (:func:`thread_id` for those written as text); an integer beyond 64
+    bits is no id, as a text holding one is (JSON numbers have no size limit)."""
     try:
         return pl.Series(values, dtype=pl.Int64, strict=True)
-    except TypeError:  # some are strings
-        return pl.Series([v if type(v) is int else thread_id(v) for v in values], dtype=pl.Int64)
+    except TypeError:  # some are strings, or integers beyond 64 bits
+        return pl.Series([_within_64_bits(v) if type(v) is int else thread_id(v) for v in values], dtype=pl.Int64)
+
+
+def _within_64_bits(value: int) -> int | None:
+    return value if INT64_MIN <= value <= INT64_MAX else None
 
 
 _WHOLE_NUMBER = re.compile(r"-?\d+")
