@@ -121,6 +121,20 @@ def test_a_folder_without_iterations_is_one_iteration(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "flat")
 
 
+@pytest.mark.parametrize("events", [[], [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]],
+                         ids=["no-events", "metadata-only"])
+def test_a_trace_with_nothing_to_replay_is_refused_as_validate_refuses_it(events: list[dict], pair: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    """It was a traceback after the report had been written; as the traces or as --durations-from."""
+    write_trace(tmp_path / "empty", 0, events)
+    a, _ = pair
+    for args in ([str(tmp_path / "empty"), "--scale", "gemm=2"], [str(a), "--durations-from", str(tmp_path / "empty")]):
+        done = runner.invoke(app, ["whatif", *args, "-o", str(tmp_path / "o")])
+        assert done.exit_code == 2 and len(done.stderr.strip().splitlines()) == 1, done.output
+        assert "nothing to replay: no CPU operator, runtime call or device activity with a time" in done.stderr
+        assert not (tmp_path / "o").exists()
+
+
 def test_predicted_traces_load_in_hta(pair: tuple[Path, Path], tmp_path: Path) -> None:
     from vtrain.validate.hta import hta_analysis
 

@@ -650,6 +650,16 @@ def read_ranks(trace_dir: str | Path, read: Callable[[Path], Kept], *, workers: 
     return sorted(kept, key=lambda k: k.rank)
 
 
+def check_replayable(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]) -> None:
+    """An error unless some rank holds something a replay can time (a CPU operator, runtime call or device
+    activity with a time), in `vtrain validate` and `vtrain whatif` alike."""
+    if not any(trace.replayable for trace in traces):
+        dropped = sum(trace.dropped for trace in traces)
+        raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
+                         + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
+                         trace_dir)
+
+
 def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank],
                        world_size: int | None) -> list[str]:
     """The warning lines for what reading a trace folder (``traces``, by rank; the job's ``world_size`` if known)

@@ -18,7 +18,7 @@ from vtrain.errors import InputError
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
-from vtrain.replay.trace import KeptRank, KeptText, TextAside, trace_set_warnings
+from vtrain.replay.trace import KeptRank, KeptText, TextAside, check_replayable, trace_set_warnings
 from vtrain.runconfig import DescribedRun, RunConfig, described_run, load_run_config
 from vtrain.validate.diff import Comparison
 from vtrain.validate.hta import hta_summary
@@ -141,11 +141,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     config, config_source, config_problem = _run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
     builder, traces, text = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
-    if not any(trace.replayable for trace in traces):
-        dropped = sum(trace.dropped for trace in traces)
-        raise InputError("nothing to replay: no CPU operator, runtime call or device activity with a time"
-                         + (f" ({dropped} such events without a usable time, lane or duration)" if dropped else ""),
-                         trace_dir)
+    check_replayable(trace_dir, traces)
     _check_world(config, config_source, traces)
     warnings: list[str] = []
 

@@ -24,7 +24,7 @@ from vtrain.errors import InputError
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
-from vtrain.replay.trace import read_trace_set, trace_set_warnings
+from vtrain.replay.trace import check_replayable, read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, described_run
 from vtrain.validate.diff import error_pct
 from vtrain.validate.steady import steady_set
@@ -127,6 +127,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     as `vtrain validate` says them)."""
     trace_dir = Path(trace_dir)
     traces = read_trace_set(trace_dir)
+    check_replayable(trace_dir, traces)
     config, _, problem = described_run(trace_dir)
     if problem:
         warn(f"{problem}: the traces are re-timed without the run it describes")
