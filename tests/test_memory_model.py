@@ -67,7 +67,7 @@ def _live_bytes(prof: profile, tmp_path: Path) -> tuple[int, int]:
 
 def _reference_model(config: RunConfig) -> torch.nn.Module:
     init = Init(1, TensorParallel(), torch.float32, torch.device("cpu"))
-    return build_chunks(config.model, 0, 1, 1, init, recompute=config.parallelism.recompute == "full")[0]
+    return build_chunks(config, 0, init, recompute=config.parallelism.recompute == "full")[0]
 
 
 def _batch(config: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,6 +87,14 @@ class ParallelConfig:
     #: Megatron's distributed optimizer (ZeRO stage 1): each data-parallel rank keeps and updates 1/d of the
     #: optimizer states; gradients are reduce-scattered and the updated parameters all-gathered
     distributed_optimizer: bool = False
+    #: the transformer layers each pipeline stage holds, first stage to last, where a run split them unevenly
+    #: (DeepSpeed's PipelineModule balances them: BLOOM's 70 layers on 12 stages); None: an even split, as
+    #: Megatron-LM requires
+    stage_layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stage_layers, list):  # as a YAML or JSON config gives it
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
 
     @property
     def world_size(self) -> int:
@@ -125,7 +133,10 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form, as written to ``run.yaml``."""
-        return asdict(self)
+        data = asdict(self)
+        if self.parallelism.stage_layers is not None:
+            data["parallelism"]["stage_layers"] = list(self.parallelism.stage_layers)
+        return data
 
     def with_overrides(self, **parallel: Any) -> RunConfig:
         """A copy with parallelism fields replaced (``None`` values are ignored)."""
@@ -155,9 +166,7 @@ class RunConfig:
             errors.append(f"hidden ({m.hidden}) is not divisible by heads ({m.heads})")
         if m.hidden % p.tp:
             errors.append(f"hidden ({m.hidden}) is not divisible by tp ({p.tp})")
-        if m.layers % (p.pp * p.virtual_stages):
-            errors.append(f"layers ({m.layers}) is not divisible by pp*virtual_stages "
-                          f"({p.pp}*{p.virtual_stages})")
+        errors += _stage_layers_errors(m, p)
         if p.global_batch % (p.dp * p.micro_batch):
             errors.append(f"global batch ({p.global_batch}) is not divisible by dp*micro_batch "
                           f"({p.dp}*{p.micro_batch})")
@@ -205,6 +214,49 @@ class RunConfig:
         return self
 
 
+def _stage_layers_errors(m: ModelConfig, p: ParallelConfig) -> list[str]:
+    """How the layers do not split over the pipeline stages: evenly over pp*virtual_stages, or as ``stage_layers``
+    says (one entry a stage, summing to the layers; an uneven split is not interleaved)."""
+    if p.stage_layers is None:
+        if m.layers % (p.pp * p.virtual_stages) == 0:
+            return []
+        hint = ("; if the run split them unevenly, say how (a run config's stage_layers, a table's stage layers "
+                f"column): {list(balanced_stage_layers(m.layers, p.pp))} is DeepSpeed's PipelineModule split "
+                "(partition_method type:transformer)" if p.virtual_stages == 1 and m.layers >= p.pp else "")
+        return [f"layers ({m.layers}) is not divisible by pp*virtual_stages ({p.pp}*{p.virtual_stages}){hint}"]
+    errors = []
+    if len(p.stage_layers) != p.pp:
+        errors.append(f"stage_layers has {len(p.stage_layers)} entries for {p.pp} pipeline stages (pp)")
+    elif sum(p.stage_layers) != m.layers:
+        errors.append(f"stage_layers sums to {sum(p.stage_layers)} layers, the model has {m.layers}")
+    if p.virtual_stages > 1:
+        errors.append("stage_layers with virtual_stages > 1: an uneven split of interleaved chunks is not modelled")
+    return errors
+
+
+def balanced_stage_layers(layers: int, stages: int) -> tuple[int, ...]:
+    """DeepSpeed's PipelineModule split of ``layers`` transformer layers over ``stages`` (``partition_method``
+    ``type:transformer``, Megatron-DeepSpeed's GPT default): the smallest largest stage, ``ceil(layers / stages)``,
+    filled from the first stage on, so the last stages hold the remainder (70 layers on 12 stages: eleven of 6, one
+    of 4)."""
+    most = -(-layers // stages)
+    split, left = [], layers
+    for _ in range(stages):
+        split.append(min(most, left))
+        left -= split[-1]
+    return tuple(split)
+
+
+def _stage_layers_problem(value: Any) -> str | None:
+    """Why a ``stage_layers`` value is no list of layer counts (None when it is one)."""
+    low, high = INTEGER_BOUNDS["layers"]
+    if not isinstance(value, (list, tuple)) or not value or len(value) > INTEGER_BOUNDS["pp"][1]:
+        return f"stage_layers must be a list of layer counts, one a pipeline stage (got {shown(value)})"
+    if any(isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high for n in value):
+        return f"stage_layers must hold whole numbers of layers from {low} to {high} (got {shown(value)})"
+    return None
+
+
 def _section_problems(section: Any) -> list[str]:
     """The fields of one section (model, parallelism, hardware) with a wrong type or out of bounds: bounded
     fields by :mod:`vtrain.limits`, the others by their annotation (``None`` allowed where it is the default)."""
@@ -214,7 +266,9 @@ def _section_problems(section: Any) -> list[str]:
         kind = str(spec.type).split(" |")[0]
         if value is None and spec.default is None:
             continue
-        if spec.name in INTEGER_BOUNDS:
+        if spec.name == "stage_layers":
+            problem = _stage_layers_problem(value)
+        elif spec.name in INTEGER_BOUNDS:
             problem = integer_problem(spec.name, value)
         elif spec.name in REAL_BOUNDS:
             problem = real_problem(spec.name, value)

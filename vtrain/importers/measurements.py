@@ -14,8 +14,8 @@ A file may start with a UTF-8 byte-order mark.
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
 vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
-inter-node Gbit/s, framework, precision (fp16, bf16, fp32) and CUDA graphs (each layer replayed from graphs: true or
-false). Where a
+inter-node Gbit/s, framework, precision (fp16, bf16, fp32), CUDA graphs (each layer replayed from graphs: true or
+false) and the layers of each pipeline stage where a run split them unevenly. Where a
 column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
 counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
@@ -101,6 +101,10 @@ OPTIONAL_COLUMNS = {
     "precision": (("precision", "dtype"), pl.String),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
+    # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
+    # apart by spaces, commas or semicolons ("5 6 6 6 6 6 6 6 6 6 6 5"); kept as that text, read by
+    # measurement_config
+    "stage_layers": (("stage layers", "layers per stage"), pl.String),
 }
 #: the columns of :func:`read_measurements`
 COLUMNS = {
@@ -323,16 +327,27 @@ def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Pat
     values = []
     for line, value in rows.select(LINE, name).iter_rows():
         try:
-            values.append(None if value is None else _parse(value, dtype))
+            values.append(None if value is None else _parse(value, dtype, name))
         except ValueError:
-            raise InputError(f"line {line}: {name!r} is not {_KINDS[dtype]}: {shown(value)}", path) from None
+            kind = "whole numbers of layers, one a stage" if name == "stage_layers" else _KINDS[dtype]
+            raise InputError(f"line {line}: {name!r} is not {kind}: {shown(value)}", path) from None
     return pl.Series(name, values, dtype=dtype)
 
 
 _KINDS = {pl.Int64: "an integer", pl.Float64: "a number", pl.Boolean: "true or false", pl.String: "text"}
 
 
-def _parse(value: str, dtype: type[pl.DataType]) -> Any:
+def _layer_counts(text: str) -> tuple[int, ...]:
+    """The whole numbers of a ``stage layers`` cell; ValueError when it holds anything else."""
+    return tuple(int(part) for part in _SEPARATORS.split(text.strip()))
+
+
+_SEPARATORS = re.compile(r"[\s,;]+")
+
+
+def _parse(value: str, dtype: type[pl.DataType], name: str = "") -> Any:
+    if name == "stage_layers":
+        return " ".join(map(str, _layer_counts(value)))
     if dtype == pl.Int64:
         number = float(value)
         if not abs(number) < 2**63 or number != int(number):  # 1e30 and inf are no Int64 (nor any shape)
@@ -374,7 +389,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    recompute=str(given("recompute", recompute)),
                                    dp_overlap=bool(given("dp_overlap", False)),
                                    sequence_parallel=bool(given("sequence_parallel", False)),
-                                   distributed_optimizer=bool(given("distributed_optimizer", False))),
+                                   distributed_optimizer=bool(given("distributed_optimizer", False)),
+                                   stage_layers=_layer_counts(row["stage_layers"]) if row.get("stage_layers") else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
         cuda_graphs=bool(given("cuda_graphs", False)),

@@ -1,7 +1,8 @@
 """Which blocks each pipeline stage (and, for interleaved 1F1B, each model chunk) holds.
 
 Layers are split evenly. Virtual stage ``k = chunk·p + stage`` holds layers ``[k·L/(p·v), (k+1)·L/(p·v))``, as in
-Megatron's interleaved schedule; the embedding sits on virtual stage 0 and the head on the last one.
+Megatron's interleaved schedule; the embedding sits on virtual stage 0 and the head on the last one. A run that split
+its layers unevenly over its stages (one chunk each) says how in ``parallelism.stage_layers``.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class Chunk:
 def partition(config: RunConfig) -> list[list[Chunk]]:
     """``chunks[stage][chunk]`` for a consistent config."""
     p, v = config.parallelism.pp, config.parallelism.virtual_stages
-    per_chunk = config.model.layers // (p * v)
+    counts = config.parallelism.stage_layers or (config.model.layers // (p * v),) * (p * v)  # by virtual stage
+    firsts = [sum(counts[:k]) for k in range(p * v)]
     last = p * v - 1
     return [
         [Chunk(stage=stage, chunk=chunk, virtual_stage=chunk * p + stage,
-               first_layer=(chunk * p + stage) * per_chunk, layers=per_chunk,
+               first_layer=firsts[chunk * p + stage], layers=counts[chunk * p + stage],
                has_embedding=chunk * p + stage == 0, has_head=chunk * p + stage == last)
          for chunk in range(v)]
         for stage in range(p)

@@ -47,13 +47,17 @@ class Candidate:
     distributed_optimizer: bool = False
 
     def config(self, base: RunConfig) -> RunConfig:
-        """``base`` (model, precision, hardware, global batch) with this point's parallelism and GPU count."""
+        """``base`` (model, precision, hardware, global batch) with this point's parallelism and GPU count; its
+        layers split over the stages as ``base`` splits them where the point has ``base``'s stages (one chunk
+        each), else evenly."""
         run = base.with_overrides(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch=self.micro_batch,
                                   schedule=self.schedule, virtual_stages=self.virtual_stages,
                                   recompute=self.recompute, dp_overlap=self.dp_overlap,
                                   sequence_parallel=self.sequence_parallel,
                                   distributed_optimizer=self.distributed_optimizer)
-        return replace(run, hardware=replace(run.hardware, device_count=self.gpus))
+        split = base.parallelism.stage_layers if _has_split(base, self.pp) and self.virtual_stages == 1 else None
+        return replace(run, parallelism=replace(run.parallelism, stage_layers=split),
+                       hardware=replace(run.hardware, device_count=self.gpus))
 
     def as_row(self) -> dict[str, object]:
         """The point's columns in the plan table."""
@@ -82,11 +86,23 @@ def parse_gpus(spec: str, base: RunConfig) -> list[int]:
     return sorted(counts)
 
 
+def _has_split(base: RunConfig, stages: int) -> bool:
+    """Whether ``base`` says how its layers split over ``stages`` pipeline stages (its ``stage_layers``)."""
+    return len(base.parallelism.stage_layers or ()) == stages
+
+
+def _stage_counts(base: RunConfig) -> list[int]:
+    """The pipeline depths whose stages can hold ``base``'s layers: the divisors of the layers, and the depth of
+    ``base``'s own uneven split."""
+    split = base.parallelism.stage_layers
+    return sorted(set(_divisors(base.model.layers)) | ({len(split)} if split else set()))
+
+
 def _reachable(limit: int, base: RunConfig) -> set[int]:
-    layers, batch = base.model.layers, base.parallelism.global_batch
+    batch = base.parallelism.global_batch
     counts = set()
     for t in _tensor_sizes(limit, base.hardware.gpus_per_node):
-        for p in _divisors(layers):
+        for p in _stage_counts(base):
             for d in _divisors(batch):
                 if t * p * d <= limit:
                     counts.add(t * p * d)
@@ -105,7 +121,7 @@ def candidates(base: RunConfig, gpus: int, max_micro_batch: int = 8, divisible: 
         sequence = (False, True) if t > 1 and base.framework == "megatron" else (False,)
         for p in _divisors(gpus // t):
             d = gpus // (t * p)
-            if divisible and (layers % p or batch % d):
+            if divisible and ((layers % p and not _has_split(base, p)) or batch % d):
                 continue
             sharding = (False, True) if d > 1 and distributed else (False,)
             chunks = [v for v in _divisors(layers // p if divisible else layers) if v > 1]

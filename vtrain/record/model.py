@@ -36,7 +36,8 @@ from vtrain.record.tensor_parallel import (
     vocab_parallel_cross_entropy,
     vocab_parallel_embedding,
 )
-from vtrain.runconfig import ModelConfig
+from vtrain.model.partition import partition
+from vtrain.runconfig import ModelConfig, RunConfig
 
 INIT_STD = 0.02
 
@@ -190,16 +191,8 @@ class ModelChunk(nn.Module):
         return x
 
 
-def build_chunks(model: ModelConfig, stage: int, stages: int, chunks: int, init: Init,
-                 recompute: bool = False) -> list[ModelChunk]:
-    """This stage's model chunks; virtual stage ``chunk * stages + stage`` holds layers
-    ``[v * n, (v + 1) * n)`` with ``n = layers / (stages * chunks)``."""
-    per_virtual_stage = model.layers // (stages * chunks)
-    last_virtual = stages * chunks - 1
-    built = []
-    for chunk in range(chunks):
-        virtual = chunk * stages + stage
-        layers = range(virtual * per_virtual_stage, (virtual + 1) * per_virtual_stage)
-        built.append(ModelChunk(model, layers, first=virtual == 0, last=virtual == last_virtual, init=init,
-                                recompute=recompute))
-    return built
+def build_chunks(config: RunConfig, stage: int, init: Init, recompute: bool = False) -> list[ModelChunk]:
+    """This stage's model chunks, holding the layers the simulator places there
+    (:func:`vtrain.model.partition.partition`)."""
+    return [ModelChunk(config.model, chunk.layer_ids, first=chunk.has_embedding, last=chunk.has_head, init=init,
+                       recompute=recompute) for chunk in partition(config)[stage]]

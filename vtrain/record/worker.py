@@ -98,8 +98,7 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> tuple[l
     groups = build_groups(layout, rank, wrap_around=chunks_per_stage > 1)
     dtype = DTYPES[job.config.precision]
     init = Init(job.seed, groups.tp, dtype, device)
-    chunks = build_chunks(model, groups.pp_rank, par.pp, chunks_per_stage, init,
-                          recompute=par.recompute == "full")
+    chunks = build_chunks(job.config, groups.pp_rank, init, recompute=par.recompute == "full")
     buckets = []
     if par.dp > 1:
         buckets = [GradientBuckets(list(chunk.parameters()), groups.dp_group, par.dp, par.dp_bucket_mb,
