@@ -69,7 +69,7 @@ validate-a100: venv
 	  --profile profiles/a100 --recompute none -o reports/a100-ground-truth
 
 # vtrain's accuracy on published A100 runs (validators/published/README.md: sources, and what each table adds)
-PUBLISHED := sc21-table1 korthikanti-table5 mtnlg-530b
+PUBLISHED := sc21-table1 korthikanti-table5 mtnlg-530b bloom-176b
 validate-published: venv
 	@for table in $(PUBLISHED); do \
 	  echo "vtrain validate --measurements validators/published/$$table.csv --profile profiles/a100"; \

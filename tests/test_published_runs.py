@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tests.conftest import REPO, vtrain_in_process
 
@@ -56,3 +57,14 @@ def test_mt_nlg_is_predicted_as_megatron_runs_it_a_fifth_faster_than_deepspeed_d
     assert (metrics["rows"], metrics["invalid"]) == (3, 0)
     assert rows["gpus"].to_list() == [2240, 2800, 3360]
     assert rows["error_pct"].is_between(-25.0, -15.0).all()
+
+
+def test_bloom_is_predicted_fast_as_mt_nlg_is_another_deepspeed_pipeline_run(tmp_path: Path) -> None:
+    """BLOOM 176B (t4 p12 d8 on 384 A100-80GB, its 70 layers split 5 + 10 x 6 + 5 by DeepSpeed's PipelineModule,
+    ZeRO-1): about 150 TFLOP/s per GPU published, read as 104.5 s an iteration; predicted 14.8 % fast, the miss of
+    the other DeepSpeed pipeline run (MT-NLG), bounded so that it is seen if it moves."""
+    metrics, rows = score("bloom-176b", tmp_path)
+    assert (metrics["rows"], metrics["invalid"]) == (1, 0)
+    assert rows["stage_layers"].to_list() == ["5 6 6 6 6 6 6 6 6 6 6 5"]
+    assert rows["iteration_ms"][0] / 1e3 == pytest.approx(104.5, abs=0.1)
+    assert -20.0 <= rows["error_pct"][0] <= -10.0
