@@ -15,7 +15,7 @@ from vtrain.fit.device import device_for_run
 from vtrain.graph.build import build_graph
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_memory, stage_parameter_count
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.runconfig import RunConfig, load_run_config
 from vtrain.simulate import simulate
 from vtrain.simulate.run import resolve_work

@@ -24,7 +24,7 @@ from vtrain.model.memory import (
     peak_stage_memory,
     stage_memory,
 )
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.parallel import FORWARD, stage_order
 from vtrain.record.model import Init, build_chunks
 from vtrain.record.process_groups import TensorParallel

@@ -10,7 +10,7 @@ from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_memory, stage_parameters
 from vtrain.model.ops import Collective, Op, make_op, op_cost
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.runconfig import run_config_from_dict
 
 

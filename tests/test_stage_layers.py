@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import REPO, vtrain_in_process
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.runconfig import (
     HardwareConfig,
     ModelConfig,

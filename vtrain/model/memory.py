@@ -53,7 +53,7 @@ from functools import lru_cache
 
 from vtrain.model.gpt import GptShape, embedding_parameters, head_parameters, layer_parameters
 from vtrain.model.megatron import fused_softmax_available
-from vtrain.model.partition import Chunk, partition
+from vtrain.partition import Chunk, partition
 from vtrain.parallel import peak_passes_in_flight
 from vtrain.runconfig import RunConfig
 

@@ -36,7 +36,7 @@ from vtrain.record.tensor_parallel import (
     vocab_parallel_cross_entropy,
     vocab_parallel_embedding,
 )
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.runconfig import ModelConfig, RunConfig
 
 INIT_STD = 0.02
@@ -193,6 +193,6 @@ class ModelChunk(nn.Module):
 
 def build_chunks(config: RunConfig, stage: int, init: Init, recompute: bool = False) -> list[ModelChunk]:
     """This stage's model chunks, holding the layers the simulator places there
-    (:func:`vtrain.model.partition.partition`)."""
+    (:func:`vtrain.partition.partition`)."""
     return [ModelChunk(config.model, chunk.layer_ids, first=chunk.has_embedding, last=chunk.has_head, init=init,
                        recompute=recompute) for chunk in partition(config)[stage]]

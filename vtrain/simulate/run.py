@@ -18,7 +18,7 @@ from vtrain.graph.work import GraphInputs, steps_of
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.ops import Op
-from vtrain.model.partition import Chunk, partition
+from vtrain.partition import Chunk, partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 from vtrain.simulate.collective_latency import CollectiveResolver

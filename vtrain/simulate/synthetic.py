@@ -11,7 +11,7 @@ from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_parameters
 from vtrain.model.ops import Op
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.runconfig import RunConfig
 from vtrain.tables.store import Profile, conform, empty_table
 

@@ -27,7 +27,7 @@ from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import stage_parameters, state_bytes
 from vtrain.model.ops import Collective, Op, Step
-from vtrain.model.partition import Chunk
+from vtrain.partition import Chunk
 from vtrain.naming import ALL, parse_span_name
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig

@@ -12,7 +12,7 @@ from typing import Any
 
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import GIB, stage_memory
-from vtrain.model.partition import partition
+from vtrain.partition import partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
 
