@@ -53,6 +53,8 @@ def test_uneven_layers_without_a_split_are_refused_with_deepspeeds_split_to_past
     errors = _config(stage_layers=None).constraint_errors()
     assert len(errors) == 1 and "layers (70) is not divisible by pp*virtual_stages (12*1)" in errors[0]
     assert "[6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4] is DeepSpeed's PipelineModule split" in errors[0]
+    no_layers_left = _config(layers=9, pp=4, stage_layers=None).constraint_errors()  # DeepSpeed: 3, 3, 3, 0
+    assert no_layers_left == ["layers (9) is not divisible by pp*virtual_stages (4*1)"]
 
 
 @pytest.mark.parametrize(("stage_layers", "message"), [

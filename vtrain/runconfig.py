@@ -220,9 +220,10 @@ def _stage_layers_errors(m: ModelConfig, p: ParallelConfig) -> list[str]:
     if p.stage_layers is None:
         if m.layers % (p.pp * p.virtual_stages) == 0:
             return []
+        split = balanced_stage_layers(m.layers, p.pp)
         hint = ("; if the run split them unevenly, say how (a run config's stage_layers, a table's stage layers "
-                f"column): {list(balanced_stage_layers(m.layers, p.pp))} is DeepSpeed's PipelineModule split "
-                "(partition_method type:transformer)" if p.virtual_stages == 1 and m.layers >= p.pp else "")
+                f"column): {list(split)} is DeepSpeed's PipelineModule split (partition_method type:transformer)"
+                if p.virtual_stages == 1 and min(split) > 0 else "")  # a stage without layers is not modelled
         return [f"layers ({m.layers}) is not divisible by pp*virtual_stages ({p.pp}*{p.virtual_stages}){hint}"]
     errors = []
     if len(p.stage_layers) != p.pp:
