@@ -19,18 +19,7 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-from vtrain.kineto import (
-    CPU,
-    DEVICE,
-    INT64_MAX,
-    INT64_MIN,
-    RUNTIME,
-    accelerator,
-    canonical_category,
-    device_kind,
-    event_kind,
-    parse_stream,
-)
+from vtrain.kineto import CPU, DEVICE, RUNTIME, accelerator, canonical_category, device_kind, event_kind, parse_stream
 
 _NO_ARGS = EventArgs()
 
@@ -284,11 +273,7 @@ def _thread_ids(values: list[Any]) -> pl.Series:
     try:
         return pl.Series(values, dtype=pl.Int64, strict=True)
     except TypeError:  # some are strings, or integers beyond 64 bits
-        return pl.Series([_within_64_bits(v) if type(v) is int else thread_id(v) for v in values], dtype=pl.Int64)
-
-
-def _within_64_bits(value: int) -> int | None:
-    return value if INT64_MIN <= value <= INT64_MAX else None
+        return pl.Series([parse_stream(v) if type(v) is int else thread_id(v) for v in values], dtype=pl.Int64)
 
 
 _WHOLE_NUMBER = re.compile(r"-?\d+")
