@@ -107,14 +107,15 @@ def test_a_tables_stage_layers_column(tmp_path: Path) -> None:
     header = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
               "tensor parallelism,pipeline parallelism,data parallelism,stage layers,iteration time (ms)")
     rows = ['12,48,1,1024,16,70,512,1,12,1,"5 6 6 6 6 6 6 6 6 6 6 5",900',
-            '12,48,1,1024,16,70,512,1,12,1,"5;6;6",900',
+            '12,48,1,1024,16,70,512,1,12,1,"[5, 6, 6]",900',
             "12,48,1,1024,16,70,512,1,12,1,,900"]
     table = tmp_path / "runs.csv"
     table.write_text("\n".join([header, *rows]) + "\n")
     ran = vtrain_in_process("validate", "--measurements", table, "--profile", REPO / "profiles" / "a100",
                             "-o", tmp_path / "report")
     assert ran.returncode == 0, ran.stderr
-    assert "2 row(s) not simulated and not scored (row 2: stage_layers has 3 entries for 12 pipeline stages" in ran.stderr
+    assert ("2 row(s) not simulated and not scored (row 2: stage_layers has 3 entries for 12 pipeline stages"
+            in ran.stderr)
     assert "MAPE" in ran.stdout and "over 1 rows" in ran.stdout
     table.write_text("\n".join([header, '12,48,1,1024,16,70,512,1,12,1,"5 six",900']) + "\n")
     ran = vtrain_in_process("validate", "--measurements", table, "--profile", REPO / "profiles" / "a100",

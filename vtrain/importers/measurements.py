@@ -102,7 +102,7 @@ OPTIONAL_COLUMNS = {
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
-    # apart by spaces, commas or semicolons ("5 6 6 6 6 6 6 6 6 6 6 5"); kept as that text, read by
+    # apart by spaces, commas or semicolons ("5 6 6 6 6 6 6 6 6 6 6 5", "[5, 6, ..., 5]"); kept as that text, read by
     # measurement_config
     "stage_layers": (("stage layers", "layers per stage"), pl.String),
 }
@@ -338,8 +338,12 @@ _KINDS = {pl.Int64: "an integer", pl.Float64: "a number", pl.Boolean: "true or f
 
 
 def _layer_counts(text: str) -> tuple[int, ...]:
-    """The whole numbers of a ``stage layers`` cell; ValueError when it holds anything else."""
-    return tuple(int(part) for part in _SEPARATORS.split(text.strip()))
+    """The whole numbers of a ``stage layers`` cell, in brackets or not (``[5, 6, 5]``, as a run config or Python
+    prints a list); ValueError when it holds anything else."""
+    inner = text.strip()
+    if inner[:1] + inner[-1:] in ("[]", "()"):
+        inner = inner[1:-1].strip()
+    return tuple(int(part) for part in _SEPARATORS.split(inner))
 
 
 _SEPARATORS = re.compile(r"[\s,;]+")
@@ -390,7 +394,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    dp_overlap=bool(given("dp_overlap", False)),
                                    sequence_parallel=bool(given("sequence_parallel", False)),
                                    distributed_optimizer=bool(given("distributed_optimizer", False)),
-                                   stage_layers=_layer_counts(row["stage_layers"]) if row.get("stage_layers") else None),
+                                   stage_layers=_layer_counts(split) if (split := row.get("stage_layers")) else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
         cuda_graphs=bool(given("cuda_graphs", False)),
