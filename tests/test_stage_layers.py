@@ -83,6 +83,13 @@ def test_run_yaml_keeps_the_split(tmp_path: Path) -> None:
     assert loaded == _config() and loaded.parallelism.stage_layers == BLOOM_SPLIT
 
 
+def test_simulate_says_the_split(tmp_path: Path) -> None:
+    save_run_config(_config(), tmp_path / "run.yaml")
+    ran = vtrain_in_process("simulate", tmp_path / "run.yaml", "--profile", REPO / "profiles" / "a100")
+    assert ran.returncode == 0, ran.stderr
+    assert "layers per stage 5 6 6 6 6 6 6 6 6 6 6 5" in ran.stdout
+
+
 def _simulate(config: RunConfig, folder: Path, name: str) -> dict:
     path = folder / f"{name}.yaml"
     save_run_config(config, path)
@@ -98,7 +105,9 @@ def test_each_stage_runs_its_own_layers(tmp_path: Path) -> None:
         ("uneven", _config()), ("fives", _config(layers=60, stage_layers=None)),
         ("sixes", _config(layers=72, stage_layers=None))))
     assert fives < uneven < sixes
-    compute = [s["breakdown_ms"]["compute"] for s in _simulate(_config(), tmp_path, "again")["stages"]]
+    again = _simulate(_config(), tmp_path, "again")
+    assert again["parallelism"]["stage_layers"] == list(BLOOM_SPLIT)
+    compute = [s["breakdown_ms"]["compute"] for s in again["stages"]]
     assert compute[1:11] == pytest.approx([compute[1]] * 10)  # the ten stages of 6 layers alike
     assert compute[0] < compute[1]  # 5 layers and the embedding against 6 layers
 

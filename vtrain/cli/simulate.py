@@ -162,6 +162,7 @@ def format_summary(sim: Simulation) -> str:
         + f", recompute {par.recompute}, dp overlap {'on' if par.dp_overlap else 'off'}"
         + (", sequence parallel" if par.sequence_parallel else "")
         + (", distributed optimizer" if par.distributed_optimizer else "")
+        + (f", layers per stage {' '.join(map(str, par.stage_layers))}" if par.stage_layers else "")
         + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else ""),
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
