@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import REPO, vtrain_in_process
+from vtrain.tables.store import Profile, write_profile
 
 A100 = REPO / "profiles" / "a100"
 CONFIG = REPO / "examples" / "gpt-1.3b-a100.yaml"
@@ -104,3 +105,19 @@ def test_a_trace_in_whole_microseconds_makes_a_profile_vtrain_reads(tmp_path: Pa
     nccl = load_profile(tmp_path / "profile").nccl_latency
     assert (nccl["median_us"] == 0).any() and nccl["algbw_gbps"].null_count()  # no rate of a call of 0 µs
     assert nccl_table(nccl, 10, True).row_count == nccl.height  # the wide table shows it as "-"
+
+
+@pytest.mark.parametrize(("table", "column"), [("cpu_ops", "name"), ("collectives", "rank"), ("cpu_ops", "ts")])
+def test_an_event_without_its_rank_name_or_time_is_one_line(table: str, column: str, tmp_path: Path,
+                                                            shipped_profile: Callable[[Path], Profile]) -> None:
+    """A traced profile's events are placed when it is simulated (its host's gaps): a row without the rank, name
+    or time ingest writes for every row was a traceback there (found by mutating profiles)."""
+    profile = write_profile(shipped_profile(REPO / "traces" / "t2p2d2"), tmp_path / "profile")
+    file = profile / f"{table}.parquet"
+    frame = pl.read_parquet(file)
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(None).otherwise(pl.col(column))
+                       .alias(column)).write_parquet(file)
+    ran = vtrain_in_process("simulate", REPO / "traces" / "t2p2d2" / "run.yaml", "--profile", profile)
+    assert ran.returncode == 2, (ran.stdout, ran.stderr)
+    errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {file}: 1 row(s) without {column} (ingest writes it for every row)"], ran.stderr

@@ -314,12 +314,21 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
             columns.append(_cast(frame, col, dtype, file))
     frame = frame.with_columns(columns) if columns else frame
     _check_latencies(frame, name, file)
+    for col in _REQUIRED_COLUMNS.get(name, ()):
+        if frame[col].null_count():
+            raise InputError(f"{frame[col].null_count()} row(s) without {col} (ingest writes it for every row)", file)
     return frame
 
 
 #: the columns that say what a table's rows are of: without them a row is of nothing (a table from another file)
 _KEY_COLUMNS = {"op_latency": ("op", "input_dims", "input_types"), "nccl_latency": ("collective",),
                 "op_benchmarks": ("op_class",), "kernels": ("name",), "cpu_ops": ("name",)}
+
+#: the columns of the event tables that say whose and what each row is, and when: ingest writes them for every row
+#: (a row without them is of no rank, operator or time; the readers that place a profile's events assume them)
+_REQUIRED_COLUMNS = {"kernels": ("rank", "name", "ts", "dur"), "cpu_ops": ("rank", "name", "ts", "dur"),
+                     "collectives": ("rank", "collective", "ts", "dur"),
+                     "graph_launches": ("rank", "name", "ts", "dur")}
 
 #: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
 _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
