@@ -132,3 +132,18 @@ def test_the_warnings_a_profile_keeps_are_printed_as_text_lines(tmp_path: Path) 
     (profile / "metadata.json").write_text(json.dumps({**metadata, "warnings": [1, None]}))
     refused = vtrain_in_process("tables", profile)
     assert refused.returncode == 2 and "warnings must be a list of text" in refused.stderr
+
+
+def test_an_operator_without_percentiles_prints_a_dash(profile: Path, tmp_path: Path) -> None:
+    """An operator latency may lack p10 and p90 (only the median and count are required): `tables` printed a traceback
+    for the first such row (found by mutating profiles); it prints "-", as for a collective without a bandwidth."""
+    import shutil
+
+    copy = tmp_path / "profile"
+    shutil.copytree(profile, copy)
+    file = copy / "op_latency.parquet"
+    ops = pl.read_parquet(file)
+    top = ops.sort(pl.col("median_us") * pl.col("count"), descending=True)["op"][0]
+    ops.with_columns(p10_us=pl.when(pl.col("op") == top).then(None).otherwise(pl.col("p10_us"))).write_parquet(file)
+    printed = _tables(copy, 100, top=1)
+    assert re.search(r"\s-\s+[\d,.]+\s*$", printed.split("op_latency")[1].split("nccl_latency")[0], re.M), printed

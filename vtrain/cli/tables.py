@@ -64,10 +64,12 @@ def op_table(op_latency: pl.DataFrame, top: int, wide: bool) -> Table:
         table.add_column(column, justify="right", no_wrap=True)
     for row in ops.iter_rows(named=True):
         shape = " · ".join(part for part in (row["input_dims"], row["input_types"]) if part) or "-"
-        cells = [Text(row["op"]), Text(shape)] if wide else [Text.assemble(row["op"], "\n", (shape, "dim"))]
+        op = row["op"] or "-"
+        cells = [Text(op), Text(shape)] if wide else [Text.assemble(op, "\n", (shape, "dim"))]
         if wide:
             cells.append(Text(f"{row['n_kernels']}: {kernel_names(row['kernels'])}"))
-        cells += [f"{row['count']:,}", f"{row['median_us']:.1f}", f"{row['p10_us']:.1f}", f"{row['p90_us']:.1f}"]
+        cells += [f"{row['count']:,}", f"{row['median_us']:.1f}",
+                  *("-" if row[key] is None else f"{row[key]:.1f}" for key in ("p10_us", "p90_us"))]
         table.add_row(*cells)
     return table
 
