@@ -45,6 +45,11 @@ CASES = {
     "gemm of no flops": (_table("op_benchmarks", lambda d: d.with_columns(flops=pl.lit(0.0))), "no FLOPs"),
     "unparsable signature": (_table("op_latency", lambda d: d.with_columns(input_dims=pl.lit("[[["))), "JSON list"),
     "provenance a list": (_provenance_list, "provenance must be a mapping"),
+    "operator of no name": (_table("op_latency", lambda d: d.with_columns(
+        op=pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("op")))), "1 row(s) without op"),
+    "collective of no kind": (_table("nccl_latency", lambda d: d.with_columns(
+        collective=pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("collective")))),
+        "1 row(s) without collective"),
 }
 
 

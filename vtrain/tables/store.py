@@ -324,11 +324,13 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
 _KEY_COLUMNS = {"op_latency": ("op", "input_dims", "input_types"), "nccl_latency": ("collective",),
                 "op_benchmarks": ("op_class",), "kernels": ("name",), "cpu_ops": ("name",)}
 
-#: the columns of the event tables that say whose and what each row is, and when: ingest writes them for every row
-#: (a row without them is of no rank, operator or time; the readers that place a profile's events assume them)
+#: the columns that say whose and what each row is (and, for events, when): ingest writes them for every row (a row
+#: without them is of no rank, operator, collective or time; the readers that place a profile's events and the
+#: reports that name its operators assume them)
 _REQUIRED_COLUMNS = {"kernels": ("rank", "name", "ts", "dur"), "cpu_ops": ("rank", "name", "ts", "dur"),
                      "collectives": ("rank", "collective", "ts", "dur"),
-                     "graph_launches": ("rank", "name", "ts", "dur")}
+                     "graph_launches": ("rank", "name", "ts", "dur"), "op_latency": ("op",),
+                     "nccl_latency": ("collective",)}
 
 #: the columns of the latency tables that every prediction reads: finite and >= 0 (medians and counts present)
 _LATENCY_COLUMNS = {"op_latency": ("count", "median_us", "p10_us", "p90_us", "mean_us"),
