@@ -167,6 +167,9 @@ def test_plan_keeps_the_runs_split_for_its_own_depth(tmp_path: Path) -> None:
     plans = pl.read_parquet(tmp_path / "plan" / "plans.parquet")
     twelve = plans.filter((pl.col("pp") == 12) & (pl.col("virtual_stages") == 1))
     assert twelve.filter(pl.col("status") == "simulated").height
+    assert twelve["stage_layers"].unique().to_list() == ["5 6 6 6 6 6 6 6 6 6 6 5"]
+    assert reference["stage_layers"] == "5 6 6 6 6 6 6 6 6 6 6 5"
     assert not twelve["reason"].drop_nulls().str.contains("layers").any()
     four = plans.filter(pl.col("pp") == 4)  # 70 layers on 4 stages: no split given
     assert four.height and four["reason"].str.contains("layers \\(70\\) is not divisible").all()
+    assert four["stage_layers"].null_count() == four.height

@@ -55,16 +55,22 @@ class Candidate:
                                   recompute=self.recompute, dp_overlap=self.dp_overlap,
                                   sequence_parallel=self.sequence_parallel,
                                   distributed_optimizer=self.distributed_optimizer)
-        split = base.parallelism.stage_layers if _has_split(base, self.pp) and self.virtual_stages == 1 else None
-        return replace(run, parallelism=replace(run.parallelism, stage_layers=split),
+        return replace(run, parallelism=replace(run.parallelism, stage_layers=self.stage_layers(base)),
                        hardware=replace(run.hardware, device_count=self.gpus))
 
-    def as_row(self) -> dict[str, object]:
-        """The point's columns in the plan table."""
+    def stage_layers(self, base: RunConfig) -> tuple[int, ...] | None:
+        """The layers of each stage where the point splits them unevenly: ``base``'s split at ``base``'s own depth
+        with one chunk a stage, else None (an even split)."""
+        return base.parallelism.stage_layers if _has_split(base, self.pp) and self.virtual_stages == 1 else None
+
+    def as_row(self, base: RunConfig) -> dict[str, object]:
+        """The point's columns in the plan table (``stage_layers``: an uneven split as text, ``5 6 ... 5``)."""
+        split = self.stage_layers(base)
         return {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "pp": self.pp, "micro_batch": self.micro_batch,
                 "schedule": self.schedule, "virtual_stages": self.virtual_stages, "recompute": self.recompute,
                 "dp_overlap": self.dp_overlap, "sequence_parallel": self.sequence_parallel,
-                "distributed_optimizer": self.distributed_optimizer}
+                "distributed_optimizer": self.distributed_optimizer,
+                "stage_layers": " ".join(map(str, split)) if split else None}
 
 
 def parse_gpus(spec: str, base: RunConfig) -> list[int]:

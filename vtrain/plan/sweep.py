@@ -154,7 +154,8 @@ def best_plan(base: RunConfig, gpus: Iterable[int], profile: Profile | None = No
 _SCHEMA = {
     "gpus": pl.Int64, "tp": pl.Int64, "dp": pl.Int64, "pp": pl.Int64, "micro_batch": pl.Int64,
     "schedule": pl.String, "virtual_stages": pl.Int64, "recompute": pl.String, "dp_overlap": pl.Boolean,
-    "sequence_parallel": pl.Boolean, "distributed_optimizer": pl.Boolean, "status": pl.String, "reason": pl.String,
+    "sequence_parallel": pl.Boolean, "distributed_optimizer": pl.Boolean, "stage_layers": pl.String,
+    "status": pl.String, "reason": pl.String,
     "fits": pl.Boolean,
     "memory_gib": pl.Float64, "memory_over_gib": pl.Float64, "micro_batches": pl.Int64, "iteration_ms": pl.Float64,
     "idle_ms": pl.Float64,
@@ -198,7 +199,7 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
         for candidate in candidates(base, count, max_micro_batch, divisible, distributed):
             if within is not None and not within(candidate):
                 continue
-            row: dict[str, Any] = candidate.as_row()
+            row: dict[str, Any] = candidate.as_row(base)
             validity = (candidate.tp, candidate.pp, candidate.dp, candidate.micro_batch, candidate.schedule,
                         candidate.virtual_stages, candidate.sequence_parallel,
                         candidate.distributed_optimizer)  # what the constraints read
@@ -348,7 +349,7 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
     candidate = Candidate(par.world_size, par.tp, par.pp, par.dp, par.micro_batch, par.schedule,
                           par.virtual_stages, par.recompute, par.dp_overlap, par.sequence_parallel,
                           par.distributed_optimizer)
-    row: dict[str, Any] = candidate.as_row()
+    row: dict[str, Any] = candidate.as_row(base)
     need = peak_stage_memory(base).total_bytes / GIB
     row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
                micro_batches=par.micro_batches)
