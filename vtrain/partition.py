@@ -8,6 +8,7 @@ its layers unevenly over its stages (one chunk each) says how in ``parallelism.s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from vtrain.runconfig import RunConfig
 
@@ -46,7 +47,7 @@ def partition(config: RunConfig) -> list[list[Chunk]]:
     """``chunks[stage][chunk]`` for a consistent config."""
     p, v = config.parallelism.pp, config.parallelism.virtual_stages
     counts = config.parallelism.stage_layers or (config.model.layers // (p * v),) * (p * v)  # by virtual stage
-    firsts = [sum(counts[:k]) for k in range(p * v)]
+    firsts = [0, *accumulate(counts)][:-1]
     last = p * v - 1
     return [
         [Chunk(stage=stage, chunk=chunk, virtual_stage=chunk * p + stage,

@@ -314,9 +314,6 @@ def _with_schema(frame: pl.DataFrame, name: str, file: Path) -> pl.DataFrame:
             columns.append(_cast(frame, col, dtype, file))
     frame = frame.with_columns(columns) if columns else frame
     _check_latencies(frame, name, file)
-    for col in _REQUIRED_COLUMNS.get(name, ()):
-        if frame[col].null_count():
-            raise InputError(f"{frame[col].null_count()} row(s) without {col} (ingest writes it for every row)", file)
     return frame
 
 
@@ -374,9 +371,13 @@ def _check_latencies(frame: pl.DataFrame, name: str, file: Path) -> None:
 
 
 def _check_rows(frame: pl.DataFrame, name: str, file: Path) -> None:
-    """The per-row rules beyond ranges: positive medians where work was measured, FLOPs for GEMMs, signatures
-    that parse."""
+    """The per-row rules beyond ranges: who, what and when present where ingest writes them, positive medians where
+    work was measured, FLOPs for GEMMs, signatures that parse."""
     import polars as pl
+
+    for col in _REQUIRED_COLUMNS.get(name, ()):
+        if frame[col].null_count():
+            raise InputError(f"{frame[col].null_count()} row(s) without {col} (ingest writes it for every row)", file)
 
     if name in _POSITIVE_MEDIANS:
         _refuse_rows(frame, frame["median_us"] == 0, "a median_us of 0 (a measured call takes time)", "median_us",
