@@ -126,3 +126,18 @@ def test_an_event_without_its_rank_name_or_time_is_one_line(table: str, column: 
     assert ran.returncode == 2, (ran.stdout, ran.stderr)
     errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {file}: 1 row(s) without {column} (ingest writes it for every row)"], ran.stderr
+
+
+def test_a_collective_call_ingest_could_not_name_is_kept(tmp_path: Path,
+                                                        shipped_profile: Callable[[Path], Profile]) -> None:
+    """Ingest writes a collective call of no known kind (an NCCL kernel whose name, args and op do not say it) with
+    no ``collective`` and leaves it out of nccl_latency: a profile holding one is read, not refused."""
+    profile = write_profile(shipped_profile(REPO / "traces" / "t2p2d2"), tmp_path / "profile")
+    file = profile / "collectives.parquet"
+    frame = pl.read_parquet(file)
+    frame.with_columns(collective=pl.when(pl.int_range(pl.len()) == 3).then(None).otherwise(pl.col("collective"))
+                       ).write_parquet(file)
+    for command in (("simulate", REPO / "traces" / "t2p2d2" / "run.yaml", "--profile", profile),
+                    ("tables", profile, "--top", "3")):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr

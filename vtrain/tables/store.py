@@ -323,9 +323,10 @@ _KEY_COLUMNS = {"op_latency": ("op", "input_dims", "input_types"), "nccl_latency
 
 #: the columns that say whose and what each row is (and, for events, when): ingest writes them for every row (a row
 #: without them is of no rank, operator, collective or time; the readers that place a profile's events and the
-#: reports that name its operators assume them)
+#: reports that name its operators assume them). Not a collective call's kind: ingest keeps a call it cannot name
+#: (an NCCL kernel of no known name, with neither args nor an op that say it), counted and left out of nccl_latency
 _REQUIRED_COLUMNS = {"kernels": ("rank", "name", "ts", "dur"), "cpu_ops": ("rank", "name", "ts", "dur"),
-                     "collectives": ("rank", "collective", "ts", "dur"),
+                     "collectives": ("rank", "ts", "dur"),
                      "graph_launches": ("rank", "name", "ts", "dur"), "op_latency": ("op",),
                      "nccl_latency": ("collective",)}
 
