@@ -80,6 +80,13 @@ def args_not_an_object(document: dict) -> None:
     cpu_ops(document)[5]["args"] = [1, 2]
 
 
+def times_as_text(document: dict) -> None:
+    """Times and a duration quoted, as some writers other than Kineto do (read silently before)."""
+    for event in cpu_ops(document)[6:8]:
+        event["ts"] = str(event["ts"])
+    kernels(document)[3]["dur"] = str(kernels(document)[3]["dur"])
+
+
 CASES = {  # in the order the warning says them: change, what the warning says of it, events left out
     "not-objects": (not_objects, "4 entries of traceEvents that are not objects (left out)", 0),
     "infinite": (infinite_times, "3 with a time or duration beyond a float's range, such as 1e400 (left out)", 3),
@@ -87,6 +94,8 @@ CASES = {  # in the order the warning says them: change, what the warning says o
     "no-names": (no_names, "2 without a name (kept, with an empty name)", 0),
     "names-not-text": (names_not_text, "2 with a name that is not text (kept, with an empty name)", 0),
     "args-not-an-object": (args_not_an_object, "1 with args that are not an object (kept, without their args)", 0),
+    "times-as-text": (times_as_text, '3 times or durations written as text, "ts": "1234.5" (read as the numbers '
+                                     'they hold)', 0),
 }
 
 
@@ -133,6 +142,16 @@ def test_a_rank_its_name_contradicts_is_the_traces_and_said(command: str, tmp_pa
     assert lines.count(f"warning: {path}: the file name says rank 0 but its distributedInfo.rank is 3: read as rank "
                        f"3, as the trace says") == 1
     assert f"warning: {traces}: 3 of 4 ranks have no trace file (missing: 0, 1, 2)" in lines
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_times_written_as_text_are_read_and_said(command: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    path = write_trace(traces, times_as_text)
+    ran = vtrain_in_process(*COMMANDS[command](traces, tmp_path / "out"))
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert (f'warning: {path}: malformed events: 3 times or durations written as text, "ts": "1234.5" (read as the '
+            f"numbers they hold)") in ran.stderr.splitlines()
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -217,6 +217,7 @@ class MalformedEvents:
     nameless: int = 0  # complete events without a name (none, or an empty one): kept, with an empty name
     names_not_text: int = 0  # complete events whose name is not text (a number): kept, with an empty name
     args_not_objects: int = 0  # complete events whose args are not an object (a list): kept, without their args
+    times_as_text: int = 0  # times and durations written as text ("ts": "1234.5"): read as the numbers they hold
 
     def warning(self, path: Path) -> str | None:
         """The warning line for ``path``'s malformed events, each kind with its count and what was done with
@@ -227,7 +228,9 @@ class MalformedEvents:
             (self.uncategorised, "without a category or with one that is not text (left out)"),
             (self.nameless, "without a name (kept, with an empty name)"),
             (self.names_not_text, "with a name that is not text (kept, with an empty name)"),
-            (self.args_not_objects, "with args that are not an object (kept, without their args)")) if count]
+            (self.args_not_objects, "with args that are not an object (kept, without their args)"),
+            (self.times_as_text, "times or durations written as text, \"ts\": \"1234.5\" (read as the numbers they "
+                                 "hold)")) if count]
         return f"{path}: malformed events: {'; '.join(said)}" if said else None
 
 

@@ -15,6 +15,7 @@ spans are complete events), other exporters may, and a span left out credits its
 
 from __future__ import annotations
 
+import re
 from typing import Union
 
 import msgspec
@@ -47,32 +48,38 @@ _DURATION_TYPES = frozenset(_SKIPPED[OTHER_PHASES.index(phase)] for phase in DUR
 #: number; a field that holds no number at all still fails the file, naming the event
 _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]],  # type: ignore[misc]
                                                 strict=False)
+#: a time or duration written as text (``"ts": "1234.5"``): counted where a span is decoded the plain way
+_TEXT_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*"')
 
 
 def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent],
-                                                                list[float | None], int, int, int]:
+                                                                list[float | None], int, int, int, int]:
     """The complete events of a span, in file order, their start times, the number of events in the span, how
-    many of those have no phase, and how many are duration events (:data:`DURATION_PHASES`)."""
+    many of those have no phase, how many are duration events (:data:`DURATION_PHASES`), and how many times
+    and durations are written as text (read as the numbers they hold; counted where a time written so sends the
+    span down the plain decoder, the only way they reach ingest's tables unnoticed)."""
     try:
         decoded = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
         events = [event for event in decoded if type(event) is CompleteEvent]
         # counted only where there are other events than complete ones, by a pass in C (map, set lookup)
         durations = (sum(map(_DURATION_TYPES.__contains__, map(type, decoded)))
                      if len(events) < len(decoded) else 0)
-        return events, parse_times([event.ts for event in events]), len(decoded), 0, durations
+        return events, parse_times([event.ts for event in events]), len(decoded), 0, durations, 0
     except (InputError, NotATime):
         decoded = decode_span(text, span, TRACE_EVENTS_DECODER)
         plain = [event for event in decoded if event.ph == "X"]
         no_phase = sum(1 for event in decoded if not event.ph)
         durations = sum(1 for event in decoded if event.ph in DURATION_PHASES)
-        return plain, [event.ts for event in plain], len(decoded), no_phase, durations
+        as_text = len(_TEXT_TIME.findall(text.buffer, span.start, span.end))
+        return plain, [event.ts for event in plain], len(decoded), no_phase, durations, as_text
 
 
 def span_frames(text: TraceText, span: Span, json_text: JsonText) -> tuple[EventsPart, int]:
     """The frames of a span's complete events, and the number of events in the span."""
-    events, times, count, no_phase, durations = decode_complete_events(text, span)
+    events, times, count, no_phase, durations, as_text = decode_complete_events(text, span)
     part = event_frames(events, times, json_text)
     part.counts.events, part.counts.no_phase, part.counts.duration_events = count, no_phase, durations
+    part.counts.times_as_text = as_text
     return part, count
 
 

@@ -55,14 +55,15 @@ class EventCounts:
     """What the decoder saw of a rank's events besides the frames: ``dropped`` complete events left out for a
     missing or negative duration (``device_dropped`` of them device activities, whose correlation ids are
     ``dropped_correlations``), complete events without a category (``uncategorised``), events without a phase
-    (``no_phase``), duration events (``"ph": "B"``/``"E"``, not read: ``duration_events``), and ``events`` in
-    all."""
+    (``no_phase``), duration events (``"ph": "B"``/``"E"``, not read: ``duration_events``), times and durations
+    written as text (``times_as_text``), and ``events`` in all."""
 
     dropped: int = 0
     device_dropped: int = 0
     uncategorised: int = 0
     no_phase: int = 0
     duration_events: int = 0
+    times_as_text: int = 0
     events: int = 0
     dropped_correlations: list[int] = field(default_factory=list)
 
@@ -73,6 +74,7 @@ class EventCounts:
         self.uncategorised += other.uncategorised
         self.no_phase += other.no_phase
         self.duration_events += other.duration_events
+        self.times_as_text += other.times_as_text
         self.events += other.events
         self.dropped_correlations += other.dropped_correlations
 

@@ -159,7 +159,7 @@ def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
         warnings.append(f"{path}: {counts.duration_events} duration events (\"ph\": \"B\"/\"E\", which Kineto does not "
                         f"write) are not read, only complete events (\"X\"): their spans are not in cpu_ops, and "
                         f"kernels they launched are credited to the complete op around them")
-    if line := MalformedEvents(nameless=_nameless(events)).warning(path):
+    if line := MalformedEvents(nameless=_nameless(events), times_as_text=counts.times_as_text).warning(path):
         warnings.append(line)
 
 

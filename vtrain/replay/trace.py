@@ -481,6 +481,7 @@ class _Reader:
                     trace.dropped_correlations.append(correlation)
                 continue
             trace.unreadable_args += None in numbers.values()
+            malformed.times_as_text += isinstance(event.ts, str) + isinstance(event.dur, str)
             name = self._name(event)
             malformed.args_not_objects += args_not_an_object(event)
             cat = self._category(kind, event.cat, name)
