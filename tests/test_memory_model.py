@@ -37,13 +37,13 @@ SHAPES = [  # layers, hidden, heads, seq, vocab, micro-batch
 ]
 
 
-def _config(shape: tuple[int, ...], recompute: str, **parallelism: object) -> RunConfig:
+def _config(shape: tuple[int, ...], recompute: str, attention: str = "eager", **parallelism: object) -> RunConfig:
     layers, hidden, heads, seq, vocab, micro_batch = shape
     return run_config_from_dict({
         "model": {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab},
         "parallelism": {"micro_batch": micro_batch, "global_batch": micro_batch, "recompute": recompute,
                         **parallelism},
-        "precision": "fp32"})
+        "precision": "fp32", "attention": attention})
 
 
 def _live_bytes(prof: profile, tmp_path: Path) -> tuple[int, int]:
@@ -77,11 +77,12 @@ def _batch(config: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, config.model.vocab, size, generator=generator))
 
 
+@pytest.mark.parametrize("attention", ["eager", "flash"])
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, ...], recompute: str,
+def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, ...], recompute: str, attention: str,
                                                               tmp_path: Path) -> None:
-    config = _config(shape, recompute)
+    config = _config(shape, recompute, attention)
     model = _reference_model(config)
     ids, labels = _batch(config)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -94,12 +95,15 @@ def test_activations_kept_by_a_forward_pass_match_the_formula(shape: tuple[int, 
     assert kept == pytest.approx(predicted, rel=0.10)
 
 
+@pytest.mark.parametrize("attention", ["eager", "flash"])
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_peak_of_training_steps_matches_the_model(shape: tuple[int, ...], recompute: str, tmp_path: Path) -> None:
+def test_peak_of_training_steps_matches_the_model(shape: tuple[int, ...], recompute: str, attention: str,
+                                                  tmp_path: Path) -> None:
     """Model built, two Adam steps, gradients kept between steps (as Megatron's gradient buffer keeps them):
-    the allocator's peak against parameters + gradients + Adam moments + activations."""
-    config = _config(shape, recompute)
+    the allocator's peak against parameters + gradients + Adam moments + activations, with the attention's scores
+    in memory or flash attention's none."""
+    config = _config(shape, recompute, attention)
     ids, labels = _batch(config)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = _reference_model(config)

@@ -10,6 +10,7 @@ A run config is a YAML (or JSON) mapping with these sections::
                   distributed_optimizer: false}   # Megatron's: optimizer states sharded over dp (ZeRO-1)
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
+    attention:   eager                      # eager (scores in memory) | flash (PyTorch's fused attention)
     cuda_graphs: false                      # each layer's forward and backward replayed from CUDA graphs
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
                   intra_node_gbps: null, inter_node_gbps: null}   # GB/s per GPU, Gbit/s per node
@@ -46,6 +47,10 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: whose kernels a run launches: vtrain record's reference model, or Megatron-DeepSpeed's fused ones
 FRAMEWORKS = ("reference", "megatron")
+#: how a layer's attention core runs: ``eager`` computes the s x s scores and their softmax in memory (the
+#: framework's kernels: bmm + softmax, or Megatron's fused softmax); ``flash`` is one fused kernel each way,
+#: PyTorch's ``scaled_dot_product_attention`` (FlashAttention), which holds no scores
+ATTENTIONS = ("eager", "flash")
 #: the projects whose kernels a framework stands for, as tables and configs name them (case, ``_`` and spaces aside)
 FRAMEWORK_PROJECTS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron"}
 
@@ -127,6 +132,7 @@ class RunConfig:
     precision: str = "fp32"
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     framework: str = "reference"
+    attention: str = "eager"
     cuda_graphs: bool = False  # layers replayed from CUDA graphs: one launch a layer pass, no host time between ops
     software: dict[str, Any] = field(default_factory=dict)
     recording: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +163,11 @@ class RunConfig:
             errors.append(f"precision must be one of {', '.join(PRECISIONS)} (got {shown(self.precision)})")
         if self.framework not in FRAMEWORKS:
             errors.append(f"framework must be one of {', '.join(FRAMEWORKS)} (got {shown(self.framework)})")
+        if self.attention not in ATTENTIONS:
+            errors.append(f"attention must be one of {', '.join(ATTENTIONS)} (got {shown(self.attention)})")
+        elif self.attention == "flash" and self.precision == "fp32" and h.device.lower() != "cpu":
+            errors.append("attention flash needs precision fp16 or bf16 on GPUs (FlashAttention has no fp32 kernels: "
+                          "PyTorch runs another attention kernel for fp32)")
         if h.device_count != p.world_size:
             errors.append(f"tp*dp*pp = {p.tp}*{p.dp}*{p.pp} = {p.world_size} does not equal the number of "
                           f"devices ({h.device_count})")
@@ -194,8 +205,9 @@ class RunConfig:
         each; with none, the number of micro-batches per replica against its bound."""
         errors = [problem for section in (self.model, self.parallelism, self.hardware)
                   for problem in _section_problems(section)]
-        if not isinstance(self.precision, str):
-            errors.append(f"precision must be a string (got {shown(self.precision)})")
+        for name in ("precision", "attention"):
+            if not isinstance(getattr(self, name), str):
+                errors.append(f"{name} must be a string (got {shown(getattr(self, name))})")
         if not isinstance(self.cuda_graphs, bool):
             errors.append(f"cuda_graphs must be true or false (got {shown(self.cuda_graphs)})")
         for name in ("software", "recording"):
@@ -320,6 +332,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
         framework=framework_named(data.get("framework", "reference")),
+        attention=data.get("attention", "eager"),
         cuda_graphs=data.get("cuda_graphs", False),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),

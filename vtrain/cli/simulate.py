@@ -70,6 +70,8 @@ def parser() -> OneLineParser:
     overrides.add_argument("--precision", metavar="NAME", help="Override the precision: fp32, fp16 or bf16.")
     overrides.add_argument("--framework", metavar="NAME",
                            help="Override whose kernels the run launches: megatron or reference.")
+    overrides.add_argument("--attention", metavar="NAME",
+                           help="Override how attention runs: eager (scores in memory) or flash (one fused kernel).")
     return parsed
 
 
@@ -87,10 +89,11 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
                      force: bool = False, gpus: int | None = None, device: str | None = None,
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
                      intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
-                     precision: str | None = None, framework: str | None = None, **overrides: object) -> None:
+                     precision: str | None = None, framework: str | None = None, attention: str | None = None,
+                     **overrides: object) -> None:
     """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``gpus``,
-    ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision`` and
-    ``framework``) and print the summary; with ``output``, write the predicted traces there."""
+    ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
+    ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
     from vtrain.runconfig import framework_named, load_run_config
     from vtrain.simulate import simulate
@@ -98,7 +101,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
 
     run = load_run_config(config).with_overrides(**overrides)
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
-                                           ("framework", framework_named(framework))) if value is not None}
+                                           ("framework", framework_named(framework)), ("attention", attention))
+             if value is not None}
     if whole:
         run = replace(run, **whole)
     hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
@@ -163,7 +167,8 @@ def format_summary(sim: Simulation) -> str:
         + (", sequence parallel" if par.sequence_parallel else "")
         + (", distributed optimizer" if par.distributed_optimizer else "")
         + (f", layers per stage {' '.join(map(str, par.stage_layers))}" if par.stage_layers else "")
-        + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else ""),
+        + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else "")
+        + (", flash attention" if sim.config.attention == "flash" else ""),
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
         "breakdown (mean per GPU)",

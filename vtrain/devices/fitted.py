@@ -17,6 +17,7 @@ stored model; fitting it is :mod:`vtrain.fit`'s.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from vtrain.collective_cost import INTER_NODE, STAND_INS, AlphaBeta, has_no_peers, members_per_node
 from vtrain.devices.model import DeviceModel
 from vtrain.kineto import first_dtype
-from vtrain.model.ops import HALF_DTYPES, Op
+from vtrain.model.ops import HALF_DTYPES, Op, attention_gemms, causal_share
 
 
 class KernelLatency(Protocol):
@@ -82,7 +83,11 @@ class FittedDevice(DeviceModel):
 
     def op_latency(self, op: Op) -> tuple[float, str]:
         """Device time of one operator and where it came from: the fitted kernel model, its shape inside the
-        measured ones (interpolated) or outside (extrapolated), else the datasheet model."""
+        measured ones (interpolated) or outside (extrapolated), else the datasheet model. A fused attention call is
+        the fitted GEMM model's time of the GEMMs it fuses, on the score tiles it computes
+        (:func:`~vtrain.model.ops.attention_gemms`, :func:`~vtrain.model.ops.causal_share`)."""
+        if op.is_attention and self.gemm is not None:
+            return self._attention_latency(op)
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
         if model is None:
             return super().op_latency(op)
@@ -90,6 +95,15 @@ class FittedDevice(DeviceModel):
         if model is self.gemm and dtype not in HALF_DTYPES:  # measured at half precision (the importers' dtype)
             return model.op_latency(op, self.peak_for(dtype))
         return model.op_latency(op)
+
+    def _attention_latency(self, op: Op) -> tuple[float, str]:
+        gemms = attention_gemms(op)
+        if not gemms:
+            return super().op_latency(op)
+        share = causal_share(json.loads(gemms[0].input_dims)[0][1])
+        latency = share * sum(self.op_latency(gemm)[0] for gemm in gemms)
+        return latency, (f"fitted GEMM model at the {len(gemms)} GEMMs the fused attention does, x {share:.2f} of "
+                         f"their score tiles (causal)")
 
     def host_op_us(self) -> float:
         return self.host.op_us

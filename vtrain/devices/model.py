@@ -39,10 +39,10 @@ class DeviceModel:
         return DeviceModel.op_latency_us(self, op), f"datasheet device model {self.name}"
 
     def op_latency_us(self, op: Op) -> float:
-        """Modelled latency of one operator: launch overhead plus its FLOPs (GEMMs) or bytes at the device's
-        achieved rates."""
+        """Modelled latency of one operator: launch overhead plus its FLOPs (GEMMs, fused attention) or bytes at
+        the device's achieved rates."""
         dtype = first_dtype(op.input_types, "float")
-        if op.is_gemm and op.flops > 0:
+        if op.flops > 0:
             work = op.flops / (self.peak_for(dtype) * self.gemm_efficiency)
         else:
             work = op.bytes / (self.memory_bandwidth * self.memory_efficiency)

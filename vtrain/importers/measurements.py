@@ -14,8 +14,8 @@ A file may start with a UTF-8 byte-order mark.
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
 vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
-inter-node Gbit/s, framework, precision (fp16, bf16, fp32), CUDA graphs (each layer replayed from graphs: true or
-false) and the layers of each pipeline stage where a run split them unevenly. Where a
+inter-node Gbit/s, framework, precision (fp16, bf16, fp32), attention (eager, flash), CUDA graphs (each layer
+replayed from graphs: true or false) and the layers of each pipeline stage where a run split them unevenly. Where a
 column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
 counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
@@ -99,6 +99,7 @@ OPTIONAL_COLUMNS = {
     "inter_node_gbps": (("inter-node gbps", "inter node gbit/s", "inter-node gbit/s"), pl.Float64),
     "framework": (("framework",), pl.String),
     "precision": (("precision", "dtype"), pl.String),
+    "attention": (("attention",), pl.String),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
@@ -397,6 +398,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    stage_layers=_layer_counts(split) if (split := row.get("stage_layers")) else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
+        attention=str(given("attention", "eager")),
         cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),

@@ -40,6 +40,7 @@ class GptShape:
     dtype: str = "float"  # trace dtype string of activations and weights
     device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
     framework: str = "reference"  # reference | megatron: whose kernels the run launches
+    attention: str = "eager"  # eager (scores in memory) | flash (one fused kernel each way)
     sequence_parallel: bool = False  # Megatron's: the ops outside the tensor-parallel regions split the sequence
     optimizer_shards: int = 1  # the data-parallel ranks the optimizer states are split over (Megatron's distributed
     #                            optimizer, ZeRO-1: d), else 1
@@ -93,6 +94,7 @@ class GptShape:
         device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
         return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
                    dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework,
+                   attention=config.attention,
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
                    optimizer_shards=p.dp if p.distributed_optimizer else 1)
 
@@ -127,10 +129,11 @@ def _layer_norm(shape: GptShape) -> Op:
 
 
 def _layer_norm_backward(shape: GptShape) -> Op:
-    """The saved mean and reciprocal deviation are fp32 for fp16 and bf16 inputs (torch keeps its layer norm's
-    statistics in the accumulation type: the traces say ``float``)."""
+    """The saved mean and reciprocal deviation are fp32 for fp16 and bf16 inputs on GPUs (torch's CUDA layer norm
+    keeps its statistics in the accumulation type: the traces say ``float``); its CPU kernel keeps them in the input's
+    type (a bf16 recording on CPU says ``c10::BFloat16``: ``tests/test_flash_attention.py``)."""
     b, s, h, x = shape.b, shape.s, shape.h, shape.dtype
-    stats = "float" if x in HALF_DTYPES else x
+    stats = "float" if x in HALF_DTYPES and shape.device_type != "cpu" else x
     return make_op("aten::native_layer_norm_backward",
                    [[b, s, h], [b, s, h], [], [b, s, 1], [b, s, 1], [h], [h], []],
                    [x, x, "ScalarList", stats, stats, x, x, "ScalarList"])
@@ -197,12 +200,11 @@ def layer_forward(shape: GptShape) -> list[Step]:
     steps: list[Step] = [_layer_norm(shape)]
     steps += _bias_copy(shape, n, 3 * hp)
     steps += [make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"])]
-    steps += [make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"])] * 3
+    eager = shape.attention != "flash"  # flash attention reads q, k, v and writes its output in place: no copies
+    steps += [make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"])] * 3 * eager
     steps += attention_core(shape)
-    steps += [
-        make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"]),
-        _mm(shape, n, hp, h),
-    ]
+    steps += [make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"])] * eager
+    steps += [_mm(shape, n, hp, h)]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [
         make_op("aten::add", [[b, s, h], [h], []], [x, x, "Scalar"]),
@@ -225,7 +227,9 @@ def layer_forward(shape: GptShape) -> list[Step]:
 
 def attention_core(shape: GptShape) -> list[Step]:
     """The attention core of one layer's forward: scores, causal mask and softmax, their product with the values
-    (what selective recomputation re-runs before the layer's backward)."""
+    (what selective recomputation re-runs before the layer's backward); with flash attention, its one fused kernel."""
+    if shape.attention == "flash":
+        return [flash_attention(shape)]
     if _megatron(shape):
         return _megatron(shape).attention_core(shape)
     s, d, x = shape.s, shape.d, shape.dtype
@@ -238,6 +242,44 @@ def attention_core(shape: GptShape) -> list[Step]:
         make_op("aten::_softmax", [[heads, s, s], [], []], [x, "Scalar", "Scalar"]),
         _bmm(shape, heads, s, s, d),
     ]
+
+
+#: the FlashAttention operators PyTorch's ``scaled_dot_product_attention`` runs for a causal attention, forward and
+#: backward, by device type (on GPUs in fp16 and bf16 only: :class:`~vtrain.runconfig.RunConfig` refuses fp32)
+FLASH_OPS = {"cpu": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+             "cuda": ("aten::_scaled_dot_product_flash_attention",
+                      "aten::_scaled_dot_product_flash_attention_backward")}
+
+
+def flash_attention(shape: GptShape) -> Op:
+    """One layer's fused attention forward on [b, a/t, s, d] queries, keys and values. Its arguments after them:
+    on CPUs dropout, causal, mask and scale (torch 2.13 as recorded: ``tests/test_flash_attention.py``); on GPUs
+    dropout, causal, debug mask and scale (the operator's schema in PyTorch's ``native_functions.yaml``; no GPU
+    trace of it here yet)."""
+    x, q = shape.dtype, _heads_first(shape)
+    name = FLASH_OPS[shape.device_type][0]
+    scalars = ["Scalar", "Scalar", "", ""] if shape.device_type == "cpu" else ["Scalar", "Scalar", "Scalar", ""]
+    return make_op(name, [q, q, q, [], [], [], []], [x, x, x, *scalars])
+
+
+def flash_attention_backward(shape: GptShape) -> Op:
+    """The fused attention's backward: the output's gradient, q, k, v, the output and the fp32 log-sum-exp of the
+    scores' rows, then (CPUs) dropout, causal, mask and scale, or (GPUs, from the schema) the cumulative sequence
+    lengths (none), the longest sequences, dropout, causal, the dropout's seed and offset and scale."""
+    x, q = shape.dtype, _heads_first(shape)
+    lse = q[:3]
+    name = FLASH_OPS[shape.device_type][1]
+    if shape.device_type == "cpu":
+        rest: tuple[list, list[str]] = ([[]] * 4, ["Scalar", "Scalar", "", ""])
+    else:
+        rest = ([[]] * 9, ["", "", "Scalar", "Scalar", "Scalar", "Scalar", LONG, LONG, ""])
+    return make_op(name, [q, q, q, q, q, lse, *rest[0]], [x, x, x, x, x, "float", *rest[1]])
+
+
+def _heads_first(shape: GptShape) -> list[int]:
+    """[b, a/t, s, d]: the queries' (keys', values', output's) shape as the fused attention takes them."""
+    return [shape.b, shape.a // shape.t, shape.s, shape.d]
 
 
 def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
@@ -264,17 +306,22 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
               make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(7), *acc(6)]
     steps += [_sum_rows(shape, [b, s, h]), *acc(5)]  # attention output bias
     steps += [_mm(shape, h, n, hp), _mm(shape, n, h, hp), *acc(4)]  # attention output projection
+    if shape.attention == "flash":
+        steps += [flash_attention_backward(shape)]
+    else:
+        steps += [
+            make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"]),
+            _bmm(shape, heads, s, s, d),  # grad v
+            _bmm(shape, heads, s, d, s),  # grad probs
+            make_op("aten::_softmax_backward_data", [[heads, s, s], [heads, s, s], [], []],
+                    [x, x, "Scalar", "Scalar"]),
+            make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
+            make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
+            make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
+            _bmm(shape, heads, d, s, s),  # grad k
+            _bmm(shape, heads, s, s, d),  # grad q
+        ]
     steps += [
-        make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"]),
-        _bmm(shape, heads, s, s, d),  # grad v
-        _bmm(shape, heads, s, d, s),  # grad probs
-        make_op("aten::_softmax_backward_data", [[heads, s, s], [heads, s, s], [], []],
-                [x, x, "Scalar", "Scalar"]),
-        make_op("aten::copy_", [[heads, s, s], [heads, s, s], []], [x, x, "Scalar"]),
-        make_op("aten::masked_fill_", [[heads, s, s], [s, s], []], [x, "bool", "Scalar"]),
-        make_op("aten::mul", [[heads, s, s], []], [x, "double"]),
-        _bmm(shape, heads, d, s, s),  # grad k
-        _bmm(shape, heads, s, s, d),  # grad q
         make_op("aten::cat", [[[b, s, ap, d]] * 3, []], ["TensorList", "Scalar"]),  # unbind backward
         _mm(shape, n, 3 * hp, h), _mm(shape, 3 * hp, n, h), _sum_rows(shape, [n, 3 * hp]), *acc(3), *acc(2),
     ]

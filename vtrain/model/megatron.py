@@ -206,9 +206,8 @@ def _cast(shape: GptShape, dims: list[int], to_fp32: bool) -> list[Step]:
 
 def layer_backward(shape: GptShape) -> list[Step]:
     """One transformer layer's backward on one TP rank, weight gradients added into the main gradients."""
-    b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
+    h, x = shape.h, shape.dtype
     n, hp, f = shape.tokens, h // shape.t, shape.ffn
-    heads = b * (shape.a // shape.t)
     w = gpt.layer_parameters(shape)
     steps: list[Step] = [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
                          make_op("aten::mm", [[n, h], [h, f]], [x, x]),  # fc2 input gradient
@@ -223,12 +222,7 @@ def layer_backward(shape: GptShape) -> list[Step]:
               make_op("aten::mm", [[n, h], [h, hp]], [x, x]),  # attention output input gradient
               make_op("aten::mm", [[h, n], [n, hp]], [x, x]),  # its weight gradient
               make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
-              make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
-              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
-              make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []], [x, "bool", "double"]),
-              *_softmax_backward(shape),
-              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
-              make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad k
+              *_attention_core_backward(shape),
               make_op("aten::copy_", [[n, 3 * hp], [n, 3 * hp], []], [x, x, "Scalar"]),  # q, k, v grads joined
               make_op("aten::sum", [[n, 3 * hp], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
               make_op("aten::mm", [[n, 3 * hp], [3 * hp, h]], [x, x]),
@@ -236,6 +230,21 @@ def layer_backward(shape: GptShape) -> list[Step]:
     steps += _enter_region_backward(shape)
     steps += [_layer_norm_backward(shape), _residual_add(shape)]
     return steps + _accumulate(shape, w)
+
+
+def _attention_core_backward(shape: GptShape) -> list[Step]:
+    """The backward of :func:`attention_core`: the product with the values, the dropout, the softmax and the
+    scores; with flash attention its fused backward."""
+    if shape.attention == "flash":
+        return [gpt.flash_attention_backward(shape)]
+    s, d, x = shape.s, shape.d, shape.dtype
+    heads = shape.b * (shape.a // shape.t)
+    return [make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
+            make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
+            make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []], [x, "bool", "double"]),
+            *_softmax_backward(shape),
+            make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
+            make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]  # grad k
 
 
 def embedding_forward(shape: GptShape) -> list[Step]:

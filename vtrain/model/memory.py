@@ -146,8 +146,11 @@ def score_elements(shape: GptShape) -> int:
 def attention_score_bytes(shape: GptShape) -> int:
     """Bytes of one layer's attention scores on one tensor-parallel rank, for one micro-batch: the softmax output,
     and with Megatron's attention dropout its mask and output (the softmax output in fp32 where Megatron's fused
-    kernel does not take the shape and PyTorch's softmax runs in fp32)."""
+    kernel does not take the shape and PyTorch's softmax runs in fp32). Flash attention keeps none: only the fp32
+    log-sum-exp of each score row (a·b·s/t floats; its output is the context, counted with the layer)."""
     e = shape.element_bytes
+    if shape.attention == "flash":
+        return score_elements(shape) // shape.s * FP32_BYTES
     if shape.framework != "megatron":
         return score_elements(shape) * e
     softmax = e if fused_softmax_available(shape) else FP32_BYTES
@@ -180,10 +183,16 @@ def attention_backward_bytes(shape: GptShape) -> int:
     done, their tensors freed): its input and the QKV input, q, k and v, the kept attention scores, the gradients
     of the probabilities and of the scores (torch's softmax backward writes a new tensor; Megatron's fused softmax
     writes in place, but its dropout's backward writes one: two gradients in both) and, on GPUs, the softmax
-    backward's own temporary (:func:`softmax_backward_temporary_bytes`)."""
+    backward's own temporary (:func:`softmax_backward_temporary_bytes`). Flash attention holds no scores: beside
+    the inputs, q, k, v and the log-sum-exp, its backward writes the gradients of q, k and v (on GPUs FlashAttention-2
+    also accumulates the queries' gradient in fp32)."""
     e = shape.element_bytes
-    return (2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
-            + attention_score_bytes(shape) + 2 * e * score_elements(shape) + softmax_backward_temporary_bytes(shape))
+    inputs = 2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
+    if shape.attention == "flash":
+        accumulator = FP32_BYTES * shape.tokens * shape.h // shape.t if shape.device_type != "cpu" else 0
+        return inputs + attention_score_bytes(shape) + 3 * e * shape.tokens * shape.h // shape.t + accumulator
+    return (inputs + attention_score_bytes(shape) + 2 * e * score_elements(shape)
+            + softmax_backward_temporary_bytes(shape))
 
 
 def softmax_backward_temporary_bytes(shape: GptShape) -> int:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vtrain.kineto import dtype_bytes
+from vtrain.kineto import dtype_bytes, first_dtype
 
 
 #: the 16-bit floating-point dtype strings: the precision of every kernel the importers read
@@ -25,6 +25,15 @@ PRECISION_DTYPE = {"fp32": "float", "fp16": "c10::Half", "bf16": "c10::BFloat16"
 #: matrix-multiply operators: cost is FLOPs, scaled by GEMM efficiency
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                       "aten::_scaled_mm", "aten::addbmm"})
+
+#: PyTorch's fused attention operators (``scaled_dot_product_attention``'s FlashAttention, on GPUs and CPUs), forward
+#: and backward: their cost is the FLOPs of the matrix products they fuse (:func:`attention_gemms`)
+ATTENTION_OPS = frozenset({"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_backward",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
+#: the rows and columns of the score tiles a FlashAttention kernel skips or computes whole (FlashAttention-2's
+#: 128-row blocks): causal attention computes the tiles on and below the diagonal
+ATTENTION_TILE = 128
 
 #: operators that write their first input in place without reading it (copy/fill style)
 _WRITE_ONLY_FIRST = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::masked_fill_",
@@ -55,6 +64,11 @@ class Op:
     @property
     def is_gemm(self) -> bool:
         return self.name in GEMM_OPS
+
+    @property
+    def is_attention(self) -> bool:
+        """A fused attention operator (:data:`ATTENTION_OPS`): timed by the GEMMs it fuses."""
+        return self.name in ATTENTION_OPS
 
     @property
     def signature(self) -> tuple[str, str, str]:
@@ -99,7 +113,7 @@ def op_cost(name: str, dims: list[Any], types: list[str], list_element_bytes: in
     output the size of its largest input (in-place copy/fill style operators do not re-read their target), but a
     reduction of one tensor, whose output is that tensor without its longest dimension.
     """
-    flops = _gemm_flops(name, dims)
+    flops = _gemm_flops(name, dims) or _attention_flops(name, dims, types)
     tensors = [(shape, dtype) for shape, dtype in zip(dims, types) if _is_tensor(shape, dtype)]
     sizes = [_tensor_bytes(shape, dtype, list_element_bytes) for shape, dtype in tensors]
     if not sizes:
@@ -124,6 +138,50 @@ def _gemm_flops(name: str, dims: list[Any]) -> float:
         return 2.0 * a[-2] * a[-1] * b[-1]
     batch = math.prod(a[:-2]) if len(a) > 2 else 1
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def _attention_flops(name: str, dims: list[Any], types: list[str]) -> float:
+    """FLOPs of a causal fused attention call: those of the GEMMs it fuses (:func:`attention_gemms`) on the score
+    tiles it computes (:func:`causal_share`); 0 for any other operator."""
+    if name not in ATTENTION_OPS:
+        return 0.0
+    gemms = _attention_gemm_dims(name, dims)
+    if not gemms:
+        return 0.0
+    seq = gemms[0][1]
+    return causal_share(seq) * sum(2.0 * batch * m * k * n for batch, m, k, n in gemms)
+
+
+def causal_share(seq: int) -> float:
+    """The share of a causal attention's s x s score tiles a FlashAttention kernel computes: the n(n + 1)/2 tiles
+    of :data:`ATTENTION_TILE` rows on and below the diagonal of n x n (about half for long sequences)."""
+    tiles = max(math.ceil(seq / ATTENTION_TILE), 1)
+    return (tiles + 1) / (2 * tiles)
+
+
+def attention_gemms(op: Op) -> list[Op]:
+    """The batched GEMMs a fused attention call does, as ``aten::bmm`` operators of its dtype, whole (the causal
+    skip is :func:`causal_share`): forward the scores (q·kᵀ) and their product with the values; backward the
+    scores again, then the gradients of the values, of the probabilities, of the queries and of the keys
+    (FlashAttention-2's backward: five). Empty for another operator."""
+    dtype = first_dtype(op.input_types, "float") or "float"
+    return [make_op("aten::bmm", [[batch, m, k], [batch, k, n]], [dtype, dtype])
+            for batch, m, k, n in _attention_gemm_dims(op.name, json.loads(op.input_dims))]
+
+
+def _attention_gemm_dims(name: str, dims: list[Any]) -> list[tuple[int, int, int, int]]:
+    """(batch, m, k, n) of the GEMMs of :func:`attention_gemms`, from the query's and the key's [b, heads, s, d]
+    (the gradient of the output comes first in a backward's inputs)."""
+    first = 1 if name.endswith("_backward") else 0
+    tensors = [d for d in dims[first:first + 2] if isinstance(d, list) and len(d) == 4
+               and all(isinstance(x, int) for x in d)]
+    if len(tensors) < 2:
+        return []
+    (b, heads, s, d), keys = tensors[0], tensors[1][2]
+    batch = b * heads
+    if not first:
+        return [(batch, s, d, keys), (batch, s, keys, d)]
+    return [(batch, s, d, keys), (batch, keys, s, d), (batch, s, d, keys), (batch, s, keys, d), (batch, keys, s, d)]
 
 
 def _is_tensor(shape: Any, dtype: str) -> bool:

@@ -5,6 +5,7 @@ Per transformer layer, on one tensor-parallel rank (b micro-batch, s seq, h hidd
     ln1 = layer_norm(x)                              qkv = linear(copy_to_tp(ln1), W_qkv[3h/t, h], b_qkv)
     q, k, v = split(qkv) -> [b*a/t, s, d]            scores = bmm(q, k^T) * 1/sqrt(d)
     probs = softmax(masked_fill(scores, causal, -inf))   ctx = bmm(probs, v) -> [b, s, h/t]
+    (``attention: flash``: ctx = scaled_dot_product_attention(q, k, v, causal) on [b, a/t, s, d] views, no scores)
     x = x + reduce_from_tp(linear(ctx, W_o[h, h/t])) + b_o
     ln2 = layer_norm(x)                              u = gelu(linear(copy_to_tp(ln2), W_1[4h/t, h], b_1))
     x = x + reduce_from_tp(linear(u, W_2[h, 4h/t])) + b_2
@@ -86,10 +87,12 @@ class Embedding(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """One decoder layer with Megatron tensor parallelism; ``index`` is its global layer number."""
+    """One decoder layer with Megatron tensor parallelism; ``index`` is its global layer number; ``flash``: its
+    attention core is PyTorch's fused ``scaled_dot_product_attention`` (no scores held)."""
 
-    def __init__(self, model: ModelConfig, index: int, init: Init) -> None:
+    def __init__(self, model: ModelConfig, index: int, init: Init, flash: bool = False) -> None:
         super().__init__()
+        self.flash = flash
         h, t = model.hidden, init.tp.size
         self.index, self.tp = index, init.tp
         self.hidden, self.local_heads, self.head_dim = h, model.heads // t, h // model.heads
@@ -130,13 +133,23 @@ class TransformerLayer(nn.Module):
         ln = F.layer_norm(x, (self.hidden,), self.ln1_weight, self.ln1_bias)
         qkv = F.linear(copy_to_tp(ln, self.tp, layer=self.index), self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.view(b, s, heads, 3, d).unbind(dim=3)
+        if self.flash:
+            q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3).reshape(b, s, -1)
+        else:
+            context = self._scores_attention(q, k, v)
+        y = F.linear(context, self.proj_weight)
+        return reduce_from_tp(y, self.tp, layer=self.index) + self.proj_bias
+
+    def _scores_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core with its scores in memory (``attention: eager``): [b, s, a/t, d] q, k, v in, the
+        context [b, s, h/t] out."""
+        b, s, heads, d = q.shape
         q, k, v = (t.permute(0, 2, 1, 3).reshape(b * heads, s, d) for t in (q, k, v))
         scores = torch.bmm(q, k.transpose(1, 2)) * (1.0 / math.sqrt(d))
         scores = scores.masked_fill(self.causal_mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        context = torch.bmm(probs, v).view(b, heads, s, d).permute(0, 2, 1, 3).reshape(b, s, heads * d)
-        y = F.linear(context, self.proj_weight)
-        return reduce_from_tp(y, self.tp, layer=self.index) + self.proj_bias
+        return torch.bmm(probs, v).view(b, heads, s, d).permute(0, 2, 1, 3).reshape(b, s, heads * d)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         ln = F.layer_norm(x, (self.hidden,), self.ln2_weight, self.ln2_bias)
@@ -172,10 +185,10 @@ class ModelChunk(nn.Module):
     """The contiguous block of the model one pipeline stage runs for one model chunk (virtual stage)."""
 
     def __init__(self, model: ModelConfig, layers: range, first: bool, last: bool, init: Init,
-                 recompute: bool = False) -> None:
+                 recompute: bool = False, flash: bool = False) -> None:
         super().__init__()
         self.embedding = Embedding(model, init) if first else None
-        self.layers = nn.ModuleList(TransformerLayer(model, index, init) for index in layers)
+        self.layers = nn.ModuleList(TransformerLayer(model, index, init, flash) for index in layers)
         self.head = Head(model, init) if last else None
         self.recompute = recompute
 
@@ -195,4 +208,4 @@ def build_chunks(config: RunConfig, stage: int, init: Init, recompute: bool = Fa
     """This stage's model chunks, holding the layers the simulator places there
     (:func:`vtrain.partition.partition`)."""
     return [ModelChunk(config.model, chunk.layer_ids, first=chunk.has_embedding, last=chunk.has_head, init=init,
-                       recompute=recompute) for chunk in partition(config)[stage]]
+                       recompute=recompute, flash=config.attention == "flash") for chunk in partition(config)[stage]]

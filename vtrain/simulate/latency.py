@@ -193,7 +193,7 @@ class OpLatencyResolver:
         exact = self._exact.get(op.signature)
         if exact is not None:
             return Resolution(exact[0], MEASURED, "exact signature: median", exact[1])
-        is_gemm = op.is_gemm and op.flops > 0
+        is_gemm = op.flops > 0  # GEMMs and fused attention: scaled by FLOPs
         samples = self._by_op.get((op.name, op.input_types, is_gemm))
         cost = op.flops if is_gemm else op.bytes
         if samples and cost > 0 and (samples[0].cost <= cost <= samples[-1].cost

@@ -102,6 +102,8 @@ class Simulation:
                             "distributed_optimizer": par.distributed_optimizer,
                             "stage_layers": list(par.stage_layers) if par.stage_layers else None},
             "cuda_graphs": self.config.cuda_graphs,
+            "framework": self.config.framework,
+            "attention": self.config.attention,
             "device": {"name": self.device.name, "provenance": self.device.provenance},
             "profile": self.profile_path,
             "stages": [

@@ -1,0 +1,142 @@
+"""Flash attention (``attention: flash``): PyTorch's fused ``scaled_dot_product_attention`` in place of the attention
+scores, in the recorder, the workload model, its cost, the fitted device model, the memory model (measured in
+``tests/test_memory_model.py``) and the commands that take a run.
+
+The recordings are real: `vtrain record --attention flash` trains the reference GPT on CPU, where torch runs
+``aten::_scaled_dot_product_flash_attention_for_cpu``; ingest builds their profile and the model must place the
+fused operators with the signatures torch recorded. (The GPU operators' signatures follow PyTorch's schema: no GPU
+trace of them was recorded here.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import polars as pl
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+from vtrain.fit.device import device_from_profile
+from vtrain.ingest.pipeline import ingest_traces
+from vtrain.model import gpt
+from vtrain.model.gpt import GptShape
+from vtrain.model.ops import Op, attention_gemms, causal_share
+from vtrain.record.launcher import record
+from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig, load_run_config
+from vtrain.simulate import MEASURED, simulate
+from vtrain.simulate.latency import INTERPOLATED, OpLatencyResolver
+from vtrain.tables.store import load_profile
+
+RUN = RunConfig(
+    model=ModelConfig(layers=2, hidden=128, heads=4, seq=64, vocab=512),
+    parallelism=ParallelConfig(tp=2, micro_batch=2, global_batch=4),
+    attention="flash",
+)
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def recording(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("flash") / "run"
+    record(replace(RUN, precision=request.param), folder, steps=2, warmup=1, device="cpu")
+    return load_run_config(folder / "run.yaml"), ingest_traces(folder)
+
+
+def _layer_ops(shape: GptShape) -> list[Op]:
+    steps = gpt.layer_forward(shape) + gpt.layer_backward(shape, True)
+    return [step for step in steps if isinstance(step, Op)]
+
+
+def test_the_recording_ran_flash_attention_and_says_so(recording) -> None:
+    config, profile = recording
+    assert config.attention == "flash"
+    names = set(profile.tables["op_latency"]["op"].to_list())
+    assert {"aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"} <= names
+    assert "aten::_softmax" not in names and "aten::bmm" not in names  # no scores were computed
+
+
+def test_the_fused_operators_are_measured_exactly(recording) -> None:
+    config, profile = recording
+    shape = GptShape.from_config(config)
+    resolver = OpLatencyResolver(profile, simulate(config).device, "cpu")
+    fused = [op for op in _layer_ops(shape) if op.is_attention]
+    assert [op.name for op in fused] == ["aten::_scaled_dot_product_flash_attention_for_cpu",
+                                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"]
+    assert [resolver.resolve(op).source for op in fused] == [MEASURED, MEASURED]
+    nested = {op.signature for op in gpt._bias_copy(shape, shape.tokens, 3 * shape.h // shape.t)
+              + gpt._bias_copy(shape, shape.tokens, shape.ffn)}  # see tests/test_model_signatures.py
+    missing = [op.name for op in _layer_ops(shape)
+               if resolver.resolve(op).source != MEASURED and op.signature not in nested]
+    assert len(missing) <= 1, missing
+
+
+def test_the_eager_model_would_miss_the_recording(recording) -> None:
+    """The same run modelled with its scores in memory places operators the recording never ran."""
+    config, profile = recording
+    eager = simulate(replace(config, attention="eager"), profile)
+    flash = simulate(config, profile)
+    assert flash.coverage_share[MEASURED] >= 0.95
+    assert eager.coverage_share[MEASURED] < flash.coverage_share[MEASURED]
+    assert "aten::_softmax" in eager.operator_names and "aten::_softmax" not in flash.operator_names
+
+
+def test_a_fused_attention_costs_the_gemms_it_does_on_the_tiles_it_computes() -> None:
+    shape = GptShape(b=1, s=2048, h=2048, a=16, t=1, vocab=512, dtype="c10::BFloat16", device_type="cuda",
+                     attention="flash")
+    forward, backward = gpt.flash_attention(shape), gpt.flash_attention_backward(shape)
+    whole = 2.0 * 16 * 2048 * 2048 * 128  # one s x s x d GEMM over the 16 heads
+    assert causal_share(2048) == pytest.approx(17 / 32)  # 16 tiles of 128: 136 of 256 computed
+    assert forward.flops == pytest.approx(2 * whole * 17 / 32)
+    assert backward.flops == pytest.approx(5 * whole * 17 / 32)
+    assert [json.loads(op.input_dims) for op in attention_gemms(forward)] == [
+        [[16, 2048, 128], [16, 128, 2048]], [[16, 2048, 2048], [16, 2048, 128]]]
+    assert len(attention_gemms(backward)) == 5 and not attention_gemms(gpt._mm(shape, 8, 8, 8))
+
+
+def test_the_fitted_device_times_it_as_its_gemms() -> None:
+    device = device_from_profile(load_profile(REPO / "profiles" / "a100"))
+    shape = GptShape(b=1, s=2048, h=12288, a=96, t=8, vocab=512, dtype="c10::Half", device_type="cuda",
+                     attention="flash")
+    for op in (gpt.flash_attention(shape), gpt.flash_attention_backward(shape)):
+        latency, detail = device.op_latency(op)
+        gemms = sum(device.op_latency(gemm)[0] for gemm in attention_gemms(op))
+        assert latency == pytest.approx(causal_share(2048) * gemms) and "fitted GEMM model" in detail
+    eager = replace(shape, attention="eager", framework="megatron")
+    scores = sum(device.op_latency(op)[0] for op in gpt.attention_core(eager) if isinstance(op, Op))
+    assert device.op_latency(gpt.flash_attention(shape))[0] < scores  # the scores' memory traffic is gone
+
+
+def test_a_fused_attention_of_another_shape_is_scaled_by_flops(recording) -> None:
+    config, profile = recording
+    longer = GptShape.from_config(replace(config, model=replace(config.model, seq=2 * config.model.seq)))
+    resolver = OpLatencyResolver(profile, simulate(config).device, "cpu")
+    resolution = resolver.resolve(gpt.flash_attention(longer))
+    assert resolution.source == INTERPOLATED and "FLOPs" in resolution.detail
+
+
+def test_configs_that_cannot_run_flash_attention_are_refused() -> None:
+    assert ("attention must be one of eager, flash (got 'sparse')"
+            in replace(RUN, attention="sparse").constraint_errors())
+    gpu = replace(RUN, hardware=replace(RUN.hardware, device="H100", device_count=2))
+    assert gpu.constraint_errors()[0].startswith("attention flash needs precision fp16 or bf16 on GPUs")
+    assert not replace(gpu, precision="bf16").constraint_errors()
+    on_cpu = replace(gpu, hardware=replace(gpu.hardware, device="cpu"))
+    assert not on_cpu.constraint_errors()  # torch's CPU kernel takes fp32
+
+
+def test_simulate_and_a_measurement_table_take_it(tmp_path) -> None:
+    ran = vtrain_in_process("simulate", REPO / "examples" / "mtnlg-530b.json", "--attention", "flash", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["attention"] == "flash"
+    table = tmp_path / "runs.csv"
+    row = "8,2,2,2,1,8,2048,16,2,2048,{},60"
+    table.write_text("gpus,tp,dp,pp,micro_batch,global_batch,hidden,heads,layers,seq,attention,iteration ms\n"
+                     + "\n".join(row.format(name) for name in ("flash", "eager", "ring")) + "\n")
+    ran = vtrain_in_process("validate", "--measurements", table, "--profile", REPO / "profiles" / "a100",
+                            "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "row 3: attention must be one of eager, flash (got 'ring')" in ran.stderr
+    rows = pl.read_parquet(tmp_path / "out" / "rows.parquet").sort("row")
+    flash, eager, ring = rows["predicted_ms"].to_list()
+    assert flash < eager and ring is None
