@@ -11,6 +11,7 @@ trace of them was recorded here.)
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import polars as pl
@@ -26,6 +27,7 @@ from vtrain.record.launcher import record
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig, load_run_config
 from vtrain.simulate import MEASURED, simulate
 from vtrain.simulate.latency import INTERPOLATED, OpLatencyResolver
+from vtrain.simulate.run import attention_mismatch
 from vtrain.tables.store import load_profile
 
 RUN = RunConfig(
@@ -39,7 +41,7 @@ RUN = RunConfig(
 def recording(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("flash") / "run"
     record(replace(RUN, precision=request.param), folder, steps=2, warmup=1, device="cpu")
-    return load_run_config(folder / "run.yaml"), ingest_traces(folder)
+    return load_run_config(folder / "run.yaml"), ingest_traces(folder), folder
 
 
 def _layer_ops(shape: GptShape) -> list[Op]:
@@ -48,7 +50,7 @@ def _layer_ops(shape: GptShape) -> list[Op]:
 
 
 def test_the_recording_ran_flash_attention_and_says_so(recording) -> None:
-    config, profile = recording
+    config, profile, _ = recording
     assert config.attention == "flash"
     names = set(profile.tables["op_latency"]["op"].to_list())
     assert {"aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -57,7 +59,7 @@ def test_the_recording_ran_flash_attention_and_says_so(recording) -> None:
 
 
 def test_the_fused_operators_are_measured_exactly(recording) -> None:
-    config, profile = recording
+    config, profile, _ = recording
     shape = GptShape.from_config(config)
     resolver = OpLatencyResolver(profile, simulate(config).device, "cpu")
     fused = [op for op in _layer_ops(shape) if op.is_attention]
@@ -73,7 +75,7 @@ def test_the_fused_operators_are_measured_exactly(recording) -> None:
 
 def test_the_eager_model_would_miss_the_recording(recording) -> None:
     """The same run modelled with its scores in memory places operators the recording never ran."""
-    config, profile = recording
+    config, profile, _ = recording
     eager = simulate(replace(config, attention="eager"), profile)
     flash = simulate(config, profile)
     assert flash.coverage_share[MEASURED] >= 0.95
@@ -108,7 +110,7 @@ def test_the_fitted_device_times_it_as_its_gemms() -> None:
 
 
 def test_a_fused_attention_of_another_shape_is_scaled_by_flops(recording) -> None:
-    config, profile = recording
+    config, profile, _ = recording
     longer = GptShape.from_config(replace(config, model=replace(config.model, seq=2 * config.model.seq)))
     resolver = OpLatencyResolver(profile, simulate(config).device, "cpu")
     resolution = resolver.resolve(gpt.flash_attention(longer))
@@ -140,3 +142,21 @@ def test_simulate_and_a_measurement_table_take_it(tmp_path) -> None:
     rows = pl.read_parquet(tmp_path / "out" / "rows.parquet").sort("row")
     flash, eager, ring = rows["predicted_ms"].to_list()
     assert flash < eager and ring is None
+
+
+def test_a_run_config_that_disagrees_with_the_traces_on_attention_is_said(recording, tmp_path) -> None:
+    config, profile, folder = recording
+    timeline = profile.digest.timeline
+    assert attention_mismatch(timeline, config) is None
+    said = attention_mismatch(timeline, replace(config, attention="eager"))
+    assert said is not None and said.startswith("the traces run fused attention (aten::_scaled_dot_product_flash")
+    eager_timeline = {("aten::bmm", "[[4, 64, 32], [4, 32, 64]]", '["float", "float"]')}
+    assert "say attention: eager" in (attention_mismatch(eager_timeline, config) or "")
+    if config.precision != "fp32":
+        return
+    traces = tmp_path / "traces"  # the traces with a run.yaml that says eager: validate says so
+    shutil.copytree(folder, traces)
+    (traces / "run.yaml").write_text((folder / "run.yaml").read_text().replace("attention: flash", "attention: eager"))
+    ran = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {traces / 'run.yaml'}: {said}" in ran.stderr.splitlines()

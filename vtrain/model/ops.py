@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,10 @@ GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "
 ATTENTION_OPS = frozenset({"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_backward",
                            "aten::_scaled_dot_product_flash_attention_for_cpu",
                            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
+#: any fused attention operator by its name: PyTorch's (flash, memory-efficient, cuDNN), the flash-attn package's,
+#: xFormers' and Transformer Engine's (``fmha``), ``nn.MultiheadAttention``'s
+FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
+                             r"flash_attn|fmha|multi_head_attention)", re.IGNORECASE)
 #: the rows and columns of the score tiles a FlashAttention kernel skips or computes whole (FlashAttention-2's
 #: 128-row blocks): causal attention computes the tiles on and below the diagonal
 ATTENTION_TILE = 128

@@ -17,7 +17,7 @@ from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
-from vtrain.model.ops import Op
+from vtrain.model.ops import FUSED_ATTENTION, Op
 from vtrain.partition import Chunk, partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
@@ -247,6 +247,7 @@ class SharedResolvers:
                 chunks = partition(traced)
                 self._traced = (frozenset(resolver.placed(chunks)), resolver.ops_per_iteration(chunks))
                 self._check_traced(traced, self._traced[0])
+                self._check_attention(traced)
         return self._traced or None
 
     def _check_traced(self, traced: RunConfig, placed: frozenset[tuple[str, str, str]]) -> None:
@@ -267,11 +268,36 @@ class SharedResolvers:
                        f"run these traces are of, and framework {traced.framework}'s operators the ones that ran? "
                        f"Host time measured between the wrong operators is wrong", self.profile.path)
 
+    def _check_attention(self, traced: RunConfig) -> None:
+        """Warn when the profile's timeline and the run it says it recorded disagree on attention
+        (:func:`attention_mismatch`)."""
+        assert self.profile is not None
+        said = attention_mismatch(self._timeline_signatures(), traced)
+        if said:
+            warn_input(said, self.profile.path)
+
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""
         if self._timeline is None:
             self._timeline = self.profile.digest.timeline if self.profile is not None else frozenset()
         return self._timeline
+
+
+def attention_mismatch(timeline: Iterable[tuple[str, str, str]], run: RunConfig) -> str | None:
+    """Why a timeline (operator signatures) is not of ``run``'s attention: fused attention operators
+    (:data:`~vtrain.model.ops.FUSED_ATTENTION`) where the run computes its scores, or none where it fuses them
+    (a timeline with no operators says nothing); ``None`` when they agree. Either way its attention would be
+    predicted with operators that did not run."""
+    names = {name for name, _, _ in timeline}
+    fused = sorted(name for name in names if FUSED_ATTENTION.search(name))
+    if fused and run.attention == "eager":
+        shown = ", ".join(fused[:2]) + (", ..." if len(fused) > 2 else "")
+        return (f"the traces run fused attention ({shown}) but the run computes its scores (attention eager): say "
+                f"attention: flash in its run config")
+    if names and not fused and run.attention == "flash":
+        return ("the run fuses its attention (attention: flash) but the traces have no fused attention operator: "
+                "say attention: eager in its run config")
+    return None
 
 
 def unplaced_kernel_time(profile: Profile, names: Iterable[str]) -> str:

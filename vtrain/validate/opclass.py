@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from vtrain.model.ops import FUSED_ATTENTION
+
 GEMM = "gemm"
 ATTENTION = "attention"
 ELEMENTWISE = "elementwise/norm"
@@ -21,8 +23,6 @@ COMM_PREFIX = "comm:"
 
 _GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|addmv|mv|dot|vdot|einsum|"
                        r"_addmm_activation|_scaled_mm|_int_mm|tensordot|linear_backward)$")
-_ATTENTION_OPS = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
-                            r"flash_attn|fmha|multi_head_attention)", re.IGNORECASE)
 _CONV_OPS = re.compile(r"^aten::(_?convolution|conv\w*|cudnn_convolution\w*|mkldnn_convolution\w*|"
                        r"_slow_conv\w*|thnn_conv\w*|miopen_convolution\w*)")
 _MEMORY_OPS = re.compile(r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|_local_scalar_dense|item|"
@@ -58,7 +58,7 @@ def comm_class(collective: str | None) -> str:
 def op_class(op: str | None, kernel: str | None = None) -> str:
     """The class of an operator named ``op`` (a CPU operator), falling back to the kernel name."""
     if op:
-        if _ATTENTION_OPS.search(op):
+        if FUSED_ATTENTION.search(op):
             return ATTENTION
         if _GEMM_OPS.match(op):
             return GEMM

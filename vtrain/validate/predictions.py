@@ -143,8 +143,11 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         note(f"{config_source}: only {measured:.0%} of the simulated operators' time was measured in {trace_dir} "
              f"(its run has other operators or shapes than the traced one): does it describe these traces?")
     if profile_dir is None:
-        from vtrain.simulate.run import unplaced_kernel_time  # with the model: only when a run is described
+        from vtrain.simulate.run import attention_mismatch, unplaced_kernel_time  # only when a run is described
 
+        mismatch = attention_mismatch(profile.digest.timeline, config)
+        if mismatch:
+            note(f"{config_source}: {mismatch}")
         unplaced = unplaced_kernel_time(profile, prediction.simulation.operator_names)
         if unplaced:
             note(f"{trace_dir}: {unplaced}: the traced run ran operators that framework {config.framework} "
