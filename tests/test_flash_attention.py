@@ -160,3 +160,18 @@ def test_a_run_config_that_disagrees_with_the_traces_on_attention_is_said(record
     ran = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr
     assert f"warning: {traces / 'run.yaml'}: {said}" in ran.stderr.splitlines()
+
+
+def test_plan_takes_it(tmp_path) -> None:
+    """A plan's jobs run the attention asked for: fused, they hold no scores, and more plans fit."""
+    model = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--seq", "4096", "--global-batch", "64",
+             "--gpus", "8", "--device", "A100-40GB", "--json"]
+    pruned = {}
+    for attention in ("eager", "flash"):
+        ran = vtrain_in_process("plan", *model, "--attention", attention, "-o", tmp_path / attention)
+        assert ran.returncode == 0, ran.stderr
+        pruned[attention] = json.loads(ran.stdout)["pruned"]["out_of_memory"]
+    assert pruned["flash"] < pruned["eager"]
+    ran = vtrain_in_process("plan", *model, "--attention", "ring", "-o", tmp_path / "ring")
+    assert ran.returncode == 2 and "must be one of eager, flash (got 'ring')" in ran.stderr
+    assert not (tmp_path / "ring").exists()

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import FRAMEWORKS, RECOMPUTE, framework_named
+from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, RECOMPUTE, framework_named
 
 
 def profile_option() -> Any:
@@ -62,6 +62,20 @@ def _one_framework(value: str | None) -> str | None:
     if named not in FRAMEWORKS:
         raise typer.BadParameter(f"must be one of {', '.join(FRAMEWORKS)} (got {value!r})")
     return str(named)
+
+
+def attention_option() -> Any:
+    """``--attention``: how the jobs' attention runs, replacing the run config's; a word that is none of
+    :data:`~vtrain.runconfig.ATTENTIONS` is a usage error."""
+    return typer.Option(None, "--attention", callback=_one_attention, help=(
+        "How attention runs: eager (the scores in memory) or flash (PyTorch's fused FlashAttention; default: the "
+        "run config's, else eager)."))
+
+
+def _one_attention(value: str | None) -> str | None:
+    if value is not None and value not in ATTENTIONS:
+        raise typer.BadParameter(f"must be one of {', '.join(ATTENTIONS)} (got {value!r})")
+    return value
 
 
 def max_micro_batch_option() -> Any:

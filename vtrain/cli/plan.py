@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import device_memory_option, real_option
+from vtrain.cli.options import attention_option, device_memory_option, real_option
 from vtrain.devices.catalog import canonical_device_name, device_model
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
@@ -77,6 +77,7 @@ def plan_command(
     vocab: int = typer.Option(51200, "--vocab", min=1, help="Vocabulary size."),
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
+    attention: str | None = attention_option(),
 ) -> None:
     """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
     time-versus-cost frontier."""
@@ -87,6 +88,8 @@ def plan_command(
     from vtrain.tables.store import load_profile
 
     base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
+    if attention is not None:
+        base = replace(base, attention=attention)
     device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
     counts = parse_gpus(gpus, base)
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
