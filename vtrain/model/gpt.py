@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from vtrain.kineto import dtype_bytes
-from vtrain.model.ops import HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
+from vtrain.model.ops import FLASH_OPS, HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
 
 LONG = "long int"
@@ -244,14 +244,6 @@ def attention_core(shape: GptShape) -> list[Step]:
     ]
 
 
-#: the FlashAttention operators PyTorch's ``scaled_dot_product_attention`` runs for a causal attention, forward and
-#: backward, by device type (on GPUs in fp16 and bf16 only: :class:`~vtrain.runconfig.RunConfig` refuses fp32)
-FLASH_OPS = {"cpu": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
-             "cuda": ("aten::_scaled_dot_product_flash_attention",
-                      "aten::_scaled_dot_product_flash_attention_backward")}
-
-
 def flash_attention(shape: GptShape) -> Op:
     """One layer's fused attention forward on [b, a/t, s, d] queries, keys and values. Its arguments after them:
     on CPUs dropout, causal, mask and scale (torch 2.13 as recorded: ``tests/test_flash_attention.py``); on GPUs
@@ -268,13 +260,12 @@ def flash_attention_backward(shape: GptShape) -> Op:
     scores' rows, then (CPUs) dropout, causal, mask and scale, or (GPUs, from the schema) the cumulative sequence
     lengths (none), the longest sequences, dropout, causal, the dropout's seed and offset and scale."""
     x, q = shape.dtype, _heads_first(shape)
-    lse = q[:3]
-    name = FLASH_OPS[shape.device_type][1]
     if shape.device_type == "cpu":
-        rest: tuple[list, list[str]] = ([[]] * 4, ["Scalar", "Scalar", "", ""])
+        rest = ["Scalar", "Scalar", "", ""]
     else:
-        rest = ([[]] * 9, ["", "", "Scalar", "Scalar", "Scalar", "Scalar", LONG, LONG, ""])
-    return make_op(name, [q, q, q, q, q, lse, *rest[0]], [x, x, x, x, x, "float", *rest[1]])
+        rest = ["", "", "Scalar", "Scalar", "Scalar", "Scalar", LONG, LONG, ""]
+    dims: list[list[int]] = [q] * 5 + [q[:3]] + [[]] * len(rest)
+    return make_op(FLASH_OPS[shape.device_type][1], dims, [x] * 5 + ["float", *rest])
 
 
 def _heads_first(shape: GptShape) -> list[int]:

@@ -27,11 +27,15 @@ PRECISION_DTYPE = {"fp32": "float", "fp16": "c10::Half", "bf16": "c10::BFloat16"
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                       "aten::_scaled_mm", "aten::addbmm"})
 
-#: PyTorch's fused attention operators (``scaled_dot_product_attention``'s FlashAttention, on GPUs and CPUs), forward
-#: and backward: their cost is the FLOPs of the matrix products they fuse (:func:`attention_gemms`)
-ATTENTION_OPS = frozenset({"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_backward",
-                           "aten::_scaled_dot_product_flash_attention_for_cpu",
-                           "aten::_scaled_dot_product_flash_attention_for_cpu_backward"})
+#: the FlashAttention operators PyTorch's ``scaled_dot_product_attention`` runs for a causal attention, forward and
+#: backward, by device type (on GPUs in fp16 and bf16 only: :class:`~vtrain.runconfig.RunConfig` refuses fp32)
+FLASH_OPS = {"cpu": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+             "cuda": ("aten::_scaled_dot_product_flash_attention",
+                      "aten::_scaled_dot_product_flash_attention_backward")}
+#: the fused attention operators the model places: their cost is the FLOPs of the matrix products they fuse
+#: (:func:`attention_gemms`)
+ATTENTION_OPS = frozenset(name for pair in FLASH_OPS.values() for name in pair)
 #: any fused attention operator by its name: PyTorch's (flash, memory-efficient, cuDNN), the flash-attn package's,
 #: xFormers' and Transformer Engine's (``fmha``), ``nn.MultiheadAttention``'s
 FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
