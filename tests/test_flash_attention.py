@@ -24,7 +24,7 @@ from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.ops import Op, attention_gemms, causal_share
 from vtrain.record.launcher import record
-from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig, load_run_config
+from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig, load_run_config, run_config_from_dict
 from vtrain.simulate import MEASURED, simulate
 from vtrain.simulate.latency import INTERPOLATED, OpLatencyResolver
 from vtrain.simulate.run import attention_mismatch
@@ -123,6 +123,8 @@ def test_configs_that_cannot_run_flash_attention_are_refused() -> None:
     gpu = replace(RUN, hardware=replace(RUN.hardware, device="H100", device_count=2))
     assert gpu.constraint_errors()[0].startswith("attention flash needs precision fp16 or bf16 on GPUs")
     assert not replace(gpu, precision="bf16").constraint_errors()
+    assert run_config_from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32},
+                                 "attention": " FLASH "}).attention == "flash"  # case and spaces aside
     on_cpu = replace(gpu, hardware=replace(gpu.hardware, device="cpu"))
     assert not on_cpu.constraint_errors()  # torch's CPU kernel takes fp32
 
@@ -134,7 +136,7 @@ def test_simulate_and_a_measurement_table_take_it(tmp_path) -> None:
     table = tmp_path / "runs.csv"
     row = "8,2,2,2,1,8,2048,16,2,2048,{},60"
     table.write_text("gpus,tp,dp,pp,micro_batch,global_batch,hidden,heads,layers,seq,attention,iteration ms\n"
-                     + "\n".join(row.format(name) for name in ("flash", "eager", "ring")) + "\n")
+                     + "\n".join(row.format(name) for name in ("Flash", "eager", "ring")) + "\n")
     ran = vtrain_in_process("validate", "--measurements", table, "--profile", REPO / "profiles" / "a100",
                             "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr

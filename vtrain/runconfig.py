@@ -63,6 +63,12 @@ def framework_named(name: object) -> object:
     return FRAMEWORK_PROJECTS.get(key, name) if key else name
 
 
+def attention_named(name: object) -> object:
+    """The attention ``name`` stands for, case and surrounding spaces aside (a table's ``Flash``); any other value
+    as given (the run config's checks say what is wrong with it)."""
+    return name.strip().lower() if isinstance(name, str) else name
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """GPT decoder shape."""
@@ -332,7 +338,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
         framework=framework_named(data.get("framework", "reference")),
-        attention=data.get("attention", "eager"),
+        attention=attention_named(data.get("attention", "eager")),
         cuda_graphs=data.get("cuda_graphs", False),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, RECOMPUTE, framework_named
+from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, RECOMPUTE, attention_named, framework_named
 
 
 def profile_option() -> Any:
@@ -73,9 +73,12 @@ def attention_option() -> Any:
 
 
 def _one_attention(value: str | None) -> str | None:
-    if value is not None and value not in ATTENTIONS:
+    if value is None:
+        return None
+    named = attention_named(value)
+    if named not in ATTENTIONS:
         raise typer.BadParameter(f"must be one of {', '.join(ATTENTIONS)} (got {value!r})")
-    return value
+    return str(named)
 
 
 def max_micro_batch_option() -> Any:

@@ -44,7 +44,14 @@ from vtrain.limits import (
     real_problem,
     shown,
 )
-from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig, framework_named
+from vtrain.runconfig import (
+    HardwareConfig,
+    ModelConfig,
+    ParallelConfig,
+    RunConfig,
+    attention_named,
+    framework_named,
+)
 
 #: vTrain's column names (its single-node table, in its order)
 VTRAIN_COLUMNS = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -398,7 +405,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    stage_layers=_layer_counts(split) if (split := row.get("stage_layers")) else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
-        attention=str(given("attention", "eager")),
+        attention=str(attention_named(given("attention", "eager"))),
         cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
