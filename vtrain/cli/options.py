@@ -56,11 +56,16 @@ def framework_option(help_text: str = "Whose kernels, mixed precision and optimi
 
 
 def _one_framework(value: str | None) -> str | None:
+    return _one_word(value, framework_named(value), FRAMEWORKS)
+
+
+def _one_word(value: str | None, named: object, words: tuple[str, ...]) -> str | None:
+    """The word ``value`` names (``named``, as the run config reads it), a usage error when it is none of
+    ``words``; None when the option was not given."""
     if value is None:
         return None
-    named = framework_named(value)
-    if named not in FRAMEWORKS:
-        raise typer.BadParameter(f"must be one of {', '.join(FRAMEWORKS)} (got {value!r})")
+    if named not in words:
+        raise typer.BadParameter(f"must be one of {', '.join(words)} (got {value!r})")
     return str(named)
 
 
@@ -73,12 +78,7 @@ def attention_option() -> Any:
 
 
 def _one_attention(value: str | None) -> str | None:
-    if value is None:
-        return None
-    named = attention_named(value)
-    if named not in ATTENTIONS:
-        raise typer.BadParameter(f"must be one of {', '.join(ATTENTIONS)} (got {value!r})")
-    return str(named)
+    return _one_word(value, attention_named(value), ATTENTIONS)
 
 
 def max_micro_batch_option() -> Any:
@@ -94,9 +94,7 @@ def recompute_option(help_text: str, default: str | None = "full") -> Any:
 
 
 def _one_recompute(value: str | None) -> str | None:
-    if value is not None and value not in RECOMPUTE:
-        raise typer.BadParameter(f"must be one of {', '.join(RECOMPUTE)} (got {value!r})")
-    return value
+    return _one_word(value, value, RECOMPUTE)
 
 
 def real_option(default: Any, flag: str, low: float, high: float, help_text: str) -> Any:
