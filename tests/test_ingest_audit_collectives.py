@@ -8,6 +8,10 @@ tmp_path from a trace shipped in the repo.
   name: an all-gather of a 128-rank job, run as SendRecv kernels, was reported as a send_recv of 2 ranks.
 - Collectives without a size left ``nccl_latency`` empty without a word, and a size of 0 elements was read as no
   size.
+- One rank of a job whose trace lists no process group (PyTorch before 2.1 wrote none; a pruned file): its
+  collectives' latencies had no group size and no prediction used them, without a word. A job of two ranks has one
+  group of more than one rank: its size is 2; beyond that the group is unknown, and a prediction from the profile
+  says that its measured collectives are not used.
 """
 
 from __future__ import annotations
@@ -144,3 +148,38 @@ def test_pytorch_collective_names(name: str, collective: str | None) -> None:
     """ProcessGroupNCCL's titles and c10d ops of PyTorch 1.13-2.5 (traces/hta-sm80-128rank-sampled writes
     ``nccl:_all_gather_base``); ``nccl:coalesced`` and NCCL >= 2.19's ``ncclDevKernel_Generic`` name none."""
     assert canonical_collective(name) == collective
+
+
+def _one_rank_without_groups(trace: Trace, world_size: int) -> Trace:
+    """``trace`` as one rank of a job of ``world_size`` ranks whose trace lists no process group, neither in
+    ``distributedInfo`` nor on its collectives."""
+    changed = copy.deepcopy(trace)
+    info = changed["distributedInfo"]
+    changed["distributedInfo"] = {"backend": info["backend"], "rank": 0, "world_size": world_size}
+    for event in changed["traceEvents"]:
+        for key in ("Process Group Name", "Process Group Description", "Process Group Ranks", "Group size"):
+            (event.get("args") or {}).pop(key, None)
+    return changed
+
+
+def test_one_rank_of_two_without_groups_measures_collectives_of_two(a100: Trace, tmp_path: Path) -> None:
+    profile, _ = _ingest(_write(_one_rank_without_groups(a100, 2), tmp_path / "traces"))
+    latency = profile.tables["nccl_latency"]
+    assert latency.height == 7 and latency["group_size"].to_list() == [2] * 7
+
+
+def test_collectives_of_an_unknown_group_are_said_where_a_prediction_leaves_them_out(a100: Trace,
+                                                                                     tmp_path: Path) -> None:
+    traces = _write(_one_rank_without_groups(a100, 4), tmp_path / "traces")
+    assert vtrain_in_process("ingest", traces, "-o", tmp_path / "profile").returncode == 0
+    assert load_profile(tmp_path / "profile").tables["nccl_latency"]["group_size"].null_count() == 7
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {layers: 2, hidden: 1024, heads: 16, seq: 512}\n"
+                      "parallelism: {dp: 4, micro_batch: 1, global_batch: 4}\n"
+                      "precision: fp16\nhardware: {device: A100, device_count: 4}\n")
+    ran = vtrain_in_process("simulate", config, "--profile", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    assert (f"warning: {tmp_path / 'profile'}: 7 measured collective latency row(s) (nccl_latency) have no group "
+            f"size: no prediction can use them") in ran.stderr
+    shipped = vtrain_in_process("simulate", config, "--profile", TRACES.parent / "profiles" / "a100")
+    assert "have no group size" not in shipped.stderr

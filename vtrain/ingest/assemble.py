@@ -276,7 +276,7 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     world_size = dist_info.get("world_size") if isinstance(dist_info, dict) else None
     only = only_group(rank, _pg_config(dist_info), world_size)
     group = (only[0], json.dumps(list(only[1]), separators=(",", ":"))) if only else None
-    size = _default_group_size(rank, dist_info)
+    size = _default_group_size(rank, dist_info) or (len(only[1]) if only else None)  # a 2-rank job lists none
     on_host = cpu.filter(pl.col("cat") == "user_annotation").filter(
         pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
     tables = []

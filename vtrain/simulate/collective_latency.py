@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, link_name, nodes_spanned
 from vtrain.devices.model import DeviceModel
+from vtrain.errors import warn_input
 from vtrain.simulate.latency import (
     INTERPOLATED,
     MEASURED,
@@ -120,7 +121,11 @@ class CollectiveResolver:
     def _index(self, profile: Profile, device_type: str) -> None:
         replaced = frozenset(key for key in (INTRA_NODE, INTER_NODE)
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
-        self._curves = _curves(profile.digest, device_type, replaced)
+        self._curves, unsized = _curves(profile.digest, device_type, replaced)
+        if unsized:
+            warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
+                       f"prediction can use them, and their collectives are modelled (traces that list no process "
+                       f"group for their calls, of one rank of a larger job, say none)", profile.path)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
                 world_size: int | None = None) -> Resolution:
@@ -153,20 +158,23 @@ class CollectiveResolver:
         return Resolution(latency, MODELLED, detail)
 
 
-_CURVES: dict[tuple[int, str, frozenset[str]], tuple[ProfileDigest, dict[tuple[str, int, int | None], _Curve]]] = {}
+Curves = dict[tuple[str, int, int | None], _Curve]
+_CURVES: dict[tuple[int, str, frozenset[str]], tuple[ProfileDigest, Curves, int]] = {}
 
 
-def _curves(digest: ProfileDigest, device_type: str,
-            replaced: frozenset[str]) -> dict[tuple[str, int, int | None], _Curve]:
+def _curves(digest: ProfileDigest, device_type: str, replaced: frozenset[str]) -> tuple[Curves, int]:
     """The measured curves of a profile's ``nccl_latency`` rows by (collective, group size, nodes), leaving out
-    those on the ``replaced`` links; built once per profile (a table of measurements is predicted row after row)."""
+    those on the ``replaced`` links, and how many rows with a latency and a size had no group size (left out);
+    built once per profile (a table of measurements is predicted row after row)."""
     key = (id(digest), device_type, replaced)
     cached = _CURVES.get(key)
     if cached is not None and cached[0] is digest:
-        return cached[1]
+        return cached[1], cached[2]
     points: dict[tuple[str, int, int | None], dict[str, dict[int, list[tuple[float, float]]]]] = {}
+    unsized = 0
     for _, collective, group_size, nodes, nbytes, mean, median, wait, source in digest.nccl_rows(device_type):
         latency = mean if mean is not None else median
+        unsized += latency is not None and nbytes is not None and group_size is None
         if latency is None or nbytes is None or group_size is None:
             continue
         if nodes is not None and link_name(nodes) in replaced:
@@ -178,8 +186,8 @@ def _curves(digest: ProfileDigest, device_type: str,
               for what, by_source in points.items()}
     if len(_CURVES) > 8:
         _CURVES.clear()
-    _CURVES[key] = (digest, curves)
-    return curves
+    _CURVES[key] = (digest, curves, unsized)
+    return curves, unsized
 
 
 def _source_curve(source: str, by_size: dict[int, list[tuple[float, float]]]) -> _SourceCurve:
