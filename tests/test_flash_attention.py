@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import REPO, vtrain_in_process
+from vtrain.devices.model import DeviceModel
 from vtrain.fit.device import device_from_profile
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.model import gpt
@@ -104,6 +105,10 @@ def test_the_fitted_device_times_it_as_its_gemms() -> None:
         latency, detail = device.op_latency(op)
         gemms = sum(device.op_latency(gemm)[0] for gemm in attention_gemms(op))
         assert latency == pytest.approx(causal_share(2048) * gemms) and "fitted GEMM model" in detail
+    without_gemms = replace(device, gemm=None)  # a fitted device without a GEMM model: its FLOPs, not its bytes
+    forward = gpt.flash_attention(shape)
+    assert without_gemms.op_latency(forward)[0] == pytest.approx(DeviceModel.op_latency_us(device, forward))
+    assert without_gemms.op_latency(forward)[0] > without_gemms.memory_bound.op_latency(forward)[0]
     eager = replace(shape, attention="eager", framework="megatron")
     scores = sum(device.op_latency(op)[0] for op in gpt.attention_core(eager) if isinstance(op, Op))
     assert device.op_latency(gpt.flash_attention(shape))[0] < scores  # the scores' memory traffic is gone

@@ -86,8 +86,8 @@ class FittedDevice(DeviceModel):
         measured ones (interpolated) or outside (extrapolated), else the datasheet model. A fused attention call is
         the fitted GEMM model's time of the GEMMs it fuses, on the score tiles it computes
         (:func:`~vtrain.model.ops.attention_gemms`, :func:`~vtrain.model.ops.causal_share`)."""
-        if op.is_attention and self.gemm is not None:
-            return self._attention_latency(op)
+        if op.is_attention:  # compute-bound: never priced by its bytes
+            return self._attention_latency(op) if self.gemm is not None else super().op_latency(op)
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
         if model is None:
             return super().op_latency(op)
