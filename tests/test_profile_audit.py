@@ -29,12 +29,14 @@ def _table(table: str, change: Callable[[pl.DataFrame], pl.DataFrame]) -> Callab
     return corrupt
 
 
-def _provenance_list(profile: Path) -> str:
-    file = profile / "metadata.json"
-    metadata = json.loads(file.read_text())
-    metadata["fitted"]["provenance"] = [1]
-    file.write_text(json.dumps(metadata))
-    return "metadata.json"
+def _provenance(value: object) -> Callable[[Path], str]:
+    def corrupt(profile: Path) -> str:
+        file = profile / "metadata.json"
+        metadata = json.loads(file.read_text())
+        metadata["fitted"]["provenance"] = value
+        file.write_text(json.dumps(metadata))
+        return "metadata.json"
+    return corrupt
 
 
 CASES = {
@@ -44,7 +46,8 @@ CASES = {
     "zero kernel median": (_table("op_benchmarks", lambda d: d.with_columns(median_us=pl.lit(0.0))), "of 0"),
     "gemm of no flops": (_table("op_benchmarks", lambda d: d.with_columns(flops=pl.lit(0.0))), "no FLOPs"),
     "unparsable signature": (_table("op_latency", lambda d: d.with_columns(input_dims=pl.lit("[[["))), "JSON list"),
-    "provenance a list": (_provenance_list, "provenance must be a mapping"),
+    "provenance a list": (_provenance([1]), "provenance must be a mapping"),
+    "provenance of lists": (_provenance({"gemm": [1, 2]}), "provenance must say where each parameter came from"),
     "operator of no name": (_table("op_latency", lambda d: d.with_columns(
         op=pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("op")))), "1 row(s) without op"),
     "collective of no kind": (_table("nccl_latency", lambda d: d.with_columns(
@@ -79,6 +82,17 @@ def test_metadata_is_read_as_strictly_as_a_run_config(tmp_path: Path) -> None:
     file.write_text(text.replace("{", '{"kind": "profile", ', 1))
     ran = vtrain_in_process("simulate", CONFIG, "--profile", profile)
     assert ran.returncode == 2 and "key 'kind' given twice" in ran.stderr, ran.stderr
+
+
+def test_a_profile_that_names_no_device_is_shown(tmp_path: Path) -> None:
+    """``"device": null`` in metadata.json (allowed: a profile may not know its device) was a traceback in
+    `vtrain tables`."""
+    profile = tmp_path / "profile"
+    shutil.copytree(A100, profile)
+    file = profile / "metadata.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), "device": None}))
+    ran = vtrain_in_process("tables", profile)
+    assert ran.returncode == 0 and f"{profile}: device unknown, ranks" in " ".join(ran.stdout.split()), ran.stderr
 
 
 def test_a_file_given_as_the_profile_says_so() -> None:

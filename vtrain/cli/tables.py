@@ -43,8 +43,8 @@ def tables_command(
         warn(f"(when the traces were ingested) ... and {len(said) - MAX_KEPT_WARNINGS - 1:,} more warning(s) in "
              f"{profile_dir / 'metadata.json'}")
     console = Console()
-    device = meta.get("device", {})
-    console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type')}, ranks {meta.get('ranks')} "
+    device = meta.get("device") or {}
+    console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type') or 'device unknown'}, ranks {meta.get('ranks')} "
                   f"of {meta.get('world_size') or '?'}, iterations {meta.get('iterations')}")
     wide = console.width >= WIDE
     console.print(op_table(profile.op_latency, top, wide))

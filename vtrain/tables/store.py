@@ -271,8 +271,11 @@ _METADATA_SHAPE: dict[str, tuple[type, ...]] = {
 def _fitted_problem(fitted: dict[str, Any]) -> str | None:
     """The first fitted parameter that is not a number within :data:`vtrain.limits.FITTED_BOUNDS`."""
     sections: list[tuple[str, Any]] = [(key, fitted.get(key)) for key in ("gemm", "memory_bound", "host")]
-    if not isinstance(fitted.get("provenance", {}), dict):
-        return f"provenance must be a mapping (got {type(fitted['provenance']).__name__})"
+    provenance = fitted.get("provenance", {})
+    if not isinstance(provenance, dict):
+        return f"provenance must be a mapping (got {type(provenance).__name__})"
+    if not all(isinstance(value, str) for value in provenance.values()):
+        return "provenance must say where each parameter came from as text"
     collectives = fitted.get("collectives") or []
     if not isinstance(collectives, list):
         return "collectives must be a list"
