@@ -44,7 +44,8 @@ def tables_command(
              f"{profile_dir / 'metadata.json'}")
     console = Console()
     device = meta.get("device") or {}
-    console.print(f"[bold]{profile_dir}[/]: {device.get('name') or device.get('type') or 'device unknown'}, ranks {meta.get('ranks')} "
+    named = device.get("name") or device.get("type") or "device unknown"
+    console.print(f"[bold]{profile_dir}[/]: {named}, ranks {meta.get('ranks')} "
                   f"of {meta.get('world_size') or '?'}, iterations {meta.get('iterations')}")
     wide = console.width >= WIDE
     console.print(op_table(profile.op_latency, top, wide))

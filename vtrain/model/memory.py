@@ -22,7 +22,8 @@ Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and
 
 For fp16 Megatron that is the paper's sbh(10 + 24/t + 5as/(ht)) (sbh(34/t + 5as/(ht)) with sequence
 parallelism). With flash attention (``attention: flash``) the last two rows are the fp32 log-sum-exp of each score
-row, 4·ab·s/t bytes: the scores are never held (measured on CPU like the rest: ``tests/test_memory_model.py``). The reference model vtrain records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``) has no
+row, 4·ab·s/t bytes: the scores are never held (measured on CPU like the rest: ``tests/test_memory_model.py``).
+The reference model vtrain records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``) has no
 dropout, so its layers keep no masks and no dropped-out probabilities (``tests/test_memory_model.py`` measures it).
 With full recomputation a layer keeps only its input (e·S, or e·S/t), and the layer being recomputed holds its
 full set once; with selective recomputation it keeps all but the attention scores (the last two rows), which its
