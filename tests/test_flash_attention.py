@@ -92,9 +92,10 @@ def test_a_fused_attention_costs_the_gemms_it_does_on_the_tiles_it_computes() ->
     assert causal_share(2048) == pytest.approx(17 / 32)  # 16 tiles of 128: 136 of 256 computed
     assert forward.flops == pytest.approx(2 * whole * 17 / 32)
     assert backward.flops == pytest.approx(5 * whole * 17 / 32)
-    assert [json.loads(op.input_dims) for op in attention_gemms(forward)] == [
-        [[16, 2048, 128], [16, 128, 2048]], [[16, 2048, 2048], [16, 2048, 128]]]
-    assert len(attention_gemms(backward)) == 5 and not attention_gemms(gpt._mm(shape, 8, 8, 8))
+    gemms, share = attention_gemms(forward)
+    assert [json.loads(op.input_dims) for op in gemms] == [
+        [[16, 2048, 128], [16, 128, 2048]], [[16, 2048, 2048], [16, 2048, 128]]] and share == causal_share(2048)
+    assert len(attention_gemms(backward)[0]) == 5 and not attention_gemms(gpt._mm(shape, 8, 8, 8))[0]
 
 
 def test_the_fitted_device_times_it_as_its_gemms() -> None:
@@ -103,7 +104,7 @@ def test_the_fitted_device_times_it_as_its_gemms() -> None:
                      attention="flash")
     for op in (gpt.flash_attention(shape), gpt.flash_attention_backward(shape)):
         latency, detail = device.op_latency(op)
-        gemms = sum(device.op_latency(gemm)[0] for gemm in attention_gemms(op))
+        gemms = sum(device.op_latency(gemm)[0] for gemm in attention_gemms(op)[0])
         assert latency == pytest.approx(causal_share(2048) * gemms) and "fitted GEMM model" in detail
     without_gemms = replace(device, gemm=None)  # a fitted device without a GEMM model: its FLOPs, not its bytes
     forward = gpt.flash_attention(shape)

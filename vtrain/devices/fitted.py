@@ -17,7 +17,6 @@ stored model; fitting it is :mod:`vtrain.fit`'s.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 from vtrain.collective_cost import INTER_NODE, STAND_INS, AlphaBeta, has_no_peers, members_per_node
 from vtrain.devices.model import DeviceModel
 from vtrain.kineto import first_dtype
-from vtrain.model.ops import HALF_DTYPES, Op, attention_gemms, causal_share
+from vtrain.model.ops import HALF_DTYPES, Op, attention_gemms
 
 
 class KernelLatency(Protocol):
@@ -85,7 +84,7 @@ class FittedDevice(DeviceModel):
         """Device time of one operator and where it came from: the fitted kernel model, its shape inside the
         measured ones (interpolated) or outside (extrapolated), else the datasheet model. A fused attention call is
         the fitted GEMM model's time of the GEMMs it fuses, on the score tiles it computes
-        (:func:`~vtrain.model.ops.attention_gemms`, :func:`~vtrain.model.ops.causal_share`)."""
+        (:func:`~vtrain.model.ops.attention_gemms`)."""
         if op.is_attention:  # compute-bound: never priced by its bytes
             return self._attention_latency(op) if self.gemm is not None else super().op_latency(op)
         model = self.gemm if op.is_gemm and op.flops > 0 else None if op.is_gemm else self.memory_bound
@@ -97,10 +96,9 @@ class FittedDevice(DeviceModel):
         return model.op_latency(op)
 
     def _attention_latency(self, op: Op) -> tuple[float, str]:
-        gemms = attention_gemms(op)
+        gemms, share = attention_gemms(op)
         if not gemms:
             return super().op_latency(op)
-        share = causal_share(json.loads(gemms[0].input_dims)[0][1])
         latency = share * sum(self.op_latency(gemm)[0] for gemm in gemms)
         return latency, (f"fitted GEMM model at the {len(gemms)} GEMMs the fused attention does, x {share:.2f} of "
                          f"their score tiles (causal)")

@@ -122,7 +122,7 @@ def op_cost(name: str, dims: list[Any], types: list[str], list_element_bytes: in
     output the size of its largest input (in-place copy/fill style operators do not re-read their target), but a
     reduction of one tensor, whose output is that tensor without its longest dimension.
     """
-    flops = _gemm_flops(name, dims) or _attention_flops(name, dims, types)
+    flops = _gemm_flops(name, dims) or _attention_flops(name, dims)
     tensors = [(shape, dtype) for shape, dtype in zip(dims, types) if _is_tensor(shape, dtype)]
     sizes = [_tensor_bytes(shape, dtype, list_element_bytes) for shape, dtype in tensors]
     if not sizes:
@@ -149,16 +149,13 @@ def _gemm_flops(name: str, dims: list[Any]) -> float:
     return 2.0 * batch * a[-2] * a[-1] * b[-1]
 
 
-def _attention_flops(name: str, dims: list[Any], types: list[str]) -> float:
+def _attention_flops(name: str, dims: list[Any]) -> float:
     """FLOPs of a causal fused attention call: those of the GEMMs it fuses (:func:`attention_gemms`) on the score
-    tiles it computes (:func:`causal_share`); 0 for any other operator."""
+    tiles it computes; 0 for any other operator."""
     if name not in ATTENTION_OPS:
         return 0.0
     gemms = _attention_gemm_dims(name, dims)
-    if not gemms:
-        return 0.0
-    seq = gemms[0][1]
-    return causal_share(seq) * sum(2.0 * batch * m * k * n for batch, m, k, n in gemms)
+    return causal_share(gemms[0][1]) * sum(2.0 * batch * m * k * n for batch, m, k, n in gemms) if gemms else 0.0
 
 
 def causal_share(seq: int) -> float:
@@ -168,14 +165,15 @@ def causal_share(seq: int) -> float:
     return (tiles + 1) / (2 * tiles)
 
 
-def attention_gemms(op: Op) -> list[Op]:
-    """The batched GEMMs a fused attention call does, as ``aten::bmm`` operators of its dtype, whole (the causal
-    skip is :func:`causal_share`): forward the scores (q·kᵀ) and their product with the values; backward the
-    scores again, then the gradients of the values, of the probabilities, of the queries and of the keys
-    (FlashAttention-2's backward: five). Empty for another operator."""
+def attention_gemms(op: Op) -> tuple[list[Op], float]:
+    """The batched GEMMs a fused attention call does, as ``aten::bmm`` operators of its dtype, whole, and the share
+    of their score tiles a causal kernel computes (:func:`causal_share`): forward the scores (q·kᵀ) and their
+    product with the values; backward the scores again, then the gradients of the values, of the probabilities,
+    of the queries and of the keys (FlashAttention-2's backward: five). No GEMMs for another operator."""
     dtype = first_dtype(op.input_types, "float") or "float"
-    return [make_op("aten::bmm", [[batch, m, k], [batch, k, n]], [dtype, dtype])
-            for batch, m, k, n in _attention_gemm_dims(op.name, json.loads(op.input_dims))]
+    gemms = _attention_gemm_dims(op.name, json.loads(op.input_dims))
+    share = causal_share(gemms[0][1]) if gemms else 1.0
+    return [make_op("aten::bmm", [[batch, m, k], [batch, k, n]], [dtype, dtype]) for batch, m, k, n in gemms], share
 
 
 def _attention_gemm_dims(name: str, dims: list[Any]) -> list[tuple[int, int, int, int]]:
