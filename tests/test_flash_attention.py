@@ -17,10 +17,11 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from tests.conftest import REPO, vtrain_in_process
+from tests.conftest import REPO, changed_trace, vtrain_in_process
 from vtrain.devices.model import DeviceModel
 from vtrain.fit.device import device_from_profile
 from vtrain.ingest.pipeline import ingest_traces
+from vtrain.kineto import FLASH_OPS
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
 from vtrain.model.ops import Op, attention_gemms, causal_share
@@ -183,3 +184,44 @@ def test_plan_takes_it(tmp_path) -> None:
     ran = vtrain_in_process("plan", *model, "--attention", "ring", "-o", tmp_path / "ring")
     assert ran.returncode == 2 and "must be one of eager, flash (got 'ring')" in ran.stderr
     assert not (tmp_path / "ring").exists()
+
+
+#: the arguments after the tensors of the GPU operators, as PyTorch versions may record them: the schema's scalars,
+#: the dropout's seed and offset as 0-d or 2-element tensors, cumulative lengths undefined
+GPU_ARGUMENTS = {
+    "forward": ([[], [], [], []], ["Scalar", "Scalar", "Scalar", ""]),
+    "backward 0-d seed": ([[], [], [], [], [], [], [], [], []],
+                          ["", "", "Scalar", "Scalar", "Scalar", "Scalar", "long int", "long int", ""]),
+    "backward 2-element seed": ([[], [], [], [], [], [], [2], [], []],
+                                ["", "", "Scalar", "Scalar", "Scalar", "Scalar", "unsigned long int", "", ""]),
+}
+
+
+@pytest.mark.parametrize("arguments", ["backward 0-d seed", "backward 2-element seed"])
+def test_a_gpu_trace_of_the_fused_operators_is_read_as_the_model_places_them(arguments: str, recording,
+                                                                              tmp_path) -> None:
+    """The GPU operators' scalar arguments, which no GPU trace here shows, are left out of their signatures, so a
+    recording matches the model however its PyTorch wrote them (the CPU recording's events renamed and given the
+    GPU operators' arguments)."""
+    config, _, folder = recording
+    names = dict(zip(FLASH_OPS["cpu"], FLASH_OPS["cuda"]))
+    extra = {FLASH_OPS["cuda"][0]: GPU_ARGUMENTS["forward"], FLASH_OPS["cuda"][1]: GPU_ARGUMENTS[arguments]}
+
+    def as_gpu_operators(events: list[dict]) -> None:
+        for event in events:
+            if event.get("name") in names:
+                event["name"] = names[event["name"]]
+                args = event["args"]
+                tensors = sum(1 for dims in args["Input Dims"] if len(dims) >= 3)
+                args["Input Dims"] = args["Input Dims"][:tensors] + extra[event["name"]][0]
+                args["Input type"] = args["Input type"][:tensors] + extra[event["name"]][1]
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in sorted(folder.glob("rank-*.json.gz")):
+        (traces / rank.name.removesuffix(".gz")).write_bytes(changed_trace(rank, as_gpu_operators))
+    latency = ingest_traces(traces).tables["op_latency"]
+    shape = replace(GptShape.from_config(config), device_type="cuda")
+    for op in (gpt.flash_attention(shape), gpt.flash_attention_backward(shape)):
+        row = latency.filter(pl.col("op") == op.name)
+        assert row.select("input_dims", "input_types").rows() == [(op.input_dims, op.input_types)]

@@ -15,6 +15,7 @@ The one place that says what an event's category means; ingest and replay both l
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
@@ -130,6 +131,36 @@ def _rank_number(value: object) -> int | None:
     elif isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     return value if type(value) is int and 0 <= value <= INT64_MAX else None
+
+
+#: the FlashAttention operators PyTorch's ``scaled_dot_product_attention`` runs for a causal attention, forward and
+#: backward, by device type (on GPUs in fp16 and bf16 only)
+FLASH_OPS = {"cpu": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+             "cuda": ("aten::_scaled_dot_product_flash_attention",
+                      "aten::_scaled_dot_product_flash_attention_backward")}
+#: the fused attention operators the model places (their cost: :func:`vtrain.model.ops.attention_gemms`)
+ATTENTION_OPS = frozenset(name for pair in FLASH_OPS.values() for name in pair)
+#: any fused attention operator by its name: PyTorch's (flash, memory-efficient, cuDNN), the flash-attn package's,
+#: xFormers' and Transformer Engine's (``fmha``), ``nn.MultiheadAttention``'s
+FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
+                             r"flash_attn|fmha|multi_head_attention)", re.IGNORECASE)
+
+
+def fused_attention_signature(dims: str, types: str) -> tuple[str, str]:
+    """A fused attention call's input dims and types (JSON texts) as the model places it: its tensors of three or
+    more dimensions only (queries, keys, values, the output and its gradient, the rows' log-sum-exp). The
+    arguments after them (dropout, causal, scale, the dropout's seed and offset, cumulative lengths) are written
+    differently by each PyTorch version and device (a number, a 0-d or a 2-element tensor, nothing) and say
+    nothing of the work; texts that are no lists are returned as they are."""
+    try:
+        dim_list, type_list = json.loads(dims), json.loads(types)
+    except ValueError:
+        return dims, types
+    if not isinstance(dim_list, list) or not isinstance(type_list, list):
+        return dims, types
+    kept = [(d, t) for d, t in zip(dim_list, type_list) if isinstance(d, list) and len(d) >= 3]
+    return json.dumps([d for d, _ in kept]), json.dumps([t for _, t in kept])
 
 
 #: CPU operators of c10d (``c10d::allreduce_``, ``c10d::send``): each issues one collective

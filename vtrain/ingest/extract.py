@@ -19,7 +19,18 @@ import polars as pl
 
 from vtrain.ingest.classify import kernel_class
 from vtrain.ingest.decode import EventArgs
-from vtrain.kineto import CPU, DEVICE, RUNTIME, accelerator, canonical_category, device_kind, event_kind, parse_stream
+from vtrain.kineto import (
+    ATTENTION_OPS,
+    CPU,
+    DEVICE,
+    RUNTIME,
+    accelerator,
+    canonical_category,
+    device_kind,
+    event_kind,
+    fused_attention_signature,
+    parse_stream,
+)
 
 _NO_ARGS = EventArgs()
 
@@ -347,17 +358,30 @@ def _memory_kind(kind: str, name: str) -> str | None:
 
 def _cpu_frame(events: list[Any], times: list[float], json_text: JsonText) -> pl.DataFrame:
     args = [e.args or _NO_ARGS for e in events]
+    names = [e.name for e in events]
+    dims = json_text.column([a.input_dims or a.input_dims_legacy for a in args])
+    types = json_text.column([a.input_types for a in args])
+    if dims is not None and types is not None and not ATTENTION_OPS.isdisjoint(names):
+        _fused_attention_signatures(names, dims, types)
     return _frame({
         "tid": _thread_ids([e.tid for e in events]),
         "cat": [e.cat for e in events],
-        "name": [e.name for e in events],
+        "name": names,
         "ts": times,
         "dur": [e.dur for e in events],
         "external_id": _external_ids(args),
-        "input_dims": json_text.column([a.input_dims or a.input_dims_legacy for a in args]),
-        "input_types": json_text.column([a.input_types for a in args]),
+        "input_dims": dims,
+        "input_types": types,
         **_collective_arg_columns(args),
     }, CPU_SCHEMA)
+
+
+def _fused_attention_signatures(names: list[str], dims: list[str | None], types: list[str | None]) -> None:
+    """The signatures of fused attention calls (:data:`~vtrain.kineto.ATTENTION_OPS`), in place, as the model
+    places them: their tensors of three or more dimensions (:func:`~vtrain.kineto.fused_attention_signature`)."""
+    for i, name in enumerate(names):
+        if name in ATTENTION_OPS and dims[i] is not None and types[i] is not None:
+            dims[i], types[i] = fused_attention_signature(dims[i], types[i])  # type: ignore[arg-type]
 
 
 def _runtime_frame(events: list[Any], times: list[float]) -> pl.DataFrame:

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
-from vtrain.kineto import dtype_bytes
-from vtrain.model.ops import FLASH_OPS, HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
+from vtrain.kineto import FLASH_OPS, dtype_bytes
+from vtrain.model.ops import HALF_DTYPES, PRECISION_DTYPE, Collective, Op, Step, make_op
 from vtrain.runconfig import RunConfig
 
 LONG = "long int"
@@ -245,27 +245,18 @@ def attention_core(shape: GptShape) -> list[Step]:
 
 
 def flash_attention(shape: GptShape) -> Op:
-    """One layer's fused attention forward on [b, a/t, s, d] queries, keys and values. Its arguments after them:
-    on CPUs dropout, causal, mask and scale (torch 2.13 as recorded: ``tests/test_flash_attention.py``); on GPUs
-    dropout, causal, debug mask and scale (the operator's schema in PyTorch's ``native_functions.yaml``; no GPU
-    trace of it here yet)."""
+    """One layer's fused attention forward (PyTorch's FlashAttention operator of the device type) on [b, a/t, s, d]
+    queries, keys and values: its signature as ingest keeps it, the tensors of three or more dimensions
+    (:func:`~vtrain.kineto.fused_attention_signature`; its scalar arguments vary across PyTorch versions)."""
     x, q = shape.dtype, _heads_first(shape)
-    name = FLASH_OPS[shape.device_type][0]
-    scalars = ["Scalar", "Scalar", "", ""] if shape.device_type == "cpu" else ["Scalar", "Scalar", "Scalar", ""]
-    return make_op(name, [q, q, q, [], [], [], []], [x, x, x, *scalars])
+    return make_op(FLASH_OPS[shape.device_type][0], [q, q, q], [x, x, x])
 
 
 def flash_attention_backward(shape: GptShape) -> Op:
     """The fused attention's backward: the output's gradient, q, k, v, the output and the fp32 log-sum-exp of the
-    scores' rows, then (CPUs) dropout, causal, mask and scale, or (GPUs, from the schema) the cumulative sequence
-    lengths (none), the longest sequences, dropout, causal, the dropout's seed and offset and scale."""
+    scores' rows (as :func:`flash_attention`, its tensors of three or more dimensions)."""
     x, q = shape.dtype, _heads_first(shape)
-    if shape.device_type == "cpu":
-        rest = ["Scalar", "Scalar", "", ""]
-    else:
-        rest = ["", "", "Scalar", "Scalar", "Scalar", "Scalar", LONG, LONG, ""]
-    dims: list[list[int]] = [q] * 5 + [q[:3]] + [[]] * len(rest)
-    return make_op(FLASH_OPS[shape.device_type][1], dims, [x] * 5 + ["float", *rest])
+    return make_op(FLASH_OPS[shape.device_type][1], [q, q, q, q, q, q[:3]], [x, x, x, x, x, "float"])
 
 
 def _heads_first(shape: GptShape) -> list[int]:

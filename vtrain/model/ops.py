@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from vtrain.kineto import dtype_bytes, first_dtype
+from vtrain.kineto import ATTENTION_OPS, dtype_bytes, first_dtype
 
 
 #: the 16-bit floating-point dtype strings: the precision of every kernel the importers read
@@ -27,19 +26,6 @@ PRECISION_DTYPE = {"fp32": "float", "fp16": "c10::Half", "bf16": "c10::BFloat16"
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                       "aten::_scaled_mm", "aten::addbmm"})
 
-#: the FlashAttention operators PyTorch's ``scaled_dot_product_attention`` runs for a causal attention, forward and
-#: backward, by device type (on GPUs in fp16 and bf16 only: :class:`~vtrain.runconfig.RunConfig` refuses fp32)
-FLASH_OPS = {"cpu": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
-             "cuda": ("aten::_scaled_dot_product_flash_attention",
-                      "aten::_scaled_dot_product_flash_attention_backward")}
-#: the fused attention operators the model places: their cost is the FLOPs of the matrix products they fuse
-#: (:func:`attention_gemms`)
-ATTENTION_OPS = frozenset(name for pair in FLASH_OPS.values() for name in pair)
-#: any fused attention operator by its name: PyTorch's (flash, memory-efficient, cuDNN), the flash-attn package's,
-#: xFormers' and Transformer Engine's (``fmha``), ``nn.MultiheadAttention``'s
-FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
-                             r"flash_attn|fmha|multi_head_attention)", re.IGNORECASE)
 #: the rows and columns of the score tiles a FlashAttention kernel skips or computes whole (FlashAttention-2's
 #: 128-row blocks): causal attention computes the tiles on and below the diagonal
 ATTENTION_TILE = 128
@@ -76,7 +62,7 @@ class Op:
 
     @property
     def is_attention(self) -> bool:
-        """A fused attention operator (:data:`ATTENTION_OPS`): timed by the GEMMs it fuses."""
+        """A fused attention operator (:data:`~vtrain.kineto.ATTENTION_OPS`): timed by the GEMMs it fuses."""
         return self.name in ATTENTION_OPS
 
     @property

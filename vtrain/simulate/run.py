@@ -15,9 +15,10 @@ from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
+from vtrain.kineto import FUSED_ATTENTION
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
-from vtrain.model.ops import FUSED_ATTENTION, Op
+from vtrain.model.ops import Op
 from vtrain.partition import Chunk, partition
 from vtrain.parallel import Layout
 from vtrain.runconfig import RunConfig
@@ -285,7 +286,7 @@ class SharedResolvers:
 
 def attention_mismatch(timeline: Iterable[tuple[str, str, str]], run: RunConfig) -> str | None:
     """Why a timeline (operator signatures) is not of ``run``'s attention: fused attention operators
-    (:data:`~vtrain.model.ops.FUSED_ATTENTION`) where the run computes its scores, or none where it fuses them
+    (:data:`~vtrain.kineto.FUSED_ATTENTION`) where the run computes its scores, or none where it fuses them
     (a timeline with no operators says nothing); ``None`` when they agree. Either way its attention would be
     predicted with operators that did not run."""
     names = {name for name, _, _ in timeline}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from vtrain.model.ops import FUSED_ATTENTION
+from vtrain.kineto import FUSED_ATTENTION
 
 GEMM = "gemm"
 ATTENTION = "attention"
