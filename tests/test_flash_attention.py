@@ -159,6 +159,8 @@ def test_a_run_config_that_disagrees_with_the_traces_on_attention_is_said(record
     assert attention_mismatch(timeline, config) is None
     said = attention_mismatch(timeline, replace(config, attention="eager"))
     assert said is not None and said.startswith("the traces run fused attention (aten::_scaled_dot_product_flash")
+    efficient = {("aten::_scaled_dot_product_efficient_attention", "[[2, 2, 64, 32]]", '["float"]')}
+    assert "which these are not" in (attention_mismatch(efficient, replace(config, attention="eager")) or "")
     eager_timeline = {("aten::bmm", "[[4, 64, 32], [4, 32, 64]]", '["float", "float"]')}
     assert "say attention: eager" in (attention_mismatch(eager_timeline, config) or "")
     if config.precision != "fp32":

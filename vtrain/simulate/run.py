@@ -15,7 +15,7 @@ from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
-from vtrain.kineto import FUSED_ATTENTION
+from vtrain.kineto import ATTENTION_OPS, FUSED_ATTENTION
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.ops import Op
@@ -293,8 +293,11 @@ def attention_mismatch(timeline: Iterable[tuple[str, str, str]], run: RunConfig)
     fused = sorted(name for name in names if FUSED_ATTENTION.search(name))
     if fused and run.attention == "eager":
         shown = ", ".join(fused[:2]) + (", ..." if len(fused) > 2 else "")
-        return (f"the traces run fused attention ({shown}) but the run computes its scores (attention eager): say "
-                f"attention: flash in its run config")
+        said = f"the traces run fused attention ({shown}) but the run computes its scores (attention eager): "
+        if ATTENTION_OPS.isdisjoint(fused):
+            return said + ("vtrain places fused attention only as PyTorch's FlashAttention operators (attention: "
+                           "flash), which these are not: their time is predicted as the scores' operators")
+        return said + "say attention: flash in its run config"
     if names and not fused and run.attention == "flash":
         return ("the run fuses its attention (attention: flash) but the traces have no fused attention operator: "
                 "say attention: eager in its run config")
