@@ -134,7 +134,8 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
     plan and the breakdown of the best plans."""
     counts, base, m = table.counts, table.base, table.base.model
     heading: list[doc.Block] = [
-        doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {table.device} with "
+        doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {base.attention} attention, "
+                 f"{table.device} with "
                  f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."
                  + (" Every plan with d > 1 with and without Megatron's distributed optimizer (`dist-opt`)."
                     if table.settings.get("distributed_optimizer") else "")),
