@@ -149,11 +149,6 @@ def followed(target: Path) -> Path:
     return target.resolve() if target.is_symlink() and target.is_dir() else target
 
 
-def written_by_vtrain(folder: Path) -> bool:
-    """Whether ``folder`` was written by vtrain: it holds the marker."""
-    return (folder / MARKER).is_file()
-
-
 def _added_since(folder: Path, written: dict[str, Any]) -> list[str]:
     """The entries of ``folder`` that its marker does not list (none known for a marker without a list)."""
     entries = written.get("entries")

@@ -40,8 +40,6 @@ class StageSummary:
     rank: int  # global rank of the representative GPU (tp rank 0, dp rank 0)
     breakdown_us: dict[str, float]
     busy_us: float
-    first_activity_us: float
-    last_activity_us: float
 
     @property
     def idle_us(self) -> float:
@@ -87,9 +85,7 @@ def stage_summaries(graph: ExecutionGraph, result: Schedule, iteration_us: float
         summaries.append(StageSummary(
             stage=stage, rank=ranks[stage],
             breakdown_us=_account(columns, start, end, waited_on, compute_order[stage], iteration_us),
-            busy_us=_union_length(begins[mine], ends[mine]),
-            first_activity_us=float(begins[mine].min()) if len(mine) else 0.0,
-            last_activity_us=float(ends[mine].max()) if len(mine) else 0.0))
+            busy_us=_union_length(begins[mine], ends[mine])))
     return summaries
 
 
