@@ -151,6 +151,15 @@ def test_simulate_and_a_measurement_table_take_it(tmp_path) -> None:
     rows = pl.read_parquet(tmp_path / "out" / "rows.parquet").sort("row")
     flash, eager, ring = rows["predicted_ms"].to_list()
     assert flash < eager and ring is None
+    unsaid = tmp_path / "unsaid.csv"  # no attention column: --attention says it, as --framework says theirs
+    unsaid.write_text("\n".join(line.rsplit(",", 2)[0] + "," + line.rsplit(",", 1)[1]
+                                for line in table.read_text().splitlines()[:2]) + "\n")
+    ran = vtrain_in_process("validate", "--measurements", unsaid, "--profile", REPO / "profiles" / "a100",
+                            "--attention", "flash", "-o", tmp_path / "unsaid-out")
+    assert ran.returncode == 0, ran.stderr
+    assert pl.read_parquet(tmp_path / "unsaid-out" / "rows.parquet")["predicted_ms"].to_list() == [flash]
+    ran = vtrain_in_process("validate", "traces/t1p1d2", "--attention", "flash")
+    assert ran.returncode == 2 and "--attention goes with --measurements" in ran.stderr
 
 
 def test_a_run_config_that_disagrees_with_the_traces_on_attention_is_said(recording, tmp_path) -> None:

@@ -69,12 +69,12 @@ def _one_word(value: str | None, named: object, words: tuple[str, ...]) -> str |
     return str(named)
 
 
-def attention_option() -> Any:
-    """``--attention``: how the jobs' attention runs, replacing the run config's; a word that is none of
-    :data:`~vtrain.runconfig.ATTENTIONS` is a usage error."""
-    return typer.Option(None, "--attention", callback=_one_attention, help=(
-        "How attention runs: eager (the scores in memory) or flash (PyTorch's fused FlashAttention; default: the "
-        "run config's, else eager)."))
+def attention_option(help_text: str = "How attention runs: ") -> Any:
+    """``--attention``: how the jobs' (or the measured runs') attention runs; a word that is none of
+    :data:`~vtrain.runconfig.ATTENTIONS` is a usage error. None when not given."""
+    return typer.Option(None, "--attention", callback=_one_attention, help=help_text + (
+        "eager (the scores in memory) or flash (PyTorch's fused FlashAttention); default: the run config's, else "
+        "eager."))
 
 
 def _one_attention(value: str | None) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import framework_option, recompute_option
+from vtrain.cli.options import attention_option, framework_option, recompute_option
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
@@ -64,6 +64,8 @@ def validate_command(
     framework: str | None = framework_option("With --measurements: whose kernels, mixed precision and optimizer "
                                              "states the rows without a framework column ran with (default "
                                              "megatron): ", default=None),
+    attention: str | None = attention_option("With --measurements: how the rows without an attention column ran "
+                                             "it: "),
     device: str | None = typer.Option(None, "--device", help="With --measurements: the GPU of rows without a device "
                                                              "column, a variant of the profile's (A100-80GB with an "
                                                              "A100-40GB profile; default: the profile's)."),
@@ -84,11 +86,11 @@ def validate_command(
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps, recompute or RECOMPUTE, device, framework or FRAMEWORK)
+                      intra_node_gbps, recompute or RECOMPUTE, device, framework or FRAMEWORK, attention or "eager")
         return
     given = [flag for flag, value in (("--device", device), ("--inter-node-gbps", inter_node_gbps),
                                       ("--intra-node-gbps", intra_node_gbps), ("--recompute", recompute),
-                                      ("--framework", framework)) if value is not None]
+                                      ("--framework", framework), ("--attention", attention)) if value is not None]
     if given:
         raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --measurements (a trace "
                          f"folder's run is described by its run.yaml or --config)")
@@ -166,7 +168,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
                   gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
-                  recompute: str, device: str | None, framework: str) -> None:
+                  recompute: str, device: str | None, framework: str, attention: str) -> None:
     from vtrain.cli.progress import counting
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
@@ -183,7 +185,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     check_output(target, inputs=[path, profile], replaces=REPORT, what="report folder")
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
-                                       recompute, progress, device, framework)
+                                       recompute, progress, device, framework, attention)
     summary = result.to_dict()
     if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
         raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "

@@ -378,10 +378,10 @@ def _parse(value: str, dtype: type[pl.DataType], name: str = "") -> Any:
 
 def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str = "A100-80GB",
                        inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
-                       recompute: str = RECOMPUTE, framework: str = FRAMEWORK) -> RunConfig:
+                       recompute: str = RECOMPUTE, framework: str = FRAMEWORK, attention: str = "eager") -> RunConfig:
     """The run config of one measured run (a row of :func:`read_measurements`, as a dict): the row's own columns
-    where it has them, else the given device, node size, link rates, recomputation and framework and vTrain's
-    Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing, no CUDA graphs);
+    where it has them, else the given device, node size, link rates, recomputation, framework and attention and
+    vTrain's Megatron-DeepSpeed settings (fp16, 1F1B, vocabulary 50257, no gradient bucketing, no CUDA graphs);
     ``device_count`` = the row's GPUs.
 
     The config is not validated: ``config.constraint_errors()`` lists what a row breaks (e.g. tp*dp*pp differing
@@ -405,7 +405,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    stage_layers=_layer_counts(split) if (split := row.get("stage_layers")) else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
-        attention=str(attention_named(given("attention", "eager"))),
+        attention=str(attention_named(given("attention", attention))),
         cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),

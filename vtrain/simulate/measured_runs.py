@@ -25,7 +25,7 @@ from vtrain.tables.store import Profile
 @dataclass(frozen=True)
 class Hardware:
     """What a table without the optional columns does not say: node size, link rates, the device name, and the
-    activation recomputation and framework of its runs."""
+    activation recomputation, framework and attention of its runs."""
 
     device: str = "A100-40GB"
     gpus_per_node: int = 8
@@ -33,6 +33,7 @@ class Hardware:
     intra_node_gbps: float | None = None  # GB/s per GPU
     recompute: str = RECOMPUTE
     framework: str = FRAMEWORK
+    attention: str = "eager"
 
 
 #: a progress callback: (distinct runs simulated so far, distinct runs to simulate)
@@ -63,7 +64,7 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
         problem = row_problem(row)
         config = None if problem else measurement_config(
             row, hardware.gpus_per_node, hardware.device, hardware.inter_node_gbps, hardware.intra_node_gbps,
-            hardware.recompute, hardware.framework)
+            hardware.recompute, hardware.framework, hardware.attention)
         problem = (problem or device_problem(config.hardware.device, device)
                    or next(iter(config.constraint_errors()), None))
         if problem or config is None:

@@ -131,12 +131,14 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
                           inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                           warn: Callable[[str], None] | None = None,
                           recompute: str = RECOMPUTE, progress: Progress | None = None,
-                          gpu: str | None = None, framework: str = FRAMEWORK) -> MeasurementValidation:
+                          gpu: str | None = None, framework: str = FRAMEWORK,
+                          attention: str = "eager") -> MeasurementValidation:
     """Predict every row of ``measurements`` as ``vtrain simulate`` would with ``profile_dir`` (its tables, then
     its fitted device on the row's hardware: ``gpu``, a variant of the profile's GPU, for rows without a device
     column; default the profile's). Rows that are no measurement (a time that is not positive, an absurd shape)
-    are refused without being simulated, and ``warn`` gets one line about them. ``framework``: whose kernels rows
-    without a framework column ran. ``progress`` gets (runs simulated so far, distinct runs to simulate), as
+    are refused without being simulated, and ``warn`` gets one line about them. ``framework`` and ``attention``:
+    whose kernels rows without a framework column ran, and how rows without an attention column ran it.
+    ``progress`` gets (runs simulated so far, distinct runs to simulate), as
     :func:`~vtrain.simulate.measured_runs.predict_runs` gives them."""
     profile = load_profile(profile_dir)
     fitted = profile.metadata.get("fitted")
@@ -149,7 +151,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
     table = read_measurements(measurements, recompute=recompute)
     hardware = Hardware(device=canonical_device_name(gpu or "") or fitted["device"], gpus_per_node=gpus_per_node,
                         inter_node_gbps=inter_node_gbps, intra_node_gbps=intra_node_gbps, recompute=recompute,
-                        framework=framework)
+                        framework=framework, attention=attention)
     predicted = predict_runs(table, profile, device, hardware, progress=progress).with_columns(
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
