@@ -54,3 +54,16 @@ def test_the_studies_run_megatrons_kernels_and_memory() -> None:
     assert per_parameter == [20, 10]
     with pytest.raises(InputError, match="--framework must be one of"):
         Cluster(framework="deepspeed")
+
+
+def test_the_studies_jobs_run_the_attention_asked_for() -> None:
+    """`vtrain size` and `vtrain cluster --attention flash`: the jobs' plans hold no attention scores, and at a long
+    sequence train faster than with them."""
+    profile = load_profile(REPO / "profiles" / "a100")
+    workload = Workload(ModelConfig(layers=4, hidden=1024, heads=16, seq=4096, vocab=51200), global_batch=16)
+    speeds = {}
+    for attention in ("eager", "flash"):
+        throughput = PlanThroughput(profile, Cluster(device_memory_gib=40.0, attention=attention), max_micro_batch=2)
+        assert throughput.base_config(workload, 8).attention == attention
+        speeds[attention] = throughput(workload, 8).tokens_per_s
+    assert speeds["flash"] > speeds["eager"]

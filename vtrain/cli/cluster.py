@@ -11,6 +11,7 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.cli.options import (
+    attention_option,
     device_memory_option,
     device_option,
     force_option,
@@ -49,6 +50,7 @@ def cluster_command(
     device_memory: float | None = device_memory_option(),
     max_micro_batch: int = max_micro_batch_option(),
     framework: str = framework_option(),
+    attention: str | None = attention_option("How the jobs run attention: "),
 ) -> None:
     """Simulate the jobs on a shared cluster under a FIFO baseline and a throughput-aware (vtrain) policy."""
     from vtrain.studies.cluster import POLICIES, Speeds, allocation_sizes, simulate_cluster
@@ -63,7 +65,7 @@ def cluster_command(
     target = output if output is not None else REPORTS / f"cluster-{jobs_file.stem}"
     check_output(target, inputs=[jobs_file, profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                       device_memory_gib=device_memory, framework=framework)
+                       device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     speeds = Speeds(throughput, allocation_sizes(gpus, [job.gpus for job in jobs if job.gpus]))
     _check_runnable(jobs, gpus, speeds, policies, jobs_file)

@@ -10,6 +10,7 @@ import typer
 
 from vtrain.cli.errors import user_errors
 from vtrain.cli.options import (
+    attention_option,
     device_memory_option,
     device_option,
     force_option,
@@ -48,6 +49,7 @@ def size_command(
     device_memory: float | None = device_memory_option(),
     max_micro_batch: int = max_micro_batch_option(),
     framework: str = framework_option(),
+    attention: str | None = attention_option("How the jobs run attention: "),
 ) -> None:
     """Search GPT shapes used in practice for the lowest loss a budget of GPUs and days buys."""
     from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput
@@ -59,7 +61,7 @@ def size_command(
     target = output if output is not None else REPORTS / f"size-{gpus}x{days:g}d"
     check_output(target, inputs=[profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
-                       device_memory_gib=device_memory, framework=framework)
+                       device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
     shapes = practice_shapes(seq, vocab)

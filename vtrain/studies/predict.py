@@ -33,6 +33,7 @@ class Cluster:
     device_memory_gib: float | None = None  # None: the device's
     precision: str = "fp16"
     framework: str = "megatron"  # whose kernels, mixed precision and optimizer states (a run config's framework)
+    attention: str = "eager"  # eager or flash (a run config's attention)
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -102,7 +103,7 @@ class PlanThroughput:
         hardware = replace(HardwareConfig(), device=c.device, device_count=gpus, gpus_per_node=c.gpus_per_node,
                            inter_node_gbps=c.inter_node_gbps)
         return RunConfig(model=workload.model, parallelism=ParallelConfig(global_batch=workload.global_batch),
-                         precision=c.precision, hardware=hardware, framework=c.framework)
+                         precision=c.precision, hardware=hardware, framework=c.framework, attention=c.attention)
 
 
 #: what a prediction says of its plan: the plan table's columns for the point, its memory, time, speed and sources
@@ -139,7 +140,8 @@ def describe(cluster: Cluster) -> str:
     """``A100, 8 GPUs per node, 1600 Gbit/s per node`` for a report."""
     network = f"{cluster.inter_node_gbps:g} Gbit/s per node" if cluster.inter_node_gbps else "the profile's network"
     memory = f", {cluster.device_memory_gib:g} GiB per GPU" if cluster.device_memory_gib else ""
-    return f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}, {cluster.framework}'s kernels"
+    return (f"{cluster.device}, {cluster.gpus_per_node} GPUs per node, {network}{memory}, {cluster.framework}'s "
+            f"kernels, {cluster.attention} attention")
 
 
 def peak_flops(cluster: Cluster) -> float:
