@@ -148,18 +148,19 @@ FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_att
 
 
 def fused_attention_signature(dims: str, types: str) -> tuple[str, str]:
-    """A fused attention call's input dims and types (JSON texts) as the model places it: its tensors of three or
-    more dimensions only (queries, keys, values, the output and its gradient, the rows' log-sum-exp). The
-    arguments after them (dropout, causal, scale, the dropout's seed and offset, cumulative lengths) are written
-    differently by each PyTorch version and device (a number, a 0-d or a 2-element tensor, nothing) and say
-    nothing of the work; texts that are no lists are returned as they are."""
+    """A fused attention call's input dims and types (JSON texts) as the model places it: its [b, heads, s, d]
+    tensors only (queries, keys, values, the output and its gradient). The other arguments (dropout, causal, scale,
+    the dropout's seed and offset, cumulative lengths, the rows' log-sum-exp, which some kernels pad to a multiple
+    of their tile) are written differently by each PyTorch version and device (a number, a 0-d or a 2-element
+    tensor, nothing, a padded length) and follow from those tensors; texts that are no lists are returned as they
+    are."""
     try:
         dim_list, type_list = json.loads(dims), json.loads(types)
     except ValueError:
         return dims, types
     if not isinstance(dim_list, list) or not isinstance(type_list, list):
         return dims, types
-    kept = [(d, t) for d, t in zip(dim_list, type_list) if isinstance(d, list) and len(d) >= 3]
+    kept = [(d, t) for d, t in zip(dim_list, type_list) if isinstance(d, list) and len(d) == 4]
     return json.dumps([d for d, _ in kept]), json.dumps([t for _, t in kept])
 
 

@@ -378,7 +378,7 @@ def _cpu_frame(events: list[Any], times: list[float], json_text: JsonText) -> pl
 
 def _fused_attention_signatures(names: list[str], dims: list[str | None], types: list[str | None]) -> None:
     """The signatures of fused attention calls (:data:`~vtrain.kineto.ATTENTION_OPS`), in place, as the model
-    places them: their tensors of three or more dimensions (:func:`~vtrain.kineto.fused_attention_signature`)."""
+    places them: their [b, heads, s, d] tensors (:func:`~vtrain.kineto.fused_attention_signature`)."""
     for i, name in enumerate(names):
         if name in ATTENTION_OPS and dims[i] is not None and types[i] is not None:
             dims[i], types[i] = fused_attention_signature(dims[i], types[i])  # type: ignore[arg-type]

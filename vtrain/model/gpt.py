@@ -246,17 +246,17 @@ def attention_core(shape: GptShape) -> list[Step]:
 
 def flash_attention(shape: GptShape) -> Op:
     """One layer's fused attention forward (PyTorch's FlashAttention operator of the device type) on [b, a/t, s, d]
-    queries, keys and values: its signature as ingest keeps it, the tensors of three or more dimensions
-    (:func:`~vtrain.kineto.fused_attention_signature`; its scalar arguments vary across PyTorch versions)."""
+    queries, keys and values: its signature as ingest keeps it, the [b, heads, s, d] tensors
+    (:func:`~vtrain.kineto.fused_attention_signature`; its other arguments vary across PyTorch versions)."""
     x, q = shape.dtype, _heads_first(shape)
     return make_op(FLASH_OPS[shape.device_type][0], [q, q, q], [x, x, x])
 
 
 def flash_attention_backward(shape: GptShape) -> Op:
-    """The fused attention's backward: the output's gradient, q, k, v, the output and the fp32 log-sum-exp of the
-    scores' rows (as :func:`flash_attention`, its tensors of three or more dimensions)."""
+    """The fused attention's backward: the output's gradient, q, k, v and the output (as :func:`flash_attention`,
+    its [b, heads, s, d] tensors)."""
     x, q = shape.dtype, _heads_first(shape)
-    return make_op(FLASH_OPS[shape.device_type][1], [q, q, q, q, q, q[:3]], [x, x, x, x, x, "float"])
+    return make_op(FLASH_OPS[shape.device_type][1], [q] * 5, [x] * 5)
 
 
 def _heads_first(shape: GptShape) -> list[int]:
