@@ -171,6 +171,8 @@ def test_a_run_config_that_disagrees_with_the_traces_on_attention_is_said(record
     efficient = {("aten::_scaled_dot_product_efficient_attention", "[[2, 2, 64, 32]]", '["float"]')}
     assert "which these are not" in (attention_mismatch(efficient, replace(config, attention="eager")) or "")
     eager_timeline = {("aten::bmm", "[[4, 64, 32], [4, 32, 64]]", '["float", "float"]')}
+    spans = eager_timeline | {("my_flash_attention_block", None, None), ("nn.Module: FlashAttention", None, None)}
+    assert attention_mismatch(spans, replace(config, attention="eager")) is None  # a user's names, no operator
     assert "say attention: eager" in (attention_mismatch(eager_timeline, config) or "")
     if config.precision != "fp32":
         return
