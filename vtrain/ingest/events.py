@@ -22,7 +22,14 @@ import msgspec
 
 from vtrain.errors import InputError
 from vtrain.ingest.decode import TRACE_EVENTS_DECODER, EventFields, TraceEvent
-from vtrain.ingest.extract import EventsPart, JsonText, RankEvents, concat_rank_events, event_frames
+from vtrain.ingest.extract import (
+    EventCounts,
+    EventsPart,
+    JsonText,
+    RankEvents,
+    concat_rank_events,
+    event_frames,
+)
 from vtrain.ingest.spans import SPAN_BYTES, SPAN_EVENTS, Span, decode_span, decode_spans
 from vtrain.ingest.text import Progress, TraceText
 from vtrain.ingest.times import NotATime, parse_times
@@ -53,34 +60,34 @@ _TEXT_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*"')
 
 
 def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEvent] | list[TraceEvent],
-                                                                list[float | None], int, int, int, int]:
-    """The complete events of a span, in file order, their start times, the number of events in the span, how
-    many of those have no phase, how many are duration events (:data:`DURATION_PHASES`), and how many times
-    and durations are written as text (read as the numbers they hold; counted where a time written so sends the
-    span down the plain decoder, the only way they reach ingest's tables unnoticed)."""
+                                                                list[float | None], EventCounts]:
+    """The complete events of a span, in file order, their start times, and what the decoder saw besides: the
+    events in the span, how many have no phase, how many are duration events (:data:`DURATION_PHASES`), and how
+    many times and durations are written as text (read as the numbers they hold; counted where a time written so
+    sends the span down the plain decoder, the only way they reach ingest's tables unnoticed)."""
     try:
         decoded = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
         events = [event for event in decoded if type(event) is CompleteEvent]
         # counted only where there are other events than complete ones, by a pass in C (map, set lookup)
         durations = (sum(map(_DURATION_TYPES.__contains__, map(type, decoded)))
                      if len(events) < len(decoded) else 0)
-        return events, parse_times([event.ts for event in events]), len(decoded), 0, durations, 0
+        return (events, parse_times([event.ts for event in events]),
+                EventCounts(events=len(decoded), duration_events=durations))
     except (InputError, NotATime):
         decoded = decode_span(text, span, TRACE_EVENTS_DECODER)
         plain = [event for event in decoded if event.ph == "X"]
-        no_phase = sum(1 for event in decoded if not event.ph)
-        durations = sum(1 for event in decoded if event.ph in DURATION_PHASES)
-        as_text = len(_TEXT_TIME.findall(text.buffer, span.start, span.end))
-        return plain, [event.ts for event in plain], len(decoded), no_phase, durations, as_text
+        return plain, [event.ts for event in plain], EventCounts(
+            events=len(decoded), no_phase=sum(1 for event in decoded if not event.ph),
+            duration_events=sum(1 for event in decoded if event.ph in DURATION_PHASES),
+            times_as_text=len(_TEXT_TIME.findall(text.buffer, span.start, span.end)))
 
 
 def span_frames(text: TraceText, span: Span, json_text: JsonText) -> tuple[EventsPart, int]:
     """The frames of a span's complete events, and the number of events in the span."""
-    events, times, count, no_phase, durations, as_text = decode_complete_events(text, span)
+    events, times, counts = decode_complete_events(text, span)
     part = event_frames(events, times, json_text)
-    part.counts.events, part.counts.no_phase, part.counts.duration_events = count, no_phase, durations
-    part.counts.times_as_text = as_text
-    return part, count
+    part.counts.add(counts)
+    return part, counts.events
 
 
 #: one cache of canonical ``Input Dims`` texts per process: the ranks of a job repeat each other's shapes, and a
