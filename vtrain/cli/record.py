@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.cli.options import attention_option
 from vtrain.errors import InputError
 from vtrain.limits import MAX_RECORD_STEPS, MAX_RECORD_THREADS, MAX_RECORD_WARMUP, shown_count
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
@@ -37,8 +38,7 @@ def record_command(
                                     help="Overlap the gradient all-reduce with the last backward."),
     dp_bucket_mb: float = typer.Option(25.0, "--dp-bucket-mb", help="Gradient all-reduce bucket size (MB)."),
     precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16."),
-    attention: str = typer.Option("eager", "--attention", help="eager (scores in memory) or flash (PyTorch's "
-                                  "scaled_dot_product_attention)."),
+    attention: str | None = attention_option("How each layer runs attention: "),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (auto: cuda when available)."),
     steps: int = typer.Option(3, "--steps", help="Profiled iterations."),
     warmup: int = typer.Option(1, "--warmup", help="Iterations run under the profiler before recording."),
@@ -58,7 +58,7 @@ def record_command(
                                    schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                                    dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),
         precision=precision,
-        attention=attention,
+        attention=attention or "eager",
         cuda_graphs=cuda_graphs,
     )
     from vtrain.record.cuda_graphs import check_graphable  # torch: only when recording

@@ -140,8 +140,8 @@ def _attention_flops(name: str, dims: list[Any]) -> float:
     tiles it computes; 0 for any other operator."""
     if name not in ATTENTION_OPS:
         return 0.0
-    gemms = _attention_gemm_dims(name, dims)
-    return causal_share(gemms[0][1]) * sum(2.0 * batch * m * k * n for batch, m, k, n in gemms) if gemms else 0.0
+    gemms, share = _attention_work(name, dims)
+    return share * sum(2.0 * batch * m * k * n for batch, m, k, n in gemms)
 
 
 def causal_share(seq: int) -> float:
@@ -157,24 +157,24 @@ def attention_gemms(op: Op) -> tuple[list[Op], float]:
     product with the values; backward the scores again, then the gradients of the values, of the probabilities,
     of the queries and of the keys (FlashAttention-2's backward: five). No GEMMs for another operator."""
     dtype = first_dtype(op.input_types, "float") or "float"
-    gemms = _attention_gemm_dims(op.name, json.loads(op.input_dims))
-    share = causal_share(gemms[0][1]) if gemms else 1.0
+    gemms, share = _attention_work(op.name, json.loads(op.input_dims))
     return [make_op("aten::bmm", [[batch, m, k], [batch, k, n]], [dtype, dtype]) for batch, m, k, n in gemms], share
 
 
-def _attention_gemm_dims(name: str, dims: list[Any]) -> list[tuple[int, int, int, int]]:
+def _attention_work(name: str, dims: list[Any]) -> tuple[list[tuple[int, int, int, int]], float]:
     """(batch, m, k, n) of the GEMMs of :func:`attention_gemms`, from the query's and the key's [b, heads, s, d]
-    (the gradient of the output comes first in a backward's inputs)."""
+    (the gradient of the output comes first in a backward's inputs), and their causal share (1 without GEMMs)."""
     first = 1 if name.endswith("_backward") else 0
     tensors = [d for d in dims[first:first + 2] if isinstance(d, list) and len(d) == 4
                and all(isinstance(x, int) for x in d)]
     if len(tensors) < 2:
-        return []
+        return [], 1.0
     (b, heads, s, d), keys = tensors[0], tensors[1][2]
     batch = b * heads
     if not first:
-        return [(batch, s, d, keys), (batch, s, keys, d)]
-    return [(batch, s, d, keys), (batch, keys, s, d), (batch, s, d, keys), (batch, s, keys, d), (batch, keys, s, d)]
+        return [(batch, s, d, keys), (batch, s, keys, d)], causal_share(s)
+    return ([(batch, s, d, keys), (batch, keys, s, d), (batch, s, d, keys), (batch, s, keys, d), (batch, keys, s, d)],
+            causal_share(s))
 
 
 def _is_tensor(shape: Any, dtype: str) -> bool:
