@@ -16,6 +16,7 @@ spans are complete events), other exporters may, and a span left out credits its
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Union
 
 import msgspec
@@ -37,9 +38,11 @@ from vtrain.ingest.times import NotATime, parse_times
 
 class CompleteEvent(EventFields, tag="X", tag_field="ph", gc=False):
     """A complete event (``"ph": "X"``): the fields of :class:`~vtrain.ingest.decode.TraceEvent` but ``ph``, with
-    ``ts`` as raw JSON text (empty where absent)."""
+    ``ts`` as raw JSON text (empty where absent) and ``dur`` kept as text where it is written so (the span is then
+    decoded the plain way, which counts it)."""
 
     ts: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+    dur: float | str | None = None  # type: ignore[assignment]
 
 
 #: the other phases of the Chrome trace event format (duration, instant, counter, async, flow, sample, object,
@@ -55,6 +58,7 @@ _DURATION_TYPES = frozenset(_SKIPPED[OTHER_PHASES.index(phase)] for phase in DUR
 #: number; a field that holds no number at all still fails the file, naming the event
 _COMPLETE_EVENTS_DECODER = msgspec.json.Decoder(list[Union[(CompleteEvent, *_SKIPPED)]],  # type: ignore[misc]
                                                 strict=False)
+_DURATION = attrgetter("dur")
 #: a time or duration written as text (``"ts": "1234.5"``): counted where a span is decoded the plain way
 _TEXT_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*"')
 
@@ -68,6 +72,8 @@ def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEv
     try:
         decoded = decode_span(text, span, _COMPLETE_EVENTS_DECODER)
         events = [event for event in decoded if type(event) is CompleteEvent]
+        if str in set(map(type, map(_DURATION, events))):
+            raise NotATime("a dur written as text")
         # counted only where there are other events than complete ones, by a pass in C (map, set lookup)
         durations = (sum(map(_DURATION_TYPES.__contains__, map(type, decoded)))
                      if len(events) < len(decoded) else 0)
