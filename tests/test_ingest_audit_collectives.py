@@ -183,3 +183,7 @@ def test_collectives_of_an_unknown_group_are_said_where_a_prediction_leaves_them
             f"size: no prediction can use them") in ran.stderr
     shipped = vtrain_in_process("simulate", config, "--profile", TRACES.parent / "profiles" / "a100")
     assert "have no group size" not in shipped.stderr
+    (traces / "run.yaml").write_text(config.read_text())  # validate's own profile of the traces says it too, and where
+    ran = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {traces}: 7 measured collective latency row(s) (nccl_latency) have no group size" in ran.stderr

@@ -125,7 +125,7 @@ class CollectiveResolver:
         if unsized:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
                        f"prediction can use them, and their collectives are modelled (traces that list no process "
-                       f"group for their calls, of one rank of a larger job, say none)", profile.path)
+                       f"group for their calls, of one rank of a larger job, say none)", profile.source)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
                 world_size: int | None = None) -> Resolution:

@@ -275,7 +275,7 @@ class SharedResolvers:
         assert self.profile is not None
         said = attention_mismatch(self._timeline_signatures(), traced)
         if said:
-            warn_input(said, self.profile.path)
+            warn_input(said, self.profile.source)
 
     def _timeline_signatures(self) -> frozenset[tuple[str, str, str]]:
         """Signatures of the operator calls in the profile's timeline (CPU ops and GPU kernels' launching ops)."""

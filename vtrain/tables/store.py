@@ -83,6 +83,12 @@ class Profile:
         return self.tables["nccl_latency"]
 
     @property
+    def source(self) -> str | Path | None:
+        """Where the tables come from, for a warning: the profile's folder, else the trace folder they were read from
+        in memory (`vtrain validate`'s own profile)."""
+        return self.path or self.metadata.get("source_dir")
+
+    @property
     def digest(self) -> ProfileDigest:
         """What predictions read from the tables (made again when a table was replaced since)."""
         made_of = self._made_of()
