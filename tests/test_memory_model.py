@@ -37,10 +37,16 @@ SHAPES = [  # layers, hidden, heads, seq, vocab, micro-batch
 ]
 
 
-def _config(shape: tuple[int, ...], recompute: str, attention: str = "eager", **parallelism: object) -> RunConfig:
+#: LLaMA-like layers: grouped-query attention (two query heads a key/value head), a gated MLP 8/3 as wide as hidden
+LLAMA = {"kv_heads": 0, "mlp": "swiglu", "ffn_hidden": 0}
+
+
+def _config(shape: tuple[int, ...], recompute: str, attention: str = "eager", model: dict | None = None,
+            **parallelism: object) -> RunConfig:
     layers, hidden, heads, seq, vocab, micro_batch = shape
+    extra = {} if model is None else {**model, "kv_heads": heads // 2, "ffn_hidden": 8 * hidden // 3}
     return run_config_from_dict({
-        "model": {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab},
+        "model": {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "vocab": vocab, **extra},
         "parallelism": {"micro_batch": micro_batch, "global_batch": micro_batch, "recompute": recompute,
                         **parallelism},
         "precision": "fp32", "attention": attention})
@@ -63,6 +69,33 @@ def _live_bytes(prof: profile, tmp_path: Path) -> tuple[int, int]:
             total -= live.pop(address)
         peak = max(peak, total)
     return peak, total
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_llama_like_layer_keeps_what_the_model_counts(shape: tuple[int, ...], attention: str,
+                                                        tmp_path: Path) -> None:
+    """Grouped-query attention and a gated MLP of another width: what a forward keeps and the peak of two Adam
+    steps, against torch's allocator."""
+    config = _config(shape, "none", attention, LLAMA)
+    model = _reference_model(config)
+    ids, labels = _batch(config)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = model(ids, labels)
+    _, kept = _live_bytes(prof, tmp_path)
+    gpt = GptShape.from_config(config)
+    assert loss.requires_grad
+    assert kept == pytest.approx(config.model.layers * layer_activation_bytes(gpt, "none")
+                                 + head_activation_bytes(gpt), rel=0.10)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = _reference_model(config)
+        optimizer = torch.optim.Adam(model.parameters())
+        for _ in range(2):
+            model(ids, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    peak, _ = _live_bytes(prof, tmp_path)
+    assert peak_stage_memory(config).total_bytes == pytest.approx(peak, rel=0.07)
 
 
 def _reference_model(config: RunConfig) -> torch.nn.Module:

@@ -226,18 +226,18 @@ def test_a_run_yaml_that_does_not_load_leaves_the_traces_replayed(tmp_path: Path
     traces = tmp_path / "traces"
     shutil.copytree(PIPELINE, traces)
     described = (traces / "run.yaml").read_text()
-    (traces / "run.yaml").write_text(described.replace("  layers: 4\n", "  layers: 4\n  ffn_hidden: 1536\n"))
+    (traces / "run.yaml").write_text(described.replace("  layers: 4\n", "  layers: 4\n  rotary_base: 10000\n"))
     validated = vtrain_in_process("validate", traces, "--no-hta", "-o", tmp_path / "report")
     assert validated.returncode == 0, validated.stderr
     warned = [line for line in validated.stderr.splitlines() if "run.yaml" in line]
-    assert len(warned) == 1 and "unknown field(s) in model: ffn_hidden" in warned[0], validated.stderr
+    assert len(warned) == 1 and "unknown field(s) in model: rotary_base" in warned[0], validated.stderr
     assert "the run is not simulated, the traces are replayed" in warned[0]
     assert (tmp_path / "report" / "report.md").is_file()
     retimed = vtrain_in_process("whatif", traces, "--scale", "gemm=0.5", "-o", tmp_path / "whatif")
-    assert retimed.returncode == 0 and "ffn_hidden: the traces are re-timed without the run" in retimed.stderr
+    assert retimed.returncode == 0 and "rotary_base: the traces are re-timed without the run" in retimed.stderr
     explicit = vtrain_in_process("validate", PIPELINE, "--config", traces / "run.yaml", "--no-hta",
                                  "-o", tmp_path / "report2")
-    assert explicit.returncode == 2 and "ffn_hidden" in explicit.stderr
+    assert explicit.returncode == 2 and "rotary_base" in explicit.stderr
 
 
 def test_a_run_yaml_that_describes_another_run_is_flagged(tmp_path: Path) -> None:

@@ -160,8 +160,22 @@ def fused_attention_signature(dims: str, types: str) -> tuple[str, str]:
         return dims, types
     if not isinstance(dim_list, list) or not isinstance(type_list, list):
         return dims, types
-    kept = [(d, t) for d, t in zip(dim_list, type_list) if isinstance(d, list) and len(d) == 4]
+    kept = [(d, t) for d, t in zip(dim_list, type_list) if _heads_tensor(d)]
     return json.dumps([d for d, _ in kept]), json.dumps([t for _, t in kept])
+
+
+def fused_attention_dims(dims: str) -> str:
+    """The input dims of :func:`fused_attention_signature` alone (a timeline that kept no types)."""
+    try:
+        dim_list = json.loads(dims)
+    except ValueError:
+        return dims
+    return json.dumps([d for d in dim_list if _heads_tensor(d)]) if isinstance(dim_list, list) else dims
+
+
+def _heads_tensor(dims: object) -> bool:
+    """Whether an argument's dims are a [b, heads, s, d] tensor's."""
+    return isinstance(dims, list) and len(dims) == 4
 
 
 #: CPU operators of c10d (``c10d::allreduce_``, ``c10d::send``): each issues one collective

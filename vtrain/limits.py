@@ -23,6 +23,8 @@ INTEGER_BOUNDS: dict[str, tuple[int, int]] = {
     "layers": (1, 1024),
     "hidden": (1, 1 << 18),
     "heads": (1, 1024),
+    "kv_heads": (1, 1024),
+    "ffn_hidden": (1, 1 << 20),
     "seq": (1, 1 << 21),
     "vocab": (1, 1 << 22),
     "tp": (1, 1024),

@@ -3,7 +3,8 @@ and `vtrain validate` read.
 
 A run config is a YAML (or JSON) mapping with these sections::
 
-    model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512}
+    model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512,
+                  ffn_hidden: null, kv_heads: null, mlp: gelu}   # 4h | the heads | gelu; swiglu: gated
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
                   dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false,
@@ -51,6 +52,9 @@ FRAMEWORKS = ("reference", "megatron")
 #: framework's kernels: bmm + softmax, or Megatron's fused softmax); ``flash`` is one fused kernel each way,
 #: PyTorch's ``scaled_dot_product_attention`` (FlashAttention), which holds no scores
 ATTENTIONS = ("eager", "flash")
+#: a layer's MLP: ``gelu`` (fc1 to the feed-forward width, GELU, fc2) or ``swiglu`` (fc1 to twice the width, the
+#: SiLU of one half times the other, fc2: LLaMA, Mistral, Megatron's ``--swiglu``)
+MLPS = ("gelu", "swiglu")
 #: the projects whose kernels a framework stands for, as tables and configs name them (case, ``_`` and spaces aside)
 FRAMEWORK_PROJECTS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron"}
 
@@ -71,13 +75,31 @@ def attention_named(name: object) -> object:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """GPT decoder shape."""
+    """GPT decoder shape; ``ffn_hidden``, ``kv_heads`` and ``mlp`` say where a model departs from GPT-3's (a
+    feed-forward width other than 4·hidden, grouped-query attention, a gated MLP: LLaMA 2/3, Mistral)."""
 
     layers: int
     hidden: int
     heads: int
     seq: int
     vocab: int = 50257
+    ffn_hidden: int | None = None  # the MLP's width (None: 4 x hidden)
+    kv_heads: int | None = None  # key and value heads, grouped-query attention (None: as many as heads)
+    mlp: str = "gelu"  # gelu | swiglu
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mlp, str):  # a config's SwiGLU
+            object.__setattr__(self, "mlp", self.mlp.strip().lower())
+
+    @property
+    def ffn(self) -> int:
+        """The feed-forward width: ``ffn_hidden``, else four times the hidden size."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def query_groups(self) -> int:
+        """The key and value heads: ``kv_heads``, else one a query head."""
+        return self.kv_heads or self.heads
 
 
 @dataclass(frozen=True)
@@ -183,6 +205,7 @@ class RunConfig:
             errors.append(f"hidden ({m.hidden}) is not divisible by heads ({m.heads})")
         if m.hidden % p.tp:
             errors.append(f"hidden ({m.hidden}) is not divisible by tp ({p.tp})")
+        errors += _architecture_errors(self)
         errors += _stage_layers_errors(m, p)
         if p.global_batch % (p.dp * p.micro_batch):
             errors.append(f"global batch ({p.global_batch}) is not divisible by dp*micro_batch "
@@ -230,6 +253,24 @@ class RunConfig:
         if errors:
             raise InputError(f"inconsistent run config: {errors[0]}", source)
         return self
+
+
+def _architecture_errors(config: RunConfig) -> list[str]:
+    """How the model's MLP and key/value heads do not fit its heads, its tensor parallelism or its framework."""
+    m, tp, errors = config.model, config.parallelism.tp, []
+    if m.mlp not in MLPS:
+        errors.append(f"mlp must be one of {', '.join(MLPS)} (got {shown(m.mlp)})")
+    if m.heads % m.query_groups:
+        errors.append(f"heads ({m.heads}) is not divisible by kv_heads ({m.query_groups})")
+    elif m.query_groups % tp:
+        errors.append(f"kv_heads ({m.query_groups}) is not divisible by tp ({tp}): each rank holds whole key and "
+                      "value heads")
+    if m.ffn % tp:
+        errors.append(f"ffn_hidden ({m.ffn}) is not divisible by tp ({tp})")
+    if config.framework == "megatron" and (m.mlp != "gelu" or m.query_groups != m.heads):
+        errors.append("framework megatron is Megatron-DeepSpeed's kernels of 2022, which had no SwiGLU and no "
+                      "grouped-query attention: a model with mlp swiglu or kv_heads needs framework reference")
+    return errors
 
 
 def _stage_layers_errors(m: ModelConfig, p: ParallelConfig) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, RECOMPUTE, attention_named, framework_named
+from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, MLPS, RECOMPUTE, attention_named, framework_named
 
 
 def profile_option() -> Any:
@@ -79,6 +79,27 @@ def attention_option(help_text: str = "How attention runs: ") -> Any:
 
 def _one_attention(value: str | None) -> str | None:
     return _one_word(value, attention_named(value), ATTENTIONS)
+
+
+def ffn_hidden_option() -> Any:
+    """``--ffn-hidden``: the MLP's width (default 4 x hidden)."""
+    return typer.Option(None, "--ffn-hidden", min=1, help="MLP width (default 4 x hidden; LLaMA 2 7B: 11008).")
+
+
+def kv_heads_option() -> Any:
+    """``--kv-heads``: key and value heads, grouped-query attention (default: as many as heads)."""
+    return typer.Option(None, "--kv-heads", min=1, help="Key/value heads, grouped-query attention (default: "
+                                                        "--heads; LLaMA 3 70B: 8).")
+
+
+def mlp_option() -> Any:
+    """``--mlp``: gelu or swiglu (a word that is neither is a usage error)."""
+    return typer.Option("gelu", "--mlp", callback=_one_mlp,
+                        help="The MLP: gelu, or swiglu (gated: LLaMA, Mistral).")
+
+
+def _one_mlp(value: str | None) -> str | None:
+    return _one_word(value, value.strip().lower() if value is not None else None, MLPS)
 
 
 def max_micro_batch_option() -> Any:

@@ -7,12 +7,19 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import attention_option, device_memory_option, real_option
+from vtrain.cli.options import (
+    attention_option,
+    device_memory_option,
+    ffn_hidden_option,
+    kv_heads_option,
+    mlp_option,
+    real_option,
+)
 from vtrain.devices.catalog import canonical_device_name, device_model
 from vtrain.distributed import workers_within_cores
 from vtrain.errors import InputError
@@ -75,6 +82,9 @@ def plan_command(
     heads: int | None = typer.Option(None, "--heads", min=1, help="Attention heads."),
     seq: int | None = typer.Option(None, "--seq", min=1, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, help="Vocabulary size."),
+    ffn_hidden: int | None = ffn_hidden_option(),
+    kv_heads: int | None = kv_heads_option(),
+    mlp: str = mlp_option(),
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
     attention: str | None = attention_option(),
@@ -87,7 +97,8 @@ def plan_command(
     from vtrain.plan.sweep import sweep
     from vtrain.tables.store import load_profile
 
-    base = _base_config(model, global_batch, layers, hidden, heads, seq, vocab, device)
+    shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp)
+    base = _base_config(model, global_batch, shape, device)
     if attention is not None:
         base = replace(base, attention=attention)
     device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
@@ -123,11 +134,29 @@ def plan_command(
     _print_summary(table, target)
 
 
-def _base_config(model: Path | None, global_batch: int | None, layers: int | None, hidden: int | None,
-                 heads: int | None, seq: int | None, vocab: int, device: str | None) -> RunConfig:
+class ModelShape(NamedTuple):
+    """The model as the command line gives it (no run config)."""
+
+    layers: int | None
+    hidden: int | None
+    heads: int | None
+    seq: int | None
+    vocab: int
+    ffn_hidden: int | None
+    kv_heads: int | None
+    mlp: str
+
+    def given(self) -> list[str]:
+        """The flags of the model's shape that were given."""
+        flags = (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads), ("--seq", self.seq),
+                 ("--ffn-hidden", self.ffn_hidden), ("--kv-heads", self.kv_heads),
+                 ("--mlp", None if self.mlp == "gelu" else self.mlp))
+        return [flag for flag, value in flags if value is not None]
+
+
+def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape, device: str | None) -> RunConfig:
     """The run config whose model, batch, precision and hardware are swept (on ``device`` when given)."""
-    given = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--heads", heads), ("--seq", seq))
-             if value is not None]
+    given = shape.given()
     if model is not None and given:
         raise InputError(f"give a run config or the model's shape ({', '.join(given)}), not both: the run config's "
                          f"model would be swept")
@@ -136,11 +165,14 @@ def _base_config(model: Path | None, global_batch: int | None, layers: int | Non
         if device is not None:
             base = replace(base, hardware=replace(base.hardware, device=device))
         return base.with_overrides(global_batch=global_batch) if global_batch is not None else base
-    missing = [flag for flag, value in (("--layers", layers), ("--hidden", hidden), ("--heads", heads),
-                                        ("--seq", seq), ("--global-batch", global_batch)) if value is None]
+    missing = [flag for flag, value in (("--layers", shape.layers), ("--hidden", shape.hidden),
+                                        ("--heads", shape.heads), ("--seq", shape.seq),
+                                        ("--global-batch", global_batch)) if value is None]
     if missing:
         raise InputError(f"give a run config or the model's {', '.join(missing)}")
-    return RunConfig(model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
+    return RunConfig(model=ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
+                                       vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads,
+                                       mlp=shape.mlp),
                      parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
                      hardware=replace(HardwareConfig(), device=device or "A100"))
 

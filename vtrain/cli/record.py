@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from vtrain.cli.errors import user_errors, warn
-from vtrain.cli.options import attention_option
+from vtrain.cli.options import attention_option, ffn_hidden_option, kv_heads_option, mlp_option
 from vtrain.errors import InputError
 from vtrain.limits import MAX_RECORD_STEPS, MAX_RECORD_THREADS, MAX_RECORD_WARMUP, shown_count
 from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig
@@ -25,6 +25,9 @@ def record_command(
     heads: int = typer.Option(..., "--heads", help="Attention heads."),
     seq: int = typer.Option(..., "--seq", help="Sequence length."),
     vocab: int = typer.Option(..., "--vocab", help="Vocabulary size (divisible by --tp)."),
+    ffn_hidden: int | None = ffn_hidden_option(),
+    kv_heads: int | None = kv_heads_option(),
+    mlp: str = mlp_option(),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -53,7 +56,8 @@ def record_command(
     """Train a GPT with real tensor, pipeline and data parallelism and record one Kineto trace per rank."""
     _check_counts(steps, warmup, threads)
     config = RunConfig(
-        model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab),
+        model=ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn_hidden=ffn_hidden,
+                          kv_heads=kv_heads, mlp=mlp),
         parallelism=ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
                                    schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                                    dp_overlap=dp_overlap, dp_bucket_mb=dp_bucket_mb),

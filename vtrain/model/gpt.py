@@ -44,6 +44,9 @@ class GptShape:
     sequence_parallel: bool = False  # Megatron's: the ops outside the tensor-parallel regions split the sequence
     optimizer_shards: int = 1  # the data-parallel ranks the optimizer states are split over (Megatron's distributed
     #                            optimizer, ZeRO-1: d), else 1
+    ffn_hidden: int | None = None  # the MLP's width (None: 4h)
+    kv_heads: int | None = None  # key and value heads, grouped-query attention (None: a)
+    mlp: str = "gelu"  # gelu | swiglu (fc1 to twice the width, SiLU of one half times the other)
 
     @property
     def d(self) -> int:
@@ -55,8 +58,23 @@ class GptShape:
 
     @property
     def ffn(self) -> int:
-        """Feed-forward width per rank (4h/t)."""
-        return 4 * self.h // self.t
+        """Feed-forward width per rank (4h/t, or the model's ``ffn_hidden``/t)."""
+        return (self.ffn_hidden or 4 * self.h) // self.t
+
+    @property
+    def fc1_width(self) -> int:
+        """fc1's outputs per rank: the feed-forward width, twice it for a gated MLP (gate and up in one GEMM)."""
+        return 2 * self.ffn if self.mlp == "swiglu" else self.ffn
+
+    @property
+    def kv_per_rank(self) -> int:
+        """Key (and value) heads per rank: a/t, fewer with grouped-query attention."""
+        return (self.kv_heads or self.a) // self.t
+
+    @property
+    def qkv_width(self) -> int:
+        """The QKV projection's outputs per rank: the queries' h/t and the keys' and values' heads."""
+        return (self.a // self.t + 2 * self.kv_per_rank) * self.d
 
     @property
     def vocab_per_rank(self) -> int:
@@ -96,7 +114,8 @@ class GptShape:
                    dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework,
                    attention=config.attention,
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
-                   optimizer_shards=p.dp if p.distributed_optimizer else 1)
+                   optimizer_shards=p.dp if p.distributed_optimizer else 1,
+                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp)
 
 
 def _megatron(shape: GptShape) -> ModuleType | None:
@@ -178,9 +197,9 @@ def _mask_ids(shape: GptShape) -> list[Step]:
 
 def layer_parameters(shape: GptShape) -> list[tuple[int, ...]]:
     """Parameter shapes of one layer on one TP rank, in registration order."""
-    h, t, f = shape.h, shape.t, shape.ffn
-    return [(h,), (h,), (3 * h // t, h), (3 * h // t,), (h, h // t), (h,),
-            (h,), (h,), (f, h), (f,), (h, f), (h,)]
+    h, t, f, qkv, fc1 = shape.h, shape.t, shape.ffn, shape.qkv_width, shape.fc1_width
+    return [(h,), (h,), (qkv, h), (qkv,), (h, h // t), (h,),
+            (h,), (h,), (fc1, h), (fc1,), (h, f), (h,)]
 
 
 def pipeline_handoff(shape: GptShape) -> list[Collective]:
@@ -197,11 +216,12 @@ def layer_forward(shape: GptShape) -> list[Step]:
         return _megatron(shape).layer_forward(shape)
     b, s, h, d, x = shape.b, shape.s, shape.h, shape.d, shape.dtype
     n, hp, ap, f = shape.tokens, h // shape.t, shape.a // shape.t, shape.ffn
+    qkv = shape.qkv_width
     steps: list[Step] = [_layer_norm(shape)]
-    steps += _bias_copy(shape, n, 3 * hp)
-    steps += [make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"])]
+    steps += _bias_copy(shape, n, qkv)
+    steps += [make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"])]
     eager = shape.attention != "flash"  # flash attention reads q, k, v and writes its output in place: no copies
-    steps += [make_op("aten::copy_", [[b, ap, s, d], [b, ap, s, d], []], [x, x, "Scalar"])] * 3 * eager
+    steps += _eager_inputs(shape) if eager else []
     steps += attention_core(shape)
     steps += [make_op("aten::copy_", [[b, s, ap, d], [b, s, ap, d], []], [x, x, "Scalar"])] * eager
     steps += [_mm(shape, n, hp, h)]
@@ -211,18 +231,30 @@ def layer_forward(shape: GptShape) -> list[Step]:
         make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
         _layer_norm(shape),
     ]
-    steps += _bias_copy(shape, n, f)
-    steps += [
-        make_op("aten::addmm", [[f], [n, h], [h, f], [], []], [x, x, x, "Scalar", "Scalar"]),
-        make_op("aten::gelu", [[b, s, f], []], [x, ""]),
-        _mm(shape, n, f, h),
-    ]
+    fc1 = shape.fc1_width
+    steps += _bias_copy(shape, n, fc1)
+    steps += [make_op("aten::addmm", [[fc1], [n, h], [h, fc1], [], []], [x, x, x, "Scalar", "Scalar"])]
+    if shape.mlp == "swiglu":
+        steps += [make_op("aten::silu", [[b, s, f]], [x]), make_op("aten::mul", [[b, s, f], [b, s, f]], [x, x])]
+    else:
+        steps += [make_op("aten::gelu", [[b, s, f], []], [x, ""])]
+    steps += [_mm(shape, n, f, h)]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [
         make_op("aten::add", [[b, s, h], [h], []], [x, x, "Scalar"]),
         make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]),
     ]
     return steps
+
+
+def _eager_inputs(shape: GptShape) -> list[Step]:
+    """The eager core's queries, keys and values copied to [b·a/t, s, d] (with grouped-query attention each key
+    and value repeated for its g = a/kv queries as it is copied)."""
+    b, s, d, x = shape.b, shape.s, shape.d, shape.dtype
+    ap, groups = shape.a // shape.t, shape.kv_per_rank
+    q = [b, ap, s, d]
+    kv = q if groups == ap else [b, groups, ap // groups, s, d]
+    return [make_op("aten::copy_", [dims, dims, []], [x, x, "Scalar"]) for dims in (q, kv, kv)]
 
 
 def attention_core(shape: GptShape) -> list[Step]:
@@ -248,20 +280,21 @@ def flash_attention(shape: GptShape) -> Op:
     """One layer's fused attention forward (PyTorch's FlashAttention operator of the device type) on [b, a/t, s, d]
     queries, keys and values: its signature as ingest keeps it, the [b, heads, s, d] tensors
     (:func:`~vtrain.kineto.fused_attention_signature`; its other arguments vary across PyTorch versions)."""
-    x, q = shape.dtype, _heads_first(shape)
-    return make_op(FLASH_OPS[shape.device_type][0], [q, q, q], [x, x, x])
+    x, q, kv = shape.dtype, _heads_first(shape), _heads_first(shape, shape.kv_per_rank)
+    return make_op(FLASH_OPS[shape.device_type][0], [q, kv, kv], [x, x, x])
 
 
 def flash_attention_backward(shape: GptShape) -> Op:
     """The fused attention's backward: the output's gradient, q, k, v and the output (as :func:`flash_attention`,
     its [b, heads, s, d] tensors)."""
-    x, q = shape.dtype, _heads_first(shape)
-    return make_op(FLASH_OPS[shape.device_type][1], [q] * 5, [x] * 5)
+    x, q, kv = shape.dtype, _heads_first(shape), _heads_first(shape, shape.kv_per_rank)
+    return make_op(FLASH_OPS[shape.device_type][1], [q, q, kv, kv, q], [x] * 5)
 
 
-def _heads_first(shape: GptShape) -> list[int]:
-    """[b, a/t, s, d]: the queries' (keys', values', output's) shape as the fused attention takes them."""
-    return [shape.b, shape.a // shape.t, shape.s, shape.d]
+def _heads_first(shape: GptShape, heads: int | None = None) -> list[int]:
+    """[b, a/t, s, d]: the queries' (output's; keys' and values' with ``heads``) shape as the fused attention
+    takes them."""
+    return [shape.b, heads or shape.a // shape.t, shape.s, shape.d]
 
 
 def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
@@ -281,8 +314,9 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
 
     steps: list[Step] = [_sum_rows(shape, [b, s, h]), *acc(11)]  # fc2 bias
     steps += [_mm(shape, h, n, f), _mm(shape, n, h, f), *acc(10)]  # fc2 weight, fc2 input
-    steps += [make_op("aten::gelu_backward", [[b, s, f], [b, s, f], []], [x, x, ""])]
-    steps += [_mm(shape, n, f, h), _mm(shape, f, n, h), _sum_rows(shape, [n, f]), *acc(9), *acc(8)]  # fc1
+    steps += _activation_backward(shape)
+    fc1 = shape.fc1_width
+    steps += [_mm(shape, n, fc1, h), _mm(shape, fc1, n, h), _sum_rows(shape, [n, fc1]), *acc(9), *acc(8)]  # fc1
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [_layer_norm_backward(shape),
               make_op("aten::add", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(7), *acc(6)]
@@ -303,14 +337,47 @@ def layer_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
             _bmm(shape, heads, d, s, s),  # grad k
             _bmm(shape, heads, s, s, d),  # grad q
         ]
+    qkv = shape.qkv_width
+    steps += _repeat_backward(shape) if shape.attention != "flash" else []
     steps += [
-        make_op("aten::cat", [[[b, s, ap, d]] * 3, []], ["TensorList", "Scalar"]),  # unbind backward
-        _mm(shape, n, 3 * hp, h), _mm(shape, 3 * hp, n, h), _sum_rows(shape, [n, 3 * hp]), *acc(3), *acc(2),
+        _qkv_split_backward(shape),
+        _mm(shape, n, qkv, h), _mm(shape, qkv, n, h), _sum_rows(shape, [n, qkv]), *acc(3), *acc(2),
     ]
     steps += _tp_all_reduce(shape, shape.activation_bytes)
     steps += [_layer_norm_backward(shape),
               make_op("aten::add_", [[b, s, h], [b, s, h], []], [x, x, "Scalar"]), *acc(1), *acc(0)]
     return steps
+
+
+def _activation_backward(shape: GptShape) -> list[Step]:
+    """The MLP activation's backward: GELU's, or the gated product's and SiLU's, the gate's and the up
+    projection's gradients joined as fc1's output gradient."""
+    b, s, f, x = shape.b, shape.s, shape.ffn, shape.dtype
+    if shape.mlp != "swiglu":
+        return [make_op("aten::gelu_backward", [[b, s, f], [b, s, f], []], [x, x, ""])]
+    half = [b, s, f]
+    return [make_op("aten::mul", [half, half], [x, x]), make_op("aten::mul", [half, half], [x, x]),
+            make_op("aten::silu_backward", [half, half], [x, x]),
+            make_op("aten::cat", [[half, half], []], ["TensorList", "Scalar"])]
+
+
+def _repeat_backward(shape: GptShape) -> list[Step]:
+    """With grouped-query attention, the eager core's key and value gradients summed over each head's g queries
+    (the backward of their repetition, :func:`_eager_inputs`)."""
+    ap, groups = shape.a // shape.t, shape.kv_per_rank
+    if groups == ap:
+        return []
+    dims = [shape.b, groups, ap // groups, shape.s, shape.d]
+    return [make_op("aten::sum", [dims, [], [], []], [shape.dtype, "ScalarList", "Scalar", ""])] * 2
+
+
+def _qkv_split_backward(shape: GptShape) -> Op:
+    """The gradients of the queries, keys and values joined as the QKV projection's output gradient: three
+    [b, s, a/t, d] (with grouped-query attention, per key/value head its g queries', its key's and value's)."""
+    b, s, d = shape.b, shape.s, shape.d
+    ap, groups = shape.a // shape.t, shape.kv_per_rank
+    parts = [[b, s, ap, d]] * 3 if groups == ap else [[b, s, groups, ap // groups, d], *[[b, s, groups, 1, d]] * 2]
+    return make_op("aten::cat", [parts, []], ["TensorList", "Scalar"])
 
 
 # --------------------------------------------------------------------------------------------- embedding

@@ -17,6 +17,9 @@ Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and
     4·e·S          LayerNorm 1 input (the layer input), QKV input, LayerNorm 2 input, fc1 input
     2·S            Megatron only: the two hidden dropout masks (one byte an element)
     12·e·S/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
+                   (a ffn_hidden other than 4h: GELU's two tensors are 2·e·sb·ffn/t; a gated MLP keeps 4·e·sb·ffn/t,
+                   fc1's gate and up, the gate's SiLU and the product; the fused attention with grouped-query
+                   attention keeps the QKV output, e·S/t·(1 + 2·kv/a), where the eager core's copies are 3·e·S/t)
     e·as²b/t       the softmax output (kept for its own backward and for probs @ v)
     (e+1)·as²b/t   Megatron only: the attention dropout's mask and output
 
@@ -136,8 +139,24 @@ def layer_activation_bytes(shape: GptShape, recompute: str) -> int:
     outside = shape.outside_tokens * shape.h  # a [b, s, h] tensor outside the TP regions
     if recompute == "full":
         return outside * e
-    kept = 4 * e * outside + (2 * outside if dropout else 0) + 12 * e * shape.tokens * shape.h // shape.t
+    inside = qkv_kept_elements(shape) + shape.tokens * shape.h // shape.t + mlp_kept_elements(shape)
+    kept = 4 * e * outside + (2 * outside if dropout else 0) + e * inside
     return kept if recompute == "selective" else kept + attention_score_bytes(shape)
+
+
+def qkv_kept_elements(shape: GptShape) -> int:
+    """Elements of the queries, keys and values a layer keeps for one micro-batch: the eager core's three
+    [b·a/t, s, d] copies (with grouped-query attention the keys and values repeated for their queries), or the QKV
+    projection's output the fused attention reads them from (smaller with grouped-query attention)."""
+    if shape.attention == "flash":
+        return shape.tokens * shape.qkv_width
+    return 3 * shape.tokens * shape.h // shape.t
+
+
+def mlp_kept_elements(shape: GptShape) -> int:
+    """Elements the MLP keeps for one micro-batch: GELU's input and output (fc2's input), or a gated MLP's fc1
+    output (gate and up, 2·ffn), the gate's SiLU and their product (fc2's input)."""
+    return shape.tokens * shape.ffn * (4 if shape.mlp == "swiglu" else 2)
 
 
 def score_elements(shape: GptShape) -> int:
@@ -189,10 +208,11 @@ def attention_backward_bytes(shape: GptShape) -> int:
     the inputs, q, k, v and the log-sum-exp, its backward writes the gradients of q, k and v (on GPUs FlashAttention-2
     also accumulates the queries' gradient in fp32)."""
     e = shape.element_bytes
-    inputs = 2 * shape.outside_tokens * shape.h * e + 3 * e * shape.tokens * shape.h // shape.t
-    if shape.attention == "flash":
+    qkv = e * qkv_kept_elements(shape)
+    inputs = 2 * shape.outside_tokens * shape.h * e + qkv
+    if shape.attention == "flash":  # the gradients of q, k and v are the size of q, k and v
         accumulator = FP32_BYTES * shape.tokens * shape.h // shape.t if shape.device_type != "cpu" else 0
-        return inputs + attention_score_bytes(shape) + 3 * e * shape.tokens * shape.h // shape.t + accumulator
+        return inputs + attention_score_bytes(shape) + qkv + accumulator
     return (inputs + attention_score_bytes(shape) + 2 * e * score_elements(shape)
             + softmax_backward_temporary_bytes(shape))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtrain.flops import model_flops
+from vtrain.flops import LayerShape, model_flops
 from vtrain.runconfig import ModelConfig
 
 P4D_PRICE_PER_HOUR = 32.77
@@ -45,7 +45,8 @@ class PlanCost:
 
 def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
     """Model FLOPs of one iteration without recomputation (:func:`vtrain.flops.model_flops`)."""
-    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab)
+    layer = LayerShape(ffn=model.ffn, kv_share=model.query_groups / model.heads, gated=model.mlp == "swiglu")
+    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, layer)
 
 
 def plan_cost(iteration_s: float, gpus: int, model: ModelConfig, global_batch: int, pricing: Pricing,

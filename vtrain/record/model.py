@@ -10,6 +10,11 @@ Per transformer layer, on one tensor-parallel rank (b micro-batch, s seq, h hidd
     ln2 = layer_norm(x)                              u = gelu(linear(copy_to_tp(ln2), W_1[4h/t, h], b_1))
     x = x + reduce_from_tp(linear(u, W_2[h, 4h/t])) + b_2
 
+With ``kv_heads`` (grouped-query attention) the QKV projection yields, per key/value head, its g = a/kv query
+heads, its key and its value (Megatron's layout); the eager core repeats each key and value for its g queries, the
+fused one takes them as they are. With ``ffn_hidden`` the MLP is that wide instead of 4h; with ``mlp: swiglu``
+fc1 yields the gate and the up projection together (2·ffn/t) and u = silu(gate) * up.
+
 The first pipeline stage adds the vocabulary-parallel token embedding and the position embedding; the last adds
 the final layer norm, vocabulary-parallel logits (untied from the input embedding) and the cross-entropy.
 
@@ -58,6 +63,12 @@ class Init:
             full = full.chunk(self.tp.size, dim=split_dim)[self.tp.rank]
         return self._param(full)
 
+    def gated(self, name: str, shape: tuple[int, int]) -> nn.Parameter:
+        """A gated MLP's fc1: the gate's and the up projection's weights (each ``shape``, drawn whole), each split
+        over the TP group by rows, this rank's two shards stacked (gate first), as Megatron's ``--swiglu``."""
+        gate, up = (self.normal(f"{name}.{part}", shape, split_dim=0) for part in ("gate", "up"))
+        return self._param(torch.cat([gate.detach(), up.detach()]))
+
     def constant(self, value: float, size: int) -> nn.Parameter:
         """A vector of ``value`` (layer-norm weights and biases, linear biases)."""
         return self._param(torch.full((size,), value))
@@ -93,20 +104,23 @@ class TransformerLayer(nn.Module):
     def __init__(self, model: ModelConfig, index: int, init: Init, flash: bool = False) -> None:
         super().__init__()
         self.flash = flash
-        h, t = model.hidden, init.tp.size
-        self.index, self.tp = index, init.tp
+        h, t, f = model.hidden, init.tp.size, model.ffn
+        self.index, self.tp, self.gated = index, init.tp, model.mlp == "swiglu"
         self.hidden, self.local_heads, self.head_dim = h, model.heads // t, h // model.heads
+        self.local_groups, self.group = model.query_groups // t, model.heads // model.query_groups
         out_std = INIT_STD / math.sqrt(2.0 * model.layers)
         name = f"layer{index}"
         self.ln1_weight, self.ln1_bias = init.constant(1.0, h), init.constant(0.0, h)
-        self.qkv_weight = init.normal(f"{name}.qkv_weight", (3 * h, h), split_dim=0)
-        self.qkv_bias = init.constant(0.0, 3 * h // t)
+        qkv_rows = model.query_groups * (self.group + 2) * self.head_dim
+        self.qkv_weight = init.normal(f"{name}.qkv_weight", (qkv_rows, h), split_dim=0)
+        self.qkv_bias = init.constant(0.0, qkv_rows // t)
         self.proj_weight = init.normal(f"{name}.proj_weight", (h, h), out_std, split_dim=1)
         self.proj_bias = init.constant(0.0, h)
         self.ln2_weight, self.ln2_bias = init.constant(1.0, h), init.constant(0.0, h)
-        self.fc1_weight = init.normal(f"{name}.fc1_weight", (4 * h, h), split_dim=0)
-        self.fc1_bias = init.constant(0.0, 4 * h // t)
-        self.fc2_weight = init.normal(f"{name}.fc2_weight", (h, 4 * h), out_std, split_dim=1)
+        self.fc1_weight = (init.gated(f"{name}.fc1_weight", (f, h)) if self.gated
+                           else init.normal(f"{name}.fc1_weight", (f, h), split_dim=0))
+        self.fc1_bias = init.constant(0.0, (2 if self.gated else 1) * f // t)
+        self.fc2_weight = init.normal(f"{name}.fc2_weight", (h, f), out_std, split_dim=1)
         self.fc2_bias = init.constant(0.0, h)
         causal = torch.ones(model.seq, model.seq, dtype=torch.bool, device=init.device).triu(1)
         self.register_buffer("causal_mask", causal, persistent=False)
@@ -132,28 +146,47 @@ class TransformerLayer(nn.Module):
         heads, d = self.local_heads, self.head_dim
         ln = F.layer_norm(x, (self.hidden,), self.ln1_weight, self.ln1_bias)
         qkv = F.linear(copy_to_tp(ln, self.tp, layer=self.index), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.view(b, s, heads, 3, d).unbind(dim=3)
+        if self.group == 1:
+            q, k, v = qkv.view(b, s, heads, 3, d).unbind(dim=3)
+        else:  # each key/value head's queries, key and value: [b, s, groups, g + 2, d]
+            q, k, v = qkv.view(b, s, self.local_groups, self.group + 2, d).split([self.group, 1, 1], dim=3)
+            q, k, v = q.reshape(b, s, heads, d), k.squeeze(3), v.squeeze(3)
         if self.flash:
             q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3).reshape(b, s, -1)
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group > 1)
+            context = context.permute(0, 2, 1, 3).reshape(b, s, -1)
         else:
             context = self._scores_attention(q, k, v)
         y = F.linear(context, self.proj_weight)
         return reduce_from_tp(y, self.tp, layer=self.index) + self.proj_bias
 
     def _scores_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention core with its scores in memory (``attention: eager``): [b, s, a/t, d] q, k, v in, the
-        context [b, s, h/t] out."""
+        """The attention core with its scores in memory (``attention: eager``): [b, s, a/t, d] queries and [b, s,
+        kv/t, d] keys and values in (each key and value repeated for its g queries), the context [b, s, h/t] out."""
         b, s, heads, d = q.shape
-        q, k, v = (t.permute(0, 2, 1, 3).reshape(b * heads, s, d) for t in (q, k, v))
+        q = q.permute(0, 2, 1, 3).reshape(b * heads, s, d)
+        k, v = (self._repeated(t) for t in (k, v))
         scores = torch.bmm(q, k.transpose(1, 2)) * (1.0 / math.sqrt(d))
         scores = scores.masked_fill(self.causal_mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return torch.bmm(probs, v).view(b, heads, s, d).permute(0, 2, 1, 3).reshape(b, s, heads * d)
 
+    def _repeated(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, s, kv/t, d] keys (values) as [b·a/t, s, d], each repeated for its g queries (copied once)."""
+        b, s, groups, d = x.shape
+        x = x.permute(0, 2, 1, 3)
+        if self.group > 1:
+            x = x[:, :, None].expand(b, groups, self.group, s, d)
+        return x.reshape(b * groups * self.group, s, d)
+
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         ln = F.layer_norm(x, (self.hidden,), self.ln2_weight, self.ln2_bias)
-        u = F.gelu(F.linear(copy_to_tp(ln, self.tp, layer=self.index), self.fc1_weight, self.fc1_bias))
+        u = F.linear(copy_to_tp(ln, self.tp, layer=self.index), self.fc1_weight, self.fc1_bias)
+        if self.gated:
+            gate, up = u.chunk(2, dim=-1)
+            u = F.silu(gate) * up
+        else:
+            u = F.gelu(u)
         y = F.linear(u, self.fc2_weight)
         return reduce_from_tp(y, self.tp, layer=self.index) + self.fc2_bias
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from vtrain.kineto import ATTENTION_OPS, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
@@ -242,9 +243,14 @@ def _tested_ops(frame: pl.DataFrame) -> pl.LazyFrame:
 
 
 def _with_signature(frame: pl.DataFrame) -> pl.DataFrame:
-    """``signature`` (a category), made once for each distinct (kind, name, input_dims)."""
+    """``signature`` (a category), made once for each distinct (kind, name, input_dims); a fused attention call's
+    dims as the model places it (its [b, heads, s, d] tensors: :func:`~vtrain.kineto.fused_attention_signature`),
+    so that a measured call and its prediction are one operator."""
     keys = ["kind", "name", "input_dims"]
-    name, dims = pl.col("name").cast(pl.String), pl.col("input_dims").cast(pl.String)
+    name = pl.col("name").cast(pl.String)
+    dims = pl.when(name.is_in(list(ATTENTION_OPS))).then(
+        pl.col("input_dims").cast(pl.String).map_elements(fused_attention_dims, return_dtype=pl.String)
+    ).otherwise(pl.col("input_dims").cast(pl.String))
     signature = pl.when(pl.col("input_dims").is_not_null() & (pl.col("kind") == "cpu")).then(
         pl.concat_str(name, pl.lit(" "), dims)).otherwise(name)
     table = frame.select(keys).unique().with_columns(signature=signature.cast(pl.Categorical))
