@@ -363,6 +363,27 @@ def test_measurement_precision_and_cuda_graphs_columns(tmp_path):
     assert measurement_errors(table)["row"].to_list() == [4]
 
 
+def test_measurement_columns_of_llama_like_runs(tmp_path):
+    """A table of LLaMA-like runs says their MLP width, key/value heads and gated MLP (Hugging Face's and Megatron's
+    names): each row's config has them, and an achieved TFLOP/s per GPU is read with the FLOPs of that layer (a
+    LLaMA-2-70B-like layer does fewer QKV FLOPs than a GPT layer of its width, and three MLP GEMMs of 28,672)."""
+    header = "heads,hidden,layers,tp,pp,gpus,global batch,micro batch,seq,vocab,intermediate_size,num_key_value_heads," \
+             "mlp,tflop/s per gpu"
+    path = write(tmp_path / "llama.csv", [header, "64,8192,80,8,8,1024,1024,1,4096,32000,28672,8,SwiGLU,400",
+                                          "64,8192,80,8,8,1024,1024,1,4096,32000,,,,400"])
+    table = read_measurements(path, recompute="none")
+    llama, gpt = (measurement_config(row, framework="reference") for row in table.iter_rows(named=True))
+    assert (llama.model.ffn, llama.model.query_groups, llama.model.mlp) == (28672, 8, "swiglu")
+    assert (gpt.model.ffn, gpt.model.query_groups, gpt.model.mlp) == (4 * 8192, 64, "gelu")
+    assert not llama.constraint_errors()
+    b, s, l, h, v, f = 1024, 4096, 80, 8192, 32000, 28672
+    layer = 2 * s * h * h * (2 + 2 * 8 / 64) + 3 * 2 * s * h * f + 4 * s * s * h
+    flops = 3 * b * (l * layer + 2 * s * h * v)
+    assert table["iteration_ms"][0] == pytest.approx(flops / (400e12 * 1024) * 1e3, rel=1e-12)
+    assert table["iteration_ms"][1] == pytest.approx(
+        72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)) / (400e12 * 1024) * 1e3, rel=1e-12)
+
+
 def test_measurement_table_with_an_unknown_column(tmp_path):
     """A column vtrain does not read (a job id, notes, a pandas index) is left out with one warning naming it; a
     value that is not what its column needs is an error naming the line."""

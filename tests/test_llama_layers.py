@@ -133,9 +133,12 @@ def test_megatron_kernels_of_2022_are_refused_for_it() -> None:
     assert not RunConfig(model=replace(MODEL, mlp="gelu", kv_heads=None), framework="megatron").constraint_errors()
 
 
-def test_a_config_says_swiglu_in_any_case() -> None:
+def test_a_config_says_swiglu_in_any_case_and_the_shape_in_words() -> None:
     config = run_config_from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "mlp": " SwiGLU"}})
     assert config.model.mlp == "swiglu"
+    assert MODEL.describe() == "4 layers, hidden 64, 4 heads (2 key/value), seq 32, vocab 512, SwiGLU MLP 96 wide"
+    assert replace(MODEL, ffn_hidden=None, kv_heads=None, mlp="gelu").describe() == \
+        "4 layers, hidden 64, 4 heads, seq 32, vocab 512"
 
 
 def test_plan_takes_the_shape(tmp_path) -> None:
@@ -156,5 +159,6 @@ def test_plan_takes_the_shape(tmp_path) -> None:
                                 "parallelism": {"global_batch": 8}})
     gqa = replace(mha, model=replace(mha.model, kv_heads=8))
     assert peak_stage_memory(gqa).parameter_bytes < peak_stage_memory(mha).parameter_bytes
+    assert "32 heads (8 key/value)" in (tmp_path / "gqa" / "report.md").read_text()
     bad = vtrain_in_process("plan", *shape, "--mlp", "relu", "-o", tmp_path / "bad")
     assert bad.returncode == 2 and "relu" in bad.stderr

@@ -101,6 +101,14 @@ class ModelConfig:
         """The key and value heads: ``kv_heads``, else one a query head."""
         return self.kv_heads or self.heads
 
+    def describe(self) -> str:
+        """The shape in words (``32 layers, hidden 4096, 32 heads (8 key/value), seq 4096, vocab 32000, SwiGLU
+        MLP 14336 wide``); the MLP and key/value heads only where they are not GPT-3's."""
+        heads = f"{self.heads} heads" + (f" ({self.query_groups} key/value)" if self.query_groups != self.heads else "")
+        mlp = "" if self.mlp == "gelu" and self.ffn == 4 * self.hidden else \
+            f", {'SwiGLU' if self.mlp == 'swiglu' else 'GELU'} MLP {self.ffn} wide"
+        return f"{self.layers} layers, hidden {self.hidden}, {heads}, seq {self.seq}, vocab {self.vocab}{mlp}"
+
 
 @dataclass(frozen=True)
 class ParallelConfig:

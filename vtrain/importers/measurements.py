@@ -15,9 +15,10 @@ A file may start with a UTF-8 byte-order mark.
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
 vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
 inter-node Gbit/s, framework, precision (fp16, bf16, fp32), attention (eager, flash), CUDA graphs (each layer
-replayed from graphs: true or false) and the layers of each pipeline stage where a run split them unevenly. Where a
-column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an inter-node rate of ``0``
-counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
+replayed from graphs: true or false), the MLP's width (``ffn hidden size``), key/value heads (``kv heads``,
+grouped-query attention), the MLP (``mlp``: gelu, swiglu) and the layers of each pipeline stage where a run split
+them unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
+inter-node rate of ``0`` counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
 e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`, an inter-node rate no link has) are kept
@@ -34,7 +35,7 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError, warn_input
-from vtrain.flops import hardware_flops
+from vtrain.flops import LayerShape, hardware_flops
 from vtrain.importers._read import LINE, csv_rows, unique_names
 from vtrain.limits import (
     INTEGER_BOUNDS,
@@ -107,6 +108,10 @@ OPTIONAL_COLUMNS = {
     "framework": (("framework",), pl.String),
     "precision": (("precision", "dtype"), pl.String),
     "attention": (("attention",), pl.String),
+    "ffn_hidden": (("ffn hidden size", "ffn hidden", "ffn size", "intermediate size", "mlp width"), pl.Int64),
+    "kv_heads": (("kv heads", "key value heads", "num key value heads", "query groups", "num query groups"),
+                 pl.Int64),
+    "mlp": (("mlp", "mlp activation"), pl.String),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
@@ -278,14 +283,31 @@ def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
                             "samples/s": pl.col("global_batch") / measured * 1000.0,
                             "tokens/s": pl.col("global_batch") * pl.col("seq") / measured * 1000.0}[form]).to_series()
     columns = ("global_batch", "seq", "layers", "hidden", "gpus", form)
-    vocab = rows["vocab"] if "vocab" in rows.columns else pl.repeat(None, rows.height, eager=True)
-    recomputed = rows["recompute"] if "recompute" in rows.columns else pl.repeat(None, rows.height, eager=True)
-    times = [hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute) / (tflops * 1e12 * gpus) * 1e3
+    vocab, recomputed = _column_or_nulls(rows, "vocab"), _column_or_nulls(rows, "recompute")
+    times = [hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute, layer)
+             / (tflops * 1e12 * gpus) * 1e3
              if all(x is not None and math.isfinite(x) and x > 0 for x in (batch, seq, layers, hidden, gpus, tflops))
              else None  # a shape or rate that is no number above 0: the row's problem says which
-             for (batch, seq, layers, hidden, gpus, tflops), v, r
-             in zip(rows.select(columns).iter_rows(), vocab, recomputed)]
+             for (batch, seq, layers, hidden, gpus, tflops), v, r, layer
+             in zip(rows.select(columns).iter_rows(), vocab, recomputed, _layer_shapes(rows))]
     return pl.Series(times, dtype=pl.Float64)
+
+
+def _column_or_nulls(rows: pl.DataFrame, name: str) -> pl.Series:
+    return rows[name] if name in rows.columns else pl.repeat(None, rows.height, eager=True)
+
+
+def _layer_shapes(rows: pl.DataFrame) -> list[LayerShape]:
+    """Each row's layer as its FLOPs count it: its MLP width, share of key/value heads and gated MLP where the
+    table says them (a key/value head count that is no number above 0 counts as all heads: the row's checks say
+    what is wrong with it)."""
+    shapes = []
+    for heads, ffn, kv, mlp in zip(rows["heads"], _column_or_nulls(rows, "ffn_hidden"),
+                                   _column_or_nulls(rows, "kv_heads"), _column_or_nulls(rows, "mlp")):
+        share = kv / heads if kv and heads and kv > 0 and heads > 0 else 1.0
+        gated = isinstance(mlp, str) and mlp.strip().lower() == "swiglu"
+        shapes.append(LayerShape(ffn=ffn if ffn and ffn > 0 else None, kv_share=share, gated=gated))
+    return shapes
 
 
 def _problem(row: dict[str, Any], form: str) -> str | None:
@@ -393,7 +415,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
 
     return RunConfig(
         model=ModelConfig(layers=int(row["layers"]), hidden=int(row["hidden"]), heads=int(row["heads"]),
-                          seq=int(row["seq"]), vocab=int(given("vocab", VOCAB))),
+                          seq=int(row["seq"]), vocab=int(given("vocab", VOCAB)), ffn_hidden=row.get("ffn_hidden"),
+                          kv_heads=row.get("kv_heads"), mlp=str(given("mlp", "gelu"))),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
                                    schedule=str(given("schedule", SCHEDULE)),

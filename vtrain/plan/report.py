@@ -161,7 +161,7 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
     sections.append(doc.Section("Every plan", [doc.Text(
         "Every plan, pruned ones included, is in `plans.parquet` / `plans.csv`; coverage columns (measured / "
         "interpolated / modelled) give the share of predicted device time from each source.")]))
-    title = f"Training plans: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, seq {m.seq}, vocab {m.vocab}"
+    title = f"Training plans: {m.describe()}"
     return doc.Document(title, heading, sections)
 
 
