@@ -172,3 +172,42 @@ def _resolutions(sim) -> list[str]:
         for block in blocks:
             details += [step.resolution.detail for step in getattr(block, "steps", ())]
     return details
+
+
+def test_a_llama_like_run_same_prediction_through_every_command(profile: Path, tmp_path: Path) -> None:
+    """Grouped-query attention, a gated MLP of its own width and flash attention (a LLaMA-2-70B-like layer): the
+    run config's fields and the measurement table's columns give the same prediction, and the plan that runs it
+    times it so too."""
+    model = {"layers": 8, "hidden": 2048, "heads": 16, "seq": 2048, "vocab": 32000, "ffn_hidden": 5632,
+             "kv_heads": 4, "mlp": "swiglu"}
+    config = {"model": model, "parallelism": {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 2, "global_batch": 32},
+              "precision": "bf16", "attention": "flash", "hardware": {"device": "A100-40GB", "device_count": 8}}
+    run = tmp_path / "llama.yaml"
+    run.write_text(yaml.safe_dump(config))
+    simulated = vtrain_in_process("simulate", run, "--profile", profile, "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    cli_ms = json.loads(simulated.stdout)["iteration_time_ms"]
+    api_ms = simulate(load_run_config(run), load_profile(profile)).iteration_us / 1e3
+    assert cli_ms == pytest.approx(api_ms, rel=1e-9)
+
+    csv = tmp_path / "llama.csv"
+    csv.write_text(f"{HEADER},vocabulary,ffn hidden size,kv heads,mlp,precision,attention,recompute,framework\n"
+                   "8,32,2,2048,16,8,2048,2,2,2,1000,32000,5632,4,swiglu,bf16,flash,none,reference\n")
+    validated = vtrain_in_process("validate", "--measurements", csv, "--profile", profile, "-o", tmp_path / "report",
+                                  "--json")
+    assert validated.returncode == 0, validated.stderr
+    rows = pl.read_parquet(tmp_path / "report" / "rows.parquet")
+    assert rows["predicted_ms"].to_list() == pytest.approx([api_ms], rel=1e-9)
+
+    planned = vtrain_in_process("plan", run, "--gpus", "8", "--profile", profile, "--max-micro-batch", "2",
+                                "-o", tmp_path / "plan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plans = pl.read_parquet(tmp_path / "plan" / "plans.parquet").filter(
+        (pl.col("tp") == 2) & (pl.col("pp") == 2) & (pl.col("micro_batch") == 2) & (pl.col("schedule") == "1f1b")
+        & (pl.col("recompute") == "none") & ~pl.col("dp_overlap") & ~pl.col("distributed_optimizer"))
+    assert plans["iteration_ms"].to_list() == pytest.approx([api_ms], rel=1e-9)
+
+    gqa_free = dict(config, model=dict(model, kv_heads=None))
+    other = tmp_path / "mha.yaml"
+    other.write_text(yaml.safe_dump(gqa_free))
+    assert simulate(load_run_config(other), load_profile(profile)).iteration_us / 1e3 > api_ms  # more K, V work
