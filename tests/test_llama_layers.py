@@ -162,3 +162,7 @@ def test_plan_takes_the_shape(tmp_path) -> None:
     assert "32 heads (8 key/value)" in (tmp_path / "gqa" / "report.md").read_text()
     bad = vtrain_in_process("plan", *shape, "--mlp", "relu", "-o", tmp_path / "bad")
     assert bad.returncode == 2 and "relu" in bad.stderr
+    unplannable = vtrain_in_process("plan", *shape, "--kv-heads", "3", "-o", tmp_path / "unplannable")
+    assert unplannable.returncode == 2 and not (tmp_path / "unplannable").exists()
+    assert unplannable.stderr.strip() == ("error: no plan can train this model: heads (32) is not divisible by "
+                                          "kv_heads (3)")  # before: 'N plans: N invalid', exit 0

@@ -237,6 +237,13 @@ class RunConfig:
             errors.append(f"interleaved 1F1B needs micro-batches ({p.micro_batches}) divisible by pp ({p.pp})")
         return errors
 
+    def model_errors(self) -> list[str]:
+        """The constraints the config breaks whatever its parallelism: those of its model, precision, framework,
+        attention and device (what no plan of it can fix)."""
+        alone = replace(self, parallelism=ParallelConfig(global_batch=self.parallelism.global_batch),
+                        hardware=replace(self.hardware, device_count=1))
+        return alone.constraint_errors()
+
     def value_errors(self) -> list[str]:
         """Every field of the wrong type or outside its physical bounds (:mod:`vtrain.limits`), one sentence
         each; with none, the number of micro-batches per replica against its bound."""

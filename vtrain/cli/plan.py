@@ -101,6 +101,9 @@ def plan_command(
     base = _base_config(model, global_batch, shape, device)
     if attention is not None:
         base = replace(base, attention=attention)
+    unplannable = base.model_errors()
+    if unplannable:
+        raise InputError(f"no plan can train this model: {unplannable[0]}", model)
     device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
     counts = parse_gpus(gpus, base)
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
