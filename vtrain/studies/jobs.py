@@ -8,7 +8,8 @@
          arrival_h: 1.5, deadline_h: 6, gpus: 8, global_batch: 512}
 
 ``vocab`` (default 51200), ``deadline_h`` (hours after arrival), ``gpus`` (what the job asks for; the baseline
-policy needs it) and ``global_batch`` (sequences per iteration, default 512) are optional.
+policy needs it), ``global_batch`` (sequences per iteration, default 512) and a LLaMA-like layer's ``kv_heads``,
+``ffn_hidden`` and ``mlp`` (as a run config's model section says them) are optional.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from typing import Any
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
 from vtrain.limits import MAX_JOB_HOURS, MAX_TOKENS, integer_problem
-from vtrain.runconfig import ModelConfig
+from vtrain.runconfig import ModelConfig, RunConfig
 from vtrain.studies.cluster import Job
 from vtrain.studies.throughput import Workload
 
 DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
-_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch")
+_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",
@@ -74,8 +75,12 @@ def _job(entry: Any, index: int, path: Path) -> Job:
         problem = integer_problem(key, entry[key])
         if problem:
             raise InputError(f"{where}: {problem}", path)
-    if entry["hidden"] % entry["heads"]:
-        raise InputError(f"{where}: hidden ({entry['hidden']}) is not divisible by heads ({entry['heads']})", path)
+    model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
+                        vocab=entry["vocab"], ffn_hidden=entry.get("ffn_hidden"), kv_heads=entry.get("kv_heads"),
+                        mlp=entry.get("mlp", "gelu"))
+    problems = RunConfig(model=model, framework="reference").model_errors()
+    if problems:
+        raise InputError(f"{where}: {problems[0]}", path)
     if entry.get("gpus") is not None:
         problem = integer_problem("device_count", entry["gpus"])
         if problem:
@@ -85,8 +90,6 @@ def _job(entry: Any, index: int, path: Path) -> Job:
     deadline = entry.get("deadline_h")
     if deadline is not None:
         deadline = _number(deadline, "deadline_h", where, path, positive=True, high=MAX_JOB_HOURS)
-    model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
-                        vocab=entry["vocab"])
     return Job(name=name, workload=Workload(model, entry["global_batch"]), tokens=tokens, arrival_h=arrival,
                deadline_h=deadline, gpus=entry.get("gpus"))
 
