@@ -49,7 +49,9 @@ def _mtnlg(pp: int, dp: int) -> RunConfig:
 @pytest.mark.parametrize("pp,dp", [(35, 12), (105, 4)])
 def test_time_one_mtnlg_plan(benchmark, a100, pp: int, dp: int) -> None:
     """One plan's timing in a sweep (resolvers shared and warm, the plan's own work not resolved yet: the last
-    plan's is forgotten before each round), at 3,360 GPUs."""
+    plan's is forgotten before each round), at 3,360 GPUs. The pipeline shape's pass table is kept, as in a sweep,
+    where the plans of one (schedule, p, micro-batches, chunks) follow one another (recomputation, overlap, sequence
+    parallelism: 6 to 12 of them)."""
     config = _mtnlg(pp, dp)
     shared = SharedResolvers(a100, device_for_config(config))
     time_plan(config, shared)

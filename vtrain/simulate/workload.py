@@ -106,6 +106,7 @@ def issued(resolved: tuple[ResolvedStep, ...], rate: IssueRate, phase: str, grap
 GRAPHED_BLOCKS = ("layer", "attention")
 
 
+@lru_cache(maxsize=1024)
 def _op_count(shape: GptShape, kind: str, phase: str, accumulate: bool) -> int:
     """Operators (not collectives) among a block's steps."""
     return sum(isinstance(step, Op) for step in block_steps(shape, kind, phase, accumulate))
