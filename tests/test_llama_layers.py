@@ -166,3 +166,15 @@ def test_plan_takes_the_shape(tmp_path) -> None:
     assert unplannable.returncode == 2 and not (tmp_path / "unplannable").exists()
     assert unplannable.stderr.strip() == ("error: no plan can train this model: heads (32) is not divisible by "
                                           "kv_heads (3)")  # before: 'N plans: N invalid', exit 0
+
+
+def test_simulate_says_the_model_it_simulated(tmp_path) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text(json.dumps({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 512,
+                                         "kv_heads": 2, "ffn_hidden": 96, "mlp": "swiglu"}}))
+    text = vtrain_in_process("simulate", run)
+    assert text.returncode == 0, text.stderr
+    assert "model            2 layers, hidden 64, 4 heads (2 key/value), seq 32, vocab 512, SwiGLU MLP 96 wide" \
+        in text.stdout.splitlines()
+    model = json.loads(vtrain_in_process("simulate", run, "--json").stdout)["model"]
+    assert (model["kv_heads"], model["ffn"], model["mlp"]) == (2, 96, "swiglu")

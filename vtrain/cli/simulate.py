@@ -160,6 +160,7 @@ def format_summary(sim: Simulation) -> str:
     total = sim.iteration_us
     lines = [
         f"iteration time   {total * ms:,.3f} ms",
+        f"model            {sim.config.model.describe()}",
         f"parallelism      t={par.tp} d={par.dp} p={par.pp}, {par.micro_batches} micro-batches of "
         f"{par.micro_batch}, {par.schedule}"
         + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")

@@ -6,7 +6,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
@@ -95,6 +95,8 @@ class Simulation:
             "coverage": self.coverage_share,
             "coverage_ms": {key: value * ms for key, value in self.coverage_us.items()},
             "distinct_signatures": self.distinct_sources,
+            "model": {**asdict(self.config.model), "ffn": self.config.model.ffn,
+                      "kv_heads": self.config.model.query_groups},
             "parallelism": {"tp": par.tp, "pp": par.pp, "dp": par.dp, "micro_batches": par.micro_batches,
                             "micro_batch": par.micro_batch, "global_batch": par.global_batch,
                             "schedule": par.schedule, "virtual_stages": par.virtual_stages,
