@@ -21,7 +21,7 @@ from vtrain.flops import LayerShape, layer_gemm_flops, model_flops
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import peak_stage_memory
+from vtrain.model.memory import mlp_kept_elements, peak_stage_memory
 from vtrain.model.ops import Op
 from vtrain.plan.cost import model_flops_per_iteration
 from vtrain.record.launcher import record
@@ -127,10 +127,29 @@ def test_fields_of_the_wrong_kind_are_refused(fields: dict, problem: str) -> Non
         run_config_from_dict(_model(**fields), "run.yaml")
 
 
-def test_megatron_kernels_of_2022_are_refused_for_it() -> None:
-    config = RunConfig(model=MODEL, framework="megatron")
-    assert any("no SwiGLU and no grouped-query attention" in e for e in config.constraint_errors())
-    assert not RunConfig(model=replace(MODEL, mlp="gelu", kv_heads=None), framework="megatron").constraint_errors()
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_megatron_places_them_with_megatron_lms_kernels(attention: str) -> None:
+    """``framework: megatron``: Megatron-LM's fused bias + SwiGLU, the grouped QKV projection and, in the eager
+    core, the keys and values repeated for their queries; the GEMMs those of the layer's FLOPs count, and a layer
+    keeps fc1's output and fc2's input (the fused kernel recomputes the SiLU)."""
+    config = RunConfig(model=MODEL, parallelism=ParallelConfig(tp=2, micro_batch=1, global_batch=1),
+                       precision="bf16", framework="megatron", attention=attention,
+                       hardware=replace(RunConfig(model=MODEL).hardware, device="H100", device_count=2))
+    assert not config.constraint_errors()
+    shape = GptShape.from_config(config)
+    forward, backward = gpt.layer_forward(shape), gpt.layer_backward(shape)
+    names = [op.name for op in forward + backward if isinstance(op, Op)]
+    assert "megatron::bias_swiglu" in names and "megatron::bias_swiglu_backward" in names
+    assert "megatron::bias_gelu" not in names
+    repeats = [op for op in forward if isinstance(op, Op) and op.name == "aten::copy_"
+               and len(json.loads(op.input_dims)[0]) == 4]
+    assert len(repeats) == (2 if attention == "eager" else 0)
+    placed = sum(op.flops for op in forward if isinstance(op, Op) and op.name in ("aten::mm", "aten::addmm"))
+    layer = LayerShape(ffn=MODEL.ffn, kv_share=MODEL.query_groups / MODEL.heads, gated=True)
+    assert placed * shape.t == pytest.approx(layer_gemm_flops(MODEL.seq, MODEL.hidden, layer))
+    reference = GptShape.from_config(replace(config, framework="reference"))
+    assert mlp_kept_elements(shape) == 3 * shape.tokens * shape.ffn
+    assert mlp_kept_elements(reference) == 4 * shape.tokens * shape.ffn
 
 
 def test_a_config_says_swiglu_in_any_case_and_the_shape_in_words() -> None:

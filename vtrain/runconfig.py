@@ -271,7 +271,7 @@ class RunConfig:
 
 
 def _architecture_errors(config: RunConfig) -> list[str]:
-    """How the model's MLP and key/value heads do not fit its heads, its tensor parallelism or its framework."""
+    """How the model's MLP and key/value heads do not fit its heads or its tensor parallelism."""
     m, tp, errors = config.model, config.parallelism.tp, []
     if m.mlp not in MLPS:
         errors.append(f"mlp must be one of {', '.join(MLPS)} (got {shown(m.mlp)})")
@@ -282,9 +282,6 @@ def _architecture_errors(config: RunConfig) -> list[str]:
                       "value heads")
     if m.ffn % tp:
         errors.append(f"ffn_hidden ({m.ffn}) is not divisible by tp ({tp})")
-    if config.framework == "megatron" and (m.mlp != "gelu" or m.query_groups != m.heads):
-        errors.append("framework megatron is Megatron-DeepSpeed's kernels of 2022, which had no SwiGLU and no "
-                      "grouped-query attention: a model with mlp swiglu or kv_heads needs framework reference")
     return errors
 
 

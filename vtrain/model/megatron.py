@@ -1,4 +1,5 @@
-"""The kernels Megatron-DeepSpeed (2022) launches for a GPT on one tensor-parallel rank (``framework: megatron``).
+"""The kernels Megatron-DeepSpeed (2022) launches for a GPT on one tensor-parallel rank (``framework: megatron``),
+and Megatron-LM's for the LLaMA-like layers Megatron-DeepSpeed did not train.
 
 Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per step, Megatron fuses:
 
@@ -14,6 +15,10 @@ Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per s
   sequence, and each region is entered by an all-gather and left by a reduce-scatter instead of an all-reduce
   (backward: the other way round). Megatron overlaps the backward's re-gathering of a column-parallel GEMM's input
   (for its weight gradient) with the input-gradient GEMM: it is not a step here;
+- Megatron-LM's (2023 on) for what Megatron-DeepSpeed had not: with ``mlp: swiglu`` (``--swiglu``) its fused
+  bias + SwiGLU in place of bias + GeLU, fc1 twice as wide; with ``kv_heads`` (``--group-query-attention``) the QKV
+  projection's groups and, in the eager core, each key and value head repeated for its queries (a copy each, their
+  gradients summed back). Modelled from the kernels' bytes: no trace of them was at hand;
 - fp16 training with fp32 master weights: every micro-batch adds each weight gradient into its main gradient
   buffer; the step copies gradients to fp32, unscales them and checks for inf/NaN (loss scaling), takes the
   gradient norm, runs Adam on the fp32 master weights (apex multi-tensor apply) and copies them back to fp16.
@@ -122,23 +127,60 @@ def pipeline_handoff(shape: GptShape) -> list[Collective]:
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank."""
     h, x = shape.h, shape.dtype
-    n, hp, f = shape.tokens, h // shape.t, shape.ffn
+    n, hp, qkv = shape.tokens, h // shape.t, shape.qkv_width
     steps: list[Step] = [
         _layer_norm(shape),
         *_enter_region(shape),
-        make_op("aten::addmm", [[3 * hp], [n, h], [h, 3 * hp], [], []], [x, x, x, "Scalar", "Scalar"]),
+        make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"]),
+        *_repeated_keys_and_values(shape),
         *attention_core(shape),
         make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
         make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
     ]
     steps += _leave_region(shape)
+    f, fc1 = shape.ffn, shape.fc1_width
     steps += [_bias_dropout_add(shape), _layer_norm(shape), *_enter_region(shape),
-              make_op("aten::mm", [[n, h], [h, f]], [x, x]),
-              make_op("megatron::bias_gelu", [[n, f], [f]], [x, x]),
+              make_op("aten::mm", [[n, h], [h, fc1]], [x, x]),
+              _bias_activation(shape),
               make_op("aten::mm", [[n, f], [f, h]], [x, x])]
     steps += _leave_region(shape)
     steps += [_bias_dropout_add(shape)]
     return steps
+
+
+def _bias_activation(shape: GptShape) -> Op:
+    """fc1's bias and the activation, one kernel: bias + GeLU, or Megatron-LM's bias + SwiGLU
+    (``--swiglu``: ``bias_swiglu_impl``, the SiLU of the gate times the up projection, [n, 2f] in, [n, f] out)."""
+    n, fc1, x = shape.tokens, shape.fc1_width, shape.dtype
+    name = "megatron::bias_swiglu" if shape.mlp == "swiglu" else "megatron::bias_gelu"
+    return make_op(name, [[n, fc1], [fc1]], [x, x])
+
+
+def _bias_activation_backward(shape: GptShape) -> list[Step]:
+    """Its backward (the gradient of fc1's output from that of the activation's) and the bias gradient."""
+    n, f, fc1, x = shape.tokens, shape.ffn, shape.fc1_width, shape.dtype
+    name = "megatron::bias_swiglu_backward" if shape.mlp == "swiglu" else "megatron::bias_gelu_backward"
+    return [make_op(name, [[n, f], [n, fc1], [fc1]], [x, x, x]),
+            make_op("aten::sum", [[n, fc1], [], [], []], [x, "ScalarList", "Scalar", ""])]
+
+
+def _repeated_keys_and_values(shape: GptShape) -> list[Step]:
+    """With grouped-query attention and the eager core, Megatron-LM repeats each key and value head for its g
+    queries (``repeat_interleave`` on the heads: a copy each); the fused attention takes them as they are."""
+    groups, heads = shape.kv_per_rank, shape.a // shape.t
+    if groups == heads or shape.attention == "flash":
+        return []
+    dims = [shape.tokens, groups, heads // groups, shape.d]
+    return [make_op("aten::copy_", [dims, dims, []], [shape.dtype, shape.dtype, "Scalar"])] * 2
+
+
+def _repeated_keys_and_values_backward(shape: GptShape) -> list[Step]:
+    """The keys' and values' gradients summed over each head's g queries (the backward of the repetition)."""
+    groups, heads = shape.kv_per_rank, shape.a // shape.t
+    if groups == heads or shape.attention == "flash":
+        return []
+    dims = [shape.tokens, groups, heads // groups, shape.d]
+    return [make_op("aten::sum", [dims, [], [], []], [shape.dtype, "ScalarList", "Scalar", ""])] * 2
 
 
 def attention_core(shape: GptShape) -> list[Step]:
@@ -207,15 +249,14 @@ def _cast(shape: GptShape, dims: list[int], to_fp32: bool) -> list[Step]:
 def layer_backward(shape: GptShape) -> list[Step]:
     """One transformer layer's backward on one TP rank, weight gradients added into the main gradients."""
     h, x = shape.h, shape.dtype
-    n, hp, f = shape.tokens, h // shape.t, shape.ffn
+    n, hp, f, fc1, qkv = shape.tokens, h // shape.t, shape.ffn, shape.fc1_width, shape.qkv_width
     w = gpt.layer_parameters(shape)
     steps: list[Step] = [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
                          make_op("aten::mm", [[n, h], [h, f]], [x, x]),  # fc2 input gradient
                          make_op("aten::mm", [[h, n], [n, f]], [x, x]),  # fc2 weight gradient
-                         make_op("megatron::bias_gelu_backward", [[n, f], [n, f], [f]], [x, x, x]),
-                         make_op("aten::sum", [[n, f], [], [], []], [x, "ScalarList", "Scalar", ""]),
-                         make_op("aten::mm", [[n, f], [f, h]], [x, x]),  # fc1 input gradient
-                         make_op("aten::mm", [[f, n], [n, h]], [x, x])]  # fc1 weight gradient
+                         *_bias_activation_backward(shape),
+                         make_op("aten::mm", [[n, fc1], [fc1, h]], [x, x]),  # fc1 input gradient
+                         make_op("aten::mm", [[fc1, n], [n, h]], [x, x])]  # fc1 weight gradient
     steps += _enter_region_backward(shape)
     steps += [_layer_norm_backward(shape), _residual_add(shape)]
     steps += [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
@@ -223,10 +264,11 @@ def layer_backward(shape: GptShape) -> list[Step]:
               make_op("aten::mm", [[h, n], [n, hp]], [x, x]),  # its weight gradient
               make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
               *_attention_core_backward(shape),
-              make_op("aten::copy_", [[n, 3 * hp], [n, 3 * hp], []], [x, x, "Scalar"]),  # q, k, v grads joined
-              make_op("aten::sum", [[n, 3 * hp], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
-              make_op("aten::mm", [[n, 3 * hp], [3 * hp, h]], [x, x]),
-              make_op("aten::mm", [[3 * hp, n], [n, h]], [x, x])]
+              *_repeated_keys_and_values_backward(shape),
+              make_op("aten::copy_", [[n, qkv], [n, qkv], []], [x, x, "Scalar"]),  # q, k, v grads joined
+              make_op("aten::sum", [[n, qkv], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
+              make_op("aten::mm", [[n, qkv], [qkv, h]], [x, x]),
+              make_op("aten::mm", [[qkv, n], [n, h]], [x, x])]
     steps += _enter_region_backward(shape)
     steps += [_layer_norm_backward(shape), _residual_add(shape)]
     return steps + _accumulate(shape, w)

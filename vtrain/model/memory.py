@@ -150,13 +150,19 @@ def qkv_kept_elements(shape: GptShape) -> int:
     projection's output the fused attention reads them from (smaller with grouped-query attention)."""
     if shape.attention == "flash":
         return shape.tokens * shape.qkv_width
+    if shape.framework == "megatron":  # strided views of the QKV output, and the repeated keys and values
+        repeated = 2 * shape.tokens * shape.h // shape.t if shape.kv_per_rank < shape.a // shape.t else 0
+        return shape.tokens * shape.qkv_width + repeated
     return 3 * shape.tokens * shape.h // shape.t
 
 
 def mlp_kept_elements(shape: GptShape) -> int:
     """Elements the MLP keeps for one micro-batch: GELU's input and output (fc2's input), or a gated MLP's fc1
-    output (gate and up, 2·ffn), the gate's SiLU and their product (fc2's input)."""
-    return shape.tokens * shape.ffn * (4 if shape.mlp == "swiglu" else 2)
+    output (gate and up, 2·ffn) and fc2's input, and in the reference model the gate's SiLU too (Megatron's fused
+    bias + SwiGLU recomputes it in its backward)."""
+    if shape.mlp != "swiglu":
+        return 2 * shape.tokens * shape.ffn
+    return shape.tokens * shape.ffn * (3 if shape.framework == "megatron" else 4)
 
 
 def score_elements(shape: GptShape) -> int:
