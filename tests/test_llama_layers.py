@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import replace
 
+import polars as pl
 import pytest
 
 from tests.conftest import vtrain_in_process
@@ -179,6 +180,18 @@ def test_plan_takes_the_shape(tmp_path) -> None:
     gqa = replace(mha, model=replace(mha.model, kv_heads=8))
     assert peak_stage_memory(gqa).parameter_bytes < peak_stage_memory(mha).parameter_bytes
     assert "32 heads (8 key/value)" in (tmp_path / "gqa" / "report.md").read_text()
+    assert runs["gqa"]["framework"] == "megatron"  # a model given by its shape trains with Megatron's states
+    reference = vtrain_in_process("plan", *shape, "--kv-heads", "8", "--framework", "reference", "-o",
+                                  tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr
+    assert json.loads(reference.stdout)["framework"] == "reference"
+    # torch's Adam on 16-bit parameters keeps 8 bytes a parameter, Megatron's mixed precision 16 (fp16)
+    key = ["tp", "pp", "dp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap"]
+    plans = {name: pl.read_parquet(tmp_path / name / "plans.parquet").filter(
+        ~pl.col("sequence_parallel") & ~pl.col("distributed_optimizer")).select(*key, "memory_gib")
+        for name in ("gqa", "reference")}
+    both = plans["gqa"].join(plans["reference"], on=key, suffix="_reference")
+    assert both.height > 100 and (both["memory_gib_reference"] < both["memory_gib"]).all()
     bad = vtrain_in_process("plan", *shape, "--mlp", "relu", "-o", tmp_path / "bad")
     assert bad.returncode == 2 and "relu" in bad.stderr
     unplannable = vtrain_in_process("plan", *shape, "--kv-heads", "3", "-o", tmp_path / "unplannable")

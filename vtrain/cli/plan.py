@@ -16,6 +16,7 @@ from vtrain.cli.options import (
     attention_option,
     device_memory_option,
     ffn_hidden_option,
+    framework_option,
     kv_heads_option,
     mlp_option,
     real_option,
@@ -88,6 +89,9 @@ def plan_command(
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
     attention: str | None = attention_option(),
+    framework: str | None = framework_option("Whose kernels, mixed precision and optimizer states the plans run "
+                                             "with (default: the run config's; megatron for a model given by its "
+                                             "shape): ", default=None),
 ) -> None:
     """Enumerate every parallel plan, prune invalid and out-of-memory ones, time and price the rest, and write the
     time-versus-cost frontier."""
@@ -101,6 +105,8 @@ def plan_command(
     base = _base_config(model, global_batch, shape, device)
     if attention is not None:
         base = replace(base, attention=attention)
+    if framework is not None:
+        base = replace(base, framework=framework)
     unplannable = base.model_errors()
     if unplannable:
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
@@ -175,7 +181,7 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
         raise InputError(f"give a run config or the model's {', '.join(missing)}")
     return RunConfig(model=ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
                                        vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads,
-                                       mlp=shape.mlp),
+                                       mlp=shape.mlp), framework="megatron",
                      parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
                      hardware=replace(HardwareConfig(), device=device or "A100"))
 

@@ -160,7 +160,6 @@ def format_summary(sim: Simulation) -> str:
     total = sim.iteration_us
     lines = [
         f"iteration time   {total * ms:,.3f} ms",
-        f"model            {sim.config.model.describe()}",
         f"parallelism      t={par.tp} d={par.dp} p={par.pp}, {par.micro_batches} micro-batches of "
         f"{par.micro_batch}, {par.schedule}"
         + (f" (v={par.virtual_stages})" if par.virtual_stages > 1 else "")
@@ -170,6 +169,7 @@ def format_summary(sim: Simulation) -> str:
         + (f", layers per stage {' '.join(map(str, par.stage_layers))}" if par.stage_layers else "")
         + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else "")
         + (", flash attention" if sim.config.attention == "flash" else ""),
+        f"model            {sim.config.model.describe()}",
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
         "breakdown (mean per GPU)",
