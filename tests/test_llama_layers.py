@@ -185,6 +185,10 @@ def test_plan_takes_the_shape(tmp_path) -> None:
                                   tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr
     assert json.loads(reference.stdout)["framework"] == "reference"
+    bf16 = vtrain_in_process("plan", *shape, "--kv-heads", "8", "--precision", "BF16", "-o", tmp_path / "bf16")
+    assert bf16.returncode == 0 and json.loads(bf16.stdout)["precision"] == "bf16", bf16.stderr
+    fp8 = vtrain_in_process("plan", *shape, "--precision", "fp8", "-o", tmp_path / "fp8")
+    assert fp8.returncode == 2 and "precision must be one of fp32, fp16, bf16 (got 'fp8')" in fp8.stderr
     # torch's Adam on 16-bit parameters keeps 8 bytes a parameter, Megatron's mixed precision 16 (fp16)
     key = ["tp", "pp", "dp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap"]
     plans = {name: pl.read_parquet(tmp_path / name / "plans.parquet").filter(

@@ -89,6 +89,8 @@ def plan_command(
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
     attention: str | None = attention_option(),
+    precision: str | None = typer.Option(None, "--precision", help="fp16, bf16 or fp32 (default: the run "
+                                         "config's; fp16 for a model given by its shape)."),
     framework: str | None = framework_option("Whose kernels, mixed precision and optimizer states the plans run "
                                              "with (default: the run config's; megatron for a model given by its "
                                              "shape): ", default=None),
@@ -107,6 +109,8 @@ def plan_command(
         base = replace(base, attention=attention)
     if framework is not None:
         base = replace(base, framework=framework)
+    if precision is not None:
+        base = replace(base, precision=precision.strip().lower())
     unplannable = base.model_errors()
     if unplannable:
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
