@@ -194,7 +194,7 @@ def test_plan_takes_it(tmp_path) -> None:
         assert ran.returncode == 0, ran.stderr
         pruned[attention] = json.loads(ran.stdout)["pruned"]["out_of_memory"]
     assert pruned["flash"] < pruned["eager"]
-    assert "fp16, flash attention, A100-40GB" in (tmp_path / "flash" / "report.md").read_text()
+    assert "fp16, megatron's kernels and optimizer states, flash attention, A100-40GB" in (tmp_path / "flash" / "report.md").read_text()
     ran = vtrain_in_process("plan", *model, "--attention", "ring", "-o", tmp_path / "ring")
     assert ran.returncode == 2 and "must be one of eager, flash (got 'ring')" in ran.stderr
     assert not (tmp_path / "ring").exists()
