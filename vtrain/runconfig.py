@@ -73,6 +73,12 @@ def attention_named(name: object) -> object:
     return name.strip().lower() if isinstance(name, str) else name
 
 
+def mlp_named(name: object) -> object:
+    """The MLP ``name`` stands for, case and surrounding spaces aside (a table's ``SwiGLU``); any other value as
+    given (the run config's checks say what is wrong with it)."""
+    return name.strip().lower() if isinstance(name, str) else name
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """GPT decoder shape; ``ffn_hidden``, ``kv_heads`` and ``mlp`` say where a model departs from GPT-3's (a
@@ -88,8 +94,7 @@ class ModelConfig:
     mlp: str = "gelu"  # gelu | swiglu
 
     def __post_init__(self) -> None:
-        if isinstance(self.mlp, str):  # a config's SwiGLU
-            object.__setattr__(self, "mlp", self.mlp.strip().lower())
+        object.__setattr__(self, "mlp", mlp_named(self.mlp))  # a config's SwiGLU
 
     @property
     def ffn(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, MLPS, RECOMPUTE, attention_named, framework_named
+from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, MLPS, RECOMPUTE, attention_named, framework_named, mlp_named
 
 
 def profile_option() -> Any:
@@ -99,7 +99,7 @@ def mlp_option() -> Any:
 
 
 def _one_mlp(value: str | None) -> str | None:
-    return _one_word(value, value.strip().lower() if value is not None else None, MLPS)
+    return _one_word(value, mlp_named(value), MLPS)
 
 
 def max_micro_batch_option() -> Any:

@@ -52,6 +52,7 @@ from vtrain.runconfig import (
     RunConfig,
     attention_named,
     framework_named,
+    mlp_named,
 )
 
 #: vTrain's column names (its single-node table, in its order)
@@ -305,7 +306,7 @@ def _layer_shapes(rows: pl.DataFrame) -> list[LayerShape]:
     for heads, ffn, kv, mlp in zip(rows["heads"], _column_or_nulls(rows, "ffn_hidden"),
                                    _column_or_nulls(rows, "kv_heads"), _column_or_nulls(rows, "mlp")):
         share = kv / heads if kv and heads and kv > 0 and heads > 0 else 1.0
-        gated = isinstance(mlp, str) and mlp.strip().lower() == "swiglu"
+        gated = mlp_named(mlp) == "swiglu"
         shapes.append(LayerShape(ffn=ffn if ffn and ffn > 0 else None, kv_share=share, gated=gated))
     return shapes
 
