@@ -99,6 +99,9 @@ def test_the_flops_are_those_of_the_gemms_the_model_places() -> None:
     assert placed == pytest.approx(layer_gemm_flops(MODEL.seq, MODEL.hidden, layer))
     s, h = 2048, 4096
     assert layer_gemm_flops(s, h) == 24 * s * h * h
+    fused = replace(shape, attention="flash")  # grouped keys and values: the queries' heads set the GEMMs
+    for made in (gpt.flash_attention, gpt.flash_attention_backward):
+        assert made(fused).flops == made(replace(fused, kv_heads=None)).flops > 0
     assert model_flops_per_iteration(config.model, 8) == pytest.approx(model_flops(8, 32, 4, 64, 512, layer))
 
 
