@@ -245,3 +245,14 @@ def test_a_gpu_trace_of_the_fused_operators_is_read_as_the_model_places_them(arg
     for op in (gpt.flash_attention(shape), gpt.flash_attention_backward(shape)):
         row = latency.filter(pl.col("op") == op.name)
         assert row.select("input_dims", "input_types").rows() == [(op.input_dims, op.input_types)]
+
+
+def test_megatrons_forward_runs_the_fused_kernel_too() -> None:
+    """``framework: megatron`` with flash attention: the forward places the fused kernel, not the scores' baddbmm,
+    softmax and dropout (before, only the backward was fused: a forward of eager attention's time)."""
+    config = replace(RUN, framework="megatron", precision="bf16",
+                     hardware=replace(RUN.hardware, device="H100", device_count=2))
+    shape = GptShape.from_config(config)
+    names = [op.name for op in gpt.layer_forward(shape) if isinstance(op, Op)]
+    assert FLASH_OPS["cuda"][0] in names
+    assert not {"aten::baddbmm", "aten::bmm", "megatron::scaled_upper_triang_masked_softmax"} & set(names)

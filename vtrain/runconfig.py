@@ -377,11 +377,14 @@ def _build(cls: type, data: Any, section: str, source: str | Path) -> Any:
 
 
 def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") -> RunConfig:
-    """Build a :class:`RunConfig` from vtrain's schema or from vTrain's config JSON."""
+    """Build a :class:`RunConfig` from vtrain's schema, vTrain's config JSON or a Hugging Face model's
+    ``config.json``."""
     if not isinstance(data, dict):
         raise InputError("a run config must be a mapping", source)
     if "tensor_parallel_size" in data or "num_gpus" in data:
         return _checked(_from_vtrain_json(data, source), source)
+    if _is_hf_mapping(data):
+        return _checked(_from_hf_config(data, source), source)
     if "model" not in data:
         raise InputError("not a run config: no 'model' section (and not a vTrain config)", source)
     unknown = set(map(str, data)) - {f.name for f in fields(RunConfig)}
@@ -474,6 +477,47 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
         raise InputError(f"vTrain config has a bad value: {exc}", source) from None
 
 
+#: Hugging Face ``model_type``s whose decoder layer vtrain places: LLaMA's family (RMSNorm, rotary embeddings,
+#: SwiGLU, grouped-query attention) and GPT-2's (the reference layer)
+HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite", "gemma", "gemma2"})
+HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
+#: keys of a Hugging Face config that make it a mixture of experts (not modelled)
+_HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _from_hf_config(data: dict[str, Any], source: str | Path) -> RunConfig:
+    """The model of a Hugging Face ``config.json`` (LLaMA's family or GPT-2's), trained as Megatron-LM trains it, in
+    the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on its ``max_position_embeddings``
+    tokens; no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). What its layer has that vtrain
+    places otherwise (RMSNorm, rotary embeddings, linear layers without biases) is said in one warning."""
+    kind = data.get("model_type")
+    if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
+        raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
+    if kind not in HF_LLAMA_TYPES | HF_GPT_TYPES:
+        known = ", ".join(sorted(HF_LLAMA_TYPES | HF_GPT_TYPES))
+        raise InputError(f"a Hugging Face config of model_type {shown(kind)}: vtrain places {known}", source)
+    llama = kind in HF_LLAMA_TYPES
+    names = (("num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings") if llama
+             else ("n_layer", "n_embd", "n_head", "n_positions"))
+    try:
+        layers, hidden, heads, seq = (_whole(data[name]) for name in names)
+        model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
+                            vocab=_whole(data.get("vocab_size", 50257)),
+                            ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
+                            kv_heads=_whole(data.get("num_key_value_heads") or heads) if llama else None,
+                            mlp="swiglu" if llama else "gelu")
+    except KeyError as exc:
+        raise InputError(f"Hugging Face {kind} config is missing {exc.args[0]!r}", source) from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InputError(f"Hugging Face {kind} config has a bad value: {exc}", source) from None
+    dtype = {"float16": "fp16", "float32": "fp32"}.get(str(data.get("torch_dtype")), "bf16")
+    if llama:
+        warn_input(f"a Hugging Face {kind} config: its RMSNorm, rotary embeddings and bias-free linear layers are "
+                   f"placed as layer norms, learned positions and biased layers (each a few percent of a layer); "
+                   f"sequence {seq} (max_position_embeddings), {dtype}, Megatron's kernels", source)
+    return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100"))
+
+
 def _whole(value: Any) -> int:
     """A vTrain config's integer: a whole number (``2`` or ``2.0``), never a fraction silently truncated."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
@@ -507,6 +551,19 @@ def load_run_config(path: str | Path) -> RunConfig:
         path = path / "run.yaml"
     data = read_config_file(path, "run config")
     return run_config_from_dict(data, path)
+
+
+def is_hf_config(path: str | Path) -> bool:
+    """Whether the config file ``path`` is a Hugging Face model's ``config.json`` (a model without a plan of its
+    own), as :func:`run_config_from_dict` tells them apart."""
+    path = Path(path)
+    data = read_config_file(path / "run.yaml" if path.is_dir() else path, "run config")
+    return isinstance(data, dict) and _is_hf_mapping(data)
+
+
+def _is_hf_mapping(data: dict[str, Any]) -> bool:
+    return "model_type" in data and "model" not in data and "tensor_parallel_size" not in data \
+        and "num_gpus" not in data
 
 
 class DescribedRun(NamedTuple):

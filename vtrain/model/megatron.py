@@ -133,7 +133,7 @@ def layer_forward(shape: GptShape) -> list[Step]:
         *_enter_region(shape),
         make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"]),
         *_repeated_keys_and_values(shape),
-        *attention_core(shape),
+        *gpt.attention_core(shape),  # with flash attention the fused kernel, else this module's
         make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
         make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
     ]
