@@ -217,3 +217,43 @@ def test_simulate_says_the_model_it_simulated(tmp_path) -> None:
         in text.stdout.splitlines()
     model = json.loads(vtrain_in_process("simulate", run, "--json").stdout)["model"]
     assert (model["kv_heads"], model["ffn"], model["mlp"]) == (2, 96, "swiglu")
+
+
+#: the keys of a Hugging Face LLaMA-3-8B config.json (as the model's repository holds it), a smaller model's values
+HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 512,
+            "intermediate_size": 1792, "max_position_embeddings": 1024, "model_type": "llama",
+            "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-05,
+            "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 8192}
+
+
+def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
+    """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width),
+    bf16, Megatron's kernels, its context as the sequence; what vtrain places otherwise said; a plan of it has no
+    reference plan of its own. A mixture of experts, or a model_type vtrain does not place, is one line, exit 2."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_LLAMA))
+    with pytest.warns(UserWarning, match="RMSNorm, rotary embeddings and bias-free linear layers"):
+        config = load_run_config(path)
+    assert config.model == ModelConfig(layers=4, hidden=512, heads=8, seq=1024, vocab=8192, ffn_hidden=1792,
+                                       kv_heads=2, mlp="swiglu")
+    assert (config.precision, config.framework) == ("bf16", "megatron")
+    planned = vtrain_in_process("plan", path, "--gpus", "4", "--global-batch", "16", "--device", "A100-80GB",
+                                "--price-per-gpu-hour", "2", "-o", tmp_path / "plan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    summary = json.loads(planned.stdout)
+    assert summary["reference"] is None and summary["simulated"] > 0
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+                                "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}))
+    assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257)
+    for name, data, said in (("mixtral", {**HF_LLAMA, "model_type": "mixtral", "num_local_experts": 8},
+                              "mixture of experts: not modelled"),
+                             ("t5", {"model_type": "t5", "d_model": 512}, "model_type 't5': vtrain places"),
+                             ("broken", {**HF_LLAMA, "num_hidden_layers": 2.5}, "has a bad value"),
+                             ("short", {k: v for k, v in HF_LLAMA.items() if k != "intermediate_size"},
+                              "is missing 'intermediate_size'")):
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(data))
+        ran = vtrain_in_process("simulate", bad)
+        lines = ran.stderr.strip().splitlines()
+        assert ran.returncode == 2 and len(lines) == 1 and said in lines[0] and str(bad) in lines[0], ran.stderr
