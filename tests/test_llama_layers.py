@@ -245,10 +245,17 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     gpt2 = tmp_path / "gpt2.json"
     gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
                                 "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}))
-    assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257)
+    with pytest.warns(UserWarning, match=r"gpt2 config: sequence 1024 \(max_position_embeddings\), bf16"):
+        assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257)
+    path.write_text(json.dumps({**HF_LLAMA, "torch_dtype": "float8_e4m3fn"}))
+    with pytest.warns(UserWarning, match="bf16 \\(torch_dtype 'float8_e4m3fn'\\)"):
+        assert load_run_config(path).precision == "bf16"
     for name, data, said in (("mixtral", {**HF_LLAMA, "model_type": "mixtral", "num_local_experts": 8},
                               "mixture of experts: not modelled"),
                              ("t5", {"model_type": "t5", "d_model": 512}, "model_type 't5': vtrain places"),
+                             ("listed", {**HF_LLAMA, "model_type": ["llama"]}, "model_type ['llama']: vtrain places"),
+                             ("no-kv", {**HF_LLAMA, "num_key_value_heads": 0}, "kv_heads must be between 1"),
+                             ("odd-kv", {**HF_LLAMA, "num_key_value_heads": 3}, "heads (8) is not divisible by"),
                              ("broken", {**HF_LLAMA, "num_hidden_layers": 2.5}, "has a bad value"),
                              ("short", {k: v for k, v in HF_LLAMA.items() if k != "intermediate_size"},
                               "is missing 'intermediate_size'")):

@@ -384,7 +384,12 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
     if "tensor_parallel_size" in data or "num_gpus" in data:
         return _checked(_from_vtrain_json(data, source), source)
     if _is_hf_mapping(data):
-        return _checked(_from_hf_config(data, source), source)
+        config, placed_otherwise = _from_hf_config(data, source)
+        unrunnable = _checked(config, source).model_errors()
+        if unrunnable:
+            raise InputError(f"inconsistent run config: {unrunnable[0]}", source)
+        warn_input(placed_otherwise, source)  # after the checks: a config refused is one line
+        return config
     if "model" not in data:
         raise InputError("not a run config: no 'model' section (and not a vTrain config)", source)
     unknown = set(map(str, data)) - {f.name for f in fields(RunConfig)}
@@ -485,15 +490,16 @@ HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _from_hf_config(data: dict[str, Any], source: str | Path) -> RunConfig:
+def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
     """The model of a Hugging Face ``config.json`` (LLaMA's family or GPT-2's), trained as Megatron-LM trains it, in
     the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on its ``max_position_embeddings``
-    tokens; no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). What its layer has that vtrain
-    places otherwise (RMSNorm, rotary embeddings, linear layers without biases) is said in one warning."""
+    tokens; no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what
+    was assumed, and what its layer has that vtrain places otherwise (RMSNorm, rotary embeddings, linear layers
+    without biases)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
-    if kind not in HF_LLAMA_TYPES | HF_GPT_TYPES:
+    if not isinstance(kind, str) or kind not in HF_LLAMA_TYPES | HF_GPT_TYPES:
         known = ", ".join(sorted(HF_LLAMA_TYPES | HF_GPT_TYPES))
         raise InputError(f"a Hugging Face config of model_type {shown(kind)}: vtrain places {known}", source)
     llama = kind in HF_LLAMA_TYPES
@@ -504,18 +510,26 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> RunConfig:
         model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
                             vocab=_whole(data.get("vocab_size", 50257)),
                             ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
-                            kv_heads=_whole(data.get("num_key_value_heads") or heads) if llama else None,
+                            kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else None,
                             mlp="swiglu" if llama else "gelu")
     except KeyError as exc:
         raise InputError(f"Hugging Face {kind} config is missing {exc.args[0]!r}", source) from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Hugging Face {kind} config has a bad value: {exc}", source) from None
-    dtype = {"float16": "fp16", "float32": "fp32"}.get(str(data.get("torch_dtype")), "bf16")
-    if llama:
-        warn_input(f"a Hugging Face {kind} config: its RMSNorm, rotary embeddings and bias-free linear layers are "
-                   f"placed as layer norms, learned positions and biased layers (each a few percent of a layer); "
-                   f"sequence {seq} (max_position_embeddings), {dtype}, Megatron's kernels", source)
-    return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100"))
+    given_dtype = data.get("torch_dtype")
+    dtype = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
+    unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
+    placed = ("its RMSNorm, rotary embeddings and bias-free linear layers are placed as layer norms, learned "
+              "positions and biased layers (each a few percent of a layer); " if llama else "")
+    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} (max_position_embeddings), {dtype}{unread}, "
+            f"Megatron's kernels")
+    return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
+
+
+def _given(data: dict[str, Any], key: str, default: Any) -> Any:
+    """``data[key]``, or ``default`` where it is absent or null (a present 0 stays 0: the checks refuse it)."""
+    value = data.get(key)
+    return default if value is None else value
 
 
 def _whole(value: Any) -> int:
