@@ -256,6 +256,8 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
                              ("listed", {**HF_LLAMA, "model_type": ["llama"]}, "model_type ['llama']: vtrain places"),
                              ("no-kv", {**HF_LLAMA, "num_key_value_heads": 0}, "kv_heads must be between 1"),
                              ("odd-kv", {**HF_LLAMA, "num_key_value_heads": 3}, "heads (8) is not divisible by"),
+                             ("qwen3-32b-like", {**HF_LLAMA, "model_type": "qwen3", "head_dim": 128},
+                              "head_dim 128 is not hidden_size / num_attention_heads (64)"),
                              ("broken", {**HF_LLAMA, "num_hidden_layers": 2.5}, "has a bad value"),
                              ("short", {k: v for k, v in HF_LLAMA.items() if k != "intermediate_size"},
                               "is missing 'intermediate_size'")):

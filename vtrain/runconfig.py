@@ -484,7 +484,7 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
 
 #: Hugging Face ``model_type``s whose decoder layer vtrain places: LLaMA's family (RMSNorm, rotary embeddings,
 #: SwiGLU, grouped-query attention) and GPT-2's (the reference layer)
-HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite", "gemma", "gemma2"})
+HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite"})
 HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 #: keys of a Hugging Face config that make it a mixture of experts (not modelled)
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -517,6 +517,10 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Hugging Face {kind} config has a bad value: {exc}", source) from None
     given_dtype = data.get("torch_dtype")
+    head_dim = data.get("head_dim")
+    if head_dim is not None and head_dim != hidden // heads:
+        raise InputError(f"Hugging Face {kind} config: head_dim {shown(head_dim)} is not hidden_size / "
+                         f"num_attention_heads ({hidden // heads}): heads of another width are not modelled", source)
     dtype = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
     unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
     placed = ("its RMSNorm, rotary embeddings and bias-free linear layers are placed as layer norms, learned "
