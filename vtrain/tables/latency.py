@@ -150,7 +150,8 @@ def op_latency(calls: pl.DataFrame) -> pl.DataFrame:
     return conform(table.sort("median_us", *SIGNATURE, descending=[True] + [False] * len(SIGNATURE)), "op_latency")
 
 
-def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None) -> pl.DataFrame:
+def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None,
+                 iterations: list[int] | None = None) -> pl.DataFrame:
     """Time and nccl-tests bandwidths per collective, group size and message size.
 
     Calls matched across ranks (:func:`vtrain.tables.matching.match_calls`; ``cpu_ops`` gives gloo calls their
@@ -161,13 +162,17 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None)
     does not move them). A (collective, group size,
     size) with no matched call keeps the raw per-rank durations, waits included (``duration_source`` says
     which), except gloo sends on CPU ranks, whose span lasts until the sender waits for the send and says nothing
-    about the transfer. The ``collectives`` table itself keeps every raw duration.
+    about the transfer. The ``collectives`` table itself keeps every raw duration. ``iterations``: only the calls
+    of these count, matched among all of them (a member of a collective that one rank's iteration boundary put in the
+    next iteration is still a member: held-out profiles, :func:`vtrain.validate.model.held_out_profile`).
     """
     sized = collectives.filter(pl.col("bytes").is_not_null() & pl.col("collective").is_not_null())
     if sized.is_empty():
         return conform(pl.DataFrame(), "nccl_latency")
     keys = ["collective", "group_size", "bytes", "device_type"]
     calls = match_calls(sized, cpu_ops)
+    if iterations is not None:
+        calls = calls.filter(pl.col("iteration").is_in(iterations))
     matched = calls.filter(pl.col("transfer_us").is_not_null()).with_columns(
         group_size=pl.col("members"), duration=pl.col("transfer_us"), duration_source=pl.lit(MATCHED_DURATION))
     raw = (

@@ -63,7 +63,8 @@ def held_out_profile(profile: Profile, iterations: list[int]) -> Profile:
     metadata = {**profile.metadata, "iterations": sorted(iterations),
                 "parent": f"{profile.metadata.get('source_dir')} (iterations {sorted(iterations)})"}
     return Profile(tables={"kernels": kernels, "cpu_ops": cpu_ops, "collectives": collectives,
-                           "graph_launches": graph_launches, "op_latency": op_latency(calls), "nccl_latency": nccl_latency(collectives, cpu_ops)},
+                           "graph_launches": graph_launches, "op_latency": op_latency(calls),
+                           "nccl_latency": nccl_latency(profile["collectives"], profile["cpu_ops"], iterations)},
                    metadata=metadata, path=profile.path)
 
 
