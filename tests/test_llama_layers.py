@@ -95,7 +95,7 @@ def test_the_flops_are_those_of_the_gemms_the_model_places() -> None:
     shape = GptShape.from_config(config)
     placed = sum(op.flops for op in gpt.layer_forward(shape)
                  if isinstance(op, Op) and op.name in ("aten::mm", "aten::addmm")) * shape.t
-    layer = LayerShape(ffn=MODEL.ffn, kv_share=MODEL.query_groups / MODEL.heads, gated=True)
+    layer = LayerShape.of(MODEL)
     assert placed == pytest.approx(layer_gemm_flops(MODEL.seq, MODEL.hidden, layer))
     s, h = 2048, 4096
     assert layer_gemm_flops(s, h) == 24 * s * h * h
@@ -149,7 +149,7 @@ def test_megatron_places_them_with_megatron_lms_kernels(attention: str) -> None:
                and len(json.loads(op.input_dims)[0]) == 4]
     assert len(repeats) == (2 if attention == "eager" else 0)
     placed = sum(op.flops for op in forward if isinstance(op, Op) and op.name in ("aten::mm", "aten::addmm"))
-    layer = LayerShape(ffn=MODEL.ffn, kv_share=MODEL.query_groups / MODEL.heads, gated=True)
+    layer = LayerShape.of(MODEL)
     assert placed * shape.t == pytest.approx(layer_gemm_flops(MODEL.seq, MODEL.hidden, layer))
     reference = GptShape.from_config(replace(config, framework="reference"))
     assert mlp_kept_elements(shape) == 3 * shape.tokens * shape.ffn

@@ -14,6 +14,10 @@ count the hardware's FLOPs; model FLOPs utilisation counts the model's. A layer 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vtrain.runconfig import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,11 @@ class LayerShape:
     ffn: float | None = None
     kv_share: float = 1.0
     gated: bool = False
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> LayerShape:
+        """The layer of a run config's model."""
+        return cls(ffn=model.ffn, kv_share=model.query_groups / model.heads, gated=model.mlp == "swiglu")
 
 
 GPT = LayerShape()

@@ -67,10 +67,6 @@ def cluster_command(
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
                        device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
     throughput = plan_throughput(profile, hardware, max_micro_batch)
-    for job in jobs:  # a job the cluster's framework, precision or attention cannot run
-        problems = throughput.base_config(job.workload, 1).model_errors()
-        if problems:
-            raise InputError(f"job {job.name!r}: {problems[0]}", jobs_file)
     speeds = Speeds(throughput, allocation_sizes(gpus, [job.gpus for job in jobs if job.gpus]))
     _check_runnable(jobs, gpus, speeds, policies, jobs_file)
     schedules = [simulate_cluster(jobs, gpus, speeds, name, resize_overhead_min / 60) for name in policies]

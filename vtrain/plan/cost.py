@@ -45,8 +45,7 @@ class PlanCost:
 
 def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
     """Model FLOPs of one iteration without recomputation (:func:`vtrain.flops.model_flops`)."""
-    layer = LayerShape(ffn=model.ffn, kv_share=model.query_groups / model.heads, gated=model.mlp == "swiglu")
-    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, layer)
+    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, LayerShape.of(model))
 
 
 def plan_cost(iteration_s: float, gpus: int, model: ModelConfig, global_batch: int, pricing: Pricing,

@@ -78,7 +78,7 @@ def _job(entry: Any, index: int, path: Path) -> Job:
     model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
                         vocab=entry["vocab"], ffn_hidden=entry.get("ffn_hidden"), kv_heads=entry.get("kv_heads"),
                         mlp=entry.get("mlp", "gelu"))
-    problems = RunConfig(model=model, framework="reference").model_errors()
+    problems = RunConfig(model=model).model_errors()
     if problems:
         raise InputError(f"{where}: {problems[0]}", path)
     if entry.get("gpus") is not None:
