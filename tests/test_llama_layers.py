@@ -242,6 +242,11 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     assert planned.returncode == 0, planned.stderr
     summary = json.loads(planned.stdout)
     assert summary["reference"] is None and summary["simulated"] > 0
+    folder = tmp_path / "Meta-Llama-3-8B"  # the model's folder, as downloaded: its config.json is read
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(HF_LLAMA))
+    with pytest.warns(UserWarning, match="Hugging Face llama config"):
+        assert load_run_config(folder) == config
     gpt2 = tmp_path / "gpt2.json"
     gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
                                 "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}))

@@ -563,19 +563,27 @@ def _optional_float(value: Any) -> float | None:
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """Read a run config (``run.yaml``, any YAML/JSON in vtrain's schema, or vTrain's config JSON)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "run.yaml"
+    """Read a run config (``run.yaml``, any YAML/JSON in vtrain's schema, vTrain's config JSON or a Hugging Face
+    model's ``config.json``; a folder's ``run.yaml``, else its ``config.json``: a model's folder)."""
+    path = _config_file(path)
     data = read_config_file(path, "run config")
     return run_config_from_dict(data, path)
+
+
+def _config_file(path: str | Path) -> Path:
+    """The file a run config path names: itself, or a folder's ``run.yaml`` (a trace folder), else its
+    ``config.json`` where it has one and no ``run.yaml`` (a Hugging Face model's folder)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    described, model = path / "run.yaml", path / "config.json"
+    return model if model.is_file() and not described.exists() else described
 
 
 def is_hf_config(path: str | Path) -> bool:
     """Whether the config file ``path`` is a Hugging Face model's ``config.json`` (a model without a plan of its
     own), as :func:`run_config_from_dict` tells them apart."""
-    path = Path(path)
-    data = read_config_file(path / "run.yaml" if path.is_dir() else path, "run config")
+    data = read_config_file(_config_file(path), "run config")
     return isinstance(data, dict) and _is_hf_mapping(data)
 
 
