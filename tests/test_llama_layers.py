@@ -226,6 +226,34 @@ HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hid
             "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 8192}
 
 
+def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_path) -> None:
+    """LLaMA 3.1's config.json says 131,072 positions (its rotary embeddings stretched after pretraining) and keeps the
+    8,192 it was pretrained at under ``rope_scaling``: a plan at 131,072 tokens a sequence was every user's surprise
+    (a 8B model at 660 s an iteration). It is read at 8,192, the warning naming the key; ``--seq`` trains any run
+    config's model at another length, in ``plan`` and ``simulate``; the model's other flags still refuse a config."""
+    stretched = {**HF_LLAMA, "max_position_embeddings": 131072,
+                 "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 512, "rope_type": "llama3"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(stretched))
+    with pytest.warns(UserWarning, match=r"sequence 512 \(rope_scaling.original_max_position_embeddings"):
+        assert load_run_config(path).model.seq == 512
+    common = ("--gpus", "4", "--global-batch", "16", "--device", "A100-80GB", "--price-per-gpu-hour", "2", "--json")
+    at = {}
+    for seq in (None, "256"):
+        planned = vtrain_in_process("plan", path, *common, "-o", tmp_path / f"plan-{seq}",
+                                    *(("--seq", seq) if seq else ()))
+        assert planned.returncode == 0, planned.stderr
+        at[seq] = pl.read_csv(tmp_path / f"plan-{seq}" / "plans.csv").filter(pl.col("fits"))["iteration_ms"].min()
+    assert at["256"] < 0.7 * at[None]  # half the tokens: less than 70 % of the time (attention's share halves too)
+    simulated = vtrain_in_process("simulate", "examples/mtnlg-530b.json", "--seq", "1024", "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(simulated.stdout)["model"]["seq"] == 1024
+    both = vtrain_in_process("plan", path, *common, "--layers", "2", "-o", tmp_path / "refused")
+    assert both.returncode == 2 and "not both" in both.stderr and "--layers" in both.stderr
+    assert "--seq" not in both.stderr
+
+
 def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width),
     bf16, Megatron's kernels, its context as the sequence; what vtrain places otherwise said; a plan of it has no
@@ -250,7 +278,8 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     gpt2 = tmp_path / "gpt2.json"
     gpt2.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
                                 "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}))
-    with pytest.warns(UserWarning, match=r"gpt2 config: sequence 1024 \(max_position_embeddings\), bf16"):
+    with pytest.warns(UserWarning, match=r"gpt2 config: sequence 1024 \(n_positions; --seq trains at another "
+                                         r"length\), bf16"):
         assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257)
     path.write_text(json.dumps({**HF_LLAMA, "torch_dtype": "float8_e4m3fn"}))
     with pytest.warns(UserWarning, match="bf16 \\(torch_dtype 'float8_e4m3fn'\\)"):

@@ -492,10 +492,10 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_
 
 def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
     """The model of a Hugging Face ``config.json`` (LLaMA's family or GPT-2's), trained as Megatron-LM trains it, in
-    the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on its ``max_position_embeddings``
-    tokens; no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what
-    was assumed, and what its layer has that vtrain places otherwise (RMSNorm, rotary embeddings, linear layers
-    without biases)."""
+    the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on the sequence it was pretrained at
+    (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the
+    warning to give: what was assumed, and what its layer has that vtrain places otherwise (RMSNorm, rotary
+    embeddings, linear layers without biases)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
@@ -506,7 +506,8 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     names = (("num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings") if llama
              else ("n_layer", "n_embd", "n_head", "n_positions"))
     try:
-        layers, hidden, heads, seq = (_whole(data[name]) for name in names)
+        layers, hidden, heads, longest = (_whole(data[name]) for name in names)
+        seq, seq_key = _pretraining_length(data, longest)
         model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
                             vocab=_whole(data.get("vocab_size", 50257)),
                             ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
@@ -525,9 +526,23 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
     placed = ("its RMSNorm, rotary embeddings and bias-free linear layers are placed as layer norms, learned "
               "positions and biased layers (each a few percent of a layer); " if llama else "")
-    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} (max_position_embeddings), {dtype}{unread}, "
-            f"Megatron's kernels")
+    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
+            f"{dtype}{unread}, Megatron's kernels")
     return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
+
+
+def _pretraining_length(data: dict[str, Any], longest: int) -> tuple[int, str]:
+    """The sequence a Hugging Face model was pretrained at, and the key that says it: a config whose rotary
+    embeddings were stretched to a longer context (LLaMA 3.1's ``rope_scaling``: 131,072 positions, pretrained at
+    8,192) keeps the pretraining length as ``rope_scaling.original_max_position_embeddings``; otherwise the longest
+    it takes, ``max_position_embeddings`` (``n_positions`` for GPT-2's family)."""
+    scaling = data.get("rope_scaling")
+    original = scaling.get("original_max_position_embeddings") if isinstance(scaling, dict) else None
+    if original is not None:
+        original = _whole(original)
+        if original < longest:
+            return original, "rope_scaling.original_max_position_embeddings"
+    return longest, "max_position_embeddings" if "max_position_embeddings" in data else "n_positions"
 
 
 def _given(data: dict[str, Any], key: str, default: Any) -> Any:

@@ -82,7 +82,8 @@ def plan_command(
     layers: int | None = typer.Option(None, "--layers", min=1, help="Model without a run config: layers."),
     hidden: int | None = typer.Option(None, "--hidden", min=1, help="Hidden size."),
     heads: int | None = typer.Option(None, "--heads", min=1, help="Attention heads."),
-    seq: int | None = typer.Option(None, "--seq", min=1, help="Sequence length."),
+    seq: int | None = typer.Option(None, "--seq", min=1, help="Sequence length (with a run config: trains its "
+                                   "model at this length)."),
     vocab: int = typer.Option(51200, "--vocab", min=1, help="Vocabulary size."),
     ffn_hidden: int | None = ffn_hidden_option(),
     kv_heads: int | None = kv_heads_option(),
@@ -170,12 +171,14 @@ class ModelShape(NamedTuple):
 
 def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape, device: str | None) -> RunConfig:
     """The run config whose model, batch, precision and hardware are swept (on ``device`` when given)."""
-    given = shape.given()
+    given = [flag for flag in shape.given() if model is None or flag != "--seq"]
     if model is not None and given:
         raise InputError(f"give a run config or the model's shape ({', '.join(given)}), not both: the run config's "
                          f"model would be swept")
     if model is not None:
         base = load_run_config(model)
+        if shape.seq is not None:
+            base = replace(base, model=replace(base.model, seq=shape.seq))
         if device is not None:
             base = replace(base, hardware=replace(base.hardware, device=device))
         return base.with_overrides(global_batch=global_batch) if global_batch is not None else base

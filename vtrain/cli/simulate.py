@@ -42,6 +42,7 @@ def parser() -> OneLineParser:
     parsed.add_argument("--json", dest="as_json", action="store_true", help="Print the summary as JSON.")
     parsed.add_argument("--force", action="store_true", help="Replace the output folder if it exists.")
     overrides = parsed.add_argument_group("overrides of the run config")
+    overrides.add_argument("--seq", type=int, metavar="N", help="Override the sequence length (tokens a sequence).")
     overrides.add_argument("--tp", type=int, metavar="N", help="Override tensor-parallel size.")
     overrides.add_argument("--pp", type=int, metavar="N", help="Override pipeline-parallel size.")
     overrides.add_argument("--dp", type=int, metavar="N", help="Override data-parallel size.")
@@ -90,8 +91,9 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
                      intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
                      precision: str | None = None, framework: str | None = None, attention: str | None = None,
-                     **overrides: object) -> None:
-    """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``gpus``,
+                     seq: int | None = None, **overrides: object) -> None:
+    """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``seq`` of its
+    model's sequence; ``gpus``,
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
     ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
@@ -103,6 +105,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
                                            ("framework", framework_named(framework)),
                                            ("attention", attention_named(attention))) if value is not None}
+    if seq is not None:
+        whole["model"] = replace(run.model, seq=seq)
     if whole:
         run = replace(run, **whole)
     hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
