@@ -238,6 +238,17 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
     path.write_text(json.dumps(stretched))
     with pytest.warns(UserWarning, match=r"sequence 512 \(rope_scaling.original_max_position_embeddings"):
         assert load_run_config(path).model.seq == 512
+    mistral = tmp_path / "mistral.json"
+    mistral.write_text(json.dumps({**HF_LLAMA, "model_type": "mistral", "sliding_window": 256}))
+    with pytest.warns(UserWarning, match=r"sliding-window attention \(256 tokens\) is placed as attention over the "
+                                         r"whole sequence; sequence 1024 \(max_position_embeddings"):
+        load_run_config(mistral)
+    qwen2 = tmp_path / "qwen2.json"  # a window it does not use: nothing said of it
+    qwen2.write_text(json.dumps({**HF_LLAMA, "model_type": "qwen2", "sliding_window": 256,
+                                 "use_sliding_window": False}))
+    with pytest.warns(UserWarning) as said:
+        load_run_config(qwen2)
+    assert "sliding" not in str(said[0].message)
     common = ("--gpus", "4", "--global-batch", "16", "--device", "A100-80GB", "--price-per-gpu-hour", "2", "--json")
     at = {}
     for seq in (None, "256"):

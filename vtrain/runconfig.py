@@ -526,6 +526,10 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
     placed = ("its RMSNorm, rotary embeddings and bias-free linear layers are placed as layer norms, learned "
               "positions and biased layers (each a few percent of a layer); " if llama else "")
+    window = data.get("sliding_window")
+    if (isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq
+            and data.get("use_sliding_window") is not False):
+        placed += f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
     said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
             f"{dtype}{unread}, Megatron's kernels")
     return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
