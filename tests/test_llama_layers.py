@@ -22,11 +22,19 @@ from vtrain.flops import LayerShape, layer_gemm_flops, model_flops
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import mlp_kept_elements, peak_stage_memory
+from vtrain.model.memory import block_parameter_count, mlp_kept_elements, peak_stage_memory, qkv_kept_elements
 from vtrain.model.ops import Op
 from vtrain.plan.cost import model_flops_per_iteration
 from vtrain.record.launcher import record
-from vtrain.runconfig import ModelConfig, ParallelConfig, RunConfig, load_run_config, run_config_from_dict
+from vtrain.runconfig import (
+    HardwareConfig,
+    ModelConfig,
+    ParallelConfig,
+    RunConfig,
+    load_run_config,
+    run_config_from_dict,
+    save_run_config,
+)
 from vtrain.simulate import MEASURED, simulate
 from vtrain.simulate.latency import OpLatencyResolver
 
@@ -226,6 +234,74 @@ HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "hid
             "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 8192}
 
 
+#: models as their Hugging Face config.json give them, and the parameters their published weights hold (the
+#: safetensors index's total size over two bytes a bf16 parameter)
+PUBLISHED_PARAMETERS = {
+    "Llama-2-7b": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+                    "max_position_embeddings": 4096, "vocab_size": 32000}, 6_738_415_616),
+    "Meta-Llama-3-8B": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                         "max_position_embeddings": 8192, "vocab_size": 128256}, 8_030_261_248),
+    "Qwen2-7B": ({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+                  "num_hidden_layers": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+                  "vocab_size": 152064}, 7_615_616_512),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_a_llama_layer_holds_the_parameters_its_published_weights_do(name) -> None:
+    """RMSNorm (a weight, no bias), rotary positions (no position embedding) and linear layers without biases (but
+    Qwen2's QKV projection): the parameters counted (memory, optimizer states, gradient buckets) are the published
+    model's to the parameter. Placed as GPT's layer they were 18 M (LLaMA 2 7B) to 119 M (Qwen2 7B) too many."""
+    data, published = PUBLISHED_PARAMETERS[name]
+    with pytest.warns(UserWarning, match="Hugging Face"):
+        config = run_config_from_dict(data, f"{name}/config.json")
+    shape = GptShape.from_config(config)
+    count = (block_parameter_count(shape, "embedding") + block_parameter_count(shape, "head")
+             + config.model.layers * block_parameter_count(shape, "layer"))
+    assert count == published
+
+
+def test_megatron_places_rmsnorm_rotary_positions_and_layers_without_biases(tmp_path) -> None:
+    """With ``norm: rmsnorm``, ``position: rope`` and ``bias: false`` Megatron's layer runs the fused RMSNorm, rotates
+    its queries and keys (a kernel each way for each), has no QKV ``addmm``, no bias gradients and no position
+    embedding, and keeps the rotated queries and keys; Qwen2's QKV bias stays. The reference model (what `vtrain
+    record` trains) has GPT's layer: such a model with ``framework: reference`` is one line, exit 2."""
+    model = ModelConfig(layers=2, hidden=256, heads=8, seq=128, vocab=1024, kv_heads=2, ffn_hidden=704,
+                        mlp="swiglu", norm="RMSNorm", position="RoPE", bias=False)
+    config = RunConfig(model=model, parallelism=ParallelConfig(tp=2, global_batch=4), precision="bf16",
+                       framework="megatron", attention="flash", hardware=HardwareConfig(device="A100",
+                                                                                         device_count=2))
+    shape = GptShape.from_config(config.validate())
+    names = {"forward": [op.name for op in gpt.layer_forward(shape) if isinstance(op, Op)],
+             "backward": [op.name for op in gpt.layer_backward(shape) if isinstance(op, Op)],
+             "embedding": [op.name for op in gpt.embedding_forward(shape) if isinstance(op, Op)]}
+    assert names["forward"].count("apex::fused_rms_norm") == 2 and "apex::fused_layer_norm" not in names["forward"]
+    assert names["forward"].count("megatron::fused_rope") == 2
+    assert names["backward"].count("megatron::fused_rope_backward") == 2
+    assert "aten::addmm" not in names["forward"] and "megatron::swiglu" in names["forward"]
+    assert "aten::sum" not in names["backward"]  # no bias gradients (nor eager attention's key/value sums)
+    assert names["embedding"].count("aten::embedding") == 1  # the words only
+    qwen = replace(shape, qkv_bias=True)
+    assert "aten::addmm" in [op.name for op in gpt.layer_forward(qwen) if isinstance(op, Op)]
+    assert [op.name for op in gpt.layer_backward(qwen) if isinstance(op, Op)].count("aten::sum") == 1
+    rotated = shape.tokens * (shape.a // shape.t + shape.kv_per_rank) * shape.d
+    assert qkv_kept_elements(shape) == qkv_kept_elements(replace(shape, position="learned")) + rotated
+    assert "RMSNorm, rotary positions, no biases" in model.describe()
+    path = tmp_path / "run.yaml"
+    save_run_config(replace(config, framework="reference"), path)
+    ran = vtrain_in_process("simulate", path)
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and len(lines) == 1 and "framework megatron" in lines[0], ran.stderr
+    planned = vtrain_in_process("plan", "--layers", "2", "--hidden", "256", "--heads", "8", "--kv-heads", "2",
+                                "--ffn-hidden", "704", "--mlp", "swiglu", "--norm", "rmsnorm", "--position", "rope",
+                                "--no-bias", "--seq", "128", "--vocab", "1024", "--global-batch", "4", "--gpus", "2",
+                                "--attention", "flash", "--precision", "bf16", "--json", "-o", tmp_path / "plan")
+    assert planned.returncode == 0, planned.stderr
+    assert "RMSNorm, rotary positions, no biases" in json.loads(planned.stdout)["model"]
+
+
 def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_path) -> None:
     """LLaMA 3.1's config.json says 131,072 positions (its rotary embeddings stretched after pretraining) and keeps the
     8,192 it was pretrained at under ``rope_scaling``: a plan at 131,072 tokens a sequence was every user's surprise
@@ -266,15 +342,16 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
 
 
 def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
-    """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width),
-    bf16, Megatron's kernels, its context as the sequence; what vtrain places otherwise said; a plan of it has no
-    reference plan of its own. A mixture of experts, or a model_type vtrain does not place, is one line, exit 2."""
+    """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width,
+    RMSNorm, rotary positions, no biases), bf16, Megatron's kernels, its context as the sequence; what vtrain assumes
+    said; a plan of it has no reference plan of its own. A mixture of experts, or a model_type vtrain does not place, is one line, exit 2."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(HF_LLAMA))
-    with pytest.warns(UserWarning, match="RMSNorm, rotary embeddings and bias-free linear layers"):
+    with pytest.warns(UserWarning, match="Hugging Face llama config: sequence 1024"):
         config = load_run_config(path)
     assert config.model == ModelConfig(layers=4, hidden=512, heads=8, seq=1024, vocab=8192, ffn_hidden=1792,
-                                       kv_heads=2, mlp="swiglu")
+                                       kv_heads=2, mlp="swiglu", norm="rmsnorm", position="rope", bias=False,
+                                       qkv_bias=False)
     assert (config.precision, config.framework) == ("bf16", "megatron")
     planned = vtrain_in_process("plan", path, "--gpus", "4", "--global-batch", "16", "--device", "A100-80GB",
                                 "--price-per-gpu-hour", "2", "-o", tmp_path / "plan", "--json")

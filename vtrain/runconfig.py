@@ -4,7 +4,9 @@ and `vtrain validate` read.
 A run config is a YAML (or JSON) mapping with these sections::
 
     model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512,
-                  ffn_hidden: null, kv_heads: null, mlp: gelu}   # 4h | the heads | gelu; swiglu: gated
+                  ffn_hidden: null, kv_heads: null, mlp: gelu,   # 4h | the heads | gelu; swiglu: gated
+                  norm: layernorm, position: learned,   # rmsnorm | rope: LLaMA's (framework megatron)
+                  bias: true, qkv_bias: null}           # the linear layers' biases | QKV's (null: as bias)
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
                   dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false,
@@ -55,6 +57,12 @@ ATTENTIONS = ("eager", "flash")
 #: a layer's MLP: ``gelu`` (fc1 to the feed-forward width, GELU, fc2) or ``swiglu`` (fc1 to twice the width, the
 #: SiLU of one half times the other, fc2: LLaMA, Mistral, Megatron's ``--swiglu``)
 MLPS = ("gelu", "swiglu")
+#: a layer's normalisation: ``layernorm`` (GPT's: mean and variance, a weight and a bias) or ``rmsnorm`` (LLaMA's:
+#: root mean square, a weight only)
+NORMS = ("layernorm", "rmsnorm")
+#: where positions enter: ``learned`` (GPT's position embedding, added to the token embedding) or ``rope`` (LLaMA's
+#: rotary embeddings: each layer's queries and keys rotated, no position parameters)
+POSITIONS = ("learned", "rope")
 #: the projects whose kernels a framework stands for, as tables and configs name them (case, ``_`` and spaces aside)
 FRAMEWORK_PROJECTS = {"megatron-lm": "megatron", "megatron-deepspeed": "megatron"}
 
@@ -75,14 +83,16 @@ def attention_named(name: object) -> object:
 
 def mlp_named(name: object) -> object:
     """The MLP ``name`` stands for, case and surrounding spaces aside (a table's ``SwiGLU``); any other value as
-    given (the run config's checks say what is wrong with it)."""
+    given (the run config's checks say what is wrong with it). Norms (``RMSNorm``) and positions (``RoPE``) are
+    named the same way."""
     return name.strip().lower() if isinstance(name, str) else name
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """GPT decoder shape; ``ffn_hidden``, ``kv_heads`` and ``mlp`` say where a model departs from GPT-3's (a
-    feed-forward width other than 4·hidden, grouped-query attention, a gated MLP: LLaMA 2/3, Mistral)."""
+    """GPT decoder shape; ``ffn_hidden``, ``kv_heads``, ``mlp``, ``norm``, ``position`` and the biases say where a
+    model departs from GPT-3's (a feed-forward width other than 4·hidden, grouped-query attention, a gated MLP,
+    RMSNorm, rotary embeddings, linear layers without biases: LLaMA 2/3, Mistral, Qwen)."""
 
     layers: int
     hidden: int
@@ -92,9 +102,24 @@ class ModelConfig:
     ffn_hidden: int | None = None  # the MLP's width (None: 4 x hidden)
     kv_heads: int | None = None  # key and value heads, grouped-query attention (None: as many as heads)
     mlp: str = "gelu"  # gelu | swiglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    position: str = "learned"  # learned | rope
+    bias: bool = True  # the linear layers' biases (QKV, attention output, fc1, fc2)
+    qkv_bias: bool | None = None  # the QKV projection's bias where it differs from the others' (Qwen2's); None: bias
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mlp", mlp_named(self.mlp))  # a config's SwiGLU
+        for name in ("mlp", "norm", "position"):  # a config's SwiGLU, RMSNorm, RoPE
+            object.__setattr__(self, name, mlp_named(getattr(self, name)))
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the QKV projection adds a bias: ``qkv_bias``, else as the other linear layers."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def is_gpt(self) -> bool:
+        """Whether its layer is GPT's but for widths and heads: layer norms, learned positions, biases."""
+        return self.norm == "layernorm" and self.position == "learned" and self.bias and self.has_qkv_bias
 
     @property
     def ffn(self) -> int:
@@ -112,7 +137,17 @@ class ModelConfig:
         heads = f"{self.heads} heads" + (f" ({self.query_groups} key/value)" if self.query_groups != self.heads else "")
         mlp = "" if self.mlp == "gelu" and self.ffn == 4 * self.hidden else \
             f", {'SwiGLU' if self.mlp == 'swiglu' else 'GELU'} MLP {self.ffn} wide"
-        return f"{self.layers} layers, hidden {self.hidden}, {heads}, seq {self.seq}, vocab {self.vocab}{mlp}"
+        return (f"{self.layers} layers, hidden {self.hidden}, {heads}, seq {self.seq}, vocab {self.vocab}{mlp}"
+                f"{self._layer_words()}")
+
+    def _layer_words(self) -> str:
+        """``, RMSNorm, rotary positions, no biases`` (or ``, biases on QKV only``): what departs from GPT's."""
+        words = ["RMSNorm"] * (self.norm == "rmsnorm") + ["rotary positions"] * (self.position == "rope")
+        if not self.bias:
+            words.append("biases on QKV only" if self.has_qkv_bias else "no biases")
+        elif not self.has_qkv_bias:
+            words.append("no QKV bias")
+        return "".join(f", {word}" for word in words)
 
 
 @dataclass(frozen=True)
@@ -280,6 +315,14 @@ def _architecture_errors(config: RunConfig) -> list[str]:
     m, tp, errors = config.model, config.parallelism.tp, []
     if m.mlp not in MLPS:
         errors.append(f"mlp must be one of {', '.join(MLPS)} (got {shown(m.mlp)})")
+    if m.norm not in NORMS:
+        errors.append(f"norm must be one of {', '.join(NORMS)} (got {shown(m.norm)})")
+    if m.position not in POSITIONS:
+        errors.append(f"position must be one of {', '.join(POSITIONS)} (got {shown(m.position)})")
+    if not errors and not m.is_gpt and config.framework != "megatron":
+        errors.append("RMSNorm, rotary positions and bias-free layers are placed with Megatron's kernels (framework "
+                      f"megatron): vtrain record's reference model has GPT's layer (got framework "
+                      f"{shown(config.framework)})")
     if m.heads % m.query_groups:
         errors.append(f"heads ({m.heads}) is not divisible by kv_heads ({m.query_groups})")
     elif m.query_groups % tp:
@@ -486,16 +529,21 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
 #: SwiGLU, grouped-query attention) and GPT-2's (the reference layer)
 HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite"})
 HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
+#: LLaMA's family members whose QKV projection always adds a bias (no key says it) / whose norm is a layer norm
+#: (OLMo's first: without parameters, a layer norm's kernels all the same)
+_HF_QKV_BIAS_TYPES = frozenset({"qwen2"})
+_HF_LAYER_NORM_TYPES = frozenset({"olmo"})
 #: keys of a Hugging Face config that make it a mixture of experts (not modelled)
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
-    """The model of a Hugging Face ``config.json`` (LLaMA's family or GPT-2's), trained as Megatron-LM trains it, in
+    """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's),
+    trained as Megatron-LM trains it, in
     the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on the sequence it was pretrained at
     (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the
-    warning to give: what was assumed, and what its layer has that vtrain places otherwise (RMSNorm, rotary
-    embeddings, linear layers without biases)."""
+    warning to give: what was assumed, and what its layer has that vtrain places otherwise (sliding-window
+    attention)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
@@ -512,7 +560,7 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
                             vocab=_whole(data.get("vocab_size", 50257)),
                             ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
                             kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else None,
-                            mlp="swiglu" if llama else "gelu")
+                            mlp="swiglu" if llama else "gelu", **(_hf_llama_layer(data, kind) if llama else {}))
     except KeyError as exc:
         raise InputError(f"Hugging Face {kind} config is missing {exc.args[0]!r}", source) from None
     except (TypeError, ValueError, OverflowError) as exc:
@@ -524,15 +572,24 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
                          f"num_attention_heads ({hidden // heads}): heads of another width are not modelled", source)
     dtype = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
     unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
-    placed = ("its RMSNorm, rotary embeddings and bias-free linear layers are placed as layer norms, learned "
-              "positions and biased layers (each a few percent of a layer); " if llama else "")
+    placed = ""
     window = data.get("sliding_window")
     if (isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq
             and data.get("use_sliding_window") is not False):
-        placed += f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
+        placed = f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
     said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
             f"{dtype}{unread}, Megatron's kernels")
     return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
+
+
+def _hf_llama_layer(data: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The layer of LLaMA's family: RMSNorm (OLMo's first a layer norm), rotary positions, linear layers with biases
+    where ``attention_bias`` and ``mlp_bias`` both say so (LLaMA's and Mistral's: none), a QKV bias where
+    ``attention_bias`` says so (Qwen2's always)."""
+    attention_bias = _flag(_given(data, "attention_bias", False))
+    return {"norm": "layernorm" if kind in _HF_LAYER_NORM_TYPES else "rmsnorm", "position": "rope",
+            "bias": attention_bias and _flag(_given(data, "mlp_bias", False)),
+            "qkv_bias": attention_bias or kind in _HF_QKV_BIAS_TYPES}
 
 
 def _pretraining_length(data: dict[str, Any], longest: int) -> tuple[int, str]:

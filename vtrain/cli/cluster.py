@@ -61,7 +61,7 @@ def cluster_command(
     policies = list(POLICIES) if policy == "all" else [policy]
     if policy != "all" and policy not in POLICIES:
         raise InputError(f"--policy must be one of {', '.join(POLICIES)} or all (got {policy!r})")
-    jobs = read_jobs(jobs_file)
+    jobs = read_jobs(jobs_file, framework)
     target = output if output is not None else REPORTS / f"cluster-{jobs_file.stem}"
     check_output(target, inputs=[jobs_file, profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,

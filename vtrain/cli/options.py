@@ -11,7 +11,17 @@ from typing import Any
 import typer
 
 from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
-from vtrain.runconfig import ATTENTIONS, FRAMEWORKS, MLPS, RECOMPUTE, attention_named, framework_named, mlp_named
+from vtrain.runconfig import (
+    ATTENTIONS,
+    FRAMEWORKS,
+    MLPS,
+    NORMS,
+    POSITIONS,
+    RECOMPUTE,
+    attention_named,
+    framework_named,
+    mlp_named,
+)
 
 
 def profile_option() -> Any:
@@ -100,6 +110,24 @@ def mlp_option() -> Any:
 
 def _one_mlp(value: str | None) -> str | None:
     return _one_word(value, mlp_named(value), MLPS)
+
+
+def norm_option() -> Any:
+    """``--norm``: layernorm or rmsnorm."""
+    return typer.Option("layernorm", "--norm", callback=lambda value: _one_word(value, mlp_named(value), NORMS),
+                        help="The layers' norm: layernorm, or rmsnorm (LLaMA, Mistral).")
+
+
+def position_option() -> Any:
+    """``--position``: learned or rope."""
+    return typer.Option("learned", "--position",
+                        callback=lambda value: _one_word(value, mlp_named(value), POSITIONS),
+                        help="Positions: learned (an embedding), or rope (rotary: LLaMA, Mistral).")
+
+
+def bias_option() -> Any:
+    """``--bias/--no-bias``: whether the linear layers add biases."""
+    return typer.Option(True, "--bias/--no-bias", help="Whether the linear layers add biases (LLaMA: --no-bias).")
 
 
 def max_micro_batch_option() -> Any:

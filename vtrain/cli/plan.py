@@ -14,11 +14,14 @@ import typer
 from vtrain.cli.errors import user_errors, warn
 from vtrain.cli.options import (
     attention_option,
+    bias_option,
     device_memory_option,
     ffn_hidden_option,
     framework_option,
     kv_heads_option,
     mlp_option,
+    norm_option,
+    position_option,
     real_option,
 )
 from vtrain.devices.catalog import canonical_device_name, device_model
@@ -88,6 +91,9 @@ def plan_command(
     ffn_hidden: int | None = ffn_hidden_option(),
     kv_heads: int | None = kv_heads_option(),
     mlp: str = mlp_option(),
+    norm: str = norm_option(),
+    position: str = position_option(),
+    bias: bool = bias_option(),
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
     attention: str | None = attention_option(),
@@ -105,7 +111,7 @@ def plan_command(
     from vtrain.plan.sweep import sweep
     from vtrain.tables.store import load_profile
 
-    shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp)
+    shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias)
     base = _base_config(model, global_batch, shape, device)
     if attention is not None:
         base = replace(base, attention=attention)
@@ -160,12 +166,18 @@ class ModelShape(NamedTuple):
     ffn_hidden: int | None
     kv_heads: int | None
     mlp: str
+    norm: str
+    position: str
+    bias: bool
 
     def given(self) -> list[str]:
         """The flags of the model's shape that were given."""
         flags = (("--layers", self.layers), ("--hidden", self.hidden), ("--heads", self.heads), ("--seq", self.seq),
                  ("--ffn-hidden", self.ffn_hidden), ("--kv-heads", self.kv_heads),
-                 ("--mlp", None if self.mlp == "gelu" else self.mlp))
+                 ("--mlp", None if self.mlp == "gelu" else self.mlp),
+                 ("--norm", None if self.norm == "layernorm" else self.norm),
+                 ("--position", None if self.position == "learned" else self.position),
+                 ("--no-bias", None if self.bias else False))
         return [flag for flag, value in flags if value is not None]
 
 
@@ -189,7 +201,8 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
         raise InputError(f"give a run config or the model's {', '.join(missing)}")
     return RunConfig(model=ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
                                        vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads,
-                                       mlp=shape.mlp), framework="megatron",
+                                       mlp=shape.mlp, norm=shape.norm, position=shape.position,
+                                       bias=shape.bias), framework="megatron",
                      parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
                      hardware=replace(HardwareConfig(), device=device or "A100"))
 

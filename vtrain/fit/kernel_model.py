@@ -327,10 +327,11 @@ def _memory_kind_of(op_class: str | None, label: str | None) -> str:
 
 
 def memory_kind(name: str) -> str:
-    """The memory-bound kind of an ``op_class`` or operator name."""
+    """The memory-bound kind of an ``op_class`` or operator name (an RMSNorm is a norm, a fused rotary embedding
+    rotary: vidur measured both for its Llamas)."""
     lowered = name.lower()
-    for kind, keys in (("layernorm", ("layernorm", "layer_norm")), ("softmax", ("softmax",)),
-                       ("embedding", ("embedding", "index_select"))):
+    for kind, keys in (("layernorm", ("layernorm", "layer_norm", "rms_norm", "rmsnorm")), ("softmax", ("softmax",)),
+                       ("embedding", ("embedding", "index_select")), ("rotary", ("rope", "rotary"))):
         if any(key in lowered for key in keys):
             return kind
     return "elementwise"

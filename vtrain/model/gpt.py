@@ -47,6 +47,10 @@ class GptShape:
     ffn_hidden: int | None = None  # the MLP's width (None: 4h)
     kv_heads: int | None = None  # key and value heads, grouped-query attention (None: a)
     mlp: str = "gelu"  # gelu | swiglu (fc1 to twice the width, SiLU of one half times the other)
+    norm: str = "layernorm"  # layernorm | rmsnorm (a weight, no bias)
+    position: str = "learned"  # learned (a position embedding) | rope (queries and keys rotated in every layer)
+    bias: bool = True  # the attention output's and the MLP's linear layers add a bias
+    qkv_bias: bool = True  # the QKV projection adds a bias
 
     @property
     def d(self) -> int:
@@ -115,7 +119,12 @@ class GptShape:
                    attention=config.attention,
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
                    optimizer_shards=p.dp if p.distributed_optimizer else 1,
-                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp)
+                   ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp, norm=m.norm, position=m.position,
+                   bias=m.bias, qkv_bias=m.has_qkv_bias)
+
+    def norm_parameters(self) -> list[tuple[int, ...]]:
+        """One norm's parameters: a layer norm's weight and bias, an RMSNorm's weight."""
+        return [(self.h,)] * (1 if self.norm == "rmsnorm" else 2)
 
 
 def _megatron(shape: GptShape) -> ModuleType | None:
@@ -196,10 +205,13 @@ def _mask_ids(shape: GptShape) -> list[Step]:
 # --------------------------------------------------------------------------------------------- transformer layer
 
 def layer_parameters(shape: GptShape) -> list[tuple[int, ...]]:
-    """Parameter shapes of one layer on one TP rank, in registration order."""
+    """Parameter shapes of one layer on one TP rank, in registration order (GPT's layer: both norms' weights and
+    biases, every linear layer's weight and bias; fewer with RMSNorm or without biases)."""
     h, t, f, qkv, fc1 = shape.h, shape.t, shape.ffn, shape.qkv_width, shape.fc1_width
-    return [(h,), (h,), (qkv, h), (qkv,), (h, h // t), (h,),
-            (h,), (h,), (fc1, h), (fc1,), (h, f), (h,)]
+    norm = shape.norm_parameters()
+    bias = shape.bias
+    return [*norm, (qkv, h), *[(qkv,)] * shape.qkv_bias, (h, h // t), *[(h,)] * bias,
+            *norm, (fc1, h), *[(fc1,)] * bias, (h, f), *[(h,)] * bias]
 
 
 def pipeline_handoff(shape: GptShape) -> list[Collective]:
@@ -383,8 +395,8 @@ def _qkv_split_backward(shape: GptShape) -> Op:
 # --------------------------------------------------------------------------------------------- embedding
 
 def embedding_parameters(shape: GptShape) -> list[tuple[int, ...]]:
-    """Token embedding rows of this rank and the position embedding."""
-    return [(shape.vocab_per_rank, shape.h), (shape.s, shape.h)]
+    """Token embedding rows of this rank and the position embedding (none with rotary positions)."""
+    return [(shape.vocab_per_rank, shape.h), *[(shape.s, shape.h)] * (shape.position == "learned")]
 
 
 def embedding_forward(shape: GptShape) -> list[Step]:
@@ -422,8 +434,8 @@ def embedding_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
 # --------------------------------------------------------------------------------------------- head
 
 def head_parameters(shape: GptShape) -> list[tuple[int, ...]]:
-    """Final LayerNorm and the (untied) vocabulary-parallel output projection."""
-    return [(shape.h,), (shape.h,), (shape.vocab_per_rank, shape.h)]
+    """Final norm and the (untied) vocabulary-parallel output projection."""
+    return [*shape.norm_parameters(), (shape.vocab_per_rank, shape.h)]
 
 
 def head_forward(shape: GptShape) -> list[Step]:
@@ -498,7 +510,7 @@ def head_loss_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
     ]
     if x != f32:
         steps += [make_op("aten::copy_", [[b, s, vt], [b, s, vt], []], [x, f32, "Scalar"])]
-    return steps + [_mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[2], accumulate)]
+    return steps + [_mm(shape, vt, n, h), _mm(shape, n, vt, h), *_accumulate(shape, w[-1], accumulate)]
 
 
 # --------------------------------------------------------------------------------------------- optimizer

@@ -18,7 +18,10 @@ Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per s
 - Megatron-LM's (2023 on) for what Megatron-DeepSpeed had not: with ``mlp: swiglu`` (``--swiglu``) its fused
   bias + SwiGLU in place of bias + GeLU, fc1 twice as wide; with ``kv_heads`` (``--group-query-attention``) the QKV
   projection's groups and, in the eager core, each key and value head repeated for its queries (a copy each, their
-  gradients summed back). Modelled from the kernels' bytes: no trace of them was at hand;
+  gradients summed back); with ``norm: rmsnorm`` apex's fused RMSNorm, with ``position: rope`` Megatron-core's
+  fused rotary embedding of the queries and keys (and no position embedding), without biases
+  (``--disable-bias-linear``, ``--add-qkv-bias`` for the QKV projection alone) the same fused kernels without
+  theirs and no bias gradients. Modelled from the kernels' bytes: no trace of them was at hand;
 - fp16 training with fp32 master weights: every micro-batch adds each weight gradient into its main gradient
   buffer; the step copies gradients to fp32, unscales them and checks for inf/NaN (loss scaling), takes the
   gradient norm, runs Adam on the fp32 master weights (apex multi-tensor apply) and copies them back to fp16.
@@ -52,13 +55,32 @@ FUSED_SOFTMAX_MAX_SEQ = 4096
 
 
 def _layer_norm(shape: GptShape) -> Op:
+    """A fused layer norm, or RMSNorm (apex's ``FusedRMSNorm``: a weight, no bias)."""
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
+    if shape.norm == "rmsnorm":
+        return make_op("apex::fused_rms_norm", [[n, h], [h]], [x, x])
     return make_op("apex::fused_layer_norm", [[n, h], [h], [h]], [x, x, x])
 
 
 def _layer_norm_backward(shape: GptShape) -> Op:
+    """Its backward: the input's and the weight's gradients (and the bias's), from the saved statistics (RMSNorm
+    keeps one a token, the layer norm two)."""
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
+    if shape.norm == "rmsnorm":
+        return make_op("apex::fused_rms_norm_backward", [[n, h], [n, h], [n], [h]], [x, x, "float", x])
     return make_op("apex::fused_layer_norm_backward", [[n, h], [n, h], [n], [n], [h]], [x, x, "float", "float", x])
+
+
+def _rotary(shape: GptShape, backward: bool = False) -> list[Step]:
+    """Rotary position embeddings (Megatron-core's fused RoPE, ``apply_rope_fusion``): the queries and the keys of
+    this rank rotated by the [s, d] angles, a kernel each (their gradients rotated back in backward); nothing with
+    learned positions."""
+    if shape.position != "rope":
+        return []
+    x, heads = shape.dtype, shape.a // shape.t
+    name = "megatron::fused_rope_backward" if backward else "megatron::fused_rope"
+    return [make_op(name, [[shape.s, shape.b, count, shape.d], [shape.s, 1, 1, shape.d]], [x, "float"])
+            for count in (heads, shape.kv_per_rank)]
 
 
 def _residual_add(shape: GptShape) -> Op:
@@ -67,7 +89,10 @@ def _residual_add(shape: GptShape) -> Op:
 
 
 def _bias_dropout_add(shape: GptShape) -> Op:
+    """The linear layer's bias, dropout and the residual add, one kernel (without biases: dropout and the add)."""
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
+    if not shape.bias:
+        return make_op("megatron::dropout_add", [[n, h], [n, h]], [x, x])
     return make_op("megatron::bias_dropout_add", [[n, h], [h], [n, h]], [x, x, x])
 
 
@@ -75,7 +100,12 @@ def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     """Dropout backward (gradient times mask) and the bias gradient (a reduction over tokens)."""
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
-            make_op("aten::sum", [[n, h], [], [], []], [x, "ScalarList", "Scalar", ""])]
+            *_bias_gradient(shape, [n, h], shape.bias)]
+
+
+def _bias_gradient(shape: GptShape, dims: list[int], present: bool) -> list[Step]:
+    """A linear layer's bias gradient, a reduction over tokens (none without the bias)."""
+    return [make_op("aten::sum", [dims, [], [], []], [shape.dtype, "ScalarList", "Scalar", ""])] * present
 
 
 def _enter_region(shape: GptShape) -> list[Step]:
@@ -127,11 +157,12 @@ def pipeline_handoff(shape: GptShape) -> list[Collective]:
 def layer_forward(shape: GptShape) -> list[Step]:
     """One transformer layer's forward on one TP rank."""
     h, x = shape.h, shape.dtype
-    n, hp, qkv = shape.tokens, h // shape.t, shape.qkv_width
+    n, hp = shape.tokens, h // shape.t
     steps: list[Step] = [
         _layer_norm(shape),
         *_enter_region(shape),
-        make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"]),
+        _qkv_projection(shape),
+        *_rotary(shape),
         *_repeated_keys_and_values(shape),
         *gpt.attention_core(shape),  # with flash attention the fused kernel, else this module's
         make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
@@ -148,11 +179,22 @@ def layer_forward(shape: GptShape) -> list[Step]:
     return steps
 
 
+def _qkv_projection(shape: GptShape) -> Op:
+    """The QKV projection: its GEMM with the bias added (``addmm``), or without a bias."""
+    n, h, qkv, x = shape.tokens, shape.h, shape.qkv_width, shape.dtype
+    if not shape.qkv_bias:
+        return make_op("aten::mm", [[n, h], [h, qkv]], [x, x])
+    return make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"])
+
+
 def _bias_activation(shape: GptShape) -> Op:
     """fc1's bias and the activation, one kernel: bias + GeLU, or Megatron-LM's bias + SwiGLU
-    (``--swiglu``: ``bias_swiglu_impl``, the SiLU of the gate times the up projection, [n, 2f] in, [n, f] out)."""
+    (``--swiglu``: ``bias_swiglu_impl``, the SiLU of the gate times the up projection, [n, 2f] in, [n, f] out);
+    without biases (``--disable-bias-linear``) the same kernels without one."""
     n, fc1, x = shape.tokens, shape.fc1_width, shape.dtype
     name = "megatron::bias_swiglu" if shape.mlp == "swiglu" else "megatron::bias_gelu"
+    if not shape.bias:
+        return make_op(name.replace("bias_", ""), [[n, fc1]], [x])
     return make_op(name, [[n, fc1], [fc1]], [x, x])
 
 
@@ -160,8 +202,9 @@ def _bias_activation_backward(shape: GptShape) -> list[Step]:
     """Its backward (the gradient of fc1's output from that of the activation's) and the bias gradient."""
     n, f, fc1, x = shape.tokens, shape.ffn, shape.fc1_width, shape.dtype
     name = "megatron::bias_swiglu_backward" if shape.mlp == "swiglu" else "megatron::bias_gelu_backward"
-    return [make_op(name, [[n, f], [n, fc1], [fc1]], [x, x, x]),
-            make_op("aten::sum", [[n, fc1], [], [], []], [x, "ScalarList", "Scalar", ""])]
+    if not shape.bias:
+        return [make_op(name.replace("bias_", ""), [[n, f], [n, fc1]], [x, x])]
+    return [make_op(name, [[n, f], [n, fc1], [fc1]], [x, x, x]), *_bias_gradient(shape, [n, fc1], True)]
 
 
 def _repeated_keys_and_values(shape: GptShape) -> list[Step]:
@@ -265,8 +308,9 @@ def layer_backward(shape: GptShape) -> list[Step]:
               make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
               *_attention_core_backward(shape),
               *_repeated_keys_and_values_backward(shape),
+              *_rotary(shape, backward=True),
               make_op("aten::copy_", [[n, qkv], [n, qkv], []], [x, x, "Scalar"]),  # q, k, v grads joined
-              make_op("aten::sum", [[n, qkv], [], [], []], [x, "ScalarList", "Scalar", ""]),  # qkv bias
+              *_bias_gradient(shape, [n, qkv], shape.qkv_bias),
               make_op("aten::mm", [[n, qkv], [qkv, h]], [x, x]),
               make_op("aten::mm", [[qkv, n], [n, h]], [x, x])]
     steps += _enter_region_backward(shape)
@@ -290,25 +334,26 @@ def _attention_core_backward(shape: GptShape) -> list[Step]:
 
 
 def embedding_forward(shape: GptShape) -> list[Step]:
-    """Vocabulary-parallel word embedding (masked lookup, TP all-reduce), position embedding, their sum, the
-    [s, b, h] transpose and the embedding dropout (with sequence parallelism on this rank's part of the
-    sequence, split off without communication)."""
+    """Vocabulary-parallel word embedding (masked lookup, TP all-reduce), position embedding and their sum (none
+    with rotary positions: the layers rotate their queries and keys), the [s, b, h] transpose and the embedding
+    dropout (with sequence parallelism on this rank's part of the sequence, split off without communication)."""
     n, h, x = shape.tokens, shape.h, shape.dtype
     steps: list[Step] = gpt._mask_ids(shape) if shape.t > 1 else []
     steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG])]
     if shape.t > 1:
         steps += [make_op("aten::masked_fill_", [[n, h], [n, 1], []], [x, "bool", "Scalar"])]
     steps += gpt._tp_all_reduce(shape, shape.activation_bytes)
-    steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
-              make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"]),
-              make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
+    if shape.position == "learned":
+        steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
+                  make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
+    steps += [make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
               _dropout(shape, [shape.outside_tokens, h])]
     return steps
 
 
 def embedding_backward(shape: GptShape) -> list[Step]:
     """Dropout backward (with sequence parallelism on this rank's part, then the all-gather of the sequence),
-    the position and word embedding gradients (the word one into a zeroed table)."""
+    the position (with learned positions) and word embedding gradients (each into a zeroed table)."""
     n, h, x = shape.tokens, shape.h, shape.dtype
     local = shape.outside_tokens
     w = gpt.embedding_parameters(shape)
@@ -316,7 +361,7 @@ def embedding_backward(shape: GptShape) -> list[Step]:
                                  [x, "bool", "double"]),
                          *_leave_region_backward(shape),
                          make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"])]
-    for rows in (shape.s, shape.vocab_per_rank):
+    for rows, _ in reversed(w):  # the position embedding's first, then the words'
         steps += [make_op("aten::zero_", [[rows, h]], [x]),
                   make_op("aten::embedding_dense_backward", [[n, h], [n]], [x, LONG])]
     return steps + _accumulate(shape, w)

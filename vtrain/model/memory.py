@@ -19,7 +19,8 @@ Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and
     12·e·S/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
                    (a ffn_hidden other than 4h: GELU's two tensors are 2·e·sb·ffn/t; a gated MLP keeps 4·e·sb·ffn/t,
                    fc1's gate and up, the gate's SiLU and the product; the fused attention with grouped-query
-                   attention keeps the QKV output, e·S/t·(1 + 2·kv/a), where the eager core's copies are 3·e·S/t)
+                   attention keeps the QKV output, e·S/t·(1 + 2·kv/a), where the eager core's copies are 3·e·S/t;
+                   rotary positions keep the rotated queries and keys beside it, e·S/t·(1 + kv/a))
     e·as²b/t       the softmax output (kept for its own backward and for probs @ v)
     (e+1)·as²b/t   Megatron only: the attention dropout's mask and output
 
@@ -147,12 +148,15 @@ def layer_activation_bytes(shape: GptShape, recompute: str) -> int:
 def qkv_kept_elements(shape: GptShape) -> int:
     """Elements of the queries, keys and values a layer keeps for one micro-batch: the eager core's three
     [b·a/t, s, d] copies (with grouped-query attention the keys and values repeated for their queries), or the QKV
-    projection's output the fused attention reads them from (smaller with grouped-query attention)."""
+    projection's output the fused attention reads them from (smaller with grouped-query attention). With rotary
+    positions the rotated queries and keys are new tensors kept beside that output (the values, a view of it, keep
+    it alive)."""
+    rotated = shape.tokens * (shape.a // shape.t + shape.kv_per_rank) * shape.d if shape.position == "rope" else 0
     if shape.attention == "flash":
-        return shape.tokens * shape.qkv_width
+        return shape.tokens * shape.qkv_width + rotated
     if shape.framework == "megatron":  # strided views of the QKV output, and the repeated keys and values
         repeated = 2 * shape.tokens * shape.h // shape.t if shape.kv_per_rank < shape.a // shape.t else 0
-        return shape.tokens * shape.qkv_width + repeated
+        return shape.tokens * shape.qkv_width + repeated + rotated
     return 3 * shape.tokens * shape.h // shape.t
 
 

@@ -9,7 +9,8 @@
 
 ``vocab`` (default 51200), ``deadline_h`` (hours after arrival), ``gpus`` (what the job asks for; the baseline
 policy needs it), ``global_batch`` (sequences per iteration, default 512) and a LLaMA-like layer's ``kv_heads``,
-``ffn_hidden`` and ``mlp`` (as a run config's model section says them) are optional.
+``ffn_hidden``, ``mlp``, ``norm``, ``position`` and ``bias`` (as a run config's model section says them) are
+optional.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from vtrain.studies.throughput import Workload
 DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
-_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp")
+_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm", "position",
+             "bias")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",
@@ -37,8 +39,9 @@ _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in se
 MAX_JOBS = 200
 
 
-def read_jobs(path: Path) -> list[Job]:
-    """The jobs of ``path``; :class:`InputError` naming the file and the first problem."""
+def read_jobs(path: Path, framework: str = "megatron") -> list[Job]:
+    """The jobs of ``path``, each a model ``framework`` places; :class:`InputError` naming the file and the first
+    problem."""
     data = read_config_file(path, "jobs file")
     if not isinstance(data, dict) or set(data) != {"jobs"} or not isinstance(data["jobs"], list):
         raise InputError("a jobs file is a mapping with one key, jobs: a list of jobs", path)
@@ -47,7 +50,7 @@ def read_jobs(path: Path) -> list[Job]:
         raise InputError("no jobs", path)
     if len(entries) > MAX_JOBS:
         raise InputError(f"{len(entries)} jobs (at most {MAX_JOBS})", path)
-    jobs = [_job(entry, index, path) for index, entry in enumerate(entries)]
+    jobs = [_job(entry, index, path, framework) for index, entry in enumerate(entries)]
     names = [job.name for job in jobs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -55,7 +58,7 @@ def read_jobs(path: Path) -> list[Job]:
     return jobs
 
 
-def _job(entry: Any, index: int, path: Path) -> Job:
+def _job(entry: Any, index: int, path: Path, framework: str) -> Job:
     where = f"job {index + 1}"
     if not isinstance(entry, dict):
         raise InputError(f"{where} is not a mapping", path)
@@ -77,8 +80,9 @@ def _job(entry: Any, index: int, path: Path) -> Job:
             raise InputError(f"{where}: {problem}", path)
     model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
                         vocab=entry["vocab"], ffn_hidden=entry.get("ffn_hidden"), kv_heads=entry.get("kv_heads"),
-                        mlp=entry.get("mlp", "gelu"))
-    problems = RunConfig(model=model).model_errors()
+                        mlp=entry.get("mlp", "gelu"), norm=entry.get("norm", "layernorm"),
+                        position=entry.get("position", "learned"), bias=entry.get("bias", True))
+    problems = RunConfig(model=model, framework=framework).model_errors()
     if problems:
         raise InputError(f"{where}: {problems[0]}", path)
     if entry.get("gpus") is not None:
