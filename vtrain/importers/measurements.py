@@ -16,8 +16,9 @@ A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMN
 vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
 inter-node Gbit/s, framework, precision (fp16, bf16, fp32), attention (eager, flash), CUDA graphs (each layer
 replayed from graphs: true or false), the MLP's width (``ffn hidden size``), key/value heads (``kv heads``,
-grouped-query attention), the MLP (``mlp``: gelu, swiglu) and the layers of each pipeline stage where a run split
-them unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
+grouped-query attention), the MLP (``mlp``: gelu, swiglu), the norm (``norm``: layernorm, rmsnorm), the positions
+(``position``: learned, rope), the linear layers' biases (``bias``, ``qkv bias``: true or false) and the layers of
+each pipeline stage where a run split them unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
 inter-node rate of ``0`` counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
@@ -113,6 +114,10 @@ OPTIONAL_COLUMNS = {
     "kv_heads": (("kv heads", "key value heads", "num key value heads", "query groups", "num query groups"),
                  pl.Int64),
     "mlp": (("mlp", "mlp activation"), pl.String),
+    "norm": (("norm", "normalization", "normalisation"), pl.String),
+    "position": (("position", "position embedding", "position embedding type"), pl.String),
+    "bias": (("bias", "linear bias", "add bias linear"), pl.Boolean),
+    "qkv_bias": (("qkv bias", "add qkv bias"), pl.Boolean),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
@@ -417,7 +422,9 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
     return RunConfig(
         model=ModelConfig(layers=int(row["layers"]), hidden=int(row["hidden"]), heads=int(row["heads"]),
                           seq=int(row["seq"]), vocab=int(given("vocab", VOCAB)), ffn_hidden=row.get("ffn_hidden"),
-                          kv_heads=row.get("kv_heads"), mlp=str(given("mlp", "gelu"))),
+                          kv_heads=row.get("kv_heads"), mlp=str(given("mlp", "gelu")),
+                          norm=str(given("norm", "layernorm")), position=str(given("position", "learned")),
+                          bias=bool(given("bias", True)), qkv_bias=row.get("qkv_bias")),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
                                    schedule=str(given("schedule", SCHEDULE)),
