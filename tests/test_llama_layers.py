@@ -314,6 +314,11 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
     path.write_text(json.dumps(stretched))
     with pytest.warns(UserWarning, match=r"sequence 512 \(rope_scaling.original_max_position_embeddings"):
         assert load_run_config(path).model.seq == 512
+    phi3 = tmp_path / "phi3.json"  # Phi-3's long-context configs keep it at the top level
+    phi3.write_text(json.dumps({**HF_LLAMA, "model_type": "phi3", "max_position_embeddings": 131072,
+                                "original_max_position_embeddings": 256, "rope_scaling": {"type": "longrope"}}))
+    with pytest.warns(UserWarning, match=r"phi3 config: sequence 256 \(original_max_position_embeddings"):
+        assert load_run_config(phi3).model.seq == 256
     mistral = tmp_path / "mistral.json"
     mistral.write_text(json.dumps({**HF_LLAMA, "model_type": "mistral", "sliding_window": 256}))
     with pytest.warns(UserWarning, match=r"sliding-window attention \(256 tokens\) is placed as attention over the "

@@ -527,7 +527,7 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
 
 #: Hugging Face ``model_type``s whose decoder layer vtrain places: LLaMA's family (RMSNorm, rotary embeddings,
 #: SwiGLU, grouped-query attention) and GPT-2's (the reference layer)
-HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite"})
+HF_LLAMA_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "granite", "phi3"})
 HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 #: LLaMA's family members whose QKV projection always adds a bias (no key says it) / whose norm is a layer norm
 #: (OLMo's first: without parameters, a layer norm's kernels all the same)
@@ -595,14 +595,15 @@ def _hf_llama_layer(data: dict[str, Any], kind: str) -> dict[str, Any]:
 def _pretraining_length(data: dict[str, Any], longest: int) -> tuple[int, str]:
     """The sequence a Hugging Face model was pretrained at, and the key that says it: a config whose rotary
     embeddings were stretched to a longer context (LLaMA 3.1's ``rope_scaling``: 131,072 positions, pretrained at
-    8,192) keeps the pretraining length as ``rope_scaling.original_max_position_embeddings``; otherwise the longest
-    it takes, ``max_position_embeddings`` (``n_positions`` for GPT-2's family)."""
+    8,192; Qwen2.5's YaRN) keeps the pretraining length as ``rope_scaling.original_max_position_embeddings`` (Phi-3's
+    long-context models at the top level); otherwise the longest it takes, ``max_position_embeddings``
+    (``n_positions`` for GPT-2's family)."""
     scaling = data.get("rope_scaling")
-    original = scaling.get("original_max_position_embeddings") if isinstance(scaling, dict) else None
-    if original is not None:
-        original = _whole(original)
-        if original < longest:
-            return original, "rope_scaling.original_max_position_embeddings"
+    for key, original in (("rope_scaling.original_max_position_embeddings",
+                           scaling.get("original_max_position_embeddings") if isinstance(scaling, dict) else None),
+                          ("original_max_position_embeddings", data.get("original_max_position_embeddings"))):
+        if original is not None and _whole(original) < longest:
+            return _whole(original), key
     return longest, "max_position_embeddings" if "max_position_embeddings" in data else "n_positions"
 
 
