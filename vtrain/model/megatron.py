@@ -192,18 +192,23 @@ def _bias_activation(shape: GptShape) -> Op:
     (``--swiglu``: ``bias_swiglu_impl``, the SiLU of the gate times the up projection, [n, 2f] in, [n, f] out);
     without biases (``--disable-bias-linear``) the same kernels without one."""
     n, fc1, x = shape.tokens, shape.fc1_width, shape.dtype
-    name = "megatron::bias_swiglu" if shape.mlp == "swiglu" else "megatron::bias_gelu"
     if not shape.bias:
-        return make_op(name.replace("bias_", ""), [[n, fc1]], [x])
-    return make_op(name, [[n, fc1], [fc1]], [x, x])
+        return make_op(_activation_kernel(shape), [[n, fc1]], [x])
+    return make_op(_activation_kernel(shape), [[n, fc1], [fc1]], [x, x])
+
+
+def _activation_kernel(shape: GptShape, backward: bool = False) -> str:
+    """The fused activation's name: ``megatron::bias_gelu``, ``megatron::swiglu_backward``, ..."""
+    return (f"megatron::{'bias_' if shape.bias else ''}{'swiglu' if shape.mlp == 'swiglu' else 'gelu'}"
+            f"{'_backward' if backward else ''}")
 
 
 def _bias_activation_backward(shape: GptShape) -> list[Step]:
     """Its backward (the gradient of fc1's output from that of the activation's) and the bias gradient."""
     n, f, fc1, x = shape.tokens, shape.ffn, shape.fc1_width, shape.dtype
-    name = "megatron::bias_swiglu_backward" if shape.mlp == "swiglu" else "megatron::bias_gelu_backward"
+    name = _activation_kernel(shape, backward=True)
     if not shape.bias:
-        return [make_op(name.replace("bias_", ""), [[n, f], [n, fc1]], [x, x])]
+        return [make_op(name, [[n, f], [n, fc1]], [x, x])]
     return [make_op(name, [[n, f], [n, fc1], [fc1]], [x, x, x]), *_bias_gradient(shape, [n, fc1], True)]
 
 
