@@ -13,6 +13,7 @@ from vtrain.studies.sizing import (
     chinchilla_loss,
     chinchilla_optimum,
     parameter_count,
+    practice_shapes,
     size_with_fixed_mfu,
     size_with_plans,
 )
@@ -78,6 +79,16 @@ def test_parameter_counts_of_published_models():
     assert parameter_count(gpt3) / 1e9 == pytest.approx(175, rel=0.01)
     mtnlg = ModelConfig(layers=105, hidden=20480, heads=128, seq=2048, vocab=51200)
     assert parameter_count(mtnlg) / 1e9 == pytest.approx(530, rel=0.01)
+
+
+def test_gpt_and_llama_shapes_are_counted_by_the_models_own_parameters():
+    """One count of parameters: a GPT's is Narayanan et al.'s formula (its output projection the word embedding),
+    a LLaMA's the published one (LLaMA 2 70B: 68,976,648,192 parameters in its released weights)."""
+    gpt = practice_shapes(2048, 51200)
+    assert [parameter_count(m) for m in gpt] == [12 * m.layers * m.hidden ** 2 + 13 * m.layers * m.hidden
+                                                 + (m.vocab + m.seq) * m.hidden + 2 * m.hidden for m in gpt]
+    llama_2_70b = next(m for m in practice_shapes(4096, 32000, "llama") if m.layers == 80)
+    assert parameter_count(llama_2_70b) == 68_976_648_192
 
 
 def test_a_shape_with_no_plan_is_never_chosen():

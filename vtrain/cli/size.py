@@ -1,5 +1,5 @@
-"""`vtrain size --gpus N --days D --profile P [--loss-model chinchilla] [-o OUT] [--json]`: the model shape and
-token count with the lowest loss for a budget of GPUs and days, each shape at its best plan's speed."""
+"""`vtrain size --gpus N --days D --profile P [--family gpt|llama] [--loss-model chinchilla] [-o OUT] [--json]`: the
+model shape and token count with the lowest loss for a budget of GPUs and days, each shape at its best plan's speed."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def size_command(
     loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
                                                                       "2022)."),
     mfu: float = real_option(0.4, "--mfu", 0.01, 1.0, "The fixed MFU of the comparison answer."),
+    family: str = typer.Option("gpt", "--family", help="The shapes searched: gpt (GPT-3's, OPT's and Megatron's) or "
+                                                        "llama (LLaMA 2's and 3's layers: GQA, SwiGLU, RMSNorm, RoPE)."),
     seq: int = typer.Option(2048, "--seq", min=1, max=1 << 21, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, max=1 << 22, help="Vocabulary size."),
     global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),
@@ -51,20 +53,26 @@ def size_command(
     framework: str = framework_option(),
     attention: str | None = attention_option("How the jobs run attention: "),
 ) -> None:
-    """Search GPT shapes used in practice for the lowest loss a budget of GPUs and days buys."""
+    """Search model shapes used in practice for the lowest loss a budget of GPUs and days buys."""
+    from vtrain.runconfig import RunConfig
     from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput
     from vtrain.studies.size_report import SizeStudy, size_summary, write_size_files
-    from vtrain.studies.sizing import Budget, best, practice_shapes, size_with_fixed_mfu, size_with_plans
+    from vtrain.studies.sizing import FAMILIES, Budget, best, practice_shapes, size_with_fixed_mfu, size_with_plans
 
     if loss_model not in LOSS_MODELS:
         raise InputError(f"--loss-model must be one of {', '.join(LOSS_MODELS)} (got {loss_model!r})")
+    if family not in FAMILIES:
+        raise InputError(f"--family must be one of {', '.join(FAMILIES)} (got {family!r})")
+    shapes = practice_shapes(seq, vocab, family)
+    unplaced = RunConfig(model=shapes[0], framework=framework).model_errors()
+    if unplaced:
+        raise InputError(f"--family {family}: {unplaced[0]}")
     target = output if output is not None else REPORTS / f"size-{gpus}x{days:g}d"
     check_output(target, inputs=[profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
                        device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
-    shapes = practice_shapes(seq, vocab)
     planned = size_with_plans(shapes, budget, throughput, global_batch)
     if best(planned) is None:
         raise InputError(f"no shape has a plan that runs on {gpus} GPUs (divisibility or device memory)")

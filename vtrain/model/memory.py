@@ -61,7 +61,7 @@ from vtrain.model.gpt import GptShape, embedding_parameters, head_parameters, la
 from vtrain.model.megatron import fused_softmax_available
 from vtrain.partition import Chunk, partition
 from vtrain.parallel import peak_passes_in_flight
-from vtrain.runconfig import RunConfig
+from vtrain.runconfig import ModelConfig, RunConfig
 
 GIB = 2**30
 FP32_BYTES = 4
@@ -124,6 +124,19 @@ def block_parameter_count(shape: GptShape, kind: str) -> int:
     """Parameters of one block (embedding, layer or head) on one tensor-parallel rank."""
     shapes = {"embedding": embedding_parameters, "layer": layer_parameters, "head": head_parameters}[kind](shape)
     return sum(math.prod(p) for p in shapes)
+
+
+def model_parameter_count(model: ModelConfig, tied_embeddings: bool = False) -> int:
+    """Parameters of a whole model as its weights hold them (one rank, the vocabulary unpadded): its embedding,
+    layers and head, the head's projection counted once where it is the word embedding (``tied_embeddings``: GPT's,
+    so 12·l·h² + 13·l·h + (V + s)·h + 2·h as Narayanan et al. count, SC21 §5.1, with the position embedding and the
+    final norm); a LLaMA-like layer's own (``tests/test_llama_layers.py``: published counts)."""
+    shape = GptShape(b=1, s=model.seq, h=model.hidden, a=model.heads, t=1, vocab=model.vocab,
+                     ffn_hidden=model.ffn_hidden, kv_heads=model.kv_heads, mlp=model.mlp, norm=model.norm,
+                     position=model.position, bias=model.bias, qkv_bias=model.has_qkv_bias)
+    count = (block_parameter_count(shape, "embedding") + model.layers * block_parameter_count(shape, "layer")
+             + block_parameter_count(shape, "head"))
+    return count - (model.vocab * model.hidden if tied_embeddings else 0)
 
 
 def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:

@@ -52,11 +52,12 @@ def write_size_files(study: SizeStudy, folder: Path) -> None:
     write_json(folder / "size.json", size_summary(study))
     with (folder / "candidates.csv").open("w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(["layers", "hidden", "heads", "parameters", "plan", "mfu", "tokens_per_s", "tokens", "loss",
-                         "fixed_mfu_tokens", "fixed_mfu_loss"])
+        writer.writerow(["layers", "hidden", "heads", "kv_heads", "ffn_hidden", "parameters", "plan", "mfu",
+                         "tokens_per_s", "tokens", "loss", "fixed_mfu_tokens", "fixed_mfu_loss"])
         for planned, fixed in zip(study.planned, study.fixed):
             p = planned.prediction
-            writer.writerow([planned.model.layers, planned.model.hidden, planned.model.heads, planned.parameters,
+            m = planned.model
+            writer.writerow([m.layers, m.hidden, m.heads, m.query_groups, m.ffn, planned.parameters,
                              p.label if p else "", f"{p.plan.get('mfu', float('nan')):.4f}" if p else "",
                              f"{p.tokens_per_s:.1f}" if p else "", f"{planned.tokens:.4g}", f"{planned.loss:.5f}",
                              f"{fixed.tokens:.4g}", f"{fixed.loss:.5f}"])
@@ -110,7 +111,10 @@ def loss_figure(study: SizeStudy):  # -> plotly Figure
 
 
 def _shape(s: Sized) -> str:
-    return f"l{s.model.layers} h{s.model.hidden} a{s.model.heads}"
+    """``l48 h8192 a64``, with a LLaMA-like layer's key/value heads and MLP width (``kv8 f28672``)."""
+    m = s.model
+    llama = f" kv{m.query_groups} f{m.ffn}" if not m.is_gpt else ""
+    return f"l{m.layers} h{m.hidden} a{m.heads}{llama}"
 
 
 def _candidate_table(study: SizeStudy) -> tuple[list[str], list[list[str]]]:

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vtrain.model.memory import model_parameter_count
 from vtrain.runconfig import ModelConfig
 from vtrain.studies.throughput import Prediction, Throughput, Workload
 
@@ -27,11 +28,21 @@ CHINCHILLA_SOURCE = ("Chinchilla parametric fit L(N, D) = E + A/N^α + B/D^β, E
                      "β=0.28 (Hoffmann et al., 2022, arXiv:2203.15556, Eq. 2)")
 
 #: GPT shapes trained in practice (layers, hidden, heads): GPT-3's family (Brown et al., 2020, Table 2.1),
-#: OPT-30B and OPT-66B (Zhang et al., 2022, Table 1), Megatron's 39B–530B (Narayanan et al., SC21, Table 1)
+#: OPT-30B and OPT-66B (Zhang et al., 2022, Table 1), Megatron's 39B–530B (Narayanan et al., SC21, Table 1); their
+#: output projection is the word embedding (tied)
 PRACTICE_SHAPES: tuple[tuple[int, int, int], ...] = (
     (24, 2048, 16), (32, 2560, 32), (32, 4096, 32), (40, 5120, 40), (48, 7168, 56), (48, 8192, 64),
     (60, 10240, 80), (64, 9216, 72), (80, 12288, 96), (96, 12288, 96), (96, 16384, 128), (105, 20480, 128),
 )
+#: LLaMA shapes trained in practice (layers, hidden, heads, key/value heads, MLP width): LLaMA 2 7B, 13B, 34B and 70B
+#: (Touvron et al., 2023, Table 1 and the released configs), LLaMA 3 8B and 405B (Dubey et al., 2024, Table 3); each
+#: with RMSNorm, rotary positions, a SwiGLU MLP, no biases and its own output projection (untied)
+LLAMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
+    (32, 4096, 32, 32, 11008), (32, 4096, 32, 8, 14336), (40, 5120, 40, 40, 13824), (48, 8192, 64, 8, 22016),
+    (80, 8192, 64, 8, 28672), (126, 16384, 128, 8, 53248),
+)
+#: the shape families a study searches (`vtrain size --family`)
+FAMILIES = ("gpt", "llama")
 
 
 def chinchilla_loss(parameters: float, tokens: float) -> float:
@@ -50,10 +61,10 @@ def chinchilla_optimum(flops: float) -> tuple[float, float]:
 
 
 def parameter_count(model: ModelConfig) -> int:
-    """Parameters of a GPT model, embeddings included: ``12·l·h² + 13·l·h + (V + s)·h + 2·h`` (Narayanan et al.,
-    SC21, Section 5.1, plus the position embedding and the final layer norm)."""
-    l, h = model.layers, model.hidden
-    return 12 * l * h * h + 13 * l * h + (model.vocab + model.seq) * h + 2 * h
+    """Parameters of a shape a study searches, embeddings included: a GPT's with its output projection tied to the
+    word embedding (``12·l·h² + 13·l·h + (V + s)·h + 2·h``), a LLaMA's with its own
+    (:func:`~vtrain.model.memory.model_parameter_count`)."""
+    return model_parameter_count(model, tied_embeddings=model.is_gpt)
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,8 @@ class Sized:
     def to_dict(self) -> dict[str, object]:
         m = self.model
         return {"parameters": self.parameters, "tokens": self.tokens, "layers": m.layers, "hidden": m.hidden,
-                "heads": m.heads, "seq": m.seq, "vocab": m.vocab, "loss": self.loss,
+                "heads": m.heads, "kv_heads": m.query_groups, "ffn_hidden": m.ffn, "seq": m.seq, "vocab": m.vocab,
+                "loss": self.loss,
                 "tokens_per_s": self.prediction.tokens_per_s if self.prediction else None,
                 "plan": dict(self.prediction.plan) if self.prediction else None,
                 "plan_label": self.prediction.label if self.prediction else None}
@@ -122,6 +134,10 @@ def best(sized: Sequence[Sized]) -> Sized | None:
     return min(runnable, key=lambda s: s.loss) if runnable else None
 
 
-def practice_shapes(seq: int, vocab: int) -> list[ModelConfig]:
-    """:data:`PRACTICE_SHAPES` as models of sequence length ``seq`` and vocabulary ``vocab``."""
+def practice_shapes(seq: int, vocab: int, family: str = "gpt") -> list[ModelConfig]:
+    """The shapes of ``family`` (:data:`PRACTICE_SHAPES`, :data:`LLAMA_SHAPES`) as models of sequence length ``seq``
+    and vocabulary ``vocab``."""
+    if family == "llama":
+        return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, kv_heads=kv, ffn_hidden=f, mlp="swiglu",
+                            norm="rmsnorm", position="rope", bias=False) for l, h, a, kv, f in LLAMA_SHAPES]
     return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab) for l, h, a in PRACTICE_SHAPES]
