@@ -61,6 +61,7 @@ def size_command(
 
     if loss_model not in LOSS_MODELS:
         raise InputError(f"--loss-model must be one of {', '.join(LOSS_MODELS)} (got {loss_model!r})")
+    family = family.strip().lower()
     if family not in FAMILIES:
         raise InputError(f"--family must be one of {', '.join(FAMILIES)} (got {family!r})")
     shapes = practice_shapes(seq, vocab, family)
