@@ -539,11 +539,10 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_
 
 def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's),
-    trained as Megatron-LM trains it, in
-    the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on the sequence it was pretrained at
-    (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the
-    warning to give: what was assumed, and what its layer has that vtrain places otherwise (sliding-window
-    attention)."""
+    trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on
+    the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism (a plan sweeps it,
+    ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
+    vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
