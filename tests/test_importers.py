@@ -382,14 +382,16 @@ def test_measurement_columns_of_llama_like_runs(tmp_path):
     assert table["iteration_ms"][0] == pytest.approx(flops / (400e12 * 1024) * 1e3, rel=1e-12)
     assert table["iteration_ms"][1] == pytest.approx(
         72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)) / (400e12 * 1024) * 1e3, rel=1e-12)
-    layer = "norm,position embedding,add bias linear,add qkv bias"  # Megatron-LM's names for LLaMA's and Qwen2's
+    # Megatron-LM's names for LLaMA's and Qwen2's layer, Hugging Face's for the untied output projection
+    layer = "norm,position embedding,add bias linear,add qkv bias,tie word embeddings"
     path = write(tmp_path / "layers.csv", [f"{header},{layer}",
                                            "64,8192,80,8,8,1024,1024,1,4096,32000,28672,8,SwiGLU,400,RMSNorm,RoPE,"
-                                           "false,true", "64,8192,80,8,8,1024,1024,1,4096,32000,,,,400,,,,"])
-    qwen, gpt = (measurement_config(row, framework="megatron").model for row in
+                                           "false,true,false", "64,8192,80,8,8,1024,1024,1,4096,32000,,,,400,,,,,"])
+    qwen, gpt = (measurement_config(row, framework="megatron") for row in
                  read_measurements(path, recompute="none").iter_rows(named=True))
-    assert (qwen.norm, qwen.position, qwen.bias, qwen.has_qkv_bias) == ("rmsnorm", "rope", False, True)
-    assert gpt.is_gpt
+    assert (qwen.model.norm, qwen.model.position, qwen.model.bias, qwen.model.has_qkv_bias) == ("rmsnorm", "rope",
+                                                                                                False, True)
+    assert gpt.model.is_gpt and gpt.ties_embeddings and not qwen.ties_embeddings
 
 
 def test_measurement_table_with_an_unknown_column(tmp_path):

@@ -17,13 +17,22 @@ import polars as pl
 import pytest
 
 from tests.conftest import vtrain_in_process
+from vtrain.devices.catalog import device_model
 from vtrain.errors import InputError
 from vtrain.flops import LayerShape, layer_gemm_flops, model_flops
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import block_parameter_count, mlp_kept_elements, peak_stage_memory, qkv_kept_elements
-from vtrain.model.ops import Op
+from vtrain.model.memory import (
+    mlp_kept_elements,
+    model_parameter_count,
+    peak_stage_memory,
+    qkv_kept_elements,
+    stage_parameter_count,
+)
+from vtrain.model.ops import Collective, Op
+from vtrain.parallel import Layout
+from vtrain.partition import partition
 from vtrain.plan.cost import model_flops_per_iteration
 from vtrain.record.launcher import record
 from vtrain.runconfig import (
@@ -37,6 +46,7 @@ from vtrain.runconfig import (
 )
 from vtrain.simulate import MEASURED, simulate
 from vtrain.simulate.latency import OpLatencyResolver
+from vtrain.simulate.run import resolve_work
 
 #: two query heads a key/value head, an MLP 3/2 as wide as hidden
 MODEL = ModelConfig(layers=4, hidden=64, heads=4, seq=32, vocab=512, ffn_hidden=96, kv_heads=2, mlp="swiglu")
@@ -257,10 +267,43 @@ def test_a_llama_layer_holds_the_parameters_its_published_weights_do(name) -> No
     data, published = PUBLISHED_PARAMETERS[name]
     with pytest.warns(UserWarning, match="Hugging Face"):
         config = run_config_from_dict(data, f"{name}/config.json")
-    shape = GptShape.from_config(config)
-    count = (block_parameter_count(shape, "embedding") + block_parameter_count(shape, "head")
-             + config.model.layers * block_parameter_count(shape, "layer"))
-    assert count == published
+    assert model_parameter_count(config.model) == published
+
+
+def test_tied_embeddings_are_one_matrix_and_their_gradients_are_summed_over_the_pipeline(tmp_path) -> None:
+    """Megatron ties GPT's output projection to its word embedding (``tie_embeddings``, by default under framework
+    megatron): where one stage holds both it is one matrix (GPT-3 1.3B's parameters as Narayanan et al. count
+    them; fewer optimizer states, a shorter optimizer step), and where the pipeline splits them the first and the
+    last stage all-reduce its gradients before the step. LLaMA's own projection (``tie_word_embeddings: false``)
+    stays; the reference model (`vtrain record`'s) has its own head and refuses a tie in one line."""
+    model = ModelConfig(layers=24, hidden=2048, heads=16, seq=2048, vocab=51200)
+    gpt3_xl = RunConfig(model=model, parallelism=ParallelConfig(global_batch=8), precision="fp16",
+                        framework="megatron", hardware=HardwareConfig(device="A100", device_count=1))
+    untied = replace(gpt3_xl, model=replace(model, tie_embeddings=False))
+    shape = GptShape.from_config(gpt3_xl)
+    [chunks] = partition(gpt3_xl)
+    l, h, v, s = 24, 2048, 51200, 2048
+    assert stage_parameter_count(shape, chunks) == 12 * l * h * h + 13 * l * h + (v + s) * h + 2 * h
+    assert stage_parameter_count(GptShape.from_config(untied), partition(untied)[0]) - \
+        stage_parameter_count(shape, chunks) == v * h
+    tied_run, untied_run = simulate(gpt3_xl), simulate(untied)
+    assert tied_run.breakdown_us["optimizer"] < untied_run.breakdown_us["optimizer"]
+    assert tied_run.largest_stage_bytes < untied_run.largest_stage_bytes
+    split = replace(gpt3_xl, parallelism=ParallelConfig(pp=2, dp=2, global_batch=8),
+                    hardware=HardwareConfig(device="A100", device_count=4))
+    _, inputs, _, _ = resolve_work(split, None, device_model("A100"))
+    for stage in range(2):
+        [step, *_] = [resolved.step for resolved in inputs.optimizer[stage].blocks[0].steps]
+        assert isinstance(step, Collective) and (step.purpose, step.op, step.bytes) == ("embedding", "all_reduce",
+                                                                                       v * h * 2)  # fp16 grads
+    assert Layout.of(split).group_stride("embedding") == (2, 2)
+    with pytest.warns(UserWarning):
+        llama = run_config_from_dict(PUBLISHED_PARAMETERS["Llama-2-7b"][0])
+    assert llama.model.tie_embeddings is False and not llama.ties_embeddings
+    path = tmp_path / "run.yaml"
+    save_run_config(replace(gpt3_xl, framework="reference", model=replace(model, tie_embeddings=True)), path)
+    ran = vtrain_in_process("simulate", path)
+    assert ran.returncode == 2 and "tie_embeddings is Megatron's" in ran.stderr and len(ran.stderr.splitlines()) == 1
 
 
 def test_megatron_places_rmsnorm_rotary_positions_and_layers_without_biases(tmp_path) -> None:
@@ -356,7 +399,7 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
         config = load_run_config(path)
     assert config.model == ModelConfig(layers=4, hidden=512, heads=8, seq=1024, vocab=8192, ffn_hidden=1792,
                                        kv_heads=2, mlp="swiglu", norm="rmsnorm", position="rope", bias=False,
-                                       qkv_bias=False)
+                                       qkv_bias=False, tie_embeddings=False)
     assert (config.precision, config.framework) == ("bf16", "megatron")
     planned = vtrain_in_process("plan", path, "--gpus", "4", "--global-batch", "16", "--device", "A100-80GB",
                                 "--price-per-gpu-hour", "2", "-o", tmp_path / "plan", "--json")
@@ -373,7 +416,8 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
                                 "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new"}))
     with pytest.warns(UserWarning, match=r"gpt2 config: sequence 1024 \(n_positions; --seq trains at another "
                                          r"length\), bf16"):
-        assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257)
+        assert load_run_config(gpt2).model == ModelConfig(layers=12, hidden=768, heads=12, seq=1024, vocab=50257,
+                                                          tie_embeddings=True)
     path.write_text(json.dumps({**HF_LLAMA, "torch_dtype": "float8_e4m3fn"}))
     with pytest.warns(UserWarning, match="bf16 \\(torch_dtype 'float8_e4m3fn'\\)"):
         assert load_run_config(path).precision == "bf16"

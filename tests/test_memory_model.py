@@ -157,10 +157,11 @@ def test_mixed_precision_keeps_16_bytes_per_parameter_and_half_the_activations()
     params = wide.parameter_bytes // 4
     assert half.parameter_bytes + half.gradient_bytes + half.optimizer_bytes == 8 * params
     assert wide.parameter_bytes + wide.gradient_bytes + wide.optimizer_bytes == 16 * params
-    megatron = peak_stage_memory(run_config_from_dict({**fp16.to_dict(), "framework": "megatron"}))
+    untied = {**fp16.to_dict(), "model": {**fp16.to_dict()["model"], "tie_embeddings": False}}  # the same parameters
+    megatron = peak_stage_memory(run_config_from_dict({**untied, "framework": "megatron"}))
     assert megatron.parameter_bytes + megatron.gradient_bytes + megatron.optimizer_bytes == 16 * params
     assert megatron.step_bytes == 4 * params  # the step's fp32 copies of the fp16 gradients
-    bf16 = peak_stage_memory(run_config_from_dict({**fp16.to_dict(), "framework": "megatron", "precision": "bf16"}))
+    bf16 = peak_stage_memory(run_config_from_dict({**untied, "framework": "megatron", "precision": "bf16"}))
     assert (bf16.parameter_bytes, bf16.gradient_bytes, bf16.step_bytes) == (2 * params, 4 * params, 0)
     softmax = GptShape.from_config(fp16).tokens * fp16.model.vocab * 4  # the head's softmax stays fp32, and the
     fp32 = 2 * softmax  # logits it is computed from are held beside it at the head's peak

@@ -88,8 +88,11 @@ class Layout:
 
     def group_stride(self, purpose: str) -> tuple[int, int]:
         """Size and rank stride of a ``tp``, ``dp`` or ``pp`` (one send/receive pair) group: tp ranks are adjacent,
-        dp ranks ``tp`` apart, pipeline neighbours ``tp * dp`` apart."""
-        return {"tp": (self.tp, 1), "dp": (self.dp, self.tp), "pp": (2, self.tp * self.dp)}[purpose]
+        dp ranks ``tp`` apart, pipeline neighbours ``tp * dp`` apart; an ``embedding`` group is the first and the
+        last stage's ranks of the same tp and dp index (Megatron's, for tied embeddings)."""
+        pipeline = self.tp * self.dp
+        return {"tp": (self.tp, 1), "dp": (self.dp, self.tp), "pp": (2, pipeline),
+                "embedding": (2, pipeline * max(self.pp - 1, 1))}[purpose]
 
     def channels(self, wrap_around: bool) -> list[tuple[int, int, str]]:
         """Every pipeline channel ``(src_stage, dst_stage, kind)``; ``wrap_around`` adds last -> first stage

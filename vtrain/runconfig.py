@@ -6,7 +6,8 @@ A run config is a YAML (or JSON) mapping with these sections::
     model:       {layers: 2, hidden: 64, heads: 4, seq: 32, vocab: 512,
                   ffn_hidden: null, kv_heads: null, mlp: gelu,   # 4h | the heads | gelu; swiglu: gated
                   norm: layernorm, position: learned,   # rmsnorm | rope: LLaMA's (framework megatron)
-                  bias: true, qkv_bias: null}           # the linear layers' biases | QKV's (null: as bias)
+                  bias: true, qkv_bias: null,           # the linear layers' biases | QKV's (null: as bias)
+                  tie_embeddings: null}                 # output projection = word embedding (null: megatron yes)
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
                   dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false,
@@ -106,6 +107,9 @@ class ModelConfig:
     position: str = "learned"  # learned | rope
     bias: bool = True  # the linear layers' biases (QKV, attention output, fc1, fc2)
     qkv_bias: bool | None = None  # the QKV projection's bias where it differs from the others' (Qwen2's); None: bias
+    #: whether the output projection is the word embedding (one matrix, its gradients summed over the first and last
+    #: stages); None: the framework's way, Megatron's tied (GPT's), the reference model's own (`vtrain record`'s)
+    tie_embeddings: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("mlp", "norm", "position"):  # a config's SwiGLU, RMSNorm, RoPE
@@ -220,6 +224,13 @@ class RunConfig:
             data["parallelism"]["stage_layers"] = list(self.parallelism.stage_layers)
         return data
 
+    @property
+    def ties_embeddings(self) -> bool:
+        """Whether the output projection is the word embedding: the model's ``tie_embeddings``, else Megatron's
+        default (tied: ``--untie-embeddings-and-output-weights`` off) and the reference model's own head."""
+        tied = self.model.tie_embeddings
+        return tied if tied is not None else self.framework == "megatron"
+
     def with_overrides(self, **parallel: Any) -> RunConfig:
         """A copy with parallelism fields replaced (``None`` values are ignored)."""
         changes = {key: value for key, value in parallel.items() if value is not None}
@@ -319,6 +330,9 @@ def _architecture_errors(config: RunConfig) -> list[str]:
         errors.append(f"norm must be one of {', '.join(NORMS)} (got {shown(m.norm)})")
     if m.position not in POSITIONS:
         errors.append(f"position must be one of {', '.join(POSITIONS)} (got {shown(m.position)})")
+    if m.tie_embeddings and config.framework == "reference":
+        errors.append("tie_embeddings is Megatron's (framework megatron): vtrain record's reference model has its own "
+                      "output projection")
     if not errors and not m.is_gpt and config.framework != "megatron":
         errors.append("RMSNorm, rotary positions and bias-free layers are placed with Megatron's kernels (framework "
                       f"megatron): vtrain record's reference model has GPT's layer (got framework "
@@ -538,8 +552,9 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_
 
 
 def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
-    """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's),
-    trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on
+    """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
+    the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
+    as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on
     the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism (a plan sweeps it,
     ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
     vtrain places otherwise (sliding-window attention)."""
@@ -559,7 +574,8 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
                             vocab=_whole(data.get("vocab_size", 50257)),
                             ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
                             kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else None,
-                            mlp="swiglu" if llama else "gelu", **(_hf_llama_layer(data, kind) if llama else {}))
+                            mlp="swiglu" if llama else "gelu", **(_hf_llama_layer(data, kind) if llama else {}),
+                            tie_embeddings=_flag(_given(data, "tie_word_embeddings", not llama)))
     except KeyError as exc:
         raise InputError(f"Hugging Face {kind} config is missing {exc.args[0]!r}", source) from None
     except (TypeError, ValueError, OverflowError) as exc:

@@ -17,8 +17,9 @@ vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, di
 inter-node Gbit/s, framework, precision (fp16, bf16, fp32), attention (eager, flash), CUDA graphs (each layer
 replayed from graphs: true or false), the MLP's width (``ffn hidden size``), key/value heads (``kv heads``,
 grouped-query attention), the MLP (``mlp``: gelu, swiglu), the norm (``norm``: layernorm, rmsnorm), the positions
-(``position``: learned, rope), the linear layers' biases (``bias``, ``qkv bias``: true or false) and the layers of
-each pipeline stage where a run split them unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
+(``position``: learned, rope), the linear layers' biases (``bias``, ``qkv bias``: true or false), whether the output
+projection is the word embedding (``tie embeddings``) and the layers of each pipeline stage where a run split them
+unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
 inter-node rate of ``0`` counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
@@ -118,6 +119,7 @@ OPTIONAL_COLUMNS = {
     "position": (("position", "position embedding", "position embedding type"), pl.String),
     "bias": (("bias", "linear bias", "add bias linear"), pl.Boolean),
     "qkv_bias": (("qkv bias", "add qkv bias"), pl.Boolean),
+    "tie_embeddings": (("tie embeddings", "tied embeddings", "tie word embeddings"), pl.Boolean),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
@@ -424,7 +426,8 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                           seq=int(row["seq"]), vocab=int(given("vocab", VOCAB)), ffn_hidden=row.get("ffn_hidden"),
                           kv_heads=row.get("kv_heads"), mlp=str(given("mlp", "gelu")),
                           norm=str(given("norm", "layernorm")), position=str(given("position", "learned")),
-                          bias=bool(given("bias", True)), qkv_bias=row.get("qkv_bias")),
+                          bias=bool(given("bias", True)), qkv_bias=row.get("qkv_bias"),
+                          tie_embeddings=row.get("tie_embeddings")),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
                                    schedule=str(given("schedule", SCHEDULE)),

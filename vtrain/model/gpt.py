@@ -51,6 +51,7 @@ class GptShape:
     position: str = "learned"  # learned (a position embedding) | rope (queries and keys rotated in every layer)
     bias: bool = True  # the attention output's and the MLP's linear layers add a bias
     qkv_bias: bool = True  # the QKV projection adds a bias
+    tied: bool = False  # the output projection is the word embedding (where a stage holds both, one matrix)
 
     @property
     def d(self) -> int:
@@ -120,7 +121,7 @@ class GptShape:
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
                    optimizer_shards=p.dp if p.distributed_optimizer else 1,
                    ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp, norm=m.norm, position=m.position,
-                   bias=m.bias, qkv_bias=m.has_qkv_bias)
+                   bias=m.bias, qkv_bias=m.has_qkv_bias, tied=config.ties_embeddings)
 
     def norm_parameters(self) -> list[tuple[int, ...]]:
         """One norm's parameters: a layer norm's weight and bias, an RMSNorm's weight."""
@@ -433,9 +434,11 @@ def embedding_backward(shape: GptShape, accumulate: bool = False) -> list[Step]:
 
 # --------------------------------------------------------------------------------------------- head
 
-def head_parameters(shape: GptShape) -> list[tuple[int, ...]]:
-    """Final norm and the (untied) vocabulary-parallel output projection."""
-    return [*shape.norm_parameters(), (shape.vocab_per_rank, shape.h)]
+def head_parameters(shape: GptShape, with_embedding: bool = False) -> list[tuple[int, ...]]:
+    """Final norm and the vocabulary-parallel output projection, but where the head's chunk holds the embedding
+    too (``with_embedding``) and the two are tied: then the projection is the word embedding's, counted there."""
+    projection = [] if with_embedding and shape.tied else [(shape.vocab_per_rank, shape.h)]
+    return [*shape.norm_parameters(), *projection]
 
 
 def head_forward(shape: GptShape) -> list[Step]:

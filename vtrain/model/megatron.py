@@ -390,6 +390,13 @@ def _reference_head(shape: GptShape) -> GptShape:
     return replace(shape, framework="reference", sequence_parallel=False)
 
 
+def tied_embedding_reduction(shape: GptShape, gradient_bytes: int) -> list[Step]:
+    """Megatron's all-reduce of the word embedding's gradients between the first stage (the embedding) and the last
+    (the output projection, a copy of it) before the optimizer step (``_allreduce_word_embedding_grads``), where
+    they are tied; on the stages that hold either."""
+    return [Collective("embedding", "all_reduce", shape.vocab_per_rank * shape.h * gradient_bytes, shape.dtype)]
+
+
 def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
     """Megatron's fp16 optimizer step over this rank's parameters (multi-tensor kernels over all of them); with the
     distributed optimizer (``shape.optimizer_shards`` = d) over its 1/d of them, but for zeroing the whole gradient

@@ -112,38 +112,47 @@ def stage_parameters(shape: GptShape, chunks: list[Chunk]) -> list[tuple[int, ..
 
 
 def block_parameters(shape: GptShape, chunk: Chunk) -> list[tuple[int, ...]]:
-    """Parameter shapes of one chunk, in registration order."""
+    """Parameter shapes of one chunk, in registration order (a tied output projection counted with the word
+    embedding where the chunk holds both)."""
     params: list[tuple[int, ...]] = []
     for kind, _ in chunk.forward_blocks():
-        params += {"embedding": embedding_parameters, "layer": layer_parameters, "head": head_parameters}[kind](shape)
+        params += kind_parameters(shape, kind, chunk.has_embedding)
     return params
 
 
+def kind_parameters(shape: GptShape, kind: str, with_embedding: bool = False) -> list[tuple[int, ...]]:
+    """Parameter shapes of one block of ``kind`` (embedding, layer, head: the head's in a chunk that holds the
+    embedding too, ``with_embedding``)."""
+    if kind == "head":
+        return head_parameters(shape, with_embedding)
+    return {"embedding": embedding_parameters, "layer": layer_parameters}[kind](shape)
+
+
 @lru_cache(maxsize=1024)
-def block_parameter_count(shape: GptShape, kind: str) -> int:
-    """Parameters of one block (embedding, layer or head) on one tensor-parallel rank."""
-    shapes = {"embedding": embedding_parameters, "layer": layer_parameters, "head": head_parameters}[kind](shape)
-    return sum(math.prod(p) for p in shapes)
+def block_parameter_count(shape: GptShape, kind: str, with_embedding: bool = False) -> int:
+    """Parameters of one block (embedding, layer or head) on one tensor-parallel rank (the head's in a chunk that
+    holds the embedding too: ``with_embedding``)."""
+    return sum(math.prod(p) for p in kind_parameters(shape, kind, with_embedding))
 
 
-def model_parameter_count(model: ModelConfig, tied_embeddings: bool = False) -> int:
+def model_parameter_count(model: ModelConfig) -> int:
     """Parameters of a whole model as its weights hold them (one rank, the vocabulary unpadded): its embedding,
-    layers and head, the head's projection counted once where it is the word embedding (``tied_embeddings``: GPT's,
+    layers and head, the output projection counted once where it is the word embedding (``tie_embeddings``: GPT's,
     so 12·l·h² + 13·l·h + (V + s)·h + 2·h as Narayanan et al. count, SC21 §5.1, with the position embedding and the
     final norm); a LLaMA-like layer's own (``tests/test_llama_layers.py``: published counts)."""
     shape = GptShape(b=1, s=model.seq, h=model.hidden, a=model.heads, t=1, vocab=model.vocab,
                      ffn_hidden=model.ffn_hidden, kv_heads=model.kv_heads, mlp=model.mlp, norm=model.norm,
-                     position=model.position, bias=model.bias, qkv_bias=model.has_qkv_bias)
-    count = (block_parameter_count(shape, "embedding") + model.layers * block_parameter_count(shape, "layer")
-             + block_parameter_count(shape, "head"))
-    return count - (model.vocab * model.hidden if tied_embeddings else 0)
+                     position=model.position, bias=model.bias, qkv_bias=model.has_qkv_bias,
+                     tied=bool(model.tie_embeddings))
+    return (block_parameter_count(shape, "embedding") + model.layers * block_parameter_count(shape, "layer")
+            + block_parameter_count(shape, "head", with_embedding=True))
 
 
 def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
     """Parameters of a stage (all its chunks) on one tensor-parallel rank."""
     return sum(chunk.layers * block_parameter_count(shape, "layer")
                + chunk.has_embedding * block_parameter_count(shape, "embedding")
-               + chunk.has_head * block_parameter_count(shape, "head") for chunk in chunks)
+               + chunk.has_head * block_parameter_count(shape, "head", chunk.has_embedding) for chunk in chunks)
 
 
 def layer_activation_bytes(shape: GptShape, recompute: str) -> int:

@@ -78,6 +78,8 @@ def _uses(config: RunConfig, inputs: GraphInputs) -> list[tuple[PhaseWork | Comm
     uses += [(work, m - 1 if accumulate else 1) for (_, _, accumulate), work in inputs.backward.items()]
     uses += [(work, 1) for work in inputs.optimizer.values()]
     uses += [(bucket.comm, 1) for buckets in inputs.dp_buckets.values() for bucket in buckets]
+    uses += [(bucket.gather, 1) for buckets in inputs.dp_buckets.values() for bucket in buckets
+             if bucket.gather is not None]  # the distributed optimizer's parameter all-gathers
     if inputs.pp_transfer is not None:
         uses.append((inputs.pp_transfer, transfers))
     return uses

@@ -23,9 +23,9 @@ from functools import lru_cache
 
 from vtrain.collective_cost import nodes_spanned
 from vtrain.graph.work import BlockWork, Bucket, CommWork, GraphInputs, PhaseWork
-from vtrain.model import gpt
+from vtrain.model import gpt, megatron
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import stage_parameters, state_bytes
+from vtrain.model.memory import kind_parameters, stage_parameters, state_bytes
 from vtrain.model.ops import Collective, Op, Step
 from vtrain.partition import Chunk
 from vtrain.naming import ALL, parse_span_name
@@ -47,7 +47,6 @@ from vtrain.simulate.latency import (
 _FORWARD_STEPS = {"embedding": gpt.embedding_forward, "layer": gpt.layer_forward, "head": gpt.head_forward,
                   "attention": gpt.attention_core}
 _BACKWARD_STEPS = {"embedding": gpt.embedding_backward, "layer": gpt.layer_backward, "head": gpt.head_backward}
-_PARAMETERS = {"embedding": gpt.embedding_parameters, "layer": gpt.layer_parameters, "head": gpt.head_parameters}
 
 
 @dataclass(frozen=True)
@@ -310,12 +309,20 @@ class WorkloadResolver:
             params = tuple(stage_parameters(self.shape, chunks))
             rate, collective_us = self._issue_rate("optimizer", where)
             resolved = tuple(self.resolve_step(s, "optimizer", where, with_gap=rate is None)
-                             for s in optimizer_steps(self.shape, params))
+                             for s in (*self._tied_reduction(chunks), *optimizer_steps(self.shape, params)))
             if rate is not None:
                 resolved = issued(resolved, rate, "optimizer", collective_us=collective_us)
             self._resolved[key] = (resolved, sum(r.latency_us for r in resolved), sum(r.gap_us for r in resolved))
         resolved, compute, host = self._resolved[key]  # type: ignore[misc]
         return PhaseWork((BlockWork("optimizer", "optimizer", None, resolved, compute, 0.0, host),))
+
+    def _tied_reduction(self, chunks: list[Chunk]) -> list[Step]:
+        """The tied word embedding's gradient all-reduce on a stage that holds the embedding or the output
+        projection, where the pipeline splits them (:func:`~vtrain.model.megatron.tied_embedding_reduction`)."""
+        if not (self.shape.tied and self.config.parallelism.pp > 1
+                and any(chunk.has_embedding or chunk.has_head for chunk in chunks)):
+            return []
+        return megatron.tied_embedding_reduction(self.shape, state_bytes(self.config)[1])
 
     def comm(self, purpose: str, op: str, nbytes: int) -> CommWork:
         """A pipeline transfer or data-parallel all-reduce of ``nbytes``."""
@@ -355,11 +362,12 @@ class WorkloadResolver:
         sizes: list[tuple[int, int]] = []  # (after block, parameters)
         filled = 0
         last_block = 0
+        with_embedding = any(block.kind == "embedding" for block in backward.blocks)
         for index, block in enumerate(backward.blocks):
             if block.phase != "backward":
                 continue
             last_block = index
-            for param in reversed(_PARAMETERS[block.kind](self.shape)):
+            for param in reversed(kind_parameters(self.shape, block.kind, with_embedding)):
                 filled += math.prod(param)
                 if filled * gradient >= limit:
                     sizes.append((index, filled))

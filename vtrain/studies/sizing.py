@@ -61,10 +61,10 @@ def chinchilla_optimum(flops: float) -> tuple[float, float]:
 
 
 def parameter_count(model: ModelConfig) -> int:
-    """Parameters of a shape a study searches, embeddings included: a GPT's with its output projection tied to the
-    word embedding (``12·l·h² + 13·l·h + (V + s)·h + 2·h``), a LLaMA's with its own
-    (:func:`~vtrain.model.memory.model_parameter_count`)."""
-    return model_parameter_count(model, tied_embeddings=model.is_gpt)
+    """Parameters of a shape a study searches, embeddings included (:func:`~vtrain.model.memory.model_parameter_count`:
+    a GPT's with its output projection tied to the word embedding, ``12·l·h² + 13·l·h + (V + s)·h + 2·h``; a
+    LLaMA's with its own)."""
+    return model_parameter_count(model)
 
 
 @dataclass(frozen=True)
@@ -139,5 +139,7 @@ def practice_shapes(seq: int, vocab: int, family: str = "gpt") -> list[ModelConf
     and vocabulary ``vocab``."""
     if family == "llama":
         return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, kv_heads=kv, ffn_hidden=f, mlp="swiglu",
-                            norm="rmsnorm", position="rope", bias=False) for l, h, a, kv, f in LLAMA_SHAPES]
-    return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab) for l, h, a in PRACTICE_SHAPES]
+                            norm="rmsnorm", position="rope", bias=False, tie_embeddings=False)
+                for l, h, a, kv, f in LLAMA_SHAPES]
+    return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, tie_embeddings=True)
+            for l, h, a in PRACTICE_SHAPES]
