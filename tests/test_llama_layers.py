@@ -339,10 +339,13 @@ def test_megatron_places_rmsnorm_rotary_positions_and_layers_without_biases(tmp_
     assert ran.returncode == 2 and len(lines) == 1 and "framework megatron" in lines[0], ran.stderr
     planned = vtrain_in_process("plan", "--layers", "2", "--hidden", "256", "--heads", "8", "--kv-heads", "2",
                                 "--ffn-hidden", "704", "--mlp", "swiglu", "--norm", "rmsnorm", "--position", "rope",
-                                "--no-bias", "--seq", "128", "--vocab", "1024", "--global-batch", "4", "--gpus", "2",
-                                "--attention", "flash", "--precision", "bf16", "--json", "-o", tmp_path / "plan")
+                                "--no-bias", "--untie-embeddings", "--seq", "128", "--vocab", "1024", "--global-batch",
+                                "4", "--gpus", "2", "--attention", "flash", "--precision", "bf16", "--json", "-o",
+                                tmp_path / "plan")
     assert planned.returncode == 0, planned.stderr
     assert "RMSNorm, rotary positions, no biases" in json.loads(planned.stdout)["model"]
+    with_config = vtrain_in_process("plan", path, "--untie-embeddings", "--gpus", "2", "-o", tmp_path / "refused")
+    assert with_config.returncode == 2 and "--untie-embeddings" in with_config.stderr
 
 
 def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_path) -> None:

@@ -125,6 +125,13 @@ def position_option() -> Any:
                         help="Positions: learned (an embedding), or rope (rotary: LLaMA, Mistral).")
 
 
+def tie_embeddings_option() -> Any:
+    """``--tie-embeddings/--untie-embeddings``: whether the output projection is the word embedding."""
+    return typer.Option(None, "--tie-embeddings/--untie-embeddings",
+                        help="Whether the output projection is the word embedding (default: Megatron's tie, GPT's; "
+                             "LLaMA: --untie-embeddings).")
+
+
 def bias_option() -> Any:
     """``--bias/--no-bias``: whether the linear layers add biases."""
     return typer.Option(True, "--bias/--no-bias", help="Whether the linear layers add biases (LLaMA: --no-bias).")

@@ -22,6 +22,7 @@ from vtrain.cli.options import (
     mlp_option,
     norm_option,
     position_option,
+    tie_embeddings_option,
     real_option,
 )
 from vtrain.devices.catalog import canonical_device_name, device_model
@@ -94,6 +95,7 @@ def plan_command(
     norm: str = norm_option(),
     position: str = position_option(),
     bias: bool = bias_option(),
+    tie_embeddings: bool | None = tie_embeddings_option(),
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
                                       "one)."),
     attention: str | None = attention_option(),
@@ -111,7 +113,8 @@ def plan_command(
     from vtrain.plan.sweep import sweep
     from vtrain.tables.store import load_profile
 
-    shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias)
+    shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias,
+                       tie_embeddings)
     base = _base_config(model, global_batch, shape, device)
     if attention is not None:
         base = replace(base, attention=attention)
@@ -169,6 +172,7 @@ class ModelShape(NamedTuple):
     norm: str
     position: str
     bias: bool
+    tie_embeddings: bool | None
 
     def given(self) -> list[str]:
         """The flags of the model's shape that were given."""
@@ -177,7 +181,8 @@ class ModelShape(NamedTuple):
                  ("--mlp", None if self.mlp == "gelu" else self.mlp),
                  ("--norm", None if self.norm == "layernorm" else self.norm),
                  ("--position", None if self.position == "learned" else self.position),
-                 ("--no-bias", None if self.bias else False))
+                 ("--no-bias", None if self.bias else False),
+                 ("--tie-embeddings" if self.tie_embeddings else "--untie-embeddings", self.tie_embeddings))
         return [flag for flag, value in flags if value is not None]
 
 
@@ -202,7 +207,7 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
     return RunConfig(model=ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
                                        vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads,
                                        mlp=shape.mlp, norm=shape.norm, position=shape.position,
-                                       bias=shape.bias), framework="megatron",
+                                       bias=shape.bias, tie_embeddings=shape.tie_embeddings), framework="megatron",
                      parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
                      hardware=replace(HardwareConfig(), device=device or "A100"))
 
