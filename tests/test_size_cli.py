@@ -45,7 +45,7 @@ def test_answer_is_the_lowest_loss_shape_and_its_plan(tmp_path: Path) -> None:
 def test_llama_shapes(tmp_path: Path) -> None:
     """``--family llama`` searches LLaMA 2's and 3's layers (grouped-query attention, SwiGLU, RMSNorm, rotary
     positions), each named by its key/value heads and MLP width; they are Megatron's kernels: with the reference
-    framework the study is one line, exit 2, and writes nothing."""
+    framework the study is one line, exit 2, and writes nothing (GPT's shapes it runs)."""
     out = tmp_path / "size"
     result = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "--family", "llama", "--device", "A100-80GB",
                     "--attention", "flash", "-o", out, "--json")
@@ -54,6 +54,8 @@ def test_llama_shapes(tmp_path: Path) -> None:
     assert {(c["layers"], c["kv_heads"], c["ffn_hidden"]) for c in candidates} >= {(32, 32, 11008), (32, 8, 14336),
                                                                                      (80, 8, 28672)}
     assert "l32 h4096 a32 kv8 f14336" in (out / "report.md").read_text()
+    gpt = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "--framework", "reference", "-o", tmp_path / "gpt")
+    assert gpt.returncode == 0, gpt.stderr  # GPT's shapes: the reference model trains them (its head untied)
     refused = vtrain("--gpus", 8, "--days", 2, "--family", "llama", "--framework", "reference", "-o", tmp_path / "x")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "framework megatron" in refused.stderr
     assert not (tmp_path / "x").exists()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vtrain.model.memory import model_parameter_count
 from vtrain.runconfig import ModelConfig
@@ -61,10 +61,10 @@ def chinchilla_optimum(flops: float) -> tuple[float, float]:
 
 
 def parameter_count(model: ModelConfig) -> int:
-    """Parameters of a shape a study searches, embeddings included (:func:`~vtrain.model.memory.model_parameter_count`:
-    a GPT's with its output projection tied to the word embedding, ``12·l·h² + 13·l·h + (V + s)·h + 2·h``; a
-    LLaMA's with its own)."""
-    return model_parameter_count(model)
+    """Parameters of a shape a study searches, embeddings included (:func:`~vtrain.model.memory.model_parameter_count`):
+    its output projection counted as the word embedding unless the shape says it is its own (``tie_embeddings:
+    false``, LLaMA's), so a GPT's are ``12·l·h² + 13·l·h + (V + s)·h + 2·h`` whichever framework trains it."""
+    return model_parameter_count(replace(model, tie_embeddings=model.tie_embeddings is not False))
 
 
 @dataclass(frozen=True)
@@ -141,5 +141,4 @@ def practice_shapes(seq: int, vocab: int, family: str = "gpt") -> list[ModelConf
         return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, kv_heads=kv, ffn_hidden=f, mlp="swiglu",
                             norm="rmsnorm", position="rope", bias=False, tie_embeddings=False)
                 for l, h, a, kv, f in LLAMA_SHAPES]
-    return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, tie_embeddings=True)
-            for l, h, a in PRACTICE_SHAPES]
+    return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab) for l, h, a in PRACTICE_SHAPES]
