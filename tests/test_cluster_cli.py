@@ -104,3 +104,12 @@ def test_llama_like_jobs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     [job] = json.loads(result.stdout)["policies"]["vtrain"]["jobs"]
     assert job["name"] == "llama" and job["end_h"] > job["start_h"]
+    # its whole layer (RMSNorm, rotary positions, no biases, its own output projection) under Megatron's kernels;
+    # with the reference model's, one line naming the job
+    jobs.write_text("jobs:\n  - {name: llama, layers: 4, hidden: 512, heads: 8, kv_heads: 2, ffn_hidden: 1376, "
+                    "mlp: swiglu, norm: rmsnorm, position: rope, bias: false, tie_embeddings: false, seq: 256, "
+                    "tokens: 2.0e+8, arrival_h: 0, gpus: 2}\n")
+    result = vtrain_in_process("cluster", jobs, "--gpus", 4, "--profile", PROFILE, "-o", tmp_path / "whole", "--json")
+    assert result.returncode == 0, result.stderr
+    refused = vtrain_in_process("cluster", jobs, "--gpus", 4, "--framework", "reference", "-o", tmp_path / "x")
+    assert refused.returncode == 2 and "job 'llama'" in refused.stderr and len(refused.stderr.splitlines()) == 1

@@ -9,8 +9,8 @@
 
 ``vocab`` (default 51200), ``deadline_h`` (hours after arrival), ``gpus`` (what the job asks for; the baseline
 policy needs it), ``global_batch`` (sequences per iteration, default 512) and a LLaMA-like layer's ``kv_heads``,
-``ffn_hidden``, ``mlp``, ``norm``, ``position`` and ``bias`` (as a run config's model section says them) are
-optional.
+``ffn_hidden``, ``mlp``, ``norm``, ``position``, ``bias`` and ``tie_embeddings`` (as a run config's model section
+says them) are optional.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
 _OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm", "position",
-             "bias")
+             "bias", "tie_embeddings")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",
@@ -81,7 +81,8 @@ def _job(entry: Any, index: int, path: Path, framework: str) -> Job:
     model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
                         vocab=entry["vocab"], ffn_hidden=entry.get("ffn_hidden"), kv_heads=entry.get("kv_heads"),
                         mlp=entry.get("mlp", "gelu"), norm=entry.get("norm", "layernorm"),
-                        position=entry.get("position", "learned"), bias=entry.get("bias", True))
+                        position=entry.get("position", "learned"), bias=entry.get("bias", True),
+                        tie_embeddings=entry.get("tie_embeddings"))
     problems = RunConfig(model=model, framework=framework).model_errors()
     if problems:
         raise InputError(f"{where}: {problems[0]}", path)
