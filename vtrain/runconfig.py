@@ -76,16 +76,10 @@ def framework_named(name: object) -> object:
     return FRAMEWORK_PROJECTS.get(key, name) if key else name
 
 
-def attention_named(name: object) -> object:
-    """The attention ``name`` stands for, case and surrounding spaces aside (a table's ``Flash``); any other value
-    as given (the run config's checks say what is wrong with it)."""
-    return name.strip().lower() if isinstance(name, str) else name
-
-
-def mlp_named(name: object) -> object:
-    """The MLP ``name`` stands for, case and surrounding spaces aside (a table's ``SwiGLU``); any other value as
-    given (the run config's checks say what is wrong with it). Norms (``RMSNorm``) and positions (``RoPE``) are
-    named the same way."""
+def word_named(name: object) -> object:
+    """The word of a closed set ``name`` stands for (an attention, MLP, norm or position: a table's ``Flash``,
+    ``SwiGLU``, ``RMSNorm``, ``RoPE``), case and surrounding spaces aside; any other value as given (the run
+    config's checks say what is wrong with it)."""
     return name.strip().lower() if isinstance(name, str) else name
 
 
@@ -113,7 +107,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("mlp", "norm", "position"):  # a config's SwiGLU, RMSNorm, RoPE
-            object.__setattr__(self, name, mlp_named(getattr(self, name)))
+            object.__setattr__(self, name, word_named(getattr(self, name)))
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -461,7 +455,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         precision=data.get("precision", "fp32"),
         hardware=_build(HardwareConfig, _or_empty(data.get("hardware")), "hardware", source),
         framework=framework_named(data.get("framework", "reference")),
-        attention=attention_named(data.get("attention", "eager")),
+        attention=word_named(data.get("attention", "eager")),
         cuda_graphs=data.get("cuda_graphs", False),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),

@@ -18,9 +18,8 @@ from vtrain.runconfig import (
     NORMS,
     POSITIONS,
     RECOMPUTE,
-    attention_named,
     framework_named,
-    mlp_named,
+    word_named,
 )
 
 
@@ -88,7 +87,7 @@ def attention_option(help_text: str = "How attention runs: ") -> Any:
 
 
 def _one_attention(value: str | None) -> str | None:
-    return _one_word(value, attention_named(value), ATTENTIONS)
+    return _one_word(value, word_named(value), ATTENTIONS)
 
 
 def ffn_hidden_option() -> Any:
@@ -109,19 +108,19 @@ def mlp_option() -> Any:
 
 
 def _one_mlp(value: str | None) -> str | None:
-    return _one_word(value, mlp_named(value), MLPS)
+    return _one_word(value, word_named(value), MLPS)
 
 
 def norm_option() -> Any:
     """``--norm``: layernorm or rmsnorm."""
-    return typer.Option("layernorm", "--norm", callback=lambda value: _one_word(value, mlp_named(value), NORMS),
+    return typer.Option("layernorm", "--norm", callback=lambda value: _one_word(value, word_named(value), NORMS),
                         help="The layers' norm: layernorm, or rmsnorm (LLaMA, Mistral).")
 
 
 def position_option() -> Any:
     """``--position``: learned or rope."""
     return typer.Option("learned", "--position",
-                        callback=lambda value: _one_word(value, mlp_named(value), POSITIONS),
+                        callback=lambda value: _one_word(value, word_named(value), POSITIONS),
                         help="Positions: learned (an embedding), or rope (rotary: LLaMA, Mistral).")
 
 

@@ -97,14 +97,14 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
     ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
-    from vtrain.runconfig import attention_named, framework_named, load_run_config
+    from vtrain.runconfig import framework_named, load_run_config, word_named
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile
 
     run = load_run_config(config).with_overrides(**overrides)
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
                                            ("framework", framework_named(framework)),
-                                           ("attention", attention_named(attention))) if value is not None}
+                                           ("attention", word_named(attention))) if value is not None}
     if seq is not None:
         whole["model"] = replace(run.model, seq=seq)
     if whole:

@@ -52,9 +52,8 @@ from vtrain.runconfig import (
     ModelConfig,
     ParallelConfig,
     RunConfig,
-    attention_named,
     framework_named,
-    mlp_named,
+    word_named,
 )
 
 #: vTrain's column names (its single-node table, in its order)
@@ -313,7 +312,7 @@ def _layer_shapes(rows: pl.DataFrame) -> list[LayerShape]:
     for heads, ffn, kv, mlp in zip(rows["heads"], _column_or_nulls(rows, "ffn_hidden"),
                                    _column_or_nulls(rows, "kv_heads"), _column_or_nulls(rows, "mlp")):
         share = kv / heads if kv and heads and kv > 0 and heads > 0 else 1.0
-        gated = mlp_named(mlp) == "swiglu"
+        gated = word_named(mlp) == "swiglu"
         shapes.append(LayerShape(ffn=ffn if ffn and ffn > 0 else None, kv_share=share, gated=gated))
     return shapes
 
@@ -439,7 +438,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                    stage_layers=_layer_counts(split) if (split := row.get("stage_layers")) else None),
         precision=str(given("precision", PRECISION)),
         framework=str(framework_named(given("framework", framework))),
-        attention=str(attention_named(given("attention", attention))),
+        attention=str(word_named(given("attention", attention))),
         cuda_graphs=bool(given("cuda_graphs", False)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
