@@ -140,10 +140,7 @@ def model_parameter_count(model: ModelConfig) -> int:
     layers and head, the output projection counted once where it is the word embedding (``tie_embeddings``: GPT's,
     so 12·l·h² + 13·l·h + (V + s)·h + 2·h as Narayanan et al. count, SC21 §5.1, with the position embedding and the
     final norm); a LLaMA-like layer's own (``tests/test_llama_layers.py``: published counts)."""
-    shape = GptShape(b=1, s=model.seq, h=model.hidden, a=model.heads, t=1, vocab=model.vocab,
-                     ffn_hidden=model.ffn_hidden, kv_heads=model.kv_heads, mlp=model.mlp, norm=model.norm,
-                     position=model.position, bias=model.bias, qkv_bias=model.has_qkv_bias,
-                     tied=bool(model.tie_embeddings))
+    shape = GptShape.from_config(RunConfig(model=model))  # one rank; the reference model pads no vocabulary
     return (block_parameter_count(shape, "embedding") + model.layers * block_parameter_count(shape, "layer")
             + block_parameter_count(shape, "head", with_embedding=True))
 

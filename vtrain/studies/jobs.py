@@ -31,6 +31,9 @@ DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
 _OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm", "position",
              "bias", "tie_embeddings")
+#: the keys that say the job's model, as a run config's model section names them
+_MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "position", "bias",
+               "tie_embeddings")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",
@@ -78,11 +81,7 @@ def _job(entry: Any, index: int, path: Path, framework: str) -> Job:
         problem = integer_problem(key, entry[key])
         if problem:
             raise InputError(f"{where}: {problem}", path)
-    model = ModelConfig(layers=entry["layers"], hidden=entry["hidden"], heads=entry["heads"], seq=entry["seq"],
-                        vocab=entry["vocab"], ffn_hidden=entry.get("ffn_hidden"), kv_heads=entry.get("kv_heads"),
-                        mlp=entry.get("mlp", "gelu"), norm=entry.get("norm", "layernorm"),
-                        position=entry.get("position", "learned"), bias=entry.get("bias", True),
-                        tie_embeddings=entry.get("tie_embeddings"))
+    model = ModelConfig(**{key: entry[key] for key in _MODEL_KEYS if key in entry})
     problems = RunConfig(model=model, framework=framework).model_errors()
     if problems:
         raise InputError(f"{where}: {problems[0]}", path)
