@@ -395,7 +395,8 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
 def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width,
     RMSNorm, rotary positions, no biases), bf16, Megatron's kernels, its context as the sequence; what vtrain assumes
-    said; a plan of it has no reference plan of its own. A mixture of experts, or a model_type vtrain does not place, is one line, exit 2."""
+    said; a plan of it has no reference plan of its own. A mixture of experts, or a model_type vtrain does not place,
+    is one line, exit 2."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(HF_LLAMA))
     with pytest.warns(UserWarning, match="Hugging Face llama config: sequence 1024"):

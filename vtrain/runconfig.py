@@ -548,8 +548,8 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_
 def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
-    as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless it says float16 or float32), on
-    the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism (a plan sweeps it,
+    as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
+    it says float16 or float32), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism (a plan sweeps it,
     ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
     vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
@@ -611,8 +611,9 @@ def _pretraining_length(data: dict[str, Any], longest: int) -> tuple[int, str]:
     for key, original in (("rope_scaling.original_max_position_embeddings",
                            scaling.get("original_max_position_embeddings") if isinstance(scaling, dict) else None),
                           ("original_max_position_embeddings", data.get("original_max_position_embeddings"))):
-        if original is not None and _whole(original) < longest:
-            return _whole(original), key
+        length = _whole(original) if original is not None else longest
+        if length < longest:
+            return length, key
     return longest, "max_position_embeddings" if "max_position_embeddings" in data else "n_positions"
 
 

@@ -36,8 +36,9 @@ def size_command(
     loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
                                                                       "2022)."),
     mfu: float = real_option(0.4, "--mfu", 0.01, 1.0, "The fixed MFU of the comparison answer."),
-    family: str = typer.Option("gpt", "--family", help="The shapes searched: gpt (GPT-3's, OPT's and Megatron's) or "
-                                                        "llama (LLaMA 2's and 3's layers: GQA, SwiGLU, RMSNorm, RoPE)."),
+    family: str = typer.Option("gpt", "--family",
+                               help="The shapes searched: gpt (GPT-3's, OPT's and Megatron's) or llama (LLaMA 2's and "
+                                    "3's layers: GQA, SwiGLU, RMSNorm, RoPE)."),
     seq: int = typer.Option(2048, "--seq", min=1, max=1 << 21, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, max=1 << 22, help="Vocabulary size."),
     global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),
