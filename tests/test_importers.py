@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -371,7 +372,8 @@ def test_measurement_columns_of_llama_like_runs(tmp_path):
              "mlp,tflop/s per gpu"
     path = write(tmp_path / "llama.csv", [header, "64,8192,80,8,8,1024,1024,1,4096,32000,28672,8,SwiGLU,400",
                                           "64,8192,80,8,8,1024,1024,1,4096,32000,,,,400"])
-    table = read_measurements(path, recompute="none")
+    with pytest.warns(InputWarning, match=r"1 row\(s\) have a SwiGLU MLP \(row 1, ...\) but no norm.*as GPT's"):
+        table = read_measurements(path, recompute="none")  # LLaMA's MLP, GPT's other parts: said
     llama, gpt = (measurement_config(row, framework="reference") for row in table.iter_rows(named=True))
     assert (llama.model.ffn, llama.model.query_groups, llama.model.mlp) == (28672, 8, "swiglu")
     assert (gpt.model.ffn, gpt.model.query_groups, gpt.model.mlp) == (4 * 8192, 64, "gelu")
@@ -387,8 +389,10 @@ def test_measurement_columns_of_llama_like_runs(tmp_path):
     path = write(tmp_path / "layers.csv", [f"{header},{layer}",
                                            "64,8192,80,8,8,1024,1024,1,4096,32000,28672,8,SwiGLU,400,RMSNorm,RoPE,"
                                            "false,true,false", "64,8192,80,8,8,1024,1024,1,4096,32000,,,,400,,,,,"])
-    qwen, gpt = (measurement_config(row, framework="megatron") for row in
-                 read_measurements(path, recompute="none").iter_rows(named=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the layer's parts said: nothing to warn of
+        qwen, gpt = (measurement_config(row, framework="megatron") for row in
+                     read_measurements(path, recompute="none").iter_rows(named=True))
     assert (qwen.model.norm, qwen.model.position, qwen.model.bias, qwen.model.has_qkv_bias) == ("rmsnorm", "rope",
                                                                                                 False, True)
     assert gpt.model.is_gpt and gpt.ties_embeddings and not qwen.ties_embeddings

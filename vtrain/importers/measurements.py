@@ -174,6 +174,7 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
     _warn_repeated_rows(rows, list(read.values()), path)
+    _warn_gated_rows_of_gpt_layers(rows, path)
     if "inter_node_gbps" in rows.columns:
         rows = _with_link_rates(rows)
     rows = rows.with_columns(pl.when(pl.col("problem").is_null()).then(pl.col(name)).alias(name)
@@ -193,6 +194,24 @@ def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> N
         warn_input(f"{repeated.height} row(s) repeat an earlier row exactly, measured time included (rows "
                    f"{shown_rows}{', ...' if repeated.height > 5 else ''}): each is scored (a table pasted twice?)",
                    path)
+
+
+#: the columns that say a LLaMA-like layer's parts beyond its widths; absent, a row's layer is GPT's
+_LAYER_PARTS = ("norm", "position", "bias", "tie_embeddings")
+
+
+def _warn_gated_rows_of_gpt_layers(rows: pl.DataFrame, path: Path) -> None:
+    """One warning line where rows have a gated (SwiGLU) MLP, LLaMA's, but the table says none of the layer's other
+    parts (norm, positions, biases, tied embeddings): they are predicted with GPT's (layer norms, learned positions,
+    biases, a tied head under Megatron), which for a LLaMA is a few percent of the parameters and a little time."""
+    if "mlp" not in rows.columns or any(name in rows.columns for name in _LAYER_PARTS):
+        return
+    gated = rows.filter(pl.col("mlp").map_elements(word_named, return_dtype=pl.String) == "swiglu")
+    if gated.height:
+        warn_input(f"{gated.height} row(s) have a SwiGLU MLP (row {gated['row'][0]}, ...) but no norm, position "
+                   f"embedding, add bias linear or tie embeddings column: their layers are placed as GPT's (layer "
+                   f"norms, learned positions, biases, the head tied under Megatron); say LLaMA's in those columns "
+                   f"(RMSNorm, RoPE, false, false)", path)
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
