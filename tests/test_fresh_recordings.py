@@ -335,9 +335,10 @@ def test_a_wait_for_a_functional_collective_ends_with_it_however_late_its_thread
 
 #: what the functional collectives' iteration must grow by with its all-reduces 10x longer than with them as
 #: measured: the waits once kept their measured length and it moved by exactly 0.0 %; how much it moves is the
-#: all-reduces' share of a step, which the recording machine's load sets (1 % to 144 % seen; against the replay
-#: itself, a CI run's late wake-ups even made the change -4.5 %)
-_MOVED_PCT = 0.05
+#: all-reduces' share of a step, which the recording machine's load sets (1 % to 144 % seen, and 0.035 % in a
+#: fresh-clone CI run of 2026-11-27 whose two cores ran the suite beside the recording: the old bound, 0.05 %,
+#: failed it); so the bound is only far above the floating-point rounding of two replays of one graph (1e-10 %)
+_MOVED_PCT = 1e-3
 
 
 def test_the_steady_iterations_say_why_they_are_those() -> None:
