@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 
 #: the line-number column that :func:`csv_rows` adds (1-based line in the file)
 LINE = "line"
@@ -36,22 +36,16 @@ def read_text(path: Path) -> str:
 
 
 def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFrame]:
-    """The header names and the data rows of a CSV file, every value a string with its whitespace stripped
-    (null when empty).
+    """The header names and the data rows of a CSV file (or of a Markdown pipe table), every value a string with its
+    whitespace stripped (null when empty).
 
     The rows' columns are the header names (a repeated name gets `` #2``, `` #3``...), or ``column 1``,
     ``column 2``... for a file without a header, plus :data:`LINE`. Blank lines are skipped; a short row is
     padded with nulls; a row longer than the header and a file with no data rows are errors.
     """
     text = read_text(path)
-    delimiter = _delimiter(text)
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _stripped
-    try:
-        records = [(reader.line_num, [value_of(value) for value in fields])
-                   for fields in reader if any(value.strip() for value in fields)]
-    except csv.Error as exc:
-        raise InputError(f"line {reader.line_num}: not CSV ({exc})", path) from None
+    table = _markdown_table(text)
+    records = _markdown_records(text, table, path) if table else _csv_records(text, path)
     if not records:
         raise InputError("no values, only separators", path)
     if header:
@@ -70,6 +64,54 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
                          schema={name: pl.String for name in unique_names(names)})
     return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
+
+
+def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:
+    """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty)."""
+    delimiter = _delimiter(text)
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _stripped
+    try:
+        return [(reader.line_num, [value_of(value) for value in fields])
+                for fields in reader if any(value.strip() for value in fields)]
+    except csv.Error as exc:
+        raise InputError(f"line {reader.line_num}: not CSV ({exc})", path) from None
+
+
+def _markdown_table(text: str) -> tuple[int, int] | None:
+    """Where the text's first Markdown pipe table lies (a table copied from a paper's or a project's
+    documentation), as the 0-based indices of its header line and of the line after its last row; None when the
+    text holds no line starting with ``|`` followed by the row of dashes under a header."""
+    lines = [line.strip() for line in text.splitlines()]
+    for index, (line, below) in enumerate(zip(lines, lines[1:])):
+        if line.startswith("|") and _MARKDOWN_RULE.fullmatch(below):
+            end = index + 2
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            return index, end
+    return None
+
+
+#: the line under a Markdown table's header: ``|---|:--:|``
+_MARKDOWN_RULE = re.compile(r"\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?")
+
+
+def _markdown_records(text: str, table: tuple[int, int], path: Path) -> list[tuple[int, list[str | None]]]:
+    """The records of the Markdown pipe table at ``table`` (:func:`_markdown_table`) with their line numbers, the
+    rule under the header left out, each cell stripped (null when empty; an escaped ``\\|`` stays in its cell);
+    a warning names the lines around the table, which are not read."""
+    lines = text.splitlines()
+    first, end = table
+    outside = sum(1 for line in lines[:first] + lines[end:] if line.strip())
+    if outside:
+        warn_input(f"read the Markdown table on lines {first + 1}-{end}; {outside} other line(s) not read", path)
+    records: list[tuple[int, list[str | None]]] = []
+    for number in [first, *range(first + 2, end)]:
+        inner = lines[number].strip()[1:]
+        inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+        cells = [cell.replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
+        records.append((number + 1, [_stripped(cell) for cell in cells]))
+    return records
 
 
 def _stripped(value: str) -> str | None:

@@ -7,20 +7,25 @@ name, in any order, among the names of :data:`SHAPE_COLUMNS` (``hidden size`` or
 or ``tp``, ...), names matched without regard to case, surrounding whitespace, spaces, hyphens or underscores. One
 of ``# GPUs`` and ``data parallelism`` may be left out (the other, with t and p, gives it). The measured time is
 one of :data:`TIME_COLUMNS`: milliseconds or seconds per iteration, a throughput in samples or tokens per second
-(read as ``global batch [x sequence] / throughput``) or achieved TFLOP/s per GPU (the FLOPs the GPUs ran, as
-Narayanan et al. count them, over their rate: :func:`_milliseconds`); where a table has several, the first of that
-list is read.
-A file may start with a UTF-8 byte-order mark.
+(read as ``global batch [x sequence] / throughput``; tokens per second per GPU over all the row's GPUs), achieved
+TFLOP/s per GPU (the FLOPs the GPUs ran, as Narayanan et al. count them, over their rate: :func:`_milliseconds`) or
+model TFLOP/s per GPU (the same count without recomputation); where a table has several, the first of that list is
+read. A file may start with a UTF-8 byte-order mark, and may be a Markdown pipe table (one copied from a
+documentation page: :func:`~vtrain.importers._read.csv_rows`).
 
-A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages,
+A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages
+(Megatron's virtual pipeline size, ``VP``: more than one, and no schedule column, is the interleaved schedule),
 vocabulary, recomputation, gradient all-reduce overlap, sequence parallelism, distributed optimizer, GPUs per node,
 inter-node Gbit/s, framework, precision (fp16, bf16, fp32), attention (eager, flash), CUDA graphs (each layer
 replayed from graphs: true or false), the MLP's width (``ffn hidden size``), key/value heads (``kv heads``,
 grouped-query attention), the MLP (``mlp``: gelu, swiglu), the norm (``norm``: layernorm, rmsnorm), the positions
 (``position``: learned, rope), the linear layers' biases (``bias``, ``qkv bias``: true or false), whether the output
-projection is the word embedding (``tie embeddings``) and the layers of each pipeline stage where a run split them
-unevenly. Where a column is absent or a cell empty, the command's flags (or vTrain's settings) apply; an
-inter-node rate of ``0`` counts as empty. A column that is none of these (a job id, notes, a pandas index) is left out with a warning.
+projection is the word embedding (``tie embeddings``), the layers of each pipeline stage where a run split them
+unevenly, and the gradient accumulation steps (``GA``, checked against the shape). Where a column is absent or a
+cell empty (or ``-``, ``n/a``: what published tables write where a value does not apply), the command's flags (or
+vTrain's settings) apply; an inter-node rate of ``0`` counts as empty. A row whose context parallelism (``CP``),
+expert parallelism (``EP``) or experts are more than 1 ran what vtrain does not simulate and is refused. A column
+that is none of these (a job id, notes, a pandas index) is left out with a warning.
 
 Rows that cannot be a measurement (a measured time that is not a positive number, a shape no one can train,
 e.g. 2.4e10 layers, judged by the physical bounds of :mod:`vtrain.limits`, an inter-node rate no link has) are kept
@@ -82,8 +87,12 @@ TIME_COLUMNS = {
     "s": ("iteration time (s)", "iteration s", "iteration time s", "seconds per iteration", "step time (s)"),
     "samples/s": ("samples per second", "samples/s", "samples per sec", "sequences per second"),
     "tokens/s": ("tokens per second", "tokens/s", "tokens per sec"),
+    "tokens/s/gpu": ("tokens per second per gpu", "tokens/s/gpu", "tokens/sec/gpu", "tokens per sec per gpu",
+                     "tokens/s per gpu", "tokens per gpu per second"),
     "tflops/gpu": ("tflop/s per gpu", "tflops per gpu", "teraflop/s per gpu", "achieved teraflop/s per gpu",
                    "achieved tflop/s per gpu"),
+    "model tflops/gpu": ("model tflop/s per gpu", "model tflops per gpu", "model tflop/sec/gpu",
+                         "model tflops/gpu", "model tflop/s/gpu", "model teraflop/s per gpu"),
 }
 #: how each form of measured time becomes an iteration time, as reports say it
 TIME_READINGS = {
@@ -91,15 +100,21 @@ TIME_READINGS = {
     "s": "iteration times in s, as measured",
     "samples/s": "throughputs in samples per second, read as global batch / throughput",
     "tokens/s": "throughputs in tokens per second, read as global batch x sequence / throughput",
+    "tokens/s/gpu": "throughputs in tokens per second per GPU, read as global batch x sequence / (throughput x GPUs)",
     "tflops/gpu": ("achieved TFLOP/s per GPU, read as the FLOPs the GPUs ran (Narayanan et al., SC21, Eq. 3, with "
                    "each row's recomputation and vocabulary) over their rate"),
+    "model tflops/gpu": ("model TFLOP/s per GPU, read as the model's FLOPs (SC21 Eq. 3 without recomputation, with "
+                         "each row's vocabulary) over their rate"),
 }
+#: the time forms that are FLOP rates, and their unit as a row's problem says it
+_FLOP_RATES = {"tflops/gpu": "TFLOP/s per GPU", "model tflops/gpu": "model TFLOP/s per GPU"}
 PARAMETERS_COLUMN = "Parameters (billion)"
 PARAMETERS_COLUMNS = (PARAMETERS_COLUMN, "parameters (B)", "params (B)", "params billion")
 #: optional columns (normalised name -> the names accepted, compared by :func:`_key`) and their types
 OPTIONAL_COLUMNS = {
     "schedule": (("schedule", "pipeline schedule"), pl.String),
-    "virtual_stages": (("virtual stages", "virtual pipeline stages"), pl.Int64),
+    "virtual_stages": (("virtual stages", "virtual pipeline stages", "vp", "virtual pipeline parallel size",
+                        "virtual pipeline model parallel size"), pl.Int64),
     "vocab": (("vocabulary", "vocab", "vocab size", "vocabulary size"), pl.Int64),
     "recompute": (("recompute", "recomputation", "activation recomputation"), pl.String),
     "dp_overlap": (("gradient all-reduce overlap", "dp overlap", "overlap grad reduce"), pl.Boolean),
@@ -121,6 +136,14 @@ OPTIONAL_COLUMNS = {
     "tie_embeddings": (("tie embeddings", "tied embeddings", "tie word embeddings"), pl.Boolean),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
+    # what a row's run did that vtrain does not simulate (refused where more than 1: _unmodelled), and the
+    # gradient accumulation steps, checked against the shape (global batch = micro batch x dp x steps)
+    "context_parallel": (("context parallelism", "context parallel size", "context parallel", "cp"), pl.Int64),
+    "expert_parallel": (("expert parallelism", "expert parallel size", "expert model parallel size", "ep"),
+                        pl.Int64),
+    "experts": (("experts", "num experts", "number of experts", "moe experts", "num moe experts"), pl.Int64),
+    "gradient_accumulation": (("gradient accumulation", "gradient accumulation steps", "grad accumulation", "ga"),
+                              pl.Int64),
     # the layers of each pipeline stage where a run split them unevenly: whole numbers, first stage to last,
     # apart by spaces, commas or semicolons ("5 6 6 6 6 6 6 6 6 6 6 5", "[5, 6, ..., 5]"); kept as that text, read by
     # measurement_config
@@ -220,7 +243,9 @@ def row_problem(row: dict[str, Any]) -> str | None:
 
 
 def _key(name: str) -> str:
-    return re.sub(r"[\s_\-]+", " ", name.strip().lower())
+    """A column name as names are compared: lower case, runs of spaces, hyphens and underscores as one space, no
+    space around a slash (``Tokens / sec / GPU`` is ``tokens/sec/gpu``)."""
+    return re.sub(r" ?/ ?", "/", re.sub(r"[\s_\-]+", " ", name.strip().lower()))
 
 
 #: every accepted column name (by :func:`_key`) -> the column it gives (a shape, a time form, an optional column)
@@ -300,16 +325,21 @@ def _with_derived_shape(rows: pl.DataFrame) -> pl.DataFrame:
 
 def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
     """The measured time (column ``form``) as milliseconds per iteration: a throughput in samples or tokens per
-    second as ``global batch [x sequence] / throughput``, achieved TFLOP/s per GPU as the FLOPs the GPUs ran
-    (:func:`vtrain.flops.hardware_flops`: the row's vocabulary and recomputation, else vTrain's vocabulary
-    and ``recompute``) over the GPUs' rate."""
-    if form != "tflops/gpu":
+    second as ``global batch [x sequence] / throughput`` (per GPU: over the throughput of all the row's GPUs),
+    achieved TFLOP/s per GPU as the FLOPs the GPUs ran (:func:`vtrain.flops.hardware_flops`: the row's vocabulary
+    and recomputation, else vTrain's vocabulary and ``recompute``) over the GPUs' rate, model TFLOP/s per GPU as
+    the model's FLOPs (the same count without recomputation) over it."""
+    if form not in _FLOP_RATES:
         measured = pl.col(form)
+        tokens = pl.col("global_batch") * pl.col("seq")
         return rows.select({"ms": measured, "s": measured * 1000.0,
                             "samples/s": pl.col("global_batch") / measured * 1000.0,
-                            "tokens/s": pl.col("global_batch") * pl.col("seq") / measured * 1000.0}[form]).to_series()
+                            "tokens/s": tokens / measured * 1000.0,
+                            "tokens/s/gpu": tokens / (measured * pl.col("gpus")) * 1000.0}[form]).to_series()
     columns = ("global_batch", "seq", "layers", "hidden", "gpus", form)
-    vocab, recomputed = _column_or_nulls(rows, "vocab"), _column_or_nulls(rows, "recompute")
+    vocab = _column_or_nulls(rows, "vocab")
+    recomputed = _column_or_nulls(rows, "recompute") if form == "tflops/gpu" else pl.repeat("none", rows.height,
+                                                                                            eager=True)
     times = [hardware_flops(batch, seq, layers, hidden, v or VOCAB, r or recompute, layer)
              / (tflops * 1e12 * gpus) * 1e3
              if all(x is not None and math.isfinite(x) and x > 0 for x in (batch, seq, layers, hidden, gpus, tflops))
@@ -317,6 +347,7 @@ def _milliseconds(rows: pl.DataFrame, form: str, recompute: str) -> pl.Series:
              for (batch, seq, layers, hidden, gpus, tflops), v, r, layer
              in zip(rows.select(columns).iter_rows(), vocab, recomputed, _layer_shapes(rows))]
     return pl.Series(times, dtype=pl.Float64)
+
 
 
 def _column_or_nulls(rows: pl.DataFrame, name: str) -> pl.Series:
@@ -342,7 +373,7 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if measured is None:
         given = row[UNMEASURED]
         return f"no measured time ({shown(given)})" if given is not None else "no measured time (an empty cell)"
-    unit = "TFLOP/s per GPU" if form == "tflops/gpu" else form
+    unit = _FLOP_RATES.get(form, form)
     what = "iteration time" if form in ("ms", "s") else "throughput"
     if not math.isfinite(measured) or measured <= 0:
         return f"measured {what} is not a positive number ({measured!r} {unit})"
@@ -352,6 +383,9 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if row["iteration_ms"] is not None and not row["iteration_ms"] <= MAX_ITERATION_MS:
         converted = "" if form == "ms" else f" ({row['iteration_ms']:.3g} ms)"
         return f"measured {what} of {measured!r} {unit}{converted} is longer than any iteration (a day)"
+    unmodelled = _unmodelled(row)
+    if unmodelled:
+        return unmodelled
     for name, field in SHAPE_FIELDS.items():
         value = row[name]
         if not math.isfinite(value) or value != int(value) or value < 1:
@@ -363,6 +397,25 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if micro_batches > MAX_MICRO_BATCHES:
         return (f"{micro_batches:g} micro-batches per replica (global batch / (dp x micro batch)) is beyond any real "
                 f"run (at most {MAX_MICRO_BATCHES:,})")
+    steps = row.get("gradient_accumulation")
+    if steps is not None and steps != micro_batches:
+        return (f"gradient accumulation {steps} is not global batch / (dp x micro batch) = {micro_batches:g}: the "
+                f"row's shape columns disagree")
+    return None
+
+
+#: parallelism vtrain does not simulate: column -> how a row's problem names it
+_UNMODELLED = {"context_parallel": "context parallelism (CP = {})", "expert_parallel": "expert parallelism (EP = {})",
+               "experts": "a mixture of {} experts"}
+
+
+def _unmodelled(row: dict[str, Any]) -> str | None:
+    """Why a row ran what vtrain does not simulate (context or expert parallelism, a mixture of experts), else
+    None: such a row is refused, not predicted as the dense run its other columns describe."""
+    for name, what in _UNMODELLED.items():
+        value = row.get(name)
+        if value is not None and value > 1:
+            return f"{what.format(value)} is not modelled: vtrain simulates dense models on t x d x p GPUs"
     return None
 
 
@@ -383,13 +436,16 @@ def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Pat
     values = []
     for line, value in rows.select(LINE, name).iter_rows():
         try:
-            values.append(None if value is None else _parse(value, dtype, name))
+            values.append(None if value is None or value.lower() in _NOT_APPLICABLE else _parse(value, dtype, name))
         except ValueError:
             kind = "whole numbers of layers, one a stage" if name == "stage_layers" else _KINDS[dtype]
             raise InputError(f"line {line}: {name!r} is not {kind}: {shown(value)}", path) from None
     return pl.Series(name, values, dtype=dtype)
 
 
+#: what published tables write in a cell that does not apply (a virtual pipeline size without interleaving): read
+#: as an empty cell
+_NOT_APPLICABLE = ("-", "\u2013", "\u2014", "n/a", "na")
 _KINDS = {pl.Int64: "an integer", pl.Float64: "a number", pl.Boolean: "true or false", pl.String: "text"}
 
 
@@ -448,7 +504,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                           tie_embeddings=row.get("tie_embeddings")),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
-                                   schedule=str(given("schedule", SCHEDULE)),
+                                   schedule=str(given("schedule", _schedule_of(row))),
                                    virtual_stages=int(given("virtual_stages", 1)),
                                    recompute=str(given("recompute", recompute)),
                                    dp_overlap=bool(given("dp_overlap", False)),
@@ -464,6 +520,12 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                                 intra_node_gbps=intra_node_gbps,
                                 inter_node_gbps=given("inter_node_gbps", inter_node_gbps)),
     )
+
+
+def _schedule_of(row: dict[str, Any]) -> str:
+    """The schedule of a row without a schedule column: interleaved where it gives more than one virtual stage
+    (published tables give Megatron's virtual pipeline size, ``VP``, and no schedule), else vTrain's."""
+    return "interleaved" if (row.get("virtual_stages") or 1) > 1 else SCHEDULE
 
 
 def measurement_errors(measurements: pl.DataFrame, gpus_per_node: int = 8) -> pl.DataFrame:
