@@ -125,10 +125,10 @@ def test_a_schedule_column_is_kept_beside_a_virtual_pipeline_size(tmp_path: Path
 MARKDOWN = """\
 Performance of the runs (copied from a documentation page):
 
-|---|:-:|--:|:--|---|---|---|---|---|---|---|---|---|---|---|
-|-------|:------:|----:|:----|---|---|---|---|---|---|---|---|---|---|---|
-| GPT3_5B | 64 | 2048 | 4 | 2048 | 1 | 1 | 1 | 1 | 1 | 8 | 20000 | 4096 | 24 | 32 |
-| GPT3_20B | 64 | 256 | 2 | 2048 | 2 | 1 | 1 | n/a | 1 | 4 | 5000 | 6144 | 44 | 48 |
+| Model | #-GPUs | GBS | MBS | Sequence Length | TP | PP | CP | VP | GA | Tokens / sec / GPU | hidden | layers | heads
+|---|:-:|--:|:--|---|---|---|---|---|---|---|---|---|---|
+| GPT3_5B | 64 | 2048 | 4 | 2048 | 1 | 1 | 1 | 1 | 8 | 20000 | 4096 | 24 | 32 |
+| GPT3_20B | 64 | 256 | 2 | 2048 | 2 | 1 | 1 | n/a | 4 | 5000 | 6144 | 44 | 48 |
 
 Footnote: measured in bf16.
 """
@@ -138,7 +138,7 @@ def test_a_markdown_table_is_read_as_its_rows_with_their_line_numbers(tmp_path: 
     path = write(tmp_path, MARKDOWN, "runs.md")
     with pytest.warns(InputWarning, match=r"read the Markdown table on lines 3-6; 2 other line\(s\) not read"):
         names, rows = csv_rows(path)
-    assert names[:3] == ["Model", "#-GPUs", "GBS"] and len(names) == 15
+    assert names[:3] == ["Model", "#-GPUs", "GBS"] and len(names) == 14
     assert rows["line"].to_list() == [5, 6]
     assert rows["Model"].to_list() == ["GPT3_5B", "GPT3_20B"] and rows["VP"].to_list() == ["1", "n/a"]
     table = read_quietly(path)
