@@ -549,8 +549,8 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
     as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
-    it says float16 or float32), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism (a plan sweeps it,
-    ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
+    it says float16 or float32), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism
+    (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
     vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
@@ -652,9 +652,33 @@ def _optional_float(value: Any) -> float | None:
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config (``run.yaml``, any YAML/JSON in vtrain's schema, vTrain's config JSON or a Hugging Face
     model's ``config.json``; a folder's ``run.yaml``, else its ``config.json``: a model's folder)."""
+    named = named_run(path)
+    if named is not None:
+        return named
     path = _config_file(path)
     data = read_config_file(path, "run config")
     return run_config_from_dict(data, path)
+
+
+def named_run(name: str | Path) -> RunConfig | None:
+    """The run of a published architecture (:mod:`vtrain.architectures`) where ``name`` is no file but one's name:
+    its model in its precision with Megatron's kernels, no parallelism (a plan sweeps it, ``--global-batch`` sets
+    the batch), with a warning saying whose shape it is; None where ``name`` is a file or names none. A name of
+    neither is an error that lists the names vtrain knows, unless it looks like a file's (a suffix or a folder)."""
+    path = Path(name)
+    if path.exists():
+        return None
+    from vtrain.architectures import architecture, known_names
+
+    found = architecture(str(name))
+    if found is None:
+        if path.suffix or len(path.parts) > 1:
+            return None  # a missing file: read_config_file says so
+        raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
+    warn_input(f"{found.name} as published ({found.source}): {found.model.describe()}; trained here in "
+               f"{found.precision} with Megatron's kernels", name)
+    return RunConfig(model=found.model, precision=found.precision, framework="megatron",
+                     hardware=HardwareConfig(device="A100"))
 
 
 def _config_file(path: str | Path) -> Path:
@@ -667,9 +691,11 @@ def _config_file(path: str | Path) -> Path:
     return model if model.is_file() and not described.exists() else described
 
 
-def is_hf_config(path: str | Path) -> bool:
-    """Whether the config file ``path`` is a Hugging Face model's ``config.json`` (a model without a plan of its
-    own), as :func:`run_config_from_dict` tells them apart."""
+def is_model_only(path: str | Path) -> bool:
+    """Whether ``path`` gives a model without a plan of its own: a Hugging Face model's ``config.json`` (as
+    :func:`run_config_from_dict` tells them apart) or a published architecture's name (:func:`named_run`)."""
+    if not Path(path).exists():
+        return True  # a name: load_run_config reads it or says it is neither
     data = read_config_file(_config_file(path), "run config")
     return isinstance(data, dict) and _is_hf_mapping(data)
 

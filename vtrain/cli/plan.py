@@ -43,7 +43,7 @@ from vtrain.runconfig import (
     ModelConfig,
     ParallelConfig,
     RunConfig,
-    is_hf_config,
+    is_model_only,
     load_run_config,
 )
 
@@ -146,7 +146,7 @@ def plan_command(
                       pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
                       distributed_optimizer=distributed_optimizer, max_iteration_s=max_iteration_s,
                       budget_usd=budget_usd, workers=workers, ray_address=ray_address or ("local" if ray else None),
-                      progress=progress, time_reference=model is not None and not is_hf_config(model))
+                      progress=progress, time_reference=model is not None and not is_model_only(model))
     reason = table.no_best_reason()
     if reason is not None:
         warn(f"{reason}; there is no cheapest plan within limits (plans.csv gives each plan's reason and time)")

@@ -112,6 +112,9 @@ PARAMETERS_COLUMN = "Parameters (billion)"
 PARAMETERS_COLUMNS = (PARAMETERS_COLUMN, "parameters (B)", "params (B)", "params billion")
 #: optional columns (normalised name -> the names accepted, compared by :func:`_key`) and their types
 OPTIONAL_COLUMNS = {
+    # a published architecture by name (vtrain.architectures: LLAMA3_70B, gpt-3-175b), giving the shape columns a
+    # row leaves out
+    "model": (("model", "model name", "architecture"), pl.String),
     "schedule": (("schedule", "pipeline schedule"), pl.String),
     "virtual_stages": (("virtual stages", "virtual pipeline stages", "vp", "virtual pipeline parallel size",
                         "virtual pipeline model parallel size"), pl.Int64),
@@ -183,10 +186,12 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     columns = _columns(names, path)
     form = _time_form(columns, path)
     read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}
+    rows, read = _with_architectures(rows, read)
     numeric = {given: meant for given, meant in read.items() if meant in (*SHAPE_COLUMNS, "params_billion")}
     time = next(given for given, meant in read.items() if meant == form)
     unmeasured = rows.select(pl.col(time).alias(UNMEASURED))  # the text of a time that is no number ("OOM", "-")
-    rows = _as_numbers(rows.select(LINE, *read).with_columns(pl.col(time).cast(pl.Float64, strict=False)), numeric,
+    kept = [LINE, *read, *([_MODEL_PROBLEM] if _MODEL_PROBLEM in rows.columns else [])]
+    rows = _as_numbers(rows.select(kept).with_columns(pl.col(time).cast(pl.Float64, strict=False)), numeric,
                        path).rename(read)
     rows = _with_derived_shape(rows).with_columns(unmeasured.to_series())
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
@@ -205,6 +210,53 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     return rows.select(
         (pl.col(name) if name in rows.columns else pl.lit(None)).cast(dtype).alias(name)
         for name, dtype in COLUMNS.items())
+
+
+#: the shape columns a named architecture gives (a table naming its models may leave them out), and the optional
+#: columns it gives where a row has none
+_NAMED_SHAPE = ("layers", "hidden", "heads", "seq")
+_NAMED_OPTIONAL = ("vocab", "ffn_hidden", "kv_heads", "mlp", "norm", "position", "bias", "qkv_bias",
+                   "tie_embeddings", "precision")
+#: the column that keeps, while a table is read, why a row's model gives no shape (an unknown name)
+_MODEL_PROBLEM = "model problem"
+
+
+def _with_architectures(rows: pl.DataFrame, read: dict[str, str]) -> tuple[pl.DataFrame, dict[str, str]]:
+    """Where a table names its models (a ``model`` column: :mod:`vtrain.architectures`), each row's empty or absent
+    shape and layer cells (:data:`_NAMED_SHAPE`, :data:`_NAMED_OPTIONAL`) as its architecture gives them, as
+    text like the file's; with the header names -> columns, those added included. A row whose model vtrain does not
+    know and whose shape is incomplete gets its reason in :data:`_MODEL_PROBLEM` (and ones in the shape cells,
+    read as numbers before :func:`_problem` refuses it)."""
+    from vtrain.architectures import architecture, known_names
+
+    given = next((name for name, meant in read.items() if meant == "model"), None)
+    if given is None:
+        return rows, read
+    given_by = {meant: name for name, meant in read.items()}
+    added = {name: name for name in (*_NAMED_SHAPE, *_NAMED_OPTIONAL) if name not in given_by}
+    rows = rows.with_columns(pl.lit(None, dtype=pl.String).alias(name) for name in added)
+    given_by |= added
+    cells: dict[str, list[str | None]] = {name: rows[given_by[name]].to_list() for name in (*_NAMED_SHAPE,
+                                                                                          *_NAMED_OPTIONAL)}
+    problems: list[str | None] = []
+    for index, name in enumerate(rows[given].to_list()):
+        found = architecture(name) if name else None
+        missing = [column for column in _NAMED_SHAPE if cells[column][index] is None]
+        problems.append(None if found or not missing else
+                        f"model {shown(name)} is not one vtrain knows by name ({known_names()}) and the row gives no "
+                        f"{', '.join(missing)}" if name else f"no model and no {', '.join(missing)}")
+        for column, values in cells.items():
+            if values[index] is None:
+                values[index] = _architecture_cell(found, column) if found else ("1" if column in missing else None)
+    rows = rows.with_columns(*(pl.Series(given_by[name], values, dtype=pl.String) for name, values in cells.items()),
+                             pl.Series(_MODEL_PROBLEM, problems, dtype=pl.String))
+    return rows, read | added
+
+
+def _architecture_cell(found: Any, column: str) -> str | None:
+    """A column's cell as an architecture gives it (text, as a file's), None where it leaves it to the defaults."""
+    value = found.precision if column == "precision" else getattr(found.model, column)
+    return None if value is None else str(value).lower()
 
 
 def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
@@ -270,7 +322,8 @@ def _columns(names: list[str], path: Path) -> dict[str, str]:
         if twice:
             raise InputError(f"columns {original[twice[0]]!r} and {name!r} both give {meant!r}", path)
         given[unique], original[unique] = meant, name
-    needed = [name for name in SHAPE_COLUMNS if name not in DERIVABLE and name not in given.values()]
+    named = _NAMED_SHAPE if "model" in given.values() else ()
+    needed = [name for name in SHAPE_COLUMNS if name not in (*DERIVABLE, *named) and name not in given.values()]
     if all(name not in given.values() for name in DERIVABLE):
         needed.append("gpus")
     missing = [SHAPE_COLUMNS[name][0] for name in needed]
@@ -383,7 +436,7 @@ def _problem(row: dict[str, Any], form: str) -> str | None:
     if row["iteration_ms"] is not None and not row["iteration_ms"] <= MAX_ITERATION_MS:
         converted = "" if form == "ms" else f" ({row['iteration_ms']:.3g} ms)"
         return f"measured {what} of {measured!r} {unit}{converted} is longer than any iteration (a day)"
-    unmodelled = _unmodelled(row)
+    unmodelled = row.get(_MODEL_PROBLEM) or _unmodelled(row)
     if unmodelled:
         return unmodelled
     for name, field in SHAPE_FIELDS.items():

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from vtrain.architectures import family
 from vtrain.model.memory import model_parameter_count
 from vtrain.runconfig import ModelConfig
 from vtrain.studies.throughput import Prediction, Throughput, Workload
@@ -34,13 +35,11 @@ PRACTICE_SHAPES: tuple[tuple[int, int, int], ...] = (
     (24, 2048, 16), (32, 2560, 32), (32, 4096, 32), (40, 5120, 40), (48, 7168, 56), (48, 8192, 64),
     (60, 10240, 80), (64, 9216, 72), (80, 12288, 96), (96, 12288, 96), (96, 16384, 128), (105, 20480, 128),
 )
-#: LLaMA shapes trained in practice (layers, hidden, heads, key/value heads, MLP width): LLaMA 2 7B, 13B, 34B and 70B
-#: (Touvron et al., 2023, Table 1 and the released configs), LLaMA 3 8B and 405B (Dubey et al., 2024, Table 3); each
-#: with RMSNorm, rotary positions, a SwiGLU MLP, no biases and its own output projection (untied)
-LLAMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
-    (32, 4096, 32, 32, 11008), (32, 4096, 32, 8, 14336), (40, 5120, 40, 40, 13824), (48, 8192, 64, 8, 22016),
-    (80, 8192, 64, 8, 28672), (126, 16384, 128, 8, 53248),
-)
+#: LLaMA shapes trained in practice (layers, hidden, heads, key/value heads, MLP width): the LLaMA family's published
+#: architectures (:mod:`vtrain.architectures`: LLaMA 2 7B, 13B and 70B, Code Llama 34B, LLaMA 3 8B, 70B and 405B),
+#: each shape once; each with RMSNorm, rotary positions, a SwiGLU MLP, no biases and its own output projection
+LLAMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = tuple(dict.fromkeys(
+    (a.model.layers, a.model.hidden, a.model.heads, a.model.query_groups, a.model.ffn) for a in family("llama")))
 #: the shape families a study searches (`vtrain size --family`)
 FAMILIES = ("gpt", "llama")
 
