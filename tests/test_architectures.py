@@ -187,3 +187,19 @@ def test_validate_reads_a_named_table_end_to_end(tmp_path: Path) -> None:
                             "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr
     assert "over 1 rows" in ran.stdout and "Mixtral_8x7B" in ran.stderr
+
+
+@pytest.mark.parametrize("given", ["gpt-3-350m", "config.json"])
+def test_a_model_without_gpus_of_its_own_runs_on_those_its_layout_needs(tmp_path: Path, given: str) -> None:
+    """A published architecture's name or a Hugging Face config says no GPU count: t x d x p is it (a run config
+    that says its GPUs keeps them, and a layout that differs from them is an error)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_layer": 24, "n_embd": 1024, "n_head": 16,
+                                  "n_positions": 2048}))
+    target = config if given == "config.json" else given
+    ran = vtrain_in_process("simulate", target, "--profile", REPO / "profiles" / "a100", "--tp", "2", "--dp", "2",
+                            "--global-batch", "8", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["parallelism"]["tp"] == 2
+    fixed = vtrain_in_process("simulate", REPO / "examples" / "mtnlg-530b.json", "--tp", "4")
+    assert fixed.returncode == 2 and "does not equal the number of devices (3360)" in fixed.stderr

@@ -93,11 +93,12 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
                      precision: str | None = None, framework: str | None = None, attention: str | None = None,
                      seq: int | None = None, **overrides: object) -> None:
     """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``seq`` of its
-    model's sequence; ``gpus``,
+    model's sequence; ``gpus`` (a model without a run of its own, a Hugging Face config or a published
+    architecture's name: by default t x d x p),
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
     ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
-    from vtrain.runconfig import framework_named, load_run_config, word_named
+    from vtrain.runconfig import framework_named, is_model_only, load_run_config, word_named
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile
 
@@ -109,6 +110,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         whole["model"] = replace(run.model, seq=seq)
     if whole:
         run = replace(run, **whole)
+    if gpus is None and is_model_only(config):  # a model without GPUs of its own runs on those its layout needs
+        gpus = run.parallelism.world_size
     hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
                                               ("gpus_per_node", gpus_per_node), ("inter_node_gbps", inter_node_gbps),
                                               ("intra_node_gbps", intra_node_gbps)) if value is not None}
