@@ -167,3 +167,16 @@ def test_a_csv_whose_first_cell_starts_with_a_pipe_is_still_csv(tmp_path: Path) 
     """Without the rule of dashes under it, a line starting with ``|`` is no Markdown table."""
     names, rows = csv_rows(write(tmp_path, "|name,value\nx,1\n"))
     assert names == ["|name", "value"] and rows["value"].to_list() == ["1"]
+
+
+def test_thousands_separators_and_bold_figures_are_numbers(tmp_path: Path) -> None:
+    """Documentation tables print ``16,797`` and put their best figure in bold; a spreadsheet's CSV quotes
+    ``"1,024"``. Groups of three digits only: ``5,6,6`` (a stage-layers list) and ``812,5`` stay as written."""
+    text = ("| GPUs | GBS | MBS | seq | TP | PP | hidden | layers | heads | stage layers | Tokens / sec / GPU |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "| 1,024 | 2,048 | 1 | 2,048 | 8 | 2 | 12,288 | 96 | 96 | 48,48 | **1,234.5** |\n")
+    row = read_quietly(write(tmp_path, text, "t.md")).row(0, named=True)
+    assert (row["gpus"], row["global_batch"], row["hidden"], row["stage_layers"]) == (1024, 2048, 12288, "48 48")
+    assert row["iteration_ms"] == pytest.approx(2048 * 2048 / (1234.5 * 1024) * 1e3)
+    names, rows = csv_rows(write(tmp_path, 'a,b,c\n"1,024","5,6,6",x\n'))
+    assert rows.row(0)[:3] == ("1024", "5,6,6", "x")

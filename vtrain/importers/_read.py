@@ -70,7 +70,7 @@ def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:
     """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty)."""
     delimiter = _delimiter(text)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _stripped
+    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _grouped if delimiter == "," else _stripped
     try:
         return [(reader.line_num, [value_of(value) for value in fields])
                 for fields in reader if any(value.strip() for value in fields)]
@@ -98,7 +98,9 @@ _MARKDOWN_RULE = re.compile(r"\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?")
 
 def _markdown_records(text: str, table: tuple[int, int], path: Path) -> list[tuple[int, list[str | None]]]:
     """The records of the Markdown pipe table at ``table`` (:func:`_markdown_table`) with their line numbers, the
-    rule under the header left out, each cell stripped (null when empty; an escaped ``\\|`` stays in its cell);
+    rule under the header left out, each cell stripped of spaces and of Markdown's emphasis (``**163**``: a
+    table's best figure in bold), a number's thousands separators dropped, null when empty (an escaped ``\\|``
+    stays in its cell);
     a warning names the lines around the table, which are not read."""
     lines = text.splitlines()
     first, end = table
@@ -110,8 +112,18 @@ def _markdown_records(text: str, table: tuple[int, int], path: Path) -> list[tup
         inner = lines[number].strip()[1:]
         inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
         cells = [cell.replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
-        records.append((number + 1, [_stripped(cell) for cell in cells]))
+        records.append((number + 1, [_grouped(cell.strip().strip("*_`")) for cell in cells]))
     return records
+
+
+def _grouped(value: str) -> str | None:
+    """A value of a comma-separated file or a Markdown table, a number written with thousands separators
+    (``16,797``: quoted in a CSV, as spreadsheets export them; as documentation tables print them) without them."""
+    value = value.strip()
+    return (value.replace(",", "") if _GROUPED.fullmatch(value) else value) or None
+
+
+_GROUPED = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
 
 
 def _stripped(value: str) -> str | None:
