@@ -203,3 +203,19 @@ def test_a_model_without_gpus_of_its_own_runs_on_those_its_layout_needs(tmp_path
     assert json.loads(ran.stdout)["parallelism"]["tp"] == 2
     fixed = vtrain_in_process("simulate", REPO / "examples" / "mtnlg-530b.json", "--tp", "4")
     assert fixed.returncode == 2 and "does not equal the number of devices (3360)" in fixed.stderr
+
+
+def test_plan_of_a_model_without_a_batch_asks_for_one(tmp_path: Path) -> None:
+    ran = vtrain_in_process("plan", "gpt-3-350m", "--gpus", "8", "--profile", REPO / "profiles" / "a100",
+                            "-o", tmp_path / "out")
+    assert ran.returncode == 2 and not (tmp_path / "out").exists()
+    assert ran.stderr.splitlines()[-1] == ("error: gpt-3-350m: gives a model, not its batch: give --global-batch "
+                                           "(sequences an iteration)")
+
+
+def test_simulate_of_a_model_without_a_batch_runs_one_micro_batch_a_replica_and_says_so() -> None:
+    ran = vtrain_in_process("simulate", "gpt-3-125m", "--profile", REPO / "profiles" / "a100", "--dp", "4",
+                            "--micro-batch", "2", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["parallelism"]["global_batch"] == 8
+    assert "simulated with one micro-batch a replica, 8 sequence(s)" in ran.stderr

@@ -194,6 +194,8 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
                          f"model would be swept")
     if model is not None:
         base = load_run_config(model)
+        if global_batch is None and is_model_only(model):
+            raise InputError("gives a model, not its batch: give --global-batch (sequences an iteration)", model)
         if shape.seq is not None:
             base = replace(base, model=replace(base.model, seq=shape.seq))
         if device is not None:

@@ -110,8 +110,12 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         whole["model"] = replace(run.model, seq=seq)
     if whole:
         run = replace(run, **whole)
-    if gpus is None and is_model_only(config):  # a model without GPUs of its own runs on those its layout needs
-        gpus = run.parallelism.world_size
+    if is_model_only(config):  # a model without a run of its own: GPUs as its layout needs, the batch as given
+        gpus = run.parallelism.world_size if gpus is None else gpus
+        if overrides.get("global_batch") is None:
+            run = run.with_overrides(global_batch=run.parallelism.micro_batch * run.parallelism.dp)
+            warn(f"{config}: gives a model, not its batch: simulated with one micro-batch a replica, "
+                 f"{run.parallelism.global_batch} sequence(s) (--global-batch sets the sequences an iteration)")
     hardware = {key: value for key, value in (("device_count", gpus), ("device", device),
                                               ("gpus_per_node", gpus_per_node), ("inter_node_gbps", inter_node_gbps),
                                               ("intra_node_gbps", intra_node_gbps)) if value is not None}
