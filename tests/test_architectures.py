@@ -219,3 +219,17 @@ def test_simulate_of_a_model_without_a_batch_runs_one_micro_batch_a_replica_and_
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["parallelism"]["global_batch"] == 8
     assert "simulated with one micro-batch a replica, 8 sequence(s)" in ran.stderr
+
+
+def test_a_cluster_job_may_name_its_model(tmp_path: Path) -> None:
+    from vtrain.studies.jobs import read_jobs
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - {name: chat, model: LLAMA2_13B, tokens: 2.0e+9, arrival_h: 0, gpus: 32}\n"
+                    "  - {name: small, model: gpt-3-6.7b, seq: 1024, tokens: 1.0e+9, arrival_h: 1}\n")
+    chat, small = read_jobs(jobs)
+    assert chat.workload.model == architecture("llama-2-13b").model
+    assert small.workload.model == replace(architecture("gpt-3-6.7b").model, seq=1024)
+    jobs.write_text("jobs:\n  - {name: moe, model: mixtral-8x7b, tokens: 2.0e+9, arrival_h: 0}\n")
+    with pytest.raises(InputError, match=r"job 1: model 'mixtral-8x7b' is not one vtrain knows by name"):
+        read_jobs(jobs)

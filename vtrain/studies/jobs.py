@@ -7,10 +7,12 @@
       - {name: gpt-1.3b, layers: 24, hidden: 2048, heads: 16, seq: 2048, vocab: 51200, tokens: 5.0e9,
          arrival_h: 1.5, deadline_h: 6, gpus: 8, global_batch: 512}
 
-``vocab`` (default 51200), ``deadline_h`` (hours after arrival), ``gpus`` (what the job asks for; the baseline
-policy needs it), ``global_batch`` (sequences per iteration, default 512) and a LLaMA-like layer's ``kv_heads``,
-``ffn_hidden``, ``mlp``, ``norm``, ``position``, ``bias`` and ``tie_embeddings`` (as a run config's model section
-says them) are optional.
+A job may name a published architecture instead of giving its shape (``{name: chat, model: llama-2-70b, tokens:
+2.0e10, arrival_h: 0, gpus: 64}``: :mod:`vtrain.architectures`): it gives the model keys the job leaves out
+(layers to vocabulary; the job's own win). ``vocab`` (default 51200), ``deadline_h`` (hours after arrival),
+``gpus`` (what the job asks for; the baseline policy needs it), ``global_batch`` (sequences per iteration, default
+512) and a LLaMA-like layer's ``kv_heads``, ``ffn_hidden``, ``mlp``, ``norm``, ``position``, ``bias``, ``qkv_bias``
+and ``tie_embeddings`` (as a run config's model section says them) are optional.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vtrain.architectures import architecture, known_names
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
 from vtrain.limits import MAX_JOB_HOURS, MAX_TOKENS, integer_problem
@@ -29,11 +32,11 @@ from vtrain.studies.throughput import Workload
 DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
-_OPTIONAL = ("vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm", "position",
-             "bias", "tie_embeddings")
+_OPTIONAL = ("model", "vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm",
+             "position", "bias", "qkv_bias", "tie_embeddings")
 #: the keys that say the job's model, as a run config's model section names them
 _MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "position", "bias",
-               "tie_embeddings")
+               "qkv_bias", "tie_embeddings")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",
@@ -65,6 +68,7 @@ def _job(entry: Any, index: int, path: Path, framework: str) -> Job:
     where = f"job {index + 1}"
     if not isinstance(entry, dict):
         raise InputError(f"{where} is not a mapping", path)
+    entry = _with_architecture(entry, where, path)
     missing = [key for key in _REQUIRED if key not in entry]
     unknown = sorted(set(map(str, entry)) - set(_REQUIRED) - set(_OPTIONAL))
     if missing:
@@ -96,6 +100,19 @@ def _job(entry: Any, index: int, path: Path, framework: str) -> Job:
         deadline = _number(deadline, "deadline_h", where, path, positive=True, high=MAX_JOB_HOURS)
     return Job(name=name, workload=Workload(model, entry["global_batch"]), tokens=tokens, arrival_h=arrival,
                deadline_h=deadline, gpus=entry.get("gpus"))
+
+
+def _with_architecture(entry: dict[str, Any], where: str, path: Path) -> dict[str, Any]:
+    """A job's keys with the model keys its ``model`` (a published architecture's name) gives where the job has
+    none; unchanged without one; an :class:`InputError` for a name vtrain does not know."""
+    named = entry.get("model")
+    if named is None:
+        return entry
+    found = architecture(named) if isinstance(named, str) else None
+    if found is None:
+        raise InputError(f"{where}: model {named!r} is not one vtrain knows by name ({known_names()})", path)
+    given = {key: getattr(found.model, key) for key in _MODEL_KEYS if getattr(found.model, key) is not None}
+    return {**given, **{key: value for key, value in entry.items() if key != "model"}}
 
 
 def _number(value: Any, key: str, where: str, path: Path, positive: bool, high: float) -> float:
