@@ -206,3 +206,25 @@ def test_base_60_layers_in_a_run_config_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(CONFIG.read_text().replace("layers: 24", "layers: 1:0"))
     one_error(vtrain_in_process("simulate", config), str(config), "layers: 1:0 is a base-60 number")
+
+
+LONG = "a" * 500  # longer than a file name may be (255 bytes on Linux)
+
+
+@pytest.mark.parametrize("args", [
+    ["simulate", f"{LONG}.json"], ["plan", f"{LONG}.json", "--gpus", "8", "--global-batch", "8"],
+    ["ingest", LONG, "-o", "{tmp}/out"], ["validate", LONG], ["tables", LONG],
+    ["validate", "--measurements", f"{LONG}.csv", "--profile", str(PROFILE)],
+    ["simulate", str(REPO / "examples" / "mtnlg-530b.json"), "-o", f"{{tmp}}/{LONG}"],
+], ids=lambda args: " ".join(a if len(a) < 20 else "LONG" for a in args))
+def test_a_file_name_too_long_for_the_system_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    """Python 3.11's pathlib raises ENAMETOOLONG from ``exists()`` and ``is_dir()``: wherever such a path is first
+    touched, the command says so in one line (the name cut to 60 characters), writes nothing and exits 2."""
+    result = vtrain_in_process(*(arg.replace("{tmp}", str(tmp_path)) for arg in args))
+    line = one_error(result, "file name too long for this system")
+    assert len(line) < 200 and "characters)" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_too_long_for_a_file_is_no_architecture() -> None:
+    one_error(vtrain_in_process("simulate", LONG), "no such file, nor a model vtrain knows by name")

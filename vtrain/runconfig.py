@@ -666,7 +666,7 @@ def named_run(name: str | Path) -> RunConfig | None:
     the batch), with a warning saying whose shape it is; None where ``name`` is a file or names none. A name of
     neither is an error that lists the names vtrain knows, unless it looks like a file's (a suffix or a folder)."""
     path = Path(name)
-    if path.exists():
+    if _exists(path):
         return None
     from vtrain.architectures import architecture, known_names
 
@@ -691,10 +691,18 @@ def _config_file(path: str | Path) -> Path:
     return model if model.is_file() and not described.exists() else described
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something on disk (a name too long for a file name names nothing)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def is_model_only(path: str | Path) -> bool:
     """Whether ``path`` gives a model without a plan of its own: a Hugging Face model's ``config.json`` (as
     :func:`run_config_from_dict` tells them apart) or a published architecture's name (:func:`named_run`)."""
-    if not Path(path).exists():
+    if not _exists(Path(path)):
         return True  # a name: load_run_config reads it or says it is neither
     data = read_config_file(_config_file(path), "run config")
     return isinstance(data, dict) and _is_hf_mapping(data)

@@ -12,6 +12,7 @@ no traceback, and the exit code is 130 (143). A second signal during that clean-
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import signal
@@ -20,6 +21,7 @@ import warnings
 from types import FrameType
 from typing import Any, NoReturn
 
+from vtrain.cli.errors import EXIT_BAD_INPUT
 from vtrain.errors import STOPS, InputWarning, Stopped, raise_if_stopped, stop
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
@@ -54,6 +56,19 @@ def main() -> None:
     except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
+    except OSError as exc:  # a path given longer than the file system takes, wherever it is first touched
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"error: {_shown_name(exc.filename)}: file name too long for this system", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _shown_name(name: object) -> str:
+    """A file name for an error line: its first 60 characters and how long it is, on one line."""
+    from vtrain.cli.errors import one_line
+
+    text = one_line(str(name))
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
