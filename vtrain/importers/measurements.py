@@ -11,7 +11,8 @@ one of :data:`TIME_COLUMNS`: milliseconds or seconds per iteration, a throughput
 TFLOP/s per GPU (the FLOPs the GPUs ran, as Narayanan et al. count them, over their rate: :func:`_milliseconds`) or
 model TFLOP/s per GPU (the same count without recomputation); where a table has several, the first of that list is
 read. A file may start with a UTF-8 byte-order mark, and may be a Markdown pipe table (one copied from a
-documentation page: :func:`~vtrain.importers._read.csv_rows`).
+documentation page: :func:`~vtrain.importers._read.csv_rows`) or a Megatron-LM training log (its runs' arguments
+and logged iteration times: :mod:`vtrain.importers.megatron_log`).
 
 A table may say more about what ran, in optional columns (:data:`OPTIONAL_COLUMNS`): schedule, virtual stages
 (Megatron's virtual pipeline size, ``VP``: more than one, and no schedule column, is the interleaved schedule),
@@ -43,7 +44,8 @@ import polars as pl
 
 from vtrain.errors import InputError, warn_input
 from vtrain.flops import LayerShape, hardware_flops
-from vtrain.importers._read import LINE, csv_rows, unique_names
+from vtrain.importers._read import LINE, csv_rows, read_text, unique_names
+from vtrain.importers.megatron_log import is_megatron_log, megatron_log_rows
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_ITERATION_MS,
@@ -182,7 +184,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     ``recompute``: the activation recomputation of rows without a recomputation column (what achieved TFLOP/s
     count: :func:`_milliseconds`)."""
     path = Path(path)
-    names, rows = csv_rows(path)
+    text = read_text(path)
+    names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else csv_rows(path)
     columns = _columns(names, path)
     form = _time_form(columns, path)
     read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}

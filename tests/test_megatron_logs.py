@@ -1,0 +1,165 @@
+"""Megatron-LM training logs as measurement tables (vtrain/importers/megatron_log.py): the runs in a user's own
+logs, scored as a table's rows are.
+
+The logs are written here as Megatron-LM writes them: its ``_print_args`` (``'  {} {} {}'.format(arg, '.' * (48 -
+len(arg)), value)``, sorted, between the two rules), the tokenizer's padded-vocabulary line and ``training_log``'s
+iteration lines; the launcher's prefixes (``[default0]:``) and Megatron-DeepSpeed's older arguments
+(``checkpoint_activations``, ``deepspeed``, ``zero_stage``) are the variants checked. The times are round numbers,
+not a measurement: what is checked is how a log is read."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+from vtrain.errors import InputError, InputWarning
+from vtrain.importers import measurement_config, read_measurements
+from vtrain.importers.megatron_log import is_megatron_log
+
+#: a GPT run's arguments as Megatron-LM (core, 2024) prints them, with a few that are not the run's shape
+ARGS: dict[str, Any] = {
+    "num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16, "seq_length": 2048,
+    "max_position_embeddings": 2048, "micro_batch_size": 4, "global_batch_size": 64, "tensor_model_parallel_size": 2,
+    "pipeline_model_parallel_size": 2, "data_parallel_size": 2, "world_size": 8,
+    "virtual_pipeline_model_parallel_size": None, "recompute_granularity": None, "sequence_parallel": True,
+    "use_distributed_optimizer": True, "overlap_grad_reduce": False, "fp16": False, "bf16": True,
+    "ffn_hidden_size": 8192, "group_query_attention": False, "num_query_groups": 1, "swiglu": False,
+    "normalization": "LayerNorm", "position_embedding_type": "learned_absolute", "add_bias_linear": True,
+    "add_qkv_bias": False, "untie_embeddings_and_output_weights": False, "use_flash_attn": True,
+    "transformer_impl": "local", "context_parallel_size": 1, "num_experts": None, "expert_model_parallel_size": 1,
+    "lr": 0.0003, "data_path": ["/data/my_text_document"], "log_interval": 10,
+}
+TIMES = (2510.3, 1250.1, 1248.7, 1251.9, 1249.5)  # ms; the first interval holds the start-up
+
+
+def log_text(args: dict[str, Any] = ARGS, times: tuple[float, ...] = TIMES, prefix: str = "",
+             padded: int | None = 50432) -> str:
+    lines = ["using world size: 8, data-parallel size: 2, tensor-model-parallel size: 2",
+             "------------------------ arguments ------------------------"]
+    lines += sorted(("  {} {} {}".format(arg, "." * (48 - len(arg)), value) for arg, value in args.items()),
+                    key=str.lower)
+    lines += ["-------------------- end of arguments ---------------------", "> building GPT2BPETokenizer ..."]
+    if padded:
+        lines.append(f" > padded vocab (size: 50257) with {padded - 50257} dummy tokens (new size: {padded})")
+    for step, ms in zip(range(10, 10 * len(times) + 1, 10), times):
+        lines.append(f" [2026-11-27 10:00:{step:02d}] iteration {step:8d}/{500:8d} | consumed samples: "
+                     f"{step * 64:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): "
+                     f"140.2 | learning rate: 3.000000E-04 | global batch size:    64 | lm loss: 7.123E+00 | loss "
+                     f"scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:"
+                     f"   0 |")
+    return "\n".join(prefix + line for line in lines) + "\n"
+
+
+def read(tmp_path: Path, text: str, name: str = "train.log"):
+    path = tmp_path / name
+    path.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InputWarning)
+        return read_measurements(path)
+
+
+def test_a_log_is_one_run_with_its_shape_and_the_median_of_its_intervals_but_the_first(tmp_path: Path) -> None:
+    row = read(tmp_path, log_text()).row(0, named=True)
+    assert (row["gpus"], row["global_batch"], row["micro_batch"], row["tp"], row["pp"], row["dp"]) == (8, 64, 4, 2,
+                                                                                                      2, 2)
+    assert (row["hidden"], row["heads"], row["layers"], row["seq"], row["vocab"]) == (2048, 16, 24, 2048, 50432)
+    assert row["iteration_ms"] == pytest.approx(1249.8)  # median of the last four
+    assert row["problem"] is None and row["measured_as"] == "ms"
+
+
+def test_the_runs_settings_become_its_config(tmp_path: Path) -> None:
+    config = measurement_config(read(tmp_path, log_text()).row(0, named=True))
+    par = config.parallelism
+    assert (par.recompute, par.sequence_parallel, par.distributed_optimizer, par.dp_overlap) == ("none", True, True,
+                                                                                                 False)
+    assert (config.precision, config.attention, config.framework) == ("bf16", "flash", "megatron")
+    assert (config.model.ffn, config.model.mlp, config.model.norm, config.model.position) == (8192, "gelu",
+                                                                                              "layernorm", "learned")
+    assert config.model.tie_embeddings is True and config.constraint_errors() == []
+
+
+def test_a_llama_run_with_interleaving_and_selective_recomputation(tmp_path: Path) -> None:
+    args = {**ARGS, "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
+            "add_bias_linear": False, "untie_embeddings_and_output_weights": True, "group_query_attention": True,
+            "num_query_groups": 4, "ffn_hidden_size": 5632, "virtual_pipeline_model_parallel_size": 3,
+            "recompute_granularity": "selective", "use_flash_attn": False, "transformer_impl": "transformer_engine"}
+    config = measurement_config(read(tmp_path, log_text(args)).row(0, named=True))
+    assert (config.parallelism.schedule, config.parallelism.virtual_stages) == ("interleaved", 3)
+    assert config.parallelism.recompute == "selective" and config.attention == "flash"
+    model = config.model
+    assert (model.mlp, model.norm, model.position, model.bias, model.tie_embeddings, model.query_groups) == (
+        "swiglu", "rmsnorm", "rope", False, False, 4)
+
+
+@pytest.mark.parametrize(("old", "recompute", "optimizer"), [
+    ({"checkpoint_activations": True}, "full", False),
+    ({"recompute_activations": True}, "selective", False),
+    ({"deepspeed": True, "zero_stage": 1}, "none", True),
+    ({"deepspeed": True, "zero_stage": 0}, "none", False),
+])
+def test_megatron_deepspeeds_older_arguments(tmp_path: Path, old: dict[str, Any], recompute: str,
+                                             optimizer: bool) -> None:
+    args = {key: value for key, value in ARGS.items() if key not in ("recompute_granularity",
+                                                                      "use_distributed_optimizer")}
+    config = measurement_config(read(tmp_path, log_text({**args, **old})).row(0, named=True))
+    assert (config.parallelism.recompute, config.parallelism.distributed_optimizer) == (recompute, optimizer)
+
+
+def test_a_launchers_prefix_on_every_line_is_read_through(tmp_path: Path) -> None:
+    plain = read(tmp_path, log_text(), "a.log").drop("row")
+    assert read(tmp_path, log_text(prefix="[default0]:"), "b.log").drop("row").equals(plain)
+    assert read(tmp_path, log_text(prefix="0: "), "c.log").drop("row").equals(plain)
+
+
+def test_a_log_that_restarts_holds_a_run_each_time(tmp_path: Path) -> None:
+    second = {**ARGS, "micro_batch_size": 2}
+    rows = read(tmp_path, log_text() + "Traceback: NCCL timeout\n" + log_text(second, (3000.0, 1300.0, 1302.0)))
+    assert rows["micro_batch"].to_list() == [4, 2]
+    assert rows["iteration_ms"].to_list() == pytest.approx([1249.8, 1301.0])
+
+
+def test_one_logged_interval_is_its_time_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "short.log"
+    path.write_text(log_text(times=(2510.3,)))
+    with pytest.warns(InputWarning, match="logged one interval: its time includes the start-up"):
+        rows = read_measurements(path)
+    assert rows["iteration_ms"].to_list() == [2510.3]
+
+
+def test_without_the_padded_vocabulary_line_the_vocabulary_is_the_tables_default(tmp_path: Path) -> None:
+    assert read(tmp_path, log_text(padded=None))["vocab"].to_list() == [None]
+
+
+def test_context_parallel_and_experts_are_refused_as_in_a_table(tmp_path: Path) -> None:
+    rows = read(tmp_path, log_text({**ARGS, "context_parallel_size": 2}), "cp.log")
+    assert rows["problem"][0].startswith("context parallelism (CP = 2) is not modelled")
+    rows = read(tmp_path, log_text({**ARGS, "num_experts": 8}), "moe.log")
+    assert rows["problem"][0].startswith("a mixture of 8 experts is not modelled")
+
+
+def test_a_log_that_timed_nothing_is_one_error(tmp_path: Path) -> None:
+    """A run that crashed before its first logged interval: its log is no table either (one error line naming
+    what is missing); one whose only timed line comes before the arguments has no run to score."""
+    untimed = log_text(times=()) + " iteration       10/     500 | consumed samples: 640 | lm loss: 7.1 |\n"
+    assert not is_megatron_log(untimed)
+    path = tmp_path / "crashed.log"
+    path.write_text(untimed)
+    with pytest.raises(InputError, match="not a measurement table"):
+        read_measurements(path)
+    path.write_text(log_text(times=(900.0,)).split("------------------------ arguments")[0].replace("using", "x")
+                    + " elapsed time per iteration (ms): 900.0 |\n" + log_text(times=()))
+    with pytest.raises(InputError, match="a Megatron log without a timed iteration after its arguments"):
+        read_measurements(path)
+
+
+def test_validate_scores_a_log_end_to_end(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(log_text())
+    ran = vtrain_in_process("validate", "--measurements", log, "--profile", REPO / "profiles" / "a100",
+                            "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "over 1 rows" in ran.stdout and ran.stderr == ""
