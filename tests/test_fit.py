@@ -189,10 +189,10 @@ def test_measurements_need_a_fitted_profile(tmp_path: Path) -> None:
                                  str(SHIPPED), "-o", str(tmp_path / "r")])
     assert result.exit_code == 2 and "no such file" in result.stderr
     assert not (tmp_path / "r").exists()
-    (tmp_path / "tables").mkdir()  # a folder was called "no such file"
+    (tmp_path / "tables").mkdir()  # a folder was called "no such file"; a folder of none is one line
     result = runner.invoke(app, ["validate", "--measurements", str(tmp_path / "tables"), "--profile",
                                  str(SHIPPED), "-o", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "is a folder, not a table of measurements" in result.stderr
+    assert result.exit_code == 2 and "no measurement table or Megatron log among its 0 file(s)" in result.stderr
     assert not (tmp_path / "r").exists()
     # the measurements' hardware flags on a trace folder were ignored in silence
     result = runner.invoke(app, ["validate", str(REPO / "traces" / "t1p1d2"), "--device", "A100-80GB",

@@ -163,3 +163,60 @@ def test_validate_scores_a_log_end_to_end(tmp_path: Path) -> None:
                             "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr
     assert "over 1 rows" in ran.stdout and ran.stderr == ""
+
+
+# --- a folder of runs --------------------------------------------------------------------------------------------
+
+def runs_folder(tmp_path: Path) -> Path:
+    """A run's folder as users keep them: logs, a table, the job script and a core dump beside them."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a-train.log").write_text(log_text())
+    (folder / "b-train.log").write_text(log_text({**ARGS, "micro_batch_size": 2}, (3000.0, 1300.0, 1302.0)))
+    (folder / "c-table.csv").write_text("GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,iteration time (ms)\n"
+                                        "8,64,4,2048,2,2,2048,24,16,1260\n")
+    (folder / "job.sh").write_text("#!/bin/bash\nsrun python pretrain_gpt.py --num-layers 24\n")
+    (folder / "core.bin").write_bytes(bytes(range(256)))
+    (folder / ".hidden.csv").write_text("not read")
+    return folder
+
+
+def test_a_folder_is_its_logs_and_tables_in_name_order_the_other_files_warned_of(tmp_path: Path) -> None:
+    with pytest.warns(InputWarning, match=r"runs: 2 file\(s\) neither a measurement table nor a Megatron log, not "
+                                          r"read \(core.bin, ...\)"):
+        rows = read_measurements(runs_folder(tmp_path))
+    assert rows["row"].to_list() == [1, 2, 3]
+    assert rows["micro_batch"].to_list() == [4, 2, 4]
+    assert rows["iteration_ms"].to_list() == pytest.approx([1249.8, 1301.0, 1260.0])
+
+
+def test_a_broken_table_in_a_folder_is_an_error_naming_it(tmp_path: Path) -> None:
+    folder = runs_folder(tmp_path)
+    (folder / "c-table.csv").write_text("GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,iteration time (ms)\n"
+                                        "8,64,4,2048,2,2,2048,twenty,16,1260\n")
+    with pytest.raises(InputError, match=r"c-table.csv: line 2: 'layers' is not an integer"):
+        read_measurements(folder)
+
+
+def test_a_folder_without_runs_is_one_error(tmp_path: Path) -> None:
+    (tmp_path / "job.sh").write_text("#!/bin/bash\n")
+    with pytest.raises(InputError, match=r"no measurement table or Megatron log among its 1 file\(s\)"):
+        read_measurements(tmp_path)
+
+
+def test_a_folders_digest_follows_its_files(tmp_path: Path) -> None:
+    """A profile fitted on a folder's rows knows the folder again by this digest, and not once a file changed."""
+    from vtrain.importers import file_digest
+
+    folder = runs_folder(tmp_path)
+    before = file_digest(folder)
+    assert file_digest(folder) == before
+    (folder / "b-train.log").write_text(log_text())
+    assert file_digest(folder) != before
+
+
+def test_validate_scores_a_folder_of_runs(tmp_path: Path) -> None:
+    ran = vtrain_in_process("validate", "--measurements", runs_folder(tmp_path), "--profile",
+                            REPO / "profiles" / "a100", "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "over 3 rows" in ran.stdout and "2 file(s) neither a measurement table nor a Megatron log" in ran.stderr

@@ -173,9 +173,8 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     from vtrain.report.measurements import terminal_lines, write_measurement_report
     from vtrain.validate.measurements import validate_measurements
 
-    if not path.is_file():
-        raise InputError("is a folder, not a table of measurements (give its CSV file)" if path.is_dir()
-                         else "is not a regular file (a pipe or a device), not a table of measurements"
+    if not path.is_file() and not path.is_dir():  # a folder: its tables and Megatron logs
+        raise InputError("is not a regular file (a pipe or a device), not a table of measurements"
                          if path.exists() else "no such file", path)
     for flag, value in (("inter_node_gbps", inter_node_gbps), ("intra_node_gbps", intra_node_gbps)):
         problem = None if value is None else real_problem(flag, value)

@@ -3,7 +3,6 @@ fitted device model, and the measured iteration times it was fitted on, all reco
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from vtrain.fit.held_out import held_out_mape
 from vtrain.fit.iterations import every_kth_row, fit_host
 from vtrain.fit.traced_host import host_overhead, traced_host
 from vtrain.importers import (
+    file_digest,
     read_llmcompass,
     read_llmcompass_network,
     read_measurements,
@@ -72,7 +72,7 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
         rows = every_kth_row(measured, sources.fit_every)
         fitted = fit_host(measured, profile, device, hardware, rows, source=sources.measurements)
         device = fitted.device
-        fit_rows = {"file": sources.measurements.name, "sha256": _sha256(sources.measurements),
+        fit_rows = {"file": sources.measurements.name, "sha256": file_digest(sources.measurements),
                     "rows": fitted.rows, "every": sources.fit_every, "mape_pct": round(fitted.mape_pct, 3),
                     "hardware": hardware.__dict__}
         files.append(sources.measurements)
@@ -83,7 +83,7 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
         "parent": str(parent) if parent else None,
         "device": {"name": device_name, "type": "cuda"},
         "software": {},
-        "sources": [{"file": str(f), "sha256": _sha256(f)} for f in files]
+        "sources": [{"file": str(f), "sha256": file_digest(f)} for f in files]
         + [{"profile": str(p), "sources": t.metadata.get("sources", [])} for p, t in zip(sources.traces, traced)],
         "fitted": {**device_metadata(device, device_name),
                    "kernel_held_out": held_out_mape(groups, [g for g in groups if g != LLMCOMPASS_KERNELS],
@@ -119,7 +119,3 @@ def _imported(sources: FitSources) -> tuple[dict[str, pl.DataFrame], list[pl.Dat
         nccl.append(read_vidur_network(path))
         files.append(path)
     return benchmarks, nccl, files
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

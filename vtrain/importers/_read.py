@@ -4,6 +4,7 @@ the line, where there is one), never a parser traceback."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import re
 from pathlib import Path
@@ -14,6 +15,15 @@ from vtrain.errors import InputError, warn_input
 
 #: the line-number column that :func:`csv_rows` adds (1-based line in the file)
 LINE = "line"
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's bytes, or of a folder's files (not its subfolders or hidden files) by name and
+    digest: what a profile records of the files it was built from, to know them again."""
+    if not path.is_dir():
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    return hashlib.sha256("".join(f"{p.name}\0{file_digest(p)}\n" for p in files).encode()).hexdigest()
 
 
 def read_text(path: Path) -> str:
@@ -64,6 +74,20 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
                          schema={name: pl.String for name in unique_names(names)})
     return names, frame.with_columns(pl.Series(LINE, [line for line, _ in records], dtype=pl.Int64))
+
+
+def header_names(text: str) -> list[str]:
+    """The column names of a table's text as :func:`csv_rows` reads them (a Markdown table's or the CSV's first
+    record), without reading its rows; empty when the text has none."""
+    table = _markdown_table(text)
+    if table:
+        inner = text.splitlines()[table[0]].strip()[1:]
+        return [cell.strip() for cell in re.split(r"(?<!\\)\|", inner.removesuffix("|"))]
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        return [name.strip() for name in next(csv.reader([first], delimiter=_delimiter(text)), [])]
+    except csv.Error:
+        return []
 
 
 def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:

@@ -30,8 +30,8 @@ the input tensor per nanosecond), not GB/s. The evidence:
 host, per call: a call's time is the host's cost of issuing it or the kernel's, whichever is longer. Their small
 sizes sit on a flat floor that does not grow with the work: ``gelu_A100.csv`` takes 46.8–48.6 µs per call from
 1,024 to 4,194,304 elements (a GELU kernel of 1,024 elements runs in a few µs: vidur times phi-2's, measured with
-CUDA events, at 2–3 µs), ``layernorm_A100.csv`` 52.1–54.1 µs up to 4M elements, ``softmax_A100.csv`` 13.1–15.5 µs
-at its smallest. A row measures the kernel only once its time is clearly above that floor: the reader keeps the
+CUDA events, at 2–3 µs), ``layernorm_A100.csv`` 52.1–54.1 µs up to 4M elements, ``softmax_A100.csv``
+13.1–15.5 µs at its smallest. A row measures the kernel only once its time is clearly above that floor: the reader keeps the
 rows of a kernel file that take at least :data:`HOST_FLOOR_MARGIN` times the file's smallest time (its host
 floor), and drops the others (here gelu 15 of 20 rows, layernorm 16 of 22, softmax 10 of 22). The GEMM file's
 smallest matmul (29.6 µs) is a 2.4-GFLOP GEMM, not a floor, and the GPT-3 layer's ops take 0.5 ms or more: both are

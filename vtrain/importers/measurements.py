@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from vtrain.errors import InputError, warn_input
+from vtrain.errors import InputError, InputWarning, warn_input
 from vtrain.flops import LayerShape, hardware_flops
-from vtrain.importers._read import LINE, csv_rows, read_text, unique_names
+from vtrain.importers._read import LINE, csv_rows, header_names, read_text, unique_names
 from vtrain.importers.megatron_log import is_megatron_log, megatron_log_rows
 from vtrain.limits import (
     INTEGER_BOUNDS,
@@ -184,6 +185,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     ``recompute``: the activation recomputation of rows without a recomputation column (what achieved TFLOP/s
     count: :func:`_milliseconds`)."""
     path = Path(path)
+    if path.is_dir():
+        return _read_folder(path, recompute)
     text = read_text(path)
     names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else csv_rows(path)
     columns = _columns(names, path)
@@ -262,6 +265,47 @@ def _architecture_cell(found: Any, column: str) -> str | None:
     return None if value is None else str(value).lower()
 
 
+class NotATable(InputError):
+    """A file whose header names no measurement table's columns (and that is no Megatron log)."""
+
+
+def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
+    """Every measurement table and Megatron log of a folder (its files, by name; not its subfolders), as one table,
+    rows numbered in that order. Files that are neither (the job scripts and error logs beside a run's log, a
+    binary) are left out with one warning; a table or log with a bad value is an error, as alone."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    tables, others = [], []
+    for file in files:
+        if _is_measurements(file):
+            tables.append(read_measurements(file, recompute))
+        else:
+            others.append(file.name)
+    if not tables:
+        raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s)", folder)
+    if others:
+        warn_input(f"{len(others)} file(s) neither a measurement table nor a Megatron log, not read ({others[0]}"
+                   f"{', ...' if len(others) > 1 else ''})", folder)
+    return pl.concat(tables, how="vertical_relaxed").drop("row").with_row_index("row", offset=1).select(
+        pl.col(name).cast(dtype) for name, dtype in COLUMNS.items())
+
+
+def _is_measurements(path: Path) -> bool:
+    """Whether a file is a Megatron log or a text whose header names a measurement table's columns."""
+    try:
+        text = read_text(path)
+    except InputError:  # not text, empty, unreadable
+        return False
+    if is_megatron_log(text):
+        return True
+    with warnings.catch_warnings():  # the columns it does not read are said when it is read
+        warnings.simplefilter("ignore", InputWarning)
+        try:
+            _columns(header_names(text), path)
+        except NotATable:
+            return False
+    return True
+
+
 def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
     """One warning line for rows that repeat an earlier row in every column read, the measured time to its last
     digit (a table pasted twice): each is scored, so it counts twice in the MAPE. Repeated runs of one
@@ -333,7 +377,7 @@ def _columns(names: list[str], path: Path) -> dict[str, str]:
     if not any(form in given.values() for form in TIME_COLUMNS):
         missing.append("an iteration time")
     if missing:
-        raise InputError(f"not a measurement table: no column for {', '.join(missing)} (expected the columns "
+        raise NotATable(f"not a measurement table: no column for {', '.join(missing)} (expected the columns "
                          f"[{PARAMETERS_COLUMN},] {','.join(VTRAIN_COLUMNS)}, in any order, or the short names "
                          f"docs/fit-and-profiles.md lists); found {','.join(names)}", path)
     if ignored:

@@ -7,7 +7,6 @@ sha256) are predicted and shown but left out of the MAPE, and the result says ho
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +19,7 @@ import polars as pl
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile, device_problem
+from vtrain.importers import file_digest
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, TIME_READINGS, read_measurements
 from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
 from vtrain.tables.store import load_profile
@@ -248,6 +248,6 @@ def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | 
 def fitted_rows(metadata: dict[str, Any], measurements: Path) -> list[int]:
     """Row numbers of ``measurements`` the profile was fitted on (none unless the file's sha256 matches)."""
     fit = metadata.get("fit_rows") or {}
-    if fit.get("sha256") != hashlib.sha256(measurements.read_bytes()).hexdigest():
+    if fit.get("sha256") != file_digest(measurements):
         return []
     return list(fit.get("rows", []))
