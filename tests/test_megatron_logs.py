@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from tests.conftest import REPO, vtrain_in_process
@@ -220,3 +221,50 @@ def test_validate_scores_a_folder_of_runs(tmp_path: Path) -> None:
                             REPO / "profiles" / "a100", "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr
     assert "over 3 rows" in ran.stdout and "2 file(s) neither a measurement table nor a Megatron log" in ran.stderr
+
+
+@pytest.mark.parametrize(("bias", "qkv", "expected"), [(True, False, True), (False, False, False),
+                                                       (False, True, True), (True, True, True)])
+def test_the_qkv_projection_has_a_bias_with_either_of_megatrons_flags(tmp_path: Path, bias: bool, qkv: bool,
+                                                                      expected: bool) -> None:
+    """Megatron-core's QKV projection adds a bias where ``add_bias_linear`` or ``add_qkv_bias`` says so."""
+    row = read(tmp_path, log_text({**ARGS, "add_bias_linear": bias, "add_qkv_bias": qkv})).row(0, named=True)
+    assert measurement_config(row).model.has_qkv_bias is expected
+
+
+def test_simulate_a_log_is_the_prediction_validate_scores(tmp_path: Path) -> None:
+    """One predictor: `simulate train.log` (on the profile's GPU, as validate puts a log's runs) predicts what
+    `validate --measurements train.log` scored, and says what the log measured."""
+    import json
+
+    log = tmp_path / "train.log"
+    log.write_text(log_text())
+    profile = REPO / "profiles" / "a100"
+    simulated = vtrain_in_process("simulate", log, "--profile", profile, "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    assert "a Megatron log: the run it logs, measured 1,249.8 ms an iteration" in simulated.stderr
+    validated = vtrain_in_process("validate", "--measurements", log, "--profile", profile, "-o", tmp_path / "r",
+                                  "--json")
+    assert validated.returncode == 0, validated.stderr
+    predicted = pl.read_parquet(tmp_path / "r" / "rows.parquet")["predicted_ms"].to_list()
+    assert predicted == [pytest.approx(json.loads(simulated.stdout)["iteration_time_ms"], rel=1e-12)]
+
+
+def test_plan_a_log_sweeps_its_model_and_batch_with_its_layout_as_the_reference(tmp_path: Path) -> None:
+    import json
+
+    log = tmp_path / "train.log"
+    log.write_text(log_text())
+    ran = vtrain_in_process("plan", log, "--gpus", "8", "--profile", REPO / "profiles" / "a100", "-o",
+                            tmp_path / "out", "--json", "--max-micro-batch", "4")
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads(ran.stdout)
+    assert summary["reference"]["tp"] == 2 and summary["reference"]["micro_batch"] == 4
+
+
+def test_a_log_of_a_run_vtrain_does_not_simulate_is_one_error(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(log_text({**ARGS, "context_parallel_size": 2}))
+    ran = vtrain_in_process("simulate", log, "--profile", REPO / "profiles" / "a100")
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1
+    assert "the run it logs: context parallelism (CP = 2) is not modelled" in ran.stderr

@@ -38,17 +38,17 @@ from vtrain.plan.cost import (
     TOKENS_SOURCE,
     Pricing,
 )
+from vtrain.cli.runs import given_run
 from vtrain.runconfig import (
     HardwareConfig,
     ModelConfig,
     ParallelConfig,
     RunConfig,
-    is_model_only,
-    load_run_config,
 )
 
 if TYPE_CHECKING:
     from vtrain.plan.sweep import PlanTable
+    from vtrain.tables.store import Profile
 
 PLANS = Path("plans")
 
@@ -115,7 +115,8 @@ def plan_command(
 
     shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias,
                        tie_embeddings)
-    base = _base_config(model, global_batch, shape, device)
+    table_profile = load_profile(profile) if profile is not None else None
+    base, reference = _base_config(model, global_batch, shape, device, table_profile)
     if attention is not None:
         base = replace(base, attention=attention)
     if framework is not None:
@@ -130,7 +131,6 @@ def plan_command(
     name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
     check_output(target, inputs=[model, profile], force=force)
-    table_profile = load_profile(profile) if profile is not None else None
     if price is None:
         price = DEFAULT_PRICE_PER_GPU_HOUR
         gpu = base.hardware.device
@@ -146,7 +146,7 @@ def plan_command(
                       pricing=Pricing(tokens=tokens, price_per_gpu_hour=price), max_micro_batch=max_micro_batch,
                       distributed_optimizer=distributed_optimizer, max_iteration_s=max_iteration_s,
                       budget_usd=budget_usd, workers=workers, ray_address=ray_address or ("local" if ray else None),
-                      progress=progress, time_reference=model is not None and not is_model_only(model))
+                      progress=progress, time_reference=reference)
     reason = table.no_best_reason()
     if reason is not None:
         warn(f"{reason}; there is no cheapest plan within limits (plans.csv gives each plan's reason and time)")
@@ -186,32 +186,36 @@ class ModelShape(NamedTuple):
         return [flag for flag, value in flags if value is not None]
 
 
-def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape, device: str | None) -> RunConfig:
-    """The run config whose model, batch, precision and hardware are swept (on ``device`` when given)."""
+def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape, device: str | None,
+                 profile: Profile | None) -> tuple[RunConfig, bool]:
+    """The run config whose model, batch, precision and hardware are swept (on ``device`` when given), and whether
+    its own layout is a run to time beside the plans (a run config's or a log's, not a bare model's)."""
     given = [flag for flag in shape.given() if model is None or flag != "--seq"]
     if model is not None and given:
         raise InputError(f"give a run config or the model's shape ({', '.join(given)}), not both: the run config's "
                          f"model would be swept")
     if model is not None:
-        base = load_run_config(model)
-        if global_batch is None and is_model_only(model):
+        run = given_run(model, profile, device)
+        base = run.config
+        if global_batch is None and run.model_only:
             raise InputError("gives a model, not its batch: give --global-batch (sequences an iteration)", model)
         if shape.seq is not None:
             base = replace(base, model=replace(base.model, seq=shape.seq))
         if device is not None:
             base = replace(base, hardware=replace(base.hardware, device=device))
-        return base.with_overrides(global_batch=global_batch) if global_batch is not None else base
+        return (base.with_overrides(global_batch=global_batch) if global_batch is not None else base,
+                not run.model_only)
     missing = [flag for flag, value in (("--layers", shape.layers), ("--hidden", shape.hidden),
                                         ("--heads", shape.heads), ("--seq", shape.seq),
                                         ("--global-batch", global_batch)) if value is None]
     if missing:
         raise InputError(f"give a run config or the model's {', '.join(missing)}")
-    return RunConfig(model=ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
-                                       vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads,
-                                       mlp=shape.mlp, norm=shape.norm, position=shape.position,
-                                       bias=shape.bias, tie_embeddings=shape.tie_embeddings), framework="megatron",
-                     parallelism=ParallelConfig(global_batch=global_batch), precision="fp16",
-                     hardware=replace(HardwareConfig(), device=device or "A100"))
+    model_config = ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
+                               vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads, mlp=shape.mlp,
+                               norm=shape.norm, position=shape.position, bias=shape.bias,
+                               tie_embeddings=shape.tie_embeddings)
+    return RunConfig(model=model_config, framework="megatron", parallelism=ParallelConfig(global_batch=global_batch),
+                     precision="fp16", hardware=replace(HardwareConfig(), device=device or "A100")), False
 
 
 def _print_summary(table: PlanTable, target: Path) -> None:

@@ -98,11 +98,14 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
     ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
-    from vtrain.runconfig import framework_named, is_model_only, load_run_config, word_named
+    from vtrain.cli.runs import given_run
+    from vtrain.runconfig import framework_named, word_named
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile
 
-    run = load_run_config(config).with_overrides(**overrides)
+    table = load_profile(profile) if profile is not None else None
+    given = given_run(config, table, device)
+    run = given.config.with_overrides(**overrides)
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
                                            ("framework", framework_named(framework)),
                                            ("attention", word_named(attention))) if value is not None}
@@ -110,7 +113,7 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         whole["model"] = replace(run.model, seq=seq)
     if whole:
         run = replace(run, **whole)
-    if is_model_only(config):  # a model without a run of its own: GPUs as its layout needs, the batch as given
+    if given.model_only:  # a model without a run of its own: GPUs as its layout needs, the batch as given
         gpus = run.parallelism.world_size if gpus is None else gpus
         if overrides.get("global_batch") is None:
             run = run.with_overrides(global_batch=run.parallelism.micro_batch * run.parallelism.dp)
@@ -123,7 +126,6 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         run = replace(run, hardware=replace(run.hardware, **hardware))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
-    table = load_profile(profile) if profile is not None else None
     sim = simulate(run, table, source=config)
     for line in (_memory_warning(sim), _unsharded_warning(run)):
         if line:

@@ -110,7 +110,8 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "kv heads": given("num_query_groups") if flag("group_query_attention") else None,
         "mlp": ("swiglu" if flag("swiglu") else "gelu") if "swiglu" in args else None,
         "norm": given("normalization"), "position": _position(given("position_embedding_type")),
-        "bias": given("add_bias_linear"), "qkv bias": given("add_qkv_bias"),
+        "bias": given("add_bias_linear"),
+        "qkv bias": "True" if flag("add_qkv_bias") else None,  # Megatron's QKV has a bias with either flag
         "tie embeddings": None if "untie_embeddings_and_output_weights" not in args else
         str(not flag("untie_embeddings_and_output_weights")),
         "attention": _attention(args), "framework": "megatron",

@@ -1,0 +1,57 @@
+"""What a command's run argument names (`vtrain simulate RUN`, `vtrain plan RUN`): a run config (vtrain's YAML/JSON,
+vTrain's config JSON), a Hugging Face ``config.json`` or a published architecture's name (a model without a run of
+its own), or a Megatron-LM training log (the run it logged, and the time it measured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from vtrain.errors import warn_input
+from vtrain.runconfig import RunConfig, is_model_only, load_run_config
+
+if TYPE_CHECKING:
+    from vtrain.tables.store import Profile
+
+
+class GivenRun(NamedTuple):
+    """A run argument's run config, and whether it gives only a model (no GPUs, no batch of its own)."""
+
+    config: RunConfig
+    model_only: bool
+
+
+def given_run(path: Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
+    """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
+    on ``device``, else the GPU ``profile`` was fitted for, as ``validate --measurements`` predicts a log's runs;
+    else :func:`~vtrain.runconfig.load_run_config`'s."""
+    fitted = (profile.metadata.get("fitted") or {}).get("device") if profile is not None else None
+    logged = _logged_run(path, device or fitted)
+    if logged is not None:
+        return GivenRun(logged, model_only=False)
+    config = load_run_config(path)
+    return GivenRun(config, model_only=is_model_only(path))
+
+
+def _logged_run(path: Path, device: str | None) -> RunConfig | None:
+    """The last run of a Megatron log as its run config (None when ``path`` is no such log); its measured time said
+    on one warning line; a run the log describes but vtrain does not simulate is an error saying why."""
+    from vtrain.errors import InputError
+    from vtrain.importers._read import read_text
+    from vtrain.importers.measurements import measurement_config, read_measurements, row_problem
+    from vtrain.importers.megatron_log import is_megatron_log
+
+    try:
+        if not path.is_file() or not is_megatron_log(read_text(path)):
+            return None
+    except (InputError, OSError):  # not text, unreadable: load_run_config says what it is
+        return None
+    runs = read_measurements(path)
+    row = runs.row(runs.height - 1, named=True)
+    which = f"its last of {runs.height} runs" if runs.height > 1 else "the run it logs"
+    problem = row_problem(row)
+    if problem:
+        raise InputError(f"{which}: {problem}", path)
+    warn_input(f"a Megatron log: {which}, measured {row['iteration_ms']:,.1f} ms an iteration (the median of its "
+               f"logged intervals but the first)", path)
+    return measurement_config(row, **({"device": device} if device else {}))
