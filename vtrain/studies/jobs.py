@@ -24,7 +24,7 @@ from typing import Any
 from vtrain.architectures import architecture, known_names
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
-from vtrain.limits import MAX_JOB_HOURS, MAX_TOKENS, integer_problem
+from vtrain.limits import MAX_JOB_HOURS, MAX_TOKENS, integer_problem, shown
 from vtrain.runconfig import ModelConfig, RunConfig
 from vtrain.studies.cluster import Job
 from vtrain.studies.throughput import Workload
@@ -110,7 +110,7 @@ def _with_architecture(entry: dict[str, Any], where: str, path: Path) -> dict[st
         return entry
     found = architecture(named) if isinstance(named, str) else None
     if found is None:
-        raise InputError(f"{where}: model {named!r} is not one vtrain knows by name ({known_names()})", path)
+        raise InputError(f"{where}: model {shown(named)} is not one vtrain knows by name ({known_names()})", path)
     given = {key: getattr(found.model, key) for key in _MODEL_KEYS if getattr(found.model, key) is not None}
     return {**given, **{key: value for key, value in entry.items() if key != "model"}}
 
