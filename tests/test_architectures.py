@@ -187,6 +187,8 @@ def test_validate_reads_a_named_table_end_to_end(tmp_path: Path) -> None:
                             "-o", tmp_path / "out")
     assert ran.returncode == 0, ran.stderr
     assert "over 1 rows" in ran.stdout and "Mixtral_8x7B" in ran.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| row | model | GPUs |" in report and "| 1 | gpt3_350m | 8 |" in report  # the worst rows say their model
 
 
 @pytest.mark.parametrize("given", ["gpt-3-350m", "config.json"])

@@ -26,11 +26,15 @@ def headline(v: MeasurementValidation) -> Table:
 
 
 def worst_rows(v: MeasurementValidation) -> Table:
-    header = ["row", "GPUs", "t", "d", "p", "micro", "global", "hidden", "layers", "measured ms", "predicted ms",
-              "error"]
-    rows = [[str(r["row"]), str(r["gpus"]), str(r["tp"]), str(r["dp"]), str(r["pp"]), str(r["micro_batch"]),
-             str(r["global_batch"]), str(r["hidden"]), str(r["layers"]), f"{r['iteration_ms']:.1f}",
-             f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f} %"] for r in v.worst().iter_rows(named=True)]
+    """The worst-predicted rows, with the model each names where the table names its models."""
+    worst = v.worst()
+    named = "model" in worst.columns and worst["model"].is_not_null().any()
+    header = ["row", *(["model"] if named else []), "GPUs", "t", "d", "p", "micro", "global", "hidden", "layers",
+              "measured ms", "predicted ms", "error"]
+    rows = [[str(r["row"]), *([r["model"] or ""] if named else []), str(r["gpus"]), str(r["tp"]), str(r["dp"]),
+             str(r["pp"]), str(r["micro_batch"]), str(r["global_batch"]), str(r["hidden"]), str(r["layers"]),
+             f"{r['iteration_ms']:.1f}", f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f} %"]
+            for r in worst.iter_rows(named=True)]
     return header, rows
 
 
