@@ -268,3 +268,10 @@ def test_a_log_of_a_run_vtrain_does_not_simulate_is_one_error(tmp_path: Path) ->
     ran = vtrain_in_process("simulate", log, "--profile", REPO / "profiles" / "a100")
     assert ran.returncode == 2 and ran.stderr.count("\n") == 1
     assert "the run it logs: context parallelism (CP = 2) is not modelled" in ran.stderr
+
+
+def test_megatron_deepspeed_logs_iterations_in_seconds(tmp_path: Path) -> None:
+    """BigScience's fork (BLOOM's training) writes ``elapsed time per iteration (s): 105.22``."""
+    text = log_text().replace("elapsed time per iteration (ms): 1250.1", "elapsed time per iteration (s): 1.2501")
+    text = text.replace("elapsed time per iteration (ms): 1248.7", "elapsed time per iteration (s): 1.2487")
+    assert read(tmp_path, text)["iteration_ms"].to_list() == pytest.approx([1249.8])

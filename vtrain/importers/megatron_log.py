@@ -11,6 +11,8 @@ then, every ``--log-interval`` iterations, the mean time of the iterations since
 
      iteration       20/     500 | consumed samples:         1280 | elapsed time per iteration (ms): 1234.5 | ...
 
+(BigScience's Megatron-DeepSpeed, which trained BLOOM, writes ``elapsed time per iteration (s): 105.22``.)
+
 A run is the arguments and the iteration lines after them (a log that restarts holds several). Its measured time
 is the median of its logged intervals but the first (which holds the first iterations' start-up: allocation,
 kernel selection, NCCL's set-up); a run with one interval is that one, with a warning. Lines may carry the
@@ -38,7 +40,9 @@ from vtrain.importers._read import LINE
 _ARGUMENTS = re.compile(r"-{3,} arguments -{3,}")
 _END = re.compile(r"-{3,} end of arguments -{3,}")
 _ARGUMENT = re.compile(r"(\w+) \.{2,} (.*?)\s*$")
-_INTERVAL = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+_INTERVAL = re.compile(r"elapsed time per iteration \((ms|s)\): ([0-9.]+)")
+#: milliseconds per unit of an interval's time (BigScience's Megatron-DeepSpeed logs seconds)
+_MS = {"ms": 1.0, "s": 1000.0}
 _PADDED = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 
@@ -70,7 +74,8 @@ def _run(block: list[str], start: int, path: Path) -> dict[str, str] | None:
     """One run's row (text cells by column name), None when it timed no iteration."""
     end = next((index for index, line in enumerate(block) if _END.search(line)), len(block))
     arguments = {found.group(1): found.group(2) for line in block[1:end] if (found := _ARGUMENT.search(line))}
-    intervals = [float(found.group(1)) for line in block[end:] if (found := _INTERVAL.search(line))]
+    intervals = [float(found.group(2)) * _MS[found.group(1)] for line in block[end:]
+                 if (found := _INTERVAL.search(line))]
     if not intervals:
         return None
     if len(intervals) == 1:
