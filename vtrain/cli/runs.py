@@ -33,16 +33,22 @@ def given_run(path: Path, profile: Profile | None = None, device: str | None = N
     return GivenRun(config, model_only=is_model_only(path))
 
 
+#: the suffixes of run configs (vtrain's YAML, vTrain's and Hugging Face's JSON): never read as a log
+_CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
 def _logged_run(path: Path, device: str | None) -> RunConfig | None:
     """The last run of a Megatron log as its run config (None when ``path`` is no such log); its measured time said
     on one warning line; a run the log describes but vtrain does not simulate is an error saying why."""
+    if path.suffix.lower() in _CONFIG_SUFFIXES or not path.is_file():
+        return None  # a run config, a model's config.json, a trace folder, a name: spared importing the readers
     from vtrain.errors import InputError
     from vtrain.importers._read import read_text
     from vtrain.importers.measurements import measurement_config, read_measurements, row_problem
     from vtrain.importers.megatron_log import is_megatron_log
 
     try:
-        if not path.is_file() or not is_megatron_log(read_text(path)):
+        if not is_megatron_log(read_text(path)):
             return None
     except (InputError, OSError):  # not text, unreadable: load_run_config says what it is
         return None
