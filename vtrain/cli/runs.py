@@ -40,7 +40,7 @@ _CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 def _logged_run(path: Path, device: str | None) -> RunConfig | None:
     """The last run of a Megatron log as its run config (None when ``path`` is no such log); its measured time said
     on one warning line; a run the log describes but vtrain does not simulate is an error saying why."""
-    if path.suffix.lower() in _CONFIG_SUFFIXES or not path.is_file():
+    if path.suffix.lower() in _CONFIG_SUFFIXES or not _is_file(path):
         return None  # a run config, a model's config.json, a trace folder, a name: spared importing the readers
     from vtrain.errors import InputError
     from vtrain.importers._read import read_text
@@ -61,3 +61,11 @@ def _logged_run(path: Path, device: str | None) -> RunConfig | None:
     warn_input(f"a Megatron log: {which}, measured {row['iteration_ms']:,.1f} ms an iteration (the median of its "
                f"logged intervals but the first)", path)
     return measurement_config(row, **({"device": device} if device else {}))
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file (a name too long for a file name is none: Python 3.11's pathlib raises)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
