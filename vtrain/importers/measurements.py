@@ -39,7 +39,7 @@ import math
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -63,6 +63,9 @@ from vtrain.runconfig import (
     framework_named,
     word_named,
 )
+
+if TYPE_CHECKING:
+    from vtrain.architectures import Architecture
 
 #: vTrain's column names (its single-node table, in its order)
 VTRAIN_COLUMNS = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -233,7 +236,7 @@ def _with_architectures(rows: pl.DataFrame, read: dict[str, str]) -> tuple[pl.Da
     text like the file's; with the header names -> columns, those added included. A row whose model vtrain does not
     know and whose shape is incomplete gets its reason in :data:`_MODEL_PROBLEM` (and ones in the shape cells,
     read as numbers before :func:`_problem` refuses it)."""
-    from vtrain.architectures import architecture, known_names
+    from vtrain.architectures import architecture
 
     given = next((name for name, meant in read.items() if meant == "model"), None)
     if given is None:
@@ -248,9 +251,7 @@ def _with_architectures(rows: pl.DataFrame, read: dict[str, str]) -> tuple[pl.Da
     for index, name in enumerate(rows[given].to_list()):
         found = architecture(name) if name else None
         missing = [column for column in _NAMED_SHAPE if cells[column][index] is None]
-        problems.append(None if found or not missing else
-                        f"model {shown(name)} is not one vtrain knows by name ({known_names()}) and the row gives no "
-                        f"{', '.join(missing)}" if name else f"no model and no {', '.join(missing)}")
+        problems.append(_model_problem(name, found is not None, missing))
         for column, values in cells.items():
             if values[index] is None:
                 values[index] = _architecture_cell(found, column) if found else ("1" if column in missing else None)
@@ -259,7 +260,20 @@ def _with_architectures(rows: pl.DataFrame, read: dict[str, str]) -> tuple[pl.Da
     return rows, read | added
 
 
-def _architecture_cell(found: Any, column: str) -> str | None:
+def _model_problem(name: str | None, known: bool, missing: list[str]) -> str | None:
+    """Why a row whose shape columns ``missing`` are empty has no shape: its model is none vtrain knows, or it
+    names none; None when its model is known or nothing is missing."""
+    if known or not missing:
+        return None
+    if not name:
+        return f"no model and no {', '.join(missing)}"
+    from vtrain.architectures import known_names
+
+    return f"model {shown(name)} is not one vtrain knows by name ({known_names()}) and the row gives no " \
+           f"{', '.join(missing)}"
+
+
+def _architecture_cell(found: Architecture, column: str) -> str | None:
     """A column's cell as an architecture gives it (text, as a file's), None where it leaves it to the defaults."""
     value = found.precision if column == "precision" else getattr(found.model, column)
     return None if value is None else str(value).lower()
