@@ -56,8 +56,11 @@ PLANS = Path("plans")
 @user_errors
 def plan_command(
     model: Path | None = typer.Argument(None, help="Run config (run.yaml, vtrain YAML/JSON or vTrain's config "
-                                                   "JSON): its model, global batch, precision and hardware; its own "
-                                                   "parallelism is the reference plan. Or give --layers ... instead."),
+                                                   "JSON) or a Megatron-LM training log: its model, global batch, "
+                                                   "precision and hardware; its own parallelism is the reference plan. "
+                                                   "Or a model alone: a Hugging Face config.json or a published "
+                                                   "architecture's name (llama-3-70b, gpt-3-175b, ...; give "
+                                                   "--global-batch). Or give --layers ... instead."),
     gpus: str = typer.Option(..., "--gpus", help="GPU counts: N, N,M,... or ..N for every count up to N."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
     device_memory: float | None = device_memory_option(),

@@ -32,8 +32,9 @@ def parser() -> OneLineParser:
     """The command line of `vtrain simulate` (usage errors exit 2, as typer's do)."""
     parsed = OneLineParser(prog="vtrain simulate", description=HELP)
     parsed.add_argument("config", type=Path, metavar="CONFIG",
-                        help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config schema, or vTrain's "
-                             "config JSON.")
+                        help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config schema, vTrain's "
+                             "config JSON, a model's Hugging Face config.json, a published architecture's name "
+                             "(llama-3-70b, gpt-3-175b, ...) or a Megatron-LM training log (the run it logged).")
     parsed.add_argument("--profile", type=Path, metavar="DIR",
                         help="Profile folder from `vtrain ingest` (op and NCCL latencies); without it every latency is "
                              "modelled.")
