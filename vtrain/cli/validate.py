@@ -48,10 +48,11 @@ def validate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     no_hta: bool = typer.Option(False, "--no-hta", help="Skip HTA's analysis of the measured and predicted traces "
                                                         "(it parses every trace folder again)."),
-    measurements: Path | None = typer.Option(None, "--measurements", help="A table of measured iteration times "
-                                                                          "(CSV; vTrain's columns or short names, any "
-                                                                          "order) to predict with --profile's fitted "
-                                                                          "device model."),
+    measurements: Path | None = typer.Option(None, "--measurements", help="Measured runs to predict with "
+                                                                          "--profile's fitted device model: a table "
+                                                                          "(CSV or Markdown; vTrain's columns or short "
+                                                                          "names, any order), a Megatron-LM training "
+                                                                          "log, or a folder of them."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, help="With --measurements: GPUs per node."),
     inter_node_gbps: float | None = typer.Option(None, "--inter-node-gbps", min=0.0,
                                                  help="With --measurements: network Gbit/s per node (default: "
