@@ -1,4 +1,11 @@
-"""Datasheet device models (SXM parts, dense tensor-core peaks) and the lookup by device name.
+"""Datasheet device models (dense tensor-core peaks) and the lookup by device name.
+
+The SXM parts have NVLink between every GPU of a node. The PCIe cards (``H100-PCIe``, ``H100-NVL``,
+``A100-40GB-PCIe``, ``A100-80GB-PCIe``) have their own peaks, memory and SM counts, and talk to the node's other
+GPUs over PCIe (Gen5 for H100, Gen4 for A100: the datasheet's per-direction rate; a pair joined by an NVLink
+bridge is faster: ``--intra-node-gbps``). A PCIe card is a variant of its GPU: a profile fitted on the SXM part
+times its kernels on the card's roofline, and its collectives on the card's links
+(:func:`vtrain.fit.device.on_gpu`).
 
 Values marked ``datasheet`` are typed from NVIDIA's published specifications; values marked ``assumed`` are
 round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style NICs) that
@@ -38,8 +45,9 @@ def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs:
     )
 
 
-#: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure). SM counts: the SXM
-#: parts' streaming multiprocessors (V100 80, A100 108, H100 and H200 132), as NVIDIA's architecture papers list them.
+#: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure), as is PCIe's (Gen4 x16
+#: 32 GB/s, Gen5 64 GB/s). SM counts: the streaming multiprocessors (V100 80, A100 108, H100 SXM and NVL 132, H100
+#: PCIe 114, H200 132), as NVIDIA's architecture papers and datasheets list them.
 DATASHEET_DEVICES: dict[str, DeviceModel] = {
     "V100": _gpu("V100", fp16_tflops=125, fp32_tflops=15.7, bf16=False, mem_gbs=900, nvlink_gbs=150,
                  nic_gbits=100, memory_gb=32, sm_count=80),
@@ -51,6 +59,14 @@ DATASHEET_DEVICES: dict[str, DeviceModel] = {
                  nic_gbits=400, memory_gb=80, sm_count=132),
     "H200": _gpu("H200", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4800, nvlink_gbs=450,
                  nic_gbits=400, memory_gb=141, sm_count=132),
+    "A100-40GB-PCIe": _gpu("A100-40GB-PCIe", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1555,
+                           nvlink_gbs=32, nic_gbits=200, memory_gb=40, sm_count=108),
+    "A100-80GB-PCIe": _gpu("A100-80GB-PCIe", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1935,
+                           nvlink_gbs=32, nic_gbits=200, memory_gb=80, sm_count=108),
+    "H100-PCIe": _gpu("H100-PCIe", fp16_tflops=756, fp32_tflops=51, bf16=True, mem_gbs=2000, nvlink_gbs=64,
+                      nic_gbits=400, memory_gb=80, sm_count=114),
+    "H100-NVL": _gpu("H100-NVL", fp16_tflops=835, fp32_tflops=60, bf16=True, mem_gbs=3900, nvlink_gbs=64,
+                     nic_gbits=400, memory_gb=94, sm_count=132),
 }
 
 KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)
@@ -61,12 +77,14 @@ def canonical_device_name(name: str) -> str | None:
     key = name.lower().replace(" ", "").replace("_", "-")
     if key in ("cpu", "host"):
         return "cpu"
+    pcie = "pcie" in key
     if "h200" in key:
         return "H200"
     if "h100" in key:
-        return "H100"
+        return "H100-NVL" if "nvl" in key else "H100-PCIe" if pcie else "H100"
     if "a100" in key:
-        return "A100-80GB" if "80g" in key else "A100-40GB"
+        memory = "80GB" if "80g" in key else "40GB"
+        return f"A100-{memory}-PCIe" if pcie else f"A100-{memory}"
     if "v100" in key:
         return "V100"
     return None

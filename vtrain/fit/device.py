@@ -169,11 +169,13 @@ def refit(profile: Profile, base_metadata: dict[str, Any]) -> dict[str, Any] | N
     return device_metadata(device, name)
 
 
-def with_intra_node_rate(device: FittedDevice, gbps: float) -> FittedDevice:
-    """The device on nodes whose GPU-to-GPU links run at ``gbps`` GB/s instead of the datasheet's: single-node
-    collective curves keep their latency and scale their bus bandwidth by the ratio."""
+def with_intra_node_rate(device: FittedDevice, gbps: float, given_by: str = "--intra-node-gbps") -> FittedDevice:
+    """The device on nodes whose GPU-to-GPU links run at ``gbps`` GB/s instead of the datasheet's (``given_by``:
+    the flag or config key, or the GPU whose link it is): single-node collective curves keep their latency and
+    scale their bus bandwidth by the ratio; the link's provenance is ``config``, so no measured curve of the
+    profile's own links times it (:mod:`vtrain.simulate.collective_latency`)."""
     ratio = gbps / device.intra_node.bandwidth_gbps
-    curves = tuple(replace(c, bus_gbps=c.bus_gbps * ratio, sources=(*c.sources, "--intra-node-gbps"))
+    curves = tuple(replace(c, bus_gbps=c.bus_gbps * ratio, sources=(*c.sources, given_by))
                    if link_name(c.nodes) == INTRA_NODE else c for c in device.collectives)
     provenance = {**device.provenance, "intra_node.bandwidth_gbps": "config"}
     return replace(device, collectives=curves, intra_node=replace(device.intra_node, bandwidth_gbps=gbps),
@@ -254,7 +256,9 @@ def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:
     """The fitted device on another variant of its GPU (an A100-80GB run with an A100-40GB profile): the kernel
     models keep the efficiencies they learnt and take ``gpu``'s roofline (its peaks: a memory-bound kernel moves
     its bytes at its bandwidth; its SM count: a GEMM's waves), and ``gpu``'s datasheet (memory size included);
-    collectives and host terms stay the profile's."""
+    host terms stay the profile's, and so do collectives, but on a variant whose GPUs are linked otherwise (a PCIe
+    card of an NVLink profile): there its GPU-to-GPU link is the card's, as ``--intra-node-gbps`` makes it
+    (:func:`with_intra_node_rate`: the profile's curves measured on NVLink no longer time its collectives)."""
     def retarget(model: OperatorKernelModel | None) -> OperatorKernelModel | None:
         if model is None:
             return None
@@ -263,9 +267,13 @@ def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:
                                            model.model.sm_count, _cache={}))
 
     provenance = {**device.provenance, "gpu": f"{gpu.name} (datasheet; the profile's {device.name} fits on it)"}
-    return replace(device, name=gpu.name, peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
-                   memory_bytes=gpu.memory_bytes, sm_count=gpu.sm_count, gemm=retarget(device.gemm),
-                   memory_bound=retarget(device.memory_bound), provenance=provenance)
+    moved = replace(device, name=gpu.name, peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
+                    memory_bytes=gpu.memory_bytes, sm_count=gpu.sm_count, gemm=retarget(device.gemm),
+                    memory_bound=retarget(device.memory_bound), provenance=provenance)
+    own = DATASHEET_DEVICES.get(canonical_device_name(device.name) or "")
+    if own is not None and gpu.intra_node.bandwidth_gbps != own.intra_node.bandwidth_gbps:  # PCIe, not NVLink
+        return with_intra_node_rate(moved, gpu.intra_node.bandwidth_gbps, f"{gpu.name}'s links (datasheet)")
+    return moved
 
 
 _LOADED: dict[int, tuple[Profile, FittedDevice]] = {}
