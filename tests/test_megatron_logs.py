@@ -275,3 +275,19 @@ def test_megatron_deepspeed_logs_iterations_in_seconds(tmp_path: Path) -> None:
     text = log_text().replace("elapsed time per iteration (ms): 1250.1", "elapsed time per iteration (s): 1.2501")
     text = text.replace("elapsed time per iteration (ms): 1248.7", "elapsed time per iteration (s): 1.2487")
     assert read(tmp_path, text)["iteration_ms"].to_list() == pytest.approx([1249.8])
+
+
+def test_an_fp8_run_is_refused_not_predicted_in_bf16(tmp_path: Path) -> None:
+    rows = read(tmp_path, log_text({**ARGS, "fp8": "hybrid"}))
+    assert rows["precision"].to_list() == ["fp8"]
+    ran = vtrain_in_process("validate", "--measurements", tmp_path / "train.log", "--profile",
+                            REPO / "profiles" / "a100", "-o", tmp_path / "out")
+    assert ran.returncode == 2 and "precision must be one of fp32, fp16, bf16 (got 'fp8')" in ran.stderr
+    assert read(tmp_path, log_text({**ARGS, "fp8": None}), "b.log")["precision"].to_list() == ["bf16"]
+
+
+def test_tensor_parallel_overlap_is_said_as_not_modelled(tmp_path: Path) -> None:
+    path = tmp_path / "overlap.log"
+    path.write_text(log_text({**ARGS, "tp_comm_overlap": True}))
+    with pytest.warns(InputWarning, match=r"line 2 overlapped its tensor-parallel communication with its GEMMs"):
+        read_measurements(path)

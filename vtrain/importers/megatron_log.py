@@ -82,6 +82,10 @@ def _run(block: list[str], start: int, path: Path) -> dict[str, str] | None:
         warn_input(f"the run whose arguments start on line {start} logged one interval: its time includes the "
                    f"start-up of its first iterations", path)
     padded = next((found.group(1) for line in block[end:] if (found := _PADDED.search(line))), None)
+    if arguments.get("tp_comm_overlap") == "True":
+        warn_input(f"the run whose arguments start on line {start} overlapped its tensor-parallel communication "
+                   f"with its GEMMs (--tp-comm-overlap), which vtrain does not model: its tensor-parallel "
+                   f"collectives are predicted in the open", path)
     row = {column: value for column, value in _columns(arguments, padded).items() if value is not None}
     return {**row, "iteration time (ms)": repr(statistics.median(intervals[1:] or intervals)), LINE: str(start)}
 
@@ -110,7 +114,7 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "distributed optimizer": "True" if flag("use_distributed_optimizer") or _zero(args) else
         given("use_distributed_optimizer"),
         "gradient all-reduce overlap": given("overlap_grad_reduce"),
-        "precision": "bf16" if flag("bf16") else "fp16" if flag("fp16") else "fp32" if "fp16" in args else None,
+        "precision": _precision(args),
         "ffn hidden size": given("ffn_hidden_size"),
         "kv heads": given("num_query_groups") if flag("group_query_attention") else None,
         "mlp": ("swiglu" if flag("swiglu") else "gelu") if "swiglu" in args else None,
@@ -123,6 +127,16 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "context parallel size": given("context_parallel_size"), "experts": given("num_experts"),
         "expert parallel size": given("expert_model_parallel_size"),
     }
+
+
+def _precision(args: dict[str, str]) -> str | None:
+    """The run's precision: ``fp8`` where Megatron ran its GEMMs in FP8 (``--fp8-format``: the row is then refused,
+    not predicted in bf16), else bf16, fp16 or fp32 as its flags say; None in a log without them."""
+    if args.get("fp8") not in (None, "None", "False"):
+        return "fp8"
+    if "fp16" not in args and "bf16" not in args:
+        return None
+    return "bf16" if args.get("bf16") == "True" else "fp16" if args.get("fp16") == "True" else "fp32"
 
 
 def _recompute(granularity: str | None, checkpoint_activations: bool, recompute_activations: bool) -> str:
