@@ -286,8 +286,10 @@ def test_an_fp8_run_is_refused_not_predicted_in_bf16(tmp_path: Path) -> None:
     assert read(tmp_path, log_text({**ARGS, "fp8": None}), "b.log")["precision"].to_list() == ["bf16"]
 
 
-def test_tensor_parallel_overlap_is_said_as_not_modelled(tmp_path: Path) -> None:
+def test_overlaps_the_simulator_does_not_model_are_said(tmp_path: Path) -> None:
     path = tmp_path / "overlap.log"
-    path.write_text(log_text({**ARGS, "tp_comm_overlap": True}))
-    with pytest.warns(InputWarning, match=r"line 2 overlapped its tensor-parallel communication with its GEMMs"):
+    path.write_text(log_text({**ARGS, "tp_comm_overlap": True, "overlap_param_gather": True}))
+    with pytest.warns(InputWarning, match=r"line 2 overlapped its tensor-parallel communication with its GEMMs "
+                                          r"\(--tp-comm-overlap\) and its distributed optimizer's parameter "
+                                          r"all-gathers with the next forward"):
         read_measurements(path)

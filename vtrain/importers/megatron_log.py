@@ -43,6 +43,12 @@ _ARGUMENT = re.compile(r"(\w+) \.{2,} (.*?)\s*$")
 _INTERVAL = re.compile(r"elapsed time per iteration \((ms|s)\): ([0-9.]+)")
 #: milliseconds per unit of an interval's time (BigScience's Megatron-DeepSpeed logs seconds)
 _MS = {"ms": 1.0, "s": 1000.0}
+#: overlaps of communication with computation a run may turn on that the simulator does not model: argument -> what
+_UNMODELLED_OVERLAPS = {
+    "tp_comm_overlap": "its tensor-parallel communication with its GEMMs (--tp-comm-overlap)",
+    "overlap_param_gather": "its distributed optimizer's parameter all-gathers with the next forward "
+                            "(--overlap-param-gather)",
+}
 _PADDED = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 
@@ -82,10 +88,10 @@ def _run(block: list[str], start: int, path: Path) -> dict[str, str] | None:
         warn_input(f"the run whose arguments start on line {start} logged one interval: its time includes the "
                    f"start-up of its first iterations", path)
     padded = next((found.group(1) for line in block[end:] if (found := _PADDED.search(line))), None)
-    if arguments.get("tp_comm_overlap") == "True":
-        warn_input(f"the run whose arguments start on line {start} overlapped its tensor-parallel communication "
-                   f"with its GEMMs (--tp-comm-overlap), which vtrain does not model: its tensor-parallel "
-                   f"collectives are predicted in the open", path)
+    overlapped = [what for name, what in _UNMODELLED_OVERLAPS.items() if arguments.get(name) == "True"]
+    if overlapped:
+        warn_input(f"the run whose arguments start on line {start} overlapped {' and '.join(overlapped)}, which "
+                   f"vtrain does not model: predicted in the open", path)
     row = {column: value for column, value in _columns(arguments, padded).items() if value is not None}
     return {**row, "iteration time (ms)": repr(statistics.median(intervals[1:] or intervals)), LINE: str(start)}
 
