@@ -293,3 +293,12 @@ def test_overlaps_the_simulator_does_not_model_are_said(tmp_path: Path) -> None:
                                           r"\(--tp-comm-overlap\) and its distributed optimizer's parameter "
                                           r"all-gathers with the next forward"):
         read_measurements(path)
+
+
+@pytest.mark.parametrize("garbled", [".", "1.2.3", "nan", "-5", "", "1e3"])
+def test_a_garbled_interval_time_is_not_an_interval(tmp_path: Path, garbled: str) -> None:
+    """A line cut or mangled where its time is (a crash mid-write, two ranks' output interleaved) does not count;
+    ``1.2.3`` reads as its number, ``1.2``, as the pattern stops there."""
+    text = log_text().replace("elapsed time per iteration (ms): 1251.9", f"elapsed time per iteration (ms): {garbled}")
+    rows = read(tmp_path, text)
+    assert rows["problem"].to_list() == [None] and 1249 < rows["iteration_ms"][0] < 1251

@@ -40,7 +40,7 @@ from vtrain.importers._read import LINE
 _ARGUMENTS = re.compile(r"-{3,} arguments -{3,}")
 _END = re.compile(r"-{3,} end of arguments -{3,}")
 _ARGUMENT = re.compile(r"(\w+) \.{2,} (.*?)\s*$")
-_INTERVAL = re.compile(r"elapsed time per iteration \((ms|s)\): ([0-9.]+)")
+_INTERVAL = re.compile(r"elapsed time per iteration \((ms|s)\): ([0-9]+(?:\.[0-9]*)?)")
 #: milliseconds per unit of an interval's time (BigScience's Megatron-DeepSpeed logs seconds)
 _MS = {"ms": 1.0, "s": 1000.0}
 #: overlaps of communication with computation a run may turn on that the simulator does not model: argument -> what
