@@ -180,3 +180,20 @@ def test_thousands_separators_and_bold_figures_are_numbers(tmp_path: Path) -> No
     assert row["iteration_ms"] == pytest.approx(2048 * 2048 / (1234.5 * 1024) * 1e3)
     names, rows = csv_rows(write(tmp_path, 'a,b,c\n"1,024","5,6,6",x\n'))
     assert rows.row(0)[:3] == ("1024", "5,6,6", "x")
+
+
+@pytest.mark.parametrize(("given", "meant"), [("BF16", "bf16"), ("bfloat16", "bf16"), ("bf16-mixed", "bf16"),
+                                              ("16-mixed", "fp16"), ("float16", "fp16"), ("float32", "fp32"),
+                                              ("FP16", "fp16")])
+def test_precisions_as_frameworks_name_them(tmp_path: Path, given: str, meant: str) -> None:
+    """PyTorch's dtypes and Lightning's (NeMo's) ``bf16-mixed`` in a precision column are the precisions they name;
+    an unknown one (``fp8``) stays as written, and the row's checks refuse it."""
+    text = ("GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,precision,iteration time (ms)\n"
+            f"8,64,1,2048,1,1,1024,4,16,{given},9\n")
+    assert measurement_config(read_quietly(write(tmp_path, text)).row(0, named=True)).precision == meant
+
+
+def test_an_unknown_precision_is_refused_by_the_config_checks(tmp_path: Path) -> None:
+    text = "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,precision,iteration time (ms)\n8,64,1,2048,1,1,1024,4,16,fp8,9\n"
+    config = measurement_config(read_quietly(write(tmp_path, text)).row(0, named=True))
+    assert config.precision == "fp8" and any("precision must be one of" in e for e in config.constraint_errors())

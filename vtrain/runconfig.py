@@ -83,6 +83,19 @@ def word_named(name: object) -> object:
     return name.strip().lower() if isinstance(name, str) else name
 
 
+#: what frameworks and tables call the precisions (PyTorch's dtypes, Lightning's ``bf16-mixed``, ...)
+_PRECISION_NAMES = {"bfloat16": "bf16", "bf16-mixed": "bf16", "bf16-true": "bf16", "float16": "fp16", "half": "fp16",
+                    "16": "fp16", "16-mixed": "fp16", "fp16-mixed": "fp16", "float32": "fp32", "float": "fp32",
+                    "32": "fp32", "32-true": "fp32"}
+
+
+def precision_named(name: object) -> object:
+    """The precision (:data:`PRECISIONS`) ``name`` stands for: ``BF16``, PyTorch's ``bfloat16``, Lightning's
+    ``bf16-mixed`` and ``16-mixed``; any other value as given (the run config's checks say what is wrong with it)."""
+    word = word_named(name)
+    return _PRECISION_NAMES.get(word, word) if isinstance(word, str) else word
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """GPT decoder shape; ``ffn_hidden``, ``kv_heads``, ``mlp``, ``norm``, ``position`` and the biases say where a
@@ -210,6 +223,9 @@ class RunConfig:
     cuda_graphs: bool = False  # layers replayed from CUDA graphs: one launch a layer pass, no host time between ops
     software: dict[str, Any] = field(default_factory=dict)
     recording: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", precision_named(self.precision))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form, as written to ``run.yaml``."""
@@ -550,8 +566,8 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
     as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
     it says float16 or float32), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism
-    (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what its layer has that
-    vtrain places otherwise (sliding-window attention)."""
+    (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
+    its layer has that vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
     if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
