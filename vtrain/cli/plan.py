@@ -125,7 +125,7 @@ def plan_command(
     if framework is not None:
         base = replace(base, framework=framework)
     if precision is not None:
-        base = replace(base, precision=precision.strip().lower())
+        base = replace(base, precision=precision)  # RunConfig reads its name (runconfig.precision_named)
     unplannable = base.model_errors()
     if unplannable:
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
