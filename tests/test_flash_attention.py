@@ -70,9 +70,12 @@ def test_the_fused_operators_are_measured_exactly(recording) -> None:
     assert [resolver.resolve(op).source for op in fused] == [MEASURED, MEASURED]
     nested = {op.signature for op in gpt._bias_copy(shape, shape.tokens, 3 * shape.h // shape.t)
               + gpt._bias_copy(shape, shape.tokens, shape.ffn)}  # see tests/test_model_signatures.py
+    # which of the gradient accumulations (aten::add_ into a parameter's grad: autograd updates the grad in place
+    # only where nothing else holds it) a recording measures varies from run to run: locally none or one of them
+    # went unmeasured, in a fresh-clone CI run two; they are not counted
     missing = [op.name for op in _layer_ops(shape)
-               if resolver.resolve(op).source != MEASURED and op.signature not in nested]
-    assert len(missing) <= 1, missing
+               if resolver.resolve(op).source != MEASURED and op.signature not in nested and op.name != "aten::add_"]
+    assert missing == [], missing
 
 
 def test_the_eager_model_would_miss_the_recording(recording) -> None:
