@@ -17,7 +17,7 @@ from vtrain.architectures import ARCHITECTURES, architecture
 from vtrain.errors import InputError, InputWarning
 from vtrain.importers import measurement_config, read_measurements
 from vtrain.model.memory import model_parameter_count
-from vtrain.runconfig import RunConfig, is_model_only, load_run_config, run_config_from_dict
+from vtrain.runconfig import RunConfig, load_given_run, load_run_config, run_config_from_dict
 
 #: the weights of the released checkpoints (the safetensors index's total size over two bytes a bf16 parameter)
 RELEASED = {"llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320, "codellama-34b": 33_743_970_304,
@@ -82,14 +82,15 @@ def test_a_name_loads_as_the_model_of_its_architecture_with_a_line_saying_whose(
         run = load_run_config("llama-2-70b")
     assert run.model == architecture("llama-2-70b").model
     assert (run.precision, run.framework) == ("bf16", "megatron")
-    assert is_model_only("llama-2-70b")
+    with pytest.warns(InputWarning):
+        assert load_given_run("llama-2-70b")[1]  # a model without a run of its own
 
 
 def test_a_file_of_that_name_is_read_as_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "llama-2-70b").write_text(json.dumps({"model": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32}}))
     monkeypatch.chdir(tmp_path)
     assert load_run_config("llama-2-70b").model.layers == 2
-    assert not is_model_only("llama-2-70b")
+    assert not load_given_run("llama-2-70b")[1]
 
 
 def test_a_name_of_nothing_is_one_line_listing_the_names() -> None:

@@ -668,12 +668,19 @@ def _optional_float(value: Any) -> float | None:
 def load_run_config(path: str | Path) -> RunConfig:
     """Read a run config (``run.yaml``, any YAML/JSON in vtrain's schema, vTrain's config JSON or a Hugging Face
     model's ``config.json``; a folder's ``run.yaml``, else its ``config.json``: a model's folder)."""
+    return load_given_run(path)[0]
+
+
+def load_given_run(path: str | Path) -> tuple[RunConfig, bool]:
+    """:func:`load_run_config`'s run config, read once, and whether it gives a model without a plan of its own (a
+    Hugging Face model's ``config.json``, as :func:`run_config_from_dict` tells them apart, or a published
+    architecture's name: :func:`named_run`)."""
     named = named_run(path)
     if named is not None:
-        return named
+        return named, True
     path = _config_file(path)
     data = read_config_file(path, "run config")
-    return run_config_from_dict(data, path)
+    return run_config_from_dict(data, path), isinstance(data, dict) and _is_hf_mapping(data)
 
 
 def named_run(name: str | Path) -> RunConfig | None:
@@ -713,15 +720,6 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except OSError:
         return False
-
-
-def is_model_only(path: str | Path) -> bool:
-    """Whether ``path`` gives a model without a plan of its own: a Hugging Face model's ``config.json`` (as
-    :func:`run_config_from_dict` tells them apart) or a published architecture's name (:func:`named_run`)."""
-    if not _exists(Path(path)):
-        return True  # a name: load_run_config reads it or says it is neither
-    data = read_config_file(_config_file(path), "run config")
-    return isinstance(data, dict) and _is_hf_mapping(data)
 
 
 def _is_hf_mapping(data: dict[str, Any]) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from vtrain.errors import warn_input
-from vtrain.runconfig import RunConfig, is_model_only, load_run_config
+from vtrain.runconfig import RunConfig, load_given_run
 
 if TYPE_CHECKING:
     from vtrain.tables.store import Profile
@@ -24,13 +24,12 @@ class GivenRun(NamedTuple):
 def given_run(path: Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
     """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
     on ``device``, else the GPU ``profile`` was fitted for, as ``validate --measurements`` predicts a log's runs;
-    else :func:`~vtrain.runconfig.load_run_config`'s."""
+    else :func:`~vtrain.runconfig.load_given_run`'s."""
     fitted = (profile.metadata.get("fitted") or {}).get("device") if profile is not None else None
     logged = _logged_run(path, device or fitted)
     if logged is not None:
         return GivenRun(logged, model_only=False)
-    config = load_run_config(path)
-    return GivenRun(config, model_only=is_model_only(path))
+    return GivenRun(*load_given_run(path))
 
 
 #: the suffixes of run configs (vtrain's YAML, vTrain's and Hugging Face's JSON): never read as a log
@@ -44,15 +43,16 @@ def _logged_run(path: Path, device: str | None) -> RunConfig | None:
         return None  # a run config, a model's config.json, a trace folder, a name: spared importing the readers
     from vtrain.errors import InputError
     from vtrain.importers._read import read_text
-    from vtrain.importers.measurements import measurement_config, read_measurements, row_problem
+    from vtrain.importers.measurements import measurement_config, read_measurements_text, row_problem
     from vtrain.importers.megatron_log import is_megatron_log
 
     try:
-        if not is_megatron_log(read_text(path)):
-            return None
+        text = read_text(path)
     except (InputError, OSError):  # not text, unreadable: load_run_config says what it is
         return None
-    runs = read_measurements(path)
+    if not is_megatron_log(text):
+        return None
+    runs = read_measurements_text(path, text)
     row = runs.row(runs.height - 1, named=True)
     which = f"its last of {runs.height} runs" if runs.height > 1 else "the run it logs"
     problem = row_problem(row)

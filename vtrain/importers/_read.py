@@ -53,7 +53,11 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
     ``column 2``... for a file without a header, plus :data:`LINE`. Blank lines are skipped; a short row is
     padded with nulls; a row longer than the header and a file with no data rows are errors.
     """
-    text = read_text(path)
+    return text_rows(read_text(path), path, header=header)
+
+
+def text_rows(text: str, path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFrame]:
+    """:func:`csv_rows` of a file's text already read (``path`` names it in errors)."""
     table = _markdown_table(text)
     records = _markdown_records(text, table, path) if table else _csv_records(text, path)
     if not records:
@@ -81,8 +85,7 @@ def header_names(text: str) -> list[str]:
     record), without reading its rows; empty when the text has none."""
     table = _markdown_table(text)
     if table:
-        inner = text.splitlines()[table[0]].strip()[1:]
-        return [cell.strip() for cell in re.split(r"(?<!\\)\|", inner.removesuffix("|"))]
+        return [cell or "" for cell in _markdown_cells(text.splitlines()[table[0]])]
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         return [name.strip() for name in next(csv.reader([first], delimiter=_delimiter(text)), [])]
@@ -131,13 +134,16 @@ def _markdown_records(text: str, table: tuple[int, int], path: Path) -> list[tup
     outside = sum(1 for line in lines[:first] + lines[end:] if line.strip())
     if outside:
         warn_input(f"read the Markdown table on lines {first + 1}-{end}; {outside} other line(s) not read", path)
-    records: list[tuple[int, list[str | None]]] = []
-    for number in [first, *range(first + 2, end)]:
-        inner = lines[number].strip()[1:]
-        inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
-        cells = [cell.replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
-        records.append((number + 1, [_grouped(cell.strip().strip("*_`")) for cell in cells]))
-    return records
+    return [(number + 1, _markdown_cells(lines[number])) for number in [first, *range(first + 2, end)]]
+
+
+def _markdown_cells(line: str) -> list[str | None]:
+    """The cells of one line of a Markdown pipe table (its leading and trailing ``|`` dropped; an escaped ``\\|``
+    stays in its cell), each stripped of spaces and of Markdown's emphasis, a number's thousands separators
+    dropped, null when empty."""
+    inner = line.strip()[1:]
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [_grouped(cell.replace("\\|", "|").strip().strip("*_`")) for cell in re.split(r"(?<!\\)\|", inner)]
 
 
 def _grouped(value: str) -> str | None:

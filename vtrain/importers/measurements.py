@@ -45,7 +45,7 @@ import polars as pl
 
 from vtrain.errors import InputError, InputWarning, warn_input
 from vtrain.flops import LayerShape, hardware_flops
-from vtrain.importers._read import LINE, csv_rows, header_names, read_text, unique_names
+from vtrain.importers._read import LINE, header_names, read_text, text_rows, unique_names
 from vtrain.importers.megatron_log import is_megatron_log, megatron_log_rows
 from vtrain.limits import (
     INTEGER_BOUNDS,
@@ -190,8 +190,12 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     path = Path(path)
     if path.is_dir():
         return _read_folder(path, recompute)
-    text = read_text(path)
-    names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else csv_rows(path)
+    return read_measurements_text(path, read_text(path), recompute)
+
+
+def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) -> pl.DataFrame:
+    """:func:`read_measurements` of one file whose text was already read (``path`` names it in errors)."""
+    names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else text_rows(text, path)
     columns = _columns(names, path)
     form = _time_form(columns, path)
     read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}
@@ -290,10 +294,11 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
     files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     tables, others = [], []
     for file in files:
-        if _is_measurements(file):
-            tables.append(read_measurements(file, recompute))
-        else:
+        text = _measurements_text(file)
+        if text is None:
             others.append(file.name)
+        else:
+            tables.append(read_measurements_text(file, text, recompute))
     if not tables:
         raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s)", folder)
     if others:
@@ -303,21 +308,21 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         pl.col(name).cast(dtype) for name, dtype in COLUMNS.items())
 
 
-def _is_measurements(path: Path) -> bool:
-    """Whether a file is a Megatron log or a text whose header names a measurement table's columns."""
+def _measurements_text(path: Path) -> str | None:
+    """The text of a file that is a Megatron log or whose header names a measurement table's columns, else None."""
     try:
         text = read_text(path)
     except InputError:  # not text, empty, unreadable
-        return False
+        return None
     if is_megatron_log(text):
-        return True
+        return text
     with warnings.catch_warnings():  # the columns it does not read are said when it is read
         warnings.simplefilter("ignore", InputWarning)
         try:
             _columns(header_names(text), path)
         except NotATable:
-            return False
-    return True
+            return None
+    return text
 
 
 def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
