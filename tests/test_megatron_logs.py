@@ -143,13 +143,15 @@ def test_context_parallel_and_experts_are_refused_as_in_a_table(tmp_path: Path) 
 
 
 def test_a_log_that_timed_nothing_is_one_error(tmp_path: Path) -> None:
-    """A run that crashed before its first logged interval: its log is no table either (one error line naming
-    what is missing); one whose only timed line comes before the arguments has no run to score."""
+    """A run that crashed before its first logged interval, or a rank's output that holds the arguments but not the
+    iteration times (printed by the last rank): one error line saying so; one whose only timed line comes before the
+    arguments has no run to score."""
     untimed = log_text(times=()) + " iteration       10/     500 | consumed samples: 640 | lm loss: 7.1 |\n"
     assert not is_megatron_log(untimed)
     path = tmp_path / "crashed.log"
     path.write_text(untimed)
-    with pytest.raises(InputError, match="not a measurement table"):
+    with pytest.raises(InputError, match="a Megatron log's arguments without a timed iteration: Megatron prints its "
+                                         "iteration times on the last rank"):
         read_measurements(path)
     path.write_text(log_text(times=(900.0,)).split("------------------------ arguments")[0].replace("using", "x")
                     + " elapsed time per iteration (ms): 900.0 |\n" + log_text(times=()))
@@ -302,3 +304,17 @@ def test_a_garbled_interval_time_is_not_an_interval(tmp_path: Path, garbled: str
     text = log_text().replace("elapsed time per iteration (ms): 1251.9", f"elapsed time per iteration (ms): {garbled}")
     rows = read(tmp_path, text)
     assert rows["problem"].to_list() == [None] and 1249 < rows["iteration_ms"][0] < 1251
+
+
+def test_a_multi_node_runs_outputs_split_over_files_say_where_the_times_are(tmp_path: Path) -> None:
+    """Slurm writing one output file a node: the first node's holds Megatron's arguments, the last node's the
+    iteration times (the last rank prints them). Neither alone is a run; the error says why and what to give."""
+    lines = log_text().splitlines()
+    (tmp_path / "node0.out").write_text("\n".join(line for line in lines if "elapsed time" not in line) + "\n")
+    (tmp_path / "node1.out").write_text("\n".join(line for line in lines if "elapsed time" in line) + "\n")
+    with pytest.raises(InputError, match=r"no measurement table or Megatron log among its 2 file\(s\); node0.out "
+                                         r"holds a Megatron log's arguments without a timed iteration"):
+        read_measurements(tmp_path)
+    joined = tmp_path / "joined.log"
+    joined.write_text((tmp_path / "node0.out").read_text() + (tmp_path / "node1.out").read_text())
+    assert read(tmp_path, joined.read_text(), "joined.log")["iteration_ms"].to_list() == pytest.approx([1249.8])

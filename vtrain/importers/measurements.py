@@ -46,7 +46,7 @@ import polars as pl
 from vtrain.errors import InputError, InputWarning, warn_input
 from vtrain.flops import LayerShape, hardware_flops
 from vtrain.importers._read import LINE, header_names, read_text, text_rows, unique_names
-from vtrain.importers.megatron_log import is_megatron_log, megatron_log_rows
+from vtrain.importers.megatron_log import UNTIMED, is_megatron_log, megatron_log_rows, untimed_log
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_ITERATION_MS,
@@ -195,6 +195,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
 
 def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) -> pl.DataFrame:
     """:func:`read_measurements` of one file whose text was already read (``path`` names it in errors)."""
+    if untimed_log(text):
+        raise NotATable(UNTIMED, path)
     names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else text_rows(text, path)
     columns = _columns(names, path)
     form = _time_form(columns, path)
@@ -300,12 +302,22 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         else:
             tables.append(read_measurements_text(file, text, recompute))
     if not tables:
-        raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s)", folder)
+        untimed = [file.name for file in files if file.name in others and _untimed(file)]
+        said = f"; {untimed[0]} holds {UNTIMED}" if untimed else ""
+        raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s){said}", folder)
     if others:
         warn_input(f"{len(others)} file(s) neither a measurement table nor a Megatron log, not read ({others[0]}"
                    f"{', ...' if len(others) > 1 else ''})", folder)
     return pl.concat(tables, how="vertical_relaxed").drop("row").with_row_index("row", offset=1).select(
         pl.col(name).cast(dtype) for name, dtype in COLUMNS.items())
+
+
+def _untimed(path: Path) -> bool:
+    """Whether a file is a Megatron log's arguments without its iteration times (:func:`untimed_log`)."""
+    try:
+        return untimed_log(read_text(path))
+    except InputError:
+        return False
 
 
 def _measurements_text(path: Path) -> str | None:

@@ -57,6 +57,18 @@ def is_megatron_log(text: str) -> bool:
     return _ARGUMENTS.search(text) is not None and _INTERVAL.search(text) is not None
 
 
+def untimed_log(text: str) -> bool:
+    """Whether a text holds Megatron's arguments but no timed iteration: the output of a rank that does not print
+    them (Megatron prints its iteration times on the last rank: in a multi-node run, another node's output)."""
+    return _ARGUMENTS.search(text) is not None and _INTERVAL.search(text) is None
+
+
+#: why such a text is no run, said where one is read
+UNTIMED = ("a Megatron log's arguments without a timed iteration: Megatron prints its iteration times on the last "
+           "rank (in a multi-node run, another node's output: give the file that holds them, or the nodes' "
+           "outputs joined into one)")
+
+
 def megatron_log_rows(text: str, path: Path) -> tuple[list[str], pl.DataFrame]:
     """The runs of a Megatron log as :func:`~vtrain.importers._read.csv_rows` gives a table: the column names and
     one row of text cells per run (and the line its arguments start on)."""
