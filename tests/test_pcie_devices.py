@@ -16,7 +16,7 @@ from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 @pytest.mark.parametrize(("name", "meant"), [
     ("NVIDIA H100 PCIe", "H100-PCIe"), ("H100 PCIe", "H100-PCIe"), ("NVIDIA H100 NVL", "H100-NVL"),
     ("NVIDIA H100 80GB HBM3", "H100"), ("H100-SXM5-80GB", "H100"), ("NVIDIA A100-PCIE-40GB", "A100-40GB-PCIe"),
-    ("A100 80GB PCIe", "A100-80GB-PCIe"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA GH200 480GB", "H200"),
+    ("A100 80GB PCIe", "A100-80GB-PCIe"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA GH200 480GB", "GH200"),
 ])
 def test_device_names_as_torch_and_tables_write_them(name: str, meant: str) -> None:
     assert canonical_device_name(name) == meant

@@ -99,8 +99,8 @@ def plan_command(
     position: str = position_option(),
     bias: bool = bias_option(),
     tie_embeddings: bool | None = tie_embeddings_option(),
-    device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; A100 without "
-                                      "one)."),
+    device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; for a "
+                                      "model without a run of its own, the profile's GPU; else A100)."),
     attention: str | None = attention_option(),
     precision: str | None = typer.Option(None, "--precision", help="fp16, bf16 or fp32 (default: the run "
                                          "config's; fp16 for a model given by its shape)."),
@@ -218,7 +218,13 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
                                norm=shape.norm, position=shape.position, bias=shape.bias,
                                tie_embeddings=shape.tie_embeddings)
     return RunConfig(model=model_config, framework="megatron", parallelism=ParallelConfig(global_batch=global_batch),
-                     precision="fp16", hardware=replace(HardwareConfig(), device=device or "A100")), False
+                     precision="fp16", hardware=replace(HardwareConfig(), device=device or _profile_gpu(profile) or "A100")), False
+
+
+def _profile_gpu(profile: Profile | None) -> str | None:
+    """The GPU a model given by its shape runs on without ``--device``: the profile's
+    (:meth:`~vtrain.tables.store.Profile.gpu`)."""
+    return profile.gpu() if profile is not None else None
 
 
 def _print_summary(table: PlanTable, target: Path) -> None:

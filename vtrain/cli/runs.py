@@ -4,6 +4,7 @@ its own), or a Megatron-LM training log (the run it logged, and the time it meas
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -23,13 +24,29 @@ class GivenRun(NamedTuple):
 
 def given_run(path: Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
     """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
-    on ``device``, else the GPU ``profile`` was fitted for, as ``validate --measurements`` predicts a log's runs;
-    else :func:`~vtrain.runconfig.load_given_run`'s."""
-    fitted = (profile.metadata.get("fitted") or {}).get("device") if profile is not None else None
-    logged = _logged_run(path, device or fitted)
+    on ``device``, else the profile's GPU (:meth:`~vtrain.tables.store.Profile.gpu`), as ``validate
+    --measurements`` predicts a log's runs; else :func:`~vtrain.runconfig.load_given_run`'s, a model without a run
+    of its own (a name, a Hugging Face config) on ``device``, else the profile's GPU."""
+    gpu = device or (profile.gpu() if profile is not None else None)
+    logged = _logged_run(path, gpu)
     if logged is not None:
         return GivenRun(logged, model_only=False)
-    return GivenRun(*load_given_run(path))
+    config, model_only = load_given_run(path)
+    if model_only and gpu:
+        config = replace(config, hardware=replace(config.hardware, device=gpu))
+    elif model_only and profile is not None:
+        _unknown_gpu_warning(profile, config, path)
+    return GivenRun(config, model_only)
+
+
+def _unknown_gpu_warning(profile: Profile, config: RunConfig, path: Path) -> None:
+    """A warning when a model without a run of its own goes on its default GPU because the profile's traces ran on
+    a device vtrain does not know (its kernels are that device's, the rest is timed on the default's datasheet)."""
+    traced = str((profile.metadata.get("device") or {}).get("name") or "")
+    if traced and traced.lower() not in ("cpu", "host"):
+        warn_input(f"the profile {profile.source or ''} was traced on {traced!r}, a GPU vtrain does not know: the "
+                   f"run goes on an {config.hardware.device}, whose datasheet times what the profile did not "
+                   f"measure (--device names the GPU)", path)
 
 
 #: the suffixes of run configs (vtrain's YAML, vTrain's and Hugging Face's JSON): never read as a log

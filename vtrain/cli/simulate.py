@@ -61,7 +61,9 @@ def parser() -> OneLineParser:
                            help="Override overlapping of the gradient all-reduce.")
     overrides.add_argument("--dp-bucket-mb", type=float, metavar="MIB", help="Override gradient bucket size (MiB).")
     overrides.add_argument("--gpus", type=int, metavar="N", help="Override the number of devices.")
-    overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...).")
+    overrides.add_argument("--device", metavar="NAME", help="Override the device (A100, H100, cpu, ...); a model "
+                           "without a run of its own (a name, a Hugging Face config) runs on the profile's GPU, "
+                           "else an A100.")
     overrides.add_argument("--gpus-per-node", type=int, metavar="N", help="Override the GPUs of a node.")
     overrides.add_argument("--inter-node-gbps", type=float, metavar="G",
                            help="Override a node's network, Gbit/s (all its NICs, shared by its GPUs).")

@@ -1,13 +1,14 @@
 """Datasheet device models (dense tensor-core peaks) and the lookup by device name.
 
 The SXM parts have NVLink between every GPU of a node. The PCIe cards (``H100-PCIe``, ``H100-NVL``,
-``A100-40GB-PCIe``, ``A100-80GB-PCIe``) have their own peaks, memory and SM counts, and talk to the node's other
-GPUs over PCIe (Gen5 for H100, Gen4 for A100: the datasheet's per-direction rate; a pair joined by an NVLink
-bridge is faster: ``--intra-node-gbps``). A PCIe card is a variant of its GPU: a profile fitted on the SXM part
-times its kernels on the card's roofline, and its collectives on the card's links
-(:func:`vtrain.fit.device.on_gpu`).
+``A100-40GB-PCIe``, ``A100-80GB-PCIe``, the A800 and H800 cards) have their own peaks, memory and SM counts, and talk
+to the node's other GPUs over PCIe (Gen5 for H100, Gen4 for A100: the datasheet's per-direction rate; a pair joined
+by an NVLink bridge is faster: ``--intra-node-gbps``). The export parts (``H800``, ``A800-80GB``) are the H100 and
+A100 with NVLink at 400 GB/s both ways. Variants of one die (:data:`GPU_DIES`: the cards, the export parts, H200
+and GH200 of the H100's) share a profile: one fitted on any of them times another's kernels on that one's roofline,
+and its collectives on its links (:func:`vtrain.fit.device.on_gpu`).
 
-Values marked ``datasheet`` are typed from NVIDIA's published specifications; values marked ``assumed`` are
+Values marked ``datasheet`` are typed from NVIDIA's (AMD's for MI300X) published specifications; values marked ``assumed`` are
 round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style NICs) that
 calibration is expected to replace with fitted ones.
 """
@@ -47,7 +48,7 @@ def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs:
 
 #: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure), as is PCIe's (Gen4 x16
 #: 32 GB/s, Gen5 64 GB/s). SM counts: the streaming multiprocessors (V100 80, A100 108, H100 SXM and NVL 132, H100
-#: PCIe 114, H200 132), as NVIDIA's architecture papers and datasheets list them.
+#: PCIe 114, H200 132), as NVIDIA's architecture papers and datasheets list them (MI300X: AMD's compute units).
 DATASHEET_DEVICES: dict[str, DeviceModel] = {
     "V100": _gpu("V100", fp16_tflops=125, fp32_tflops=15.7, bf16=False, mem_gbs=900, nvlink_gbs=150,
                  nic_gbits=100, memory_gb=32, sm_count=80),
@@ -67,6 +68,34 @@ DATASHEET_DEVICES: dict[str, DeviceModel] = {
                       nic_gbits=400, memory_gb=80, sm_count=114),
     "H100-NVL": _gpu("H100-NVL", fp16_tflops=835, fp32_tflops=60, bf16=True, mem_gbs=3900, nvlink_gbs=64,
                      nic_gbits=400, memory_gb=94, sm_count=132),
+    # the export parts: an H100 and an A100 whose NVLink runs at 400 GB/s both ways (200 a direction)
+    "H800": _gpu("H800", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=3350, nvlink_gbs=200,
+                 nic_gbits=400, memory_gb=80, sm_count=132),
+    "H800-PCIe": _gpu("H800-PCIe", fp16_tflops=756, fp32_tflops=51, bf16=True, mem_gbs=2000, nvlink_gbs=64,
+                      nic_gbits=400, memory_gb=80, sm_count=114),
+    "A800-80GB": _gpu("A800-80GB", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=2039, nvlink_gbs=200,
+                      nic_gbits=200, memory_gb=80, sm_count=108),
+    "A800-40GB-PCIe": _gpu("A800-40GB-PCIe", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1555,
+                           nvlink_gbs=32, nic_gbits=200, memory_gb=40, sm_count=108),
+    "A800-80GB-PCIe": _gpu("A800-80GB-PCIe", fp16_tflops=312, fp32_tflops=19.5, bf16=True, mem_gbs=1935,
+                           nvlink_gbs=32, nic_gbits=200, memory_gb=80, sm_count=108),
+    # Grace Hopper: the H100 die beside a Grace CPU, with 96 GB of HBM3 (the "480GB" superchip) or 144 GB of HBM3e
+    "GH200": _gpu("GH200", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4000, nvlink_gbs=450,
+                  nic_gbits=400, memory_gb=96, sm_count=132),
+    "GH200-144GB": _gpu("GH200-144GB", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4900, nvlink_gbs=450,
+                        nic_gbits=400, memory_gb=144, sm_count=132),
+    # AMD's datasheet: 304 compute units, seven Infinity Fabric links of 64 GB/s a direction to the node's others
+    "MI300X": _gpu("MI300X", fp16_tflops=1307, fp32_tflops=163, bf16=True, mem_gbs=5300, nvlink_gbs=448,
+                   nic_gbits=400, memory_gb=192, sm_count=304),
+}
+
+#: catalog name -> the die it is made of: the variants of one die share a profile's fitted kernel efficiencies
+#: (:func:`vtrain.fit.device.on_gpu` moves them onto a variant's roofline and links)
+GPU_DIES: dict[str, str] = {
+    "V100": "GV100", "A100-40GB": "GA100", "A100-80GB": "GA100", "A100-40GB-PCIe": "GA100",
+    "A100-80GB-PCIe": "GA100", "A800-80GB": "GA100", "A800-40GB-PCIe": "GA100", "A800-80GB-PCIe": "GA100",
+    "H100": "GH100", "H100-PCIe": "GH100", "H100-NVL": "GH100", "H200": "GH100", "H800": "GH100",
+    "H800-PCIe": "GH100", "GH200": "GH100", "GH200-144GB": "GH100", "MI300X": "MI300X",
 }
 
 KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)
@@ -78,16 +107,32 @@ def canonical_device_name(name: str) -> str | None:
     if key in ("cpu", "host"):
         return "cpu"
     pcie = "pcie" in key
+    if "gh200" in key:  # before H200: "NVIDIA GH200 480GB" has 96 GB of HBM3, "GH200 144G HBM3e" 144 GB
+        return "GH200-144GB" if "144g" in key or "hbm3e" in key else "GH200"
     if "h200" in key:
         return "H200"
     if "h100" in key:
         return "H100-NVL" if "nvl" in key else "H100-PCIe" if pcie else "H100"
+    if "h800" in key:
+        return "H800-PCIe" if pcie else "H800"
     if "a100" in key:
         memory = "80GB" if "80g" in key else "40GB"
         return f"A100-{memory}-PCIe" if pcie else f"A100-{memory}"
+    if "a800" in key:  # the SXM part has 80 GB; the cards (PCIe, "A800 40GB Active") 40 or 80
+        memory = "80GB" if "80g" in key else "40GB"
+        return f"A800-{memory}-PCIe" if pcie or "active" in key else "A800-80GB"
     if "v100" in key:
         return "V100"
+    if "mi300x" in key:
+        return "MI300X"
     return None
+
+
+def same_die(one: str, other: str) -> bool:
+    """Whether two device names are variants of one die (``A100-40GB`` and ``A100-80GB``, ``H100`` and ``H800``):
+    a profile fitted on one times the other's kernels at the efficiencies it learnt."""
+    first, second = canonical_device_name(one) or one, canonical_device_name(other) or other
+    return GPU_DIES.get(first, first) == GPU_DIES.get(second, second)
 
 
 def device_model(name: str, source: str | None = None) -> DeviceModel:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from vtrain import cache
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, AlphaBeta, link_name
-from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name, device_for_config, device_model
+from vtrain.devices.catalog import (DATASHEET_DEVICES, canonical_device_name, device_for_config, device_model,
+                                    same_die)
 from vtrain.devices.fitted import FittedDevice, HostOverhead
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import InputError, warn_input
@@ -202,18 +203,13 @@ def on_run_hardware(device: FittedDevice, config: RunConfig) -> FittedDevice:
     return for_config(device, config)
 
 
-def same_family(one: str, other: str) -> bool:
-    """Whether two catalog device names are variants of one GPU (``A100-40GB`` and ``A100-80GB``)."""
-    return one.split("-")[0] == other.split("-")[0]
-
-
 def device_problem(name: str, device: FittedDevice) -> str | None:
     """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
     it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""
     wanted = canonical_device_name(name)
     if wanted is None:
         return f"device {name!r} is no GPU vtrain knows (vtrain/devices/catalog.py lists them)"
-    if not same_family(wanted, device.name):
+    if not same_die(wanted, device.name):
         return (f"device {wanted} is not a variant of the profile's {device.name}: score runs on it with a profile "
                 f"fitted for it")
     return None
@@ -225,7 +221,7 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
     datasheet model of the run's device."""
     fitted = (profile.metadata.get("fitted") or {}) if profile is not None else {}
     wanted = canonical_device_name(config.hardware.device) or ""
-    if fitted.get("device") and same_family(wanted, str(fitted["device"])):
+    if fitted.get("device") and same_die(wanted, str(fitted["device"])):
         return on_run_hardware(_loaded(profile, source), config)
     if fitted.get("device") and _first_time_unused(profile, wanted):
         warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "

@@ -54,8 +54,8 @@ def traced_host(profile: Profile, device: DeviceModel, source: Path) -> TracedHo
                    "the embedding's) do not tell its time per operator in an eager run, so none is taken from it",
                    source)
         return None
-    recorded_on = canonical_device_name(run.hardware.device) or run.hardware.device
-    if recorded_on.split("-")[0] != (canonical_device_name(device.name) or device.name).split("-")[0]:
+    if (canonical_device_name(run.hardware.device) or run.hardware.device) != (canonical_device_name(device.name)
+                                                                               or device.name):
         warn_input(f"its run was recorded on {run.hardware.device} and the profile is for {device.name}: the host's "
                    f"time per operator measured in it is that machine's", source)
     shared = SharedResolvers(profile, device)
