@@ -68,3 +68,27 @@ def test_bloom_is_predicted_fast_as_mt_nlg_is_another_deepspeed_pipeline_run(tmp
     assert rows["stage_layers"].to_list() == ["5 6 6 6 6 6 6 6 6 6 6 5"]
     assert rows["iteration_ms"][0] / 1e3 == pytest.approx(104.5, abs=0.1)
     assert -20.0 <= rows["error_pct"][0] <= -10.0
+
+
+def test_the_measured_mfu_of_each_row_is_the_papers(tmp_path: Path) -> None:
+    """SC21 reports 137-163 TFLOP/s a GPU counting full recomputation (44-52 % of the A100's 312): the model's own
+    FLOPs are three quarters of those, so each row's measured MFU is its rate x 3/4 / 312."""
+    _, rows = score("sc21-table1", tmp_path)
+    rates = pl.read_csv(PUBLISHED / "sc21-table1.csv")["tflop/s per gpu"].to_numpy()
+    assert rows["measured_mfu"].to_numpy() == pytest.approx(rates * 0.75 / 312, rel=0.02)
+
+
+def test_a_table_faster_than_its_gpus_can_run_is_said(tmp_path: Path) -> None:
+    """The same table with three times the rates (an H100 table scored as A100 runs, or an FP8 run in a table
+    that does not say so): one warning line naming the first row and its share of the peak; the rows are scored
+    all the same."""
+    table = pl.read_csv(PUBLISHED / "sc21-table1.csv")
+    faster = tmp_path / "faster.csv"
+    table.with_columns(pl.col("tflop/s per gpu") * 3).write_csv(faster)
+    ran = vtrain_in_process("validate", "--measurements", faster, "--profile", REPO / "profiles" / "a100", "-o",
+                            tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "faster than their GPUs" in line]
+    assert len(said) == 1 and said[0].startswith(f"warning: {faster}: 10 row(s)") and "(row 1: 100% of the datasheet peak" in said[0]
+    assert "FP8" in said[0]
+    assert pl.read_parquet(tmp_path / "report" / "rows.parquet")["predicted_ms"].null_count() == 0

@@ -78,12 +78,30 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
     done = _predicted(runs, profile, device, progress)
     none = (None, None, None)
     predicted, memory, fits = zip(*(done[key] if key is not None else none for key in keys)) if keys else ((), (), ())
+    measured_mfu = [measured_mfu_of(runs[key], ms) if key is not None else None
+                    for key, ms in zip(keys, table["iteration_ms"])]
     return table.with_columns(
         predicted_ms=pl.Series(predicted, dtype=pl.Float64),
         memory_gib=pl.Series(memory, dtype=pl.Float64),
         fits=pl.Series(fits, dtype=pl.Boolean),
         invalid=pl.Series(invalid, dtype=pl.String),
+        measured_mfu=pl.Series(measured_mfu, dtype=pl.Float64),
     ).with_columns(error_pct=(pl.col("predicted_ms") / pl.col("iteration_ms") - 1.0) * 100)
+
+
+def measured_mfu_of(config: RunConfig, iteration_ms: float) -> float | None:
+    """The model FLOPs utilisation a measured iteration time implies: the model's FLOPs without recomputation
+    (:func:`vtrain.plan.cost.model_flops_per_iteration`) over the time and the datasheet peak of all the run's GPUs
+    in its precision (None for a device without a datasheet: the host CPU)."""
+    from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
+    from vtrain.model.ops import PRECISION_DTYPE
+    from vtrain.plan.cost import model_flops_per_iteration
+
+    gpu = DATASHEET_DEVICES.get(canonical_device_name(config.hardware.device) or "")
+    if gpu is None or not iteration_ms > 0:
+        return None
+    peak = gpu.peak_for(PRECISION_DTYPE[config.precision]) * config.hardware.device_count
+    return model_flops_per_iteration(config.model, config.parallelism.global_batch) / (iteration_ms / 1e3 * peak)
 
 
 def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: FittedDevice,

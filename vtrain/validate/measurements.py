@@ -20,7 +20,7 @@ from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import device_from_profile, device_problem
 from vtrain.importers import file_digest
-from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, TIME_READINGS, read_measurements
+from vtrain.importers.measurements import FRAMEWORK, PRECISION, RECOMPUTE, TIME_READINGS, read_measurements
 from vtrain.simulate.measured_runs import Hardware, Progress, predict_runs
 from vtrain.tables.store import load_profile
 
@@ -156,7 +156,8 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
-    for line in (_not_scored(predicted), _far_off(predicted), _over_memory(predicted, hardware.device, recompute)):
+    for line in (_not_scored(predicted), _far_off(predicted), _beyond_peak(predicted),
+                 _over_memory(predicted, hardware.device, recompute)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
@@ -224,6 +225,27 @@ def _far_off(predicted: pl.DataFrame) -> str | None:
     return (f"{far.height} row(s) measured more than {FAR_OFF:g}x from the prediction, scored all the same (row "
             f"{first['row']}: measured {first['iteration_ms']:,.6g} ms, predicted {first['predicted_ms']:,.6g} ms"
             f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
+
+
+#: a measured time whose model FLOPs run above this share of the GPUs' datasheet peak in the run's precision is
+#: said: dense training reaches 40-65 % of it; above 90 % the row's precision, GPU or shape is not what ran
+BEYOND_PEAK = 0.9
+
+
+def _beyond_peak(predicted: pl.DataFrame) -> str | None:
+    """One warning line for the half-precision rows whose measured time implies a model FLOPs utilisation above
+    :data:`BEYOND_PEAK` of their GPUs' peak (scored all the same), None when there are none: an FP8 run in a table
+    without a precision column is one (fp32 rows are not checked: their GEMMs may have run in TF32)."""
+    precision = pl.col("precision").fill_null(PRECISION) if "precision" in predicted.columns else pl.lit(PRECISION)
+    beyond = predicted.filter(pl.col("measured_mfu") > BEYOND_PEAK, pl.col("invalid").is_null(),
+                              precision.is_in(["fp16", "bf16"]))
+    if beyond.is_empty():
+        return None
+    first = beyond.row(0, named=True)
+    return (f"{beyond.height} row(s) measured faster than their GPUs can run the model in half precision, scored "
+            f"all the same (row {first['row']}: {first['measured_mfu']:.0%} of the datasheet peak"
+            f"{', ...' if beyond.height > 1 else ''}): did they run in FP8 (vtrain does not model it), on other "
+            f"GPUs, or with another shape?")
 
 
 def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | None:
