@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workload: the model's operators and the graph of a run", ("vtrain.model", "vtrain.graph")),
     ("devices: datasheet and fitted device models", ("vtrain.devices",)),
     ("fit: device models fitted to tables", ("vtrain.fit",)),
+    ("what a run argument names: a run config, a model, a Megatron log on the profile's GPU", (
+        "vtrain.run_argument",)),
     ("simulate", ("vtrain.simulate",)),
     ("fit through the simulator: host overheads, the `vtrain fit` build", (
         "vtrain.fit.iterations", "vtrain.fit.traced_host", "vtrain.fit.build")),

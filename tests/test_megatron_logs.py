@@ -9,6 +9,8 @@ not a measurement: what is checked is how a log is read."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -318,3 +320,40 @@ def test_a_multi_node_runs_outputs_split_over_files_say_where_the_times_are(tmp_
     joined = tmp_path / "joined.log"
     joined.write_text((tmp_path / "node0.out").read_text() + (tmp_path / "node1.out").read_text())
     assert read(tmp_path, joined.read_text(), "joined.log")["iteration_ms"].to_list() == pytest.approx([1249.8])
+
+
+def test_validate_takes_the_runs_log_for_traces_recorded_without_a_run_yaml(tmp_path: Path) -> None:
+    """Megatron-core's own run on an H200 (`traces/gpu/h200-mcore-gpt1.3b-none`), its traces without their run.yaml,
+    and a log of that run as Megatron prints it: `validate --config train.log` simulates the run the log describes,
+    on the GPU the traces name (the log does not say it): the model's prediction is the one run.yaml gives."""
+    recorded = REPO / "traces" / "gpu" / "h200-mcore-gpt1.3b-none"
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(recorded / "rank-0.json.gz", traces)
+    args = {**ARGS, "micro_batch_size": 4, "global_batch_size": 8, "tensor_model_parallel_size": 1,
+            "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "world_size": 1, "sequence_parallel": False,
+            "use_distributed_optimizer": False, "use_flash_attn": False}
+    log = tmp_path / "train.log"
+    log.write_text(log_text(args, padded=51200))
+
+    def model_ms(*config: object) -> float:
+        ran = vtrain_in_process("validate", traces, "--no-hta", "--json", "-o", tmp_path / f"report{len(config)}",
+                                *config)
+        assert ran.returncode == 0, ran.stderr
+        return json.loads(ran.stdout)["model"]["predicted_ms"]
+
+    on_h200 = model_ms("--config", recorded / "run.yaml")
+    assert model_ms("--config", log) == pytest.approx(on_h200, rel=1e-9)
+    on_a100 = tmp_path / "a100.yaml"  # where the log's run would go without the traces' GPU
+    on_a100.write_text((recorded / "run.yaml").read_text().replace("NVIDIA H200", "A100-80GB"))
+    assert model_ms("--config", on_a100) != pytest.approx(on_h200, rel=1e-3)
+
+
+def test_validate_refuses_a_bare_model_for_traces(tmp_path: Path) -> None:
+    """A published architecture's name says nothing of the traced run's parallelism and batch: one line."""
+    ran = vtrain_in_process("validate", REPO / "traces" / "t1p1d2", "--config", "llama-2-7b", "-o", tmp_path / "r")
+    assert ran.returncode == 2
+    assert ran.stderr.strip().splitlines()[-1] == ("error: llama-2-7b: gives a model, not the run the traces recorded "
+                                                   "(its parallelism and batch): give the run's config (run.yaml) or "
+                                                   "its Megatron log")
+    assert not (tmp_path / "r").exists()

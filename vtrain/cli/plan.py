@@ -38,7 +38,7 @@ from vtrain.plan.cost import (
     TOKENS_SOURCE,
     Pricing,
 )
-from vtrain.cli.runs import given_run
+from vtrain.run_argument import given_run
 from vtrain.runconfig import (
     HardwareConfig,
     ModelConfig,
@@ -217,14 +217,11 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
                                vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads, mlp=shape.mlp,
                                norm=shape.norm, position=shape.position, bias=shape.bias,
                                tie_embeddings=shape.tie_embeddings)
+    from vtrain.fit.device import profile_gpu
+
+    gpu = device or (profile_gpu(profile) if profile is not None else None) or "A100"
     return RunConfig(model=model_config, framework="megatron", parallelism=ParallelConfig(global_batch=global_batch),
-                     precision="fp16", hardware=replace(HardwareConfig(), device=device or _profile_gpu(profile) or "A100")), False
-
-
-def _profile_gpu(profile: Profile | None) -> str | None:
-    """The GPU a model given by its shape runs on without ``--device``: the profile's
-    (:meth:`~vtrain.tables.store.Profile.gpu`)."""
-    return profile.gpu() if profile is not None else None
+                     precision="fp16", hardware=replace(HardwareConfig(), device=gpu)), False
 
 
 def _print_summary(table: PlanTable, target: Path) -> None:

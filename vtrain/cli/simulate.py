@@ -101,7 +101,7 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
     ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
-    from vtrain.cli.runs import given_run
+    from vtrain.run_argument import given_run
     from vtrain.runconfig import framework_named, word_named
     from vtrain.simulate import simulate
     from vtrain.tables.store import load_profile

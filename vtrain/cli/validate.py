@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import typer
@@ -12,7 +13,7 @@ import typer
 from vtrain.cli.errors import user_errors, warn
 from vtrain.cli.options import attention_option, framework_option, recompute_option
 from vtrain.distributed import workers_within_cores
-from vtrain.errors import InputError
+from vtrain.errors import InputError, InputWarning
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
@@ -21,9 +22,8 @@ from vtrain.outputs import REPORT, check_output
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
-from vtrain.runconfig import load_run_config
 from vtrain.validate.suite import SUITE_METRICS, SUITE_REPORT, SuiteEntry, check, load_suite
-from vtrain.validate.traces import Prepared, finish_validation, prepare_validation
+from vtrain.validate.traces import Prepared, finish_validation, prepare_validation, traced_run_config
 
 EXIT_TOO_FAR = 1
 REPORTS = Path("reports")
@@ -33,8 +33,9 @@ REPORTS = Path("reports")
 def validate_command(
     trace_dir: Path | None = typer.Argument(None, help="Folder with one Kineto trace per rank (and run.yaml when "
                                                        "recorded by `vtrain record`)."),
-    config: Path | None = typer.Option(None, "--config", help="Run config to simulate (run.yaml, vtrain YAML/JSON "
-                                                              "or vTrain's config JSON); default: TRACE_DIR/run.yaml."),
+    config: Path | None = typer.Option(None, "--config", help="Run config to simulate (run.yaml, vtrain YAML/JSON, "
+                                                              "vTrain's config JSON, or the run's Megatron-LM log); "
+                                                              "default: TRACE_DIR/run.yaml."),
     profile: Path | None = typer.Option(None, "--profile", help="Latency tables for the model (a profile folder); "
                                                                 "default: built from the same traces without the "
                                                                 "iterations under test."),
@@ -129,7 +130,9 @@ def _check_inputs(trace_dir: Path, config: Path | None) -> None:
     before any work: bad input is refused at once."""
     find_trace_files(trace_dir)
     if config is not None:
-        load_run_config(config).validate(config)
+        with warnings.catch_warnings():  # said once, when the validation reads it
+            warnings.simplefilter("ignore", InputWarning)
+            traced_run_config(trace_dir, config)
 
 
 def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bool, with_hta: bool) -> None:

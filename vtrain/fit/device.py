@@ -203,6 +203,16 @@ def on_run_hardware(device: FittedDevice, config: RunConfig) -> FittedDevice:
     return for_config(device, config)
 
 
+def profile_gpu(profile: Profile) -> str | None:
+    """The GPU whose timings ``profile`` holds: the device it was fitted for, else its traces' device where vtrain
+    knows it as a GPU (its catalog name); ``None`` for a CPU recording or a device vtrain does not know."""
+    fitted = (profile.metadata.get("fitted") or {}).get("device")
+    if fitted:
+        return str(fitted)
+    traced = canonical_device_name(str((profile.metadata.get("device") or {}).get("name") or ""))
+    return traced if traced in DATASHEET_DEVICES else None
+
+
 def device_problem(name: str, device: FittedDevice) -> str | None:
     """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
     it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""

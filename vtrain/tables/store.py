@@ -105,17 +105,6 @@ class Profile:
             return (self.tables, self.tables.version)
         return tuple(self.tables.get(name) for name in DIGEST_TABLES)
 
-    def gpu(self) -> str | None:
-        """The GPU whose timings the profile holds: the device it was fitted for, else its traces' device where
-        vtrain knows it as a GPU (its catalog name); ``None`` for a CPU recording or a device vtrain does not know."""
-        fitted = (self.metadata.get("fitted") or {}).get("device")
-        if fitted:
-            return str(fitted)
-        from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
-
-        traced = canonical_device_name(str((self.metadata.get("device") or {}).get("name") or ""))
-        return traced if traced in DATASHEET_DEVICES else None
-
     def traced_run(self) -> RunConfig | None:
         """The run config of the job whose timeline this profile holds (``metadata.json``'s ``run``, written by
         `vtrain ingest` from the traces' ``run.yaml``), ``None`` when it was not described. Raises

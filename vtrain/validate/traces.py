@@ -5,21 +5,24 @@ In two steps: :func:`prepare_validation` reads each trace file once, replays and
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, check_replayable, trace_set_warnings
-from vtrain.runconfig import DescribedRun, RunConfig, described_run, load_run_config
+from vtrain.run_argument import given_run
+from vtrain.runconfig import DescribedRun, RunConfig, described_run
 from vtrain.validate.diff import Comparison
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
@@ -138,9 +141,11 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     (:class:`vtrain.validate.profile.RankTablesSink`) when the run is described and no ``profile_dir`` is given.
     """
     trace_dir = Path(trace_dir)
-    config, config_source, config_problem = _run_config(trace_dir, config_path)
+    (config, config_source, config_problem), logged = traced_run_config(trace_dir, config_path)
     sink = RankTablesSink() if config is not None and profile_dir is None else None
     builder, traces, text = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
+    if logged and config is not None:
+        config = _on_traced_gpu(config, traces)
     check_replayable(trace_dir, traces)
     _check_world(config, config_source, traces)
     warnings: list[str] = []
@@ -260,12 +265,32 @@ def _annotated(frame: pl.DataFrame) -> pl.DataFrame:
     return annotate(frame).drop(ANNOTATION_ONLY)
 
 
-def _run_config(trace_dir: Path, config_path: str | Path | None) -> DescribedRun:
-    """The run the traces are of: ``--config`` (an error if it does not load: the user asked for it), else the
-    ``run.yaml`` beside them (one that does not load leaves the run undescribed, and says why)."""
-    if config_path is not None:
-        return DescribedRun(load_run_config(config_path).validate(config_path), str(config_path), None)
-    return described_run(trace_dir)
+def traced_run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[DescribedRun, bool]:
+    """The run the traces are of, and whether it is a log's: ``--config`` (a run config or the run's Megatron log,
+    :func:`~vtrain.run_argument.given_run`; an error if it does not load, the user asked for it, or gives a model
+    without its run), else the ``run.yaml`` beside them (one that does not load leaves the run undescribed, and says
+    why)."""
+    if config_path is None:
+        return described_run(trace_dir), False
+    given = given_run(Path(config_path))
+    if given.model_only:
+        raise InputError("gives a model, not the run the traces recorded (its parallelism and batch): give the run's "
+                         "config (run.yaml) or its Megatron log", config_path)
+    return DescribedRun(given.config.validate(config_path), str(config_path), None), given.logged
+
+
+def _on_traced_gpu(config: RunConfig, traces: list) -> RunConfig:
+    """A log's run on the GPU its traces name (a Megatron log does not say it), where they name one vtrain knows."""
+    for trace in traces:
+        for key, value in trace.source.fields:
+            if key != "deviceProperties":
+                continue
+            properties = json.loads(value)
+            name = next((p.get("name") for p in properties if isinstance(p, dict) and p.get("name")), None) \
+                if isinstance(properties, list) else None
+            if name and canonical_device_name(str(name)) not in (None, "cpu"):
+                return replace(config, hardware=replace(config.hardware, device=str(name)))
+    return config
 
 
 def _check_world(config: RunConfig | None, source: str | None, traces: list) -> None:

@@ -1,6 +1,7 @@
-"""What a command's run argument names (`vtrain simulate RUN`, `vtrain plan RUN`): a run config (vtrain's YAML/JSON,
-vTrain's config JSON), a Hugging Face ``config.json`` or a published architecture's name (a model without a run of
-its own), or a Megatron-LM training log (the run it logged, and the time it measured)."""
+"""What a command's run argument names (`vtrain simulate RUN`, `vtrain plan RUN`, `vtrain validate --config RUN`): a
+run config (vtrain's YAML/JSON, vTrain's config JSON), a Hugging Face ``config.json`` or a published architecture's
+name (a model without a run of its own), or a Megatron-LM training log (the run it logged, and the time it
+measured)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from vtrain.errors import warn_input
+from vtrain.fit.device import profile_gpu
 from vtrain.runconfig import RunConfig, load_given_run
 
 if TYPE_CHECKING:
@@ -16,21 +18,23 @@ if TYPE_CHECKING:
 
 
 class GivenRun(NamedTuple):
-    """A run argument's run config, and whether it gives only a model (no GPUs, no batch of its own)."""
+    """A run argument's run config, whether it gives only a model (no GPUs, no batch of its own), and whether it
+    is a log's run (whose GPU the log does not say)."""
 
     config: RunConfig
     model_only: bool
+    logged: bool = False
 
 
 def given_run(path: Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
     """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
-    on ``device``, else the profile's GPU (:meth:`~vtrain.tables.store.Profile.gpu`), as ``validate
+    on ``device``, else the profile's GPU (:func:`~vtrain.fit.device.profile_gpu`), as ``validate
     --measurements`` predicts a log's runs; else :func:`~vtrain.runconfig.load_given_run`'s, a model without a run
     of its own (a name, a Hugging Face config) on ``device``, else the profile's GPU."""
-    gpu = device or (profile.gpu() if profile is not None else None)
+    gpu = device or (profile_gpu(profile) if profile is not None else None)
     logged = _logged_run(path, gpu)
     if logged is not None:
-        return GivenRun(logged, model_only=False)
+        return GivenRun(logged, model_only=False, logged=True)
     config, model_only = load_given_run(path)
     if model_only and gpu:
         config = replace(config, hardware=replace(config.hardware, device=gpu))
