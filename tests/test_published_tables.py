@@ -197,3 +197,19 @@ def test_an_unknown_precision_is_refused_by_the_config_checks(tmp_path: Path) ->
     text = "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,precision,iteration time (ms)\n8,64,1,2048,1,1,1024,4,16,fp8,9\n"
     config = measurement_config(read_quietly(write(tmp_path, text)).row(0, named=True))
     assert config.precision == "fp8" and any("precision must be one of" in e for e in config.constraint_errors())
+
+
+@pytest.mark.parametrize("header", [
+    "gpus,global batch,micro batch,hidden size,attention heads,# layers,sequence length,tensor parallelism,"
+    "pipeline parallelism,iteration time (s)",
+    "num_gpus,global_batch_size,micro_batch_size,hidden_size,num_attention_heads,num_layers,seq_length,"
+    "tensor_model_parallel_size,pipeline_model_parallel_size,time per iteration (s)",
+    "GPUs,Batch size,MBS,Hidden,Heads,Layers,Seq Len,TP size,PP size,Time/iter (s)",
+    "GPUs,GBS,mbs,d_model,heads,layers,seq-len,TP degree,PP degree,train_step_timing (s)",
+])
+def test_a_runs_columns_as_people_name_them(tmp_path: Path, header: str) -> None:
+    """The same run under the column names of vTrain, of Megatron's arguments, and of papers' and users' tables."""
+    row = read_quietly(write(tmp_path, f"{header}\n8,64,4,2048,16,24,2048,2,2,1.25\n")).row(0, named=True)
+    assert row["problem"] is None and row["iteration_ms"] == pytest.approx(1250.0)
+    assert (row["gpus"], row["global_batch"], row["micro_batch"], row["hidden"], row["heads"], row["layers"],
+            row["seq"], row["tp"], row["pp"], row["dp"]) == (8, 64, 4, 2048, 16, 24, 2048, 2, 2, 2)

@@ -74,23 +74,26 @@ VTRAIN_COLUMNS = ["# GPUs", "global batch", "micro batch", "hidden size", "atten
 #: a run's shape: normalised name -> the column names accepted (vTrain's first)
 SHAPE_COLUMNS = {
     "gpus": ("# GPUs", "GPUs", "num GPUs", "number of GPUs", "world size"),
-    "global_batch": ("global batch", "global batch size", "gbs"),
+    "global_batch": ("global batch", "global batch size", "gbs", "batch size"),
     "micro_batch": ("micro batch", "micro batch size", "mbs"),
     "hidden": ("hidden size", "hidden", "hidden dim", "d model"),
     "heads": ("attention heads", "heads", "num attention heads", "attention heads count"),
     "layers": ("# layers", "layers", "num layers", "number of layers"),
     "seq": ("sequence length", "seq", "seq length", "seq len"),
-    "tp": ("tensor parallelism", "tp", "tensor parallel size", "tensor model parallel size"),
-    "dp": ("data parallelism", "dp", "data parallel size"),
-    "pp": ("pipeline parallelism", "pp", "pipeline parallel size", "pipeline model parallel size"),
+    "tp": ("tensor parallelism", "tp", "tensor parallel size", "tensor model parallel size", "tp size", "tp degree",
+           "tensor parallel degree"),
+    "dp": ("data parallelism", "dp", "data parallel size", "dp size", "dp degree", "data parallel degree"),
+    "pp": ("pipeline parallelism", "pp", "pipeline parallel size", "pipeline model parallel size", "pp size",
+           "pp degree", "pipeline parallel degree"),
 }
 #: of the shape columns, those a table may leave out: each follows from the other with t and p
 DERIVABLE = ("gpus", "dp")
 #: the measured time: its form -> the column names accepted, in the order a table's columns are preferred
 TIME_COLUMNS = {
     "ms": ("iteration time (ms)", "iteration ms", "iteration time ms", "elapsed time per iteration (ms)",
-           "step time (ms)"),
-    "s": ("iteration time (s)", "iteration s", "iteration time s", "seconds per iteration", "step time (s)"),
+           "step time (ms)", "time per iteration (ms)", "time/iter (ms)", "iter time (ms)"),
+    "s": ("iteration time (s)", "iteration s", "iteration time s", "seconds per iteration", "step time (s)",
+          "time per iteration (s)", "time/iter (s)", "iter time (s)", "train step timing (s)"),
     "samples/s": ("samples per second", "samples/s", "samples per sec", "sequences per second"),
     "tokens/s": ("tokens per second", "tokens/s", "tokens per sec"),
     "tokens/s/gpu": ("tokens per second per gpu", "tokens/s/gpu", "tokens/sec/gpu", "tokens per sec per gpu",
