@@ -18,11 +18,13 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
+from vtrain.ingest.inferred_run import infer_run
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, check_replayable, trace_set_warnings
 from vtrain.run_argument import given_run
 from vtrain.runconfig import DescribedRun, RunConfig, described_run
+from vtrain.tables.store import Profile
 from vtrain.validate.diff import Comparison
 from vtrain.validate.hta import hta_summary
 from vtrain.validate.peak_memory import SOURCE as PEAK_SOURCE
@@ -142,7 +144,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     """
     trace_dir = Path(trace_dir)
     (config, config_source, config_problem), logged = traced_run_config(trace_dir, config_path)
-    sink = RankTablesSink() if config is not None and profile_dir is None else None
+    # ingest's tables: the model's profile (no --profile), and the shapes a run without run.yaml is read from
+    sink = RankTablesSink() if not config_problem and (profile_dir is None or config is None) else None
     builder, traces, text = read_for_validation(trace_dir, config, sink, workers=workers, ray_address=ray_address)
     if logged and config is not None:
         config = _on_traced_gpu(config, traces)
@@ -184,14 +187,15 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     model, model_reason = None, None
     if config_problem:
         model_reason = f"{config_problem}: the run is not simulated, the traces are replayed"
-    elif config is None:
-        model_reason = ("no run described: no run.yaml in the trace folder and no --config, so there is nothing "
-                        "to simulate")
     else:
         ingested = sink.profile(trace_dir, traces[0].world_size if traces else None) if sink else None
         del sink
-        model, model_reason = predict_model(trace_dir, config, config_source or "", profile_dir, steady, ingested,
-                                            note)
+        if config is None and ingested is not None:
+            config, model_reason = _read_off_traces(trace_dir, traces, ingested, note)
+            config_source = INFERRED if config is not None else None
+        if config is not None:
+            model, model_reason = predict_model(trace_dir, config, config_source or "", profile_dir, steady,
+                                                ingested if profile_dir is None else None, note)
     if model_reason and model is None:
         note(f"model-driven prediction skipped: {model_reason}")
     memory: list[dict[str, Any]] = []
@@ -279,8 +283,28 @@ def traced_run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[
     return DescribedRun(given.config.validate(config_path), str(config_path), None), given.logged
 
 
-def _on_traced_gpu(config: RunConfig, traces: list) -> RunConfig:
-    """A log's run on the GPU its traces name (a Megatron log does not say it), where they name one vtrain knows."""
+#: the config source of a run read off the traces' shapes
+INFERRED = "read off the traces' shapes"
+
+
+def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
+                     note: Callable[[str], None]) -> tuple[RunConfig | None, str | None]:
+    """The run of traces without a run.yaml or --config, read off their operators' shapes
+    (:func:`vtrain.ingest.inferred_run.infer_run`) and said on one line, or why there is none."""
+    world = next((trace.world_size for trace in traces if trace.world_size), None) or len(traces)
+    groups = next((trace.process_groups for trace in traces if trace.process_groups), [])
+    inferred = infer_run(ingested["cpu_ops"], world, _traced_gpu(traces), groups)
+    if inferred.config is None:
+        return None, (f"no run described (no run.yaml in the trace folder, no --config) and none read off the "
+                      f"traces: {inferred.reason}")
+    run = inferred.config
+    note(f"{trace_dir}: no run.yaml: the run is {INFERRED}: {inferred.describe()}; taken as {inferred.assumed} "
+         f"(--config gives the run)")
+    return run.validate(str(trace_dir)), None
+
+
+def _traced_gpu(traces: list) -> str | None:
+    """The device the traces' deviceProperties name first (None: a CPU run, or traces that list none)."""
     for trace in traces:
         for key, value in trace.source.fields:
             if key != "deviceProperties":
@@ -288,9 +312,16 @@ def _on_traced_gpu(config: RunConfig, traces: list) -> RunConfig:
             properties = json.loads(value)
             name = next((p.get("name") for p in properties if isinstance(p, dict) and p.get("name")), None) \
                 if isinstance(properties, list) else None
-            if name and canonical_device_name(str(name)) not in (None, "cpu"):
-                return replace(config, hardware=replace(config.hardware, device=str(name)))
-    return config
+            if name:
+                return str(name)
+    return None
+
+
+def _on_traced_gpu(config: RunConfig, traces: list) -> RunConfig:
+    """A log's run on the GPU its traces name (a Megatron log does not say it), where they name one vtrain knows."""
+    gpu = _traced_gpu(traces)
+    known = gpu is not None and canonical_device_name(gpu) not in (None, "cpu")
+    return replace(config, hardware=replace(config.hardware, device=gpu)) if known else config
 
 
 def _check_world(config: RunConfig | None, source: str | None, traces: list) -> None:

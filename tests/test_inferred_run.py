@@ -1,0 +1,97 @@
+"""The run read off a trace set's operator shapes (``vtrain/ingest/inferred_run.py``), for traces recorded without a
+``run.yaml`` (a training script of one's own, Megatron-core, one rank of many).
+
+Scored against every shipped recording that has its ``run.yaml``, read as if it had none: vtrain's own CPU runs in
+every layout (tensor, pipeline, data parallel, recomputation), its GPU runs on an H100 and an H200 (bf16, fp32),
+and Megatron-core 0.16.1's own training on an H200 (no recomputation, full, selective). The schedule and the
+gradient all-reduce's overlap are not in the shapes: they are taken as 1F1B and not overlapped, and said so."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, vtrain_in_process
+from vtrain.ingest.inferred_run import infer_run
+from vtrain.runconfig import load_run_config
+from vtrain.tables.store import load_profile
+
+TRACES = REPO / "traces"
+#: recordings whose run.yaml the shapes give back whole (model, layout, batch, recomputation, precision, kernels)
+WHOLE = ["t2p2d2", "t1p2d1", "t2p1d1-recompute", "t1p1d2", "gpu/h100-val-gpt1.3b-8l-mb8-full",
+         "gpu/h200-mem-fp32-none", "gpu/h200-mcore-gpt1.3b-full", "gpu/h200-mcore-gpt1.3b-selective",
+         "gpu/h200-mcore-6l-h4096-none"]
+#: what the shapes cannot tell, set to the inferred run's values before comparing
+NOT_SHOWN = {"schedule": "1f1b", "virtual_stages": 1, "dp_overlap": False, "dp_bucket_mb": 25.0}
+
+
+def _inferred(folder: Path, tmp_path: Path):
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    profile = load_profile(tmp_path / "profile")
+    first = sorted(folder.glob("*.json.gz"))[0]
+    groups = (json.loads(gzip.decompress(first.read_bytes())).get("distributedInfo") or {}).get("pg_config")
+    device = (profile.metadata.get("device") or {}).get("name")
+    return infer_run(profile["cpu_ops"], profile.metadata["world_size"], device, groups)
+
+
+@pytest.mark.parametrize("name", WHOLE)
+def test_the_shapes_give_the_recorded_run_back(name: str, tmp_path: Path) -> None:
+    folder = TRACES / name
+    inferred = _inferred(folder, tmp_path)
+    assert inferred.reason is None
+    run, recorded = inferred.config, load_run_config(folder / "run.yaml")
+    assert run.model == recorded.model
+    layout = {**recorded.parallelism.__dict__, **NOT_SHOWN}
+    assert run.parallelism.__dict__ == layout
+    assert (run.precision, run.framework, run.attention) == (recorded.precision, recorded.framework,
+                                                             recorded.attention)
+    assert "1F1B" in inferred.assumed
+
+
+def test_one_rank_of_many_is_data_parallel_when_it_holds_the_whole_model(tmp_path: Path) -> None:
+    """Rank 2 of four, the others unprofiled: it holds the embedding and the final norm, so one stage; its attention
+    holds every head, so no tensor parallelism: four replicas."""
+    layout = _inferred(TRACES / "gpu" / "h100-gloo-one-of-four", tmp_path).config.parallelism
+    assert (layout.tp, layout.pp, layout.dp, layout.global_batch) == (1, 1, 4, 32)
+
+
+def test_a_users_script_with_checkpointing_and_accumulation(tmp_path: Path) -> None:
+    """A training script of a user's (`traces/gpu/README.md`: bf16 autocast, every layer checkpointed, four
+    micro-batches of 8 accumulated a step, PyTorch's fused attention): all of it is in the shapes."""
+    run = _inferred(TRACES / "gpu" / "h100-user-ckpt-accum", tmp_path).config
+    assert (run.precision, run.attention, run.parallelism.recompute) == ("bf16", "flash", "full")
+    assert (run.parallelism.micro_batch, run.parallelism.global_batch) == (8, 32)
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("wild/a100-alexnet", "no word embedding"),  # a CNN
+    ("gpu/h200-small-graphs", "no attention scores"),  # CUDA graphs replay the layers: no operator of theirs runs
+])
+def test_traces_of_anything_else_give_no_run_and_say_why(name: str, why: str, tmp_path: Path) -> None:
+    inferred = _inferred(TRACES / name, tmp_path)
+    assert inferred.config is None and inferred.reason.startswith(why)
+
+
+def test_validate_without_run_yaml_simulates_the_run_read_off_the_traces(tmp_path: Path) -> None:
+    """Megatron-core's run on an H200 without its run.yaml: one warning line gives the run read off the shapes, and
+    the model's prediction is the one its run.yaml gives."""
+    recorded = TRACES / "gpu" / "h200-mcore-gpt1.3b-none"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(recorded / "rank-0.json.gz", bare)
+
+    def validate(folder: Path, out: str):
+        ran = vtrain_in_process("validate", folder, "--no-hta", "--json", "-o", tmp_path / out)
+        assert ran.returncode == 0, ran.stderr
+        return ran
+
+    without, with_yaml = validate(bare, "bare-report"), validate(recorded, "report")
+    said = [line for line in without.stderr.splitlines() if "read off the traces' shapes:" in line]
+    assert len(said) == 1 and "24 layers, hidden 2048, 16 heads, seq 2048" in said[0] and "NVIDIA H200" in said[0]
+    assert json.loads(without.stdout)["model"]["predicted_ms"] == pytest.approx(
+        json.loads(with_yaml.stdout)["model"]["predicted_ms"], rel=1e-9)
