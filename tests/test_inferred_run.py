@@ -95,3 +95,24 @@ def test_validate_without_run_yaml_simulates_the_run_read_off_the_traces(tmp_pat
     assert len(said) == 1 and "24 layers, hidden 2048, 16 heads, seq 2048" in said[0] and "NVIDIA H200" in said[0]
     assert json.loads(without.stdout)["model"]["predicted_ms"] == pytest.approx(
         json.loads(with_yaml.stdout)["model"]["predicted_ms"], rel=1e-9)
+
+
+@pytest.mark.parametrize(("was", "made"), [
+    ("[[32000, 1024], [", "[[32000000000000, 1024], ["),  # a vocabulary no run has
+    ("[[32000, 1024], [", "[[-32000, 1024], ["),  # a negative table
+    ('"aten::native_layer_norm_backward"', '"aten::native_layer_norm_backward_x"'),  # no norm's backward
+    ("[[32000, 1024], [", '[["32000", 1024], ['),  # a dim that is text
+])
+def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str, tmp_path: Path) -> None:
+    """The H100 recording with one shape made impossible, without its run.yaml: validate replays it, says in one
+    line that no run is read off it, and never fails for it."""
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    text = gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()).decode()
+    assert was in text
+    (folder / "rank-0.json.gz").write_bytes(gzip.compress(text.replace(was, made).encode()))
+    ran = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if line.startswith("warning: model-driven prediction skipped")]
+    assert len(said) == 1
+    assert "none read off the traces" in said[0] or "the one read off the traces is none" in said[0]

@@ -47,6 +47,10 @@ _MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftm
                        r"FusedLayerNormAffine")
 _ROTARY = re.compile(r"(?i)rotary|\brope\b|fused_?rope")
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
+_ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
+#: the operators whose shapes are read (the others are only searched by name)
+_READ = frozenset({_EMBEDDING, *(name for pair in _NORMS.values() for name in pair), *_FUSED_ATTENTION,
+                   _FLASH_FORWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, "aten::_softmax_backward_data"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ def infer_run(cpu_ops: pl.DataFrame, world_size: int | None, device: str | None,
         return _inferred(cpu_ops, world_size or 1, device, process_groups or [])
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
+    except (ValueError, TypeError, IndexError, ArithmeticError) as odd:  # dims no run has (text, 0, nested)
+        return InferredRun(None, reason=f"the operators' shapes do not make a run ({type(odd).__name__}: {odd})")
 
 
 class _NotShown(Exception):
@@ -86,10 +92,12 @@ class _NotShown(Exception):
 
 @dataclass(frozen=True)
 class _Rank:
-    """One traced rank's operators of one iteration, by name, with their input dims and types parsed."""
+    """One traced rank's operators of one iteration: those whose shapes are read (:data:`_READ`), by name, with
+    their input dims and types parsed; and the names of all."""
 
     rank: int
     ops: dict[str, list[tuple[list[Any], list[Any]]]]
+    names: frozenset[str]
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
         return self.ops.get(name, [])
@@ -125,12 +133,12 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
     mlp, ffn_share = _mlp(rank)
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
                         ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp, norm=norm,
-                        position="rope" if any(_ROTARY.search(name) for name in rank.ops) else "learned")
+                        position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     tokens_normed = _product(rank.calls(forward)[0][0][0][:-1])
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               recompute=_recompute(rank, forward, backward),
                               sequence_parallel=tp > 1 and tokens_normed * tp == batch * seq)
-    megatron = any(_MEGATRON.search(name) for one in ranks for name in one.ops) or any(
+    megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     gpu = device if device and device.lower() != "cpu" else "cpu"
     config = RunConfig(model=model, parallelism=parallel, precision=_precision(rank),
@@ -150,9 +158,10 @@ def _ranks(cpu_ops: pl.DataFrame) -> list[_Rank]:
         iterations = sorted(frame["iteration"].unique().to_list())
         one = frame.filter(pl.col("iteration") == iterations[len(iterations) // 2])
         by_name: dict[str, list[tuple[list[Any], list[Any]]]] = {}
-        for name, dims, types in one.select("name", "input_dims", "input_types").iter_rows():
+        read = one.filter(pl.col("name").is_in(list(_READ)))
+        for name, dims, types in read.select("name", "input_dims", "input_types").iter_rows():
             by_name.setdefault(name, []).append((_parsed(dims), _parsed(types)))
-        ranks.append(_Rank(int(rank), by_name))
+        ranks.append(_Rank(int(rank), by_name, frozenset(one["name"].unique().to_list())))
     return ranks
 
 
@@ -234,7 +243,7 @@ def _layers(ranks: list[_Rank], backward: str, micro_batches: int, per_stage: in
 
 
 def _mlp(rank: _Rank) -> tuple[str, int]:
-    for name, mlp in (("aten::silu", "swiglu"), ("aten::gelu", "gelu")):
+    for name, mlp in _ACTIVATIONS.items():
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
             return mlp, int(calls[0][-1])
