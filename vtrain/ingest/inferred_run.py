@@ -3,22 +3,24 @@
 A GPT-style training step leaves its shape in the ``Input Dims`` of a few operators of every iteration:
 
 - the word embedding, ``aten::embedding`` on the largest table: its tokens are ``[micro-batch, sequence]``, its
-  rows the vocabulary's share of one tensor-parallel rank, and its calls per iteration the micro-batches;
-- the layer norms (``aten::native_layer_norm``, ``aten::_fused_rms_norm``): their last dimension is the hidden size,
-  their backward calls are two a layer and one for the final norm on the last stage, each micro-batch; forward
-  calls beyond the backward ones are recomputed layers; a norm over a tensor-parallel share of the tokens is
-  sequence parallelism;
+  table ``[vocabulary's share of one tensor-parallel rank, hidden]``, and its calls per iteration the micro-batches;
 - the attention: the scores ``[b, a, s, s]`` (or ``[b x a, s, s]``) and their product with the values ``[b x a, s,
-  d]``, or a fused attention's query ``[b, a, s, d]`` (``[b, s, a, d]`` for ``aten::_flash_attention_forward``):
-  the heads a rank holds, and the head width; hidden / (heads x width) is the tensor parallelism;
-- the MLP's activation (``aten::gelu``, ``aten::silu``: a gated MLP): its width's share.
+  d]``, or a fused attention's query and key ``[b, a, s, d]`` (``[b, s, a, d]`` for
+  ``aten::_flash_attention_forward``): the heads a rank holds and their width (hidden / (heads x width) is the
+  tensor parallelism), a key with fewer heads grouped-query attention; its backward runs once a layer and
+  micro-batch (the layers), its forward more often where layers are recomputed;
+- the norms (``aten::native_layer_norm``; ``aten::_fused_rms_norm``, or none: RMSNorm written out of elementwise
+  operators, as Hugging Face's LLaMA does): recomputed with the layer (full recomputation) or not (selective); a
+  norm over a tensor-parallel share of the tokens is sequence parallelism;
+- the MLP's activation (``aten::gelu``, ``aten::silu``: a gated MLP): its width's share; ``aten::linear`` without a
+  bias: linear layers without biases.
 
 The pipeline stages are Megatron's process group of that name where the traces list it, else the number of rank
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
-embedding and the final norm; the data parallelism is what the world size leaves. What the shapes do not show is
-said in the description (the schedule is taken as 1F1B, the gradient all-reduce as not overlapped, positions as
-learned unless a rotary operator runs). Traces of anything else (no word embedding, no norms, no attention, shapes
-that do not divide) give no run, with the reason.
+embedding and the loss; the data parallelism is what the world size leaves. What the shapes do not show is said
+(the schedule is taken as 1F1B, the gradient all-reduce as not overlapped, the output layer as tied; positions as
+learned unless a rotary operator runs). Traces of anything else (no word embedding, no attention, shapes that do
+not divide) give no run, with the reason.
 """
 
 from __future__ import annotations
@@ -33,24 +35,30 @@ import polars as pl
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 _EMBEDDING = "aten::embedding"
-#: forward and backward operators of a layer norm, by norm
-_NORMS = {"layernorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
-          "rmsnorm": ("aten::_fused_rms_norm", "aten::_fused_rms_norm_backward")}
-#: fused attention operators whose query is [b, a, s, d]; aten::_flash_attention_forward's is [b, s, a, d]
+#: forward operators of the norms (RMSNorm written out of elementwise operators, as Hugging Face's LLaMA does, has
+#: none: a model without a layer norm is taken to use RMSNorm)
+_LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
+#: fused attention operators whose query and key are [b, a, s, d]; aten::_flash_attention_forward's [b, s, a, d]
 _FUSED_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
                     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
 _FLASH_FORWARD = "aten::_flash_attention_forward"
+#: each attention's backward, once a layer and micro-batch whatever is recomputed
+_ATTENTION_BACKWARD = ("aten::_softmax_backward_data", *(f"{name}_backward" for name in _FUSED_ATTENTION),
+                       "aten::_flash_attention_backward")
 _SCORES = ("aten::_softmax",)
 _PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::matmul")
 #: operator names only Megatron's layers run (its tensor-parallel linear layers, fused softmax and norms)
 _MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax|"
                        r"FusedLayerNormAffine")
 _ROTARY = re.compile(r"(?i)rotary|\brope\b|fused_?rope")
+#: the loss: a rank that computes it holds the last stage
+_LOSS = re.compile(r"(?i)nll_loss|cross_?entropy")
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
+_LINEAR = "aten::linear"
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, *(name for pair in _NORMS.values() for name in pair), *_FUSED_ATTENTION,
-                   _FLASH_FORWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, "aten::_softmax_backward_data"})
+_READ = frozenset({_EMBEDDING, _LAYER_NORM, _RMS_NORM, *_FUSED_ATTENTION, _FLASH_FORWARD, *_ATTENTION_BACKWARD,
+                   *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR})
 
 
 @dataclass(frozen=True)
@@ -114,30 +122,32 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
         raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
                         "language model's training, or recorded without record_shapes")
     rank = first[0]
-    table, tokens = _word_embedding(rank)
+    table, hidden, tokens = _word_embedding(rank)
     micro_batches = len([dims for dims, _ in rank.calls(_EMBEDDING) if _shape(dims[0] if dims else None, 2)
                          and dims[0][0] == table])
     batch, seq = (tokens[0], tokens[1]) if len(tokens) == 2 else (1, tokens[0])
-    norm, (forward, backward) = _norm_of(rank)
-    hidden = int(rank.calls(forward)[0][0][0][-1])
-    heads_here, width = _attention(rank, batch, seq)
+    heads_here, width, kv_here = _attention(rank, batch, seq)
     if hidden % (heads_here * width):
         raise _NotShown(f"hidden size {hidden} is no multiple of the {heads_here} attention heads of width {width} "
                         f"a rank holds")
     tp = hidden // (heads_here * width)
-    pp = _stages(ranks, first, world, groups, backward, micro_batches)
+    pp = _stages(ranks, first, world, groups)
     if world % (tp * pp):
         raise _NotShown(f"{world} ranks do not divide into tensor parallelism {tp} x {pp} pipeline stages")
     dp = world // (tp * pp)
-    layers = _layers(ranks, backward, micro_batches, tp * dp, pp)
+    layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
     mlp, ffn_share = _mlp(rank)
+    norm = _LAYER_NORM if rank.count(_LAYER_NORM) else _RMS_NORM
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
-                        ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp, norm=norm,
+                        ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp,
+                        norm="layernorm" if norm == _LAYER_NORM else "rmsnorm",
+                        kv_heads=kv_here * tp if kv_here != heads_here else None, bias=_biased(rank),
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
-    tokens_normed = _product(rank.calls(forward)[0][0][0][:-1])
+    normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
-                              recompute=_recompute(rank, forward, backward),
-                              sequence_parallel=tp > 1 and tokens_normed * tp == batch * seq)
+                              recompute=_recompute(rank, norm, micro_batches),
+                              sequence_parallel=tp > 1 and bool(normed) and _product(normed[0][:-1]) * tp
+                              == batch * seq)
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     gpu = device if device and device.lower() != "cpu" else "cpu"
@@ -173,36 +183,29 @@ def _parsed(text: str | None) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _word_embedding(rank: _Rank) -> tuple[int, list[int]] | None:
-    """(rows of the word embedding's table, its tokens' dims) of the rank's largest embedding table, if any."""
+def _word_embedding(rank: _Rank) -> tuple[int, int, list[int]] | None:
+    """(rows and width of the rank's largest embedding table: the word embedding's, its tokens' dims), if any."""
     calls = [(dims[0], dims[1]) for dims, _ in rank.calls(_EMBEDDING)
              if len(dims) >= 2 and _shape(dims[0], 2) and _shape(dims[1], 1, 2)]
     if not calls:
         return None
     table, tokens = max(calls, key=lambda call: call[0][0])
-    return int(table[0]), [int(x) for x in tokens]
+    return int(table[0]), int(table[1]), [int(x) for x in tokens]
 
 
 def _shape(dims: Any, *lengths: int) -> bool:
     return isinstance(dims, list) and len(dims) in lengths and all(isinstance(x, int) and x > 0 for x in dims)
 
 
-def _norm_of(rank: _Rank) -> tuple[str, tuple[str, str]]:
-    for norm, (forward, backward) in _NORMS.items():
-        if rank.count(backward) and rank.calls(forward) and _shape(rank.calls(forward)[0][0][0], 2, 3):
-            return norm, (forward, backward)
-    raise _NotShown("no layer norm with its backward (aten::native_layer_norm, aten::_fused_rms_norm) in the "
-                    "embedding's rank")
-
-
-def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int]:
-    """(heads a rank holds, head width) from its fused attention's query, else its scores and their product."""
+def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
+    """(heads a rank holds, head width, key/value heads it holds) from its fused attention's query and key, else
+    its scores and their product (as many key/value heads as heads: an eager attention repeats them)."""
     for name in (*_FUSED_ATTENTION, _FLASH_FORWARD):
         for dims, _ in rank.calls(name):
-            query = dims[0] if dims else None
-            if _shape(query, 4):
-                heads = query[2] if name == _FLASH_FORWARD else query[1]
-                return int(heads), int(query[3])
+            query, key = (dims[0], dims[1]) if len(dims) > 1 else (None, None)
+            if _shape(query, 4) and _shape(key, 4):
+                at = 2 if name == _FLASH_FORWARD else 1
+                return int(query[at]), int(query[3]), int(key[at])
     heads = next((int(dims[0][1]) if len(dims[0]) == 4 else int(dims[0][0]) // batch
                   for name in _SCORES for dims, _ in rank.calls(name)
                   if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq), None)
@@ -212,34 +215,34 @@ def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int]:
     if not heads or not width:
         raise _NotShown("no attention scores [b, heads, s, s] with their product by the values in the embedding's "
                         "rank")
-    return heads, width
+    return heads, width, heads
 
 
 def _fused(rank: _Rank) -> bool:
     return any(rank.count(name) for name in (*_FUSED_ATTENTION, _FLASH_FORWARD))
 
 
-def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[dict[str, Any]], backward: str,
-            micro_batches: int) -> int:
+def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[dict[str, Any]]) -> int:
+    """Pipeline stages: Megatron's group of that name, else the rank files over those holding the embedding (every
+    rank traced), else one where a rank with the embedding computes the loss too."""
     named = [group.get("pg_size") for group in groups if group.get("pg_desc") == "PIPELINE_MODEL_PARALLEL_GROUP"]
     if named and isinstance(named[0], int) and named[0] > 0:
         return named[0]
     if len(ranks) == world and world % len(first) == 0:
         return world // len(first)
-    if (first[0].count(backward) // max(micro_batches, 1)) % 2:  # the final norm: the last stage too
+    if any(_LOSS.search(name) for name in first[0].names):
         return 1
     raise _NotShown("the pipeline stages: the traces hold some of the ranks and do not name the pipeline's group")
 
 
-def _layers(ranks: list[_Rank], backward: str, micro_batches: int, per_stage: int, pp: int) -> int:
-    """Layers from the norms' backward calls: two a layer and a final one, each micro-batch, over the stages."""
-    counts = [rank.count(backward) for rank in ranks]
-    norms = counts[0] if pp == 1 else sum(counts)
-    ranks_counted = 1 if pp == 1 else per_stage
-    if norms % (micro_batches * ranks_counted) or (norms // (micro_batches * ranks_counted)) % 2 == 0:
-        raise _NotShown(f"{norms} layer-norm backward calls are not two a layer and a final one for each of "
-                        f"{micro_batches} micro-batches")
-    return (norms // (micro_batches * ranks_counted) - 1) // 2
+def _layers(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
+    """Layers from the attentions' backward calls (one a layer and micro-batch, recomputed or not), over the
+    ``ranks`` of every stage (``ranks_a_stage`` of each)."""
+    calls = sum(rank.count(name) for rank in ranks for name in _ATTENTION_BACKWARD)
+    if not calls or calls % (micro_batches * ranks_a_stage):
+        raise _NotShown(f"{calls} attention backward calls are not one a layer for each of {micro_batches} "
+                        f"micro-batches")
+    return calls // (micro_batches * ranks_a_stage)
 
 
 def _mlp(rank: _Rank) -> tuple[str, int]:
@@ -250,11 +253,22 @@ def _mlp(rank: _Rank) -> tuple[str, int]:
     raise _NotShown("no MLP activation (aten::gelu, aten::silu) in the embedding's rank")
 
 
-def _recompute(rank: _Rank, forward: str, backward: str) -> str:
-    if rank.count(forward) > rank.count(backward):
-        return "full"
-    scores = sum(rank.count(name) for name in _SCORES)
-    return "selective" if scores > rank.count("aten::_softmax_backward_data") > 0 else "none"
+def _biased(rank: _Rank) -> bool:
+    """Whether the linear layers add biases: where they run as ``aten::linear``, whether one is given a bias
+    (Megatron's layers multiply and add on their own: taken as biased, GPT's way)."""
+    calls = [dims for dims, _ in rank.calls(_LINEAR) if len(dims) >= 2]
+    return not calls or any(len(dims) >= 3 and dims[2] for dims in calls)
+
+
+def _recompute(rank: _Rank, norm: str, micro_batches: int) -> str:
+    """Full when the layers run forward again in the backward pass (their norms and attention run more often than
+    the attention's backward), selective when only the attention does."""
+    backward = sum(rank.count(name) for name in _ATTENTION_BACKWARD)
+    forward = sum(rank.count(name) for name in (*_SCORES, *_FUSED_ATTENTION, _FLASH_FORWARD))
+    if forward <= backward:
+        return "none"
+    norms = rank.count(norm)
+    return "full" if norms == 0 or norms > micro_batches * (2 * backward // micro_batches + 1) else "selective"
 
 
 def _precision(rank: _Rank) -> str:
