@@ -8,9 +8,9 @@ A100 with NVLink at 400 GB/s both ways. Variants of one die (:data:`GPU_DIES`: t
 and GH200 of the H100's) share a profile: one fitted on any of them times another's kernels on that one's roofline,
 and its collectives on its links (:func:`vtrain.fit.device.on_gpu`).
 
-Values marked ``datasheet`` are typed from NVIDIA's (AMD's for MI300X) published specifications; values marked ``assumed`` are
-round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style NICs) that
-calibration is expected to replace with fitted ones.
+Values marked ``datasheet`` are typed from NVIDIA's (AMD's for MI300X) published specifications; values marked
+``assumed`` are round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style
+NICs) that calibration is expected to replace with fitted ones.
 """
 
 from __future__ import annotations
