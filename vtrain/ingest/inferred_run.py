@@ -17,10 +17,11 @@ A GPT-style training step leaves its shape in the ``Input Dims`` of a few operat
 
 The pipeline stages are Megatron's process group of that name where the traces list it, else the number of rank
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
-embedding and the loss; the data parallelism is what the world size leaves. What the shapes do not show is said
-(the schedule is taken as 1F1B, the gradient all-reduce as not overlapped, the output layer as tied; positions as
-learned unless a rotary operator runs). Traces of anything else (no word embedding, no attention, shapes that do
-not divide) give no run, with the reason.
+embedding and the loss; the data parallelism is what the world size leaves. The schedule is interleaved with v
+virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
+backward, else 1F1B. What the shapes do not show is said: the gradient all-reduce is taken as not overlapped, the
+output layer as tied, positions as learned unless a rotary operator runs. Traces of anything else (no word
+embedding, no attention, shapes that do not divide) give no run, with the reason.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import polars as pl
 
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
-_EMBEDDING = "aten::embedding"
+_EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_backward"
 #: forward operators of the norms (RMSNorm written out of elementwise operators, as Hugging Face's LLaMA does, has
 #: none: a model without a layer norm is taken to use RMSNorm)
 _LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
@@ -53,12 +54,13 @@ _MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftm
 _ROTARY = re.compile(r"(?i)rotary|\brope\b|fused_?rope")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i)nll_loss|cross_?entropy")
+_BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _LAYER_NORM, _RMS_NORM, *_FUSED_ATTENTION, _FLASH_FORWARD, *_ATTENTION_BACKWARD,
-                   *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR})
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_FUSED_ATTENTION, _FLASH_FORWARD,
+                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR})
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class _Rank:
     rank: int
     ops: dict[str, list[tuple[list[Any], list[Any]]]]
     names: frozenset[str]
+    embedding_order: list[str]  # the embedding's forward and backward calls, in the order they ran
+    sends: int  # point-to-point sends (c10d's, else a backend's: nccl:send, gloo:send)
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
         return self.ops.get(name, [])
@@ -144,7 +148,9 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
                         kv_heads=kv_here * tp if kv_here != heads_here else None, bias=_biased(rank),
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
+    schedule, virtual = _schedule(rank, micro_batches, pp)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
+                              schedule=schedule, virtual_stages=virtual,
                               recompute=_recompute(rank, norm, micro_batches),
                               sequence_parallel=tp > 1 and bool(normed) and _product(normed[0][:-1]) * tp
                               == batch * seq)
@@ -156,7 +162,7 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
                        attention="flash" if _fused(rank) else "eager",
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
-    assumed = "the schedule 1F1B, the gradient all-reduce not overlapped, the output layer tied to the embedding"
+    assumed = "the gradient all-reduce not overlapped, the output layer tied to the embedding"
     return InferredRun(config, assumed=assumed)
 
 
@@ -168,10 +174,13 @@ def _ranks(cpu_ops: pl.DataFrame) -> list[_Rank]:
         iterations = sorted(frame["iteration"].unique().to_list())
         one = frame.filter(pl.col("iteration") == iterations[len(iterations) // 2])
         by_name: dict[str, list[tuple[list[Any], list[Any]]]] = {}
-        read = one.filter(pl.col("name").is_in(list(_READ)))
+        read = one.filter(pl.col("name").is_in(list(_READ))).sort("ts")
         for name, dims, types in read.select("name", "input_dims", "input_types").iter_rows():
             by_name.setdefault(name, []).append((_parsed(dims), _parsed(types)))
-        ranks.append(_Rank(int(rank), by_name, frozenset(one["name"].unique().to_list())))
+        order = read.filter(pl.col("name").is_in([_EMBEDDING, _EMBEDDING_BACKWARD]))["name"].to_list()
+        names = one["name"]
+        sends = int((names == "c10d::send").sum()) or int(names.str.contains(_BACKEND_SEND).sum())
+        ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends))
     return ranks
 
 
@@ -251,6 +260,24 @@ def _mlp(rank: _Rank) -> tuple[str, int]:
         if calls:
             return mlp, int(calls[0][-1])
     raise _NotShown("no MLP activation (aten::gelu, aten::silu) in the embedding's rank")
+
+
+def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
+    """(schedule, virtual stages) of the first stage: interleaved with v chunks where it sends 2v - 1 times a
+    micro-batch (each chunk's activations, and every chunk's but the first's gradients), GPipe where it runs every
+    micro-batch's forward before the first backward (more micro-batches than a 1F1B warm-up holds), else 1F1B."""
+    if pp == 1:
+        return "1f1b", 1
+    sends = rank.sends
+    chunks, rest = divmod(sends // micro_batches + 1, 2) if sends % micro_batches == 0 else (0, 1)
+    if chunks >= 2 and not rest:
+        return "interleaved", chunks
+    order = rank.embedding_order
+    if micro_batches <= pp or _EMBEDDING_BACKWARD not in order:
+        return "1f1b", 1
+    a_micro_batch = order.count(_EMBEDDING) / micro_batches  # the word's embedding, and the positions' if learned
+    before = order[:order.index(_EMBEDDING_BACKWARD)].count(_EMBEDDING) / a_micro_batch
+    return ("gpipe" if before >= micro_batches else "1f1b"), 1
 
 
 def _biased(rank: _Rank) -> bool:
