@@ -235,10 +235,12 @@ BEYOND_PEAK = 0.9
 def _beyond_peak(predicted: pl.DataFrame) -> str | None:
     """One warning line for the half-precision rows whose measured time implies a model FLOPs utilisation above
     :data:`BEYOND_PEAK` of their GPUs' peak (scored all the same), None when there are none: an FP8 run in a table
-    without a precision column is one (fp32 rows are not checked: their GEMMs may have run in TF32)."""
+    without a precision column is one (fp32 rows are not checked: their GEMMs may have run in TF32; rows
+    :func:`_far_off` says are not either: a unit mistake is said once)."""
     precision = pl.col("precision").fill_null(PRECISION) if "precision" in predicted.columns else pl.lit(PRECISION)
+    ratio = pl.col("iteration_ms") / pl.col("predicted_ms")
     beyond = predicted.filter(pl.col("measured_mfu") > BEYOND_PEAK, pl.col("invalid").is_null(),
-                              precision.is_in(["fp16", "bf16"]))
+                              precision.is_in(["fp16", "bf16"]), ratio.is_between(1 / FAR_OFF, FAR_OFF))
     if beyond.is_empty():
         return None
     first = beyond.row(0, named=True)
