@@ -182,3 +182,18 @@ def test_a_llama_like_script_of_ones_own(tmp_path: Path) -> None:
     layout = inferred.config.parallelism
     assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.global_batch) == (1, 1, 1, 2, 2)
     assert (inferred.config.precision, inferred.config.attention) == ("fp32", "flash")
+
+
+def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:
+    """FSDP's spans in the H100 recording (each iteration's forward under ``FullyShardedDataParallel.forward``, as
+    torch's FSDP records it): the run is not read as a replicated one, whose gradients vtrain would all-reduce."""
+    trace = json.loads(gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()))
+    steps = [event for event in trace["traceEvents"] if str(event.get("name", "")).startswith("ProfilerStep#")]
+    trace["traceEvents"] += [{"ph": "X", "cat": "user_annotation", "name": "FullyShardedDataParallel.forward",
+                              "pid": step["pid"], "tid": step["tid"], "ts": step["ts"] + 1, "dur": 1.0}
+                             for step in steps]
+    folder = tmp_path / "fsdp"
+    folder.mkdir()
+    (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
+    inferred = _inferred(folder, tmp_path)
+    assert inferred.config is None and inferred.reason.startswith("a sharded data-parallel run")

@@ -21,7 +21,7 @@ embedding and the loss; the data parallelism is what the world size leaves. The 
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
 backward, else 1F1B. What the shapes do not show is said: the gradient all-reduce is taken as not overlapped, the
 output layer as tied, positions as learned unless a rotary operator runs. Traces of anything else (no word
-embedding, no attention, shapes that do not divide) give no run, with the reason.
+embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism) give no run, with the reason.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ _PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::matmul")
 #: operator names only Megatron's layers run (its tensor-parallel linear layers, fused softmax and norms)
 _MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax|"
                        r"FusedLayerNormAffine")
+#: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
+_SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i)rotary|\brope\b|fused_?rope")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i)nll_loss|cross_?entropy")
@@ -125,6 +127,9 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
     if not first:
         raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
                         "language model's training, or recorded without record_shapes")
+    sharded = next((name for one in ranks for name in one.names if _SHARDED.search(name)), None)
+    if sharded:
+        raise _NotShown(f"a sharded data-parallel run ({sharded}): vtrain does not simulate FSDP's gathers")
     rank = first[0]
     table, hidden, tokens = _word_embedding(rank)
     micro_batches = len([dims for dims, _ in rank.calls(_EMBEDDING) if _shape(dims[0] if dims else None, 2)
@@ -168,13 +173,13 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
 
 def _ranks(cpu_ops: pl.DataFrame) -> list[_Rank]:
     """Each traced rank's operators of its middle iteration (its first may hold the start-up)."""
-    ops = cpu_ops.filter(pl.col("iteration").is_not_null() & pl.col("input_dims").is_not_null())
+    ops = cpu_ops.filter(pl.col("iteration").is_not_null())
     ranks = []
     for (rank,), frame in sorted(ops.group_by("rank"), key=lambda item: item[0][0]):
         iterations = sorted(frame["iteration"].unique().to_list())
         one = frame.filter(pl.col("iteration") == iterations[len(iterations) // 2])
         by_name: dict[str, list[tuple[list[Any], list[Any]]]] = {}
-        read = one.filter(pl.col("name").is_in(list(_READ))).sort("ts")
+        read = one.filter(pl.col("name").is_in(list(_READ)) & pl.col("input_dims").is_not_null()).sort("ts")
         for name, dims, types in read.select("name", "input_dims", "input_types").iter_rows():
             by_name.setdefault(name, []).append((_parsed(dims), _parsed(types)))
         order = read.filter(pl.col("name").is_in([_EMBEDDING, _EMBEDDING_BACKWARD]))["name"].to_list()
