@@ -260,21 +260,26 @@ def test_each_gpus_profile_has_its_hosts_time_and_predicts_a_launch_bound_run(gp
     assert abs(error) < bound and abs(error) < abs(before) / 2
 
 
-def test_a_recording_without_its_run_gives_the_fit_no_host_time(tmp_path: Path) -> None:
-    """`vtrain fit --profile` of an ingest whose traces say nothing of the run they are of (no run.yaml): the host
-    term is not measured (its operators' count per iteration is unknown), one warning line says so, and the profile
-    says none was."""
+def test_a_recording_without_its_run_gives_the_fit_the_host_time_of_the_run_read_off_it(tmp_path: Path) -> None:
+    """`vtrain fit --profile` of an ingest whose traces say nothing of the run they are of (no run.yaml): the ingest
+    reads the run off the traces' shapes (`vtrain/ingest/inferred_run.py`, one warning line), so the host's time per
+    operator is measured as with the run.yaml (it was not measured at all: the operators' count per iteration was
+    unknown)."""
+    def fitted_host(folder: Path, name: str) -> float:
+        _ingest(folder, tmp_path / f"ingested-{name}")
+        subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / f"fitted-{name}"),
+                        "--device", "H200", "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile",
+                        str(tmp_path / f"ingested-{name}")], capture_output=True, text=True, cwd=REPO, check=True)
+        return json.loads((tmp_path / f"fitted-{name}" / "metadata.json").read_text())["fitted"]["host"]["op_us"]
+
     folder = tmp_path / "traces"
     shutil.copytree(_recording("small-eager"), folder)
     (folder / "run.yaml").unlink()
-    _ingest(folder, tmp_path / "ingested")
-    result = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "fit", "-o", str(tmp_path / "fitted"), "--device",
-                             "H200", "--vidur-compute", str(REPO / "profiles" / "h200-kernels"), "--profile",
-                             str(tmp_path / "ingested")], capture_output=True, text=True, cwd=REPO, check=True)
-    said = [line for line in result.stderr.splitlines() if "host's time" in line]
-    assert len(said) == 1 and said[0].startswith(f"warning: {tmp_path / 'ingested'}: ")
-    fitted = json.loads((tmp_path / "fitted" / "metadata.json").read_text())["fitted"]
-    assert fitted["host"]["op_us"] == 0.0 and "host" not in fitted["provenance"]
+    without = fitted_host(folder, "without")
+    metadata = json.loads((tmp_path / "ingested-without" / "metadata.json").read_text())
+    assert metadata["run_source"] == "read off the traces' shapes"
+    assert metadata["run"]["model"] == load_run_config(_recording("small-eager") / "run.yaml").to_dict()["model"]
+    assert without > 0 and without == pytest.approx(fitted_host(_recording("small-eager"), "with"), rel=1e-9)
 
 
 def test_a_recording_with_cuda_graphs_gives_no_host_time(tmp_path: Path) -> None:

@@ -65,6 +65,10 @@ _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_FU
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR})
 
 
+#: where a run read off the traces comes from, as warnings and reports say it
+INFERRED = "read off the traces' shapes"
+
+
 @dataclass(frozen=True)
 class InferredRun:
     """A run read off the traces (``config``, and what of it was assumed: ``assumed``), or why none could be

@@ -28,6 +28,7 @@ import vtrain
 from vtrain import runconfig
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
+from vtrain.ingest.inferred_run import INFERRED, infer_run
 from vtrain.ingest.rank import (
     SPOOLED,
     RankResult,
@@ -200,6 +201,11 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
     metadata["run"] = described_run(Path(trace_dir), say)
+    if metadata["run"] is None and not (Path(trace_dir) / "run.yaml").exists():
+        metadata["run"] = _run_read_off(Path(trace_dir), [r.spooled(spool, "cpu_ops") for r in results], sources,
+                                        metadata, say)
+        if metadata["run"] is not None:
+            metadata["run_source"] = INFERRED
     metadata["warnings"] = said[:MAX_KEPT_WARNINGS] + (
         [f"... and {len(said) - MAX_KEPT_WARNINGS} more warning(s)"] if len(said) > MAX_KEPT_WARNINGS else [])
     return IngestedRanks(spool=spool, results=results, metadata=metadata)
@@ -300,6 +306,26 @@ def described_run(trace_dir: Path, warn: Warn) -> dict[str, Any] | None:
     if described.problem:
         warn(f"{described.problem}; the profile is written without the traced run's config")
     return described.config.to_dict() if described.config else None
+
+
+def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource], metadata: dict[str, Any],
+                  warn: Warn) -> dict[str, Any] | None:
+    """The run of traces without a run.yaml read off their operators' shapes
+    (:func:`~vtrain.ingest.inferred_run.infer_run`), as plain data, said on one warning line; None when they show
+    none (anything but a language model's training: nothing is said)."""
+    if not cpu_ops:
+        return None
+    columns = ["rank", "name", "input_dims", "input_types", "iteration", "ts"]
+    ops = pl.scan_ipc(cpu_ops).select(columns).filter(pl.col("iteration").is_not_null()).collect(engine="streaming")
+    groups = next((s.header.distributedInfo.get("pg_config") for s in sources
+                   if isinstance(s.header.distributedInfo, dict)), None)
+    inferred = infer_run(ops, metadata.get("world_size"), (metadata.get("device") or {}).get("name"),
+                         groups if isinstance(groups, list) else None)
+    if inferred.config is None:
+        return None
+    warn(f"{trace_dir}: no run.yaml: the traced run, {INFERRED}, is the profile's: {inferred.describe()}; taken as "
+         f"{inferred.assumed}")
+    return inferred.config.to_dict()
 
 
 def _first(values: Any) -> Any:

@@ -18,7 +18,7 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
-from vtrain.ingest.inferred_run import infer_run
+from vtrain.ingest.inferred_run import INFERRED, infer_run
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, check_replayable, trace_set_warnings
@@ -281,10 +281,6 @@ def traced_run_config(trace_dir: Path, config_path: str | Path | None) -> tuple[
         raise InputError("gives a model, not the run the traces recorded (its parallelism and batch): give the run's "
                          "config (run.yaml) or its Megatron log", config_path)
     return DescribedRun(given.config.validate(config_path), str(config_path), None), given.logged
-
-
-#: the config source of a run read off the traces' shapes
-INFERRED = "read off the traces' shapes"
 
 
 def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
