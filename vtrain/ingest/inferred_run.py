@@ -53,9 +53,9 @@ _MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftm
                        r"FusedLayerNormAffine")
 #: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
-_ROTARY = re.compile(r"(?i)rotary|\brope\b|fused_?rope")
+_ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: the loss: a rank that computes it holds the last stage
-_LOSS = re.compile(r"(?i)nll_loss|cross_?entropy")
+_LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
@@ -89,13 +89,14 @@ class InferredRun:
                 f"kernels, {run.attention} attention, on {run.hardware.device}")
 
 
-def infer_run(cpu_ops: pl.DataFrame, world_size: int | None, device: str | None,
+def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, device: str | None,
               process_groups: list[dict[str, Any]] | None = None) -> InferredRun:
-    """The run the CPU operators of a trace set (ingest's ``cpu_ops`` table, every traced rank) show: see the
-    module's description. ``device`` is the traces' GPU name (None or ``cpu``: a CPU run); ``process_groups`` the
-    ``pg_config`` of a rank's ``distributedInfo`` (Megatron names its groups)."""
+    """The run the CPU operators of a trace set (ingest's ``cpu_ops`` table, every traced rank; a lazy frame is
+    read for the few operators of one iteration a rank that tell the run) show: see the module's description.
+    ``device`` is the traces' GPU name (None or ``cpu``: a CPU run); ``process_groups`` the ``pg_config`` of a
+    rank's ``distributedInfo`` (Megatron names its groups)."""
     try:
-        return _inferred(cpu_ops, world_size or 1, device, process_groups or [])
+        return _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, process_groups or [])
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
     except (ValueError, TypeError, IndexError, ArithmeticError) as odd:  # dims no run has (text, 0, nested)
@@ -124,9 +125,8 @@ class _Rank:
         return len(self.ops.get(name, []))
 
 
-def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
-              groups: list[dict[str, Any]]) -> InferredRun:
-    ranks = _ranks(cpu_ops)
+def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[dict[str, Any]]) -> InferredRun:
+    ranks = _ranks(ops)
     first = [rank for rank in ranks if _word_embedding(rank)]
     if not first:
         raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
@@ -175,13 +175,29 @@ def _inferred(cpu_ops: pl.DataFrame, world: int, device: str | None,
     return InferredRun(config, assumed=assumed)
 
 
-def _ranks(cpu_ops: pl.DataFrame) -> list[_Rank]:
-    """Each traced rank's operators of its middle iteration (its first may hold the start-up)."""
-    ops = cpu_ops.filter(pl.col("iteration").is_not_null())
+#: operator names searched for (the others of an iteration are not read)
+_SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED))
+                       + rf"|^c10d::send$|{_BACKEND_SEND}")
+
+
+def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
+    """The operators that tell the run, of each rank's middle iteration (its first may hold the start-up): those
+    whose shapes are read, and those searched by name; columns ``rank, name, input_dims, input_types, ts``."""
+    timed = cpu_ops.filter(pl.col("iteration").is_not_null())
+    middle = (timed.select("rank", "iteration").unique().sort("rank", "iteration").group_by("rank")
+              .agg(pl.col("iteration").get(pl.len() // 2)))
+    name = pl.col("name").cast(pl.String)
+    return (timed.join(middle, on=["rank", "iteration"])
+            .filter(name.is_in(list(_READ)) | name.str.contains(_SEARCHED.pattern))
+            .select("rank", name.alias("name"), pl.col("input_dims").cast(pl.String),
+                    pl.col("input_types").cast(pl.String), "ts")
+            .collect(engine="streaming"))
+
+
+def _ranks(ops: pl.DataFrame) -> list[_Rank]:
+    """Each traced rank's telling operators (:func:`_telling`)."""
     ranks = []
-    for (rank,), frame in sorted(ops.group_by("rank"), key=lambda item: item[0][0]):
-        iterations = sorted(frame["iteration"].unique().to_list())
-        one = frame.filter(pl.col("iteration") == iterations[len(iterations) // 2])
+    for (rank,), one in sorted(ops.group_by("rank"), key=lambda item: item[0][0]):
         by_name: dict[str, list[tuple[list[Any], list[Any]]]] = {}
         read = one.filter(pl.col("name").is_in(list(_READ)) & pl.col("input_dims").is_not_null()).sort("ts")
         for name, dims, types in read.select("name", "input_dims", "input_types").iter_rows():

@@ -315,11 +315,9 @@ def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource
     none (anything but a language model's training: nothing is said)."""
     if not cpu_ops:
         return None
-    columns = ["rank", "name", "input_dims", "input_types", "iteration", "ts"]
-    ops = pl.scan_ipc(cpu_ops).select(columns).filter(pl.col("iteration").is_not_null()).collect(engine="streaming")
     groups = next((s.header.distributedInfo.get("pg_config") for s in sources
                    if isinstance(s.header.distributedInfo, dict)), None)
-    inferred = infer_run(ops, metadata.get("world_size"), (metadata.get("device") or {}).get("name"),
+    inferred = infer_run(pl.scan_ipc(cpu_ops), metadata.get("world_size"), (metadata.get("device") or {}).get("name"),
                          groups if isinstance(groups, list) else None)
     if inferred.config is None:
         return None
