@@ -96,10 +96,11 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
     ``device`` is the traces' GPU name (None or ``cpu``: a CPU run); ``process_groups`` the ``pg_config`` of a
     rank's ``distributedInfo`` (Megatron names its groups)."""
     try:
-        return _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, process_groups or [])
+        groups = [group for group in process_groups or [] if isinstance(group, dict)]  # a damaged list's others
+        return _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, groups)
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
-    except (ValueError, TypeError, IndexError, ArithmeticError) as odd:  # dims no run has (text, 0, nested)
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, ArithmeticError) as odd:  # no run's dims
         return InferredRun(None, reason=f"the operators' shapes do not make a run ({type(odd).__name__}: {odd})")
 
 
