@@ -182,6 +182,8 @@ def test_a_llama_like_script_of_ones_own(tmp_path: Path) -> None:
     layout = inferred.config.parallelism
     assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.global_batch) == (1, 1, 1, 2, 2)
     assert (inferred.config.precision, inferred.config.attention) == ("fp32", "flash")
+    # vtrain's reference model has GPT's layer only: a LLaMA layer is placed with Megatron's kernels, and said
+    assert inferred.config.framework == "megatron" and "Megatron's kernels" in inferred.assumed
 
 
 def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:

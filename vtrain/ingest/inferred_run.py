@@ -20,8 +20,10 @@ files over those holding the embedding when every rank is traced, else one when 
 embedding and the loss; the data parallelism is what the world size leaves. The schedule is interleaved with v
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
 backward, else 1F1B. What the shapes do not show is said: the gradient all-reduce is taken as not overlapped, the
-output layer as tied, positions as learned unless a rotary operator runs. Traces of anything else (no word
-embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism) give no run, with the reason.
+output layer as tied, positions as learned unless a rotary operator runs, Megatron's kernels for a layer other
+than GPT's where the traces do not show Megatron's (vtrain's reference model has GPT's layer only). Traces of
+anything else (no word embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism) give
+no run, with the reason.
 """
 
 from __future__ import annotations
@@ -97,11 +99,15 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
     rank's ``distributedInfo`` (Megatron names its groups)."""
     try:
         groups = [group for group in process_groups or [] if isinstance(group, dict)]  # a damaged list's others
-        return _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, groups)
+        inferred = _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, groups)
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, ArithmeticError) as odd:  # no run's dims
         return InferredRun(None, reason=f"the operators' shapes do not make a run ({type(odd).__name__}: {odd})")
+    problems = inferred.config.constraint_errors() if inferred.config is not None else []
+    if problems:  # shapes beyond what a run can be (a hostile trace)
+        return InferredRun(None, reason=f"the run its shapes make is none: {problems[0]}")
+    return inferred
 
 
 class _NotShown(Exception):
@@ -168,11 +174,13 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     gpu = device if device and device.lower() != "cpu" else "cpu"
     config = RunConfig(model=model, parallelism=parallel, precision=_precision(rank),
-                       framework="megatron" if megatron else "reference",
+                       framework="megatron" if megatron or not model.is_gpt else "reference",
                        attention="flash" if _fused(rank) else "eager",
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
     assumed = "the gradient all-reduce not overlapped, the output layer tied to the embedding"
+    if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
+        assumed += ", Megatron's kernels for a layer other than GPT's"
     return InferredRun(config, assumed=assumed)
 
 
