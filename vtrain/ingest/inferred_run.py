@@ -116,8 +116,8 @@ class _NotShown(Exception):
 
 @dataclass(frozen=True)
 class _Rank:
-    """One traced rank's operators of one iteration: those whose shapes are read (:data:`_READ`), by name, with
-    their input dims and types parsed; and the names of all."""
+    """One traced rank's telling operators of one iteration (:func:`_telling`): those whose shapes are read
+    (:data:`_READ`), by name, with their input dims and types parsed; and the names of all of them."""
 
     rank: int
     ops: dict[str, list[tuple[list[Any], list[Any]]]]
