@@ -54,6 +54,11 @@ def model_flops(batch: float, seq: float, layers: float, hidden: float, vocab: f
     return 3.0 * b * (l * (layer_gemm_flops(s, h, layer) + 4 * s * s * h) + 2 * s * h * v)
 
 
+def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
+    """Model FLOPs of one iteration of a run config's model without recomputation (:func:`model_flops`)."""
+    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, LayerShape.of(model))
+
+
 def recomputed_flops(batch: float, seq: float, layers: float, hidden: float, recompute: str,
                      layer: LayerShape = GPT) -> float:
     """The FLOPs activation recomputation runs again in one iteration (``none``, ``selective`` or ``full``)."""

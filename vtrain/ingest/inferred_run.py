@@ -29,6 +29,7 @@ no run, with the reason.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +169,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               schedule=schedule, virtual_stages=virtual,
                               recompute=_recompute(rank, norm, micro_batches),
-                              sequence_parallel=tp > 1 and bool(normed) and _product(normed[0][:-1]) * tp
+                              sequence_parallel=tp > 1 and bool(normed) and math.prod(normed[0][:-1]) * tp
                               == batch * seq)
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
@@ -339,10 +340,3 @@ def _precision(rank: _Rank) -> str:
             if types and types[0] in _PRECISIONS:
                 return _PRECISIONS[types[0]]
     return "fp32"
-
-
-def _product(dims: list[Any]) -> int:
-    total = 1
-    for x in dims:
-        total *= int(x)
-    return total

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtrain.flops import LayerShape, model_flops
+from vtrain.flops import model_flops_per_iteration
 from vtrain.runconfig import ModelConfig
 
 P4D_PRICE_PER_HOUR = 32.77
@@ -41,11 +41,6 @@ class PlanCost:
     usd: float
     tokens_per_s: float
     mfu: float
-
-
-def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
-    """Model FLOPs of one iteration without recomputation (:func:`vtrain.flops.model_flops`)."""
-    return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, LayerShape.of(model))
 
 
 def plan_cost(iteration_s: float, gpus: int, model: ModelConfig, global_batch: int, pricing: Pricing,

@@ -17,7 +17,7 @@ import polars as pl
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.devices.fitted import FittedDevice
 from vtrain.fit.device import device_problem, on_run_hardware
-from vtrain.flops import LayerShape, model_flops
+from vtrain.flops import model_flops_per_iteration
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.model.ops import PRECISION_DTYPE
 from vtrain.runconfig import RunConfig
@@ -94,16 +94,13 @@ def predict_runs(measurements: pl.DataFrame, profile: Profile | None, device: Fi
 
 def measured_mfu_of(config: RunConfig, iteration_ms: float) -> float | None:
     """The model FLOPs utilisation a measured iteration time implies: the model's FLOPs without recomputation
-    (:func:`vtrain.flops.model_flops`) over the time and the datasheet peak of all the run's GPUs
+    (:func:`vtrain.flops.model_flops_per_iteration`) over the time and the datasheet peak of all the run's GPUs
     in its precision (None for a device without a datasheet: the host CPU)."""
     gpu = DATASHEET_DEVICES.get(canonical_device_name(config.hardware.device) or "")
     if gpu is None or not iteration_ms > 0:
         return None
     peak = gpu.peak_for(PRECISION_DTYPE[config.precision]) * config.hardware.device_count
-    model = config.model
-    flops = model_flops(config.parallelism.global_batch, model.seq, model.layers, model.hidden, model.vocab,
-                        LayerShape.of(model))
-    return flops / (iteration_ms / 1e3 * peak)
+    return model_flops_per_iteration(config.model, config.parallelism.global_batch) / (iteration_ms / 1e3 * peak)
 
 
 def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: FittedDevice,

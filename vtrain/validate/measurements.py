@@ -201,6 +201,8 @@ def _medians_by(frame: pl.DataFrame, dim: str, count: str, ratio: str, intercept
 #: a row measured this many times faster or slower than its prediction is said: the model's errors are tens of
 #: percent, a unit mistake (seconds written as ms) is a thousand times
 FAR_OFF = 5.0
+#: a row's measured time over its prediction
+_MEASURED_OVER_PREDICTED = pl.col("iteration_ms") / pl.col("predicted_ms")
 
 
 def _not_scored(predicted: pl.DataFrame) -> str | None:
@@ -217,8 +219,7 @@ def _not_scored(predicted: pl.DataFrame) -> str | None:
 def _far_off(predicted: pl.DataFrame) -> str | None:
     """One warning line for the rows measured more than :data:`FAR_OFF` times faster or slower than predicted
     (scored all the same), None when there are none."""
-    ratio = pl.col("iteration_ms") / pl.col("predicted_ms")
-    far = predicted.filter((ratio > FAR_OFF) | (ratio < 1 / FAR_OFF))
+    far = predicted.filter(_MEASURED_OVER_PREDICTED.is_between(1 / FAR_OFF, FAR_OFF).not_())
     if far.is_empty():
         return None
     first = far.row(0, named=True)
@@ -238,9 +239,9 @@ def _beyond_peak(predicted: pl.DataFrame) -> str | None:
     without a precision column is one (fp32 rows are not checked: their GEMMs may have run in TF32; rows
     :func:`_far_off` says are not either: a unit mistake is said once)."""
     precision = pl.col("precision").fill_null(PRECISION) if "precision" in predicted.columns else pl.lit(PRECISION)
-    ratio = pl.col("iteration_ms") / pl.col("predicted_ms")
     beyond = predicted.filter(pl.col("measured_mfu") > BEYOND_PEAK, pl.col("invalid").is_null(),
-                              precision.is_in(["fp16", "bf16"]), ratio.is_between(1 / FAR_OFF, FAR_OFF))
+                              precision.is_in(["fp16", "bf16"]), _MEASURED_OVER_PREDICTED.is_between(1 / FAR_OFF,
+                                                                                                     FAR_OFF))
     if beyond.is_empty():
         return None
     first = beyond.row(0, named=True)
