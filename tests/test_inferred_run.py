@@ -199,3 +199,16 @@ def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:
     (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
     inferred = _inferred(folder, tmp_path)
     assert inferred.config is None and inferred.reason.startswith("a sharded data-parallel run")
+
+
+def test_traces_without_iteration_marks_say_so(tmp_path: Path) -> None:
+    """A profile taken without a schedule or step() (no ProfilerStep#N spans, as many scripts record): the
+    micro-batches of one iteration cannot be counted, and that is the reason given (it was "no word embedding")."""
+    trace = json.loads(gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()))
+    trace["traceEvents"] = [event for event in trace["traceEvents"]
+                            if not str(event.get("name", "")).startswith("ProfilerStep#")]
+    folder = tmp_path / "unmarked"
+    folder.mkdir()
+    (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
+    inferred = _inferred(folder, tmp_path)
+    assert inferred.config is None and inferred.reason.startswith("no iteration marks")

@@ -100,7 +100,11 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
     rank's ``distributedInfo`` (Megatron names its groups)."""
     try:
         groups = [group for group in process_groups or [] if isinstance(group, dict)]  # a damaged list's others
-        inferred = _inferred(_telling(cpu_ops.lazy()), world_size or 1, device, groups)
+        ops = _telling(cpu_ops.lazy())
+        if ops.is_empty() and _unmarked_embedding(cpu_ops.lazy()):
+            raise _NotShown("no iteration marks (ProfilerStep#N spans, which torch.profiler's step() writes): the "
+                            "micro-batches of one iteration cannot be counted")
+        inferred = _inferred(ops, world_size or 1, device, groups)
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, ArithmeticError) as odd:  # no run's dims
@@ -202,6 +206,13 @@ def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
             .select("rank", name.alias("name"), pl.col("input_dims").cast(pl.String),
                     pl.col("input_types").cast(pl.String), "ts")
             .collect(engine="streaming"))
+
+
+def _unmarked_embedding(cpu_ops: pl.LazyFrame) -> bool:
+    """Whether the traces embed tokens but mark no iteration (no operator lies in one)."""
+    found = cpu_ops.select(marked=pl.col("iteration").is_not_null().any(),
+                           embeds=(pl.col("name").cast(pl.String) == _EMBEDDING).any()).collect()
+    return bool(found["embeds"].item()) and not found["marked"].item()
 
 
 def _ranks(ops: pl.DataFrame) -> list[_Rank]:
