@@ -78,6 +78,29 @@ class _Sample:
     kernels: tuple[str, ...]
 
 
+def _found_share(row: dict[str, Any], traced_ops: float | None) -> tuple[float, str]:
+    """The placed calls found per rank-iteration in the timeline (:func:`~vtrain.tables.gaps.op_gaps`' row) over
+    the operators the model places there in the traced run, and how that reads; 1 where the latter is unknown. A
+    gap is measured between the calls found: spread over the model's operators, an iteration keeps the measured
+    total."""
+    if not traced_ops:
+        return 1.0, ""
+    found = row["op_calls"] / row["rank_iterations"]
+    return found / traced_ops, (f", x {found:.0f} calls found / {traced_ops:.0f} operators the model places per "
+                                f"iteration")
+
+
+def _mean_gap(row: dict[str, Any], where: str, traced_ops: float | None) -> Resolution:
+    """The gap before one operator of a CPU rank's phase from :func:`~vtrain.tables.gaps.op_gaps`' row: the mean
+    gap before a placed call, spread over the operators the model places (:func:`_found_share`; a LLaMA-style
+    script's trace held 34 of the 120 operators Megatron's layers place, and its gaps, each holding the time of the
+    script's own operators between them, made 11.2 ms of an iteration of 7.1)."""
+    share, spread = _found_share(row, traced_ops)
+    detail = (f"mean gap before an op ({where}): {row['ops']} ops over {row['rank_iterations']} rank-iterations, "
+              f"median {row['median_us']:.1f} us, p90 {row['p90_us']:.1f} us{spread}")
+    return Resolution(row["mean_us"] * share, MEASURED, detail)
+
+
 def _issue_rate(row: dict[str, Any], where: str, traced_ops: float | None) -> IssueRate:
     """The issue rate of one phase from :func:`~vtrain.tables.gaps.op_gaps`' row: the mean host time between
     launches and the device's mean time between operators, each times the placed calls found per rank-iteration
@@ -85,12 +108,9 @@ def _issue_rate(row: dict[str, Any], where: str, traced_ops: float | None) -> Is
     model's operators, an iteration keeps the measured total; per operator of a Megatron-core run whose trace
     has 218 of the 736 the model places, the device's gap held three operators' and made 371 ms of an iteration
     of 252)."""
-    found = row["op_calls"] / row["rank_iterations"]
-    share = found / traced_ops if traced_ops else 1.0
+    share, spread = _found_share(row, traced_ops)
     detail = (f"host time per operator ({where}): {row['host_us']:.1f} us between launches over "
-              f"{row['host_calls']} launches that found the queue free"
-              + (f", x {found:.0f} calls found / {traced_ops:.0f} operators the model places per iteration"
-                 if traced_ops else ""))
+              f"{row['host_calls']} launches that found the queue free{spread}")
     graph = (Resolution(row["graph_host_us"], MEASURED, f"host time per CUDA graph replay ({where}): "
                                                          f"{row['graph_host_us']:.1f} us between launches")
              if row["graph_host_us"] is not None else None)
@@ -258,18 +278,18 @@ class HostGapResolver:
     """The measured time between operators (host overhead, launch gaps), per phase.
 
     The gap is measured in the profile's timeline between the operators the workload places
-    (:func:`vtrain.tables.gaps.op_gaps`), so it holds the time of operators the model leaves out as well; a phase
-    the profile has no spans for takes the gap over all phases. Profiles without a timeline (imported tables), or
+    (:func:`vtrain.tables.gaps.op_gaps`), so it holds the time of operators the model leaves out as well, and it is
+    spread over every operator the model places in the traced run (``traced_ops``: the trace shows some of them
+    under other signatures, and an iteration keeps its measured total); a phase the profile has no spans for takes
+    the gap over all phases. Profiles without a timeline (imported tables), or
     whose timeline holds no call of a placed operator, give no gap (the device model's host time per operator
     applies instead), and the validation report says so.
 
     On GPU ranks the host and the device run apart, so a gap measured in one run is not the next run's: where the
     device is slower than the host it hides the host's time, and where it is faster it waits for it. There the
     resolver gives the rate the host issued operators at (:meth:`issue`): the host's time between consecutive
-    launches of placed operators (those that did not wait for a slot in the launch queue), over an iteration, per
-    operator the model places in the traced run (``traced_ops``: the model places operators the trace shows under
-    other signatures, and the host's time is spread over all of them), and the device's own time between
-    operators when the host was ahead of it.
+    launches of placed operators (those that did not wait for a slot in the launch queue), spread the same way,
+    and the device's own time between operators when the host was ahead of it.
     """
 
     def __init__(self, profile: Profile | None, device_type: str) -> None:
@@ -305,9 +325,7 @@ class HostGapResolver:
             gaps = op_gaps(events).filter(pl.col("device_type") == self.device_type)
             for row in gaps.iter_rows(named=True):
                 where = row["phase"] if stage is None else f"{row['phase']}, stage {stage}"
-                detail = (f"mean gap before an op ({where}): {row['ops']} ops over {row['rank_iterations']} "
-                          f"rank-iterations, median {row['median_us']:.1f} us, p90 {row['p90_us']:.1f} us")
-                self._by_phase[(stage, row["phase"])] = Resolution(row["mean_us"], MEASURED, detail)
+                self._by_phase[(stage, row["phase"])] = _mean_gap(row, where, (traced_ops or {}).get(row["phase"]))
                 if self.device_type == "cuda" and row["host_us"] is not None and row["op_calls"]:
                     self._issue[(stage, row["phase"])] = _issue_rate(row, where, (traced_ops or {}).get(row["phase"]))
 
