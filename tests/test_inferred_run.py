@@ -119,11 +119,13 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
     assert "none read off the traces" in said[0] or "the one read off the traces is none" in said[0]
 
 
-def _record_llama_like(target: Path) -> None:
+def _record_llama_like(target: Path, attention: str = "sdpa-gqa") -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
-    record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention through PyTorch's fused
-    attention (8 heads, 2 key/value heads), a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden
-    128, sequence 64, vocabulary 256, micro-batch 2, fp32 on the CPU."""
+    record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
+    a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
+    micro-batch 2, fp32 on the CPU. ``attention``: PyTorch's fused attention taking the 2 key/value heads
+    (``sdpa-gqa``), or, as Hugging Face's LLaMA does, taking them repeated to 8 (``repeat_kv``: ``sdpa-repeated``),
+    or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -144,7 +146,17 @@ def _record_llama_like(target: Path) -> None:
             h = self.norms[0](x)
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            if attention == "sdpa-gqa":
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:  # Hugging Face's repeat_kv
+                k, v = (t[:, :, None].expand(batch, kv, heads // kv, seq, width).reshape(batch, heads, seq, width)
+                        for t in (k, v))
+                if attention == "sdpa-repeated":
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                else:
+                    scores = torch.matmul(q, k.transpose(2, 3)) / width ** 0.5
+                    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+                    y = torch.matmul(F.softmax(scores, dim=-1), v)
             x = x + self.o(y.transpose(1, 2).reshape(batch, seq, hidden))
             h = self.norms[1](x)
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -170,10 +182,12 @@ def _record_llama_like(target: Path) -> None:
             profiler.step()
 
 
-def test_a_llama_like_script_of_ones_own(tmp_path: Path) -> None:
+@pytest.mark.parametrize("attention", ["sdpa-gqa", "sdpa-repeated", "eager-repeated"])
+def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None:
     """Recorded here by torch, outside vtrain: every part of its shape is read back but its positions (it has none;
-    taken as learned)."""
-    _record_llama_like(tmp_path / "llama")
+    taken as learned), its 2 key/value heads too where they are repeated to 8 before the attention (they read as
+    8: the key and value projections' FLOPs four times theirs)."""
+    _record_llama_like(tmp_path / "llama", attention)
     inferred = _inferred(tmp_path / "llama", tmp_path)
     assert inferred.reason is None
     model = inferred.config.model
@@ -181,7 +195,8 @@ def test_a_llama_like_script_of_ones_own(tmp_path: Path) -> None:
     assert (model.mlp, model.ffn_hidden, model.norm, model.bias) == ("swiglu", 352, "rmsnorm", False)
     layout = inferred.config.parallelism
     assert (layout.tp, layout.pp, layout.dp, layout.micro_batch, layout.global_batch) == (1, 1, 1, 2, 2)
-    assert (inferred.config.precision, inferred.config.attention) == ("fp32", "flash")
+    assert (inferred.config.precision, inferred.config.attention) == (
+        "fp32", "eager" if attention.startswith("eager") else "flash")
     # vtrain's reference model has GPT's layer only: a LLaMA layer is placed with Megatron's kernels, and said
     assert inferred.config.framework == "megatron" and "Megatron's kernels" in inferred.assumed
 

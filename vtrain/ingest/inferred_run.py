@@ -7,7 +7,8 @@ A GPT-style training step leaves its shape in the ``Input Dims`` of a few operat
 - the attention: the scores ``[b, a, s, s]`` (or ``[b x a, s, s]``) and their product with the values ``[b x a, s,
   d]``, or a fused attention's query and key ``[b, a, s, d]`` (``[b, s, a, d]`` for
   ``aten::_flash_attention_forward``): the heads a rank holds and their width (hidden / (heads x width) is the
-  tensor parallelism), a key with fewer heads grouped-query attention; its backward runs once a layer and
+  tensor parallelism), a key with fewer heads grouped-query attention (or keys repeated to as many heads before
+  it: Hugging Face's ``repeat_kv``, Megatron's ``repeat_interleave``); its backward runs once a layer and
   micro-batch (the layers), its forward more often where layers are recomputed;
 - the norms (``aten::native_layer_norm``; ``aten::_fused_rms_norm``, or none: RMSNorm written out of elementwise
   operators, as Hugging Face's LLaMA does): recomputed with the layer (full recomputation) or not (selective); a
@@ -63,9 +64,12 @@ _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
+#: how grouped-query attention repeats its keys and values for an attention that takes as many as it has queries:
+#: Hugging Face's ``repeat_kv`` expands ``[b, kv, 1, s, d]``, Megatron's ``repeat_interleave`` takes ``[s, b, kv, d]``
+_EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 #: the operators whose shapes are read (the others are only searched by name)
 _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_FUSED_ATTENTION, _FLASH_FORWARD,
-                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR})
+                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
 
 
 #: where a run read off the traces comes from, as warnings and reports say it
@@ -254,7 +258,14 @@ def _shape(dims: Any, *lengths: int) -> bool:
 
 def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
     """(heads a rank holds, head width, key/value heads it holds) from its fused attention's query and key, else
-    its scores and their product (as many key/value heads as heads: an eager attention repeats them)."""
+    its scores and their product; key/value heads repeated to as many as the queries before either
+    (:func:`_repeated_key_values`) are the ones repeated."""
+    heads, width, kv = _heads(rank, batch, seq)
+    return heads, width, (_repeated_key_values(rank, batch, seq, heads, width) if kv == heads else kv)
+
+
+def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
+    """(heads, width, key/value heads) as the attention operator takes them."""
     for name in (*_FUSED_ATTENTION, _FLASH_FORWARD):
         for dims, _ in rank.calls(name):
             query, key = (dims[0], dims[1]) if len(dims) > 1 else (None, None)
@@ -271,6 +282,17 @@ def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
         raise _NotShown("no attention scores [b, heads, s, s] with their product by the values in the embedding's "
                         "rank")
     return heads, width, heads
+
+
+def _repeated_key_values(rank: _Rank, batch: int, seq: int, heads: int, width: int) -> int:
+    """The key/value heads that grouped-query attention repeats to ``heads`` before an attention that takes as many
+    keys as queries (:data:`_EXPAND`, :data:`_REPEAT_INTERLEAVE`), else ``heads``."""
+    shapes = [dims[0] for dims, _ in rank.calls(_EXPAND) if dims and _shape(dims[0], 5)
+              and (dims[0][0], dims[0][2], dims[0][3], dims[0][4]) == (batch, 1, seq, width)]
+    shapes += [dims[0] for dims, _ in rank.calls(_REPEAT_INTERLEAVE) if dims and _shape(dims[0], 4)
+               and (dims[0][0], dims[0][1], dims[0][3]) == (seq, batch, width)]
+    groups = [int(shape[1] if len(shape) == 5 else shape[2]) for shape in shapes]
+    return next((kv for kv in groups if kv < heads and heads % kv == 0), heads)
 
 
 def _fused(rank: _Rank) -> bool:
