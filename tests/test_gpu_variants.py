@@ -24,7 +24,10 @@ H100_TRACE = REPO / "traces" / "gpu" / "h100-small-eager"
     ("NVIDIA H800", "H800"), ("NVIDIA H800 PCIe", "H800-PCIe"), ("NVIDIA A800-SXM4-80GB", "A800-80GB"),
     ("NVIDIA A800 80GB PCIe", "A800-80GB-PCIe"), ("NVIDIA A800 40GB Active", "A800-40GB-PCIe"),
     ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA GH200 144G HBM3e", "GH200-144GB"), ("NVIDIA H200", "H200"),
-    ("AMD Instinct MI300X", "MI300X"), ("NVIDIA B200", None), ("AMD Radeon Graphics", None),
+    ("AMD Instinct MI300X", "MI300X"), ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"), ("NVIDIA H20", "H20"),
+    ("NVIDIA L40S", "L40S"), ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"), ("AMD Instinct MI250X / MI250", "MI250X"),
+    ("AMD Instinct MI250", "MI250"), ("AMD Instinct MI325X", "MI325X"), ("AMD Radeon Graphics", None),
+    ("NVIDIA GeForce RTX 4090", None), ("Tesla T4", None),
 ])
 def test_device_names_as_drivers_write_them(name: str, meant: str | None) -> None:
     assert canonical_device_name(name) == meant
@@ -104,16 +107,27 @@ def test_a_trace_recorded_on_an_h800_is_validated_on_its_model(tmp_path: Path) -
 
 
 def test_a_profile_traced_on_an_unknown_gpu_says_where_a_bare_model_goes(tmp_path: Path) -> None:
-    """A B200 recording (a GPU the catalog does not hold) ingested, then a model by name on it: one warning line
-    naming the traced GPU and the datasheet used instead; the same prediction as on an A100."""
+    """An RTX 4090 recording (a GPU the catalog does not hold) ingested, then a model by name on it: one warning
+    line naming the traced GPU and the datasheet used instead; the same prediction as on an A100."""
+    traces = _renamed_trace(tmp_path / "rtx", "NVIDIA GeForce RTX 4090")
+    assert vtrain_in_process("ingest", traces, "-o", tmp_path / "profile").returncode == 0
+    ran = vtrain_in_process("simulate", "llama-2-7b", "--global-batch", "8", "--json", "--profile",
+                            tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "RTX 4090" in line]
+    assert len(said) == 1 and "a GPU vtrain does not know" in said[0] and "A100" in said[0]
+    assert json.loads(ran.stdout)["device"]["name"] == "A100-40GB"
+
+
+def test_a_blackwell_recording_puts_a_bare_model_on_blackwell(tmp_path: Path) -> None:
+    """A B200 recording (B200 and GB200 were no GPU vtrain knew): a model by name on its profile runs on the B200's
+    datasheet, without a word of an unknown GPU."""
     traces = _renamed_trace(tmp_path / "b200", "NVIDIA B200")
     assert vtrain_in_process("ingest", traces, "-o", tmp_path / "profile").returncode == 0
     ran = vtrain_in_process("simulate", "llama-2-7b", "--global-batch", "8", "--json", "--profile",
                             tmp_path / "profile")
     assert ran.returncode == 0, ran.stderr
-    said = [line for line in ran.stderr.splitlines() if "NVIDIA B200" in line]
-    assert len(said) == 1 and "a GPU vtrain does not know" in said[0] and "A100" in said[0]
-    assert json.loads(ran.stdout)["device"]["name"] == "A100-40GB"
+    assert "does not know" not in ran.stderr and json.loads(ran.stdout)["device"]["name"] == "B200"
 
 
 def test_a_plan_for_a_model_given_by_its_shape_runs_on_the_profiles_gpu(tmp_path: Path) -> None:

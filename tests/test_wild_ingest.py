@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import REPO, TRACES
 from tests.rawcount import CLASSES, count_events, count_file, load_trace
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.replay.trace import read_rank_trace
@@ -236,8 +237,11 @@ def test_mtia_dma_activities_are_memory_copies(base_traces: dict[str, Trace], tm
 
 
 def test_the_accelerator_is_named() -> None:
+    """The MI250 trace's driver names its GPU "AMD Radeon Graphics" (ROCm's generic name): its 104 compute units
+    and 64 GB are one MI250 die."""
     rocm, _ = _ingest(TRACES / "wild" / "mi250-rocm")
-    assert rocm.metadata["device"]["type"] == "rocm" and rocm.metadata["device"]["name"] == "AMD Radeon Graphics"
+    assert rocm.metadata["device"]["type"] == "rocm" and rocm.metadata["device"]["name"] == "AMD Instinct MI250"
+    assert canonical_device_name(rocm.metadata["device"]["name"]) == "MI250"
     assert _ingest(TRACES / "hta-sm80-128rank-sampled")[0].metadata["device"]["type"] == "cuda"
 
 

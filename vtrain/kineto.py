@@ -335,3 +335,23 @@ def absurd_activities(host_start: float | None, host_end: float | None, ts: np.n
     other = float(dur[plausible].sum()) - np.where(plausible, dur, 0.0)  # the device time queued besides each
     misplaced = finite & ((ts > host_end + other) | (ts < host_start - other))
     return ~finite | long | misplaced
+
+
+#: AMD's compute units a GPU -> its part, for ROCm drivers that name every Instinct GPU "AMD Radeon Graphics"
+_AMD_COMPUTE_UNITS = {104: "MI250", 110: "MI250X", 304: "MI300X"}
+
+
+def traced_gpu_name(properties: dict[str, Any]) -> str | None:
+    """The GPU a trace's ``deviceProperties`` entry names: its ``name``, except where a ROCm driver wrote the
+    generic ``AMD Radeon Graphics`` (HTA's MI250 trace): then the Instinct part its compute units (``numSms``) and
+    memory make, and the generic name where they make none."""
+    name = properties.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    if name.lower().replace(" ", "") != "amdradeongraphics":
+        return name
+    part = _AMD_COMPUTE_UNITS.get(properties.get("numSms"))  # type: ignore[arg-type]
+    memory = properties.get("totalGlobalMem")
+    if part == "MI300X" and isinstance(memory, (int, float)) and memory > 200 * 2**30:
+        part = "MI325X"
+    return f"AMD Instinct {part}" if part else name

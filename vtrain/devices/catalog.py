@@ -8,7 +8,7 @@ A100 with NVLink at 400 GB/s both ways. Variants of one die (:data:`GPU_DIES`: t
 and GH200 of the H100's) share a profile: one fitted on any of them times another's kernels on that one's roofline,
 and its collectives on its links (:func:`vtrain.fit.device.on_gpu`).
 
-Values marked ``datasheet`` are typed from NVIDIA's (AMD's for MI300X) published specifications; values marked
+Values marked ``datasheet`` are typed from NVIDIA's (AMD's for its parts) published specifications; values marked
 ``assumed`` are round typical numbers (kernel launch overhead, achieved efficiencies, link latencies, DGX-style
 NICs) that calibration is expected to replace with fitted ones.
 """
@@ -48,7 +48,7 @@ def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs:
 
 #: name -> datasheet model. NVLink bandwidth is per direction (half the bidirectional figure), as is PCIe's (Gen4 x16
 #: 32 GB/s, Gen5 64 GB/s). SM counts: the streaming multiprocessors (V100 80, A100 108, H100 SXM and NVL 132, H100
-#: PCIe 114, H200 132), as NVIDIA's architecture papers and datasheets list them (MI300X: AMD's compute units).
+#: PCIe 114, H200 132), as NVIDIA's architecture papers and datasheets list them (AMD's parts: compute units).
 DATASHEET_DEVICES: dict[str, DeviceModel] = {
     "V100": _gpu("V100", fp16_tflops=125, fp32_tflops=15.7, bf16=False, mem_gbs=900, nvlink_gbs=150,
                  nic_gbits=100, memory_gb=32, sm_count=80),
@@ -84,9 +84,34 @@ DATASHEET_DEVICES: dict[str, DeviceModel] = {
                   nic_gbits=400, memory_gb=96, sm_count=132),
     "GH200-144GB": _gpu("GH200-144GB", fp16_tflops=989, fp32_tflops=67, bf16=True, mem_gbs=4900, nvlink_gbs=450,
                         nic_gbits=400, memory_gb=144, sm_count=132),
+    # the China part of the H100 die: 148 TFLOP/s dense, 96 GB of HBM3 at 4.0 TB/s, NVLink at 900 GB/s both ways
+    "H20": _gpu("H20", fp16_tflops=148, fp32_tflops=44, bf16=True, mem_gbs=4000, nvlink_gbs=450,
+                nic_gbits=400, memory_gb=96, sm_count=78),
+    # Blackwell: HGX B200 (180 GB of HBM3e a GPU, as DGX B200's 1,440 GB make) and GB200 NVL72's GPUs (13.4 TB over
+    # 72), NVLink 5 at 1.8 TB/s both ways
+    "B200": _gpu("B200", fp16_tflops=2250, fp32_tflops=75, bf16=True, mem_gbs=8000, nvlink_gbs=900,
+                 nic_gbits=400, memory_gb=180, sm_count=148),
+    "GB200": _gpu("GB200", fp16_tflops=2500, fp32_tflops=80, bf16=True, mem_gbs=8000, nvlink_gbs=900,
+                  nic_gbits=400, memory_gb=186, sm_count=148),
+    # Ada cards in clouds' training and fine-tuning instances: PCIe Gen4 between GPUs, no NVLink
+    "L40S": _gpu("L40S", fp16_tflops=362, fp32_tflops=91.6, bf16=True, mem_gbs=864, nvlink_gbs=32,
+                 nic_gbits=200, memory_gb=48, sm_count=142),
+    "L40": _gpu("L40", fp16_tflops=181, fp32_tflops=90.5, bf16=True, mem_gbs=864, nvlink_gbs=32,
+                nic_gbits=200, memory_gb=48, sm_count=142),
+    "L4": _gpu("L4", fp16_tflops=121, fp32_tflops=30.3, bf16=True, mem_gbs=300, nvlink_gbs=32,
+               nic_gbits=100, memory_gb=24, sm_count=58),
     # AMD's datasheet: 304 compute units, seven Infinity Fabric links of 64 GB/s a direction to the node's others
     "MI300X": _gpu("MI300X", fp16_tflops=1307, fp32_tflops=163, bf16=True, mem_gbs=5300, nvlink_gbs=448,
                    nic_gbits=400, memory_gb=192, sm_count=304),
+    "MI325X": _gpu("MI325X", fp16_tflops=1307, fp32_tflops=163, bf16=True, mem_gbs=6000, nvlink_gbs=448,
+                   nic_gbits=400, memory_gb=256, sm_count=304),
+    # an MI250X or MI250 is two dies (GCDs) that PyTorch sees as two GPUs: one GCD's half of the package's
+    # 383 (362) TFLOP/s, 128 GB and 3.2 TB/s, its 110 (104) compute units; Infinity Fabric at 50 GB/s a direction to
+    # another package's GCD (Frontier's and LUMI's nodes)
+    "MI250X": _gpu("MI250X", fp16_tflops=191.5, fp32_tflops=23.9, bf16=True, mem_gbs=1638, nvlink_gbs=50,
+                   nic_gbits=200, memory_gb=64, sm_count=110),
+    "MI250": _gpu("MI250", fp16_tflops=181, fp32_tflops=22.6, bf16=True, mem_gbs=1638, nvlink_gbs=50,
+                  nic_gbits=200, memory_gb=64, sm_count=104),
 }
 
 #: catalog name -> the die it is made of: the variants of one die share a profile's fitted kernel efficiencies
@@ -95,7 +120,9 @@ GPU_DIES: dict[str, str] = {
     "V100": "GV100", "A100-40GB": "GA100", "A100-80GB": "GA100", "A100-40GB-PCIe": "GA100",
     "A100-80GB-PCIe": "GA100", "A800-80GB": "GA100", "A800-40GB-PCIe": "GA100", "A800-80GB-PCIe": "GA100",
     "H100": "GH100", "H100-PCIe": "GH100", "H100-NVL": "GH100", "H200": "GH100", "H800": "GH100",
-    "H800-PCIe": "GH100", "GH200": "GH100", "GH200-144GB": "GH100", "MI300X": "MI300X",
+    "H800-PCIe": "GH100", "GH200": "GH100", "GH200-144GB": "GH100", "H20": "GH100", "B200": "GB100",
+    "GB200": "GB100", "L40S": "AD102", "L40": "AD102", "L4": "AD104", "MI300X": "MI300X", "MI325X": "MI300X",
+    "MI250X": "MI200", "MI250": "MI200",
 }
 
 KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)
@@ -123,9 +150,18 @@ def canonical_device_name(name: str) -> str | None:
         return f"A800-{memory}-PCIe" if pcie or "active" in key else "A800-80GB"
     if "v100" in key:
         return "V100"
-    if "mi300x" in key:
-        return "MI300X"
-    return None
+    return _other_gpu(key)
+
+
+#: the other parts by the name drivers write, lower case without spaces; first match wins ("gb200" before "b200",
+#: "h20" only once H200 and GH200 are out)
+_OTHER_NAMES = (("gb200", "GB200"), ("b200", "B200"), ("h20", "H20"), ("l40s", "L40S"), ("l40", "L40"),
+                ("nvidial4", "L4"), ("mi325x", "MI325X"), ("mi300x", "MI300X"), ("mi250x", "MI250X"),
+                ("mi250", "MI250"))
+
+
+def _other_gpu(key: str) -> str | None:
+    return next((name for part, name in _OTHER_NAMES if part in key or key == name.lower()), None)
 
 
 def same_die(one: str, other: str) -> bool:

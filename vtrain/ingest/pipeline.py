@@ -38,6 +38,7 @@ from vtrain.ingest.rank import (
     shapeless_warning,
     unmarked_warning,
 )
+from vtrain.kineto import traced_gpu_name
 from vtrain.limits import MAX_KEPT_WARNINGS
 from vtrain.outputs import PROFILE, staged
 from vtrain.tables.latency import cpu_op_calls, nccl_latency, op_latency
@@ -336,9 +337,9 @@ def _device_properties(results: list[RankResult]) -> dict[str, Any]:
     kind = next((r.accelerator for r in results if r.accelerator), "cpu")
     for result in results:
         for props in (result.source.header.deviceProperties if result.source else None) or []:
-            if props.get("name"):
+            if traced_gpu_name(props):
                 return {
-                    "name": props["name"],
+                    "name": traced_gpu_name(props),
                     "compute_capability": f"{props.get('computeMajor')}.{props.get('computeMinor')}",
                     "memory_bytes": props.get("totalGlobalMem"),
                     "sm_count": props.get("numSms"),

@@ -19,6 +19,7 @@ from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
 from vtrain.ingest.inferred_run import INFERRED, infer_run
+from vtrain.kineto import traced_gpu_name
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
 from vtrain.replay.trace import KeptRank, KeptText, TextAside, check_replayable, trace_set_warnings
@@ -306,8 +307,8 @@ def _traced_gpu(traces: list) -> str | None:
             if key != "deviceProperties":
                 continue
             properties = json.loads(value)
-            name = next((p.get("name") for p in properties if isinstance(p, dict) and p.get("name")), None) \
-                if isinstance(properties, list) else None
+            name = next((traced_gpu_name(p) for p in properties if isinstance(p, dict) and traced_gpu_name(p)),
+                        None) if isinstance(properties, list) else None
             if name:
                 return str(name)
     return None
