@@ -4,7 +4,8 @@
 Scored against every shipped recording that has its ``run.yaml``, read as if it had none: vtrain's own CPU runs in
 every layout (tensor, pipeline, data parallel, recomputation, the GPipe and interleaved schedules), its GPU runs on
 an H100 and an H200 (bf16, fp32), and Megatron-core 0.16.1's own training on an H200 (no recomputation, full,
-selective). The gradient all-reduce's overlap is not in the shapes: it is taken as not overlapped, and said so."""
+selective). The gradient all-reduce's overlap and buckets are read where no tensor parallelism runs (every
+all-reduce is then data-parallel); with it they are taken as not overlapped, and said so."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ TRACES = REPO / "traces"
 WHOLE = ["t2p2d2", "t1p2d1", "t1p2d1-gpipe", "t1p2d1-interleaved", "t2p1d1-recompute", "t1p1d2",
          "gpu/h100-val-gpt1.3b-8l-mb8-full", "gpu/h200-mem-fp32-none", "gpu/h200-mcore-gpt1.3b-full",
          "gpu/h200-mcore-gpt1.3b-selective", "gpu/h200-mcore-6l-h4096-none"]
-#: what the shapes cannot tell, set to the inferred run's values before comparing (t1p1d2-overlap's differ)
+#: what the shapes cannot tell with tensor parallelism, set to the inferred run's values before comparing
 NOT_SHOWN = {"dp_overlap": False, "dp_bucket_mb": 25.0}
 
 
@@ -47,11 +48,27 @@ def test_the_shapes_give_the_recorded_run_back(name: str, tmp_path: Path) -> Non
     assert inferred.reason is None
     run, recorded = inferred.config, load_run_config(folder / "run.yaml")
     assert run.model == recorded.model
-    layout = {**recorded.parallelism.__dict__, **NOT_SHOWN}
-    assert run.parallelism.__dict__ == layout
+    read = recorded.parallelism.tp == 1 and recorded.parallelism.dp > 1
+    layout = {**recorded.parallelism.__dict__, **({} if read else NOT_SHOWN)}
+    # a bucket closes once it holds its MiB: the median bucket is at least that (25.05 MiB for t1p1d2's 25)
+    assert run.parallelism.dp_bucket_mb == pytest.approx(layout.pop("dp_bucket_mb"), rel=0.01)
+    assert {**run.parallelism.__dict__, "dp_bucket_mb": None} == {**layout, "dp_bucket_mb": None}
     assert (run.precision, run.framework, run.attention) == (recorded.precision, recorded.framework,
                                                              recorded.attention)
-    assert "not overlapped" in inferred.assumed
+    assert ("not overlapped" in inferred.assumed) is (recorded.parallelism.dp > 1 and not read)
+
+
+def test_a_gradient_all_reduce_overlapped_with_the_backward_pass_is_read(tmp_path: Path) -> None:
+    """vtrain's t1p1d2-overlap without its run.yaml: its buckets are all-reduced as the backward pass goes (the
+    first before the embedding's backward begins). Taken as not overlapped, the model said +11.9 %."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for trace in (TRACES / "t1p1d2-overlap").glob("rank-*.json.gz"):
+        shutil.copy(trace, bare)
+    assert _inferred(bare, tmp_path).config.parallelism.dp_overlap
+    ran = vtrain_in_process("validate", bare, "--no-hta", "--json", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert abs(json.loads(ran.stdout)["model"]["error_pct"]) < 5
 
 
 def test_one_rank_of_many_is_data_parallel_when_it_holds_the_whole_model(tmp_path: Path) -> None:
@@ -210,6 +227,68 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
     ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "--json", "-o", tmp_path / "report")
     assert ran.returncode == 0, ran.stderr
     assert abs(json.loads(ran.stdout)["model"]["error_pct"]) < 30
+
+
+def _ddp_rank(rank: int, world: int, store: str, target: str) -> None:
+    """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB) with
+    ``nn.TransformerEncoderLayer`` (GELU, pre-norm, causal: its attention PyTorch's SDPA on the math path)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    vocab, hidden, seq, batch = 256, 128, 64, 2
+    torch.manual_seed(0)
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
+            self.layers = nn.ModuleList(nn.TransformerEncoderLayer(hidden, 4, 4 * hidden, activation="gelu",
+                                                                   batch_first=True, norm_first=True)
+                                        for _ in range(2))
+            self.norm, self.out = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            x = self.words(tokens) + self.positions(torch.arange(seq))
+            mask = nn.Transformer.generate_square_subsequent_mask(seq)
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, is_causal=True)
+            return self.out(self.norm(x))
+
+    model = nn.parallel.DistributedDataParallel(GPT(), bucket_cap_mb=0.25)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
+                                on_trace_ready=lambda done: done.export_chrome_trace(f"{target}/rank-{rank}.json")
+                                ) as profiler:
+        for _ in range(3):
+            tokens = torch.randint(0, vocab, (batch, seq))
+            F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+    dist.destroy_process_group()
+
+
+def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
+    """Two ranks of a user's DDP script, recorded here: its gradients all-reduced during the backward pass, in
+    buckets of about the 0.25 MiB it asked for (a bucket closes past it); its attention is SDPA's math path,
+    which computes the scores: eager, with no word of a fused attention that did not run."""
+    import torch.multiprocessing as mp
+
+    target = tmp_path / "ddp"
+    target.mkdir()
+    mp.start_processes(_ddp_rank, args=(2, str(tmp_path / "store"), str(target)), nprocs=2, join=True,
+                       start_method="spawn")
+    run = _inferred(target, tmp_path).config
+    assert (run.parallelism.dp, run.parallelism.dp_overlap, run.attention) == (2, True, "eager")
+    assert 0.25 <= run.parallelism.dp_bucket_mb < 0.5
+    ran = vtrain_in_process("validate", target, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert "overlapped with the backward pass" in ran.stderr and "fused attention" not in ran.stderr
 
 
 def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:

@@ -145,6 +145,10 @@ ATTENTION_OPS = frozenset(name for pair in FLASH_OPS.values() for name in pair)
 #: xFormers' and Transformer Engine's (``fmha``), ``nn.MultiheadAttention``'s
 FUSED_ATTENTION = re.compile(r"(scaled_dot_product|flash_attention|efficient_attention|_cudnn_attention|"
                              r"flash_attn|fmha|multi_head_attention)", re.IGNORECASE)
+#: PyTorch's attention entry (``aten::scaled_dot_product_attention``: whichever kernel it picks runs inside it) and
+#: its math fallback (``aten::_scaled_dot_product_attention_math``: the scores computed by matmul and softmax), which
+#: :data:`FUSED_ATTENTION` names but which fuse nothing of their own
+UNFUSED_ATTENTION = re.compile(r"^aten::scaled_dot_product_attention$|_attention_math")
 
 
 def fused_attention_signature(dims: str, types: str) -> tuple[str, str]:

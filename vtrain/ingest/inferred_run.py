@@ -20,11 +20,13 @@ The pipeline stages are Megatron's process group of that name where the traces l
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
 embedding and the loss; the data parallelism is what the world size leaves. The schedule is interleaved with v
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
-backward, else 1F1B. What the shapes do not show is said: the gradient all-reduce is taken as not overlapped, the
-output layer as tied, positions as learned unless a rotary operator runs, Megatron's kernels for a layer other
-than GPT's where the traces do not show Megatron's (vtrain's reference model has GPT's layer only). Traces of
-anything else (no word embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism) give
-no run, with the reason.
+backward, else 1F1B. Without tensor parallelism every all-reduce is data-parallel: the gradients' are overlapped
+with the backward pass where one is issued before the embedding's backward (the last computed) begins, and their
+buckets are the median all-reduce's MiB. What the shapes do not show is said: the gradient all-reduce is taken as
+not overlapped with tensor parallelism, the output layer as tied, positions as learned unless a rotary operator
+runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's reference
+model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not divide,
+FSDP's sharded data parallelism) give no run, with the reason.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
+#: a gradient all-reduce: a backend's event (its tensor's elements and type), else c10d's (its flat bucket's elements)
+_BACKEND_ALL_REDUCE, _ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce$", "c10d::allreduce_"
+_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
@@ -90,8 +95,10 @@ class InferredRun:
         if self.config is None:
             return ""
         run, layout = self.config, self.config.parallelism
+        reduced = (f", gradient all-reduce {'overlapped with the backward pass' if layout.dp_overlap else 'after it'}"
+                   f" in buckets of {layout.dp_bucket_mb:g} MiB" if layout.dp > 1 else "")
         return (f"{run.model.describe()}; t{layout.tp} d{layout.dp} p{layout.pp}, micro-batch {layout.micro_batch}, "
-                f"global batch {layout.global_batch}, recompute {layout.recompute}"
+                f"global batch {layout.global_batch}, recompute {layout.recompute}{reduced}"
                 f"{', sequence parallel' if layout.sequence_parallel else ''}, {run.precision}, {run.framework}'s "
                 f"kernels, {run.attention} attention, on {run.hardware.device}")
 
@@ -133,6 +140,8 @@ class _Rank:
     names: frozenset[str]
     embedding_order: list[str]  # the embedding's forward and backward calls, in the order they ran
     sends: int  # point-to-point sends (c10d's, else a backend's: nccl:send, gloo:send)
+    all_reduces: list[tuple[float, int | None, int]]  # (issued at, elements, bytes each) a backend's, else c10d's
+    last_embedding_backward: float | None  # when the iteration's last embedding backward began
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
         return self.ops.get(name, [])
@@ -174,8 +183,10 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
+    overlap, bucket = _gradient_reduction(rank) if tp == 1 and dp > 1 else (None, None)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
-                              schedule=schedule, virtual_stages=virtual,
+                              schedule=schedule, virtual_stages=virtual, dp_overlap=bool(overlap),
+                              dp_bucket_mb=bucket or ParallelConfig.dp_bucket_mb,
                               recompute=_recompute(rank, norm, micro_batches),
                               sequence_parallel=tp > 1 and bool(normed) and math.prod(normed[0][:-1]) * tp
                               == batch * seq)
@@ -187,7 +198,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                        attention="flash" if _fused(rank) else "eager",
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
-    assumed = "the gradient all-reduce not overlapped, the output layer tied to the embedding"
+    assumed = ", ".join(([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
+                        + ([f"buckets of {ParallelConfig.dp_bucket_mb:g} MB"] if overlap and not bucket else [])
+                        + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
     return InferredRun(config, assumed=assumed)
@@ -195,7 +208,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED))
-                       + rf"|^c10d::send$|{_BACKEND_SEND}")
+                       + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$")
 
 
 def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
@@ -230,8 +243,32 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
         order = read.filter(pl.col("name").is_in([_EMBEDDING, _EMBEDDING_BACKWARD]))["name"].to_list()
         names = one["name"]
         sends = int((names == "c10d::send").sum()) or int(names.str.contains(_BACKEND_SEND).sum())
-        ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends))
+        backward = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"].max()
+        ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends,
+                           _all_reduces(one), float(backward) if backward is not None else None))
     return ranks
+
+
+def _all_reduces(one: pl.DataFrame) -> list[tuple[float, int | None, int]]:
+    """A rank's all-reduces in the order issued: (when, the tensor's elements if recorded, bytes an element): its
+    backend's events (``gloo:all_reduce [[n]] float``), else c10d's (``c10d::allreduce_ [[[n]], ...]``, type not
+    said: 4 bytes)."""
+    backend = one.filter(pl.col("name").str.contains(_BACKEND_ALL_REDUCE))
+    calls = (backend if backend.height else one.filter(pl.col("name") == _ALL_REDUCE)).sort("ts")
+    reduces = []
+    for dims, types, ts in calls.select("input_dims", "input_types", "ts").iter_rows():
+        kinds = _parsed(types)
+        reduces.append((float(ts), _flat_elements(_parsed(dims)), _BYTES.get(kinds[0], 4) if kinds else 4))
+    return reduces
+
+
+def _flat_elements(dims: list[Any]) -> int | None:
+    """The elements of an all-reduce's one flat tensor: ``[[n]]`` (a backend's) or ``[[[n]], ...]`` (c10d's list
+    of tensors); ``None`` where its dims are not recorded or hold several tensors."""
+    first = dims[0] if dims else None
+    if isinstance(first, list) and len(first) == 1 and isinstance(first[0], list):
+        first = first[0]
+    return int(first[0]) if _shape(first, 1) else None
 
 
 def _parsed(text: str | None) -> list[Any]:
@@ -346,6 +383,27 @@ def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
     a_micro_batch = order.count(_EMBEDDING) / micro_batches  # the word's embedding, and the positions' if learned
     before = order[:order.index(_EMBEDDING_BACKWARD)].count(_EMBEDDING) / a_micro_batch
     return ("gpipe" if before >= micro_batches else "1f1b"), 1
+
+
+#: all-reduces of fewer elements are no gradient bucket (a loss averaged for logging, a gradient norm, a found-inf)
+_SCALARS = 1024
+
+
+def _gradient_reduction(rank: _Rank) -> tuple[bool | None, float | None]:
+    """(whether the gradients are all-reduced during the backward pass, the buckets' MiB) from a rank without
+    tensor parallelism, whose all-reduces are all data-parallel: overlapped where one is issued before the last
+    embedding backward (the embedding's gradient is the last computed), each complete bucket then one issued
+    before it (the median: DDP's first is smaller), else the one after it that holds everything (the median but
+    the last). ``None`` for what the rank does not show."""
+    begun = rank.last_embedding_backward
+    buckets = [(ts, None if elements is None else elements * size / 2**20) for ts, elements, size in rank.all_reduces
+               if elements is None or elements >= _SCALARS]
+    if begun is None or not buckets:
+        return None, None
+    before = [mib for ts, mib in buckets if ts < begun]
+    complete = before if before else [mib for ts, mib in buckets[:-1] if ts >= begun] or [buckets[-1][1]]
+    sizes = sorted(mib for mib in complete if mib is not None)
+    return bool(before), round(sizes[len(sizes) // 2], 3) if sizes else None
 
 
 def _biased(rank: _Rank) -> bool:

@@ -15,7 +15,7 @@ from vtrain.errors import warn_input
 from vtrain.fit.device import device_for_run
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
-from vtrain.kineto import ATTENTION_OPS, FUSED_ATTENTION
+from vtrain.kineto import ATTENTION_OPS, FUSED_ATTENTION, UNFUSED_ATTENTION
 from vtrain.model.gpt import GptShape
 from vtrain.model.memory import StageMemory, stage_memory
 from vtrain.model.ops import Op
@@ -288,12 +288,12 @@ class SharedResolvers:
 
 def attention_mismatch(timeline: Iterable[tuple[str, str, str]], run: RunConfig) -> str | None:
     """Why a timeline (operator signatures) is not of ``run``'s attention: fused attention operators
-    (:data:`~vtrain.kineto.FUSED_ATTENTION`) where the run computes its scores, or none where it fuses them
-    (a timeline with no operators says nothing); ``None`` when they agree. Either way its attention would be
+    (:data:`~vtrain.kineto.FUSED_ATTENTION`, not :data:`~vtrain.kineto.UNFUSED_ATTENTION`) where the run computes
+    its scores, or none where it fuses them (a timeline with no operators says nothing); ``None`` when they agree. Either way its attention would be
     predicted with operators that did not run. Only operators count (``aten::...``, ``flash_attn::...``): a user's
     span or a module named for flash attention (``record_function("flash_attention_block")``) runs no kernel."""
     names = {name for name, _, _ in timeline if name and "::" in name}
-    fused = sorted(name for name in names if FUSED_ATTENTION.search(name))
+    fused = sorted(name for name in names if FUSED_ATTENTION.search(name) and not UNFUSED_ATTENTION.search(name))
     if fused and run.attention == "eager":
         shown = ", ".join(fused[:2]) + (", ..." if len(fused) > 2 else "")
         said = f"the traces run fused attention ({shown}) but the run computes its scores (attention eager): "
