@@ -289,9 +289,10 @@ class SharedResolvers:
 def attention_mismatch(timeline: Iterable[tuple[str, str, str]], run: RunConfig) -> str | None:
     """Why a timeline (operator signatures) is not of ``run``'s attention: fused attention operators
     (:data:`~vtrain.kineto.FUSED_ATTENTION`, not :data:`~vtrain.kineto.UNFUSED_ATTENTION`) where the run computes
-    its scores, or none where it fuses them (a timeline with no operators says nothing); ``None`` when they agree. Either way its attention would be
-    predicted with operators that did not run. Only operators count (``aten::...``, ``flash_attn::...``): a user's
-    span or a module named for flash attention (``record_function("flash_attention_block")``) runs no kernel."""
+    its scores, or none where it fuses them (a timeline with no operators says nothing); ``None`` when they agree.
+    Either way its attention would be predicted with operators that did not run. Only operators count (``aten::...``,
+    ``flash_attn::...``): a user's span or a module named for flash attention
+    (``record_function("flash_attention_block")``) runs no kernel."""
     names = {name for name, _, _ in timeline if name and "::" in name}
     fused = sorted(name for name in names if FUSED_ATTENTION.search(name) and not UNFUSED_ATTENTION.search(name))
     if fused and run.attention == "eager":
