@@ -20,10 +20,10 @@ The pipeline stages are Megatron's process group of that name where the traces l
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
 embedding and the loss; the data parallelism is what the world size leaves. The schedule is interleaved with v
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
-backward, else 1F1B. Without tensor parallelism every all-reduce is data-parallel: the gradients' are overlapped
-with the backward pass where one is issued before the embedding's backward (the last computed) begins, and their
-buckets are the median all-reduce's MiB. What the shapes do not show is said: the gradient all-reduce is taken as
-not overlapped with tensor parallelism, the output layer as tied, positions as learned unless a rotary operator
+backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation) are
+overlapped with the backward pass where one is issued before the embedding's backward (the last computed) begins,
+and their buckets are the median's MiB. What the shapes do not show is said: the gradient all-reduce is taken as
+not overlapped where no all-reduce's dims were recorded, the output layer as tied, positions as learned unless a rotary operator
 runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's reference
 model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not divide,
 FSDP's sharded data parallelism) give no run, with the reason.
@@ -95,8 +95,8 @@ class InferredRun:
         if self.config is None:
             return ""
         run, layout = self.config, self.config.parallelism
-        reduced = (f", gradient all-reduce {'overlapped with the backward pass' if layout.dp_overlap else 'after it'}"
-                   f" in buckets of {layout.dp_bucket_mb:g} MiB" if layout.dp > 1 else "")
+        when = "overlapped with the backward pass" if layout.dp_overlap else "after the backward pass"
+        reduced = f", gradient all-reduce {when} in buckets of {layout.dp_bucket_mb:g} MiB" if layout.dp > 1 else ""
         return (f"{run.model.describe()}; t{layout.tp} d{layout.dp} p{layout.pp}, micro-batch {layout.micro_batch}, "
                 f"global batch {layout.global_batch}, recompute {layout.recompute}{reduced}"
                 f"{', sequence parallel' if layout.sequence_parallel else ''}, {run.precision}, {run.framework}'s "
@@ -140,7 +140,7 @@ class _Rank:
     names: frozenset[str]
     embedding_order: list[str]  # the embedding's forward and backward calls, in the order they ran
     sends: int  # point-to-point sends (c10d's, else a backend's: nccl:send, gloo:send)
-    all_reduces: list[tuple[float, int | None, int]]  # (issued at, elements, bytes each) a backend's, else c10d's
+    all_reduces: list[tuple[float, list[Any] | None, int]]  # (issued at, dims, bytes each) a backend's, else c10d's
     last_embedding_backward: float | None  # when the iteration's last embedding backward began
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
@@ -183,7 +183,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
-    overlap, bucket = _gradient_reduction(rank) if tp == 1 and dp > 1 else (None, None)
+    overlap, bucket = _gradient_reduction(rank, tp) if dp > 1 else (None, None)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               schedule=schedule, virtual_stages=virtual, dp_overlap=bool(overlap),
                               dp_bucket_mb=bucket or ParallelConfig.dp_bucket_mb,
@@ -199,7 +199,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
     assumed = ", ".join(([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
-                        + ([f"buckets of {ParallelConfig.dp_bucket_mb:g} MB"] if overlap and not bucket else [])
+                        + ([f"buckets of {ParallelConfig.dp_bucket_mb:g} MiB"] if dp > 1 and not bucket else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -249,8 +249,8 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
     return ranks
 
 
-def _all_reduces(one: pl.DataFrame) -> list[tuple[float, int | None, int]]:
-    """A rank's all-reduces in the order issued: (when, the tensor's elements if recorded, bytes an element): its
+def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]:
+    """A rank's all-reduces in the order issued: (when, the tensor's dims if recorded, bytes an element): its
     backend's events (``gloo:all_reduce [[n]] float``), else c10d's (``c10d::allreduce_ [[[n]], ...]``, type not
     said: 4 bytes)."""
     backend = one.filter(pl.col("name").str.contains(_BACKEND_ALL_REDUCE))
@@ -258,17 +258,17 @@ def _all_reduces(one: pl.DataFrame) -> list[tuple[float, int | None, int]]:
     reduces = []
     for dims, types, ts in calls.select("input_dims", "input_types", "ts").iter_rows():
         kinds = _parsed(types)
-        reduces.append((float(ts), _flat_elements(_parsed(dims)), _BYTES.get(kinds[0], 4) if kinds else 4))
+        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kinds[0], 4) if kinds else 4))
     return reduces
 
 
-def _flat_elements(dims: list[Any]) -> int | None:
-    """The elements of an all-reduce's one flat tensor: ``[[n]]`` (a backend's) or ``[[[n]], ...]`` (c10d's list
-    of tensors); ``None`` where its dims are not recorded or hold several tensors."""
+def _tensor_dims(dims: list[Any]) -> list[Any] | None:
+    """The dims of an all-reduce's one tensor: ``[[n]]`` (a backend's) or ``[[[n]], ...]`` (c10d's list of
+    tensors); ``None`` where they are not recorded."""
     first = dims[0] if dims else None
     if isinstance(first, list) and len(first) == 1 and isinstance(first[0], list):
         first = first[0]
-    return int(first[0]) if _shape(first, 1) else None
+    return first if isinstance(first, list) and first else None
 
 
 def _parsed(text: str | None) -> list[Any]:
@@ -389,21 +389,26 @@ def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
 _SCALARS = 1024
 
 
-def _gradient_reduction(rank: _Rank) -> tuple[bool | None, float | None]:
-    """(whether the gradients are all-reduced during the backward pass, the buckets' MiB) from a rank without
-    tensor parallelism, whose all-reduces are all data-parallel: overlapped where one is issued before the last
-    embedding backward (the embedding's gradient is the last computed), each complete bucket then one issued
-    before it (the median: DDP's first is smaller), else the one after it that holds everything (the median but
-    the last). ``None`` for what the rank does not show."""
+def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None]:
+    """(whether the gradients are all-reduced during the backward pass, the buckets' MiB): overlapped where a
+    gradient bucket is all-reduced before the last embedding backward begins (the embedding's gradient is the last
+    computed), each complete bucket then one issued before it (the median: DDP's first is smaller), else one after
+    it (the median but the last; one bucket alone says its limit is at least its size). A bucket is a flat tensor
+    (DDP's, Megatron's gradient buffer), a tensor-parallel all-reduce an activation's ``[s, b, h]``; without
+    tensor parallelism an all-reduce whose dims are not recorded is a bucket too. ``None`` for what the rank does
+    not show."""
     begun = rank.last_embedding_backward
-    buckets = [(ts, None if elements is None else elements * size / 2**20) for ts, elements, size in rank.all_reduces
-               if elements is None or elements >= _SCALARS]
+    buckets = [(ts, None if dims is None else dims[0] * size / 2**20) for ts, dims, size in rank.all_reduces
+               if (dims is None and tp == 1) or (_shape(dims, 1) and dims[0] >= _SCALARS)]
     if begun is None or not buckets:
         return None, None
     before = [mib for ts, mib in buckets if ts < begun]
-    complete = before if before else [mib for ts, mib in buckets[:-1] if ts >= begun] or [buckets[-1][1]]
-    sizes = sorted(mib for mib in complete if mib is not None)
-    return bool(before), round(sizes[len(sizes) // 2], 3) if sizes else None
+    after = [mib for ts, mib in buckets if ts >= begun]
+    sizes = sorted(mib for mib in (before or after[:-1]) if mib is not None)
+    if sizes:
+        return bool(before), round(sizes[len(sizes) // 2], 3)
+    alone = after[-1] if after else None  # one bucket held every gradient: its limit is at least their size
+    return bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None
 
 
 def _biased(rank: _Rank) -> bool:
