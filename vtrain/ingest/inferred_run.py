@@ -22,11 +22,11 @@ embedding and the loss; the data parallelism is what the world size leaves. The 
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
 backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation) are
 overlapped with the backward pass where one is issued before the embedding's backward (the last computed) begins,
-and their buckets are the median's MiB. What the shapes do not show is said: the gradient all-reduce is taken as
-not overlapped where no all-reduce's dims were recorded, the output layer as tied, positions as learned unless a rotary operator
-runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's reference
-model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not divide,
-FSDP's sharded data parallelism) give no run, with the reason.
+and their buckets are the median's MiB. What the shapes do not show is said: the gradient all-reduce is taken as not
+overlapped where no all-reduce's dims were recorded, the output layer as tied, positions as learned unless a rotary
+operator runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's
+reference model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not
+divide, FSDP's sharded data parallelism) give no run, with the reason.
 """
 
 from __future__ import annotations
