@@ -219,16 +219,20 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
     """The script's trace holds fewer than half the operators Megatron's layer places (its SwiGLU's two GEMMs are
     one there, its Adam a loop of ``aten::`` ops): the time between those found, the script's own operators in it,
     is the iteration's host time once, spread over the model's operators. Counted per operator found it made
-    11.2 ms of an iteration of 7.1 (+105 %)."""
+    11.2 ms of an iteration of 7.6 (+91 % from the profiled iteration itself, +105 % from the tested one). Scored
+    on the profiled iteration: the tested one's own time moves with the machine's load."""
     _record_llama_like(tmp_path / "llama")
-    ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "--json", "-o", tmp_path / "report")
+    ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 0, ran.stderr
-    assert abs(json.loads(ran.stdout)["model"]["error_pct"]) < 30
+    model = json.loads((tmp_path / "report" / "metrics.json").read_text())["model"]
+    assert model["simulated_terms"]["gap_ms"] < model["profile_iterations_measured_ms"]
+    assert abs(model["in_sample_error_pct"]) < 30
 
 
-def _ddp_rank(rank: int, world: int, store: str, target: str) -> None:
-    """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB) with
-    ``nn.TransformerEncoderLayer`` (GELU, pre-norm, causal: its attention PyTorch's SDPA on the math path)."""
+def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False) -> None:
+    """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``sharded``,
+    FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
+    causal: its attention PyTorch's SDPA on the math path)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -255,7 +259,15 @@ def _ddp_rank(rank: int, world: int, store: str, target: str) -> None:
                 x = layer(x, src_mask=mask, is_causal=True)
             return self.out(self.norm(x))
 
-    model = nn.parallel.DistributedDataParallel(GPT(), bucket_cap_mb=0.25)
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        model = GPT()
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(GPT(), bucket_cap_mb=0.25)
     optimizer = torch.optim.AdamW(model.parameters())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
@@ -274,18 +286,39 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
     """Two ranks of a user's DDP script, recorded here: its gradients all-reduced during the backward pass, in
     buckets of about the 0.25 MiB it asked for (a bucket closes past it); its attention is SDPA's math path,
     which computes the scores: eager, with no word of a fused attention that did not run."""
-    import torch.multiprocessing as mp
-
-    target = tmp_path / "ddp"
-    target.mkdir()
-    mp.start_processes(_ddp_rank, args=(2, str(tmp_path / "store"), str(target)), nprocs=2, join=True,
-                       start_method="spawn")
+    target = _record_data_parallel(tmp_path / "ddp", sharded=False)
     run = _inferred(target, tmp_path).config
     assert (run.parallelism.dp, run.parallelism.dp_overlap, run.attention) == (2, True, "eager")
     assert 0.25 <= run.parallelism.dp_bucket_mb < 0.5
     ran = vtrain_in_process("validate", target, "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 0, ran.stderr
     assert "overlapped with the backward pass" in ran.stderr and "fused attention" not in ran.stderr
+
+
+def _record_data_parallel(target: Path, sharded: bool) -> Path:
+    import torch.multiprocessing as mp
+
+    target.mkdir()
+    mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
+                                                  sharded), nprocs=2, join=True, start_method="spawn")
+    return target
+
+
+def test_parameters_gathered_in_the_backward_pass_are_a_sharded_run(tmp_path: Path) -> None:
+    """FSDP2 recorded here, its ``FSDP::`` spans and ``fsdp::`` operators taken out (DeepSpeed's ZeRO-3 records
+    none): its flat all-gathers during the backward pass say the parameters are sharded. It was read as a
+    replicated run whose gradients are all-reduced."""
+    recorded = _record_data_parallel(tmp_path / "fsdp", sharded=True)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for trace in recorded.glob("rank-*.json"):
+        events = json.loads(trace.read_text())
+        events["traceEvents"] = [event for event in events["traceEvents"]
+                                 if not str(event.get("name", "")).lower().startswith("fsdp::")]
+        (bare / trace.name).write_text(json.dumps(events))
+    inferred = _inferred(bare, tmp_path)
+    assert inferred.config is None and inferred.reason.startswith(
+        "a sharded data-parallel run (parameters all-gathered in the backward pass)")
 
 
 def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:

@@ -66,6 +66,10 @@ _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 #: a gradient all-reduce: a backend's event (its tensor's elements and type), else c10d's (its flat bucket's elements)
 _BACKEND_ALL_REDUCE, _ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce$", "c10d::allreduce_"
 _BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+#: an all-gather (c10d's or a backend's), and the operators of the backward pass (autograd's engine runs them)
+_ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
+               r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
+_BACKWARD = "autograd::engine::evaluate_function"
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
@@ -142,6 +146,7 @@ class _Rank:
     sends: int  # point-to-point sends (c10d's, else a backend's: nccl:send, gloo:send)
     all_reduces: list[tuple[float, list[Any] | None, int]]  # (issued at, dims, bytes each) a backend's, else c10d's
     last_embedding_backward: float | None  # when the iteration's last embedding backward began
+    gathers_in_backward: bool  # whether flat tensors (parameters) are all-gathered during the backward pass
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
         return self.ops.get(name, [])
@@ -156,9 +161,11 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     if not first:
         raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
                         "language model's training, or recorded without record_shapes")
-    sharded = next((name for one in ranks for name in one.names if _SHARDED.search(name)), None)
+    sharded = next((name for one in ranks for name in one.names if _SHARDED.search(name)), None) or next(
+        ("parameters all-gathered in the backward pass" for one in ranks if one.gathers_in_backward), None)
     if sharded:
-        raise _NotShown(f"a sharded data-parallel run ({sharded}): vtrain does not simulate FSDP's gathers")
+        raise _NotShown(f"a sharded data-parallel run ({sharded}): vtrain does not simulate FSDP's or ZeRO-3's "
+                        f"gathers")
     rank = first[0]
     table, hidden, tokens = _word_embedding(rank)
     micro_batches = len([dims for dims, _ in rank.calls(_EMBEDDING) if _shape(dims[0] if dims else None, 2)
@@ -208,7 +215,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED))
-                       + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$")
+                       + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
+                       + rf"|^{_BACKWARD}")
 
 
 def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
@@ -243,9 +251,10 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
         order = read.filter(pl.col("name").is_in([_EMBEDDING, _EMBEDDING_BACKWARD]))["name"].to_list()
         names = one["name"]
         sends = int((names == "c10d::send").sum()) or int(names.str.contains(_BACKEND_SEND).sum())
-        backward = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"].max()
+        last = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"].max()
         ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends,
-                           _all_reduces(one), float(backward) if backward is not None else None))
+                           _all_reduces(one), float(last) if last is not None else None,
+                           _gathers_in_backward(one, last)))
     return ranks
 
 
@@ -260,6 +269,18 @@ def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]
         kinds = _parsed(types)
         reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kinds[0], 4) if kinds else 4))
     return reduces
+
+
+def _gathers_in_backward(one: pl.DataFrame, last_embedding_backward: Any) -> bool:
+    """Whether a flat tensor is all-gathered between the first backward operator and the last embedding backward:
+    parameters gathered again for the backward pass, as FSDP and ZeRO-3 shard them (a sequence-parallel gather is
+    an activation's; a distributed optimizer gathers its parameters after the step or in the next forward)."""
+    begun = one.filter(pl.col("name").str.starts_with(_BACKWARD))["ts"].min()
+    if begun is None or last_embedding_backward is None:
+        return False
+    gathers = one.filter(pl.col("name").str.contains(_ALL_GATHER) & (pl.col("ts") >= begun)
+                         & (pl.col("ts") < last_embedding_backward))
+    return any(_shape(_tensor_dims(_parsed(dims)), 1) for dims in gathers["input_dims"].to_list())
 
 
 def _tensor_dims(dims: list[Any]) -> list[Any] | None:
