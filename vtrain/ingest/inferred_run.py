@@ -6,7 +6,8 @@ A GPT-style training step leaves its shape in the ``Input Dims`` of a few operat
   table ``[vocabulary's share of one tensor-parallel rank, hidden]``, and its calls per iteration the micro-batches;
 - the attention: the scores ``[b, a, s, s]`` (or ``[b x a, s, s]``) and their product with the values ``[b x a, s,
   d]``, or a fused attention's query and key ``[b, a, s, d]`` (``[b, s, a, d]`` for
-  ``aten::_flash_attention_forward``): the heads a rank holds and their width (hidden / (heads x width) is the
+  ``aten::_flash_attention_forward`` and the flash-attn package's ``flash_attn::_flash_attn_forward``, ``[tokens,
+  a, d]`` for its packed sequences): the heads a rank holds and their width (hidden / (heads x width) is the
   tensor parallelism), a key with fewer heads grouped-query attention (or keys repeated to as many heads before
   it: Hugging Face's ``repeat_kv``, Megatron's ``repeat_interleave``); its backward runs once a layer and
   micro-batch (the layers), its forward more often where layers are recomputed;
@@ -45,13 +46,19 @@ _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_back
 #: forward operators of the norms (RMSNorm written out of elementwise operators, as Hugging Face's LLaMA does, has
 #: none: a model without a layer norm is taken to use RMSNorm)
 _LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
-#: fused attention operators whose query and key are [b, a, s, d]; aten::_flash_attention_forward's [b, s, a, d]
+#: fused attention operators whose query and key are [b, a, s, d]
 _FUSED_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
                     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
-_FLASH_FORWARD = "aten::_flash_attention_forward"
+#: fused attention operators whose query and key are [b, s, a, d] (PyTorch's own flash kernel; the flash-attn
+#: package's, as Hugging Face's ``flash_attention_2`` runs it), or [tokens, a, d] (the package's packed sequences)
+_SEQUENCE_FIRST = ("aten::_flash_attention_forward", "flash_attn::_flash_attn_forward")
+_PACKED = ("flash_attn::_flash_attn_varlen_forward",)
+#: every fused attention's forward -> the axis of its query's and key's heads
+_HEAD_AXIS = {**dict.fromkeys(_FUSED_ATTENTION, 1), **dict.fromkeys(_SEQUENCE_FIRST, 2), **dict.fromkeys(_PACKED, 1)}
 #: each attention's backward, once a layer and micro-batch whatever is recomputed
 _ATTENTION_BACKWARD = ("aten::_softmax_backward_data", *(f"{name}_backward" for name in _FUSED_ATTENTION),
-                       "aten::_flash_attention_backward")
+                       "aten::_flash_attention_backward", "flash_attn::_flash_attn_backward",
+                       "flash_attn::_flash_attn_varlen_backward")
 _SCORES = ("aten::_softmax",)
 _PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::matmul")
 #: operator names only Megatron's layers run (its tensor-parallel linear layers, fused softmax and norms)
@@ -77,7 +84,7 @@ _LINEAR = "aten::linear"
 #: Hugging Face's ``repeat_kv`` expands ``[b, kv, 1, s, d]``, Megatron's ``repeat_interleave`` takes ``[s, b, kv, d]``
 _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_FUSED_ATTENTION, _FLASH_FORWARD,
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -324,12 +331,12 @@ def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
 
 def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
     """(heads, width, key/value heads) as the attention operator takes them."""
-    for name in (*_FUSED_ATTENTION, _FLASH_FORWARD):
+    for name, at in _HEAD_AXIS.items():
         for dims, _ in rank.calls(name):
             query, key = (dims[0], dims[1]) if len(dims) > 1 else (None, None)
-            if _shape(query, 4) and _shape(key, 4):
-                at = 2 if name == _FLASH_FORWARD else 1
-                return int(query[at]), int(query[3]), int(key[at])
+            rank_of = 3 if name in _PACKED else 4
+            if _shape(query, rank_of) and _shape(key, rank_of):
+                return int(query[at]), int(query[-1]), int(key[at])
     heads = next((int(dims[0][1]) if len(dims[0]) == 4 else int(dims[0][0]) // batch
                   for name in _SCORES for dims, _ in rank.calls(name)
                   if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq), None)
@@ -354,7 +361,7 @@ def _repeated_key_values(rank: _Rank, batch: int, seq: int, heads: int, width: i
 
 
 def _fused(rank: _Rank) -> bool:
-    return any(rank.count(name) for name in (*_FUSED_ATTENTION, _FLASH_FORWARD))
+    return any(rank.count(name) for name in _HEAD_AXIS)
 
 
 def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[dict[str, Any]]) -> int:
@@ -443,7 +450,7 @@ def _recompute(rank: _Rank, norm: str, micro_batches: int) -> str:
     """Full when the layers run forward again in the backward pass (their norms and attention run more often than
     the attention's backward), selective when only the attention does."""
     backward = sum(rank.count(name) for name in _ATTENTION_BACKWARD)
-    forward = sum(rank.count(name) for name in (*_SCORES, *_FUSED_ATTENTION, _FLASH_FORWARD))
+    forward = sum(rank.count(name) for name in (*_SCORES, *_HEAD_AXIS))
     if forward <= backward:
         return "none"
     norms = rank.count(norm)
@@ -452,7 +459,7 @@ def _recompute(rank: _Rank, norm: str, micro_batches: int) -> str:
 
 def _precision(rank: _Rank) -> str:
     """The precision of the attention's GEMMs (a norm may run in fp32 under autocast)."""
-    for name in (*_FUSED_ATTENTION, _FLASH_FORWARD, *_PRODUCTS):
+    for name in (*_HEAD_AXIS, *_PRODUCTS):
         for _, types in rank.calls(name):
             if types and types[0] in _PRECISIONS:
                 return _PRECISIONS[types[0]]
