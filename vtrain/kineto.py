@@ -346,11 +346,13 @@ _AMD_COMPUTE_UNITS = {104: "MI250", 110: "MI250X", 304: "MI300X"}
 
 
 def traced_gpu_name(properties: dict[str, Any]) -> str | None:
-    """The GPU a trace's ``deviceProperties`` entry names: its ``name``, except where a ROCm driver wrote the
-    generic ``AMD Radeon Graphics`` (HTA's MI250 trace): then the Instinct part its compute units (``numSms``) and
-    memory make, and the generic name where they make none."""
+    """The GPU a trace's ``deviceProperties`` entry names: its ``name`` on one line (a line break or terminal escape
+    in it would print as a line of its own), except where a ROCm driver wrote the generic ``AMD Radeon Graphics``
+    (HTA's MI250 trace): then the Instinct part its compute units (``numSms``) and memory make, and the generic
+    name where they make none."""
     name = properties.get("name")
-    if not isinstance(name, str) or not name:
+    name = " ".join("".join(c if c.isprintable() else " " for c in name).split()) if isinstance(name, str) else None
+    if not name:
         return None
     if name.lower().replace(" ", "") != "amdradeongraphics":
         return name

@@ -45,6 +45,9 @@ REAL_BOUNDS: dict[str, tuple[float, float]] = {
     "inter_node_gbps": (1e-3, 1e6),       # Gbit/s per node; 8 x 400 Gbit/s NICs is 3200; 1e-300 overflowed the schedule
 }
 
+#: ranks a traced job may have (a trace's rank, its file name's, its world size): as many as a run's GPUs
+MAX_RANKS = INTEGER_BOUNDS["device_count"][1]
+
 #: micro-batches per replica and iteration (global_batch / (dp * micro_batch))
 MAX_MICRO_BATCHES = 4096
 

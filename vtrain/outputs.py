@@ -65,6 +65,13 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
     return target
 
 
+def write_text(path: Path, text: str) -> None:
+    """A report's text as UTF-8. A path the system gave with bytes that are no UTF-8 (a Latin-1 folder name from an
+    old host or an archive) holds them as lone surrogates, which UTF-8 cannot write: they are written as ``\\udcff``
+    escapes, as the error lines show them, rather than failing the report once its work is done."""
+    path.write_text(text, encoding="utf-8", errors="backslashreplace")
+
+
 def mark(folder: Path, kind: str, entries: list[str] | None = None) -> None:
     """Label ``folder`` (a staging folder) as vtrain's output of ``kind``, holding ``entries`` (None: not known
     yet; :func:`publish` lists them)."""

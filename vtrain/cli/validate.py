@@ -18,7 +18,7 @@ from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
-from vtrain.outputs import REPORT, check_output
+from vtrain.outputs import REPORT, check_output, write_text
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
@@ -156,7 +156,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
             result = finish_validation(prepared, folder, with_hta=with_hta)
             write_report_files(result, folder)
             results.append(SetResult(entry=entry, summary=result.summary()))
-        (staging / SUITE_REPORT).write_text(render_suite_markdown(loaded, results))
+        write_text(staging / SUITE_REPORT, render_suite_markdown(loaded, results))
         write_json(staging / SUITE_METRICS, {"suite": loaded.name, "sets": [r.to_dict() for r in results],
                                              "passed": all(r.passed for r in results)})
     passed = all(r.passed for r in results) and all(

@@ -34,6 +34,8 @@ READ_CHUNK = 16 << 20
 #: an integer field of an event: ids, streams and counts are 64-bit in every writer (and in vtrain's tables); a
 #: larger one is a malformed event, not a table that cannot be built
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+#: a device's number, which vtrain's tables hold in 32 bits (no machine has more devices)
+Int32 = Annotated[int, msgspec.Meta(ge=-(1 << 31), le=(1 << 31) - 1)]
 
 
 class EventArgs(msgspec.Struct, gc=False):
@@ -49,7 +51,7 @@ class EventArgs(msgspec.Struct, gc=False):
     external_id_legacy: Int64 | None = msgspec.field(default=None, name=EXTERNAL_ID_KEYS[1])  # PyTorch 1.8-1.9
     correlation: Int64 | None = None
     stream: Int64 | str | None = None
-    device: Int64 | None = None
+    device: Int32 | None = None
     wait_on_stream: Int64 | None = None  # cudaStreamWaitEvent (read by the replay)
     wait_on_event_record: Int64 | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name=INPUT_DIMS_KEYS[0])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vtrain.errors import InputError
+from vtrain.limits import MAX_RANKS, shown_count
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"(?<![a-z])(?<!local[-_])rank[-_]?(\d+)", re.IGNORECASE)  # not local_rank, frank
@@ -316,6 +317,10 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
     if info.get("world_size") is not None and not (world is not None and world > 0):
         raise InputError(f"distributedInfo.world_size is {info.get('world_size')!r}: a world size is an integer >= 1",
                          path)
+    for what, value in (("rank", rank), ("world size", world)):
+        if value is not None and value > MAX_RANKS:
+            raise InputError(f"{what} {shown_count(value)} is beyond the {MAX_RANKS:,} ranks vtrain takes a job to "
+                             f"have", path)
     if world is not None and rank >= world:
         raise InputError(f"rank {rank} is outside the world size {world}", path)
     warning = (f"{path}: the file name says rank {named} but its distributedInfo.rank is {rank}: read as rank "

@@ -37,7 +37,7 @@ _NO_ARGS = EventArgs()
 #: collective metadata that Kineto puts on NCCL kernels and on ``record_param_comms`` ops
 COLLECTIVE_ARG_SCHEMA = {
     "arg_collective": pl.String, "arg_in_nelems": pl.Int64, "arg_out_nelems": pl.Int64,
-    "arg_group_size": pl.Int32, "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
+    "arg_group_size": pl.Int64, "arg_dtype": pl.String, "arg_pg_name": pl.String, "arg_pg_ranks": pl.String,
 }
 DEVICE_SCHEMA = {
     "device": pl.Int32, "stream": pl.Int64, "name": pl.String, "kind": pl.String,

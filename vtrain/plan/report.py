@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from vtrain.distributed import quiet_input_warnings
+from vtrain.outputs import write_text
 from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
     DEFAULT_TOKENS,
@@ -126,8 +127,8 @@ def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) 
         table.plans.write_csv(staging / "plans.csv")
         table.frontier().write_csv(staging / "frontier.csv")
         write_json(staging / "summary.json", summary(table))
-        (staging / "report.md").write_text(render_markdown(table, details))
-        (staging / "report.html").write_text(render_html(table, details))
+        write_text(staging / "report.md", render_markdown(table, details))
+        write_text(staging / "report.html", render_html(table, details))
         write_frontier_svg(table, staging / "frontier.svg")
 
 

@@ -14,6 +14,7 @@ from rich.table import Table as RichTable
 
 from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
 from vtrain.calibrate.result import Calibration
+from vtrain.outputs import write_text
 from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct
 from vtrain.report.write import write_json
@@ -190,8 +191,8 @@ def ratio_figure(calibration: Calibration) -> go.Figure | None:
 
 def write_drift_report(calibration: Calibration, folder: Path) -> None:
     """``report.md``, ``report.html``, ``drift.json`` and ``tables/{op,collective,kernel}.parquet``."""
-    (folder / "report.md").write_text(render_markdown(calibration))
-    (folder / "report.html").write_text(render_html(calibration))
+    write_text(folder / "report.md", render_markdown(calibration))
+    write_text(folder / "report.html", render_html(calibration))
     write_json(folder / "drift.json", calibration.to_dict())
     tables = folder / "tables"
     tables.mkdir()

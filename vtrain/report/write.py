@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from vtrain.outputs import REPORT, staged
+from vtrain.outputs import REPORT, staged, write_text
 from vtrain.report.validation import render_html, render_markdown
 from vtrain.validate.traces import Validation
 
@@ -24,8 +24,8 @@ def staged_folder(target: Path) -> AbstractContextManager[Path]:
 def write_report_files(v: Validation, folder: Path) -> None:
     """``report.md``, ``report.html``, ``metrics.json`` and, under ``tables/``, every aligned operator and span
     and every iteration as Parquet."""
-    (folder / "report.md").write_text(render_markdown(v))
-    (folder / "report.html").write_text(render_html(v))
+    write_text(folder / "report.md", render_markdown(v))
+    write_text(folder / "report.html", render_html(v))
     write_json(folder / "metrics.json", v.to_dict())
     tables = folder / "tables"
     tables.mkdir(exist_ok=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vtrain.outputs import write_text
 from vtrain.report.document import Bullets, Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
 from vtrain.studies.cluster import Job, JobResult, Schedule, Speeds
@@ -36,8 +37,8 @@ def study_summary(study: ClusterStudy) -> dict[str, Any]:
 def write_cluster_files(study: ClusterStudy, folder: Path) -> None:
     """Every file of the study into ``folder`` (a staging folder)."""
     document = cluster_document(study)
-    (folder / "report.md").write_text(render_markdown(document))
-    (folder / "report.html").write_text(render_html(document))
+    write_text(folder / "report.md", render_markdown(document))
+    write_text(folder / "report.html", render_html(document))
     write_json(folder / "schedule.json", study_summary(study))
     with (folder / "jobs.csv").open("w", newline="") as out:
         writer = csv.writer(out)

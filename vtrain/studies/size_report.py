@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vtrain.outputs import write_text
 from vtrain.report.document import Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
 from vtrain.studies.sizing import CHINCHILLA_SOURCE, Budget, Sized, best, chinchilla_loss, chinchilla_optimum
@@ -47,8 +48,8 @@ def size_summary(study: SizeStudy) -> dict[str, Any]:
 def write_size_files(study: SizeStudy, folder: Path) -> None:
     """Every file of the study into ``folder`` (a staging folder)."""
     document = size_document(study)
-    (folder / "report.md").write_text(render_markdown(document))
-    (folder / "report.html").write_text(render_html(document))
+    write_text(folder / "report.md", render_markdown(document))
+    write_text(folder / "report.html", render_html(document))
     write_json(folder / "size.json", size_summary(study))
     with (folder / "candidates.csv").open("w", newline="") as out:
         writer = csv.writer(out)

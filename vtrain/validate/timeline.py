@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from vtrain.errors import InputError
 from vtrain.kineto import ATTENTION_OPS, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import work_op_mask
@@ -127,6 +128,19 @@ def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
                     cpu["name"].to_list())
     work = cpu.select("rank", "event", work_op=pl.Series(mask, dtype=pl.Boolean))
     return frame.join(work, on=["rank", "event"], how="left").with_columns(pl.col("work_op").fill_null(False))
+
+
+def measured_iterations(frame: pl.DataFrame, trace_dir: object) -> list[int]:
+    """The iterations the measured timeline holds events of, in order; none is one line naming the folder: its
+    ``ProfilerStep#N`` spans hold no event (a writer that gave them no length), or it has no usable event."""
+    found = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
+    if found:
+        return found
+    steps = step_spans(frame)
+    if steps.height:
+        raise InputError(f"its {steps.height} ProfilerStep#N spans hold none of its events (the longest lasts "
+                         f"{steps['dur'].max():g} us): no iteration to measure", trace_dir)
+    raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
 
 
 def whole_trace_note(trace_dir: object) -> str:

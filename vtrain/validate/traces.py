@@ -46,6 +46,7 @@ from vtrain.validate.timeline import (
     Side,
     annotate,
     iterations,
+    measured_iterations,
     ops,
 )
 
@@ -171,9 +172,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         note(line)
     frame = replayed.events
     measured = iterations(frame, MEASURED)
-    all_iterations = sorted(measured["iteration"].unique().to_list())
-    if not all_iterations:
-        raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
+    all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
         note(line)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from vtrain.outputs import write_text
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct, share
@@ -24,8 +25,8 @@ def write_whatif_report(w: WhatIf, folder: Path) -> None:
     predicted.mkdir()
     write_replayed_traces(w.replay, predicted)
     write_json(folder / "whatif.json", w.to_dict())
-    (folder / "report.md").write_text(render_markdown(w))
-    (folder / "report.html").write_text(render_html(w))
+    write_text(folder / "report.md", render_markdown(w))
+    write_text(folder / "report.html", render_html(w))
 
 
 def headline(w: WhatIf) -> Table:

@@ -34,6 +34,7 @@ from vtrain.validate.timeline import (
     Side,
     annotate,
     iterations,
+    measured_iterations,
 )
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
@@ -137,7 +138,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = annotate(timeline(graph, graph.measured))
-    all_iterations = sorted(iterations(frame, MEASURED)["iteration"].unique().to_list())
+    all_iterations = measured_iterations(frame, trace_dir)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     for line in chosen.notes:
         warn(line)
