@@ -4,7 +4,8 @@ exit 2, or a warning and a result, never a traceback or a report half-made.
 - A folder named with bytes that are no UTF-8 (a Latin-1 name from an old host or an archive) failed `validate` and
   `whatif` once their work was done, writing the report.
 - ProfilerStep#N spans of no length (their iterations hold no event) ended `whatif` in a traceback after its report
-  was written, and `validate` said the traces had no events the replay can use (they hold 1,140 kernels).
+  was written, `validate` said the traces had no events the replay can use (they hold 1,140 kernels), and `ingest`
+  said nothing.
 - A rank beyond 32 bits in a file name, a device number beyond 32 bits, a collective's group size beyond 32 bits:
   tracebacks from the tables' 32-bit columns; a world size of 10^8 ran for minutes, 2^31 until the kernel killed it.
 - A device name holding a line break printed a line of its own in ingest's summary.
@@ -62,6 +63,17 @@ def test_steps_of_no_length_are_one_line_and_no_report(command: list[str], tmp_p
     ran = vtrain_in_process(command[0], folder, *command[1:], "-o", tmp_path / "report")
     _one_line_refusal(ran, "3 ProfilerStep#N spans hold none of its events")
     assert not (tmp_path / "report").exists()
+
+
+def test_steps_of_no_length_are_said_by_ingest(tmp_path: Path) -> None:
+    """It said "3 iterations" and nothing else."""
+    trace = _trace(H100 / "rank-0.json.gz")
+    for event in trace["traceEvents"]:
+        if str(event.get("name", "")).startswith("ProfilerStep#"):
+            event["dur"] = 0
+    ran = vtrain_in_process("ingest", _write(tmp_path / "steps", trace), "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    assert "its 3 ProfilerStep#N spans hold none of its events" in ran.stderr
 
 
 @pytest.mark.parametrize("command", [["ingest"], ["validate", "--no-hta"], ["whatif", "--scale", "gemm=0.5"]])

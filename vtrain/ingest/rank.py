@@ -28,7 +28,7 @@ from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
 from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning, unanswered_launches_warning
-from vtrain.naming import COMM_SPAN_PREFIX, iteration_numbers
+from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX, iteration_numbers
 from vtrain.tables.latency import gpu_op_calls
 
 Progress = Callable[[int], None]
@@ -189,6 +189,8 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
+    if line := _empty_steps(path, tables):
+        warnings.append(line)
     if tables.shared_correlations:
         warnings.append(f"{path}: {tables.shared_correlations} runtime calls share their correlation id with an "
                         f"earlier call (each call has its own in a Kineto trace: two traces merged, or rewritten?): "
@@ -200,6 +202,19 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(f"{path}: {' and '.join(unidentified)} (no args.device/stream, and a pid/tid that holds no "
                         f"single number): left null; such a host event nests in no op and launches no kernel")
     _report_collectives(path, tables, warnings)
+
+
+def _empty_steps(path: Path, tables: RankTables) -> str | None:
+    """The warning for a rank whose ``ProfilerStep#N`` spans hold none of its other events (spans written without
+    their length): it has no iteration to measure, which `validate` and `whatif` refuse."""
+    name = pl.col("name").cast(pl.String)
+    step = name.str.starts_with(ITERATION_PREFIX)
+    steps = tables.cpu_ops.filter(step)
+    if not steps.height or tables.cpu_ops.filter(~step & pl.col("iteration").is_not_null()).height \
+            or tables.kernels["iteration"].is_not_null().any():
+        return None
+    return (f"{path}: its {steps.height} ProfilerStep#N spans hold none of its events (the longest lasts "
+            f"{steps['dur'].max():g} us): no iteration of it can be measured")
 
 
 def _report_collectives(path: Path, tables: RankTables, warnings: list[str]) -> None:
