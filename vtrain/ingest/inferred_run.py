@@ -273,8 +273,8 @@ def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]
     calls = (backend if backend.height else one.filter(pl.col("name") == _ALL_REDUCE)).sort("ts")
     reduces = []
     for dims, types, ts in calls.select("input_dims", "input_types", "ts").iter_rows():
-        kinds = _parsed(types)
-        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kinds[0], 4) if kinds else 4))
+        kind = next(iter(_parsed(types)), None)
+        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kind, 4) if isinstance(kind, str) else 4))
     return reduces
 
 
