@@ -133,13 +133,14 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
     assert "none read off the traces" in said[0] or "the one read off the traces is none" in said[0]
 
 
-def _record_llama_like(target: Path, attention: str = "sdpa-gqa") -> None:
+def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
     micro-batch 2, fp32 on the CPU. ``attention``: PyTorch's fused attention taking the 2 key/value heads
     (``sdpa-gqa``), or, as Hugging Face's LLaMA does, taking them repeated to 8 (``repeat_kv``: ``sdpa-repeated``),
-    or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``)."""
+    or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``). Not ``marked``: the
+    profiler taken around four steps without a schedule or ``step()``, as many scripts do (no ProfilerStep#N)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -187,6 +188,12 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa") -> None:
         optimizer.zero_grad()
 
     target.mkdir()
+    if not marked:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profiler:
+            for _ in range(4):
+                step()
+        profiler.export_chrome_trace(str(target / "trace.json"))
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
                                 on_trace_ready=lambda done: done.export_chrome_trace(str(target / "trace.json"))
@@ -344,6 +351,22 @@ def test_parameters_gathered_in_the_backward_pass_are_a_sharded_run(tmp_path: Pa
         "a sharded data-parallel run (parameters all-gathered in the backward pass)")
 
 
+def test_a_profile_taken_without_step_has_its_optimizer_steps_for_iterations(tmp_path: Path) -> None:
+    """The LLaMA-style script profiled around four steps without step(): no ProfilerStep#N span. Its iterations end
+    where its optimizer's steps end (``Optimizer.step#AdamW.step``), said in one line; the run is read off it and
+    the model validated. It was one iteration, the whole trace, and no run ("no iteration marks")."""
+    _record_llama_like(tmp_path / "llama", marked=False)
+    ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "iterations are taken to end where its optimizer's" in line]
+    assert len(said) == 1 and "its 4 iterations" in said[0]
+    metrics = json.loads((tmp_path / "report" / "metrics.json").read_text())
+    assert (metrics["iterations"], metrics["steady_iterations"]) == ([1, 2, 3, 4], [2, 3, 4])
+    model = metrics["model"]
+    assert model is not None and model["profile_iterations"] and model["test_iterations"]
+    assert abs(model["in_sample_error_pct"]) < 50
+
+
 def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:
     """FSDP's spans in the H100 recording (each iteration's forward under ``FullyShardedDataParallel.forward``, as
     torch's FSDP records it): the run is not read as a replicated one, whose gradients vtrain would all-reduce."""
@@ -360,11 +383,11 @@ def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:
 
 
 def test_traces_without_iteration_marks_say_so(tmp_path: Path) -> None:
-    """A profile taken without a schedule or step() (no ProfilerStep#N spans, as many scripts record): the
+    """No ProfilerStep#N spans and no optimizer step either (a training loop of one's own optimizer): the
     micro-batches of one iteration cannot be counted, and that is the reason given (it was "no word embedding")."""
     trace = json.loads(gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()))
     trace["traceEvents"] = [event for event in trace["traceEvents"]
-                            if not str(event.get("name", "")).startswith("ProfilerStep#")]
+                            if not str(event.get("name", "")).startswith(("ProfilerStep#", "Optimizer.step#"))]
     folder = tmp_path / "unmarked"
     folder.mkdir()
     (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))

@@ -79,15 +79,30 @@ def test_two_profiler_cycles_of_one_gpu_run_are_paired_in_order(tmp_path: Path) 
 
 
 def test_a_trace_without_profiler_steps_is_one_iteration(tmp_path: Path) -> None:
-    """A profiler used without ``step()`` writes no ProfilerStep#N: validate takes the whole trace as one iteration
-    and says so; whatif did not run at all ("a what-if compares iterations") and now does as validate does."""
+    """A profiler used without ``step()`` writes no ProfilerStep#N: with no optimizer step either, validate takes
+    the whole trace as one iteration and says so; whatif did not run at all ("a what-if compares iterations") and
+    now does as validate does."""
     trace = json.loads(gzip.decompress((REPO / "traces/gpu/h100-user-ckpt-accum/rank-0.json.gz").read_bytes()))
-    trace["traceEvents"] = [e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    trace["traceEvents"] = [e for e in trace["traceEvents"]
+                            if not str(e.get("name", "")).startswith(("ProfilerStep#", "Optimizer.step#"))]
     (tmp_path / "rank-0.json").write_text(json.dumps(trace))
     notes: list[str] = []
     result = what_if(tmp_path, [parse_scale("host=0.5")], warn=notes.append)
     assert any("no ProfilerStep#N spans; the whole trace is taken as one iteration" in note for note in notes)
     assert result.iterations == [0] and result.predicted_us[0] < result.replayed_us[0]
+
+
+def test_a_trace_without_profiler_steps_has_its_optimizer_steps_for_iterations(tmp_path: Path) -> None:
+    """The same trace with its three ``Optimizer.step#AdamW.step`` spans (and their copies on the GPU's timeline,
+    ``gpu_user_annotation``, which are not the host's steps): three iterations, each ending where a step ends, said
+    in one line; the first, from the trace's start, is not steady."""
+    trace = json.loads(gzip.decompress((REPO / "traces/gpu/h100-user-ckpt-accum/rank-0.json.gz").read_bytes()))
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    (tmp_path / "rank-0.json").write_text(json.dumps(trace))
+    notes: list[str] = []
+    result = what_if(tmp_path, [parse_scale("host=0.5")], warn=notes.append)
+    assert [note for note in notes if "its 3 iterations are taken to end where its optimizer's steps end" in note]
+    assert result.iterations == [1, 2, 3] and result.steady == [2, 3]
 
 
 def test_durations_from_a_recording_of_another_job_is_said() -> None:

@@ -15,6 +15,7 @@ The one place that says what an event's category means; ingest and replay both l
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -361,3 +362,43 @@ def traced_gpu_name(properties: dict[str, Any]) -> str | None:
     if part == "MI300X" and isinstance(memory, (int, float)) and memory > 200 * 2**30:
         part = "MI325X"
     return f"AMD Instinct {part}" if part else name
+
+
+#: the category of the ``ProfilerStep#N`` spans made from a rank's optimizer steps (:func:`optimizer_iterations`): an
+#: annotation as the profiler's own are, told apart from them (a rank of a set whose other ranks have the profiler's
+#: keeps none)
+OPTIMIZER_ITERATION = "vtrain_optimizer_iteration"
+#: the span ``torch.optim`` writes around an optimizer's step (``Optimizer.step#AdamW.step``; apex's, DeepSpeed's and
+#: Transformer Engine's fused optimizers are ``torch.optim`` optimizers)
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
+
+
+def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: float) -> list[tuple[int, float, float]]:
+    """Iteration spans for a rank whose trace has no ``ProfilerStep#N`` span (a profile taken without ``step()``)
+    from its optimizer steps (``(start, end, thread)`` of each :data:`OPTIMIZER_STEP` span): ``(thread, start,
+    duration)``, iteration k running from the end of optimizer step k - 1 (the first from ``first_ts``, the rank's
+    first host event) to the end of step k. A step nested in another (a wrapper's around its inner optimizer's)
+    counts once; fewer than two steps make no iteration (one span would be the whole trace)."""
+    outer: list[tuple[float, float, int]] = []
+    for start, end, thread in sorted(steps):
+        if not (math.isfinite(start) and math.isfinite(end)) or (outer and start < outer[-1][1]):
+            continue
+        outer.append((start, end, thread))
+    if len(outer) < 2:
+        return []
+    spans, begin = [], min(first_ts, outer[0][0])
+    for _, end, thread in outer:
+        spans.append((thread, begin, end - begin))
+        begin = end
+    return spans
+
+
+def optimizer_iterations_warning(path: object, made: int, others_marked: bool = False) -> str:
+    """The warning for a rank whose iterations were made from its optimizer steps (:func:`optimizer_iterations`),
+    or, ``others_marked``, were not: other ranks of its set have the profiler's spans, whose numbers its own
+    cannot match."""
+    if others_marked:
+        return (f"{path}: no ProfilerStep#N spans where the other ranks have them: its optimizer's steps are not "
+                f"taken for its iterations (their numbers cannot be the profiler's)")
+    return (f"{path}: no ProfilerStep#N spans (a profile taken without step()): its {made} iterations are taken to "
+            f"end where its optimizer's steps end (Optimizer.step#...), the first from the trace's start")

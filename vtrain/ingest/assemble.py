@@ -20,11 +20,14 @@ from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
+    OPTIMIZER_ITERATION,
+    OPTIMIZER_STEP,
     absurd_host_events,
     dtype_bytes,
     first_dtype,
     is_graph_launch,
     only_group,
+    optimizer_iterations,
     process_groups,
     unanswered_launches,
 )
@@ -61,6 +64,7 @@ class RankTables:
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
     shared_correlations: int = 0  # runtime calls whose correlation id an earlier call of the file already has
+    optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
     impossible_sizes: int = 0  # collectives whose size or group size no collective can have (read as absent)
     unsized: int = 0  # collectives without a name or a size in bytes (but those impossible): not in nccl_latency
     #: device activities without a device or stream, and host events (CPU ops, runtime calls) without a thread, that
@@ -85,6 +89,33 @@ def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+@dataclass(frozen=True)
+class MadeSteps:
+    """A rank's CPU events with the ``ProfilerStep#N`` spans made from its optimizer steps, and how many."""
+
+    cpu: pl.DataFrame
+    made: int
+
+
+def with_optimizer_iterations(cpu: pl.DataFrame) -> MadeSteps:
+    """``cpu`` with ``ProfilerStep#N`` spans made from its optimizer steps where it has none
+    (:func:`vtrain.kineto.optimizer_iterations`: a profile taken without ``step()``), annotations of the optimizer's
+    thread (category :data:`~vtrain.kineto.OPTIMIZER_ITERATION`)."""
+    name = pl.col("name")
+    if cpu.is_empty() or cpu.select(name.str.starts_with(ITERATION_PREFIX).any()).item():
+        return MadeSteps(cpu, 0)
+    steps = cpu.filter(name.str.contains(OPTIMIZER_STEP.pattern) & pl.col("ts").is_not_null()
+                       & pl.col("dur").is_not_null())
+    spans = optimizer_iterations(zip(steps["ts"], steps["ts"] + steps["dur"], steps["tid"]), cpu["ts"].min())
+    if not spans:
+        return MadeSteps(cpu, 0)
+    made = pl.DataFrame({"tid": [thread for thread, _, _ in spans], "cat": [OPTIMIZER_ITERATION] * len(spans),
+                         "name": [f"{ITERATION_PREFIX}{k}" for k in range(1, len(spans) + 1)],
+                         "ts": [start for _, start, _ in spans], "dur": [dur for _, _, dur in spans]},
+                        schema_overrides={"tid": cpu.schema["tid"], "ts": cpu.schema["ts"], "dur": cpu.schema["dur"]})
+    return MadeSteps(pl.concat([cpu, made], how="diagonal_relaxed").select(cpu.columns), len(spans))
+
+
 def assign_iteration(frame: pl.DataFrame, steps: pl.DataFrame, ts_column: str = "ts") -> pl.DataFrame:
     """Add ``iteration``: the ProfilerStep whose span holds ``ts_column`` (null outside every step).
 
@@ -103,6 +134,8 @@ def assign_iteration(frame: pl.DataFrame, steps: pl.DataFrame, ts_column: str = 
 def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | None) -> RankTables:
     """Build the kernels, cpu_ops, collectives and graph_launches tables of one rank."""
     events, absurd_host = without_absurd_host_events(events)
+    made_steps = with_optimizer_iterations(events.cpu)
+    events = replace(events, cpu=made_steps.cpu)
     steps = iteration_spans(events.cpu)
     cpu = assign_iteration(events.cpu, steps)
     absurd = absurd_activities(events)
@@ -124,6 +157,7 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         graph_launches=conform(_graph_launches(events.runtime, kernels, steps).with_columns(rank=pl.lit(rank)),
                                "graph_launches"),
         iterations=steps["iteration"].to_list(),
+        optimizer_iterations=made_steps.made,
         counts=events.counts,
         device_activities=events.device.height + events.counts.device_dropped,
         absurd=int(absurd.sum()),

@@ -27,7 +27,12 @@ from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
-from vtrain.kineto import C10D_OP_PREFIX, absurd_host_warning, unanswered_launches_warning
+from vtrain.kineto import (
+    C10D_OP_PREFIX,
+    absurd_host_warning,
+    optimizer_iterations_warning,
+    unanswered_launches_warning,
+)
 from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX, iteration_numbers
 from vtrain.tables.latency import gpu_op_calls
 
@@ -191,6 +196,8 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
     if line := _empty_steps(path, tables):
         warnings.append(line)
+    if tables.optimizer_iterations:
+        warnings.append(optimizer_iterations_warning(path, tables.optimizer_iterations))
     if tables.shared_correlations:
         warnings.append(f"{path}: {tables.shared_correlations} runtime calls share their correlation id with an "
                         f"earlier call (each call has its own in a Kineto trace: two traces merged, or rewritten?): "

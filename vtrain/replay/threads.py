@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
 
-from vtrain.kineto import COLLECTIVE_WAIT_OPS
+from vtrain.kineto import COLLECTIVE_WAIT_OPS, OPTIMIZER_ITERATION
 from vtrain.replay.trace import CPU, RUNTIME, RankTrace
 
 WORKING, IDLE, BLOCKED = "working", "idle", "blocked"
@@ -150,7 +150,7 @@ def _segment_kind(trace: RankTrace, innermost: int | None, has_child: set[int], 
         return IDLE, -1
     if trace.kind[innermost] == CPU and host_waits and trace.name[innermost].startswith(COLLECTIVE_WAIT_OPS):
         return IDLE, innermost  # idle, its blocker the wait: a collective's end wakes it
-    if trace.kind[innermost] == CPU and trace.cat[innermost] == "user_annotation":
+    if trace.kind[innermost] == CPU and trace.cat[innermost] in ("user_annotation", OPTIMIZER_ITERATION):
         return IDLE, -1
     if innermost in blocking and innermost not in has_child:
         return BLOCKED, innermost

@@ -60,6 +60,7 @@ from vtrain.ingest.discover import (
 )
 from vtrain.ingest.spans import Span, decode_loose_span, decode_spans, read_header, read_header_around_events
 from vtrain.ingest.text import TraceText, load_text
+from vtrain.naming import ITERATION_PREFIX
 
 #: what an event is in the replay
 CPU, RUNTIME, DEVICE, SYNC = kineto.CPU, kineto.RUNTIME, kineto.DEVICE, kineto.SYNC
@@ -207,6 +208,7 @@ class RankTrace:
     launches: int = 0  # kernel launches in all
     malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
     rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
+    optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
@@ -291,6 +293,7 @@ class RankTrace:
                         unreadable_args=self.unreadable_args, begin_end=self.begin_end,
                         bare_numbers=self.bare_numbers, unanswered=self.unanswered,
                         launches=self.launches, malformed=self.malformed, rank_warning=self.rank_warning,
+                        optimizer_iterations=self.optimizer_iterations,
                         replayable=self.replayable, columns=self.event_columns(), index=self.index,
                         source=self.source)
 
@@ -342,6 +345,7 @@ class KeptRank:
     launches: int
     malformed: MalformedEvents
     rank_warning: str | None
+    optimizer_iterations: int
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -400,11 +404,37 @@ def _read_events(text: TraceText, header: TraceHeader, events: Span | None, sink
         return len(decoded)
 
     decode_spans(text, events, add)
+    _add_optimizer_iterations(trace)
     trace.count_launches()
     trace.check_device_times()
     if sink is not None:
         sink.close(trace)
     return trace
+
+
+def _add_optimizer_iterations(trace: RankTrace) -> None:
+    """Give a rank without ``ProfilerStep#N`` spans those its optimizer steps make
+    (:func:`vtrain.kineto.optimizer_iterations`), as ingest does: annotations of the optimizer's thread (category
+    :data:`~vtrain.kineto.OPTIMIZER_ITERATION`), placed after the file's events (they are none of its: the replayed
+    trace does not write them)."""
+    cpu = [i for i, kind in enumerate(trace.kind) if kind == CPU]
+    if any(trace.name[i].startswith(ITERATION_PREFIX) for i in cpu):
+        return
+    steps = [(trace.ts[i], trace.ts[i] + trace.dur[i], trace.lane[i]) for i in cpu
+             if kineto.OPTIMIZER_STEP.match(trace.name[i])]
+    host = [trace.ts[i] for i, kind in enumerate(trace.kind) if kind in (CPU, RUNTIME)]
+    spans = kineto.optimizer_iterations(steps, min(host)) if steps and host else []
+    after = (max(trace.index) + 1) if len(trace.index) else 0
+    for k, (thread, start, dur) in enumerate(spans):
+        for column, value in ((trace.kind, CPU), (trace.cat, kineto.OPTIMIZER_ITERATION),
+                              (trace.name, f"{ITERATION_PREFIX}{k + 1}"), (trace.lane, thread), (trace.ts, start),
+                              (trace.dur, dur), (trace.correlation, None), (trace.external_id, None),
+                              (trace.wait_on_stream, None), (trace.wait_on_event_record, None),
+                              (trace.collective_name, None), (trace.elements, None), (trace.pg_ranks, None),
+                              (trace.pg_name, None), (trace.input_dims, None), (trace.device, -1),
+                              (trace.index, after + k)):
+            column.append(value)
+    trace.optimizer_iterations = len(spans)
 
 
 def _top_level_fields(text: TraceText, events: Span | None) -> list[tuple[str, bytes]]:
@@ -670,8 +700,11 @@ def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]
     lines = not_read_warnings(trace_dir)
     if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
         lines.append(line)
+    others_marked = not all(trace.optimizer_iterations for trace in traces)
     for trace in traces:
         lines += _rank_trace_warnings(trace)
+        if trace.optimizer_iterations:
+            lines.append(kineto.optimizer_iterations_warning(trace.path, trace.optimizer_iterations, others_marked))
     return lines
 
 

@@ -48,6 +48,7 @@ from vtrain.validate.timeline import (
     iterations,
     measured_iterations,
     ops,
+    without_made_iterations,
 )
 
 Warn = Callable[[str], None]
@@ -170,7 +171,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         trace.release_columns()
     for line in replayed.notes:
         note(line)
-    frame = replayed.events
+    frame = without_made_iterations(replayed.events, {t.rank for t in traces if t.optimizer_iterations},
+                                    len(traces))
     measured = iterations(frame, MEASURED)
     all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
