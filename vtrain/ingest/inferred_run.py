@@ -53,8 +53,9 @@ _FUSED_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_
 #: package's, as Hugging Face's ``flash_attention_2`` runs it), or [tokens, a, d] (the package's packed sequences)
 _SEQUENCE_FIRST = ("aten::_flash_attention_forward", "flash_attn::_flash_attn_forward")
 _PACKED = ("flash_attn::_flash_attn_varlen_forward",)
-#: every fused attention's forward -> the axis of its query's and key's heads
-_HEAD_AXIS = {**dict.fromkeys(_FUSED_ATTENTION, 1), **dict.fromkeys(_SEQUENCE_FIRST, 2), **dict.fromkeys(_PACKED, 1)}
+#: every fused attention's forward -> (its query's and key's dims, the axis of their heads)
+_HEAD_AXIS = {**dict.fromkeys(_FUSED_ATTENTION, (4, 1)), **dict.fromkeys(_SEQUENCE_FIRST, (4, 2)),
+              **dict.fromkeys(_PACKED, (3, 1))}
 #: each attention's backward, once a layer and micro-batch whatever is recomputed
 _ATTENTION_BACKWARD = ("aten::_softmax_backward_data", *(f"{name}_backward" for name in _FUSED_ATTENTION),
                        "aten::_flash_attention_backward", "flash_attn::_flash_attn_backward",
@@ -331,10 +332,9 @@ def _attention(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
 
 def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
     """(heads, width, key/value heads) as the attention operator takes them."""
-    for name, at in _HEAD_AXIS.items():
+    for name, (rank_of, at) in _HEAD_AXIS.items():
         for dims, _ in rank.calls(name):
             query, key = (dims[0], dims[1]) if len(dims) > 1 else (None, None)
-            rank_of = 3 if name in _PACKED else 4
             if _shape(query, rank_of) and _shape(key, rank_of):
                 return int(query[at]), int(query[-1]), int(key[at])
     heads = next((int(dims[0][1]) if len(dims[0]) == 4 else int(dims[0][0]) // batch

@@ -337,9 +337,9 @@ def _device_properties(results: list[RankResult]) -> dict[str, Any]:
     kind = next((r.accelerator for r in results if r.accelerator), "cpu")
     for result in results:
         for props in (result.source.header.deviceProperties if result.source else None) or []:
-            if traced_gpu_name(props):
+            if name := traced_gpu_name(props):
                 return {
-                    "name": traced_gpu_name(props),
+                    "name": name,
                     "compute_capability": f"{props.get('computeMajor')}.{props.get('computeMinor')}",
                     "memory_bytes": props.get("totalGlobalMem"),
                     "sm_count": props.get("numSms"),

@@ -417,11 +417,11 @@ def _add_optimizer_iterations(trace: RankTrace) -> None:
     (:func:`vtrain.kineto.optimizer_iterations`), as ingest does: annotations of the optimizer's thread (category
     :data:`~vtrain.kineto.OPTIMIZER_ITERATION`), placed after the file's events (they are none of its: the replayed
     trace does not write them)."""
-    cpu = [i for i, kind in enumerate(trace.kind) if kind == CPU]
-    if any(trace.name[i].startswith(ITERATION_PREFIX) for i in cpu):
+    names = set(trace.name)  # the file's few distinct names: most files leave here
+    if any(name.startswith(ITERATION_PREFIX) for name in names) or not any(map(kineto.OPTIMIZER_STEP.match, names)):
         return
-    steps = [(trace.ts[i], trace.ts[i] + trace.dur[i], trace.lane[i]) for i in cpu
-             if kineto.OPTIMIZER_STEP.match(trace.name[i])]
+    steps = [(trace.ts[i], trace.ts[i] + trace.dur[i], trace.lane[i]) for i, kind in enumerate(trace.kind)
+             if kind == CPU and kineto.OPTIMIZER_STEP.match(trace.name[i])]
     host = [trace.ts[i] for i, kind in enumerate(trace.kind) if kind in (CPU, RUNTIME)]
     spans = kineto.optimizer_iterations(steps, min(host)) if steps and host else []
     after = (max(trace.index) + 1) if len(trace.index) else 0

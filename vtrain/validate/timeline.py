@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.kineto import ATTENTION_OPS, OPTIMIZER_ITERATION, fused_attention_dims
+from vtrain.kineto import ATTENTION_OPS, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
@@ -88,21 +88,15 @@ def _with_op_class(frame: pl.DataFrame) -> pl.DataFrame:
 
 def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
     """The ``ProfilerStep#N`` spans of a timeline frame: its CPU events of such a name
-    (:data:`vtrain.naming.ITERATION_NAME`; a user's ``ProfilerStep#warmup`` annotation is none). Those made from a
-    rank's optimizer steps (:data:`~vtrain.kineto.OPTIMIZER_ITERATION`) count only where no rank has the
-    profiler's: their numbers are not the profiler's."""
+    (:data:`vtrain.naming.ITERATION_NAME`; a user's ``ProfilerStep#warmup`` annotation is none)."""
     named = frame.filter((pl.col("kind") == "cpu") & pl.col("name").cat.starts_with(ITERATION_PREFIX))
-    steps = named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
-    if "cat" not in steps.columns:
-        return steps
-    made = steps["cat"].cast(pl.String) == OPTIMIZER_ITERATION
-    return steps.filter(~made) if made.any() and not made.all() else steps
+    return named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
 
 
 def without_made_iterations(frame: pl.DataFrame, made: set[int], ranks: int) -> pl.DataFrame:
-    """An event frame annotated rank by rank, with no iteration on the ``made`` ranks (whose ``ProfilerStep#N``
-    spans were made from their optimizer steps) where some of its ``ranks`` have the profiler's own: their
-    numbers are not the profiler's (:func:`step_spans` says the same of a frame annotated whole)."""
+    """An annotated event frame with no iteration on the ``made`` ranks (whose ``ProfilerStep#N`` spans were made
+    from their optimizer steps, :data:`~vtrain.kineto.OPTIMIZER_ITERATION`) where some of its ``ranks`` have the
+    profiler's own: their numbers are not the profiler's."""
     if not made or len(made) == ranks:
         return frame
     return frame.with_columns(iteration=pl.when(pl.col("rank").is_in(sorted(made))).then(None)

@@ -308,10 +308,10 @@ def _traced_gpu(traces: list) -> str | None:
             if key != "deviceProperties":
                 continue
             properties = json.loads(value)
-            name = next((traced_gpu_name(p) for p in properties if isinstance(p, dict) and traced_gpu_name(p)),
-                        None) if isinstance(properties, list) else None
-            if name:
-                return str(name)
+            names = (traced_gpu_name(p) for p in properties if isinstance(p, dict)) if isinstance(properties, list) \
+                else ()
+            if name := next((name for name in names if name), None):
+                return name
     return None
 
 

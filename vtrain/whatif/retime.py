@@ -35,6 +35,7 @@ from vtrain.validate.timeline import (
     annotate,
     iterations,
     measured_iterations,
+    without_made_iterations,
 )
 from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
@@ -137,7 +138,8 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
         warn(line)
     graph = build_graph(traces, config)
     owned = own_edges(graph)
-    frame = annotate(timeline(graph, graph.measured))
+    frame = without_made_iterations(annotate(timeline(graph, graph.measured)),
+                                    {trace.rank for trace in traces if trace.optimizer_iterations}, len(traces))
     all_iterations = measured_iterations(frame, trace_dir)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     for line in chosen.notes:
