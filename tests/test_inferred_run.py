@@ -139,8 +139,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
     micro-batch 2, fp32 on the CPU. ``attention``: PyTorch's fused attention taking the 2 key/value heads
     (``sdpa-gqa``), or, as Hugging Face's LLaMA does, taking them repeated to 8 (``repeat_kv``: ``sdpa-repeated``),
-    or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``). Not ``marked``: the
-    profiler taken around four steps without a schedule or ``step()``, as many scripts do (no ProfilerStep#N)."""
+    or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``), or repeated as
+    torchtitan does (``expand`` on ``[b, s, kv, 1, d]``) or by ``repeat_interleave`` on the heads' dim. Not
+    ``marked``: the profiler taken around four steps without a schedule or ``step()``, as many scripts do (no
+    ProfilerStep#N)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -163,6 +165,13 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
             if attention == "sdpa-gqa":
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            elif attention == "torchtitan":  # its repeat_kv, on [b, s, kv, d]
+                k, v = (t.transpose(1, 2)[:, :, :, None].expand(batch, seq, kv, heads // kv, width)
+                        .reshape(batch, seq, heads, width).transpose(1, 2) for t in (k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            elif attention == "interleaved":
+                k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:  # Hugging Face's repeat_kv
                 k, v = (t[:, :, None].expand(batch, kv, heads // kv, seq, width).reshape(batch, heads, seq, width)
                         for t in (k, v))
@@ -203,7 +212,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             profiler.step()
 
 
-@pytest.mark.parametrize("attention", ["sdpa-gqa", "sdpa-repeated", "eager-repeated"])
+@pytest.mark.parametrize("attention", ["sdpa-gqa", "sdpa-repeated", "eager-repeated", "torchtitan", "interleaved"])
 def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None:
     """Recorded here by torch, outside vtrain: every part of its shape is read back but its positions (it has none;
     taken as learned), its 2 key/value heads too where they are repeated to 8 before the attention (they read as

@@ -9,7 +9,7 @@ A GPT-style training step leaves its shape in the ``Input Dims`` of a few operat
   ``aten::_flash_attention_forward`` and the flash-attn package's ``flash_attn::_flash_attn_forward``, ``[tokens,
   a, d]`` for its packed sequences): the heads a rank holds and their width (hidden / (heads x width) is the
   tensor parallelism), a key with fewer heads grouped-query attention (or keys repeated to as many heads before
-  it: Hugging Face's ``repeat_kv``, Megatron's ``repeat_interleave``); its backward runs once a layer and
+  it: Hugging Face's and torchtitan's ``repeat_kv``, ``repeat_interleave``); its backward runs once a layer and
   micro-batch (the layers), its forward more often where layers are recomputed;
 - the norms (``aten::native_layer_norm``; ``aten::_fused_rms_norm``, or none: RMSNorm written out of elementwise
   operators, as Hugging Face's LLaMA does): recomputed with the layer (full recomputation) or not (selective); a
@@ -82,8 +82,11 @@ _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
 #: how grouped-query attention repeats its keys and values for an attention that takes as many as it has queries:
-#: Hugging Face's ``repeat_kv`` expands ``[b, kv, 1, s, d]``, Megatron's ``repeat_interleave`` takes ``[s, b, kv, d]``
+#: (operator, its input's layout, ``kv`` where the key/value heads are, ``1`` the axis repeated): Hugging Face's
+#: ``repeat_kv`` and torchtitan's expand, Megatron's ``repeat_interleave`` on dim 2, others' on dim 1
 _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
+_REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "d")),
+            (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
 _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
@@ -351,12 +354,11 @@ def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
 
 def _repeated_key_values(rank: _Rank, batch: int, seq: int, heads: int, width: int) -> int:
     """The key/value heads that grouped-query attention repeats to ``heads`` before an attention that takes as many
-    keys as queries (:data:`_EXPAND`, :data:`_REPEAT_INTERLEAVE`), else ``heads``."""
-    shapes = [dims[0] for dims, _ in rank.calls(_EXPAND) if dims and _shape(dims[0], 5)
-              and (dims[0][0], dims[0][2], dims[0][3], dims[0][4]) == (batch, 1, seq, width)]
-    shapes += [dims[0] for dims, _ in rank.calls(_REPEAT_INTERLEAVE) if dims and _shape(dims[0], 4)
-               and (dims[0][0], dims[0][1], dims[0][3]) == (seq, batch, width)]
-    groups = [int(shape[1] if len(shape) == 5 else shape[2]) for shape in shapes]
+    keys as queries (:data:`_REPEATS`), else ``heads``."""
+    known = {"b": batch, "s": seq, "d": width, 1: 1}
+    groups = [int(dims[0][layout.index("kv")]) for name, layout in _REPEATS for dims, _ in rank.calls(name)
+              if dims and _shape(dims[0], len(layout))
+              and all(size == known[axis] for size, axis in zip(dims[0], layout) if axis != "kv")]
     return next((kv for kv in groups if kv < heads and heads % kv == 0), heads)
 
 
