@@ -133,7 +133,8 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
     assert "none read off the traces" in said[0] or "the one read off the traces is none" in said[0]
 
 
-def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True) -> None:
+def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
+                       optimizers: int = 1) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -142,7 +143,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``), or repeated as
     torchtitan does (``expand`` on ``[b, s, kv, 1, d]``) or by ``repeat_interleave`` on the heads' dim. Not
     ``marked``: the profiler taken around four steps without a schedule or ``step()``, as many scripts do (no
-    ProfilerStep#N)."""
+    ProfilerStep#N). Two ``optimizers``: AdamW for the matrices, SGD for the rest, stepped one after the other."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -188,13 +189,16 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(vocab, hidden), Layer(), Layer(), nn.RMSNorm(hidden),
                           nn.Linear(hidden, vocab, bias=False))
-    optimizer = torch.optim.AdamW(model.parameters())
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters())] + (
+        [torch.optim.SGD([p for p in model.parameters() if p.dim() != 2])] if optimizers == 2 else [])
 
     def step() -> None:
         tokens = torch.randint(0, vocab, (batch, seq))
         F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        for optimizer in stepped:
+            optimizer.step()
+            optimizer.zero_grad()
 
     target.mkdir()
     if not marked:
@@ -374,6 +378,16 @@ def test_a_profile_taken_without_step_has_its_optimizer_steps_for_iterations(tmp
     model = metrics["model"]
     assert model is not None and model["profile_iterations"] and model["test_iterations"]
     assert abs(model["in_sample_error_pct"]) < 50
+
+
+def test_two_optimizers_stepped_in_turn_end_one_iteration(tmp_path: Path) -> None:
+    """AdamW for the matrices and SGD for the rest, stepped one after the other (as runs with a second optimizer
+    for some parameters do), profiled without step(): four iterations, not eight (no backward pass lies between an
+    iteration's two steps)."""
+    _record_llama_like(tmp_path / "llama", marked=False, optimizers=2)
+    ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((tmp_path / "report" / "metrics.json").read_text())["iterations"] == [1, 2, 3, 4]
 
 
 def test_a_sharded_data_parallel_run_is_declined(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -371,17 +372,26 @@ OPTIMIZER_ITERATION = "vtrain_optimizer_iteration"
 #: the span ``torch.optim`` writes around an optimizer's step (``Optimizer.step#AdamW.step``; apex's, DeepSpeed's and
 #: Transformer Engine's fused optimizers are ``torch.optim`` optimizers)
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
+#: the operators of a backward pass: autograd's engine runs each under a span of this name
+BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function"
 
 
-def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: float) -> list[tuple[int, float, float]]:
+def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: float,
+                         backward: Iterable[float] = ()) -> list[tuple[int, float, float]]:
     """Iteration spans for a rank whose trace has no ``ProfilerStep#N`` span (a profile taken without ``step()``)
     from its optimizer steps (``(start, end, thread)`` of each :data:`OPTIMIZER_STEP` span): ``(thread, start,
     duration)``, iteration k running from the end of optimizer step k - 1 (the first from ``first_ts``, the rank's
     first host event) to the end of step k. A step nested in another (a wrapper's around its inner optimizer's)
-    counts once; fewer than two steps make no iteration (one span would be the whole trace)."""
+    counts once, and so do steps with no backward operator between them (``backward``: their start times; several
+    optimizers stepped one after the other, as a run with AdamW for some parameters and another optimizer for the
+    rest does). Fewer than two steps make no iteration (one span would be the whole trace)."""
+    passes = sorted(backward)
     outer: list[tuple[float, float, int]] = []
     for start, end, thread in sorted(steps):
         if not (math.isfinite(start) and math.isfinite(end)) or (outer and start < outer[-1][1]):
+            continue
+        if outer and passes and bisect_right(passes, start) == bisect_right(passes, outer[-1][1]):
+            outer[-1] = (outer[-1][0], end, outer[-1][2])  # no backward since the last step: the same iteration's
             continue
         outer.append((start, end, thread))
     if len(outer) < 2:

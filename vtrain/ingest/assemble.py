@@ -20,6 +20,7 @@ from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
+    BACKWARD_OP_PREFIX,
     OPTIMIZER_ITERATION,
     OPTIMIZER_STEP,
     absurd_host_events,
@@ -106,7 +107,9 @@ def with_optimizer_iterations(cpu: pl.DataFrame) -> MadeSteps:
         return MadeSteps(cpu, 0)
     steps = cpu.filter(name.str.contains(OPTIMIZER_STEP.pattern) & pl.col("ts").is_not_null()
                        & pl.col("dur").is_not_null())
-    spans = optimizer_iterations(zip(steps["ts"], steps["ts"] + steps["dur"], steps["tid"]), cpu["ts"].min())
+    backward = cpu.filter(name.str.starts_with(BACKWARD_OP_PREFIX) & pl.col("ts").is_not_null())["ts"]
+    spans = optimizer_iterations(zip(steps["ts"], steps["ts"] + steps["dur"], steps["tid"]), cpu["ts"].min(),
+                                 backward)
     if not spans:
         return MadeSteps(cpu, 0)
     made = pl.DataFrame({"tid": [thread for thread, _, _ in spans], "cat": [OPTIMIZER_ITERATION] * len(spans),

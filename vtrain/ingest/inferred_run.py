@@ -40,6 +40,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.kineto import BACKWARD_OP_PREFIX
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_backward"
@@ -74,10 +75,9 @@ _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 #: a gradient all-reduce: a backend's event (its tensor's elements and type), else c10d's (its flat bucket's elements)
 _BACKEND_ALL_REDUCE, _ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce$", "c10d::allreduce_"
 _BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
-#: an all-gather (c10d's or a backend's), and the operators of the backward pass (autograd's engine runs them)
+#: an all-gather, c10d's or a backend's
 _ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
                r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
-_BACKWARD = "autograd::engine::evaluate_function"
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
 _LINEAR = "aten::linear"
@@ -227,7 +227,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
-                       + rf"|^{_BACKWARD}")
+                       + rf"|^{BACKWARD_OP_PREFIX}")
 
 
 def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
@@ -286,7 +286,7 @@ def _gathers_in_backward(one: pl.DataFrame, last_embedding_backward: Any) -> boo
     """Whether a flat tensor is all-gathered between the first backward operator and the last embedding backward:
     parameters gathered again for the backward pass, as FSDP and ZeRO-3 shard them (a sequence-parallel gather is
     an activation's; a distributed optimizer gathers its parameters after the step or in the next forward)."""
-    begun = one.filter(pl.col("name").str.starts_with(_BACKWARD))["ts"].min()
+    begun = one.filter(pl.col("name").str.starts_with(BACKWARD_OP_PREFIX))["ts"].min()
     if begun is None or last_embedding_backward is None:
         return False
     gathers = one.filter(pl.col("name").str.contains(_ALL_GATHER) & (pl.col("ts") >= begun)

@@ -423,7 +423,9 @@ def _add_optimizer_iterations(trace: RankTrace) -> None:
     steps = [(trace.ts[i], trace.ts[i] + trace.dur[i], trace.lane[i]) for i, kind in enumerate(trace.kind)
              if kind == CPU and kineto.OPTIMIZER_STEP.match(trace.name[i])]
     host = [trace.ts[i] for i, kind in enumerate(trace.kind) if kind in (CPU, RUNTIME)]
-    spans = kineto.optimizer_iterations(steps, min(host)) if steps and host else []
+    backward = [trace.ts[i] for i, kind in enumerate(trace.kind)
+                if kind == CPU and trace.name[i].startswith(kineto.BACKWARD_OP_PREFIX)]
+    spans = kineto.optimizer_iterations(steps, min(host), backward) if steps and host else []
     after = (max(trace.index) + 1) if len(trace.index) else 0
     for k, (thread, start, dur) in enumerate(spans):
         for column, value in ((trace.kind, CPU), (trace.cat, kineto.OPTIMIZER_ITERATION),
