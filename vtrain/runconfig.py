@@ -14,6 +14,8 @@ A run config is a YAML (or JSON) mapping with these sections::
                   distributed_optimizer: false}   # Megatron's: optimizer states sharded over dp (ZeRO-1)
     precision:   fp32                       # fp32 | fp16 | bf16
     framework:   reference                  # reference (vtrain record's model) | megatron (Megatron-DeepSpeed)
+    fused_kernels: true                     # megatron's apex and fused kernels; false: PyTorch's (Megatron-core's
+                                            # local layers without apex or Transformer Engine)
     attention:   eager                      # eager (scores in memory) | flash (PyTorch's fused attention)
     cuda_graphs: false                      # each layer's forward and backward replayed from CUDA graphs
     hardware:    {device: cpu, device_count: 2, gpus_per_node: 8, cores: 2,
@@ -221,6 +223,7 @@ class RunConfig:
     framework: str = "reference"
     attention: str = "eager"
     cuda_graphs: bool = False  # layers replayed from CUDA graphs: one launch a layer pass, no host time between ops
+    fused_kernels: bool = True  # Megatron's fused kernels (apex, its fused softmax, bias-GeLU, bias-dropout-add)
     software: dict[str, Any] = field(default_factory=dict)
     recording: dict[str, Any] = field(default_factory=dict)
 
@@ -289,6 +292,9 @@ class RunConfig:
         if p.sequence_parallel and self.framework != "megatron":
             errors.append("sequence_parallel is Megatron's: it needs framework megatron (got "
                           f"{shown(self.framework)})")
+        if not self.fused_kernels and self.framework != "megatron":
+            errors.append("fused_kernels false is Megatron's (its layers without apex and its fused kernels): it needs "
+                          f"framework megatron (got {shown(self.framework)})")
         if p.distributed_optimizer and self.framework != "megatron":
             errors.append("distributed_optimizer is Megatron's: it needs framework megatron (got "
                           f"{shown(self.framework)})")
@@ -313,8 +319,9 @@ class RunConfig:
         for name in ("precision", "attention"):
             if not isinstance(getattr(self, name), str):
                 errors.append(f"{name} must be a string (got {shown(getattr(self, name))})")
-        if not isinstance(self.cuda_graphs, bool):
-            errors.append(f"cuda_graphs must be true or false (got {shown(self.cuda_graphs)})")
+        for name in ("cuda_graphs", "fused_kernels"):
+            if not isinstance(getattr(self, name), bool):
+                errors.append(f"{name} must be true or false (got {shown(getattr(self, name))})")
         for name in ("software", "recording"):
             if not isinstance(getattr(self, name), dict):
                 errors.append(f"{name} must be a mapping (got {shown(getattr(self, name))})")
@@ -473,6 +480,7 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         framework=framework_named(data.get("framework", "reference")),
         attention=word_named(data.get("attention", "eager")),
         cuda_graphs=data.get("cuda_graphs", False),
+        fused_kernels=data.get("fused_kernels", True),
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
     )

@@ -40,6 +40,7 @@ class GptShape:
     dtype: str = "float"  # trace dtype string of activations and weights
     device_type: str = "cpu"  # cpu | cuda: a few CPU kernels do extra copies
     framework: str = "reference"  # reference | megatron: whose kernels the run launches
+    fused: bool = True  # megatron: its fused kernels (apex, fused softmax, bias-GeLU, ...), else PyTorch's
     attention: str = "eager"  # eager (scores in memory) | flash (one fused kernel each way)
     sequence_parallel: bool = False  # Megatron's: the ops outside the tensor-parallel regions split the sequence
     optimizer_shards: int = 1  # the data-parallel ranks the optimizer states are split over (Megatron's distributed
@@ -117,7 +118,7 @@ class GptShape:
         device_type = "cpu" if config.hardware.device.lower() == "cpu" else "cuda"
         return cls(b=p.micro_batch, s=m.seq, h=m.hidden, a=m.heads, t=p.tp, vocab=m.vocab,
                    dtype=PRECISION_DTYPE[config.precision], device_type=device_type, framework=config.framework,
-                   attention=config.attention,
+                   fused=config.fused_kernels, attention=config.attention,
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
                    optimizer_shards=p.dp if p.distributed_optimizer else 1,
                    ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp, norm=m.norm, position=m.position,

@@ -38,6 +38,7 @@ import math
 from dataclasses import replace
 
 from vtrain.model import gpt
+from vtrain.model import megatron_unfused as unfused
 from vtrain.model.gpt import LONG, GptShape
 from vtrain.model.ops import Collective, Op, Step, make_op
 
@@ -55,7 +56,9 @@ FUSED_SOFTMAX_MAX_SEQ = 4096
 
 
 def _layer_norm(shape: GptShape) -> Op:
-    """A fused layer norm, or RMSNorm (apex's ``FusedRMSNorm``: a weight, no bias)."""
+    """A fused layer norm, or RMSNorm (apex's ``FusedRMSNorm``: a weight, no bias); PyTorch's without fusions."""
+    if not shape.fused:
+        return unfused.layer_norm(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     if shape.norm == "rmsnorm":
         return make_op("apex::fused_rms_norm", [[n, h], [h]], [x, x])
@@ -65,6 +68,8 @@ def _layer_norm(shape: GptShape) -> Op:
 def _layer_norm_backward(shape: GptShape) -> Op:
     """Its backward: the input's and the weight's gradients (and the bias's), from the saved statistics (RMSNorm
     keeps one a token, the layer norm two)."""
+    if not shape.fused:
+        return unfused.layer_norm_backward(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     if shape.norm == "rmsnorm":
         return make_op("apex::fused_rms_norm_backward", [[n, h], [n, h], [n], [h]], [x, x, "float", x])
@@ -84,20 +89,27 @@ def _rotary(shape: GptShape, backward: bool = False) -> list[Step]:
 
 
 def _residual_add(shape: GptShape) -> Op:
+    """The residual branch's gradient added into the layer input's."""
+    if not shape.fused:
+        return unfused.residual_gradient(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])
 
 
-def _bias_dropout_add(shape: GptShape) -> Op:
+def _bias_dropout_add(shape: GptShape) -> list[Step]:
     """The linear layer's bias, dropout and the residual add, one kernel (without biases: dropout and the add)."""
+    if not shape.fused:
+        return unfused.bias_dropout_add(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     if not shape.bias:
-        return make_op("megatron::dropout_add", [[n, h], [n, h]], [x, x])
-    return make_op("megatron::bias_dropout_add", [[n, h], [h], [n, h]], [x, x, x])
+        return [make_op("megatron::dropout_add", [[n, h], [n, h]], [x, x])]
+    return [make_op("megatron::bias_dropout_add", [[n, h], [h], [n, h]], [x, x, x])]
 
 
 def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     """Dropout backward (gradient times mask) and the bias gradient (a reduction over tokens)."""
+    if not shape.fused:
+        return unfused.bias_dropout_add_backward(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
     return [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
             *_bias_gradient(shape, [n, h], shape.bias)]
@@ -139,6 +151,8 @@ def _dropout(shape: GptShape, dims: list[int]) -> Op:
 
 def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
     """Megatron's main-gradient hook: every micro-batch adds each weight's gradient into its buffer."""
+    if not shape.fused:
+        return unfused.accumulate(shape, params)
     x = shape.dtype
     return [make_op("aten::add_", [list(p), list(p), []], [x, x, "Scalar"]) for p in params]
 
@@ -161,40 +175,53 @@ def layer_forward(shape: GptShape) -> list[Step]:
     steps: list[Step] = [
         _layer_norm(shape),
         *_enter_region(shape),
-        _qkv_projection(shape),
+        *_qkv_projection(shape),
         *_rotary(shape),
         *_repeated_keys_and_values(shape),
         *gpt.attention_core(shape),  # with flash attention the fused kernel, else this module's
-        make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),  # context permute(...).contiguous()
+        *_context(shape),
         make_op("aten::mm", [[n, hp], [hp, h]], [x, x]),
     ]
     steps += _leave_region(shape)
     f, fc1 = shape.ffn, shape.fc1_width
-    steps += [_bias_dropout_add(shape), _layer_norm(shape), *_enter_region(shape),
+    steps += [*_bias_dropout_add(shape), _layer_norm(shape), *_enter_region(shape),
               make_op("aten::mm", [[n, h], [h, fc1]], [x, x]),
-              _bias_activation(shape),
+              *_bias_activation(shape),
               make_op("aten::mm", [[n, f], [f, h]], [x, x])]
     steps += _leave_region(shape)
-    steps += [_bias_dropout_add(shape)]
-    return steps
+    return steps + _bias_dropout_add(shape)
 
 
-def _qkv_projection(shape: GptShape) -> Op:
-    """The QKV projection: its GEMM with the bias added (``addmm``), or without a bias."""
+def _context(shape: GptShape) -> list[Step]:
+    """The attention's output made contiguous for the output projection (``permute(...).contiguous()``): without
+    fusions the eager core's last step (:func:`~vtrain.model.megatron_unfused.attention_core`)."""
+    if not shape.fused:
+        return [unfused.context(shape)] if shape.attention == "flash" else []
+    n, hp, x = shape.tokens, shape.h // shape.t, shape.dtype
+    return [make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"])]
+
+
+def _qkv_projection(shape: GptShape) -> list[Step]:
+    """The QKV projection: its GEMM with the bias added (``addmm``), or without a bias; without fusions the
+    GEMM, then the bias."""
     n, h, qkv, x = shape.tokens, shape.h, shape.qkv_width, shape.dtype
+    if not shape.fused:
+        return unfused.qkv_projection(shape)
     if not shape.qkv_bias:
-        return make_op("aten::mm", [[n, h], [h, qkv]], [x, x])
-    return make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"])
+        return [make_op("aten::mm", [[n, h], [h, qkv]], [x, x])]
+    return [make_op("aten::addmm", [[qkv], [n, h], [h, qkv], [], []], [x, x, x, "Scalar", "Scalar"])]
 
 
-def _bias_activation(shape: GptShape) -> Op:
+def _bias_activation(shape: GptShape) -> list[Step]:
     """fc1's bias and the activation, one kernel: bias + GeLU, or Megatron-LM's bias + SwiGLU
     (``--swiglu``: ``bias_swiglu_impl``, the SiLU of the gate times the up projection, [n, 2f] in, [n, f] out);
     without biases (``--disable-bias-linear``) the same kernels without one."""
     n, fc1, x = shape.tokens, shape.fc1_width, shape.dtype
+    if not shape.fused:
+        return unfused.bias_activation(shape)
     if not shape.bias:
-        return make_op(_activation_kernel(shape), [[n, fc1]], [x])
-    return make_op(_activation_kernel(shape), [[n, fc1], [fc1]], [x, x])
+        return [make_op(_activation_kernel(shape), [[n, fc1]], [x])]
+    return [make_op(_activation_kernel(shape), [[n, fc1], [fc1]], [x, x])]
 
 
 def _activation_kernel(shape: GptShape, backward: bool = False) -> str:
@@ -205,6 +232,8 @@ def _activation_kernel(shape: GptShape, backward: bool = False) -> str:
 
 def _bias_activation_backward(shape: GptShape) -> list[Step]:
     """Its backward (the gradient of fc1's output from that of the activation's) and the bias gradient."""
+    if not shape.fused:
+        return unfused.bias_activation_backward(shape)
     n, f, fc1, x = shape.tokens, shape.ffn, shape.fc1_width, shape.dtype
     name = _activation_kernel(shape, backward=True)
     if not shape.bias:
@@ -234,6 +263,8 @@ def _repeated_keys_and_values_backward(shape: GptShape) -> list[Step]:
 def attention_core(shape: GptShape) -> list[Step]:
     """Scores (one ``baddbmm``), the causal scale-mask-softmax, the attention dropout and the product with the
     values: what Megatron's selective recomputation (``--recompute-granularity selective``) re-runs."""
+    if not shape.fused:
+        return unfused.attention_core(shape)
     s, d, x = shape.s, shape.d, shape.dtype
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
@@ -310,11 +341,11 @@ def layer_backward(shape: GptShape) -> list[Step]:
     steps += [*_bias_dropout_add_backward(shape), *_leave_region_backward(shape),
               make_op("aten::mm", [[n, h], [h, hp]], [x, x]),  # attention output input gradient
               make_op("aten::mm", [[h, n], [n, hp]], [x, x]),  # its weight gradient
-              make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"]),
+              *[make_op("aten::copy_", [[n, hp], [n, hp], []], [x, x, "Scalar"])] * shape.fused,
               *_attention_core_backward(shape),
               *_repeated_keys_and_values_backward(shape),
               *_rotary(shape, backward=True),
-              make_op("aten::copy_", [[n, qkv], [n, qkv], []], [x, x, "Scalar"]),  # q, k, v grads joined
+              _qkv_gradients_joined(shape),
               *_bias_gradient(shape, [n, qkv], shape.qkv_bias),
               make_op("aten::mm", [[n, qkv], [qkv, h]], [x, x]),
               make_op("aten::mm", [[qkv, n], [n, h]], [x, x])]
@@ -323,11 +354,21 @@ def layer_backward(shape: GptShape) -> list[Step]:
     return steps + _accumulate(shape, w)
 
 
+def _qkv_gradients_joined(shape: GptShape) -> Op:
+    """The queries', keys' and values' gradients joined into the QKV projection's output gradient."""
+    if not shape.fused:
+        return unfused.qkv_gradients_joined(shape)
+    n, qkv, x = shape.tokens, shape.qkv_width, shape.dtype
+    return make_op("aten::copy_", [[n, qkv], [n, qkv], []], [x, x, "Scalar"])
+
+
 def _attention_core_backward(shape: GptShape) -> list[Step]:
     """The backward of :func:`attention_core`: the product with the values, the dropout, the softmax and the
     scores; with flash attention its fused backward."""
     if shape.attention == "flash":
         return [gpt.flash_attention_backward(shape)]
+    if not shape.fused:
+        return unfused.attention_core_backward(shape)
     s, d, x = shape.s, shape.d, shape.dtype
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
@@ -400,7 +441,9 @@ def tied_embedding_reduction(shape: GptShape, gradient_bytes: int) -> list[Step]
 def optimizer_step(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
     """Megatron's fp16 optimizer step over this rank's parameters (multi-tensor kernels over all of them); with the
     distributed optimizer (``shape.optimizer_shards`` = d) over its 1/d of them, but for zeroing the whole gradient
-    buffer."""
+    buffer; without fusions :func:`~vtrain.model.megatron_unfused.optimizer_step`."""
+    if not shape.fused:
+        return unfused.optimizer_step(shape, params)
     count = sum(math.prod(p) for p in params)
     shard = math.ceil(count / shape.optimizer_shards)
     steps: list[Step] = []
