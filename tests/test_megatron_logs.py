@@ -85,6 +85,18 @@ def test_the_runs_settings_become_its_config(tmp_path: Path) -> None:
     assert config.model.tie_embeddings is True and config.constraint_errors() == []
 
 
+@pytest.mark.parametrize(("switches", "fused"), [
+    ({}, True),  # a log without the switches: Megatron's defaults, fused
+    ({"masked_softmax_fusion": False, "bias_gelu_fusion": False, "bias_dropout_fusion": False}, False),
+    ({"masked_softmax_fusion": True, "bias_gelu_fusion": False, "bias_dropout_fusion": False}, True),
+])
+def test_a_run_without_megatrons_fused_kernels_says_so(tmp_path: Path, switches: dict[str, bool],
+                                                       fused: bool) -> None:
+    """``--no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion``: PyTorch's operators run."""
+    config = measurement_config(read(tmp_path, log_text({**ARGS, **switches})).row(0, named=True))
+    assert config.fused_kernels is fused
+
+
 def test_a_llama_run_with_interleaving_and_selective_recomputation(tmp_path: Path) -> None:
     args = {**ARGS, "swiglu": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
             "add_bias_linear": False, "untie_embeddings_and_output_weights": True, "group_query_attention": True,
@@ -332,7 +344,8 @@ def test_validate_takes_the_runs_log_for_traces_recorded_without_a_run_yaml(tmp_
     shutil.copy(recorded / "rank-0.json.gz", traces)
     args = {**ARGS, "micro_batch_size": 4, "global_batch_size": 8, "tensor_model_parallel_size": 1,
             "pipeline_model_parallel_size": 1, "data_parallel_size": 1, "world_size": 1, "sequence_parallel": False,
-            "use_distributed_optimizer": False, "use_flash_attn": False}
+            "use_distributed_optimizer": False, "use_flash_attn": False, "masked_softmax_fusion": False,
+            "bias_gelu_fusion": False, "bias_dropout_fusion": False}  # no apex: PyTorch's operators
     log = tmp_path / "train.log"
     log.write_text(log_text(args, padded=51200))
 

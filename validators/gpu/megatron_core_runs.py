@@ -20,7 +20,7 @@ Megatron-core falls back to (``recording.optimizer_class``), not apex's fused on
 
 Each run writes ``OUT_DIR/NAME/rank-0.json.gz`` (the torch profiler's Kineto trace of iterations 1 and 2, CPU and
 CUDA activities, shapes recorded, ``ProfilerStep#1`` and ``#2``; iteration 0 is the warm-up) and
-``OUT_DIR/NAME/run.yaml`` in vtrain's run-config schema (``framework: megatron``) with the loss and wall time of
+``OUT_DIR/NAME/run.yaml`` in vtrain's run-config schema (``framework: megatron``, ``fused_kernels: false``) with the loss and wall time of
 every iteration and the peak ``torch.cuda.max_memory_allocated`` of the two profiled iterations. Its summary line
 puts beside the peak the prediction of ``vtrain.model.memory.peak_stage_memory`` for the written run.yaml. A run
 that fails is said on one line with its traceback and the others go on; the last line says how many were recorded.
@@ -307,6 +307,7 @@ def run_yaml(run: Run, measured: Measured, cpu: bool, steps: int) -> dict[str, A
         "hardware": {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "device_count": 1,
                      "gpus_per_node": 1, "cores": os.cpu_count(), "intra_node_gbps": None, "inter_node_gbps": None},
         "framework": "megatron",
+        "fused_kernels": False,  # no apex, no Transformer Engine: PyTorch's LayerNorm, softmax, bias adds, AdamW
         "software": {"vtrain": "0.1.0", "torch": str(torch.__version__), "python": platform.python_version(),
                      "cuda": torch.version.cuda, "nccl": nccl, "backend": "gloo" if cpu else "nccl",
                      "megatron_core": MEGATRON_VERSION},

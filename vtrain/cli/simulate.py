@@ -184,7 +184,8 @@ def format_summary(sim: Simulation) -> str:
         + (", distributed optimizer" if par.distributed_optimizer else "")
         + (f", layers per stage {' '.join(map(str, par.stage_layers))}" if par.stage_layers else "")
         + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else "")
-        + (", flash attention" if sim.config.attention == "flash" else ""),
+        + (", flash attention" if sim.config.attention == "flash" else "")
+        + ("" if sim.config.fused_kernels else ", without fused kernels"),
         f"model            {sim.config.model.describe()}",
         f"device           {sim.device.describe()}",
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",

@@ -147,6 +147,7 @@ OPTIONAL_COLUMNS = {
     "qkv_bias": (("qkv bias", "add qkv bias"), pl.Boolean),
     "tie_embeddings": (("tie embeddings", "tied embeddings", "tie word embeddings"), pl.Boolean),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
+    "fused_kernels": (("fused kernels", "kernel fusion"), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
     # what a row's run did that vtrain does not simulate (refused where more than 1: _unmodelled), and the
     # gradient accumulation steps, checked against the shape (global batch = micro batch x dp x steps)
@@ -649,6 +650,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
         framework=str(framework_named(given("framework", framework))),
         attention=str(word_named(given("attention", attention))),
         cuda_graphs=bool(given("cuda_graphs", False)),
+        fused_kernels=bool(given("fused_kernels", True)),
         hardware=HardwareConfig(device=str(given("device", device)), device_count=int(row["gpus"]),
                                 gpus_per_node=int(given("gpus_per_node", gpus_per_node)),
                                 intra_node_gbps=intra_node_gbps,

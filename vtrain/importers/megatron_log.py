@@ -141,10 +141,21 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "qkv bias": "True" if flag("add_qkv_bias") else None,  # Megatron's QKV has a bias with either flag
         "tie embeddings": None if "untie_embeddings_and_output_weights" not in args else
         str(not flag("untie_embeddings_and_output_weights")),
-        "attention": _attention(args), "framework": "megatron",
+        "attention": _attention(args), "framework": "megatron", "fused kernels": _fused_kernels(args),
         "context parallel size": given("context_parallel_size"), "experts": given("num_experts"),
         "expert parallel size": given("expert_model_parallel_size"),
     }
+
+
+#: Megatron's switches of its fused kernels (``--no-masked-softmax-fusion``, ...)
+_FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_dropout_fusion")
+
+
+def _fused_kernels(args: dict[str, str]) -> str | None:
+    """``False`` where the run switched every fused kernel off that it logs a switch of (its layers then ran
+    PyTorch's operators), ``True`` where it kept one, None in a log without them."""
+    switches = [args[name] for name in _FUSIONS if name in args]
+    return None if not switches else str(any(value == "True" for value in switches))
 
 
 def _precision(args: dict[str, str]) -> str | None:

@@ -63,9 +63,10 @@ _ATTENTION_BACKWARD = ("aten::_softmax_backward_data", *(f"{name}_backward" for 
                        "flash_attn::_flash_attn_varlen_backward")
 _SCORES = ("aten::_softmax",)
 _PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::matmul")
+#: Megatron's fused kernels (its fused softmax, apex's norms): a Megatron run without them ran PyTorch's operators
+_FUSED_KERNELS = re.compile(r"ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax|FusedLayerNormAffine|FusedRMSNorm")
 #: operator names only Megatron's layers run (its tensor-parallel linear layers, fused softmax and norms)
-_MEGATRON = re.compile(r"LinearWithGradAccumulation|ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax|"
-                       r"FusedLayerNormAffine")
+_MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 #: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
@@ -115,7 +116,8 @@ class InferredRun:
         return (f"{run.model.describe()}; t{layout.tp} d{layout.dp} p{layout.pp}, micro-batch {layout.micro_batch}, "
                 f"global batch {layout.global_batch}, recompute {layout.recompute}{reduced}"
                 f"{', sequence parallel' if layout.sequence_parallel else ''}, {run.precision}, {run.framework}'s "
-                f"kernels, {run.attention} attention, on {run.hardware.device}")
+                f"{'kernels' if run.fused_kernels else 'layers without fused kernels'}, {run.attention} attention, "
+                f"on {run.hardware.device}")
 
 
 def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, device: str | None,
@@ -211,9 +213,11 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     gpu = device if device and device.lower() != "cpu" else "cpu"
+    attention = "flash" if _fused(rank) else "eager"
     config = RunConfig(model=model, parallelism=parallel, precision=_precision(rank),
                        framework="megatron" if megatron or not model.is_gpt else "reference",
-                       attention="flash" if _fused(rank) else "eager",
+                       attention=attention,
+                       fused_kernels=not megatron or attention == "flash" or _fused_kernels(ranks),
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
     assumed = ", ".join(([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
@@ -439,6 +443,12 @@ def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None
         return bool(before), round(sizes[len(sizes) // 2], 3)
     alone = after[-1] if after else None  # one bucket held every gradient: its limit is at least their size
     return bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None
+
+
+def _fused_kernels(ranks: list[_Rank]) -> bool:
+    """Whether a Megatron run's eager layers ran its fused kernels (its fused softmax, apex's norms), not PyTorch's
+    operators (Megatron-core's local layers without apex or Transformer Engine)."""
+    return any(_FUSED_KERNELS.search(name) for one in ranks for name in one.names)
 
 
 def _biased(rank: _Rank) -> bool:

@@ -106,6 +106,7 @@ class Simulation:
                             "stage_layers": list(par.stage_layers) if par.stage_layers else None},
             "cuda_graphs": self.config.cuda_graphs,
             "framework": self.config.framework,
+            "fused_kernels": self.config.fused_kernels,
             "attention": self.config.attention,
             "device": {"name": self.device.name, "provenance": self.device.provenance},
             "profile": self.profile_path,

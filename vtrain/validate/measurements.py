@@ -30,7 +30,7 @@ DIMENSIONS = ("gpus", "nodes", "tp", "dp", "pp", "micro_batch", "hidden", "layer
 #: global batch)
 LAYOUT = ("gpus", "tp", "dp", "pp", "micro_batch", "hidden", "heads", "layers", "seq", "vocab", "schedule",
           "virtual_stages", "recompute", "dp_overlap", "sequence_parallel", "distributed_optimizer", "gpus_per_node",
-          "inter_node_gbps", "framework", "precision", "attention", "cuda_graphs", "device")
+          "inter_node_gbps", "framework", "precision", "attention", "cuda_graphs", "fused_kernels", "device")
 
 
 @dataclass
