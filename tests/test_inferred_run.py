@@ -50,8 +50,8 @@ def test_the_shapes_give_the_recorded_run_back(name: str, tmp_path: Path) -> Non
     # a bucket closes once it holds its MiB: the median bucket is at least that (25.05 MiB for t1p1d2's 25)
     assert run.parallelism.dp_bucket_mb == pytest.approx(layout.pop("dp_bucket_mb"), rel=0.01)
     assert {**run.parallelism.__dict__, "dp_bucket_mb": None} == {**layout, "dp_bucket_mb": None}
-    assert (run.precision, run.framework, run.attention) == (recorded.precision, recorded.framework,
-                                                             recorded.attention)
+    assert (run.precision, run.framework, run.attention, run.fused_kernels) == (
+        recorded.precision, recorded.framework, recorded.attention, recorded.fused_kernels)
     assert "not overlapped" not in inferred.assumed
 
 
