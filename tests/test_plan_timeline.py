@@ -39,16 +39,18 @@ CASES = [
     {"cuda_graphs": True},  # each layer pass one launch: the fitted host time once per graph
     {"pp": 5, "dp": 4, "global_batch": 40, "recompute": "selective", "cuda_graphs": True},
     {"distributed_optimizer": True},  # buckets reduce-scattered, their parameters all-gathered after the step
+    {"fused_kernels": False, "recompute": "selective"},  # Megatron's layers without its fused kernels
+    {"fused_kernels": False, "distributed_optimizer": True},
     {"distributed_optimizer": True, "dp_overlap": False},
     {"pp": 5, "dp": 4, "global_batch": 40, "schedule": "interleaved", "virtual_stages": 7,
      "distributed_optimizer": True},
 ]
 
 
-def _mtnlg(cuda_graphs: bool = False, **parallelism: object) -> RunConfig:
+def _mtnlg(cuda_graphs: bool = False, fused_kernels: bool = True, **parallelism: object) -> RunConfig:
     config = load_run_config(MTNLG).with_overrides(**parallelism)
     return replace(config, hardware=replace(config.hardware, device_count=config.parallelism.world_size),
-                   cuda_graphs=cuda_graphs)
+                   cuda_graphs=cuda_graphs, fused_kernels=fused_kernels)
 
 
 def test_timeline_equals_simulate_on_the_a100_profile() -> None:
