@@ -134,7 +134,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
-                       optimizers: int = 1) -> None:
+                       optimizers: int = 1, training: bool = True) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -143,7 +143,8 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     or its scores written out of matmul and softmax on the repeated ones (``eager-repeated``), or repeated as
     torchtitan does (``expand`` on ``[b, s, kv, 1, d]``) or by ``repeat_interleave`` on the heads' dim. Not
     ``marked``: the profiler taken around four steps without a schedule or ``step()``, as many scripts do (no
-    ProfilerStep#N). Two ``optimizers``: AdamW for the matrices, SGD for the rest, stepped one after the other."""
+    ProfilerStep#N). Two ``optimizers``: AdamW for the matrices, SGD for the rest, stepped one after the other. Not
+    ``training``: the model evaluated under ``torch.no_grad()`` (no backward pass, no optimizer step)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -195,6 +196,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
 
     def step() -> None:
         tokens = torch.randint(0, vocab, (batch, seq))
+        if not training:
+            with torch.no_grad():
+                model(tokens)
+            return
         F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
         for optimizer in stepped:
             optimizer.step()
@@ -256,6 +261,18 @@ def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:
     model = inferred.config.model
     assert (model.layers, model.heads, model.kv_heads, model.hidden) == (2, 8, 2, 128)
     assert inferred.config.attention == "flash"
+
+
+def test_an_inference_trace_gives_no_training_run(tmp_path: Path) -> None:
+    """The same script evaluating its model under ``torch.no_grad()``: the embedding and the attention are there,
+    the backward pass and the optimizer are not; vtrain simulates training, so no run is read off it (it had said
+    "0 attention backward calls are not one a layer"), and validate still replays it."""
+    _record_llama_like(tmp_path / "eval", training=False)
+    inferred = _inferred(tmp_path / "eval", tmp_path)
+    assert inferred.config is None and inferred.reason.startswith("no backward pass")
+    ran = vtrain_in_process("validate", tmp_path / "eval", "--no-hta", "--json", "-o", tmp_path / "report")
+    assert ran.returncode == 0 and "no backward pass" in ran.stderr, ran.stderr
+    assert json.loads(ran.stdout)["replay"]["error_pct"] == pytest.approx(0.0, abs=2.0)
 
 
 def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp_path: Path) -> None:

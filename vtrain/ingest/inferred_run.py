@@ -174,6 +174,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     if not first:
         raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
                         "language model's training, or recorded without record_shapes")
+    if not any(name.startswith(BACKWARD_OP_PREFIX) for one in ranks for name in one.names):
+        raise _NotShown("no backward pass (no autograd operator in any traced iteration): inference or evaluation, "
+                        "where vtrain simulates training")
     sharded = next((name for one in ranks for name in one.names if _SHARDED.search(name)), None) or next(
         ("parameters all-gathered in the backward pass" for one in ranks if one.gathers_in_backward), None)
     if sharded:
