@@ -27,7 +27,9 @@ Where the reference model (:mod:`vtrain.model.gpt`) runs one aten operator per s
   gradient norm, runs Adam on the fp32 master weights (apex multi-tensor apply) and copies them back to fp16.
 
 Fused kernels are named after the function that launches them (``apex::``, ``megatron::``); their bytes are those
-of the tensors they read and write, so the memory-bound kernel model prices them as any other kernel.
+of the tensors they read and write, so the memory-bound kernel model prices them as any other kernel. Without them
+(``fused_kernels: false``: Megatron-core's local layers without apex or Transformer Engine) each helper below gives
+PyTorch's operators instead, from :mod:`vtrain.model.megatron_unfused`.
 Notation as in :mod:`vtrain.model.gpt`: n = b·s tokens, hp = h/t, f = 4h/t, Vt vocabulary rows per rank.
 """
 
