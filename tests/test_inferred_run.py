@@ -263,6 +263,36 @@ def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:
     assert inferred.config.attention == "flash"
 
 
+def test_packed_sequences_are_read_as_their_count(tmp_path: Path) -> None:
+    """Documents packed into one row of tokens and attended to each on its own (flash-attn's varlen operator, as
+    Hugging Face's ``DataCollatorWithFlattening`` runs it: tokens ``[1, 128]``, queries ``[128, heads, d]``, the
+    cumulative lengths of 2 sequences ``[3]``): the LLaMA-style script's trace written as that. Read as one sequence
+    of 128 tokens, its attention was four times the work of two of 64; the trace says how many, not how long, and
+    the run says it assumed one length."""
+    _record_llama_like(tmp_path / "llama")
+    trace = json.loads((tmp_path / "llama" / "trace.json").read_text())
+    packed = {"aten::_scaled_dot_product_flash_attention_for_cpu": "flash_attn::_flash_attn_varlen_forward",
+              "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "flash_attn::_flash_attn_varlen_backward"}
+    for event in trace["traceEvents"]:
+        args = event.get("args", {})
+        if event.get("name") in packed:
+            event["name"] = packed[event["name"]]
+            tensors = [[d[0] * d[2], d[1], d[3]] for d in args["Input Dims"] if len(d) == 4]
+            args["Input Dims"] = tensors[:3] + [[3], [3], [], []]
+            args["Input type"] = ["float"] * 3 + ["int", "int", "Scalar", "Scalar"]
+        elif event.get("name") in ("aten::embedding", "aten::embedding_dense_backward"):
+            args["Input Dims"] = [[1, 128] if d == [2, 64] else [1, 128, 128] if d == [2, 64, 128] else d
+                                  for d in args["Input Dims"]]
+    folder = tmp_path / "packed"
+    folder.mkdir()
+    (folder / "trace.json").write_text(json.dumps(trace))
+    inferred = _inferred(folder, tmp_path)
+    assert inferred.reason is None
+    layout, model = inferred.config.parallelism, inferred.config.model
+    assert (layout.micro_batch, model.seq, model.heads, model.kv_heads) == (2, 64, 8, 2)
+    assert "the 2 sequences packed in a micro-batch of one length (64 tokens" in inferred.assumed
+
+
 def test_an_inference_trace_gives_no_training_run(tmp_path: Path) -> None:
     """The same script evaluating its model under ``torch.no_grad()``: the embedding and the attention are there,
     the backward pass and the optimizer are not; vtrain simulates training, so no run is read off it (it had said

@@ -188,6 +188,10 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                          and dims[0][0] == table])
     batch, seq = (tokens[0], tokens[1]) if len(tokens) == 2 else (1, tokens[0])
     heads_here, width, kv_here = _attention(rank, batch, seq)
+    packed = _packed_sequences(rank)
+    repacked = packed > batch  # documents packed into one row, attended to each on its own: shorter sequences
+    if repacked:
+        batch, seq = packed, batch * seq // packed
     if hidden % (heads_here * width):
         raise _NotShown(f"hidden size {hidden} is no multiple of the {heads_here} attention heads of width {width} "
                         f"a rank holds")
@@ -223,7 +227,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                        fused_kernels=not megatron or attention == "flash" or _fused_kernels(ranks),
                        hardware=HardwareConfig(device=gpu, device_count=world,
                                                gpus_per_node=min(world, HardwareConfig().gpus_per_node)))
-    assumed = ", ".join(([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
+    assumed = ", ".join(([f"the {packed} sequences packed in a micro-batch of one length ({seq} tokens: the "
+                          f"trace holds their count, not their lengths)"] if repacked else [])
+                        + ([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
                         + ([f"buckets of {ParallelConfig.dp_bucket_mb:g} MiB"] if dp > 1 and not bucket else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
@@ -367,6 +373,14 @@ def _repeated_key_values(rank: _Rank, batch: int, seq: int, heads: int, width: i
               if dims and _shape(dims[0], len(layout))
               and all(size == known[axis] for size, axis in zip(dims[0], layout) if axis != "kv")]
     return next((kv for kv in groups if kv < heads and heads % kv == 0), heads)
+
+
+def _packed_sequences(rank: _Rank) -> int:
+    """The sequences a micro-batch packs where its attention takes them packed (flash-attn's varlen operator: their
+    cumulative lengths, one more than their count, its fourth input), the median over its calls; else 0."""
+    counts = sorted(int(dims[3][0]) - 1 for name in _PACKED for dims, _ in rank.calls(name)
+                    if len(dims) > 3 and _shape(dims[3], 1) and dims[3][0] > 1)
+    return counts[len(counts) // 2] if counts else 0
 
 
 def _fused(rank: _Rank) -> bool:
