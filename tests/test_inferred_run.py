@@ -319,10 +319,13 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
     assert abs(model["in_sample_error_pct"]) < 50  # -22 % to +5 % on a loaded machine
 
 
-def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False) -> None:
+def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
+                        experts: bool = False) -> None:
     """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``sharded``,
     FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
-    causal: its attention PyTorch's SDPA on the math path)."""
+    causal: its attention PyTorch's SDPA on the math path). With ``experts`` each layer is followed by a mixture of
+    experts, one a rank: a router weighs the tokens, which go to the experts and back by differentiable
+    all-to-all exchanges (expert parallelism)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -341,15 +344,29 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
                                                                    batch_first=True, norm_first=True)
                                         for _ in range(2))
             self.norm, self.out = nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False)
+            self.routers = nn.ModuleList(nn.Linear(hidden, world) for _ in range(2 if experts else 0))
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(),
+                                                       nn.Linear(2 * hidden, hidden)) for _ in self.routers)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             x = self.words(tokens) + self.positions(torch.arange(seq))
             mask = nn.Transformer.generate_square_subsequent_mask(seq)
-            for layer in self.layers:
+            for index, layer in enumerate(self.layers):
                 x = layer(x, src_mask=mask, is_causal=True)
+                if experts:
+                    x = x + self._moe(index, x)
             return self.out(self.norm(x))
 
-    if sharded:
+        def _moe(self, index: int, x: torch.Tensor) -> torch.Tensor:
+            from torch.distributed._functional_collectives import all_to_all_single_autograd as exchange
+
+            flat = x.reshape(-1, hidden)
+            weight = self.routers[index](flat).softmax(-1).max(-1, keepdim=True).values
+            sent = exchange(flat, None, None, dist.group.WORLD)  # each rank's expert takes its share
+            back = exchange(self.experts[index](sent), None, None, dist.group.WORLD)
+            return (weight * back).view_as(x)
+
+    if sharded:  # (FSDP2)
         from torch.distributed.fsdp import fully_shard
 
         model = GPT()
@@ -385,13 +402,25 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
     assert "overlapped with the backward pass" in ran.stderr and "fused attention" not in ran.stderr
 
 
-def _record_data_parallel(target: Path, sharded: bool) -> Path:
+def _record_data_parallel(target: Path, sharded: bool, experts: bool = False) -> Path:
     import torch.multiprocessing as mp
 
     target.mkdir()
     mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
-                                                  sharded), nprocs=2, join=True, start_method="spawn")
+                                                  sharded, experts), nprocs=2, join=True, start_method="spawn")
     return target
+
+
+def test_a_mixture_of_experts_is_declined(tmp_path: Path) -> None:
+    """Two ranks of a GPT whose layers send their tokens to an expert a rank and back by all-to-all exchanges
+    (expert parallelism), recorded here: vtrain simulates dense layers, so no run is read off it (it was read as
+    4 layers and predicted), and validate still replays it."""
+    target = _record_data_parallel(tmp_path / "experts", sharded=False, experts=True)
+    inferred = _inferred(target, tmp_path)
+    assert inferred.config is None and inferred.reason.startswith("all-to-all exchanges in the training step (")
+    ran = vtrain_in_process("validate", target, "--no-hta", "--json", "-o", tmp_path / "report")
+    assert ran.returncode == 0 and "a mixture of experts" in ran.stderr, ran.stderr
+    assert json.loads(ran.stdout)["model"] is None
 
 
 def test_parameters_gathered_in_the_backward_pass_are_a_sharded_run(tmp_path: Path) -> None:

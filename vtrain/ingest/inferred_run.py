@@ -70,6 +70,9 @@ _MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 #: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
+#: all-to-all exchanges: tokens sent to experts on other ranks (a mixture of experts) or sequences split over ranks
+#: (Ulysses), neither of which vtrain simulates
+_ALL_TO_ALL = re.compile(r"(?i:all_?to_?all)")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
@@ -177,7 +180,11 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     if not any(name.startswith(BACKWARD_OP_PREFIX) for one in ranks for name in one.names):
         raise _NotShown("no backward pass (no autograd operator in any traced iteration): inference or evaluation, "
                         "where vtrain simulates training")
-    sharded = next((name for one in ranks for name in one.names if _SHARDED.search(name)), None) or next(
+    exchanged = next((name for one in ranks for name in sorted(one.names) if _ALL_TO_ALL.search(name)), None)
+    if exchanged:
+        raise _NotShown(f"all-to-all exchanges in the training step ({exchanged}): experts on other ranks (a mixture "
+                        f"of experts) or sequences split over ranks, which vtrain does not simulate")
+    sharded = next((name for one in ranks for name in sorted(one.names) if _SHARDED.search(name)), None) or next(
         ("parameters all-gathered in the backward pass" for one in ranks if one.gathers_in_backward), None)
     if sharded:
         raise _NotShown(f"a sharded data-parallel run ({sharded}): vtrain does not simulate FSDP's or ZeRO-3's "
@@ -238,7 +245,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 
 #: operator names searched for (the others of an iteration are not read)
-_SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED))
+_SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
+                                                                          _ALL_TO_ALL))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
