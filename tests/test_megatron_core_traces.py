@@ -172,3 +172,18 @@ def test_the_h200_profile_predicts_megatrons_runs_it_never_saw(name: str) -> Non
     assert done.returncode == 0, done.stderr
     steady = load_run_config(config).recording["iteration_ms"][2:]
     assert abs(json.loads(done.stdout)["iteration_time_ms"] / min(steady) - 1) * 100 < 8.0
+
+
+def test_simulate_overrides_the_fused_kernels(tmp_path: Path) -> None:
+    """``--fused-kernels`` / ``--no-fused-kernels`` give what the run config saying so gives."""
+    unfused = GPU / "h200-mcore-gpt1.3b-none" / "run.yaml"
+    fused = tmp_path / "fused.yaml"
+    fused.write_text(unfused.read_text().replace("fused_kernels: false", "fused_kernels: true"))
+
+    def predicted(config: Path, *flags: str) -> float:
+        done = vtrain_in_process("simulate", config, "--profile", REPO / "profiles" / "h200", "--json", *flags)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["iteration_time_ms"]
+
+    assert predicted(fused, "--no-fused-kernels") == predicted(unfused)
+    assert predicted(unfused, "--fused-kernels") == predicted(fused) != predicted(unfused)

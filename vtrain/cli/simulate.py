@@ -76,6 +76,9 @@ def parser() -> OneLineParser:
                            help="Override whose kernels the run launches: megatron or reference.")
     overrides.add_argument("--attention", metavar="NAME",
                            help="Override how attention runs: eager (scores in memory) or flash (one fused kernel).")
+    overrides.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
+                           help="Override whether Megatron's layers run its fused kernels (--no-fused-kernels: "
+                                "PyTorch's operators, as Megatron-core's local layers without apex).")
     return parsed
 
 
@@ -94,12 +97,12 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
                      intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
                      precision: str | None = None, framework: str | None = None, attention: str | None = None,
-                     seq: int | None = None, **overrides: object) -> None:
+                     fused_kernels: bool | None = None, seq: int | None = None, **overrides: object) -> None:
     """Predict the iteration of the run config ``config`` (with ``overrides`` of its parallelism; ``seq`` of its
     model's sequence; ``gpus`` (a model without a run of its own, a Hugging Face config or a published
     architecture's name: by default t x d x p),
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
-    ``framework`` and ``attention``) and print the summary; with ``output``, write the predicted traces there."""
+    ``framework``, ``attention`` and ``fused_kernels``) and print the summary; with ``output``, write the predicted traces there."""
     from vtrain.outputs import check_output
     from vtrain.run_argument import given_run
     from vtrain.runconfig import framework_named, word_named
@@ -111,7 +114,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     run = given.config.with_overrides(**overrides)
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
                                            ("framework", framework_named(framework)),
-                                           ("attention", word_named(attention))) if value is not None}
+                                           ("attention", word_named(attention)),
+                                           ("fused_kernels", fused_kernels)) if value is not None}
     if seq is not None:
         whole["model"] = replace(run.model, seq=seq)
     if whole:
