@@ -102,7 +102,8 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
     model's sequence; ``gpus`` (a model without a run of its own, a Hugging Face config or a published
     architecture's name: by default t x d x p),
     ``device``, ``gpus_per_node`` and the link rates of its hardware; ``cuda_graphs``, ``precision``,
-    ``framework``, ``attention`` and ``fused_kernels``) and print the summary; with ``output``, write the predicted traces there."""
+    ``framework``, ``attention`` and ``fused_kernels``) and print the summary; with ``output``, write the predicted
+    traces there."""
     from vtrain.outputs import check_output
     from vtrain.run_argument import given_run
     from vtrain.runconfig import framework_named, word_named
