@@ -22,8 +22,9 @@ Each run writes ``OUT_DIR/NAME/rank-0.json.gz`` (the torch profiler's Kineto tra
 CUDA activities, shapes recorded, ``ProfilerStep#1`` and ``#2``; iteration 0 is the warm-up) and
 ``OUT_DIR/NAME/run.yaml`` in vtrain's run-config schema (``framework: megatron``, ``fused_kernels: false``) with
 the loss and wall time of every iteration and the peak ``torch.cuda.max_memory_allocated`` of the two profiled
-iterations. Its summary line puts beside the peak the prediction of ``vtrain.model.memory.peak_stage_memory`` for the written run.yaml. A run
-that fails is said on one line with its traceback and the others go on; the last line says how many were recorded.
+iterations. Its summary line puts beside the peak the prediction of ``vtrain.model.memory.peak_stage_memory`` for
+the written run.yaml. A run that fails is said on one line with its traceback and the others go on; the last line
+says how many were recorded.
 
 ``--cpu-smoke`` runs a tiny model for one iteration on the CPU (gloo): process groups, model-parallel state,
 ``GPTModel`` on the local spec in ``Float16Module``, the forward step and loss function through Megatron's own
