@@ -187,3 +187,17 @@ def test_simulate_overrides_the_fused_kernels(tmp_path: Path) -> None:
 
     assert predicted(fused, "--no-fused-kernels") == predicted(unfused)
     assert predicted(unfused, "--fused-kernels") == predicted(fused) != predicted(unfused)
+
+
+def test_plan_sweeps_megatrons_unfused_run_as_simulate_times_it(tmp_path: Path) -> None:
+    """``vtrain plan`` from a Megatron-core run.yaml keeps its layers unfused: its own layout is timed as
+    ``vtrain simulate`` times the run, and the report says which kernels."""
+    config = GPU / "h200-mcore-gpt1.3b-none" / "run.yaml"
+    profile = REPO / "profiles" / "h200"
+    planned = vtrain_in_process("plan", config, "--gpus", "1", "--profile", profile, "-o", tmp_path / "plan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    simulated = vtrain_in_process("simulate", config, "--profile", profile, "--json")
+    result = json.loads(planned.stdout)
+    assert result["fused_kernels"] is False
+    assert result["reference"]["iteration_ms"] == pytest.approx(json.loads(simulated.stdout)["iteration_time_ms"])
+    assert "megatron's kernels (without its fused ones)" in (tmp_path / "plan" / "report.md").read_text()

@@ -103,7 +103,8 @@ def summary(table: PlanTable) -> dict[str, Any]:
         "best": table.best(),
         "best_reason": table.no_best_reason(),
         "reference": table.reference,
-        "model": table.base.model.describe(), "framework": table.base.framework, "precision": table.base.precision,
+        "model": table.base.model.describe(), "framework": table.base.framework,
+        "fused_kernels": table.base.fused_kernels, "precision": table.base.precision,
         "attention": table.base.attention,
         "device": table.device, "device_memory_gib": table.device_memory_gib, "profile": table.profile,
         "limits": {"max_iteration_s": table.max_iteration_s, "budget_usd": table.budget_usd},
@@ -137,8 +138,9 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
     plan and the breakdown of the best plans."""
     counts, base, m = table.counts, table.base, table.base.model
     heading: list[doc.Block] = [
-        doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {base.framework}'s kernels and "
-                 f"optimizer states, {base.attention} attention, "
+        doc.Text(f"Global batch {base.parallelism.global_batch}, {base.precision}, {base.framework}'s kernels"
+                 f"{'' if base.fused_kernels else ' (without its fused ones)'} and optimizer states, "
+                 f"{base.attention} attention, "
                  f"{table.device} with "
                  f"{table.device_memory_gib:g} GiB, profile `{table.profile or 'none (every latency modelled)'}`."
                  + (" Every plan with d > 1 with and without Megatron's distributed optimizer (`dist-opt`)."
