@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-from bisect import bisect_right
 import re
+from bisect import bisect_right
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
@@ -401,6 +401,12 @@ def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: fl
         spans.append((thread, begin, end - begin))
         begin = end
     return spans
+
+
+def empty_steps_text(steps: int, longest_us: float) -> str:
+    """What a rank's ``ProfilerStep#N`` spans that hold none of its events are (spans written without their
+    length), for ingest's warning and validate's error."""
+    return f"its {steps} ProfilerStep#N spans hold none of its events (the longest lasts {longest_us:g} us)"
 
 
 def optimizer_iterations_warning(path: object, made: int, others_marked: bool = False) -> str:

@@ -30,6 +30,7 @@ from vtrain.ingest.text import TraceText, load_text
 from vtrain.kineto import (
     C10D_OP_PREFIX,
     absurd_host_warning,
+    empty_steps_text,
     optimizer_iterations_warning,
     unanswered_launches_warning,
 )
@@ -220,8 +221,7 @@ def _empty_steps(path: Path, tables: RankTables) -> str | None:
     if not steps.height or tables.cpu_ops.filter(~step & pl.col("iteration").is_not_null()).height \
             or tables.kernels["iteration"].is_not_null().any():
         return None
-    return (f"{path}: its {steps.height} ProfilerStep#N spans hold none of its events (the longest lasts "
-            f"{steps['dur'].max():g} us): no iteration of it can be measured")
+    return f"{path}: {empty_steps_text(steps.height, steps['dur'].max())}: no iteration of it can be measured"
 
 
 def _report_collectives(path: Path, tables: RankTables, warnings: list[str]) -> None:

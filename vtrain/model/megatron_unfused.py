@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 
 from vtrain.model.gpt import GptShape
-from vtrain.model.ops import Op, Step, make_op
+from vtrain.model.ops import PRECISION_DTYPE, Op, Step, make_op
 
-FP32 = "float"
+FP32 = PRECISION_DTYPE["fp32"]
 
 
 def _rows(shape: GptShape, width: int, outside: bool) -> list[int]:

@@ -420,12 +420,16 @@ def _add_optimizer_iterations(trace: RankTrace) -> None:
     names = set(trace.name)  # the file's few distinct names: most files leave here
     if any(name.startswith(ITERATION_PREFIX) for name in names) or not any(map(kineto.OPTIMIZER_STEP.match, names)):
         return
-    steps = [(trace.ts[i], trace.ts[i] + trace.dur[i], trace.lane[i]) for i, kind in enumerate(trace.kind)
-             if kind == CPU and kineto.OPTIMIZER_STEP.match(trace.name[i])]
-    host = [trace.ts[i] for i, kind in enumerate(trace.kind) if kind in (CPU, RUNTIME)]
-    backward = [trace.ts[i] for i, kind in enumerate(trace.kind)
-                if kind == CPU and trace.name[i].startswith(kineto.BACKWARD_OP_PREFIX)]
-    spans = kineto.optimizer_iterations(steps, min(host), backward) if steps and host else []
+    steps, backward, first = [], [], math.inf
+    for kind, name, ts, dur, lane in zip(trace.kind, trace.name, trace.ts, trace.dur, trace.lane):
+        if kind not in (CPU, RUNTIME):
+            continue
+        first = min(first, ts)
+        if kind == CPU and kineto.OPTIMIZER_STEP.match(name):
+            steps.append((ts, ts + dur, lane))
+        elif kind == CPU and name.startswith(kineto.BACKWARD_OP_PREFIX):
+            backward.append(ts)
+    spans = kineto.optimizer_iterations(steps, first, backward) if steps else []
     after = (max(trace.index) + 1) if len(trace.index) else 0
     for k, (thread, start, dur) in enumerate(spans):
         for column, value in ((trace.kind, CPU), (trace.cat, kineto.OPTIMIZER_ITERATION),

@@ -24,16 +24,21 @@ Definitions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
-from vtrain.kineto import ATTENTION_OPS, fused_attention_dims
+from vtrain.kineto import ATTENTION_OPS, empty_steps_text, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
+
+if TYPE_CHECKING:
+    from vtrain.replay.trace import KeptRank, RankTrace
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,12 @@ def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
     return named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
 
 
-def without_made_iterations(frame: pl.DataFrame, made: set[int], ranks: int) -> pl.DataFrame:
-    """An annotated event frame with no iteration on the ``made`` ranks (whose ``ProfilerStep#N`` spans were made
-    from their optimizer steps, :data:`~vtrain.kineto.OPTIMIZER_ITERATION`) where some of its ``ranks`` have the
+def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | KeptRank]) -> pl.DataFrame:
+    """An annotated event frame with no iteration on the ranks whose ``ProfilerStep#N`` spans were made from their
+    optimizer steps (:data:`~vtrain.kineto.OPTIMIZER_ITERATION`) where other ``traces`` of the set have the
     profiler's own: their numbers are not the profiler's."""
-    if not made or len(made) == ranks:
+    made = {trace.rank for trace in traces if trace.optimizer_iterations}
+    if not made or len(made) == len(traces):
         return frame
     return frame.with_columns(iteration=pl.when(pl.col("rank").is_in(sorted(made))).then(None)
                               .otherwise(pl.col("iteration")))
@@ -148,8 +154,7 @@ def measured_iterations(frame: pl.DataFrame, trace_dir: object) -> list[int]:
         return found
     steps = step_spans(frame)
     if steps.height:
-        raise InputError(f"its {steps.height} ProfilerStep#N spans hold none of its events (the longest lasts "
-                         f"{steps['dur'].max():g} us): no iteration to measure", trace_dir)
+        raise InputError(f"{empty_steps_text(steps.height, steps['dur'].max())}: no iteration to measure", trace_dir)
     raise InputError("no events the replay can use (CPU operators, runtime calls, kernels)", trace_dir)
 
 

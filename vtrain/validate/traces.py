@@ -171,8 +171,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         trace.release_columns()
     for line in replayed.notes:
         note(line)
-    frame = without_made_iterations(replayed.events, {t.rank for t in traces if t.optimizer_iterations},
-                                    len(traces))
+    frame = without_made_iterations(replayed.events, traces)
     measured = iterations(frame, MEASURED)
     all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):

@@ -138,8 +138,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
         warn(line)
     graph = build_graph(traces, config)
     owned = own_edges(graph)
-    frame = without_made_iterations(annotate(timeline(graph, graph.measured)),
-                                    {trace.rank for trace in traces if trace.optimizer_iterations}, len(traces))
+    frame = without_made_iterations(annotate(timeline(graph, graph.measured)), traces)
     all_iterations = measured_iterations(frame, trace_dir)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     for line in chosen.notes:
