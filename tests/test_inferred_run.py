@@ -263,14 +263,10 @@ def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:
     assert inferred.config.attention == "flash"
 
 
-def test_packed_sequences_are_read_as_their_count(tmp_path: Path) -> None:
-    """Documents packed into one row of tokens and attended to each on its own (flash-attn's varlen operator, as
-    Hugging Face's ``DataCollatorWithFlattening`` runs it: tokens ``[1, 128]``, queries ``[128, heads, d]``, the
-    cumulative lengths of 2 sequences ``[3]``): the LLaMA-style script's trace written as that. Read as one sequence
-    of 128 tokens, its attention was four times the work of two of 64; the trace says how many, not how long, and
-    the run says it assumed one length."""
-    _record_llama_like(tmp_path / "llama")
-    trace = json.loads((tmp_path / "llama" / "trace.json").read_text())
+def _packed_trace(source: Path, target: Path, sequences: int) -> None:
+    """The LLaMA-style script's trace (2 x 64 tokens) rewritten as one packed row of 128 tokens whose attention is
+    flash-attn's varlen operator over ``sequences`` (its cumulative lengths, ``[sequences + 1]``)."""
+    trace = json.loads((source / "trace.json").read_text())
     packed = {"aten::_scaled_dot_product_flash_attention_for_cpu": "flash_attn::_flash_attn_varlen_forward",
               "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "flash_attn::_flash_attn_varlen_backward"}
     for event in trace["traceEvents"]:
@@ -278,19 +274,54 @@ def test_packed_sequences_are_read_as_their_count(tmp_path: Path) -> None:
         if event.get("name") in packed:
             event["name"] = packed[event["name"]]
             tensors = [[d[0] * d[2], d[1], d[3]] for d in args["Input Dims"] if len(d) == 4]
-            args["Input Dims"] = tensors[:3] + [[3], [3], [], []]
+            args["Input Dims"] = tensors[:3] + [[sequences + 1], [sequences + 1], [], []]
             args["Input type"] = ["float"] * 3 + ["int", "int", "Scalar", "Scalar"]
         elif event.get("name") in ("aten::embedding", "aten::embedding_dense_backward"):
             args["Input Dims"] = [[1, 128] if d == [2, 64] else [1, 128, 128] if d == [2, 64, 128] else d
                                   for d in args["Input Dims"]]
+    target.mkdir()
+    (target / "trace.json").write_text(json.dumps(trace))
+
+
+def test_packed_sequences_are_read_as_their_count(tmp_path: Path) -> None:
+    """Documents packed into one row of tokens and attended to each on its own (flash-attn's varlen operator, as
+    Hugging Face's ``DataCollatorWithFlattening`` runs it: tokens ``[1, 128]``, queries ``[128, heads, d]``, the
+    cumulative lengths of 2 sequences ``[3]``): the LLaMA-style script's trace written as that. Read as one sequence
+    of 128 tokens, its attention was four times the work of two of 64; the trace says how many, not how long, and
+    the run says it assumed one length."""
+    _record_llama_like(tmp_path / "llama")
     folder = tmp_path / "packed"
-    folder.mkdir()
-    (folder / "trace.json").write_text(json.dumps(trace))
+    _packed_trace(tmp_path / "llama", folder, 2)
     inferred = _inferred(folder, tmp_path)
     assert inferred.reason is None
     layout, model = inferred.config.parallelism, inferred.config.model
     assert (layout.micro_batch, model.seq, model.heads, model.kv_heads) == (2, 64, 8, 2)
     assert "the 2 sequences packed in a micro-batch of one length (64 tokens" in inferred.assumed
+
+
+def test_more_packed_sequences_than_tokens_is_said_not_a_traceback(tmp_path: Path) -> None:
+    """A hostile count: cumulative lengths of a million sequences over a row of 128 tokens. No run is read off it,
+    one line says why, and the traces are still replayed."""
+    _record_llama_like(tmp_path / "llama")
+    _packed_trace(tmp_path / "llama", tmp_path / "absurd", 1_000_000)
+    inferred = _inferred(tmp_path / "absurd", tmp_path)
+    assert inferred.config is None
+    assert inferred.reason == "its attention packs 1,000,000 sequences into a row of 128 tokens"
+    ran = vtrain_in_process("validate", tmp_path / "absurd", "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+
+
+def test_a_users_span_named_like_an_all_to_all_is_no_exchange(tmp_path: Path) -> None:
+    """``record_function("log_all_to_all_stats")`` in a dense run's step: only c10d's and the backends' operators
+    are exchanges (the span alone had declined the run as a mixture of experts)."""
+    _record_llama_like(tmp_path / "llama")
+    trace = json.loads((tmp_path / "llama" / "trace.json").read_text())
+    step = next(event for event in trace["traceEvents"] if event.get("name") == "ProfilerStep#2")
+    trace["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "log_all_to_all_stats",
+                                 "pid": step["pid"], "tid": step["tid"], "ts": step["ts"] + 1, "dur": 1})
+    (tmp_path / "spanned").mkdir()
+    (tmp_path / "spanned" / "trace.json").write_text(json.dumps(trace))
+    assert _inferred(tmp_path / "spanned", tmp_path).reason is None
 
 
 def test_an_inference_trace_gives_no_training_run(tmp_path: Path) -> None:

@@ -71,8 +71,9 @@ _MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: all-to-all exchanges: tokens sent to experts on other ranks (a mixture of experts) or sequences split over ranks
-#: (Ulysses), neither of which vtrain simulates
-_ALL_TO_ALL = re.compile(r"(?i:all_?to_?all)")
+#: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
+#: (not a user's span that names one: ``record_function("log_all_to_all_stats")``)
+_ALL_TO_ALL = re.compile(r"^(?:c10d::alltoall|_c10d_functional::all_to_all|(?:nccl|gloo|ucc|mpi):all_to_all)")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
@@ -197,6 +198,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     heads_here, width, kv_here = _attention(rank, batch, seq)
     packed = _packed_sequences(rank)
     repacked = packed > batch  # documents packed into one row, attended to each on its own: shorter sequences
+    if packed > batch * seq:
+        raise _NotShown(f"its attention packs {packed:,} sequences into a row of {batch * seq:,} tokens")
     if repacked:
         batch, seq = packed, batch * seq // packed
     if hidden % (heads_here * width):
