@@ -89,6 +89,8 @@ def test_the_runs_settings_become_its_config(tmp_path: Path) -> None:
     ({}, True),  # a log without the switches: Megatron's defaults, fused
     ({"masked_softmax_fusion": False, "bias_gelu_fusion": False, "bias_dropout_fusion": False}, False),
     ({"masked_softmax_fusion": True, "bias_gelu_fusion": False, "bias_dropout_fusion": False}, True),
+    ({"masked_softmax_fusion": False, "bias_gelu_fusion": False, "bias_dropout_fusion": False,
+      "transformer_impl": "transformer_engine"}, True),  # Transformer Engine's layers fuse regardless
 ])
 def test_a_run_without_megatrons_fused_kernels_says_so(tmp_path: Path, switches: dict[str, bool],
                                                        fused: bool) -> None:

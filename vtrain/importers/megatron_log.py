@@ -153,7 +153,10 @@ _FUSIONS = ("masked_softmax_fusion", "bias_gelu_fusion", "bias_dropout_fusion")
 
 def _fused_kernels(args: dict[str, str]) -> str | None:
     """``False`` where the run switched every fused kernel off that it logs a switch of (its layers then ran
-    PyTorch's operators), ``True`` where it kept one, None in a log without them."""
+    PyTorch's operators), ``True`` where it kept one or ran Transformer Engine's layers (which fuse whatever the
+    switches say), None in a log without them."""
+    if args.get("transformer_impl") == "transformer_engine":
+        return "True"
     switches = [args[name] for name in _FUSIONS if name in args]
     return None if not switches else str(any(value == "True" for value in switches))
 
