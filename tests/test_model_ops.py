@@ -33,6 +33,19 @@ def test_memory_bound_bytes() -> None:
     assert cat == 4 * (8 + 8) + 4 * 16
 
 
+def test_masked_fill_reads_the_tensor_it_fills() -> None:
+    """``masked_fill_`` keeps an element's value where the mask is false, so it reads its target as well as writing
+    it; ``fill_`` only writes. Megatron-core's causal mask on the scores [4, 16, 2048, 2048] (bf16, the mask
+    broadcast) took 718.6 us on the H200 where ``fill_`` of as many elements took 158.7 us
+    (``traces/gpu/h200-mcore-gpt1.3b-none``, kernel medians). Counted write-only, ``profiles/h200`` modelled it at
+    a fill's bytes."""
+    scores, mask = [4, 16, 2048, 2048], [1, 1, 2048, 2048]
+    _, masked = op_cost("aten::masked_fill_", [scores, mask, []], ["c10::BFloat16", "bool", "Scalar"])
+    _, filled = op_cost("aten::fill_", [[4 * 16 * 2048 * 2048], []], ["c10::BFloat16", "Scalar"])
+    assert filled == 2 * 4 * 16 * 2048 * 2048
+    assert masked == 2 * filled + 2048 * 2048  # the scores read and written, the mask read
+
+
 def test_make_op_serialises_like_the_profiler() -> None:
     op = make_op("aten::mm", [[256, 64], [64, 192]], ["float", "float"])
     assert op.input_dims == "[[256, 64], [64, 192]]" and op.input_types == '["float", "float"]'

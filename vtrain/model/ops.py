@@ -30,9 +30,10 @@ GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "
 #: 128-row blocks): causal attention computes the tiles on and below the diagonal
 ATTENTION_TILE = 128
 
-#: operators that write their first input in place without reading it (copy/fill style)
-_WRITE_ONLY_FIRST = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::masked_fill_",
-                               "aten::index_put_", "aten::_index_put_impl_"})
+#: operators that write their first input in place without reading it (copy/fill style; ``masked_fill_`` reads
+#: it: an element keeps its value where the mask is false)
+_WRITE_ONLY_FIRST = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::index_put_",
+                               "aten::_index_put_impl_"})
 
 
 #: operators that reduce their one tensor input (along dimensions, or whole) to a much smaller output: they read
