@@ -184,10 +184,13 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
         scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
         notes.append(f"{scaled}: scaled, and no iteration moved: none of these events is on a critical path of "
                      f"{base.path}'s recorded dependencies (the iterations wait on other work)")
+    steady = [i for i in base.steady if other is None or i in other.steady] or base.steady
+    shifted = _shifted_steps(predicted_us, replayed_us, steady)
+    if shifted:
+        notes.append(shifted)
     for line in notes:
         warn(line)
     all_iterations = sorted(iterations(base.frame, MEASURED)["iteration"].unique().to_list())
-    steady = [i for i in base.steady if other is None or i in other.steady] or base.steady
     return WhatIf(
         trace_dir=base.path, other_dir=other.path if other else None,
         changes=[f"{s.label}={s.factor:g}" for s in scales], scale_hits=hits, ops_only=ops_only,
@@ -321,6 +324,23 @@ def _unmoved(predicted: dict[int, float], replayed: dict[int, float]) -> bool:
     """Whether no iteration's predicted time differs from its replay by more than rounding (1e-6 relative)."""
     return predicted.keys() == replayed.keys() and all(
         math.isclose(predicted[i], replayed[i], rel_tol=1e-6) for i in predicted)
+
+
+def _shifted_steps(predicted: dict[int, float], replayed: dict[int, float], steady: list[int]) -> str | None:
+    """The note for a change that moves the steady iterations one way and all the iterations together the other:
+    an iteration ends where the host marks it, so a longer (shorter) delay can land in the iteration before and
+    shorten (lengthen) the steady ones, while the iterations together, the job's time, follow the change."""
+    common = [i for i in replayed if i in predicted]
+    measured = [i for i in steady if i in common]
+    if not measured or not common:
+        return None
+    whole = sum(predicted[i] for i in common) / sum(replayed[i] for i in common) - 1
+    part = sum(predicted[i] for i in measured) / sum(replayed[i] for i in measured) - 1
+    if whole * part >= 0 or abs(whole - part) < 1e-3:
+        return None
+    return (f"the steady iterations {measured} moved {part:+.1%} and all {len(common)} iterations together "
+            f"{whole:+.1%}: an iteration ends where the host marks it, so the change moved time across their "
+            f"boundaries; the iterations together are the job's time")
 
 
 def _job_times(frame: pl.DataFrame, side: Side) -> dict[int, float]:
