@@ -134,7 +134,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
-                       optimizers: int = 1, training: bool = True) -> None:
+                       optimizers: int = 1, training: bool = True, compiled: str | None = None) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -144,7 +144,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     torchtitan does (``expand`` on ``[b, s, kv, 1, d]``) or by ``repeat_interleave`` on the heads' dim. Not
     ``marked``: the profiler taken around four steps without a schedule or ``step()``, as many scripts do (no
     ProfilerStep#N). Two ``optimizers``: AdamW for the matrices, SGD for the rest, stepped one after the other. Not
-    ``training``: the model evaluated under ``torch.no_grad()`` (no backward pass, no optimizer step)."""
+    ``training``: the model evaluated under ``torch.no_grad()`` (no backward pass, no optimizer step). ``compiled``:
+    each layer compiled by ``torch.compile`` with that backend, the embedding and head eager (as torchtitan compiles
+    its blocks)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -188,7 +190,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(vocab, hidden), Layer(), Layer(), nn.RMSNorm(hidden),
+    layers = [Layer(), Layer()]
+    if compiled:
+        layers = [torch.compile(layer, backend=compiled) for layer in layers]
+    model = nn.Sequential(nn.Embedding(vocab, hidden), *layers, nn.RMSNorm(hidden),
                           nn.Linear(hidden, vocab, bias=False))
     matrices = [p for p in model.parameters() if p.dim() == 2]
     stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters())] + (
@@ -322,6 +327,29 @@ def test_a_users_span_named_like_an_all_to_all_is_no_exchange(tmp_path: Path) ->
     (tmp_path / "spanned").mkdir()
     (tmp_path / "spanned" / "trace.json").write_text(json.dumps(trace))
     assert _inferred(tmp_path / "spanned", tmp_path).reason is None
+
+
+def test_a_model_compiled_whole_says_so(tmp_path: Path) -> None:
+    """``traces/gpu/h200-compiled-gpt``: a GPT trained under ``torch.compile(mode="reduce-overhead")`` on the H200,
+    made outside vtrain (``validators/gpu/compiled_trace.py``): Inductor's kernels record no operator's shapes, not
+    even the embedding's. It was declined as "not a language model's training, or recorded without
+    record_shapes"."""
+    reason = _inferred(TRACES / "gpu" / "h200-compiled-gpt", tmp_path).reason
+    assert reason.startswith("the model runs compiled (") and "Torch-Compiled Region" in reason
+    assert "--config gives the run" in reason
+
+
+def test_layers_compiled_by_inductor_say_so_and_by_aot_eager_are_read(tmp_path: Path) -> None:
+    """The LLaMA-style script with each layer compiled, its embedding and head eager, as torchtitan compiles its
+    blocks. Inductor fuses the layers' element-wise work (its attention stays PyTorch's): the SwiGLU's activation
+    is in no operator, which was the reason given, as if the model had none; now the compilation is. AOTAutograd
+    without Inductor runs PyTorch's operators, whose shapes give the run as the eager script's."""
+    _record_llama_like(tmp_path / "inductor", compiled="inductor")
+    reason = _inferred(tmp_path / "inductor", tmp_path / "a").reason
+    assert reason.startswith("the model runs compiled (") and "(no MLP activation" in reason
+    _record_llama_like(tmp_path / "aot", compiled="aot_eager")
+    _record_llama_like(tmp_path / "eager")
+    assert _inferred(tmp_path / "aot", tmp_path / "b").config == _inferred(tmp_path / "eager", tmp_path / "c").config
 
 
 def test_an_inference_trace_gives_no_training_run(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ and their buckets are the median's MiB. What the shapes do not show is said: the
 overlapped where no all-reduce's dims were recorded, the output layer as tied, positions as learned unless a rotary
 operator runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's
 reference model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not
-divide, FSDP's sharded data parallelism) give no run, with the reason.
+divide, FSDP's sharded data parallelism, layers compiled by torch.compile into fused kernels that record none of their
+shapes) give no run, with the reason.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
 #: (not a user's span that names one: ``record_function("log_all_to_all_stats")``)
 _ALL_TO_ALL = re.compile(r"^(?:c10d::alltoall|_c10d_functional::all_to_all|(?:nccl|gloo|ucc|mpi):all_to_all)")
+#: a step run compiled (``torch.compile``: TorchDynamo's region, AOTAutograd's function, Inductor's graph call): its
+#: operators are fused kernels that record none of the layers' shapes
+_COMPILED = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^## Call CompiledFxGraph")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
@@ -151,6 +155,15 @@ class _NotShown(Exception):
     """What the traces do not show, for the reason no run is inferred."""
 
 
+def _hidden(ranks: list[_Rank], missing: str) -> _NotShown:
+    """A layer's shapes ``missing`` from ``ranks``; where their step ran compiled, that is why."""
+    compiled = sorted({found.group(0) for one in ranks for name in one.names if (found := _COMPILED.search(name))})
+    if not compiled:
+        return _NotShown(missing)
+    return _NotShown(f"the model runs compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels "
+                     f"that record none of their shapes ({missing}); --config gives the run")
+
+
 @dataclass(frozen=True)
 class _Rank:
     """One traced rank's telling operators of one iteration (:func:`_telling`): those whose shapes are read
@@ -176,8 +189,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     ranks = _ranks(ops)
     first = [rank for rank in ranks if _word_embedding(rank)]
     if not first:
-        raise _NotShown("no word embedding (aten::embedding with its input dims) in any traced iteration: not a "
-                        "language model's training, or recorded without record_shapes")
+        raise _hidden(ranks, "no word embedding (aten::embedding with its input dims) in any traced iteration: not "
+                      "a language model's training, or recorded without record_shapes")
     if not any(name.startswith(BACKWARD_OP_PREFIX) for one in ranks for name in one.names):
         raise _NotShown("no backward pass (no autograd operator in any traced iteration): inference or evaluation, "
                         "where vtrain simulates training")
@@ -249,7 +262,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
-                                                                          _ALL_TO_ALL))
+                                                                          _ALL_TO_ALL, _COMPILED))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
@@ -371,8 +384,8 @@ def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
                   for operand in dims[1:2] if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq
                   and _shape(operand, 3, 4) and operand[-2] == seq and operand[-1] != seq), None)
     if not heads or not width:
-        raise _NotShown("no attention scores [b, heads, s, s] with their product by the values in the embedding's "
-                        "rank")
+        raise _hidden([rank], "no attention scores [b, heads, s, s] with their product by the values in the "
+                      "embedding's rank")
     return heads, width, heads
 
 
@@ -426,7 +439,7 @@ def _mlp(rank: _Rank) -> tuple[str, int]:
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
             return mlp, int(calls[0][-1])
-    raise _NotShown("no MLP activation (aten::gelu, aten::silu) in the embedding's rank")
+    raise _hidden([rank], "no MLP activation (aten::gelu, aten::silu) in the embedding's rank")
 
 
 def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
