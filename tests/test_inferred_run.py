@@ -379,8 +379,11 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
 
 
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
-                        experts: bool = False) -> None:
-    """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``sharded``,
+                        experts: bool = False, zero: bool = False) -> None:
+    """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``zero``, with
+    its optimizer sharded as ZeRO's stage 1 does it: after the backward pass each bucket of about 0.25 MiB of
+    gradients (flat, parameters in reverse order) reduce-scattered, AdamW stepping this rank's share of the flat
+    parameters, then the shares all-gathered back; or, ``sharded``,
     FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
     causal: its attention PyTorch's SDPA on the math path). With ``experts`` each layer is followed by a mixture of
     experts, one a rank: a router weighs the tokens, which go to the experts and back by differentiable
@@ -432,9 +435,12 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
         for layer in model.layers:
             fully_shard(layer)
         fully_shard(model)
+    elif zero:
+        model = GPT()
     else:
         model = nn.parallel.DistributedDataParallel(GPT(), bucket_cap_mb=0.25)
-    optimizer = torch.optim.AdamW(model.parameters())
+    step = _zero_stage_one(model, world) if zero else torch.optim.AdamW(model.parameters()).step
+    zero_grad = (lambda: model.zero_grad(set_to_none=True)) if zero else None
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
                                 on_trace_ready=lambda done: done.export_chrome_trace(f"{target}/rank-{rank}.json")
@@ -442,10 +448,54 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
         for _ in range(3):
             tokens = torch.randint(0, vocab, (batch, seq))
             F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            step()
+            (zero_grad or (lambda: None))()
             profiler.step()
     dist.destroy_process_group()
+
+
+def _zero_stage_one(model, world: int):
+    """The step of ZeRO's stage 1 over ``model``'s parameters, in buckets of about 0.25 MiB (a bucket padded to a
+    multiple of ``world``): reduce-scatter each bucket's flat gradients, AdamW on this rank's share of its flat
+    parameters, all-gather the shares and copy them back."""
+    import torch
+    import torch.distributed as dist
+
+    buckets, filled = [[]], 0
+    for param in reversed(list(model.parameters())):
+        buckets[-1].append(param)
+        filled += param.numel() * param.element_size()
+        if filled >= 0.25 * 2**20:
+            buckets.append([])
+            filled = 0
+    buckets = [bucket for bucket in buckets if bucket]
+    sizes = [-(-sum(p.numel() for p in bucket) // world) * world for bucket in buckets]
+    shares = [torch.zeros(size // world, requires_grad=True) for size in sizes]
+    rank = dist.get_rank()
+    with torch.no_grad():
+        for bucket, size, share in zip(buckets, sizes, shares):
+            flat = torch.cat([p.reshape(-1) for p in bucket] + [torch.zeros(size - sum(p.numel() for p in bucket))])
+            share.copy_(flat.chunk(world)[rank])
+    optimizer = torch.optim.AdamW(shares)
+
+    def step() -> None:
+        for bucket, size, share in zip(buckets, sizes, shares):
+            grads = torch.cat([p.grad.reshape(-1) for p in bucket]
+                              + [torch.zeros(size - sum(p.numel() for p in bucket))])
+            share.grad = torch.empty_like(share)
+            dist.reduce_scatter_tensor(share.grad, grads)
+            share.grad.div_(world)
+        optimizer.step()
+        with torch.no_grad():
+            for bucket, size, share in zip(buckets, sizes, shares):
+                gathered = torch.empty(size)
+                dist.all_gather_into_tensor(gathered, share)
+                offset = 0
+                for param in bucket:
+                    param.copy_(gathered[offset:offset + param.numel()].view_as(param))
+                    offset += param.numel()
+
+    return step
 
 
 def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
@@ -461,13 +511,30 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
     assert "overlapped with the backward pass" in ran.stderr and "fused attention" not in ran.stderr
 
 
-def _record_data_parallel(target: Path, sharded: bool, experts: bool = False) -> Path:
+def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, zero: bool = False) -> Path:
     import torch.multiprocessing as mp
 
     target.mkdir()
     mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
-                                                  sharded, experts), nprocs=2, join=True, start_method="spawn")
+                                                  sharded, experts, zero), nprocs=2, join=True, start_method="spawn")
     return target
+
+
+def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(tmp_path: Path) -> None:
+    """Two ranks of a GPT whose optimizer is sharded as ZeRO's stage 1 does it, recorded here: its gradients
+    reduce-scattered in buckets of about 0.25 MiB after the backward pass (none all-reduced), its parameters
+    all-gathered after the step. Read as all-reduce buckets of the default 25 MiB, said to be assumed; now the
+    buckets are the reduce-scatters', and the run is said to be priced as all-reducing them (the reference model's
+    optimizer is not sharded: as many bytes). A Megatron run reduce-scattering them is a distributed optimizer."""
+    target = _record_data_parallel(tmp_path / "zero", sharded=False, zero=True)
+    inferred = _inferred(target, tmp_path)
+    layout = inferred.config.parallelism
+    assert (layout.dp, layout.dp_overlap, layout.distributed_optimizer) == (2, False, False)
+    assert 0.25 <= layout.dp_bucket_mb < 0.5
+    assert "reduce-scattered and parameters all-gathered" in inferred.assumed and "MiB" not in inferred.assumed
+    ran = vtrain_in_process("validate", target, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert "reduce-scattered" in ran.stderr
 
 
 def test_a_mixture_of_experts_is_declined(tmp_path: Path) -> None:

@@ -21,9 +21,10 @@ The pipeline stages are Megatron's process group of that name where the traces l
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
 embedding and the loss; the data parallelism is what the world size leaves. The schedule is interleaved with v
 virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe where it runs every forward before a
-backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation) are
-overlapped with the backward pass where one is issued before the embedding's backward (the last computed) begins,
-and their buckets are the median's MiB. What the shapes do not show is said: the gradient all-reduce is taken as not
+backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation), or
+their reduce-scatters (Megatron's distributed optimizer; ZeRO's stages 1 and 2, which the reference model prices as
+all-reduces: as many bytes), are overlapped with the backward pass where one is issued before the embedding's
+backward (the last computed) begins, and their buckets are the median's MiB. What the shapes do not show is said: the gradient all-reduce is taken as not
 overlapped where no all-reduce's dims were recorded, the output layer as tied, positions as learned unless a rotary
 operator runs, Megatron's kernels for a layer other than GPT's where the traces do not show Megatron's (vtrain's
 reference model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not
@@ -84,6 +85,9 @@ _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
 #: a gradient all-reduce: a backend's event (its tensor's elements and type), else c10d's (its flat bucket's elements)
 _BACKEND_ALL_REDUCE, _ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce$", "c10d::allreduce_"
 _BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+#: a reduce-scatter of one tensor, c10d's (its output's and its input's dims: a flat input is a gradient bucket, as
+#: Megatron's distributed optimizer and ZeRO's stages 1 and 2 reduce them)
+_REDUCE_SCATTER = "c10d::_reduce_scatter_base_"
 #: an all-gather, c10d's or a backend's
 _ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
                r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
@@ -120,7 +124,8 @@ class InferredRun:
             return ""
         run, layout = self.config, self.config.parallelism
         when = "overlapped with the backward pass" if layout.dp_overlap else "after the backward pass"
-        reduced = f", gradient all-reduce {when} in buckets of {layout.dp_bucket_mb:g} MiB" if layout.dp > 1 else ""
+        how = "reduce-scatter (distributed optimizer)" if layout.distributed_optimizer else "all-reduce"
+        reduced = f", gradient {how} {when} in buckets of {layout.dp_bucket_mb:g} MiB" if layout.dp > 1 else ""
         return (f"{run.model.describe()}; t{layout.tp} d{layout.dp} p{layout.pp}, micro-batch {layout.micro_batch}, "
                 f"global batch {layout.global_batch}, recompute {layout.recompute}{reduced}"
                 f"{', sequence parallel' if layout.sequence_parallel else ''}, {run.precision}, {run.framework}'s "
@@ -175,6 +180,7 @@ class _Rank:
     embedding_order: list[str]  # the embedding's forward and backward calls, in the order they ran
     sends: int  # point-to-point sends (c10d's, else a backend's: nccl:send, gloo:send)
     all_reduces: list[tuple[float, list[Any] | None, int]]  # (issued at, dims, bytes each) a backend's, else c10d's
+    reduce_scatters: list[tuple[float, list[Any] | None, int]]  # (issued at, the input's dims, bytes each)
     last_embedding_backward: float | None  # when the iteration's last embedding backward began
     gathers_in_backward: bool  # whether flat tensors (parameters) are all-gathered during the backward pass
 
@@ -233,19 +239,20 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
-    overlap, bucket = _gradient_reduction(rank, tp) if dp > 1 else (None, None)
+    overlap, bucket, scattered = _gradient_reduction(rank, tp) if dp > 1 else (None, None, False)
+    megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
+        "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
+    framework = "megatron" if megatron or not model.is_gpt else "reference"
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               schedule=schedule, virtual_stages=virtual, dp_overlap=bool(overlap),
                               dp_bucket_mb=bucket or ParallelConfig.dp_bucket_mb,
                               recompute=_recompute(rank, norm, micro_batches),
                               sequence_parallel=tp > 1 and bool(normed) and math.prod(normed[0][:-1]) * tp
-                              == batch * seq)
-    megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
-        "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
+                              == batch * seq, distributed_optimizer=scattered and framework == "megatron")
     gpu = device if device and device.lower() != "cpu" else "cpu"
     attention = "flash" if _fused(rank) else "eager"
     config = RunConfig(model=model, parallelism=parallel, precision=_precision(rank),
-                       framework="megatron" if megatron or not model.is_gpt else "reference",
+                       framework=framework,
                        attention=attention,
                        fused_kernels=not megatron or attention == "flash" or _fused_kernels(ranks),
                        hardware=HardwareConfig(device=gpu, device_count=world,
@@ -254,6 +261,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                           f"trace holds their count, not their lengths)"] if repacked else [])
                         + ([] if overlap is not None or dp == 1 else ["the gradient all-reduce not overlapped"])
                         + ([f"buckets of {ParallelConfig.dp_bucket_mb:g} MiB"] if dp > 1 and not bucket else [])
+                        + (["its gradients reduce-scattered and parameters all-gathered (ZeRO's stages 1 and 2) taken "
+                            "as all-reduced, as many bytes (the reference model's optimizer is not sharded)"]
+                           if scattered and framework != "megatron" else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -264,6 +274,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
                                                                           _ALL_TO_ALL, _COMPILED))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
+                       + rf"|^{_REDUCE_SCATTER}$"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
 
@@ -301,7 +312,7 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
         sends = int((names == "c10d::send").sum()) or int(names.str.contains(_BACKEND_SEND).sum())
         last = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"].max()
         ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends,
-                           _all_reduces(one), float(last) if last is not None else None,
+                           _all_reduces(one), _reduce_scatters(one), float(last) if last is not None else None,
                            _gathers_in_backward(one, last)))
     return ranks
 
@@ -317,6 +328,19 @@ def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]
         kind = next(iter(_parsed(types)), None)
         reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kind, 4) if isinstance(kind, str) else 4))
     return reduces
+
+
+def _reduce_scatters(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]:
+    """A rank's reduce-scatters in the order issued: (when, the input's dims, bytes an element) of c10d's
+    ``_reduce_scatter_base_ [[out], [in], ...]``."""
+    scatters = []
+    for dims, types, ts in one.filter(pl.col("name") == _REDUCE_SCATTER).sort("ts").select(
+            "input_dims", "input_types", "ts").iter_rows():
+        dims, types = _parsed(dims), _parsed(types)
+        kind = types[1] if len(types) > 1 else None
+        scatters.append((float(ts), dims[1] if len(dims) > 1 and isinstance(dims[1], list) else None,
+                         _BYTES.get(kind, 4) if isinstance(kind, str) else 4))
+    return scatters
 
 
 def _gathers_in_backward(one: pl.DataFrame, last_embedding_backward: Any) -> bool:
@@ -464,8 +488,10 @@ def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
 _SCALARS = 1024
 
 
-def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None]:
-    """(whether the gradients are all-reduced during the backward pass, the buckets' MiB): overlapped where a
+def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None, bool]:
+    """(whether the gradients are reduced during the backward pass, the buckets' MiB, whether they are
+    reduce-scattered, as Megatron's distributed optimizer and ZeRO's stages 1 and 2 do: a rank that reduce-scatters
+    flat tensors): overlapped where a
     gradient bucket is all-reduced before the last embedding backward begins (the embedding's gradient is the last
     computed), each complete bucket then one issued before it (the median: DDP's first is smaller), else one after
     it (the median but the last; one bucket alone says its limit is at least its size). A bucket is a flat tensor
@@ -473,17 +499,22 @@ def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None
     tensor parallelism an all-reduce whose dims are not recorded is a bucket too. ``None`` for what the rank does
     not show."""
     begun = rank.last_embedding_backward
-    buckets = [(ts, None if dims is None else dims[0] * size / 2**20) for ts, dims, size in rank.all_reduces
+    reduced = [(ts, None if dims is None else dims[0] * size / 2**20) for ts, dims, size in rank.all_reduces
                if (dims is None and tp == 1) or (_shape(dims, 1) and dims[0] >= _SCALARS)]
+    scattered = [(ts, dims[0] * size / 2**20) for ts, dims, size in rank.reduce_scatters
+                 if _shape(dims, 1) and dims[0] >= _SCALARS]
+    buckets = scattered or reduced  # a reduce-scatter can run as an all-reduce (gloo's), and Megatron all-reduces
+    # a few flat gradients beside its distributed optimizer's buckets (tied embeddings, sequence-parallel norms)
     if begun is None or not buckets:
-        return None, None
+        return None, None, False
     before = [mib for ts, mib in buckets if ts < begun]
     after = [mib for ts, mib in buckets if ts >= begun]
     sizes = sorted(mib for mib in (before or after[:-1]) if mib is not None)
     if sizes:
-        return bool(before), round(sizes[len(sizes) // 2], 3)
+        return bool(before), round(sizes[len(sizes) // 2], 3), bool(scattered)
     alone = after[-1] if after else None  # one bucket held every gradient: its limit is at least their size
-    return bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None
+    return (bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None,
+            bool(scattered))
 
 
 def _fused_kernels(ranks: list[_Rank]) -> bool:
