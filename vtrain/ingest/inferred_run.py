@@ -27,9 +27,9 @@ all-reduces: as many bytes), are overlapped with the backward pass where one is 
 backward (the last computed) begins, and their buckets are the median's MiB. What the shapes do not show is said:
 the gradient all-reduce is taken as not overlapped where no all-reduce's dims were recorded, the output layer as
 tied, positions as learned unless a rotary operator runs, Megatron's kernels for a layer other than GPT's where the
-traces do not show Megatron's (vtrain's reference model has GPT's layer only). Traces of anything else (no word embedding, no attention, shapes that do not
-divide, FSDP's sharded data parallelism, layers compiled by torch.compile into fused kernels that record none of their
-shapes) give no run, with the reason.
+traces do not show Megatron's (vtrain's reference model has GPT's layer only). Traces of anything else (no word
+embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism, layers compiled by
+torch.compile into fused kernels that record none of their shapes) give no run, with the reason.
 """
 
 from __future__ import annotations
