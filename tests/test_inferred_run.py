@@ -379,11 +379,12 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
 
 
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
-                        experts: bool = False, zero: bool = False) -> None:
+                        experts: bool = False, zero: bool = False, megatron_groups: bool = False) -> None:
     """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``zero``, with
     its optimizer sharded as ZeRO's stage 1 does it: after the backward pass each bucket of about 0.25 MiB of
     gradients (flat, parameters in reverse order) reduce-scattered, AdamW stepping this rank's share of the flat
-    parameters, then the shares all-gathered back; or, ``sharded``,
+    parameters, then the shares all-gathered back (``megatron_groups``: with the process groups Megatron makes,
+    named as it names them); or, ``sharded``,
     FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
     causal: its attention PyTorch's SDPA on the math path). With ``experts`` each layer is followed by a mixture of
     experts, one a rank: a router weighs the tokens, which go to the experts and back by differentiable
@@ -394,6 +395,10 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
     from torch import nn
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if megatron_groups:  # one tensor-parallel group a rank, the data-parallel group of both
+        for each in range(world):
+            dist.new_group([each], group_desc="TENSOR_MODEL_PARALLEL_GROUP")
+        dist.new_group(list(range(world)), group_desc="DATA_PARALLEL_GROUP")
     torch.set_num_threads(1)
     vocab, hidden, seq, batch = 256, 128, 64, 2
     torch.manual_seed(0)
@@ -511,12 +516,14 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
     assert "overlapped with the backward pass" in ran.stderr and "fused attention" not in ran.stderr
 
 
-def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, zero: bool = False) -> Path:
+def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, zero: bool = False,
+                          megatron_groups: bool = False) -> Path:
     import torch.multiprocessing as mp
 
     target.mkdir()
     mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
-                                                  sharded, experts, zero), nprocs=2, join=True, start_method="spawn")
+                                                  sharded, experts, zero, megatron_groups),
+                       nprocs=2, join=True, start_method="spawn")
     return target
 
 
@@ -525,7 +532,8 @@ def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(t
     reduce-scattered in buckets of about 0.25 MiB after the backward pass (none all-reduced), its parameters
     all-gathered after the step. Read as all-reduce buckets of the default 25 MiB, said to be assumed; now the
     buckets are the reduce-scatters', and the run is said to be priced as all-reducing them (the reference model's
-    optimizer is not sharded: as many bytes). A Megatron run reduce-scattering them is a distributed optimizer."""
+    optimizer is not sharded: as many bytes). The same run with the process groups Megatron names is read as
+    Megatron's distributed optimizer."""
     target = _record_data_parallel(tmp_path / "zero", sharded=False, zero=True)
     inferred = _inferred(target, tmp_path)
     layout = inferred.config.parallelism
@@ -535,6 +543,11 @@ def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(t
     ran = vtrain_in_process("validate", target, "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 0, ran.stderr
     assert "reduce-scattered" in ran.stderr
+    megatron = _record_data_parallel(tmp_path / "megatron", sharded=False, zero=True, megatron_groups=True)
+    inferred = _inferred(megatron, tmp_path / "m")
+    assert inferred.config.framework == "megatron" and inferred.config.parallelism.distributed_optimizer
+    assert "reduce-scattered" not in inferred.assumed and "reduce-scatter (distributed optimizer)" in \
+        inferred.describe()
 
 
 def test_a_mixture_of_experts_is_declined(tmp_path: Path) -> None:
