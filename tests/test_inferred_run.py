@@ -530,10 +530,11 @@ def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, ze
 def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(tmp_path: Path) -> None:
     """Two ranks of a GPT whose optimizer is sharded as ZeRO's stage 1 does it, recorded here: its gradients
     reduce-scattered in buckets of about 0.25 MiB after the backward pass (none all-reduced), its parameters
-    all-gathered after the step. Read as all-reduce buckets of the default 25 MiB, said to be assumed; now the
-    buckets are the reduce-scatters', and the run is said to be priced as all-reducing them (the reference model's
-    optimizer is not sharded: as many bytes). The same run with the process groups Megatron names is read as
-    Megatron's distributed optimizer."""
+    all-gathered after the step. It was read as all-reducing its buckets only because gloo runs a reduce-scatter as
+    an all-reduce inside it (with NCCL's own reduce-scatter: no bucket, taken as the default 25 MiB, not
+    overlapped); now the buckets are the reduce-scatters', and the run is said to be priced as all-reducing them (the
+    reference model's optimizer is not sharded: as many bytes). The same run with the process groups Megatron names
+    is read as Megatron's distributed optimizer."""
     target = _record_data_parallel(tmp_path / "zero", sharded=False, zero=True)
     inferred = _inferred(target, tmp_path)
     layout = inferred.config.parallelism
