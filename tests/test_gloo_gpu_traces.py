@@ -132,3 +132,32 @@ def test_a_damaged_process_group_list_is_said_and_the_groups_in_it_still_read(tm
                                                               "groups: left out")
     assert pg_config_problem({"pg_config": [{"ranks": [0, 1], "pg_size": -3}]}) is None
     assert pg_config_problem({}) is None and pg_config_problem(None) is None
+
+
+@pytest.mark.parametrize(("folder", "bound_pct"), [(WORLD2, 25.0), (ONE_OF_FOUR, 15.0)], ids=lambda each: getattr(
+    each, "name", str(each)))
+def test_a_gpu_jobs_gloo_collectives_are_priced_as_measured(folder: Path, bound_pct: float, tmp_path: Path) -> None:
+    """The model side of validate on the gloo ranks: their measured collectives (gloo's, on the host) price the
+    gradient all-reduce of the run read off the traces. They were left aside as another device's (a GPU run looked
+    for the device's rows only) and NCCL's datasheet priced it: -58.8 % (world of two) and -63.9 % (one rank of four);
+    now -17.2 and +7.8 %."""
+    ran = vtrain_in_process("validate", folder, "--no-hta", "--json", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert abs(json.loads(ran.stdout)["model"]["error_pct"]) < bound_pct
+
+
+def test_a_cpu_recordings_collectives_do_not_price_a_gpu_run(tmp_path: Path) -> None:
+    """Only a GPU recording whose collectives all ran on the host lends them to a GPU run: a CPU recording's gloo
+    all-reduces are not what an H100 job's NCCL would take (the datasheet's links price it)."""
+    from vtrain.devices import device_model
+    from vtrain.simulate.collective_latency import CollectiveResolver
+    from vtrain.tables.store import load_profile
+
+    done = vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", tmp_path / "cpu")
+    assert done.returncode == 0, done.stderr
+    profile = load_profile(tmp_path / "cpu")
+    assert profile["nccl_latency"].filter(pl.col("collective") == "all_reduce").height  # gloo's, measured
+    resolver = CollectiveResolver(profile, device_model("H100"), "cuda", 8)
+    assert resolver.resolve("all_reduce", 2, 2**24, 1, 2).source == "modelled"
+    on_cpus = CollectiveResolver(profile, device_model("H100"), "cpu", 8)  # a CPU run takes them
+    assert on_cpus.resolve("all_reduce", 2, 2**24, 1, 2).source != "modelled"

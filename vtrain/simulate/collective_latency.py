@@ -115,6 +115,7 @@ class CollectiveResolver:
         self.node_size = max(node_size, 1)
         self._curves: dict[tuple[str, int, int | None], _Curve] = {}
         self._cache: dict[tuple[str, int, int, int, int | None], Resolution] = {}
+        self._on_host = ""
         if profile is not None:
             self._index(profile, device_type)
 
@@ -122,6 +123,11 @@ class CollectiveResolver:
         replaced = frozenset(key for key in (INTRA_NODE, INTER_NODE)
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
         self._curves, unsized = _curves(profile.digest, device_type, replaced)
+        if not self._curves and device_type == "cuda" and profile.digest.op_rows("cuda"):
+            # a GPU job none of whose collectives ran on its GPUs: its backend moved them through the host (gloo)
+            self._curves, unsized = _curves(profile.digest, "cpu", replaced)
+            self._on_host = " on the host (the recording's collectives ran on none of its GPUs: gloo)" \
+                if self._curves else ""
         if unsized:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
                        f"prediction can use them, and their collectives are modelled (traces that list no process "
@@ -149,7 +155,7 @@ class CollectiveResolver:
             curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
             if curve is not None:
                 latency, wait, source, sources = curve.at(nbytes)
-                detail = f"nccl_latency {name} n={group_size}{sources}"
+                detail = f"nccl_latency {name} n={group_size}{sources}{self._on_host}"
                 if wait <= 0:
                     return Resolution(latency, source, detail)
                 detail += f": {source} transfer {latency:.1f} us + {source} straggler wait {wait:.1f} us"
