@@ -122,12 +122,12 @@ class CollectiveResolver:
     def _index(self, profile: Profile, device_type: str) -> None:
         replaced = frozenset(key for key in (INTRA_NODE, INTER_NODE)
                              if self.device.provenance.get(f"{key}.bandwidth_gbps") == "config")
-        self._curves, unsized = _curves(profile.digest, device_type, replaced)
-        if not self._curves and device_type == "cuda" and profile.digest.op_rows("cuda"):
+        digest = profile.digest
+        if device_type == "cuda" and not digest.nccl_rows("cuda") and digest.op_rows("cuda"):
             # a GPU job none of whose collectives ran on its GPUs: its backend moved them through the host (gloo)
-            self._curves, unsized = _curves(profile.digest, "cpu", replaced)
-            self._on_host = " on the host (the recording's collectives ran on none of its GPUs: gloo)" \
-                if self._curves else ""
+            device_type = "cpu"
+            self._on_host = " on the host (the recording's collectives ran on none of its GPUs: gloo)"
+        self._curves, unsized = _curves(digest, device_type, replaced)
         if unsized:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
                        f"prediction can use them, and their collectives are modelled (traces that list no process "
