@@ -333,10 +333,20 @@ def test_a_model_compiled_whole_says_so(tmp_path: Path) -> None:
     """``traces/gpu/h200-compiled-gpt``: a GPT trained under ``torch.compile(mode="reduce-overhead")`` on the H200,
     made outside vtrain (``validators/gpu/compiled_trace.py``): Inductor's kernels record no operator's shapes, not
     even the embedding's. It was declined as "not a language model's training, or recorded without
-    record_shapes"."""
+    record_shapes". Given its run, the model's operators are PyTorch's where the run's were fused: the warning that
+    the run config may not describe the traces says why (it said "other operators or shapes")."""
     reason = _inferred(TRACES / "gpu" / "h200-compiled-gpt", tmp_path).reason
     assert reason.startswith("the model runs compiled (") and "Torch-Compiled Region" in reason
     assert "--config gives the run" in reason
+    config = tmp_path / "run.yaml"  # its script's run (validators/gpu/compiled_trace.py)
+    config.write_text("model: {layers: 4, hidden: 1024, heads: 16, seq: 1024, vocab: 32000}\n"
+                      "parallelism: {micro_batch: 4, global_batch: 4}\nprecision: bf16\ncuda_graphs: true\n"
+                      "hardware: {device: NVIDIA H200, device_count: 1}\n")
+    ran = vtrain_in_process("validate", TRACES / "gpu" / "h200-compiled-gpt", "--config", config, "--no-hta", "-o",
+                            tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "of the simulated operators' time was measured" in line]
+    assert len(said) == 1 and "its model ran compiled (" in said[0]  # the model places PyTorch's operators
 
 
 def test_layers_compiled_by_inductor_say_so_and_by_aot_eager_are_read(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,9 +161,14 @@ class _NotShown(Exception):
     """What the traces do not show, for the reason no run is inferred."""
 
 
+def compiled_markers(names: Iterable[str]) -> list[str]:
+    """The ``torch.compile`` regions among operator ``names`` (TorchDynamo's, AOTAutograd's, Inductor's), by kind."""
+    return sorted({found.group(0) for name in names if (found := _COMPILED.search(name))})
+
+
 def _hidden(ranks: list[_Rank], missing: str) -> _NotShown:
     """A layer's shapes ``missing`` from ``ranks``; where their step ran compiled, that is why."""
-    compiled = sorted({found.group(0) for one in ranks for name in one.names if (found := _COMPILED.search(name))})
+    compiled = compiled_markers(name for one in ranks for name in one.names)
     if not compiled:
         return _NotShown(missing)
     return _NotShown(f"the model runs compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels "

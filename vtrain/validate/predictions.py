@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.ingest.inferred_run import compiled_markers
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.replayer import Replay, read_timeline
@@ -140,8 +141,12 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}"  # the replay's results
     measured = prediction.coverage.get("measured", 0.0)
     if profile_dir is None and measured < DESCRIBES_TRACES:
+        compiled = compiled_markers(op for op, _, _ in profile.digest.timeline)
+        why = (f"its model ran compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels where "
+               f"the run config places PyTorch's operators" if compiled
+               else "its run has other operators or shapes than the traced one")
         note(f"{config_source}: only {measured:.0%} of the simulated operators' time was measured in {trace_dir} "
-             f"(its run has other operators or shapes than the traced one): does it describe these traces?")
+             f"({why}): does it describe these traces?")
     if profile_dir is None:
         from vtrain.simulate.run import attention_mismatch, unplaced_kernel_time  # only when a run is described
 
