@@ -374,6 +374,14 @@ OPTIMIZER_ITERATION = "vtrain_optimizer_iteration"
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
 #: the operators of a backward pass: autograd's engine runs each under a span of this name
 BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function"
+#: a step run compiled (``torch.compile``: TorchDynamo's region, AOTAutograd's function, Inductor's graph call): its
+#: operators are fused kernels that record none of the layers' shapes
+COMPILED_REGION = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^## Call CompiledFxGraph")
+
+
+def compiled_markers(names: Iterable[str]) -> list[str]:
+    """The ``torch.compile`` regions among operator ``names`` (TorchDynamo's, AOTAutograd's, Inductor's), by kind."""
+    return sorted({found.group(0) for name in names if (found := COMPILED_REGION.search(name))})
 
 
 def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: float,

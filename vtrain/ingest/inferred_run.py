@@ -37,13 +37,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 
-from vtrain.kineto import BACKWARD_OP_PREFIX
+from vtrain.kineto import BACKWARD_OP_PREFIX, COMPILED_REGION, compiled_markers
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_backward"
@@ -77,9 +76,6 @@ _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
 #: (not a user's span that names one: ``record_function("log_all_to_all_stats")``)
 _ALL_TO_ALL = re.compile(r"^(?:c10d::alltoall|_c10d_functional::all_to_all|(?:nccl|gloo|ucc|mpi):all_to_all)")
-#: a step run compiled (``torch.compile``: TorchDynamo's region, AOTAutograd's function, Inductor's graph call): its
-#: operators are fused kernels that record none of the layers' shapes
-_COMPILED = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^## Call CompiledFxGraph")
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
@@ -159,11 +155,6 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
 
 class _NotShown(Exception):
     """What the traces do not show, for the reason no run is inferred."""
-
-
-def compiled_markers(names: Iterable[str]) -> list[str]:
-    """The ``torch.compile`` regions among operator ``names`` (TorchDynamo's, AOTAutograd's, Inductor's), by kind."""
-    return sorted({found.group(0) for name in names if (found := _COMPILED.search(name))})
 
 
 def _hidden(ranks: list[_Rank], missing: str) -> _NotShown:
@@ -278,7 +269,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
-                                                                          _ALL_TO_ALL, _COMPILED))
+                                                                          _ALL_TO_ALL, COMPILED_REGION))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
                        + rf"|^{_REDUCE_SCATTER}$"
                        + rf"|^{BACKWARD_OP_PREFIX}")
@@ -332,7 +323,7 @@ def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]
     reduces = []
     for dims, types, ts in calls.select("input_dims", "input_types", "ts").iter_rows():
         kind = next(iter(_parsed(types)), None)
-        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _BYTES.get(kind, 4) if isinstance(kind, str) else 4))
+        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _element_bytes(kind)))
     return reduces
 
 
@@ -345,8 +336,13 @@ def _reduce_scatters(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, i
         dims, types = _parsed(dims), _parsed(types)
         kind = types[1] if len(types) > 1 else None
         scatters.append((float(ts), dims[1] if len(dims) > 1 and isinstance(dims[1], list) else None,
-                         _BYTES.get(kind, 4) if isinstance(kind, str) else 4))
+                         _element_bytes(kind)))
     return scatters
+
+
+def _element_bytes(kind: Any) -> int:
+    """Bytes of one element of a collective's tensor type as the trace writes it (4 where it says none)."""
+    return _BYTES.get(kind, 4) if isinstance(kind, str) else 4
 
 
 def _gathers_in_backward(one: pl.DataFrame, last_embedding_backward: Any) -> bool:

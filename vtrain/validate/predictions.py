@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from vtrain.ingest.inferred_run import compiled_markers
+from vtrain.kineto import compiled_markers
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.replayer import Replay, read_timeline
