@@ -13,6 +13,7 @@ import gzip
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -389,12 +390,15 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
 
 
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
-                        experts: bool = False, zero: bool = False, megatron_groups: bool = False) -> None:
+                        experts: bool = False, zero: bool = False, megatron_groups: bool = False,
+                        coalesced: str = "") -> None:
     """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``zero``, with
     its optimizer sharded as ZeRO's stage 1 does it: after the backward pass each bucket of about 0.25 MiB of
     gradients (flat, parameters in reverse order) reduce-scattered, AdamW stepping this rank's share of the flat
     parameters, then the shares all-gathered back (``megatron_groups``: with the process groups Megatron makes,
-    named as it names them); or, ``sharded``,
+    named as it names them; ``coalesced``: ``"scatter"``, the buckets reduce-scattered and gathered as
+    Megatron-core's distributed optimizer issues them, all in one ``_coalescing_manager``; ``"reduce"``, as its
+    data parallelism without it: every bucket all-reduced in one, AdamW on the whole); or, ``sharded``,
     FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
     causal: its attention PyTorch's SDPA on the math path). With ``experts`` each layer is followed by a mixture of
     experts, one a rank: a router weighs the tokens, which go to the experts and back by differentiable
@@ -450,12 +454,16 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
         for layer in model.layers:
             fully_shard(layer)
         fully_shard(model)
-    elif zero:
+    elif zero or coalesced:
         model = GPT()
     else:
         model = nn.parallel.DistributedDataParallel(GPT(), bucket_cap_mb=0.25)
-    step = _zero_stage_one(model, world) if zero else torch.optim.AdamW(model.parameters()).step
-    zero_grad = (lambda: model.zero_grad(set_to_none=True)) if zero else None
+    if coalesced == "reduce":
+        step = _coalesced_all_reduce(model, world)
+    else:
+        step = _zero_stage_one(model, world, coalesced == "scatter") if zero or coalesced else \
+            torch.optim.AdamW(model.parameters()).step
+    zero_grad = (lambda: model.zero_grad(set_to_none=True)) if zero or coalesced else None
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                 schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
                                 on_trace_ready=lambda done: done.export_chrome_trace(f"{target}/rank-{rank}.json")
@@ -469,13 +477,8 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
     dist.destroy_process_group()
 
 
-def _zero_stage_one(model, world: int):
-    """The step of ZeRO's stage 1 over ``model``'s parameters, in buckets of about 0.25 MiB (a bucket padded to a
-    multiple of ``world``): reduce-scatter each bucket's flat gradients, AdamW on this rank's share of its flat
-    parameters, all-gather the shares and copy them back."""
-    import torch
-    import torch.distributed as dist
-
+def _buckets(model) -> list[list[Any]]:
+    """``model``'s parameters in reverse order, in buckets of about 0.25 MiB (a bucket closes past it)."""
     buckets, filled = [[]], 0
     for param in reversed(list(model.parameters())):
         buckets[-1].append(param)
@@ -483,7 +486,45 @@ def _zero_stage_one(model, world: int):
         if filled >= 0.25 * 2**20:
             buckets.append([])
             filled = 0
-    buckets = [bucket for bucket in buckets if bucket]
+    return [bucket for bucket in buckets if bucket]
+
+
+def _coalesced_all_reduce(model, world: int):
+    """A step that all-reduces the flat gradients of each bucket of ``model``'s parameters, every bucket in one
+    ``_coalescing_manager`` (as Megatron-core's data parallelism issues a bucket group's), then AdamW."""
+    import torch
+    import torch.distributed as dist
+
+    buckets = _buckets(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        flats = [torch.cat([p.grad.reshape(-1) for p in bucket]) for bucket in buckets]
+        with dist._coalescing_manager(async_ops=True) as coalesced:
+            for flat in flats:
+                dist.all_reduce(flat)
+        coalesced.wait()
+        for bucket, flat in zip(buckets, flats):
+            offset = 0
+            for param in bucket:
+                param.grad.copy_(flat[offset:offset + param.numel()].view_as(param)).div_(world)
+                offset += param.numel()
+        optimizer.step()
+
+    return step
+
+
+def _zero_stage_one(model, world: int, coalesced: bool = False):
+    """The step of ZeRO's stage 1 over ``model``'s parameters, in buckets of about 0.25 MiB (a bucket padded to a
+    multiple of ``world``): reduce-scatter each bucket's flat gradients, AdamW on this rank's share of its flat
+    parameters, all-gather the shares and copy them back; ``coalesced``: every bucket's reduce-scatter in one
+    ``_coalescing_manager``, and every all-gather in another (Megatron-core's distributed optimizer)."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    buckets = _buckets(model)
     sizes = [-(-sum(p.numel() for p in bucket) // world) * world for bucket in buckets]
     shares = [torch.zeros(size // world, requires_grad=True) for size in sizes]
     rank = dist.get_rank()
@@ -493,21 +534,32 @@ def _zero_stage_one(model, world: int):
             share.copy_(flat.chunk(world)[rank])
     optimizer = torch.optim.AdamW(shares)
 
+    def together():
+        return dist._coalescing_manager(async_ops=True) if coalesced else contextlib.nullcontext()
+
     def step() -> None:
-        for bucket, size, share in zip(buckets, sizes, shares):
-            grads = torch.cat([p.grad.reshape(-1) for p in bucket]
-                              + [torch.zeros(size - sum(p.numel() for p in bucket))])
-            share.grad = torch.empty_like(share)
-            dist.reduce_scatter_tensor(share.grad, grads)
+        grads = [torch.cat([p.grad.reshape(-1) for p in bucket] + [torch.zeros(size - sum(p.numel() for p in bucket))])
+                 for bucket, size in zip(buckets, sizes)]
+        with together() as scattering:
+            for grad, share in zip(grads, shares):
+                share.grad = torch.empty_like(share)
+                dist.reduce_scatter_tensor(share.grad, grad)
+        if scattering is not None:
+            scattering.wait()
+        for share in shares:
             share.grad.div_(world)
         optimizer.step()
         with torch.no_grad():
-            for bucket, size, share in zip(buckets, sizes, shares):
-                gathered = torch.empty(size)
-                dist.all_gather_into_tensor(gathered, share)
+            gathered = [torch.empty(size) for size in sizes]
+            with together() as gathering:
+                for whole, share in zip(gathered, shares):
+                    dist.all_gather_into_tensor(whole, share)
+            if gathering is not None:
+                gathering.wait()
+            for bucket, whole in zip(buckets, gathered):
                 offset = 0
                 for param in bucket:
-                    param.copy_(gathered[offset:offset + param.numel()].view_as(param))
+                    param.copy_(whole[offset:offset + param.numel()].view_as(param))
                     offset += param.numel()
 
     return step
@@ -527,12 +579,12 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
 
 
 def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, zero: bool = False,
-                          megatron_groups: bool = False) -> Path:
+                          megatron_groups: bool = False, coalesced: str = "") -> Path:
     import torch.multiprocessing as mp
 
     target.mkdir()
     mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
-                                                  sharded, experts, zero, megatron_groups),
+                                                  sharded, experts, zero, megatron_groups, coalesced),
                        nprocs=2, join=True, start_method="spawn")
     return target
 
@@ -559,6 +611,23 @@ def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(t
     assert inferred.config.framework == "megatron" and inferred.config.parallelism.distributed_optimizer
     assert "reduce-scattered" not in inferred.assumed and "reduce-scatter (distributed optimizer)" in \
         inferred.describe()
+
+
+def test_buckets_coalesced_as_megatron_core_issues_them_are_read(tmp_path: Path) -> None:
+    """Megatron-core issues a bucket group's collectives in one ``_coalescing_manager``: its distributed optimizer's
+    reduce-scatters are then one ``c10d::reduce_scatter_tensor_coalesced_`` of a list of buckets, and its
+    all-reduces without it one ``c10d::allreduce_coalesced_`` (gloo's ``gloo:all_reduce`` of the list). Recorded
+    here on two ranks: the first was read as no gradient reduction at all (taken as the default 25 MiB, a plain
+    all-reduce), the second as one bucket of the list's first tensor. Each bucket is now one, of about the 0.25
+    MiB asked for, and with Megatron's process groups the first is its distributed optimizer."""
+    scattered = _record_data_parallel(tmp_path / "scatter", sharded=False, megatron_groups=True, coalesced="scatter")
+    layout = _inferred(scattered, tmp_path / "s").config.parallelism
+    assert (layout.dp, layout.dp_overlap, layout.distributed_optimizer) == (2, False, True)
+    assert 0.25 <= layout.dp_bucket_mb < 0.5
+    reduced = _record_data_parallel(tmp_path / "reduce", sharded=False, coalesced="reduce")
+    layout = _inferred(reduced, tmp_path / "r").config.parallelism
+    assert (layout.dp, layout.dp_overlap, layout.distributed_optimizer) == (2, False, False)
+    assert 0.25 <= layout.dp_bucket_mb < 0.5
 
 
 def test_a_mixture_of_experts_is_declined(tmp_path: Path) -> None:

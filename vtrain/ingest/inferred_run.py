@@ -79,12 +79,15 @@ _ALL_TO_ALL = re.compile(r"^(?:c10d::alltoall|_c10d_functional::all_to_all|(?:nc
 #: the loss: a rank that computes it holds the last stage
 _LOSS = re.compile(r"(?i:nll_loss|cross_?entropy)")
 _BACKEND_SEND = r"^(?:nccl|gloo|ucc|mpi):send$"
-#: a gradient all-reduce: a backend's event (its tensor's elements and type), else c10d's (its flat bucket's elements)
-_BACKEND_ALL_REDUCE, _ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce$", "c10d::allreduce_"
+#: a gradient all-reduce: a backend's event (its tensors' elements and types), else c10d's (its flat buckets'
+#: elements); ``_coalesced``: a list of buckets issued together (Megatron-core's ``_coalescing_manager``)
+_BACKEND_ALL_REDUCE = r"^(?:nccl|gloo|ucc|mpi|xccl):all_reduce(?:_coalesced)?$"
+_ALL_REDUCE = r"^c10d::allreduce_(?:coalesced_)?$"
 _BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
-#: a reduce-scatter of one tensor, c10d's (its output's and its input's dims: a flat input is a gradient bucket, as
-#: Megatron's distributed optimizer and ZeRO's stages 1 and 2 reduce them)
-_REDUCE_SCATTER = "c10d::_reduce_scatter_base_"
+#: a reduce-scatter, c10d's (its output's and its input's dims: a flat input is a gradient bucket, as Megatron's
+#: distributed optimizer and ZeRO's stages 1 and 2 reduce them): of one tensor, or of a list of them issued together
+#: (``[[[out], ...], [[in], ...], ...]``: Megatron-core's buckets in its ``_coalescing_manager``)
+_REDUCE_SCATTER = r"^c10d::(?:_reduce_scatter_base_|reduce_scatter_tensor_coalesced_)$"
 #: an all-gather, c10d's or a backend's
 _ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
                r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
@@ -270,8 +273,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
                                                                           _ALL_TO_ALL, COMPILED_REGION))
-                       + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|^c10d::allreduce_$|{_ALL_GATHER}"
-                       + rf"|^{_REDUCE_SCATTER}$"
+                       + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|{_ALL_REDUCE}|{_ALL_GATHER}"
+                       + rf"|{_REDUCE_SCATTER}"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
 
@@ -315,29 +318,45 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
 
 
 def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]:
-    """A rank's all-reduces in the order issued: (when, the tensor's dims if recorded, bytes an element): its
-    backend's events (``gloo:all_reduce [[n]] float``), else c10d's (``c10d::allreduce_ [[[n]], ...]``, type not
-    said: 4 bytes)."""
+    """A rank's all-reduced tensors in the order issued: (when, the tensor's dims if recorded, bytes an element),
+    one for each tensor of a call: its backend's events (``gloo:all_reduce [[n], [m]] float float``), else c10d's
+    (``c10d::allreduce_ [[[n]], ...]``, ``c10d::allreduce_coalesced_ [[[n], [m]], ...]``, type not said: 4
+    bytes)."""
     backend = one.filter(pl.col("name").str.contains(_BACKEND_ALL_REDUCE))
-    calls = (backend if backend.height else one.filter(pl.col("name") == _ALL_REDUCE)).sort("ts")
+    calls = (backend if backend.height else one.filter(pl.col("name").str.contains(_ALL_REDUCE))).sort("ts")
     reduces = []
     for dims, types, ts in calls.select("input_dims", "input_types", "ts").iter_rows():
-        kind = next(iter(_parsed(types)), None)
-        reduces.append((float(ts), _tensor_dims(_parsed(dims)), _element_bytes(kind)))
+        dims, types = _parsed(dims), _parsed(types)
+        tensors = _tensors(dims[0] if dims and _listed(dims[0]) else dims)
+        kinds = types if len(types) == len(tensors) else [next(iter(types), None)] * len(tensors)
+        reduces += [(float(ts), tensor, _element_bytes(kind)) for tensor, kind in zip(tensors, kinds)]
     return reduces
 
 
 def _reduce_scatters(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]:
-    """A rank's reduce-scatters in the order issued: (when, the input's dims, bytes an element) of c10d's
-    ``_reduce_scatter_base_ [[out], [in], ...]``."""
+    """A rank's reduce-scattered tensors in the order issued: (when, the input's dims, bytes an element) of c10d's
+    ``_reduce_scatter_base_ [[out], [in], ...]``, and of each input of its ``reduce_scatter_tensor_coalesced_
+    [[[out], ...], [[in], ...], ...]`` (a ``TensorList``, type not said: 4 bytes)."""
     scatters = []
-    for dims, types, ts in one.filter(pl.col("name") == _REDUCE_SCATTER).sort("ts").select(
+    for dims, types, ts in one.filter(pl.col("name").str.contains(_REDUCE_SCATTER)).sort("ts").select(
             "input_dims", "input_types", "ts").iter_rows():
         dims, types = _parsed(dims), _parsed(types)
         kind = types[1] if len(types) > 1 else None
-        scatters.append((float(ts), dims[1] if len(dims) > 1 and isinstance(dims[1], list) else None,
-                         _element_bytes(kind)))
+        inputs = dims[1] if len(dims) > 1 and isinstance(dims[1], list) else None
+        scatters += [(float(ts), tensor, _element_bytes(kind))
+                     for tensor in (_tensors(inputs) if inputs is not None and _listed(inputs) else [inputs])]
     return scatters
+
+
+def _listed(dims: list[Any]) -> bool:
+    """Whether ``dims`` are a list of tensors' dims (``[[n], [m]]``), not one tensor's (``[n]``)."""
+    return bool(dims) and all(isinstance(each, list) for each in dims)
+
+
+def _tensors(dims: list[Any]) -> list[list[Any] | None]:
+    """Each tensor's dims of a list of tensors' (``[[n], [m]]``): a non-empty list, else ``None`` (not recorded);
+    one ``None`` for an empty list."""
+    return [each if isinstance(each, list) and each else None for each in dims] or [None]
 
 
 def _element_bytes(kind: Any) -> int:
