@@ -135,7 +135,8 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
-                       optimizers: int = 1, training: bool = True, compiled: str | None = None) -> None:
+                       optimizers: int = 1, training: bool = True, compiled: str | None = None,
+                       norm: str = "fused") -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -147,7 +148,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     ProfilerStep#N). Two ``optimizers``: AdamW for the matrices, SGD for the rest, stepped one after the other. Not
     ``training``: the model evaluated under ``torch.no_grad()`` (no backward pass, no optimizer step). ``compiled``:
     each layer compiled by ``torch.compile`` with that backend, the embedding and head eager (as torchtitan compiles
-    its blocks)."""
+    its blocks). ``norm``: PyTorch's ``nn.RMSNorm`` (``fused``), RMSNorm written out as Hugging Face's LLaMA writes it
+    (``rms-written``), or a LayerNorm written out of the mean, variance and square root (``layer-written``), or that
+    LayerNorm in an autograd function named as apex's fused one, which Megatron runs (``apex-named``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -155,10 +158,41 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     vocab, hidden, heads, kv, seq, batch, ffn = 256, 128, 8, 2, 64, 2, 352
     width = hidden // heads
 
+    class WrittenNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if norm == "rms-written":  # Hugging Face's LlamaRMSNorm
+                return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+            if norm == "apex-named":
+                return FusedLayerNormAffineFunction.apply(x, self.weight)
+            return written_layer_norm(x, self.weight)
+
+    def written_layer_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(-1, keepdim=True)
+        return weight * centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    class FusedLayerNormAffineFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x, weight)
+            return written_layer_norm(x, weight)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, weight = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            with torch.enable_grad():
+                return torch.autograd.grad(written_layer_norm(x, weight), (x, weight), grad)
+
+    def make_norm() -> nn.Module:
+        return nn.RMSNorm(hidden) if norm == "fused" else WrittenNorm()
+
     class Layer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.norms = nn.ModuleList([nn.RMSNorm(hidden), nn.RMSNorm(hidden)])
+            self.norms = nn.ModuleList([make_norm(), make_norm()])
             self.q, self.o = nn.Linear(hidden, hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
             self.k, self.v = (nn.Linear(hidden, kv * width, bias=False) for _ in range(2))
             self.gate, self.up = (nn.Linear(hidden, ffn, bias=False) for _ in range(2))
@@ -194,7 +228,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     layers = [Layer(), Layer()]
     if compiled:
         layers = [torch.compile(layer, backend=compiled) for layer in layers]
-    model = nn.Sequential(nn.Embedding(vocab, hidden), *layers, nn.RMSNorm(hidden),
+    model = nn.Sequential(nn.Embedding(vocab, hidden), *layers, make_norm(),
                           nn.Linear(hidden, vocab, bias=False))
     matrices = [p for p in model.parameters() if p.dim() == 2]
     stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters())] + (
@@ -244,6 +278,24 @@ def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None
         "fp32", "eager" if attention.startswith("eager") else "flash")
     # vtrain's reference model has GPT's layer only: a LLaMA layer is placed with Megatron's kernels, and said
     assert inferred.config.framework == "megatron" and "Megatron's kernels" in inferred.assumed
+
+
+@pytest.mark.parametrize("norm", ["rms-written", "layer-written", "apex-named"])
+def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
+    """The LLaMA-style script with its norms written out of element-wise operators: Hugging Face's RMSNorm (the
+    reciprocal square root of each token's mean square) is read as RMSNorm, nothing assumed; a LayerNorm written
+    out (no operator of a norm, no reciprocal root) was read as RMSNorm without a word, and is now said to be
+    taken as one. Inside an autograd function named as apex's fused LayerNorm (Megatron's, which records no
+    shapes: only its name shows) it was read as RMSNorm too; now as LayerNorm, by its name."""
+    _record_llama_like(tmp_path / "llama", norm=norm)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.config.model.norm == ("layernorm" if norm == "apex-named" else "rmsnorm")
+    said = "the layers' norm taken as RMSNorm (no norm operator recorded: a fused kernel of an extension, or " \
+        "written out of element-wise operators)"
+    assert (said in inferred.assumed) == (norm == "layer-written"), inferred.assumed
+    if norm == "layer-written":
+        ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
+        assert ran.returncode == 0 and said in ran.stderr, ran.stderr
 
 
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:

@@ -46,9 +46,13 @@ from vtrain.kineto import BACKWARD_OP_PREFIX, COMPILED_REGION, compiled_markers
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_backward"
-#: forward operators of the norms (RMSNorm written out of elementwise operators, as Hugging Face's LLaMA does, has
-#: none: a model without a layer norm is taken to use RMSNorm)
+#: forward operators of the norms
 _LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
+#: apex's fused norms (Megatron's), by the names of their autograd functions: no operator records their shapes
+_APEX_NORMS = ((re.compile(r"FusedLayerNorm|FastLayerNorm"), "layernorm"), (re.compile(r"FusedRMSNorm"), "rmsnorm"))
+#: RMSNorm written out of element-wise operators, as Hugging Face's LLaMA does: the reciprocal of each token's root
+#: mean square, ``aten::rsqrt`` of a ``[..., 1]`` statistic
+_RSQRT = "aten::rsqrt"
 #: fused attention operators whose query and key are [b, a, s, d]
 _FUSED_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
                     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
@@ -101,7 +105,7 @@ _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "d")),
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_HEAD_AXIS,
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, _RSQRT, *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -231,10 +235,11 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     dp = world // (tp * pp)
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
     mlp, ffn_share = _mlp(rank)
-    norm = _LAYER_NORM if rank.count(_LAYER_NORM) else _RMS_NORM
+    norm_kind = _norm(rank)
+    norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
                         ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp,
-                        norm="layernorm" if norm == _LAYER_NORM else "rmsnorm",
+                        norm=norm_kind or "rmsnorm",
                         kv_heads=kv_here * tp if kv_here != heads_here else None, bias=_biased(rank),
                         position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
@@ -264,6 +269,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         + (["its gradients reduce-scattered and parameters all-gathered (ZeRO's stages 1 and 2) taken "
                             "as all-reduced, as many bytes (the reference model's optimizer is not sharded)"]
                            if scattered and framework != "megatron" else [])
+                        + ([] if norm_kind else [_unknown_norm(ranks)])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -272,7 +278,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
-                                                                          _ALL_TO_ALL, COMPILED_REGION))
+                                                                          _ALL_TO_ALL, COMPILED_REGION,
+                                                                          *(apex for apex, _ in _APEX_NORMS)))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|{_ALL_REDUCE}|{_ALL_GATHER}"
                        + rf"|{_REDUCE_SCATTER}"
                        + rf"|^{BACKWARD_OP_PREFIX}")
@@ -549,6 +556,28 @@ def _biased(rank: _Rank) -> bool:
     (Megatron's layers multiply and add on their own: taken as biased, GPT's way)."""
     calls = [dims for dims, _ in rank.calls(_LINEAR) if len(dims) >= 2]
     return not calls or any(len(dims) >= 3 and dims[2] for dims in calls)
+
+
+def _norm(rank: _Rank) -> str | None:
+    """The layers' norm, ``layernorm`` or ``rmsnorm``, as the rank shows it: PyTorch's operators, apex's fused norms
+    by name, or RMSNorm written out (a token's reciprocal root mean square, :data:`_RSQRT`); None where nothing
+    shows it."""
+    if rank.count(_LAYER_NORM) or rank.count(_RMS_NORM):
+        return "layernorm" if rank.count(_LAYER_NORM) else "rmsnorm"
+    apex = next((kind for pattern, kind in _APEX_NORMS if any(pattern.search(name) for name in rank.names)), None)
+    if apex:
+        return apex
+    written = any(dims and isinstance(dims[0], list) and len(dims[0]) >= 2 and dims[0][-1] == 1
+                  for dims, _ in rank.calls(_RSQRT))
+    return "rmsnorm" if written else None
+
+
+def _unknown_norm(ranks: list[_Rank]) -> str:
+    """What is assumed of a norm no operator shows, and why none may."""
+    compiled = compiled_markers(name for one in ranks for name in one.names)
+    why = f"its model ran compiled ({', '.join(compiled)})" if compiled else \
+        "a fused kernel of an extension, or written out of element-wise operators"
+    return f"the layers' norm taken as RMSNorm (no norm operator recorded: {why})"
 
 
 def _recompute(rank: _Rank, norm: str, micro_batches: int) -> str:
