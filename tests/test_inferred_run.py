@@ -136,7 +136,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
-                       norm: str = "fused") -> None:
+                       norm: str = "fused", mlp: str = "swiglu") -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -150,7 +150,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     each layer compiled by ``torch.compile`` with that backend, the embedding and head eager (as torchtitan compiles
     its blocks). ``norm``: PyTorch's ``nn.RMSNorm`` (``fused``), RMSNorm written out as Hugging Face's LLaMA writes it
     (``rms-written``), or a LayerNorm written out of the mean, variance and square root (``layer-written``), or that
-    LayerNorm in an autograd function named as apex's fused one, which Megatron runs (``apex-named``)."""
+    LayerNorm in an autograd function named as apex's fused one, which Megatron runs (``apex-named``). ``mlp``: the
+    SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
+    approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -198,6 +200,14 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             self.gate, self.up = (nn.Linear(hidden, ffn, bias=False) for _ in range(2))
             self.down = nn.Linear(ffn, hidden, bias=False)
 
+        def mlp(self, h: torch.Tensor) -> torch.Tensor:
+            if mlp == "swiglu":
+                return self.down(F.silu(self.gate(h)) * self.up(h))
+            up = self.up(h)
+            if mlp == "relu":
+                return self.down(F.relu(up))
+            return self.down(0.5 * up * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (up + 0.044715 * up.pow(3.0)))))
+
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = self.norms[0](x)
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
@@ -222,7 +232,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
                     y = torch.matmul(F.softmax(scores, dim=-1), v)
             x = x + self.o(y.transpose(1, 2).reshape(batch, seq, hidden))
             h = self.norms[1](x)
-            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+            return x + self.mlp(h)
 
     torch.manual_seed(0)
     layers = [Layer(), Layer()]
@@ -296,6 +306,20 @@ def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
     if norm == "layer-written":
         ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
         assert ran.returncode == 0 and said in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("mlp", ["gelu-written", "relu"])
+def test_an_mlp_of_another_activation_is_read(mlp: str, tmp_path: Path) -> None:
+    """The LLaMA-style script with a plain MLP of two linear layers around GPT-2's GELU as Hugging Face writes it
+    (``gelu_new``: tanh's approximation of element-wise operators, no ``aten::gelu``) or around OPT's ReLU: "no MLP
+    activation" and no run, before. GPT-2's is read as GELU, 352 wide; OPT's placed as GELU (the same GEMMs),
+    said."""
+    _record_llama_like(tmp_path / "llama", mlp=mlp)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.reason is None, inferred.reason
+    assert (inferred.config.model.mlp, inferred.config.model.ffn_hidden) == ("gelu", 352)
+    said = "its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"
+    assert (said in inferred.assumed) == (mlp == "relu"), inferred.assumed
 
 
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:

@@ -96,7 +96,10 @@ _REDUCE_SCATTER = r"^c10d::(?:_reduce_scatter_base_|reduce_scatter_tensor_coales
 _ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
                r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
-_ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu"}
+#: the MLP's activation, first found first: SwiGLU's, GELU's, GELU written out of element-wise operators with tanh
+#: (Hugging Face's GPT-2, ``gelu_new``), ReLU (OPT's: placed as GELU, the same GEMMs, said)
+_ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu", "aten::tanh": "gelu", "aten::relu": "gelu"}
+_PLACED_AS_GELU = "aten::relu"
 _LINEAR = "aten::linear"
 #: how grouped-query attention repeats its keys and values for an attention that takes as many as it has queries:
 #: (operator, its input's layout, ``kv`` where the key/value heads are, ``1`` the axis repeated): Hugging Face's
@@ -234,7 +237,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
         raise _NotShown(f"{world} ranks do not divide into tensor parallelism {tp} x {pp} pipeline stages")
     dp = world // (tp * pp)
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
-    mlp, ffn_share = _mlp(rank)
+    mlp, ffn_share, activation = _mlp(rank)
     norm_kind = _norm(rank)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
@@ -270,6 +273,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                             "as all-reduced, as many bytes (the reference model's optimizer is not sharded)"]
                            if scattered and framework != "megatron" else [])
                         + ([] if norm_kind else [_unknown_norm(ranks)])
+                        + (["its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"]
+                           if activation == _PLACED_AS_GELU else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -486,12 +491,14 @@ def _layers(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
     return calls // (micro_batches * ranks_a_stage)
 
 
-def _mlp(rank: _Rank) -> tuple[str, int]:
+def _mlp(rank: _Rank) -> tuple[str, int, str]:
+    """(the MLP as vtrain simulates it, its width on this rank, the activation's operator): the first of
+    :data:`_ACTIVATIONS` the rank runs on a ``[tokens, width]`` or ``[b, s, width]`` tensor."""
     for name, mlp in _ACTIVATIONS.items():
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
-            return mlp, int(calls[0][-1])
-    raise _hidden([rank], "no MLP activation (aten::gelu, aten::silu) in the embedding's rank")
+            return mlp, int(calls[0][-1]), name
+    raise _hidden([rank], f"no MLP activation ({', '.join(_ACTIVATIONS)}) in the embedding's rank")
 
 
 def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
