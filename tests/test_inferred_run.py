@@ -136,7 +136,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
-                       norm: str = "fused", mlp: str = "swiglu") -> None:
+                       norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = ()) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -152,7 +152,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     (``rms-written``), or a LayerNorm written out of the mean, variance and square root (``layer-written``), or that
     LayerNorm in an autograd function named as apex's fused one, which Megatron runs (``apex-named``). ``mlp``: the
     SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
-    approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``)."""
+    approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``). ``lengths``: the
+    sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
+    else 64 every step."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -209,6 +211,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             return self.down(0.5 * up * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (up + 0.044715 * up.pow(3.0)))))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seq = x.shape[1]
             h = self.norms[0](x)
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
@@ -244,8 +247,11 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters())] + (
         [torch.optim.SGD([p for p in model.parameters() if p.dim() != 2])] if optimizers == 2 else [])
 
+    steps = iter(range(10))
+
     def step() -> None:
-        tokens = torch.randint(0, vocab, (batch, seq))
+        index = next(steps)
+        tokens = torch.randint(0, vocab, (batch, lengths[index % len(lengths)] if lengths else seq))
         if not training:
             with torch.no_grad():
                 model(tokens)
@@ -320,6 +326,18 @@ def test_an_mlp_of_another_activation_is_read(mlp: str, tmp_path: Path) -> None:
     assert (inferred.config.model.mlp, inferred.config.model.ffn_hidden) == ("gelu", 352)
     said = "its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"
     assert (said in inferred.assumed) == (mlp == "relu"), inferred.assumed
+
+
+def test_sequences_of_other_lengths_in_other_iterations_are_said(tmp_path: Path) -> None:
+    """The LLaMA-style script fed batches padded to their longest sample, as Hugging Face's collators pad them: 48,
+    80 and 64 tokens in the three traced iterations. The run was read off the middle iteration's (80) without a
+    word, and every iteration compared with it; now the lengths are said."""
+    _record_llama_like(tmp_path / "llama", lengths=(32, 48, 80, 64, 96))
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.config.model.seq == 80
+    said = "every micro-batch 80 tokens long, as in one iteration (its micro-batches embed sequences of 48 to 80 " \
+        "tokens, 2 a micro-batch: one length is simulated)"
+    assert said in inferred.assumed, inferred.assumed
 
 
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:

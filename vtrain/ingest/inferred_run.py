@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -152,7 +152,7 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
         if ops.is_empty() and _unmarked_embedding(cpu_ops.lazy()):
             raise _NotShown("no iteration marks (ProfilerStep#N spans, which torch.profiler's step() writes): the "
                             "micro-batches of one iteration cannot be counted")
-        inferred = _inferred(ops, world_size or 1, device, groups)
+        inferred = _said_lengths(_inferred(ops, world_size or 1, device, groups), cpu_ops.lazy())
     except _NotShown as missing:
         return InferredRun(None, reason=str(missing))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, ArithmeticError) as odd:  # no run's dims
@@ -161,6 +161,30 @@ def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, devi
     if problems:  # shapes beyond what a run can be (a hostile trace)
         return InferredRun(None, reason=f"the run its shapes make is none: {problems[0]}")
     return inferred
+
+
+def _said_lengths(inferred: InferredRun, cpu_ops: pl.LazyFrame) -> InferredRun:
+    """``inferred``, saying where the traced iterations' micro-batches embed tokens of other shapes than the one it
+    was read off (batches padded to their longest sample, as Hugging Face's collators pad them): one length is
+    simulated for all."""
+    if inferred.config is None:
+        return inferred
+    texts = (cpu_ops.filter((pl.col("name").cast(pl.String) == _EMBEDDING) & pl.col("iteration").is_not_null())
+             .select(pl.col("input_dims").cast(pl.String).unique()).collect()["input_dims"].to_list())
+    calls = [dims for dims in map(_parsed, texts) if len(dims) >= 2 and _shape(dims[0], 2) and _shape(dims[1], 1, 2)]
+    rows = max((dims[0][0] for dims in calls), default=0)
+    shapes = sorted({tuple(dims[1]) for dims in calls if dims[0][0] == rows})
+    if len(shapes) < 2:
+        return inferred
+    batches = {shape[0] for shape in shapes if len(shape) == 2}
+    if len(batches) == 1 and all(len(shape) == 2 for shape in shapes):
+        which = f"sequences of {shapes[0][1]} to {shapes[-1][1]} tokens, {batches.pop()} a micro-batch"
+    else:
+        which = f"tokens of {len(shapes)} shapes, {', '.join(str(list(shape)) for shape in shapes[:4])}" \
+                f"{', ...' if len(shapes) > 4 else ''}"
+    said = (f"every micro-batch {inferred.config.model.seq} tokens long, as in one iteration (its micro-batches "
+            f"embed {which}: one length is simulated)")
+    return replace(inferred, assumed=f"{said}, {inferred.assumed}" if inferred.assumed else said)
 
 
 class _NotShown(Exception):
