@@ -340,6 +340,95 @@ def test_sequences_of_other_lengths_in_other_iterations_are_said(tmp_path: Path)
     assert said in inferred.assumed, inferred.assumed
 
 
+def _record_gpt2_like(target: Path) -> None:
+    """Hugging Face's GPT-2 as its ``modeling_gpt2`` writes it, small (2 layers, hidden 128, 4 heads, sequence 64,
+    vocabulary 512, micro-batch 2, fp32 on the CPU), trained and profiled as a user would: its linear layers
+    ``Conv1D`` (``torch.addmm`` of a bias, the input and a ``[in, out]`` weight), eager attention masked by
+    ``torch.where``, ``gelu_new`` (tanh's approximation written out), dropout, learned positions, the output layer the
+    word embedding's weight (no bias)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    vocab, hidden, heads, seq, batch = 512, 128, 4, 64, 2
+
+    class Conv1D(nn.Module):
+        def __init__(self, outputs: int, inputs: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(inputs, outputs) * 0.02)
+            self.bias = nn.Parameter(torch.zeros(outputs))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(*x.shape[:-1], -1)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.c_attn, self.attn_proj = Conv1D(3 * hidden, hidden), Conv1D(hidden, hidden)
+            self.c_fc, self.mlp_proj = Conv1D(4 * hidden, hidden), Conv1D(hidden, 4 * hidden)
+            self.drop = nn.Dropout(0.1)
+            self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril().view(1, 1, seq, seq))
+
+        def attention(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = (t.view(batch, seq, heads, -1).permute(0, 2, 1, 3) for t in self.c_attn(x).split(hidden, 2))
+            scores = torch.matmul(q, k.transpose(-1, -2)) / torch.full([], v.size(-1) ** 0.5)
+            scores = torch.where(self.causal, scores, torch.full([], torch.finfo(scores.dtype).min))
+            y = torch.matmul(self.drop(F.softmax(scores, dim=-1)), v).permute(0, 2, 1, 3).reshape(batch, seq, hidden)
+            return self.drop(self.attn_proj(y))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attention(self.ln_1(x))
+            h = self.c_fc(self.ln_2(x))
+            h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+            return x + self.drop(self.mlp_proj(h))
+
+    class GPT2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, hidden), nn.Embedding(seq, hidden)
+            self.h, self.ln_f = nn.ModuleList(Block() for _ in range(2)), nn.LayerNorm(hidden)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            x = self.wte(tokens) + self.wpe(torch.arange(seq).unsqueeze(0))
+            for block in self.h:
+                x = block(x)
+            return F.linear(self.ln_f(x), self.wte.weight)
+
+    torch.manual_seed(0)
+    model = GPT2()
+    optimizer = torch.optim.AdamW(model.parameters())
+    target.mkdir()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1),
+                                on_trace_ready=lambda done: done.export_chrome_trace(str(target / "trace.json"))
+                                ) as profiler:
+        for _ in range(5):
+            tokens = torch.randint(0, vocab, (batch, seq))
+            F.cross_entropy(model(tokens)[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            profiler.step()
+
+
+def test_hugging_faces_gpt2_is_read_as_gpt(tmp_path: Path) -> None:
+    """Hugging Face's GPT-2 layers, recorded here: read as GPT's (layer norms, learned positions, a GELU MLP four
+    times as wide, biased linear layers) and simulated with the reference model's kernels. Its GELU written out
+    made it "no MLP activation", and then its linear layers, ``torch.addmm`` where the only ``aten::linear`` is the
+    output layer's (no bias), were read as bias-free: Megatron's kernels for "a layer other than GPT's"."""
+    _record_gpt2_like(tmp_path / "gpt2")
+    inferred = _inferred(tmp_path / "gpt2", tmp_path)
+    assert inferred.reason is None, inferred.reason
+    model = inferred.config.model
+    assert (model.layers, model.hidden, model.heads, model.seq, model.vocab) == (2, 128, 4, 64, 512)
+    assert (model.mlp, model.ffn_hidden, model.norm, model.position, model.bias) == (
+        "gelu", None, "layernorm", "learned", True)
+    assert (inferred.config.framework, inferred.config.attention) == ("reference", "eager")
+    assert inferred.assumed == "the output layer tied to the embedding"
+
+
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:
     """Hugging Face's ``flash_attention_2`` runs the flash-attn package's operators (``flash_attn::_flash_attn_forward``
     since 2.6: query ``[b, s, a, d]``, key ``[b, s, kv, d]``; CUDA only): the LLaMA-style script's trace with its

@@ -101,6 +101,8 @@ _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
 _ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu", "aten::tanh": "gelu", "aten::relu": "gelu"}
 _PLACED_AS_GELU = "aten::relu"
 _LINEAR = "aten::linear"
+#: a GEMM that adds a bias
+_BIASED_GEMM = "aten::addmm"
 #: how grouped-query attention repeats its keys and values for an attention that takes as many as it has queries:
 #: (operator, its input's layout, ``kv`` where the key/value heads are, ``1`` the axis repeated): Hugging Face's
 #: ``repeat_kv`` and torchtitan's expand, Megatron's ``repeat_interleave`` on dim 2, others' on dim 1
@@ -310,7 +312,7 @@ _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATR
                                                                           _ALL_TO_ALL, COMPILED_REGION,
                                                                           *(apex for apex, _ in _APEX_NORMS)))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|{_ALL_REDUCE}|{_ALL_GATHER}"
-                       + rf"|{_REDUCE_SCATTER}"
+                       + rf"|{_REDUCE_SCATTER}|^{_BIASED_GEMM}$"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
 
@@ -583,8 +585,12 @@ def _fused_kernels(ranks: list[_Rank]) -> bool:
 
 
 def _biased(rank: _Rank) -> bool:
-    """Whether the linear layers add biases: where they run as ``aten::linear``, whether one is given a bias
-    (Megatron's layers multiply and add on their own: taken as biased, GPT's way)."""
+    """Whether the linear layers add biases: a GEMM that adds one (``aten::addmm``: ``nn.Linear`` on a matrix,
+    Hugging Face's ``Conv1D`` in GPT-2, whose only ``aten::linear`` is its bias-free output layer), else, where they
+    run as ``aten::linear``, whether one is given a bias (Megatron's layers multiply and add on their own: taken as
+    biased, GPT's way)."""
+    if _BIASED_GEMM in rank.names:
+        return True
     calls = [dims for dims, _ in rank.calls(_LINEAR) if len(dims) >= 2]
     return not calls or any(len(dims) >= 3 and dims[2] for dims in calls)
 
