@@ -136,7 +136,8 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
-                       norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = ()) -> None:
+                       norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = (),
+                       rotary: bool = False) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -154,7 +155,8 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
     approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``). ``lengths``: the
     sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
-    else 64 every step."""
+    else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (its
+    ``rotate_half``: the head's two halves swapped, one negated, of element-wise operators); else no positions."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -215,6 +217,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             h = self.norms[0](x)
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
+            if rotary:
+                angles = torch.arange(seq)[:, None] / 10000 ** (torch.arange(0, width, 2) / width)
+                cos, sin = (f(torch.cat((angles, angles), dim=-1)) for f in (torch.cos, torch.sin))
+                q, k = (t * cos + torch.cat((-t[..., width // 2:], t[..., :width // 2]), dim=-1) * sin for t in (q, k))
             if attention == "sdpa-gqa":
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             elif attention == "torchtitan":  # its repeat_kv, on [b, s, kv, d]
@@ -427,6 +433,20 @@ def test_hugging_faces_gpt2_is_read_as_gpt(tmp_path: Path) -> None:
         "gelu", None, "layernorm", "learned", True)
     assert (inferred.config.framework, inferred.config.attention) == ("reference", "eager")
     assert inferred.assumed == "the output layer tied to the embedding"
+
+
+@pytest.mark.parametrize("rotary", [True, False])
+def test_positions_are_read_from_what_runs(rotary: bool, tmp_path: Path) -> None:
+    """The LLaMA-style script with its queries and keys rotated as Hugging Face's LLaMA does it (``rotate_half``, of
+    element-wise operators: no operator named for rotary) was read as learned positions (a lookup it does not make);
+    now as rotary, by the head's halves concatenated. Without any positions it is still simulated with learned ones
+    (the smaller guess), now said; GPT-2's looked-up positions are learned, nothing said
+    (:func:`test_hugging_faces_gpt2_is_read_as_gpt`)."""
+    _record_llama_like(tmp_path / "llama", rotary=rotary)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.config.model.position == ("rope" if rotary else "learned")
+    said = "learned positions (none seen: no position embedding looked up, no rotary operator)"
+    assert (said in inferred.assumed) == (not rotary), inferred.assumed
 
 
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:

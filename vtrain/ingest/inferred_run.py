@@ -76,6 +76,9 @@ _MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 #: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
+#: rotary positions written out of element-wise operators (Hugging Face's LLaMA, its ``rotate_half``): each head's
+#: two halves concatenated, swapped, ``aten::cat`` of two ``[b, a, s, d / 2]`` tensors
+_CAT = "aten::cat"
 #: all-to-all exchanges: tokens sent to experts on other ranks (a mixture of experts) or sequences split over ranks
 #: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
 #: (not a user's span that names one: ``record_function("log_all_to_all_stats")``)
@@ -110,7 +113,7 @@ _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "d")),
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, _RSQRT, *_HEAD_AXIS,
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, _RSQRT, _CAT, *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -264,13 +267,14 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     dp = world // (tp * pp)
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
     mlp, ffn_share, activation = _mlp(rank)
+    position = _positions(rank, table, width)
     norm_kind = _norm(rank)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
                         ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp,
                         norm=norm_kind or "rmsnorm",
                         kv_heads=kv_here * tp if kv_here != heads_here else None, bias=_biased(rank),
-                        position="rope" if any(_ROTARY.search(name) for name in rank.names) else "learned")
+                        position=position or "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
     overlap, bucket, scattered = _gradient_reduction(rank, tp) if dp > 1 else (None, None, False)
@@ -299,6 +303,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                             "as all-reduced, as many bytes (the reference model's optimizer is not sharded)"]
                            if scattered and framework != "megatron" else [])
                         + ([] if norm_kind else [_unknown_norm(ranks)])
+                        + ([] if position else ["learned positions (none seen: no position embedding looked up, no "
+                                                "rotary operator)"])
                         + (["its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"]
                            if activation == _PLACED_AS_GELU else [])
                         + ["the output layer tied to the embedding"])
@@ -593,6 +599,18 @@ def _biased(rank: _Rank) -> bool:
         return True
     calls = [dims for dims, _ in rank.calls(_LINEAR) if len(dims) >= 2]
     return not calls or any(len(dims) >= 3 and dims[2] for dims in calls)
+
+
+def _positions(rank: _Rank, table: int, width: int) -> str | None:
+    """How the rank's tokens learn their positions: ``rope`` where an operator is named for rotary embeddings or a
+    head's halves are concatenated (:data:`_CAT`), ``learned`` where a second embedding table is looked up; None
+    where nothing shows any."""
+    halves = any(len(dims) >= 1 and isinstance(dims[0], list) and len(dims[0]) == 2
+                 and all(_shape(half, 4) and half[-1] * 2 == width for half in dims[0]) for dims, _ in rank.calls(_CAT))
+    if halves or any(_ROTARY.search(name) for name in rank.names):
+        return "rope"
+    tables = {dims[0][0] for dims, _ in rank.calls(_EMBEDDING) if dims and _shape(dims[0], 2)}
+    return "learned" if tables - {table} else None
 
 
 def _norm(rank: _Rank) -> str | None:
