@@ -286,7 +286,7 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
 @pytest.mark.parametrize("attention", ["sdpa-gqa", "sdpa-repeated", "eager-repeated", "torchtitan", "interleaved"])
 def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None:
     """Recorded here by torch, outside vtrain: every part of its shape is read back but its positions (it has none;
-    taken as learned), its 2 key/value heads too where they are repeated to 8 before the attention (they read as
+    taken as learned, said), its 2 key/value heads too where they are repeated to 8 before the attention (they read as
     8: the key and value projections' FLOPs four times theirs)."""
     _record_llama_like(tmp_path / "llama", attention)
     inferred = _inferred(tmp_path / "llama", tmp_path)
