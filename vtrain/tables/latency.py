@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
@@ -102,36 +104,61 @@ def in_communication(names: list[str], parent: list[int]) -> list[bool]:
 
 
 def work_op_mask(ranks: list[int], tids: list[int], starts: list[float], durations: list[float],
-                 names: list[str]) -> list[bool]:
+                 names: list[str], keys: list[object] | None = None) -> list[bool]:
     """For CPU ops sorted by (rank, thread, start, longest first): True for the ops doing the work.
 
     The outermost op whose self time is at least half its duration, except that an op holding a collective
     (``c10d::*``, ``gloo:*``, ...) is never one: its self time is mostly the wait for that collective (e.g. a
     tensor-parallel ``autograd.Function``), so the search goes on inside it. Collectives and what they hold are
-    never work ops.
+    never work ops. With ``keys`` (each op's operator, e.g. its rank, name and dims) it is decided per operator, by
+    most of the calls in which it is the outermost candidate: one call stalled outside its children (an
+    ``aten::scaled_dot_product_attention`` preempted around the operator it calls) does not make its operator
+    one, nor leave its children none; without, call by call (the profile's tables: every signature one of
+    whose calls does the work has its latency there, for the simulator to find the operators it places).
     """
     parent, child_time = op_nesting(ranks, tids, starts, durations)
-    return _work_ops(names, durations, parent, child_time)
+    return _work_ops(names, durations, parent, child_time, keys)
 
 
-def _work_ops(names: list[str], durations: list[float], parent: list[int], child_time: list[float]) -> list[bool]:
-    n = len(names)
+def _work_ops(names: list[str], durations: list[float], parent: list[int], child_time: list[float],
+              keys: list[object] | None = None) -> list[bool]:
     holds_comm = [name.startswith(COMMUNICATION_OP_PREFIXES) for name in names]
-    for i in range(n - 1, -1, -1):
+    for i in range(len(names) - 1, -1, -1):
         if holds_comm[i] and parent[i] >= 0:
             holds_comm[parent[i]] = True
-    work = [False] * n
-    covered = [False] * n  # a work op or a collective is at or above this op
-    for i in range(n):
+
+    def mostly_its_own(i: int) -> bool:  # this call's self time is at least half its duration
+        return durations[i] > 0 and durations[i] - child_time[i] >= 0.5 * durations[i]
+
+    if keys is None:
+        return [works for _, works in _covered(names, parent, holds_comm, mostly_its_own)]
+    tally: dict[object, list[int]] = {}  # per operator: calls that did the work, calls that were candidates
+    for key, (candidate, works) in zip(keys, _covered(names, parent, holds_comm, mostly_its_own)):
+        if candidate:
+            counts = tally.setdefault(key, [0, 0])
+            counts[0] += works
+            counts[1] += 1
+    working = {key for key, (works, candidates) in tally.items() if 2 * works > candidates}
+    return [works for _, works in _covered(names, parent, holds_comm,
+                                           lambda i: durations[i] > 0 and keys[i] in working)]
+
+
+def _covered(names: list[str], parent: list[int], holds_comm: list[bool],
+             works: Callable[[int], bool]) -> Iterator[tuple[bool, bool]]:
+    """For each op in :func:`op_nesting` order: (whether it is a candidate: no work op or collective at or above
+    it, and it holds no collective; whether ``works(i)`` says it does the work); a candidate that works covers the
+    ops nested in it."""
+    covered = [False] * len(names)  # a work op or a collective is at or above this op
+    for i, name in enumerate(names):
         above = parent[i] >= 0 and covered[parent[i]]
-        if names[i].startswith(COMMUNICATION_OP_PREFIXES):
+        if name.startswith(COMMUNICATION_OP_PREFIXES):
             covered[i] = True
-        elif (not above and not holds_comm[i] and durations[i] > 0
-              and durations[i] - child_time[i] >= 0.5 * durations[i]):
-            work[i] = covered[i] = True
-        else:
-            covered[i] = above
-    return work
+            yield False, False
+            continue
+        candidate = not above and not holds_comm[i]
+        works_here = candidate and works(i)
+        covered[i] = above or works_here
+        yield candidate, works_here
 
 
 def op_latency(calls: pl.DataFrame) -> pl.DataFrame:

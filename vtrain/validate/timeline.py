@@ -137,11 +137,13 @@ def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _with_work_op(frame: pl.DataFrame) -> pl.DataFrame:
-    """``work_op``: the CPU operators that do the work (:func:`vtrain.tables.latency.work_op_mask`)."""
+    """``work_op``: the CPU operators that do the work (:func:`vtrain.tables.latency.work_op_mask`), decided per
+    rank and operator by most of its calls."""
     cpu = (frame.filter((pl.col("kind") == "cpu") & (pl.col("cat") == "cpu_op"))  # ops of one start and length
            .sort("rank", "lane", "ts", "dur", "event", descending=[False, False, False, True, False]))  # in file order
-    mask = work_op_mask(cpu["rank"].to_list(), cpu["lane"].to_list(), cpu["ts"].to_list(), cpu["dur"].to_list(),
-                    cpu["name"].to_list())
+    ranks = cpu["rank"].to_list()
+    mask = work_op_mask(ranks, cpu["lane"].to_list(), cpu["ts"].to_list(), cpu["dur"].to_list(), cpu["name"].to_list(),
+                        keys=list(zip(ranks, cpu["name"].to_list(), cpu["input_dims"].to_list())))
     work = cpu.select("rank", "event", work_op=pl.Series(mask, dtype=pl.Boolean))
     return frame.join(work, on=["rank", "event"], how="left").with_columns(pl.col("work_op").fill_null(False))
 
