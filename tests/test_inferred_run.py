@@ -449,6 +449,19 @@ def test_positions_are_read_from_what_runs(rotary: bool, tmp_path: Path) -> None
     assert (said in inferred.assumed) == (not rotary), inferred.assumed
 
 
+def test_hugging_faces_llama_layers_are_read_whole(tmp_path: Path) -> None:
+    """The LLaMA-style script written as Hugging Face's LLaMA writes its layers: RMSNorm of element-wise operators,
+    queries and keys rotated by ``rotate_half``, keys and values repeated to the queries' heads (``repeat_kv``)
+    before PyTorch's fused attention, SwiGLU: every part read, nothing assumed but the tied output layer and the
+    kernels (Megatron's, for a layer other than GPT's). It had been read with learned positions, silently."""
+    _record_llama_like(tmp_path / "llama", attention="sdpa-repeated", norm="rms-written", rotary=True)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    model = inferred.config.model
+    assert (model.norm, model.position, model.mlp, model.heads, model.kv_heads, model.bias) == (
+        "rmsnorm", "rope", "swiglu", 8, 2, False)
+    assert inferred.assumed == "the output layer tied to the embedding, Megatron's kernels for a layer other than GPT's"
+
+
 def test_the_flash_attn_packages_attention_is_read(tmp_path: Path) -> None:
     """Hugging Face's ``flash_attention_2`` runs the flash-attn package's operators (``flash_attn::_flash_attn_forward``
     since 2.6: query ``[b, s, a, d]``, key ``[b, s, kv, d]``; CUDA only): the LLaMA-style script's trace with its
