@@ -392,9 +392,10 @@ def _reduce_scatters(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, i
     return scatters
 
 
-def _listed(dims: list[Any]) -> bool:
-    """Whether ``dims`` are a list of tensors' dims (``[[n], [m]]``), not one tensor's (``[n]``)."""
-    return bool(dims) and all(isinstance(each, list) for each in dims)
+def _listed(dims: Any) -> bool:
+    """Whether ``dims`` are a list of tensors' dims (``[[n], [m]]``), not one tensor's (``[n]``) nor anything
+    else."""
+    return isinstance(dims, list) and bool(dims) and all(isinstance(each, list) for each in dims)
 
 
 def _tensors(dims: list[Any]) -> list[list[Any] | None]:
