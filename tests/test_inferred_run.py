@@ -137,7 +137,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
                        norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = (),
-                       rotary: bool = False) -> None:
+                       rotary: str = "") -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -155,8 +155,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
     approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``). ``lengths``: the
     sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
-    else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (its
-    ``rotate_half``: the head's two halves swapped, one negated, of element-wise operators); else no positions."""
+    else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
+    ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
+    quarter of each head's width, the rest passed through (``partial``: GPT-NeoX's and Pythia's ``rotary_pct``
+    0.25); else no positions."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -218,9 +220,17 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
             if rotary:
-                angles = torch.arange(seq)[:, None] / 10000 ** (torch.arange(0, width, 2) / width)
+                rotated = width if rotary == "full" else width // 4
+                angles = torch.arange(seq)[:, None] / 10000 ** (torch.arange(0, rotated, 2) / rotated)
                 cos, sin = (f(torch.cat((angles, angles), dim=-1)) for f in (torch.cos, torch.sin))
-                q, k = (t * cos + torch.cat((-t[..., width // 2:], t[..., :width // 2]), dim=-1) * sin for t in (q, k))
+
+                def rotate(t: torch.Tensor) -> torch.Tensor:
+                    turned, kept = t[..., :rotated], t[..., rotated:]
+                    half = rotated // 2
+                    turned = turned * cos + torch.cat((-turned[..., half:], turned[..., :half]), dim=-1) * sin
+                    return torch.cat((turned, kept), dim=-1) if kept.shape[-1] else turned
+
+                q, k = rotate(q), rotate(k)
             if attention == "sdpa-gqa":
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             elif attention == "torchtitan":  # its repeat_kv, on [b, s, kv, d]
@@ -435,11 +445,12 @@ def test_hugging_faces_gpt2_is_read_as_gpt(tmp_path: Path) -> None:
     assert inferred.assumed == "the output layer tied to the embedding"
 
 
-@pytest.mark.parametrize("rotary", [True, False])
-def test_positions_are_read_from_what_runs(rotary: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rotary", ["full", "partial", ""])
+def test_positions_are_read_from_what_runs(rotary: str, tmp_path: Path) -> None:
     """The LLaMA-style script with its queries and keys rotated as Hugging Face's LLaMA does it (``rotate_half``, of
     element-wise operators: no operator named for rotary) was read as learned positions (a lookup it does not make);
-    now as rotary, by the head's halves concatenated. Without any positions it is still simulated with learned ones
+    now as rotary, by the head's halves concatenated (and a quarter of it rotated, GPT-NeoX's way, by the rotated
+    part and the rest concatenated back into a head). Without any positions it is still simulated with learned ones
     (the smaller guess), now said; GPT-2's looked-up positions are learned, nothing said
     (:func:`test_hugging_faces_gpt2_is_read_as_gpt`)."""
     _record_llama_like(tmp_path / "llama", rotary=rotary)
@@ -454,7 +465,7 @@ def test_hugging_faces_llama_layers_are_read_whole(tmp_path: Path) -> None:
     queries and keys rotated by ``rotate_half``, keys and values repeated to the queries' heads (``repeat_kv``)
     before PyTorch's fused attention, SwiGLU: every part read, nothing assumed but the tied output layer and the
     kernels (Megatron's, for a layer other than GPT's). It had been read with learned positions, silently."""
-    _record_llama_like(tmp_path / "llama", attention="sdpa-repeated", norm="rms-written", rotary=True)
+    _record_llama_like(tmp_path / "llama", attention="sdpa-repeated", norm="rms-written", rotary="full")
     inferred = _inferred(tmp_path / "llama", tmp_path)
     model = inferred.config.model
     assert (model.norm, model.position, model.mlp, model.heads, model.kv_heads, model.bias) == (

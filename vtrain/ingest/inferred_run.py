@@ -77,7 +77,8 @@ _MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: rotary positions written out of element-wise operators (Hugging Face's LLaMA, its ``rotate_half``): each head's
-#: two halves concatenated, swapped, ``aten::cat`` of two ``[b, a, s, d / 2]`` tensors
+#: two halves concatenated, swapped, ``aten::cat`` of two ``[b, a, s, d / 2]`` tensors; where only part of the head
+#: is rotated (GPT-NeoX's ``rotary_pct``), the rotated part and the rest concatenated back into ``d``
 _CAT = "aten::cat"
 #: all-to-all exchanges: tokens sent to experts on other ranks (a mixture of experts) or sequences split over ranks
 #: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
@@ -603,12 +604,13 @@ def _biased(rank: _Rank) -> bool:
 
 
 def _positions(rank: _Rank, table: int, width: int) -> str | None:
-    """How the rank's tokens learn their positions: ``rope`` where an operator is named for rotary embeddings or a
-    head's halves are concatenated (:data:`_CAT`), ``learned`` where a second embedding table is looked up; None
-    where nothing shows any."""
-    halves = any(len(dims) >= 1 and isinstance(dims[0], list) and len(dims[0]) == 2
-                 and all(_shape(half, 4) and half[-1] * 2 == width for half in dims[0]) for dims, _ in rank.calls(_CAT))
-    if halves or any(_ROTARY.search(name) for name in rank.names):
+    """How the rank's tokens learn their positions: ``rope`` where an operator is named for rotary embeddings or two
+    parts of a head are concatenated into one (:data:`_CAT`), ``learned`` where a second embedding table is looked
+    up; None where nothing shows any."""
+    parts = [dims[0] for dims, _ in rank.calls(_CAT) if dims and isinstance(dims[0], list) and len(dims[0]) == 2
+             and all(_shape(part, 4) for part in dims[0])]
+    a_head = any(first[:3] == second[:3] and first[-1] + second[-1] == width for first, second in parts)
+    if a_head or any(_ROTARY.search(name) for name in rank.names):
         return "rope"
     tables = {dims[0][0] for dims, _ in rank.calls(_EMBEDDING) if dims and _shape(dims[0], 2)}
     return "learned" if tables - {table} else None
