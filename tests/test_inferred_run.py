@@ -150,8 +150,10 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     ``training``: the model evaluated under ``torch.no_grad()`` (no backward pass, no optimizer step). ``compiled``:
     each layer compiled by ``torch.compile`` with that backend, the embedding and head eager (as torchtitan compiles
     its blocks). ``norm``: PyTorch's ``nn.RMSNorm`` (``fused``), RMSNorm written out as Hugging Face's LLaMA writes it
-    (``rms-written``), or a LayerNorm written out of the mean, variance and square root (``layer-written``), or that
-    LayerNorm in an autograd function named as apex's fused one, which Megatron runs (``apex-named``). ``mlp``: the
+    (``rms-written``), or a LayerNorm written out of the mean, variance and square root (``layer-written``; with the
+    reciprocal root, ``layer-written-rsqrt``), or that LayerNorm in an autograd function named as apex's fused one,
+    which Megatron runs (``apex-named``), or each token scaled by its vector norm (``l2-written``: RMSNorm by
+    another name, of no operator vtrain reads). ``mlp``: the
     SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
     approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``). ``lengths``: the
     sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
@@ -176,11 +178,16 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
                 return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
             if norm == "apex-named":
                 return FusedLayerNormAffineFunction.apply(x, self.weight)
+            if norm == "l2-written":
+                return self.weight * x / x.norm(dim=-1, keepdim=True) * hidden ** 0.5
             return written_layer_norm(x, self.weight)
 
     def written_layer_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         centred = x - x.mean(-1, keepdim=True)
-        return weight * centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+        variance = centred.pow(2).mean(-1, keepdim=True) + 1e-5
+        if norm == "layer-written-rsqrt":
+            return weight * centred * torch.rsqrt(variance)
+        return weight * centred / torch.sqrt(variance)
 
     class FusedLayerNormAffineFunction(torch.autograd.Function):
         @staticmethod
@@ -312,20 +319,21 @@ def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None
     assert inferred.config.framework == "megatron" and "Megatron's kernels" in inferred.assumed
 
 
-@pytest.mark.parametrize("norm", ["rms-written", "layer-written", "apex-named"])
+@pytest.mark.parametrize("norm", ["rms-written", "layer-written", "layer-written-rsqrt", "apex-named", "l2-written"])
 def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
     """The LLaMA-style script with its norms written out of element-wise operators: Hugging Face's RMSNorm (the
     reciprocal square root of each token's mean square) is read as RMSNorm, nothing assumed; a LayerNorm written
-    out (no operator of a norm, no reciprocal root) was read as RMSNorm without a word, and is now said to be
-    taken as one. Inside an autograd function named as apex's fused LayerNorm (Megatron's, which records no
-    shapes: only its name shows) it was read as RMSNorm too; now as LayerNorm, by its name."""
+    out (its mean subtracted, then the root of the variance) was read as RMSNorm without a word, and is now read
+    as LayerNorm; so is one inside an autograd function named as apex's fused LayerNorm (Megatron's, which records
+    no shapes: only its name shows). Each token scaled by its vector norm (no operator vtrain reads) is said to be
+    taken as RMSNorm."""
     _record_llama_like(tmp_path / "llama", norm=norm)
     inferred = _inferred(tmp_path / "llama", tmp_path)
-    assert inferred.config.model.norm == ("layernorm" if norm == "apex-named" else "rmsnorm")
+    assert inferred.config.model.norm == ("rmsnorm" if norm in ("rms-written", "l2-written") else "layernorm")
     said = "the layers' norm taken as RMSNorm (no norm operator recorded: a fused kernel of an extension, or " \
         "written out of element-wise operators)"
-    assert (said in inferred.assumed) == (norm == "layer-written"), inferred.assumed
-    if norm == "layer-written":
+    assert (said in inferred.assumed) == (norm == "l2-written"), inferred.assumed
+    if norm == "l2-written":
         ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
         assert ran.returncode == 0 and said in ran.stderr, ran.stderr
 

@@ -50,9 +50,10 @@ _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_back
 _LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
 #: apex's fused norms (Megatron's), by the names of their autograd functions: no operator records their shapes
 _APEX_NORMS = ((re.compile(r"FusedLayerNorm|FastLayerNorm"), "layernorm"), (re.compile(r"FusedRMSNorm"), "rmsnorm"))
-#: RMSNorm written out of element-wise operators, as Hugging Face's LLaMA does: the reciprocal of each token's root
-#: mean square, ``aten::rsqrt`` of a ``[..., 1]`` statistic
-_RSQRT = "aten::rsqrt"
+#: a norm written out of element-wise operators: each token's statistic, ``[..., 1]``, under a (reciprocal) square
+#: root (Hugging Face's LlamaRMSNorm: ``rsqrt`` of its mean square); a LayerNorm's also subtracts each token's mean
+#: from its ``[..., hidden]`` row first
+_ROOTS, _SUBTRACT = ("aten::rsqrt", "aten::sqrt"), "aten::sub"
 #: fused attention operators whose query and key are [b, a, s, d]
 _FUSED_ATTENTION = ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
                     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu")
@@ -114,7 +115,7 @@ _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "d")),
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, _RSQRT, _CAT, *_HEAD_AXIS,
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -269,7 +270,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
     mlp, ffn_share, activation = _mlp(rank)
     position = _positions(rank, table, width)
-    norm_kind = _norm(rank)
+    norm_kind = _norm(rank, hidden)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
     model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
                         ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp,
@@ -616,18 +617,21 @@ def _positions(rank: _Rank, table: int, width: int) -> str | None:
     return "learned" if tables - {table} else None
 
 
-def _norm(rank: _Rank) -> str | None:
+def _norm(rank: _Rank, hidden: int) -> str | None:
     """The layers' norm, ``layernorm`` or ``rmsnorm``, as the rank shows it: PyTorch's operators, apex's fused norms
-    by name, or RMSNorm written out (a token's reciprocal root mean square, :data:`_RSQRT`); None where nothing
-    shows it."""
+    by name, or a norm written out (:data:`_ROOTS`: a LayerNorm where a token's mean is subtracted from its row of
+    ``hidden``, else RMSNorm); None where nothing shows it."""
     if rank.count(_LAYER_NORM) or rank.count(_RMS_NORM):
         return "layernorm" if rank.count(_LAYER_NORM) else "rmsnorm"
     apex = next((kind for pattern, kind in _APEX_NORMS if any(pattern.search(name) for name in rank.names)), None)
     if apex:
         return apex
-    written = any(dims and isinstance(dims[0], list) and len(dims[0]) >= 2 and dims[0][-1] == 1
-                  for dims, _ in rank.calls(_RSQRT))
-    return "rmsnorm" if written else None
+    rooted = any(dims and _shape(dims[0], 2, 3) and dims[0][-1] == 1 for name in _ROOTS for dims, _ in rank.calls(name))
+    if not rooted:
+        return None
+    centred = any(len(dims) >= 2 and _shape(dims[0], 2, 3) and _shape(dims[1], 2, 3) and dims[0][-1] == hidden
+                  and dims[1][-1] == 1 for dims, _ in rank.calls(_SUBTRACT))
+    return "layernorm" if centred else "rmsnorm"
 
 
 def _unknown_norm(ranks: list[_Rank]) -> str:
