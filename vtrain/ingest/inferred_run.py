@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -178,9 +179,7 @@ def _said_lengths(inferred: InferredRun, cpu_ops: pl.LazyFrame) -> InferredRun:
         return inferred
     texts = (cpu_ops.filter((pl.col("name").cast(pl.String) == _EMBEDDING) & pl.col("iteration").is_not_null())
              .select(pl.col("input_dims").cast(pl.String).unique()).collect()["input_dims"].to_list())
-    calls = [dims for dims in map(_parsed, texts) if len(dims) >= 2 and _shape(dims[0], 2) and _shape(dims[1], 1, 2)]
-    rows = max((dims[0][0] for dims in calls), default=0)
-    shapes = sorted({tuple(dims[1]) for dims in calls if dims[0][0] == rows})
+    shapes = sorted({tuple(tokens) for _, tokens in _word_lookups(map(_parsed, texts))})
     if len(shapes) < 2:
         return inferred
     batches = {shape[0] for shape in shapes if len(shape) == 2}
@@ -442,12 +441,19 @@ def _parsed(text: str | None) -> list[Any]:
 
 def _word_embedding(rank: _Rank) -> tuple[int, int, list[int]] | None:
     """(rows and width of the rank's largest embedding table: the word embedding's, its tokens' dims), if any."""
-    calls = [(dims[0], dims[1]) for dims, _ in rank.calls(_EMBEDDING)
-             if len(dims) >= 2 and _shape(dims[0], 2) and _shape(dims[1], 1, 2)]
+    calls = _word_lookups(dims for dims, _ in rank.calls(_EMBEDDING))
     if not calls:
         return None
-    table, tokens = max(calls, key=lambda call: call[0][0])
+    table, tokens = calls[0]
     return int(table[0]), int(table[1]), [int(x) for x in tokens]
+
+
+def _word_lookups(calls: Iterable[list[Any]]) -> list[tuple[list[int], list[int]]]:
+    """(table dims, tokens dims) of the ``aten::embedding`` calls (their parsed input dims) into the largest table
+    they look up: the word embedding's."""
+    lookups = [(dims[0], dims[1]) for dims in calls if len(dims) >= 2 and _shape(dims[0], 2) and _shape(dims[1], 1, 2)]
+    rows = max((table[0] for table, _ in lookups), default=0)
+    return [(table, tokens) for table, tokens in lookups if table[0] == rows]
 
 
 def _shape(dims: Any, *lengths: int) -> bool:
