@@ -9,6 +9,7 @@ all-reduce an activation)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import shutil
@@ -154,8 +155,11 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     reciprocal root, ``layer-written-rsqrt``), or that LayerNorm in an autograd function named as apex's fused one,
     which Megatron runs (``apex-named``), or each token scaled by its vector norm (``l2-written``: RMSNorm by
     another name, of no operator vtrain reads). ``mlp``: the
-    SwiGLU MLP, or one of two linear layers around GPT-2's GELU as Hugging Face writes it (``gelu-written``: tanh's
-    approximation of element-wise operators, its ``gelu_new``) or around OPT's ReLU (``relu``). ``lengths``: the
+    SwiGLU MLP, or Gemma's gated GELU (``geglu``), or one of two linear layers around GPT-2's GELU as Hugging Face
+    writes it (``gelu-written``: tanh's approximation of element-wise operators, its ``gelu_new``), around OPT's
+    ReLU (``relu``) or a SiLU (``silu``), or Megatron's fused activations (autograd functions named as its own,
+    whose kernels record no activation operator): its bias-GELU (``megatron-gelu``) or SwiGLU on one GEMM's two
+    halves (``megatron-swiglu``). ``lengths``: the
     sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
     else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
     ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
@@ -201,6 +205,37 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             with torch.enable_grad():
                 return torch.autograd.grad(written_layer_norm(x, weight), (x, weight), grad)
 
+    def erf_gelu(x: torch.Tensor) -> torch.Tensor:  # no operator vtrain reads, as a fused kernel records none
+        return x * 0.5 * (1.0 + torch.erf(x / 2 ** 0.5))
+
+    class GeLUFunction(torch.autograd.Function):  # Megatron's bias-GELU (fused by torch.compile or TorchScript)
+        @staticmethod
+        def forward(ctx, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x, bias)
+            return erf_gelu(x + bias)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, bias = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            with torch.enable_grad():
+                return torch.autograd.grad(erf_gelu(x + bias), (x, bias), grad)
+
+    def swiglu(x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.chunk(x, 2, -1)
+        return gate * torch.sigmoid(gate) * up
+
+    class SwiGLUFunction(torch.autograd.Function):  # Megatron-core's fused SwiGLU
+        @staticmethod
+        def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            return swiglu(x)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+            (x,) = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            with torch.enable_grad():
+                return torch.autograd.grad(swiglu(x), x, grad)
+
     def make_norm() -> nn.Module:
         return nn.RMSNorm(hidden) if norm == "fused" else WrittenNorm()
 
@@ -212,13 +247,19 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             self.k, self.v = (nn.Linear(hidden, kv * width, bias=False) for _ in range(2))
             self.gate, self.up = (nn.Linear(hidden, ffn, bias=False) for _ in range(2))
             self.down = nn.Linear(ffn, hidden, bias=False)
+            self.bias = nn.Parameter(torch.zeros(ffn))
 
         def mlp(self, h: torch.Tensor) -> torch.Tensor:
-            if mlp == "swiglu":
-                return self.down(F.silu(self.gate(h)) * self.up(h))
+            if mlp in ("swiglu", "geglu"):
+                activation = F.silu if mlp == "swiglu" else functools.partial(F.gelu, approximate="tanh")
+                return self.down(activation(self.gate(h)) * self.up(h))
+            if mlp == "megatron-swiglu":  # one GEMM makes both halves
+                return self.down(SwiGLUFunction.apply(torch.cat((self.gate(h), self.up(h)), dim=-1)))
             up = self.up(h)
-            if mlp == "relu":
-                return self.down(F.relu(up))
+            if mlp in ("relu", "silu"):
+                return self.down(F.relu(up) if mlp == "relu" else F.silu(up))
+            if mlp == "megatron-gelu":  # Megatron's fc1 leaves its bias to the fused bias-GELU
+                return self.down(GeLUFunction.apply(up, self.bias))
             return self.down(0.5 * up * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (up + 0.044715 * up.pow(3.0)))))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -338,18 +379,28 @@ def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
         assert ran.returncode == 0 and said in ran.stderr, ran.stderr
 
 
-@pytest.mark.parametrize("mlp", ["gelu-written", "relu"])
-def test_an_mlp_of_another_activation_is_read(mlp: str, tmp_path: Path) -> None:
-    """The LLaMA-style script with a plain MLP of two linear layers around GPT-2's GELU as Hugging Face writes it
+@pytest.mark.parametrize(("mlp", "read", "said"), [
+    ("gelu-written", "gelu", ""),
+    ("relu", "gelu", "its ReLU MLP (not gated) placed as a GELU MLP of the same width (the same GEMMs)"),
+    ("silu", "gelu", "its SiLU MLP (not gated) placed as a GELU MLP of the same width (the same GEMMs)"),
+    ("geglu", "swiglu", "its gated GELU MLP placed as a SwiGLU MLP of the same width (the same GEMMs)"),
+    ("megatron-gelu", "gelu", ""),
+    ("megatron-swiglu", "swiglu", "")],
+    ids=["gelu-written", "relu", "silu", "geglu", "megatron-gelu", "megatron-swiglu"])
+def test_an_mlp_of_another_activation_is_read(mlp: str, read: str, said: str, tmp_path: Path) -> None:
+    """The LLaMA-style script with another MLP. Before: a plain MLP around GPT-2's GELU as Hugging Face writes it
     (``gelu_new``: tanh's approximation of element-wise operators, no ``aten::gelu``) or around OPT's ReLU: "no MLP
-    activation" and no run, before. GPT-2's is read as GELU, 352 wide; OPT's placed as GELU (the same GEMMs),
-    said."""
+    activation" and no run; around a SiLU: read as SwiGLU (three GEMMs for its two); Gemma's gated GELU: read as a
+    GELU MLP (two GEMMs for its three); Megatron's fused bias-GELU and SwiGLU, whose kernels record no activation
+    operator: no run. Now the gating is read (the activation's output multiplied by a tensor of its shape), and
+    Megatron's activations by their autograd functions' names (a SwiGLU's input is its two halves: 704 wide);
+    every MLP is 352 wide, placed as the MLP of its GEMMs, and said where its activation is another."""
     _record_llama_like(tmp_path / "llama", mlp=mlp)
     inferred = _inferred(tmp_path / "llama", tmp_path)
     assert inferred.reason is None, inferred.reason
-    assert (inferred.config.model.mlp, inferred.config.model.ffn_hidden) == ("gelu", 352)
-    said = "its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"
-    assert (said in inferred.assumed) == (mlp == "relu"), inferred.assumed
+    assert (inferred.config.model.mlp, inferred.config.model.ffn_hidden) == (read, 352)
+    placed = [part for part in inferred.assumed.split(", ") if "MLP" in part]
+    assert placed == ([said] if said else []), inferred.assumed
 
 
 def test_sequences_of_other_lengths_in_other_iterations_are_said(tmp_path: Path) -> None:

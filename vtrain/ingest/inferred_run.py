@@ -14,8 +14,9 @@ A GPT-style training step leaves its shape in the ``Input Dims`` of a few operat
 - the norms (``aten::native_layer_norm``; ``aten::_fused_rms_norm``, or none: RMSNorm written out of elementwise
   operators, as Hugging Face's LLaMA does): recomputed with the layer (full recomputation) or not (selective); a
   norm over a tensor-parallel share of the tokens is sequence parallelism;
-- the MLP's activation (``aten::gelu``, ``aten::silu``: a gated MLP): its width's share; ``aten::linear`` without a
-  bias: linear layers without biases.
+- the MLP's activation (``aten::gelu``, ``aten::silu``, Megatron's fused ones by name): its width's share, gated
+  where its output is multiplied by a tensor of its shape; ``aten::linear`` without a bias: linear layers without
+  biases.
 
 The pipeline stages are Megatron's process group of that name where the traces list it, else the number of rank
 files over those holding the embedding when every rank is traced, else one when a traced rank holds both the
@@ -102,10 +103,17 @@ _REDUCE_SCATTER = r"^c10d::(?:_reduce_scatter_base_|reduce_scatter_tensor_coales
 _ALL_GATHER = (r"^c10d::(?:_allgather_base_|allgather_|allgather_into_tensor_coalesced_)$|"
                r"^(?:nccl|gloo|ucc|mpi|xccl):(?:_all_gather_base|all_gather|all_gather_into_tensor_coalesced)$")
 _PRECISIONS = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32"}
-#: the MLP's activation, first found first: SwiGLU's, GELU's, GELU written out of element-wise operators with tanh
-#: (Hugging Face's GPT-2, ``gelu_new``), ReLU (OPT's: placed as GELU, the same GEMMs, said)
-_ACTIVATIONS = {"aten::silu": "swiglu", "aten::gelu": "gelu", "aten::tanh": "gelu", "aten::relu": "gelu"}
-_PLACED_AS_GELU = "aten::relu"
+#: the MLP's activation, by the function it is: Megatron's fused ones first (autograd functions whose kernels record
+#: no operator: their input's last dim is the MLP's share, twice it for a gated one, whose two halves are multiplied),
+#: then PyTorch's, first found first: SiLU, GELU, GELU written out of element-wise operators with tanh (Hugging Face's
+#: GPT-2, ``gelu_new``), ReLU (OPT's). A gated MLP of a PyTorch activation multiplies its output by a tensor of its
+#: shape (:func:`_gated`). vtrain simulates SwiGLU (gated) and GELU MLPs; another is placed as the one with its GEMMs
+_FUSED_ACTIVATIONS = {"GeLUFunction": ("GELU", False), "SwiGLUFunction": ("SiLU", True),
+                      "BiasSwiGLUFunction": ("SiLU", True), "GeGLUFunction": ("GELU", True),
+                      "BiasGeGLUFunction": ("GELU", True)}
+_ACTIVATIONS = {"aten::silu": "SiLU", "aten::gelu": "GELU", "aten::tanh": "GELU", "aten::relu": "ReLU"}
+_WRITTEN_GELU = "aten::tanh"  # its formula multiplies tensors of the activation's shape: no gating read from it
+_MULTIPLY = "aten::mul"
 _LINEAR = "aten::linear"
 #: a GEMM that adds a bias
 _BIASED_GEMM = "aten::addmm"
@@ -117,7 +125,8 @@ _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
 _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, *_HEAD_AXIS,
-                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_ACTIVATIONS, _LINEAR, _EXPAND, _REPEAT_INTERLEAVE})
+                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_FUSED_ACTIVATIONS, *_ACTIVATIONS, _MULTIPLY, _LINEAR,
+                   _EXPAND, _REPEAT_INTERLEAVE})
 
 
 #: where a run read off the traces comes from, as warnings and reports say it
@@ -267,7 +276,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
         raise _NotShown(f"{world} ranks do not divide into tensor parallelism {tp} x {pp} pipeline stages")
     dp = world // (tp * pp)
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
-    mlp, ffn_share, activation = _mlp(rank)
+    mlp, ffn_share, placed = _mlp(rank)
     position = _positions(rank, table, width)
     norm_kind = _norm(rank, hidden)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
@@ -306,8 +315,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         + ([] if norm_kind else [_unknown_norm(ranks)])
                         + ([] if position else ["learned positions (none seen: no position embedding looked up, no "
                                                 "rotary operator)"])
-                        + (["its ReLU MLP placed as a GELU MLP of the same width (the same GEMMs)"]
-                           if activation == _PLACED_AS_GELU else [])
+                        + ([placed] if placed else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -533,13 +541,35 @@ def _layers(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
 
 
 def _mlp(rank: _Rank) -> tuple[str, int, str]:
-    """(the MLP as vtrain simulates it, its width on this rank, the activation's operator): the first of
-    :data:`_ACTIVATIONS` the rank runs on a ``[tokens, width]`` or ``[b, s, width]`` tensor."""
-    for name, mlp in _ACTIVATIONS.items():
+    """(the MLP as vtrain simulates it, its width on this rank, how it was placed where it is another: else empty):
+    the first of :data:`_FUSED_ACTIVATIONS`, then of :data:`_ACTIVATIONS`, the rank runs on a ``[tokens, width]`` or
+    ``[b, s, width]`` tensor."""
+    for name, (kind, gated) in _FUSED_ACTIVATIONS.items():
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
-            return mlp, int(calls[0][-1]), name
-    raise _hidden([rank], f"no MLP activation ({', '.join(_ACTIVATIONS)}) in the embedding's rank")
+            return _placed(kind, gated, int(calls[0][-1]) // (2 if gated else 1))
+    for name, kind in _ACTIVATIONS.items():
+        calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
+        if calls:
+            return _placed(kind, name != _WRITTEN_GELU and _gated(rank, calls[0]), int(calls[0][-1]))
+    raise _hidden([rank], f"no MLP activation ({', '.join([*_ACTIVATIONS, *_FUSED_ACTIVATIONS])}) in the "
+                  f"embedding's rank")
+
+
+def _gated(rank: _Rank, activated: list[int]) -> bool:
+    """Whether the rank multiplies two tensors of the ``activated`` shape: a gated MLP's activation times its other
+    projection (a plain MLP's activation and its backward multiply nothing of that shape)."""
+    return any(len(dims) >= 2 and dims[0] == dims[1] == activated for dims, _ in rank.calls(_MULTIPLY))
+
+
+def _placed(kind: str, gated: bool, width: int) -> tuple[str, int, str]:
+    """An MLP of ``kind``'s activation, ``gated`` or not, ``width`` wide, as :func:`_mlp` gives it: SwiGLU where it
+    is gated, else GELU, and how it was placed where its activation is another."""
+    mlp, simulated = ("swiglu", "SiLU") if gated else ("gelu", "GELU")
+    if kind == simulated:
+        return mlp, width, ""
+    return mlp, width, (f"its {'gated ' if gated else ''}{kind} MLP{'' if gated else ' (not gated)'} placed as a "
+                        f"{'SwiGLU' if gated else 'GELU'} MLP of the same width (the same GEMMs)")
 
 
 def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
