@@ -211,3 +211,32 @@ def test_a_llama_like_run_same_prediction_through_every_command(profile: Path, t
     other = tmp_path / "mha.yaml"
     other.write_text(yaml.safe_dump(gqa_free))
     assert simulate(load_run_config(other), load_profile(profile)).iteration_us / 1e3 > api_ms  # more K, V work
+
+
+
+@pytest.mark.parametrize(("link", "stride", "rates"), [("intra_node_gbps", 1, (300.0, 2400.0)),
+                                                      ("inter_node_gbps", 8, (1600.0, 12800.0))])
+def test_a_link_the_run_gives_is_not_timed_by_trace_rows_of_no_link(link: str, stride: int, rates: tuple[float, float],
+                                                                   tmp_path: Path) -> None:
+    """The shipped A100 profile holds, beside nccl-tests' and vidur's curves, five 2-rank all-reduces of HTA's
+    trace (no node count, their waits included: 2.5-12 GB/s). Where the run's config gives a link's rate, the
+    measured curves of that link stand down for the device's model; the trace's rows, of no link, had stood in for
+    them instead: a 2-GPU group's all-reduce 2.6-2.8 ms at 32 MiB whatever the rate (8-12x the measured curves).
+    Now the rate the run gives times it: 8 times the rate, under a third of the time. A group of ranks 8 apart
+    spans two nodes (the inter-node link, Gbit/s a node)."""
+    from vtrain.fit.device import device_for_run
+    from vtrain.simulate.collective_latency import CollectiveResolver
+    from vtrain.simulate.latency import MODELLED
+
+    shipped = load_profile(REPO / "profiles" / "a100")
+    times = []
+    for rate in rates:
+        run = _run(tmp_path, 16, 1, 16, 1, None, gpu="A100-80GB")
+        config = yaml.safe_load(run.read_text())
+        config["hardware"][link] = rate
+        run.write_text(yaml.safe_dump(config))
+        resolver = CollectiveResolver(shipped, device_for_run(load_run_config(run), shipped), "cuda", 8)
+        resolution = resolver.resolve("all_reduce", 2, 32 << 20, stride, 16)
+        assert resolution.source == MODELLED, resolution.detail
+        times.append(resolution.latency_us)
+    assert times[0] / times[1] > 3, times

@@ -19,7 +19,9 @@ A group spans the nodes :func:`~vtrain.collective_cost.nodes_spanned` says (Mega
 link :func:`~vtrain.collective_cost.link_name` picks. A measured curve stands only for groups spanning as many
 nodes as it was measured on (rows without a node count, from traces, stand for any), and not for links whose rate
 the run's config replaces (the device's provenance says ``config``): then the device's fitted or datasheet model
-applies.
+applies. Rows without a node count stand for no replaced link either: they were measured on some link of the
+traced job, not on the one the config gives (a trace's 2-rank all-reduce, its waits included, had timed every
+2-GPU group 8-12 times slower than the measured curves, whatever link rate the run gave).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class CollectiveResolver:
         self._curves: dict[tuple[str, int, int | None], _Curve] = {}
         self._cache: dict[tuple[str, int, int, int, int | None], Resolution] = {}
         self._on_host = ""
+        self._replaced: frozenset[str] = frozenset()  # the links whose rate the run's config gives
         if profile is not None:
             self._index(profile, device_type)
 
@@ -127,6 +130,7 @@ class CollectiveResolver:
             # a GPU job none of whose collectives ran on its GPUs: its backend moved them through the host (gloo)
             device_type = "cpu"
             self._on_host = " on the host (the recording's collectives ran on none of its GPUs: gloo)"
+        self._replaced = replaced
         self._curves, unsized = _curves(digest, device_type, replaced)
         if unsized:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
@@ -151,8 +155,10 @@ class CollectiveResolver:
                  world_size: int | None) -> Resolution:
         names = _P2P_NAMES if collective in _P2P_NAMES else (collective,)
         nodes = nodes_spanned(group_size, rank_stride, self.node_size, world_size, neighbours=collective in _P2P_NAMES)
+        anywhere = link_name(nodes) not in self._replaced  # rows of no node count stand for this group's link
         for name in names:
-            curve = self._curves.get((name, group_size, nodes)) or self._curves.get((name, group_size, None))
+            curve = self._curves.get((name, group_size, nodes)) or (
+                self._curves.get((name, group_size, None)) if anywhere else None)
             if curve is not None:
                 latency, wait, source, sources = curve.at(nbytes)
                 detail = f"nccl_latency {name} n={group_size}{sources}{self._on_host}"
