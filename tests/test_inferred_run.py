@@ -157,10 +157,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     another name, of no operator vtrain reads). ``mlp``: the
     SwiGLU MLP, or Gemma's gated GELU (``geglu``), or one of two linear layers around GPT-2's GELU as Hugging Face
     writes it (``gelu-written``: tanh's approximation of element-wise operators, its ``gelu_new``), around OPT's
-    ReLU (``relu``) or a SiLU (``silu``), or Megatron's fused activations (autograd functions named as its own,
-    whose kernels record no activation operator): its bias-GELU (``megatron-gelu``) or SwiGLU on one GEMM's two
-    halves (``megatron-swiglu``). ``lengths``: the
-    sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
+    ReLU (``relu``) or a SiLU (``silu``), or GELU with dropout after it (``gelu-dropout``), or Megatron's fused
+    activations (autograd functions named as its own, whose kernels record no activation operator): its bias-GELU
+    (``megatron-gelu``) or SwiGLU on one GEMM's two halves (``megatron-swiglu``). ``lengths``: the sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
     else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
     ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
     quarter of each head's width, the rest passed through (``partial``: GPT-NeoX's and Pythia's ``rotary_pct``
@@ -258,6 +257,8 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             up = self.up(h)
             if mlp in ("relu", "silu"):
                 return self.down(F.relu(up) if mlp == "relu" else F.silu(up))
+            if mlp == "gelu-dropout":  # PyTorch's TransformerEncoderLayer: dropout between the two linear layers
+                return self.down(F.dropout(F.gelu(up), p=0.1, training=self.training))
             if mlp == "megatron-gelu":  # Megatron's fc1 leaves its bias to the fused bias-GELU
                 return self.down(GeLUFunction.apply(up, self.bias))
             return self.down(0.5 * up * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (up + 0.044715 * up.pow(3.0)))))
@@ -384,15 +385,18 @@ def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
     ("relu", "gelu", "its ReLU MLP (not gated) placed as a GELU MLP of the same width (the same GEMMs)"),
     ("silu", "gelu", "its SiLU MLP (not gated) placed as a GELU MLP of the same width (the same GEMMs)"),
     ("geglu", "swiglu", "its gated GELU MLP placed as a SwiGLU MLP of the same width (the same GEMMs)"),
+    ("gelu-dropout", "gelu", ""),
     ("megatron-gelu", "gelu", ""),
     ("megatron-swiglu", "swiglu", "")],
-    ids=["gelu-written", "relu", "silu", "geglu", "megatron-gelu", "megatron-swiglu"])
+    ids=["gelu-written", "relu", "silu", "geglu", "gelu-dropout", "megatron-gelu", "megatron-swiglu"])
 def test_an_mlp_of_another_activation_is_read(mlp: str, read: str, said: str, tmp_path: Path) -> None:
     """The LLaMA-style script with another MLP. Before: a plain MLP around GPT-2's GELU as Hugging Face writes it
     (``gelu_new``: tanh's approximation of element-wise operators, no ``aten::gelu``) or around OPT's ReLU: "no MLP
     activation" and no run; around a SiLU: read as SwiGLU (three GEMMs for its two); Gemma's gated GELU: read as a
     GELU MLP (two GEMMs for its three); Megatron's fused bias-GELU and SwiGLU, whose kernels record no activation
-    operator: no run. Now the gating is read (the activation's output multiplied by a tensor of its shape), and
+    operator: no run. Now the gating is read (the activation's output multiplied by a tensor of its shape; on the
+    CPU a dropout after the activation multiplies by its mask too: no gating, as PyTorch's TransformerEncoderLayer
+    runs it), and
     Megatron's activations by their autograd functions' names (a SwiGLU's input is its two halves: 704 wide);
     every MLP is 352 wide, placed as the MLP of its GEMMs, and said where its activation is another."""
     _record_llama_like(tmp_path / "llama", mlp=mlp)

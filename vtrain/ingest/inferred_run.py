@@ -113,7 +113,7 @@ _FUSED_ACTIVATIONS = {"GeLUFunction": ("GELU", False), "SwiGLUFunction": ("SiLU"
                       "BiasGeGLUFunction": ("GELU", True)}
 _ACTIVATIONS = {"aten::silu": "SiLU", "aten::gelu": "GELU", "aten::tanh": "GELU", "aten::relu": "ReLU"}
 _WRITTEN_GELU = "aten::tanh"  # its formula multiplies tensors of the activation's shape: no gating read from it
-_MULTIPLY = "aten::mul"
+_MULTIPLY, _DROPOUT = "aten::mul", "aten::dropout"
 _LINEAR = "aten::linear"
 #: a GEMM that adds a bias
 _BIASED_GEMM = "aten::addmm"
@@ -125,7 +125,8 @@ _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
 _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, *_HEAD_AXIS,
-                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_FUSED_ACTIVATIONS, *_ACTIVATIONS, _MULTIPLY, _LINEAR,
+                   *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_FUSED_ACTIVATIONS, *_ACTIVATIONS, _MULTIPLY, _DROPOUT,
+                   _LINEAR,
                    _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -557,9 +558,13 @@ def _mlp(rank: _Rank) -> tuple[str, int, str]:
 
 
 def _gated(rank: _Rank, activated: list[int]) -> bool:
-    """Whether the rank multiplies two tensors of the ``activated`` shape: a gated MLP's activation times its other
-    projection (a plain MLP's activation and its backward multiply nothing of that shape)."""
-    return any(len(dims) >= 2 and dims[0] == dims[1] == activated for dims, _ in rank.calls(_MULTIPLY))
+    """Whether the rank multiplies two tensors of the ``activated`` shape other than a dropout's: a gated MLP's
+    activation times its other projection (a plain MLP's activation and its backward multiply nothing of that
+    shape). A dropout of that shape on the CPU multiplies its input by a mask and, in the backward, the gradient by
+    it: two multiplications a call, not gating (on a GPU its kernel multiplies nothing the trace shows)."""
+    multiplied = sum(1 for dims, _ in rank.calls(_MULTIPLY) if len(dims) >= 2 and dims[0] == dims[1] == activated)
+    dropped = sum(1 for dims, _ in rank.calls(_DROPOUT) if dims and dims[0] == activated)
+    return multiplied > 2 * dropped
 
 
 def _placed(kind: str, gated: bool, width: int) -> tuple[str, int, str]:
