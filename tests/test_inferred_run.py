@@ -159,8 +159,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     writes it (``gelu-written``: tanh's approximation of element-wise operators, its ``gelu_new``), around OPT's
     ReLU (``relu``) or a SiLU (``silu``), or GELU with dropout after it (``gelu-dropout``), or Megatron's fused
     activations (autograd functions named as its own, whose kernels record no activation operator): its bias-GELU
-    (``megatron-gelu``) or SwiGLU on one GEMM's two halves (``megatron-swiglu``). ``lengths``: the sequence length of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad),
-    else 64 every step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
+    (``megatron-gelu``) or SwiGLU on one GEMM's two halves (``megatron-swiglu``). ``lengths``: the sequence length
+    of each step in turn (a batch padded to its longest sample, as Hugging Face's collators pad), else 64 every
+    step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
     ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
     quarter of each head's width, the rest passed through (``partial``: GPT-NeoX's and Pythia's ``rotary_pct``
     0.25); else no positions."""
