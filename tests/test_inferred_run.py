@@ -138,7 +138,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
                        norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = (),
-                       rotary: str = "") -> None:
+                       rotary: str = "", evaluated: tuple[int, ...] = ()) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -164,7 +164,8 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     step. ``rotary``: the queries and keys rotated as Hugging Face's LLaMA rotates them (``full``: its
     ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
     quarter of each head's width, the rest passed through (``partial``: GPT-NeoX's and Pythia's ``rotary_pct``
-    0.25); else no positions."""
+    0.25); else no positions. ``evaluated``: the steps (0 to 4; 1 to 3 are traced) after whose optimizer step the
+    model is evaluated on one batch in eval mode under ``torch.no_grad()``, as nanoGPT's ``estimate_loss`` does."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -326,6 +327,11 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
         for optimizer in stepped:
             optimizer.step()
             optimizer.zero_grad()
+        if index in evaluated:
+            model.eval()
+            with torch.no_grad():
+                model(tokens)
+            model.train()
 
     target.mkdir()
     if not marked:
@@ -406,6 +412,26 @@ def test_an_mlp_of_another_activation_is_read(mlp: str, read: str, said: str, tm
     assert (inferred.config.model.mlp, inferred.config.model.ffn_hidden) == (read, 352)
     placed = [part for part in inferred.assumed.split(", ") if "MLP" in part]
     assert placed == ([said] if said else []), inferred.assumed
+
+
+@pytest.mark.parametrize("evaluated", [(2,), (1, 2, 3)], ids=["in-one-step", "in-every-step"])
+def test_an_evaluation_among_the_traced_steps_is_not_training(evaluated: tuple[int, ...], tmp_path: Path) -> None:
+    """The LLaMA-style script evaluated on one batch after the optimizer step (nanoGPT's ``estimate_loss``, in
+    eval mode under ``torch.no_grad()``) in a traced step. Before, the middle traced step was read whatever it held:
+    its evaluation forward counted as a second micro-batch, so the run was read as one layer, global batch 4, full
+    recomputation, silently (an audit found it on a nanoGPT-style script). Now a step whose every embedding lookup is back-propagated is read where there is one; where
+    there is none, no run, and why."""
+    _record_llama_like(tmp_path / "llama", evaluated=evaluated)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    if len(evaluated) == 1:
+        assert inferred.reason is None, inferred.reason
+        layout = inferred.config.parallelism
+        assert (inferred.config.model.layers, layout.micro_batch, layout.global_batch, layout.recompute) == (
+            2, 2, 2, "none")
+    else:
+        assert inferred.config is None
+        assert "looks up its embeddings more often (2 times in one) than it back-propagates them (1): forwards " \
+            "without a backward (an evaluation among the training steps)" in inferred.reason, inferred.reason
 
 
 def test_sequences_of_other_lengths_in_other_iterations_are_said(tmp_path: Path) -> None:

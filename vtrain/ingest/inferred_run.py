@@ -3,7 +3,8 @@
 A GPT-style training step leaves its shape in the ``Input Dims`` of a few operators of every iteration:
 
 - the word embedding, ``aten::embedding`` on the largest table: its tokens are ``[micro-batch, sequence]``, its
-  table ``[vocabulary's share of one tensor-parallel rank, hidden]``, and its calls per iteration the micro-batches;
+  table ``[vocabulary's share of one tensor-parallel rank, hidden]``, and its calls per iteration the micro-batches
+  (of an iteration whose every lookup is back-propagated: an evaluation's forwards are no micro-batches);
 - the attention: the scores ``[b, a, s, s]`` (or ``[b x a, s, s]``) and their product with the values ``[b x a, s,
   d]``, or a fused attention's query and key ``[b, a, s, d]`` (``[b, s, a, d]`` for
   ``aten::_flash_attention_forward`` and the flash-attn package's ``flash_attn::_flash_attn_forward``, ``[tokens,
@@ -260,6 +261,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     table, hidden, tokens = _word_embedding(rank)
     micro_batches = len([dims for dims, _ in rank.calls(_EMBEDDING) if _shape(dims[0] if dims else None, 2)
                          and dims[0][0] == table])
+    _back_propagated(rank)
     batch, seq = (tokens[0], tokens[1]) if len(tokens) == 2 else (1, tokens[0])
     heads_here, width, kv_here = _attention(rank, batch, seq)
     packed = _packed_sequences(rank)
@@ -333,10 +335,11 @@ _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATR
 
 
 def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
-    """The operators that tell the run, of each rank's middle iteration (its first may hold the start-up): those
-    whose shapes are read, and those searched by name; columns ``rank, name, input_dims, input_types, ts``."""
+    """The operators that tell the run, of each rank's middle training iteration (its first may hold the start-up;
+    :func:`_training_iterations`): those whose shapes are read, and those searched by name; columns ``rank, name,
+    input_dims, input_types, ts``."""
     timed = cpu_ops.filter(pl.col("iteration").is_not_null())
-    middle = (timed.select("rank", "iteration").unique().sort("rank", "iteration").group_by("rank")
+    middle = (_training_iterations(timed).sort("rank", "iteration").group_by("rank")
               .agg(pl.col("iteration").get(pl.len() // 2)))
     name = pl.col("name").cast(pl.String)
     return (timed.join(middle, on=["rank", "iteration"])
@@ -344,6 +347,19 @@ def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
             .select("rank", name.alias("name"), pl.col("input_dims").cast(pl.String),
                     pl.col("input_types").cast(pl.String), "ts")
             .collect(engine="streaming"))
+
+
+def _training_iterations(timed: pl.LazyFrame) -> pl.LazyFrame:
+    """Each rank's iterations (``rank, iteration``) whose every embedding lookup is back-propagated, where it has
+    any: an evaluation run in a traced step (nanoGPT's ``estimate_loss``) embeds micro-batches it never
+    back-propagates, which would count as the training's. Every iteration of a rank that back-propagates no lookup
+    (no embedding, or a frozen one) or none of whose iterations is clean (then :func:`_inferred` says so)."""
+    name = pl.col("name").cast(pl.String)
+    counts = timed.group_by("rank", "iteration").agg(looked_up=(name == _EMBEDDING).sum(),
+                                                     propagated=(name == _EMBEDDING_BACKWARD).sum())
+    clean = pl.col("looked_up") == pl.col("propagated")
+    return (counts.filter(clean.any().over("rank").not_() | (pl.col("propagated").max().over("rank") == 0) | clean)
+            .select("rank", "iteration"))
 
 
 def _unmarked_embedding(cpu_ops: pl.LazyFrame) -> bool:
@@ -455,6 +471,18 @@ def _word_embedding(rank: _Rank) -> tuple[int, int, list[int]] | None:
         return None
     table, tokens = calls[0]
     return int(table[0]), int(table[1]), [int(x) for x in tokens]
+
+
+def _back_propagated(rank: _Rank) -> None:
+    """Raises where the rank looks its embeddings up more often than it back-propagates them (and does so at all):
+    forwards without a backward in every traced iteration (:func:`_training_iterations`), whose micro-batches
+    cannot be told from the training's."""
+    looked_up, propagated = rank.count(_EMBEDDING), rank.count(_EMBEDDING_BACKWARD)
+    if propagated and looked_up > propagated:
+        raise _NotShown(f"every traced iteration of rank {rank.rank} looks up its embeddings more often ({looked_up} "
+                        f"times in one) than it back-propagates them ({propagated}): forwards without a backward (an "
+                        f"evaluation among the training steps), whose micro-batches cannot be told from the "
+                        f"training's; trace steps without one")
 
 
 def _word_lookups(calls: Iterable[list[Any]]) -> list[tuple[list[int], list[int]]]:
