@@ -368,6 +368,17 @@ def test_a_llama_like_script_of_ones_own(attention: str, tmp_path: Path) -> None
     assert inferred.config.framework == "megatron" and "Megatron's kernels" in inferred.assumed
 
 
+def test_heads_as_wide_as_the_sequence_is_long_are_read(tmp_path: Path) -> None:
+    """Scores written out (matmul and softmax, as nanoGPT's attention without flash) over 16 tokens, heads 16 wide:
+    the scores' product by the values, [.., 16, 16] by [.., 16, 16], had been taken for no product by values
+    ("no attention scores", no run: an audit found it on nanoGPT and PyTorch's TransformerEncoder at seq 32)."""
+    _record_llama_like(tmp_path / "llama", "eager-repeated", lengths=(16,))
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.reason is None, inferred.reason
+    model = inferred.config.model
+    assert (model.layers, model.hidden, model.heads, model.kv_heads, model.seq) == (2, 128, 8, 2, 16)
+
+
 @pytest.mark.parametrize("norm", ["rms-written", "layer-written", "layer-written-rsqrt", "apex-named", "l2-written"])
 def test_a_norm_written_out_is_read_or_said(norm: str, tmp_path: Path) -> None:
     """The LLaMA-style script with its norms written out of element-wise operators: Hugging Face's RMSNorm (the
@@ -419,8 +430,8 @@ def test_an_evaluation_among_the_traced_steps_is_not_training(evaluated: tuple[i
     """The LLaMA-style script evaluated on one batch after the optimizer step (nanoGPT's ``estimate_loss``, in
     eval mode under ``torch.no_grad()``) in a traced step. Before, the middle traced step was read whatever it held:
     its evaluation forward counted as a second micro-batch, so the run was read as one layer, global batch 4, full
-    recomputation, silently (an audit found it on a nanoGPT-style script). Now a step whose every embedding lookup is back-propagated is read where there is one; where
-    there is none, no run, and why."""
+    recomputation, silently (an audit found it on a nanoGPT-style script). Now a step whose every embedding lookup
+    is back-propagated is read where there is one; where there is none, no run, and why."""
     _record_llama_like(tmp_path / "llama", evaluated=evaluated)
     inferred = _inferred(tmp_path / "llama", tmp_path)
     if len(evaluated) == 1:

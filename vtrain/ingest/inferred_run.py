@@ -515,9 +515,10 @@ def _heads(rank: _Rank, batch: int, seq: int) -> tuple[int, int, int]:
     heads = next((int(dims[0][1]) if len(dims[0]) == 4 else int(dims[0][0]) // batch
                   for name in _SCORES for dims, _ in rank.calls(name)
                   if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq), None)
-    width = next((int(operand[-1]) for name in _PRODUCTS for dims, _ in rank.calls(name)
-                  for operand in dims[1:2] if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq
-                  and _shape(operand, 3, 4) and operand[-2] == seq and operand[-1] != seq), None)
+    widths = [int(operand[-1]) for name in _PRODUCTS for dims, _ in rank.calls(name)
+              for operand in dims[1:2] if dims and _shape(dims[0], 3, 4) and dims[0][-1] == dims[0][-2] == seq
+              and _shape(operand, 3, 4) and operand[-2] == seq]
+    width = next((one for one in widths if one != seq), widths[0] if widths else None)  # heads as wide as s: s
     if not heads or not width:
         raise _hidden([rank], "no attention scores [b, heads, s, s] with their product by the values in the "
                       "embedding's rank")
