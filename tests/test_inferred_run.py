@@ -270,7 +270,12 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
             h = self.norms[0](x)
             q, k, v = (proj(h).view(batch, seq, n, width).transpose(1, 2)
                        for proj, n in ((self.q, heads), (self.k, kv), (self.v, kv)))
-            if rotary:
+            if rotary == "complex":  # Meta's LLaMA and torchtitan: pairs of a head's width turned as complex numbers
+                angles = torch.arange(seq)[:, None] / 10000 ** (torch.arange(0, width, 2) / width)
+                turns = torch.polar(torch.ones_like(angles), angles)
+                q, k = (torch.view_as_real(torch.view_as_complex(t.reshape(*t.shape[:-1], -1, 2)) * turns).flatten(3)
+                        for t in (q, k))
+            elif rotary:
                 rotated = width if rotary == "full" else width // 4
                 angles = torch.arange(seq)[:, None] / 10000 ** (torch.arange(0, rotated, 2) / rotated)
                 cos, sin = (f(torch.cat((angles, angles), dim=-1)) for f in (torch.cos, torch.sin))
@@ -546,12 +551,14 @@ def test_hugging_faces_gpt2_is_read_as_gpt(tmp_path: Path) -> None:
     assert inferred.assumed == "the output layer tied to the embedding"
 
 
-@pytest.mark.parametrize("rotary", ["full", "partial", ""])
+@pytest.mark.parametrize("rotary", ["full", "partial", "complex", ""])
 def test_positions_are_read_from_what_runs(rotary: str, tmp_path: Path) -> None:
     """The LLaMA-style script with its queries and keys rotated as Hugging Face's LLaMA does it (``rotate_half``, of
     element-wise operators: no operator named for rotary) was read as learned positions (a lookup it does not make);
     now as rotary, by the head's halves concatenated (and a quarter of it rotated, GPT-NeoX's way, by the rotated
-    part and the rest concatenated back into a head). Without any positions it is still simulated with learned ones
+    part and the rest concatenated back into a head). Rotated as Meta's LLaMA and torchtitan do it (each pair of a
+    head's width viewed as a complex number and multiplied by the position's turn), likewise: read by the head
+    viewed as complex numbers. Without any positions it is still simulated with learned ones
     (the smaller guess), now said; GPT-2's looked-up positions are learned, nothing said
     (:func:`test_hugging_faces_gpt2_is_read_as_gpt`)."""
     _record_llama_like(tmp_path / "llama", rotary=rotary)

@@ -84,6 +84,9 @@ _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: two halves concatenated, swapped, ``aten::cat`` of two ``[b, a, s, d / 2]`` tensors; where only part of the head
 #: is rotated (GPT-NeoX's ``rotary_pct``), the rotated part and the rest concatenated back into ``d``
 _CAT = "aten::cat"
+#: a rotary embedding that turns each pair of a head's width as a complex number (Meta's LLaMA, torchtitan): the
+#: queries and keys viewed as ``[..., width / 2, 2]`` complex numbers
+_COMPLEX = "aten::view_as_complex"
 #: all-to-all exchanges: tokens sent to experts on other ranks (a mixture of experts) or sequences split over ranks
 #: (Ulysses), neither of which vtrain simulates; c10d's, its functional collectives' and the backends' operators
 #: (not a user's span that names one: ``record_function("log_all_to_all_stats")``)
@@ -125,7 +128,8 @@ _EXPAND, _REPEAT_INTERLEAVE = "aten::expand", "aten::repeat_interleave"
 _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "d")),
             (_REPEAT_INTERLEAVE, ("s", "b", "kv", "d")), (_REPEAT_INTERLEAVE, ("b", "kv", "s", "d")))
 #: the operators whose shapes are read (the others are only searched by name)
-_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, *_HEAD_AXIS,
+_READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, _COMPLEX,
+                   *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_FUSED_ACTIVATIONS, *_ACTIVATIONS, _MULTIPLY, _DROPOUT,
                    _LINEAR,
                    _EXPAND, _REPEAT_INTERLEAVE})
@@ -675,13 +679,16 @@ def _biased(rank: _Rank) -> bool:
 
 
 def _positions(rank: _Rank, table: int, width: int) -> str | None:
-    """How the rank's tokens learn their positions: ``rope`` where an operator is named for rotary embeddings or two
-    parts of a head are concatenated into one (:data:`_CAT`), ``learned`` where a second embedding table is looked
+    """How the rank's tokens learn their positions: ``rope`` where an operator is named for rotary embeddings, two
+    parts of a head are concatenated into one (:data:`_CAT`) or a head is viewed as complex numbers
+    (:data:`_COMPLEX`), ``learned`` where a second embedding table is looked
     up; None where nothing shows any."""
     parts = [dims[0] for dims, _ in rank.calls(_CAT) if dims and isinstance(dims[0], list) and len(dims[0]) == 2
              and all(_shape(part, 4) for part in dims[0])]
     a_head = any(first[:3] == second[:3] and first[-1] + second[-1] == width for first, second in parts)
-    if a_head or any(_ROTARY.search(name) for name in rank.names):
+    turned = any(dims and isinstance(dims[0], list) and len(dims[0]) >= 3 and dims[0][-2:] == [width // 2, 2]
+                 for dims, _ in rank.calls(_COMPLEX))
+    if a_head or turned or any(_ROTARY.search(name) for name in rank.names):
         return "rope"
     tables = {dims[0][0] for dims, _ in rank.calls(_EMBEDDING) if dims and _shape(dims[0], 2)}
     return "learned" if tables - {table} else None
