@@ -138,7 +138,7 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
                        norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = (),
-                       rotary: str = "", evaluated: tuple[int, ...] = ()) -> None:
+                       rotary: str = "", evaluated: tuple[int, ...] = (), checkpointed: str = "") -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -165,7 +165,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     ``rotate_half``, the head's two halves swapped, one negated, of element-wise operators), or only the first
     quarter of each head's width, the rest passed through (``partial``: GPT-NeoX's and Pythia's ``rotary_pct``
     0.25); else no positions. ``evaluated``: the steps (0 to 4; 1 to 3 are traced) after whose optimizer step the
-    model is evaluated on one batch in eval mode under ``torch.no_grad()``, as nanoGPT's ``estimate_loss`` does."""
+    model is evaluated on one batch in eval mode under ``torch.no_grad()``, as nanoGPT's ``estimate_loss`` does.
+    ``checkpointed``: activation checkpointing (``torch.utils.checkpoint``, non-reentrant) of the first layer only
+    (``first-layer``) or of every layer's MLP (``mlp``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -307,10 +309,22 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
                     y = torch.matmul(F.softmax(scores, dim=-1), v)
             x = x + self.o(y.transpose(1, 2).reshape(batch, seq, hidden))
             h = self.norms[1](x)
+            if checkpointed == "mlp":
+                return x + torch.utils.checkpoint.checkpoint(self.mlp, h, use_reentrant=False)
             return x + self.mlp(h)
+
+    class Checkpointed(nn.Module):
+        def __init__(self, layer: nn.Module) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=False)
 
     torch.manual_seed(0)
     layers = [Layer(), Layer()]
+    if checkpointed == "first-layer":
+        layers[0] = Checkpointed(layers[0])
     if compiled:
         layers = [torch.compile(layer, backend=compiled) for layer in layers]
     model = nn.Sequential(nn.Embedding(vocab, hidden), *layers, make_norm(),
@@ -726,7 +740,7 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
 
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
                         experts: bool = False, zero: bool = False, megatron_groups: bool = False,
-                        coalesced: str = "") -> None:
+                        coalesced: str = "", accumulated: str = "") -> None:
     """One rank of a GPT trained under PyTorch's DistributedDataParallel (buckets of 0.25 MiB), or, ``zero``, with
     its optimizer sharded as ZeRO's stage 1 does it: after the backward pass each bucket of about 0.25 MiB of
     gradients (flat, parameters in reverse order) reduce-scattered, AdamW stepping this rank's share of the flat
@@ -737,7 +751,10 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
     FSDP2's ``fully_shard`` on each layer and the whole, with ``nn.TransformerEncoderLayer`` (GELU, pre-norm,
     causal: its attention PyTorch's SDPA on the math path). With ``experts`` each layer is followed by a mixture of
     experts, one a rank: a router weighs the tokens, which go to the experts and back by differentiable
-    all-to-all exchanges (expert parallelism)."""
+    all-to-all exchanges (expert parallelism). ``accumulated``: two micro-batches a step, the first's backward pass
+    under DDP's ``no_sync`` (``no_sync``) or not (``synced``: its gradients all-reduced in both)."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -804,8 +821,11 @@ def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded:
                                 on_trace_ready=lambda done: done.export_chrome_trace(f"{target}/rank-{rank}.json")
                                 ) as profiler:
         for _ in range(3):
-            tokens = torch.randint(0, vocab, (batch, seq))
-            F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
+            for micro_batch in range(2 if accumulated else 1):
+                tokens = torch.randint(0, vocab, (batch, seq))
+                unsynced = accumulated == "no_sync" and micro_batch == 0
+                with model.no_sync() if unsynced else contextlib.nullcontext():
+                    F.cross_entropy(model(tokens).view(-1, vocab), tokens.view(-1)).backward()
             step()
             (zero_grad or (lambda: None))()
             profiler.step()
@@ -914,14 +934,43 @@ def test_a_ddp_script_of_ones_own_overlaps_its_buckets(tmp_path: Path) -> None:
 
 
 def _record_data_parallel(target: Path, sharded: bool, experts: bool = False, zero: bool = False,
-                          megatron_groups: bool = False, coalesced: str = "") -> Path:
+                          megatron_groups: bool = False, coalesced: str = "", accumulated: str = "") -> Path:
     import torch.multiprocessing as mp
 
     target.mkdir()
     mp.start_processes(_data_parallel_rank, args=(2, str(target.parent / f"{target.name}.store"), str(target),
-                                                  sharded, experts, zero, megatron_groups, coalesced),
+                                                  sharded, experts, zero, megatron_groups, coalesced, accumulated),
                        nprocs=2, join=True, start_method="spawn")
     return target
+
+
+@pytest.mark.parametrize("accumulated", ["no_sync", "synced"])
+def test_gradients_reduced_in_every_micro_batch_are_said(accumulated: str, tmp_path: Path) -> None:
+    """Two ranks of a DDP script accumulating two micro-batches a step: with ``no_sync`` on the first (as nanoGPT
+    and Hugging Face's Trainer do) the gradients are all-reduced once a step, as vtrain simulates; without it DDP
+    all-reduces them in both backward passes, which was read as the same run, silently (an audit found it: -19.7 %
+    on its model). Now that is said."""
+    target = _record_data_parallel(tmp_path / "ddp", sharded=False, accumulated=accumulated)
+    inferred = _inferred(target, tmp_path)
+    layout = inferred.config.parallelism
+    assert (layout.dp, layout.micro_batch, layout.global_batch, layout.dp_overlap) == (2, 2, 8, True)
+    said = "its gradients reduced in every micro-batch's backward pass ("
+    assert (said in inferred.assumed) == (accumulated == "synced"), inferred.assumed
+
+
+@pytest.mark.parametrize(("checkpointed", "said"), [
+    ("first-layer", "1 of its 2 layers' forward passes run again (a layer and micro-batch each: some layers "
+                    "recomputed) simulated as full recomputation of every layer"),
+    ("mlp", "its MLPs recomputed (4 activations for 2 layers' backward passes, a layer and micro-batch each) "
+            "simulated without recomputation")])
+def test_some_layers_or_parts_recomputed_are_said(checkpointed: str, said: str, tmp_path: Path) -> None:
+    """The LLaMA-style script with activation checkpointing of its first layer only, or of every layer's MLP (common
+    ways to save memory): vtrain simulates every layer recomputed or none. They were read as full recomputation and
+    as none, silently (an audit found both on nanoGPT-style scripts); now each says what it placed."""
+    _record_llama_like(tmp_path / "llama", checkpointed=checkpointed)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.config.parallelism.recompute == ("full" if checkpointed == "first-layer" else "none")
+    assert said in inferred.assumed, inferred.assumed
 
 
 def test_gradients_reduce_scattered_are_read_as_zero_and_priced_as_all_reduced(tmp_path: Path) -> None:

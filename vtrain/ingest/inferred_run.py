@@ -29,7 +29,8 @@ all-reduces: as many bytes), are overlapped with the backward pass where one is 
 backward (the last computed) begins, and their buckets are the median's MiB. What the shapes do not show is said:
 the gradient all-reduce is taken as not overlapped where no all-reduce's dims were recorded, the output layer as
 tied, positions as learned unless a rotary operator runs, Megatron's kernels for a layer other than GPT's where the
-traces do not show Megatron's (vtrain's reference model has GPT's layer only). Traces of anything else (no word
+traces do not show Megatron's (vtrain's reference model has GPT's layer only); so is what is placed otherwise than
+it ran (some layers or only the MLPs recomputed, gradients reduced in every micro-batch). Traces of anything else (no word
 embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism, layers compiled by
 torch.compile into fused kernels that record none of their shapes) give no run, with the reason.
 """
@@ -234,6 +235,7 @@ class _Rank:
     all_reduces: list[tuple[float, list[Any] | None, int]]  # (issued at, dims, bytes each) a backend's, else c10d's
     reduce_scatters: list[tuple[float, list[Any] | None, int]]  # (issued at, the input's dims, bytes each)
     last_embedding_backward: float | None  # when the iteration's last embedding backward began
+    first_embedding_backward: float | None  # when its first began
     gathers_in_backward: bool  # whether flat tensors (parameters) are all-gathered during the backward pass
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
@@ -283,7 +285,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
         raise _NotShown(f"{world} ranks do not divide into tensor parallelism {tp} x {pp} pipeline stages")
     dp = world // (tp * pp)
     layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
-    mlp, ffn_share, placed = _mlp(rank)
+    mlp, ffn_share, placed, activations = _mlp(rank)
     position = _positions(rank, table, width)
     norm_kind = _norm(rank, hidden)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
@@ -294,14 +296,16 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         position=position or "learned")
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
+    recompute, recomputed = _recompute(rank, norm, micro_batches, activations)
     overlap, bucket, scattered = _gradient_reduction(rank, tp) if dp > 1 else (None, None, False)
+    every_micro_batch = _reduced_every_micro_batch(rank, tp, micro_batches) if dp > 1 else ""
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     framework = "megatron" if megatron or not model.is_gpt else "reference"
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               schedule=schedule, virtual_stages=virtual, dp_overlap=bool(overlap),
                               dp_bucket_mb=bucket or ParallelConfig.dp_bucket_mb,
-                              recompute=_recompute(rank, norm, micro_batches),
+                              recompute=recompute,
                               sequence_parallel=tp > 1 and bool(normed) and math.prod(normed[0][:-1]) * tp
                               == batch * seq, distributed_optimizer=scattered and framework == "megatron")
     gpu = device if device and device.lower() != "cpu" else "cpu"
@@ -322,7 +326,8 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                         + ([] if norm_kind else [_unknown_norm(ranks)])
                         + ([] if position else ["learned positions (none seen: no position embedding looked up, no "
                                                 "rotary operator)"])
-                        + ([placed] if placed else [])
+                        + ([placed] if placed else []) + ([recomputed] if recomputed else [])
+                        + ([every_micro_batch] if every_micro_batch else [])
                         + ["the output layer tied to the embedding"])
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
@@ -384,10 +389,11 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
         order = read.filter(pl.col("name").is_in([_EMBEDDING, _EMBEDDING_BACKWARD]))["name"].to_list()
         names = one["name"]
         sends = int((names == "c10d::send").sum()) or int(names.str.contains(_BACKEND_SEND).sum())
-        last = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"].max()
+        backward = one.filter(pl.col("name") == _EMBEDDING_BACKWARD)["ts"]
+        last, first = backward.max(), backward.min()
         ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends,
                            _all_reduces(one), _reduce_scatters(one), float(last) if last is not None else None,
-                           _gathers_in_backward(one, last)))
+                           float(first) if first is not None else None, _gathers_in_backward(one, last)))
     return ranks
 
 
@@ -574,18 +580,18 @@ def _layers(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
     return calls // (micro_batches * ranks_a_stage)
 
 
-def _mlp(rank: _Rank) -> tuple[str, int, str]:
-    """(the MLP as vtrain simulates it, its width on this rank, how it was placed where it is another: else empty):
-    the first of :data:`_FUSED_ACTIVATIONS`, then of :data:`_ACTIVATIONS`, the rank runs on a ``[tokens, width]`` or
-    ``[b, s, width]`` tensor."""
+def _mlp(rank: _Rank) -> tuple[str, int, str, int]:
+    """(the MLP as vtrain simulates it, its width on this rank, how it was placed where it is another: else empty,
+    the activation's calls): the first of :data:`_FUSED_ACTIVATIONS`, then of :data:`_ACTIVATIONS`, the rank runs on
+    a ``[tokens, width]`` or ``[b, s, width]`` tensor."""
     for name, (kind, gated) in _FUSED_ACTIVATIONS.items():
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
-            return _placed(kind, gated, int(calls[0][-1]) // (2 if gated else 1))
+            return *_placed(kind, gated, int(calls[0][-1]) // (2 if gated else 1)), len(calls)
     for name, kind in _ACTIVATIONS.items():
         calls = [dims[0] for dims, _ in rank.calls(name) if dims and _shape(dims[0], 2, 3)]
         if calls:
-            return _placed(kind, name != _WRITTEN_GELU and _gated(rank, calls[0]), int(calls[0][-1]))
+            return *_placed(kind, name != _WRITTEN_GELU and _gated(rank, calls[0]), int(calls[0][-1])), len(calls)
     raise _hidden([rank], f"no MLP activation ({', '.join([*_ACTIVATIONS, *_FUSED_ACTIVATIONS])}) in the "
                   f"embedding's rank")
 
@@ -643,12 +649,7 @@ def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None
     tensor parallelism an all-reduce whose dims are not recorded is a bucket too. ``None`` for what the rank does
     not show."""
     begun = rank.last_embedding_backward
-    reduced = [(ts, None if dims is None else dims[0] * size / 2**20) for ts, dims, size in rank.all_reduces
-               if (dims is None and tp == 1) or (_shape(dims, 1) and dims[0] >= _SCALARS)]
-    scattered = [(ts, dims[0] * size / 2**20) for ts, dims, size in rank.reduce_scatters
-                 if _shape(dims, 1) and dims[0] >= _SCALARS]
-    buckets = scattered or reduced  # a reduce-scatter can run as an all-reduce (gloo's), and Megatron all-reduces
-    # a few flat gradients beside its distributed optimizer's buckets (tied embeddings, sequence-parallel norms)
+    buckets, scattered = _buckets(rank, tp)
     if begun is None or not buckets:
         return None, None, False
     before = [mib for ts, mib in buckets if ts < begun]
@@ -659,6 +660,30 @@ def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None
     alone = after[-1] if after else None  # one bucket held every gradient: its limit is at least their size
     return (bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None,
             bool(scattered))
+
+
+def _buckets(rank: _Rank, tp: int) -> tuple[list[tuple[float, float | None]], bool]:
+    """The rank's gradient buckets (issued at, MiB: None where the dims were not recorded) and whether they are
+    reduce-scattered (:func:`_gradient_reduction`)."""
+    reduced = [(ts, None if dims is None else dims[0] * size / 2**20) for ts, dims, size in rank.all_reduces
+               if (dims is None and tp == 1) or (_shape(dims, 1) and dims[0] >= _SCALARS)]
+    scattered = [(ts, dims[0] * size / 2**20) for ts, dims, size in rank.reduce_scatters
+                 if _shape(dims, 1) and dims[0] >= _SCALARS]
+    # a reduce-scatter can run as an all-reduce (gloo's), and Megatron all-reduces a few flat gradients beside its
+    # distributed optimizer's buckets (tied embeddings, sequence-parallel norms)
+    return scattered or reduced, bool(scattered)
+
+
+def _reduced_every_micro_batch(rank: _Rank, tp: int, micro_batches: int) -> str:
+    """What is said where the rank reduces its gradients in every micro-batch's backward pass (DDP without
+    ``no_sync``: a bucket issued before the first micro-batch's embedding backward ends it), which vtrain simulates
+    once an iteration; else empty."""
+    first = rank.first_embedding_backward
+    buckets = _buckets(rank, tp)[0]
+    if micro_batches < 2 or first is None or not any(ts < first for ts, _ in buckets):
+        return ""
+    return (f"its gradients reduced in every micro-batch's backward pass ({len(buckets)} buckets for {micro_batches} "
+            f"micro-batches: no no_sync) simulated as reduced once an iteration")
 
 
 def _fused_kernels(ranks: list[_Rank]) -> bool:
@@ -719,15 +744,23 @@ def _unknown_norm(ranks: list[_Rank]) -> str:
     return f"the layers' norm taken as RMSNorm (no norm operator recorded: {why})"
 
 
-def _recompute(rank: _Rank, norm: str, micro_batches: int) -> str:
-    """Full when the layers run forward again in the backward pass (their norms and attention run more often than
-    the attention's backward), selective when only the attention does."""
+def _recompute(rank: _Rank, norm: str, micro_batches: int, activations: int) -> tuple[str, str]:
+    """(the recomputation, what was placed otherwise than it ran: else empty): full when the layers run forward
+    again in the backward pass (their norms and attention run more often than the attention's backward), selective
+    when only the attention does; some layers' forward again (the others' not) or only the MLPs' is said, as what
+    vtrain simulates (every layer or none)."""
     backward = sum(rank.count(name) for name in _ATTENTION_BACKWARD)
     forward = sum(rank.count(name) for name in (*_SCORES, *_HEAD_AXIS))
     if forward <= backward:
-        return "none"
+        mlps = (f"its MLPs recomputed ({activations} activations for {backward} layers' backward passes, a layer and "
+                f"micro-batch each) simulated without recomputation")
+        return "none", mlps if activations > backward else ""
     norms = rank.count(norm)
-    return "full" if norms == 0 or norms > micro_batches * (2 * backward // micro_batches + 1) else "selective"
+    kind = "full" if norms == 0 or norms > micro_batches * (2 * backward // micro_batches + 1) else "selective"
+    if forward >= 2 * backward:
+        return kind, ""
+    return kind, (f"{forward - backward} of its {backward} layers' forward passes run again (a layer and "
+                  f"micro-batch each: some layers recomputed) simulated as {kind} recomputation of every layer")
 
 
 def _precision(rank: _Rank) -> str:
