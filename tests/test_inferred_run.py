@@ -738,6 +738,19 @@ def test_a_llama_like_script_of_ones_own_is_validated_from_its_own_host_time(tmp
     assert abs(model["in_sample_error_pct"]) < 50  # -22 % to +5 % on a loaded machine
 
 
+def test_little_measured_of_a_run_read_off_the_traces_says_why(tmp_path: Path) -> None:
+    """The LLaMA-style script with its key/value heads repeated before the attention: under half the simulated
+    time is measured (vtrain places grouped-query attention on 2 heads, one GEMM for the SwiGLU's two). The
+    warning asked "does it describe these traces?" of the run validate itself read off them; it now says why."""
+    _record_llama_like(tmp_path / "llama", "sdpa-repeated")
+    ran = vtrain_in_process("validate", tmp_path / "llama", "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if "of the simulated operators' time was measured" in line]
+    assert len(said) == 1 and said[0].endswith("(the run read off them is simulated with the operators vtrain "
+                                               "places for its layer, which the traces ran otherwise); the rest "
+                                               "is modelled"), said
+
+
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
                         experts: bool = False, zero: bool = False, megatron_groups: bool = False,
                         coalesced: str = "", accumulated: str = "") -> None:

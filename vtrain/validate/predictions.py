@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.ingest.inferred_run import INFERRED
 from vtrain.kineto import compiled_markers
 from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
@@ -145,8 +146,12 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         why = (f"its model ran compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels where "
                f"the run config places PyTorch's operators" if compiled
                else "its run has other operators or shapes than the traced one")
+        question = ": does it describe these traces?"
+        if config_source == INFERRED:  # the run is the traces': what differs is the operators placed for it
+            why, question = ("the run read off them is simulated with the operators vtrain places for its layer, "
+                             "which the traces ran otherwise"), "; the rest is modelled"
         note(f"{config_source}: only {measured:.0%} of the simulated operators' time was measured in {trace_dir} "
-             f"({why}): does it describe these traces?")
+             f"({why}){question}")
     if profile_dir is None:
         from vtrain.simulate.run import attention_mismatch, unplaced_kernel_time  # only when a run is described
 
