@@ -13,6 +13,7 @@ import functools
 import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,10 @@ def test_the_shapes_give_the_recorded_run_back(name: str, tmp_path: Path) -> Non
     inferred = _inferred(folder, tmp_path)
     assert inferred.reason is None
     run, recorded = inferred.config, load_run_config(folder / "run.yaml")
-    assert run.model == recorded.model
+    # the output layer read as tied or not where the optimizer's parameters show it (the run.yaml's None: the
+    # framework's default)
+    assert replace(run.model, tie_embeddings=None) == recorded.model
+    assert run.ties_embeddings == recorded.ties_embeddings
     layout = dict(recorded.parallelism.__dict__)
     # a bucket closes once it holds its MiB: the median bucket is at least that (25.05 MiB for t1p1d2's 25)
     assert run.parallelism.dp_bucket_mb == pytest.approx(layout.pop("dp_bucket_mb"), rel=0.01)
@@ -138,7 +142,8 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
 def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool = True,
                        optimizers: int = 1, training: bool = True, compiled: str | None = None,
                        norm: str = "fused", mlp: str = "swiglu", lengths: tuple[int, ...] = (),
-                       rotary: str = "", evaluated: tuple[int, ...] = (), checkpointed: str = "") -> None:
+                       rotary: str = "", evaluated: tuple[int, ...] = (), checkpointed: str = "",
+                       tied: bool | None = None) -> None:
     """A LLaMA-style model trained by a script of its own, profiled as a user would (torch.profiler with
     record_shapes, a schedule, export_chrome_trace): RMSNorm, grouped-query attention (8 heads, 2 key/value heads),
     a SwiGLU MLP 352 wide, linear layers without biases; 2 layers, hidden 128, sequence 64, vocabulary 256,
@@ -167,7 +172,9 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
     0.25); else no positions. ``evaluated``: the steps (0 to 4; 1 to 3 are traced) after whose optimizer step the
     model is evaluated on one batch in eval mode under ``torch.no_grad()``, as nanoGPT's ``estimate_loss`` does.
     ``checkpointed``: activation checkpointing (``torch.utils.checkpoint``, non-reentrant) of the first layer only
-    (``first-layer``) or of every layer's MLP (``mlp``)."""
+    (``first-layer``) or of every layer's MLP (``mlp``). ``tied`` (True or False): the output layer the word
+    embedding's matrix or one of its own, trained by AdamW over lists of parameters (``foreach``, the default on
+    GPUs; on the CPU a loop over them)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -329,8 +336,11 @@ def _record_llama_like(target: Path, attention: str = "sdpa-gqa", marked: bool =
         layers = [torch.compile(layer, backend=compiled) for layer in layers]
     model = nn.Sequential(nn.Embedding(vocab, hidden), *layers, make_norm(),
                           nn.Linear(hidden, vocab, bias=False))
+    if tied:
+        model[-1].weight = model[0].weight
     matrices = [p for p in model.parameters() if p.dim() == 2]
-    stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters())] + (
+    stepped = [torch.optim.AdamW(matrices if optimizers == 2 else model.parameters(),
+                                 foreach=True if tied is not None else None)] + (
         [torch.optim.SGD([p for p in model.parameters() if p.dim() != 2])] if optimizers == 2 else [])
 
     steps = iter(range(10))
@@ -562,7 +572,20 @@ def test_hugging_faces_gpt2_is_read_as_gpt(tmp_path: Path) -> None:
     assert (model.mlp, model.ffn_hidden, model.norm, model.position, model.bias) == (
         "gelu", None, "layernorm", "learned", True)
     assert (inferred.config.framework, inferred.config.attention) == ("reference", "eager")
-    assert inferred.assumed == "the output layer tied to the embedding"
+    assert inferred.assumed == "the output layer its own (the traces do not show whether it is the word " \
+        "embedding's) as vtrain's reference model has it"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_output_layer_tied_or_not_is_read_off_the_optimizers_parameters(tied: bool, tmp_path: Path) -> None:
+    """The LLaMA-style script with its output layer the word embedding's matrix or one of its own, trained by
+    AdamW over lists of parameters (as it runs on GPUs): one ``[vocabulary, hidden]`` matrix in the lists, or two.
+    Every run was said to be tied before (LLaMA's is not: its optimizer steps a second matrix of 256 x 128 here,
+    Llama 3 8B's 0.5B parameters); now it is read."""
+    _record_llama_like(tmp_path / "llama", tied=tied)
+    inferred = _inferred(tmp_path / "llama", tmp_path)
+    assert inferred.config.framework == "megatron" and inferred.config.model.tie_embeddings is tied
+    assert "output layer" not in inferred.assumed, inferred.assumed
 
 
 @pytest.mark.parametrize("rotary", ["full", "partial", "complex", ""])

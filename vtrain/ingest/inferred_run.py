@@ -26,12 +26,14 @@ virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe whe
 backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation), or
 their reduce-scatters (Megatron's distributed optimizer; ZeRO's stages 1 and 2, which the reference model prices as
 all-reduces: as many bytes), are overlapped with the backward pass where one is issued before the embedding's
-backward (the last computed) begins, and their buckets are the median's MiB. What the shapes do not show is said:
-the gradient all-reduce is taken as not overlapped where no all-reduce's dims were recorded, the output layer as
-tied, positions as learned unless a rotary operator runs, Megatron's kernels for a layer other than GPT's where the
+backward (the last computed) begins, and their buckets are the median's MiB. The output layer is the word
+embedding's where the optimizer's lists of parameters hold one matrix of its shape, its own where they hold two.
+What the shapes do not show is said: the gradient all-reduce is taken as not overlapped where no all-reduce's dims
+were recorded, the output layer as tied (Megatron's default; the reference model's own) where no list shows it,
+positions as learned unless a rotary operator runs, Megatron's kernels for a layer other than GPT's where the
 traces do not show Megatron's (vtrain's reference model has GPT's layer only); so is what is placed otherwise than
-it ran (some layers or only the MLPs recomputed, gradients reduced in every micro-batch). Traces of anything else (no word
-embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism, layers compiled by
+it ran (some layers or only the MLPs recomputed, gradients reduced in every micro-batch). Traces of anything else
+(no word embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism, layers compiled by
 torch.compile into fused kernels that record none of their shapes) give no run, with the reason.
 """
 
@@ -119,6 +121,9 @@ _FUSED_ACTIVATIONS = {"GeLUFunction": ("GELU", False), "SwiGLUFunction": ("SiLU"
 _ACTIVATIONS = {"aten::silu": "SiLU", "aten::gelu": "GELU", "aten::tanh": "GELU", "aten::relu": "ReLU"}
 _WRITTEN_GELU = "aten::tanh"  # its formula multiplies tensors of the activation's shape: no gating read from it
 _MULTIPLY, _DROPOUT = "aten::mul", "aten::dropout"
+#: an optimizer step over a list of parameters, one call a group (PyTorch's fused and foreach Adam): which matrices
+#: the model trains
+_PARAMETER_LISTS = ("aten::_fused_adamw_", "aten::_fused_adam_", "aten::_foreach_lerp_", "aten::_foreach_addcmul_")
 _LINEAR = "aten::linear"
 #: a GEMM that adds a bias
 _BIASED_GEMM = "aten::addmm"
@@ -132,7 +137,7 @@ _REPEATS = ((_EXPAND, ("b", "kv", 1, "s", "d")), (_EXPAND, ("b", "s", "kv", 1, "
 _READ = frozenset({_EMBEDDING, _EMBEDDING_BACKWARD, _LAYER_NORM, _RMS_NORM, *_ROOTS, _SUBTRACT, _CAT, _COMPLEX,
                    *_HEAD_AXIS,
                    *_ATTENTION_BACKWARD, *_SCORES, *_PRODUCTS, *_FUSED_ACTIVATIONS, *_ACTIVATIONS, _MULTIPLY, _DROPOUT,
-                   _LINEAR,
+                   *_PARAMETER_LISTS, _LINEAR,
                    _EXPAND, _REPEAT_INTERLEAVE})
 
 
@@ -302,6 +307,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
     framework = "megatron" if megatron or not model.is_gpt else "reference"
+    tied = _tied(rank, table, hidden) if pp == 1 else None
+    if framework == "megatron":
+        model = replace(model, tie_embeddings=tied)
     parallel = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=batch, global_batch=micro_batches * batch * dp,
                               schedule=schedule, virtual_stages=virtual, dp_overlap=bool(overlap),
                               dp_bucket_mb=bucket or ParallelConfig.dp_bucket_mb,
@@ -328,7 +336,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                                                 "rotary operator)"])
                         + ([placed] if placed else []) + ([recomputed] if recomputed else [])
                         + ([every_micro_batch] if every_micro_batch else [])
-                        + ["the output layer tied to the embedding"])
+                        + _said_head(tied, framework))
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
     return InferredRun(config, assumed=assumed)
@@ -734,6 +742,30 @@ def _norm(rank: _Rank, hidden: int) -> str | None:
     centred = any(len(dims) >= 2 and _shape(dims[0], 2, 3) and _shape(dims[1], 2, 3) and dims[0][-1] == hidden
                   and dims[1][-1] == 1 for dims, _ in rank.calls(_SUBTRACT))
     return "layernorm" if centred else "rmsnorm"
+
+
+def _tied(rank: _Rank, table: int, hidden: int) -> bool | None:
+    """Whether the output layer is the word embedding's matrix, as the optimizer's list of parameters shows it (one
+    ``[table, hidden]`` matrix in it, or two: an output layer of its own); None where no optimizer step over a list
+    ran (:data:`_PARAMETER_LISTS`; a loop over the parameters, an extension's kernel)."""
+    for name in _PARAMETER_LISTS:
+        lists = [dims[0] for dims, _ in rank.calls(name) if dims and _listed(dims[0])]
+        if lists:
+            matrices = sum(1 for parameters in lists for one in parameters if one == [table, hidden])
+            return {1: True, 2: False}.get(matrices)
+    return None
+
+
+def _said_head(tied: bool | None, framework: str) -> list[str]:
+    """What is said of the output layer: Megatron's layer ties it unless the traces show otherwise; vtrain's
+    reference model has one of its own."""
+    if framework == "megatron":
+        return ["the output layer tied to the embedding"] if tied is None else []
+    if tied is False:
+        return []
+    return [("its output layer, the word embedding's matrix, placed as one of its own" if tied else
+             "the output layer its own (the traces do not show whether it is the word embedding's)")
+            + " as vtrain's reference model has it"]
 
 
 def _unknown_norm(ranks: list[_Rank]) -> str:
