@@ -394,16 +394,16 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
 
 def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width,
-    RMSNorm, rotary positions, no biases), bf16, Megatron's kernels, its context as the sequence; what vtrain assumes
-    said; a plan of it has no reference plan of its own. A mixture of experts, or a model_type vtrain does not place,
-    is one line, exit 2."""
+    RMSNorm, rotary positions, no biases, no dropout), bf16, Megatron's kernels, its context as the sequence; what
+    vtrain assumes said; a plan of it has no reference plan of its own. A mixture of experts, or a model_type vtrain
+    does not place, is one line, exit 2."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(HF_LLAMA))
     with pytest.warns(UserWarning, match="Hugging Face llama config: sequence 1024"):
         config = load_run_config(path)
     assert config.model == ModelConfig(layers=4, hidden=512, heads=8, seq=1024, vocab=8192, ffn_hidden=1792,
                                        kv_heads=2, mlp="swiglu", norm="rmsnorm", position="rope", bias=False,
-                                       qkv_bias=False, tie_embeddings=False)
+                                       qkv_bias=False, tie_embeddings=False, dropout=False)
     assert (config.precision, config.framework) == ("bf16", "megatron")
     planned = vtrain_in_process("plan", path, "--gpus", "4", "--global-batch", "16", "--device", "A100-80GB",
                                 "--price-per-gpu-hour", "2", "-o", tmp_path / "plan", "--json")

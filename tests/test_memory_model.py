@@ -219,3 +219,32 @@ def test_megatron_layers_keep_what_korthikanti_et_al_count(t: int) -> None:
     if t > 1:
         assert layer_activation_bytes(split, "none") == sbh * 34 // t + 5 * a * s * s * b // t
         assert layer_activation_bytes(split, "selective") == sbh * 34 // t
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_megatron_without_dropout_keeps_no_masks_and_runs_no_dropout(fused: bool) -> None:
+    """LLaMA's recipes train Megatron with a dropout of 0 (``--attention-dropout 0 --hidden-dropout 0``; Hugging
+    Face's ``attention_dropout: 0.0``), where PyTorch's dropout returns its input: no mask kept, no kernel run. The
+    model had counted both for every Megatron run: llama-3-70b's first stage at t4 p8 held 3 GiB a layer and
+    micro-batch of attention-dropout state it does not have (found by an audit). Korthikanti et al.'s count less
+    the dropouts' rows: sbh(8 + 24/t + 2as/(ht)) in fp16."""
+    from vtrain.architectures import architecture
+    from vtrain.model import megatron
+
+    s, b, h, a, t = 2048, 2, 4096, 32, 2
+    shape = GptShape(b=b, s=s, h=h, a=a, t=t, vocab=51200, dtype="c10::Half", device_type="cuda",
+                     framework="megatron", fused=fused, dropout=False)
+    sbh = s * b * h
+    if fused:
+        assert layer_activation_bytes(shape, "none") == sbh * 8 + sbh * 24 // t + 2 * a * s * s * b // t
+    steps = megatron.layer_forward(shape) + megatron.layer_backward(shape)
+    names = {getattr(step, "name", "") for step in steps}
+    assert not {name for name in names if "dropout" in name and "add" not in name}, names
+    assert "aten::native_dropout" in {getattr(step, "name", "") for step in
+                                      megatron.layer_forward(replace(shape, dropout=True))}
+    llama = architecture("llama-3-70b").model
+    assert llama.dropout is False
+    config = run_config_from_dict({"model": {**llama.__dict__}, "framework": "megatron", "precision": "bf16",
+                                   "parallelism": {"tp": 4, "pp": 8, "dp": 2, "micro_batch": 1, "global_batch": 128},
+                                   "hardware": {"device": "H100", "device_count": 64}})
+    assert GptShape.from_config(config).dropout is False

@@ -43,7 +43,8 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
            source: str) -> Architecture:
     return Architecture(name, "llama", ModelConfig(
         layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn_hidden=ffn, kv_heads=kv_heads,
-        mlp="swiglu", norm="rmsnorm", position="rope", bias=False, qkv_bias=False, tie_embeddings=False), source,
+        mlp="swiglu", norm="rmsnorm", position="rope", bias=False, qkv_bias=False, tie_embeddings=False,
+        dropout=False), source,
         "bf16")
 
 

@@ -7,7 +7,8 @@ A run config is a YAML (or JSON) mapping with these sections::
                   ffn_hidden: null, kv_heads: null, mlp: gelu,   # 4h | the heads | gelu; swiglu: gated
                   norm: layernorm, position: learned,   # rmsnorm | rope: LLaMA's (framework megatron)
                   bias: true, qkv_bias: null,           # the linear layers' biases | QKV's (null: as bias)
-                  tie_embeddings: null}                 # output projection = word embedding (null: megatron yes)
+                  tie_embeddings: null,                 # output projection = word embedding (null: megatron yes)
+                  dropout: null}                        # megatron's dropout runs (null: yes, its 0.1; false: p 0)
     parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 2, global_batch: 8,
                   schedule: 1f1b, virtual_stages: 1, recompute: none,   # none | selective | full
                   dp_overlap: false, dp_bucket_mb: 25, sequence_parallel: false,
@@ -119,6 +120,9 @@ class ModelConfig:
     #: whether the output projection is the word embedding (one matrix, its gradients summed over the first and last
     #: stages); None: the framework's way, Megatron's tied (GPT's), the reference model's own (`vtrain record`'s)
     tie_embeddings: bool | None = None
+    #: whether Megatron's attention and hidden dropout run (a probability above 0: masks kept, kernels run); None:
+    #: Megatron's default, 0.1 (LLaMA's recipes and configs train with none)
+    dropout: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("mlp", "norm", "position"):  # a config's SwiGLU, RMSNorm, RoPE
@@ -618,11 +622,12 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
 def _hf_llama_layer(data: dict[str, Any], kind: str) -> dict[str, Any]:
     """The layer of LLaMA's family: RMSNorm (OLMo's first a layer norm), rotary positions, linear layers with biases
     where ``attention_bias`` and ``mlp_bias`` both say so (LLaMA's and Mistral's: none), a QKV bias where
-    ``attention_bias`` says so (Qwen2's always)."""
+    ``attention_bias`` says so (Qwen2's always), dropout where ``attention_dropout`` is above 0 (by default none)."""
     attention_bias = _flag(_given(data, "attention_bias", False))
     return {"norm": "layernorm" if kind in _HF_LAYER_NORM_TYPES else "rmsnorm", "position": "rope",
             "bias": attention_bias and _flag(_given(data, "mlp_bias", False)),
-            "qkv_bias": attention_bias or kind in _HF_QKV_BIAS_TYPES}
+            "qkv_bias": attention_bias or kind in _HF_QKV_BIAS_TYPES,
+            "dropout": _real(_given(data, "attention_dropout", 0.0)) > 0}
 
 
 def _pretraining_length(data: dict[str, Any], longest: int) -> tuple[int, str]:

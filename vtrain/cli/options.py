@@ -131,6 +131,13 @@ def tie_embeddings_option() -> Any:
                              "LLaMA: --untie-embeddings).")
 
 
+def dropout_option() -> Any:
+    """``--dropout/--no-dropout``: whether Megatron's attention and hidden dropout run."""
+    return typer.Option(None, "--dropout/--no-dropout",
+                        help="Whether Megatron's attention and hidden dropout run (default: its 0.1, GPT's; LLaMA's "
+                             "recipes: --no-dropout, no masks kept).")
+
+
 def bias_option() -> Any:
     """``--bias/--no-bias``: whether the linear layers add biases."""
     return typer.Option(True, "--bias/--no-bias", help="Whether the linear layers add biases (LLaMA: --no-bias).")

@@ -16,6 +16,7 @@ from vtrain.cli.options import (
     attention_option,
     bias_option,
     device_memory_option,
+    dropout_option,
     ffn_hidden_option,
     framework_option,
     kv_heads_option,
@@ -99,6 +100,7 @@ def plan_command(
     position: str = position_option(),
     bias: bool = bias_option(),
     tie_embeddings: bool | None = tie_embeddings_option(),
+    dropout: bool | None = dropout_option(),
     device: str | None = typer.Option(None, "--device", help="GPU type (default: the run config's; for a "
                                       "model without a run of its own, the profile's GPU; else A100)."),
     attention: str | None = attention_option(),
@@ -117,7 +119,7 @@ def plan_command(
     from vtrain.tables.store import load_profile
 
     shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias,
-                       tie_embeddings)
+                       tie_embeddings, dropout)
     table_profile = load_profile(profile) if profile is not None else None
     base, reference = _base_config(model, global_batch, shape, device, table_profile)
     if attention is not None:
@@ -176,6 +178,7 @@ class ModelShape(NamedTuple):
     position: str
     bias: bool
     tie_embeddings: bool | None
+    dropout: bool | None
 
     def given(self) -> list[str]:
         """The flags of the model's shape that were given."""
@@ -185,7 +188,8 @@ class ModelShape(NamedTuple):
                  ("--norm", None if self.norm == "layernorm" else self.norm),
                  ("--position", None if self.position == "learned" else self.position),
                  ("--no-bias", None if self.bias else False),
-                 ("--tie-embeddings" if self.tie_embeddings else "--untie-embeddings", self.tie_embeddings))
+                 ("--tie-embeddings" if self.tie_embeddings else "--untie-embeddings", self.tie_embeddings),
+                 ("--dropout" if self.dropout else "--no-dropout", self.dropout))
         return [flag for flag, value in flags if value is not None]
 
 
@@ -216,7 +220,7 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
     model_config = ModelConfig(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, seq=shape.seq,
                                vocab=shape.vocab, ffn_hidden=shape.ffn_hidden, kv_heads=shape.kv_heads, mlp=shape.mlp,
                                norm=shape.norm, position=shape.position, bias=shape.bias,
-                               tie_embeddings=shape.tie_embeddings)
+                               tie_embeddings=shape.tie_embeddings, dropout=shape.dropout)
     from vtrain.fit.device import profile_gpu
 
     gpu = device or (profile_gpu(profile) if profile is not None else None) or "A100"

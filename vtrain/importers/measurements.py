@@ -146,6 +146,7 @@ OPTIONAL_COLUMNS = {
     "bias": (("bias", "linear bias", "add bias linear"), pl.Boolean),
     "qkv_bias": (("qkv bias", "add qkv bias"), pl.Boolean),
     "tie_embeddings": (("tie embeddings", "tied embeddings", "tie word embeddings"), pl.Boolean),
+    "dropout": (("dropout",), pl.Boolean),
     "cuda_graphs": (("cuda graphs",), pl.Boolean),
     "fused_kernels": (("fused kernels", "kernel fusion"), pl.Boolean),
     "device": (("device", "gpu", "gpu type"), pl.String),
@@ -235,7 +236,7 @@ def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) ->
 #: columns it gives where a row has none
 _NAMED_SHAPE = ("layers", "hidden", "heads", "seq")
 _NAMED_OPTIONAL = ("vocab", "ffn_hidden", "kv_heads", "mlp", "norm", "position", "bias", "qkv_bias",
-                   "tie_embeddings", "precision")
+                   "tie_embeddings", "dropout", "precision")
 #: the column that keeps, while a table is read, why a row's model gives no shape (an unknown name)
 _MODEL_PROBLEM = "model problem"
 
@@ -636,7 +637,7 @@ def measurement_config(row: dict[str, Any], gpus_per_node: int = 8, device: str 
                           kv_heads=row.get("kv_heads"), mlp=str(given("mlp", "gelu")),
                           norm=str(given("norm", "layernorm")), position=str(given("position", "learned")),
                           bias=bool(given("bias", True)), qkv_bias=row.get("qkv_bias"),
-                          tie_embeddings=row.get("tie_embeddings")),
+                          tie_embeddings=row.get("tie_embeddings"), dropout=row.get("dropout")),
         parallelism=ParallelConfig(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                                    micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
                                    schedule=str(given("schedule", _schedule_of(row))),

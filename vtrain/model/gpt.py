@@ -53,6 +53,7 @@ class GptShape:
     bias: bool = True  # the attention output's and the MLP's linear layers add a bias
     qkv_bias: bool = True  # the QKV projection adds a bias
     tied: bool = False  # the output projection is the word embedding (where a stage holds both, one matrix)
+    dropout: bool = True  # megatron: its attention and hidden dropout run (a probability above 0)
 
     @property
     def d(self) -> int:
@@ -122,7 +123,7 @@ class GptShape:
                    sequence_parallel=p.sequence_parallel and p.tp > 1,
                    optimizer_shards=p.dp if p.distributed_optimizer else 1,
                    ffn_hidden=m.ffn_hidden, kv_heads=m.kv_heads, mlp=m.mlp, norm=m.norm, position=m.position,
-                   bias=m.bias, qkv_bias=m.has_qkv_bias, tied=config.ties_embeddings)
+                   bias=m.bias, qkv_bias=m.has_qkv_bias, tied=config.ties_embeddings, dropout=m.dropout is not False)
 
     def norm_parameters(self) -> list[tuple[int, ...]]:
         """One norm's parameters: a layer norm's weight and bias, an RMSNorm's weight."""

@@ -113,7 +113,7 @@ def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     if not shape.fused:
         return unfused.bias_dropout_add_backward(shape)
     n, h, x = shape.outside_tokens, shape.h, shape.dtype
-    return [make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"]),
+    return [*_if_dropped(shape, make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"])),
             *_bias_gradient(shape, [n, h], shape.bias)]
 
 
@@ -149,6 +149,12 @@ def _enter_region_backward(shape: GptShape) -> list[Step]:
 
 def _dropout(shape: GptShape, dims: list[int]) -> Op:
     return make_op("aten::native_dropout", [dims, [], []], [shape.dtype, "double", "bool"])
+
+
+def _if_dropped(shape: GptShape, op: Op) -> list[Op]:
+    """``op``, a dropout's or its backward's, where the run drops out (a probability of 0 runs none: PyTorch's
+    dropout returns its input, and keeps no mask)."""
+    return [op] if shape.dropout else []
 
 
 def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
@@ -271,7 +277,7 @@ def attention_core(shape: GptShape) -> list[Step]:
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
             *_softmax(shape),
-            _dropout(shape, [heads, s, s]),
+            *_if_dropped(shape, _dropout(shape, [heads, s, s])),
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]
 
 
@@ -375,7 +381,8 @@ def _attention_core_backward(shape: GptShape) -> list[Step]:
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
-            make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []], [x, "bool", "double"]),
+            *_if_dropped(shape, make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []],
+                                        [x, "bool", "double"])),
             *_softmax_backward(shape),
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]  # grad k
@@ -395,7 +402,7 @@ def embedding_forward(shape: GptShape) -> list[Step]:
         steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
                   make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
     steps += [make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
-              _dropout(shape, [shape.outside_tokens, h])]
+              *_if_dropped(shape, _dropout(shape, [shape.outside_tokens, h]))]
     return steps
 
 
@@ -405,8 +412,8 @@ def embedding_backward(shape: GptShape) -> list[Step]:
     n, h, x = shape.tokens, shape.h, shape.dtype
     local = shape.outside_tokens
     w = gpt.embedding_parameters(shape)
-    steps: list[Step] = [make_op("aten::native_dropout_backward", [[local, h], [local, h], []],
-                                 [x, "bool", "double"]),
+    steps: list[Step] = [*_if_dropped(shape, make_op("aten::native_dropout_backward", [[local, h], [local, h], []],
+                                                     [x, "bool", "double"])),
                          *_leave_region_backward(shape),
                          make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"])]
     for rows, _ in reversed(w):  # the position embedding's first, then the words'

@@ -68,14 +68,14 @@ def bias_dropout_add(shape: GptShape) -> list[Step]:
     """The attention output's or fc2's bias, the dropout and the residual add, an operator each."""
     rows, x = _rows(shape, shape.h, True), shape.dtype
     return [*bias_add(shape, shape.h, outside=True),
-            make_op("aten::native_dropout", [rows, [], []], [x, "Scalar", "Scalar"]),
+            *[make_op("aten::native_dropout", [rows, [], []], [x, "Scalar", "Scalar"])] * shape.dropout,
             make_op("aten::add", [rows, rows, []], [x, x, "Scalar"])]
 
 
 def bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     """The dropout's backward and the bias gradient (a sum over tokens)."""
     rows, x = _rows(shape, shape.h, True), shape.dtype
-    return [make_op("aten::native_dropout_backward", [rows, rows, []], [x, "bool", "Scalar"]),
+    return [*[make_op("aten::native_dropout_backward", [rows, rows, []], [x, "bool", "Scalar"])] * shape.dropout,
             *[make_op("aten::sum", [rows, [], [], []], [x, "ScalarList", "Scalar", ""])] * shape.bias]
 
 
@@ -124,7 +124,7 @@ def attention_core(shape: GptShape) -> list[Step]:
                     [x, x, x, "Scalar", "Scalar"]),
             make_op("aten::masked_fill_", [scores, mask, []], [x, "bool", "Scalar"]),
             make_op("aten::_softmax", [scores, [], []], [x, "Scalar", "Scalar"]),
-            make_op("aten::native_dropout", [scores, [], []], [x, "Scalar", "Scalar"]),
+            *[make_op("aten::native_dropout", [scores, [], []], [x, "Scalar", "Scalar"])] * shape.dropout,
             make_op("aten::bmm", [batches, [batches[0], s, d]], [x, x]),
             context(shape)]
 
@@ -139,7 +139,7 @@ def attention_core_backward(shape: GptShape) -> list[Step]:
     copy = make_op("aten::copy_", [scores, scores, []], [x, x, "Scalar"])
     return [make_op("aten::bmm", [batches, [heads, s, d]], [x, x]),
             make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),
-            make_op("aten::native_dropout_backward", [scores, scores, []], [x, "bool", "Scalar"]),
+            *[make_op("aten::native_dropout_backward", [scores, scores, []], [x, "bool", "Scalar"])] * shape.dropout,
             make_op("aten::mul", [scores, scores], [x, x]),
             make_op("aten::_softmax_backward_data", [scores, scores, [], []], [x, x, "Scalar", "Scalar"]),
             make_op("aten::fill_", [[math.prod(scores)], []], [x, "Scalar"]),

@@ -15,20 +15,21 @@ Transformer Models", 2022, Eq. 2 and Table 2), in bytes, for one micro-batch and
 [b, s, h] tensor; tensors outside the tensor-parallel regions hold S/t with sequence parallelism)::
 
     4·e·S          LayerNorm 1 input (the layer input), QKV input, LayerNorm 2 input, fc1 input
-    2·S            Megatron only: the two hidden dropout masks (one byte an element)
+    2·S            Megatron with dropout only: the two hidden dropout masks (one byte an element)
     12·e·S/t       q, k, v (3), attention context (1), GELU input (4), GELU output = fc2 input (4)
                    (a ffn_hidden other than 4h: GELU's two tensors are 2·e·sb·ffn/t; a gated MLP keeps 4·e·sb·ffn/t,
                    fc1's gate and up, the gate's SiLU and the product; the fused attention with grouped-query
                    attention keeps the QKV output, e·S/t·(1 + 2·kv/a), where the eager core's copies are 3·e·S/t;
                    rotary positions keep the rotated queries and keys beside it, e·S/t·(1 + kv/a))
     e·as²b/t       the softmax output (kept for its own backward and for probs @ v)
-    (e+1)·as²b/t   Megatron only: the attention dropout's mask and output
+    (e+1)·as²b/t   Megatron with dropout only: the attention dropout's mask and output
 
 For fp16 Megatron that is the paper's sbh(10 + 24/t + 5as/(ht)) (sbh(34/t + 5as/(ht)) with sequence
 parallelism). With flash attention (``attention: flash``) the last two rows are the fp32 log-sum-exp of each score
 row, 4·ab·s/t bytes: the scores are never held (measured on CPU like the rest: ``tests/test_memory_model.py``).
 The reference model vtrain records (``vtrain/model/gpt.py``, ``vtrain/record/model.py``) has no
-dropout, so its layers keep no masks and no dropped-out probabilities (``tests/test_memory_model.py`` measures it).
+dropout, so its layers keep no masks and no dropped-out probabilities (``tests/test_memory_model.py`` measures it);
+nor does Megatron with a dropout of 0 (``dropout: false``: LLaMA's recipes), where PyTorch's dropout returns its input.
 With full recomputation a layer keeps only its input (e·S, or e·S/t), and the layer being recomputed holds its
 full set once; with selective recomputation it keeps all but the attention scores (the last two rows), which its
 re-run attention core holds once. The head keeps its LayerNorm input and output (2·sbh) and the fp32 softmax of the
@@ -155,7 +156,7 @@ def stage_parameter_count(shape: GptShape, chunks: list[Chunk]) -> int:
 def layer_activation_bytes(shape: GptShape, recompute: str) -> int:
     """Bytes one layer keeps for its backward, for one micro-batch (Korthikanti et al.; the module docstring): with
     full recomputation its input; with selective recomputation all but the attention scores (re-run)."""
-    e, dropout = shape.element_bytes, shape.framework == "megatron"
+    e, dropout = shape.element_bytes, shape.framework == "megatron" and shape.dropout
     outside = shape.outside_tokens * shape.h  # a [b, s, h] tensor outside the TP regions
     if recompute == "full":
         return outside * e
@@ -204,7 +205,7 @@ def attention_score_bytes(shape: GptShape) -> int:
     if shape.framework != "megatron":
         return score_elements(shape) * e
     softmax = e if fused_softmax_available(shape) else FP32_BYTES
-    return score_elements(shape) * (softmax + e + 1)
+    return score_elements(shape) * (softmax + (e + 1 if shape.dropout else 0))
 
 
 def head_activation_bytes(shape: GptShape) -> int:

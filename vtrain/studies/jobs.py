@@ -11,8 +11,8 @@ A job may name a published architecture instead of giving its shape (``{name: ch
 2.0e10, arrival_h: 0, gpus: 64}``: :mod:`vtrain.architectures`): it gives the model keys the job leaves out
 (layers to vocabulary; the job's own win). ``vocab`` (default 51200), ``deadline_h`` (hours after arrival),
 ``gpus`` (what the job asks for; the baseline policy needs it), ``global_batch`` (sequences per iteration, default
-512) and a LLaMA-like layer's ``kv_heads``, ``ffn_hidden``, ``mlp``, ``norm``, ``position``, ``bias``, ``qkv_bias``
-and ``tie_embeddings`` (as a run config's model section says them) are optional.
+512) and a LLaMA-like layer's ``kv_heads``, ``ffn_hidden``, ``mlp``, ``norm``, ``position``, ``bias``, ``qkv_bias``,
+``tie_embeddings`` and ``dropout`` (as a run config's model section says them) are optional.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ DEFAULT_VOCAB = 51200
 DEFAULT_GLOBAL_BATCH = 512
 _REQUIRED = ("name", "layers", "hidden", "heads", "seq", "tokens", "arrival_h")
 _OPTIONAL = ("model", "vocab", "deadline_h", "gpus", "global_batch", "kv_heads", "ffn_hidden", "mlp", "norm",
-             "position", "bias", "qkv_bias", "tie_embeddings")
+             "position", "bias", "qkv_bias", "tie_embeddings", "dropout")
 #: the keys that say the job's model, as a run config's model section names them
 _MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "kv_heads", "ffn_hidden", "mlp", "norm", "position", "bias",
-               "qkv_bias", "tie_embeddings")
+               "qkv_bias", "tie_embeddings", "dropout")
 #: what an out-of-range value likely is, by key
 _HIGH_WHY = {"arrival_h": ": hours, ten years at most (a Unix timestamp is in seconds)",
              "deadline_h": ": hours after the arrival, ten years at most",

@@ -138,6 +138,6 @@ def practice_shapes(seq: int, vocab: int, family: str = "gpt") -> list[ModelConf
     and vocabulary ``vocab``."""
     if family == "llama":
         return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab, kv_heads=kv, ffn_hidden=f, mlp="swiglu",
-                            norm="rmsnorm", position="rope", bias=False, tie_embeddings=False)
+                            norm="rmsnorm", position="rope", bias=False, tie_embeddings=False, dropout=False)
                 for l, h, a, kv, f in LLAMA_SHAPES]
     return [ModelConfig(layers=l, hidden=h, heads=a, seq=seq, vocab=vocab) for l, h, a in PRACTICE_SHAPES]
