@@ -3,6 +3,7 @@ anything is touched, `--force` replaces only folders vtrain wrote, and unwritabl
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -168,14 +169,50 @@ def test_force_keeps_what_the_user_added_to_a_vtrain_folder(tmp_path: Path) -> N
     assert vtrain("simulate", config, "-o", out, "--force").returncode == 0
 
 
-def test_folders_of_an_older_vtrain_keep_their_rules(tmp_path: Path) -> None:
-    """A marker of an older vtrain says neither the kind nor the entries: a folder with a report's files is a
-    report (replaced by the next report, as before); one with a profile's metadata is not."""
+def test_folders_of_an_older_vtrain_are_kept(tmp_path: Path) -> None:
+    """A marker of an older vtrain says neither the kind nor the entries: a folder with a report's files was taken
+    for a report and replaced by the next, the notes a user had put beside it too (an audit: NOTES.md gone). What
+    it wrote cannot be told from what was added since: the folder is refused, and kept; one with a profile's
+    metadata is not a report either."""
     old_report, old_profile = tmp_path / "old-report", tmp_path / "old-profile"
     for folder, name in ((old_report, "report.md"), (old_profile, "metadata.json")):
         folder.mkdir()
         (folder / ".vtrain-output").write_text("written by vtrain; `--force` may replace this folder\n")
         (folder / name).write_text("{}\n")
-    assert vtrain("validate", RECORDED, "--no-hta", "-o", old_report).returncode == 0
+    (old_report / "NOTES.md").write_text("mine\n")
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", old_report), "marker does not list what it wrote")
+    assert (old_report / "NOTES.md").read_text() == "mine\n"
     _refused(vtrain("validate", RECORDED, "--no-hta", "-o", old_profile), "earlier vtrain output")
     assert (old_profile / "metadata.json").read_text() == "{}\n"
+
+
+def test_what_a_user_put_anywhere_in_a_vtrain_folder_or_while_it_ran_is_kept(tmp_path: Path) -> None:
+    """The marker listed only a folder's top level: a file a user put in a report's ``tables/`` was removed with the
+    report by the next run, and one added while the command ran by the rename at its end (an audit: both gone).
+    Now every file and folder vtrain wrote is listed, at any depth, and the folder is checked again before the new
+    output replaces it: refused, named, kept, and no staging folder left. A marker of vtrain before this lists the
+    top level only: its folders' contents cannot be told from a user's."""
+    from vtrain.errors import InputError
+    from vtrain.outputs import REPORT, check_output, staged
+
+    target = tmp_path / "out"
+    with staged(target, REPORT) as staging:
+        (staging / "tables").mkdir()
+        (staging / "tables" / "rows.parquet").write_text("vtrain's\n")
+        (staging / "report.md").write_text("first\n")
+    (target / "tables" / "mine.csv").write_text("mine\n")
+    with pytest.raises(InputError, match=r"1 entries vtrain did not write \(tables/mine.csv\)"):
+        check_output(target, replaces=REPORT)
+    (target / "tables" / "mine.csv").unlink()
+    check_output(target, replaces=REPORT)
+    with pytest.raises(InputError, match=r"vtrain did not write \(added while vtrain ran\) \(NOTES.md\)"):
+        with staged(target, REPORT) as staging:
+            (staging / "report.md").write_text("second\n")
+            (target / "NOTES.md").write_text("mine\n")
+    assert (target / "NOTES.md").read_text() == "mine\n" and (target / "report.md").read_text() == "first\n"
+    assert sorted(child.name for child in tmp_path.iterdir()) == ["out"]
+    (target / "NOTES.md").unlink()
+    (target / ".vtrain-output").write_text(json.dumps({"written_by": "vtrain", "kind": REPORT,
+                                                       "entries": ["report.md", "tables"]}))
+    with pytest.raises(InputError, match=r"tables/ \(what is in it is not listed\)"):
+        check_output(target, replaces=REPORT)

@@ -8,10 +8,13 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
 - it exists and is not empty, unless ``--force`` is given, and even then only when vtrain wrote it: a folder
   holding :data:`MARKER` (written into every output folder). A folder is not taken for vtrain's by the names of
   the files in it (a ``metadata.json`` is a common name: a user's folder holding one and their notes was replaced).
-  The marker names what vtrain wrote: the kind of output (:data:`KINDS`) and the entries it put in the folder.
-  A report command, which has no ``--force`` (its report folder is rewritten on every run), replaces only an
-  earlier *report* (``vtrain validate traces/x -o profiles/x`` replaced the profile); and ``--force`` never removes
-  what someone added to a vtrain folder since (their notes beside a report): such a folder is refused, naming them.
+  The marker names what vtrain wrote: the kind of output (:data:`KINDS`) and every file and folder it put in the
+  folder, at any depth. A report command, which has no ``--force`` (its report folder is rewritten on every run),
+  replaces only an earlier *report* (``vtrain validate traces/x -o profiles/x`` replaced the profile); and neither
+  it nor ``--force`` ever removes what someone added to a vtrain folder since (their notes beside a report, a file
+  in its ``tables/``, one added while the command ran): such a folder is refused, naming them, before the work and
+  again before the new output replaces it. A folder whose marker lists nothing (an older vtrain's) or lists its
+  top level only (its subfolders' contents unknown) cannot be told apart from what a user added, and is refused.
 
 An output given as a link to a folder is checked and written where the link points; the link itself stays.
 
@@ -72,11 +75,13 @@ def write_text(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
-def mark(folder: Path, kind: str, entries: list[str] | None = None) -> None:
-    """Label ``folder`` (a staging folder) as vtrain's output of ``kind``, holding ``entries`` (None: not known
-    yet; :func:`publish` lists them)."""
+def mark(folder: Path, kind: str, files: list[str] | None = None) -> None:
+    """Label ``folder`` (a staging folder) as vtrain's output of ``kind``, holding ``files`` (every file and folder
+    at any depth, as :func:`_listing` gives them; None: not known yet, :func:`publish` lists them). ``entries``,
+    the top level, is what vtrain before 2026-11-28 listed and read."""
+    entries = None if files is None else sorted({name.split("/")[0] for name in files})
     (folder / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": kind, "entries": entries,
-                                             "note": "`--force` may replace this folder"}) + "\n")
+                                             "files": files, "note": "`--force` may replace this folder"}) + "\n")
 
 
 def marker(folder: Path) -> dict[str, Any] | None:
@@ -157,11 +162,26 @@ def followed(target: Path) -> Path:
 
 
 def _added_since(folder: Path, written: dict[str, Any]) -> list[str]:
-    """The entries of ``folder`` that its marker does not list (none known for a marker without a list)."""
-    entries = written.get("entries")
-    if not isinstance(entries, list):
-        return []
-    return sorted(child.name for child in folder.iterdir() if child.name not in {MARKER, *map(str, entries)})
+    """The files and folders in ``folder``, at any depth, that its marker does not list. A marker that lists only
+    the top level (vtrain's before 2026-11-28): its unlisted entries, and its listed folders, whose contents it does
+    not list."""
+    files, entries = written.get("files"), written.get("entries")
+    if isinstance(files, list):
+        return sorted(set(_listing(folder)) - set(map(str, files)))
+    listed = set(map(str, entries)) if isinstance(entries, list) else set()
+    return sorted(child.name + ("/ (what is in it is not listed)" if child.name in listed else "")
+                  for child in folder.iterdir() if child.name != MARKER
+                  and (child.name not in listed or (child.is_dir() and not child.is_symlink())))
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every file and folder in ``folder`` at any depth (links not followed), as paths relative to it, but the
+    marker."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        base = Path(root).relative_to(folder)
+        found += [(base / name).as_posix() for name in (*folders, *files)]
+    return sorted(name for name in found if name != MARKER)
 
 
 def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what: str) -> None:
@@ -195,9 +215,17 @@ def _check_replaceable(target: Path, force: bool, what: str, replaces: str | Non
         held = f"it holds vtrain's {kind}" if kind in KINDS else "it holds an earlier vtrain output"
         advice = "use --force to replace it" if replaces is None else "give another -o, or remove it first"
         raise InputError(f"{what} already exists ({held}; {advice})", target)
+    _refuse_added(target, written, what)
+
+
+def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = "") -> None:
+    """Raise where ``target`` holds files or folders its marker (``written``) does not list (:func:`_added_since`)."""
+    if not isinstance(written.get("files"), list) and not isinstance(written.get("entries"), list):
+        raise InputError(f"{what} holds an older vtrain's output, whose marker does not list what it wrote (its files "
+                         "cannot be told from ones added since): remove it first or give another -o", target)
     if added := _added_since(target, written):
         shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
-        raise InputError(f"{what} holds {len(added)} entries vtrain did not write ({shown}): replacing it would "
+        raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({shown}): replacing it would "
                          "remove them; move them out or give another -o", target)
 
 
@@ -223,12 +251,13 @@ def publish(target: Path, staging: Path) -> None:
     aside and the new one not yet in place."""
     target = followed(target)
     written = marker(staging) or {}
-    mark(staging, str(written.get("kind", "")), sorted(child.name for child in staging.iterdir()
-                                                     if child.name != MARKER))
+    mark(staging, str(written.get("kind", "")), _listing(staging))
     with _signals_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             return
+        if target.is_dir() and any(target.iterdir()):  # what was added since check_output, the new output unwritten
+            _refuse_added(target, marker(target) or {}, "output folder", " (added while vtrain ran)")
         backup = _sibling(target, "backup")
         target.rename(backup)
         try:
