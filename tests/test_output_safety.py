@@ -216,3 +216,20 @@ def test_what_a_user_put_anywhere_in_a_vtrain_folder_or_while_it_ran_is_kept(tmp
                                                        "entries": ["report.md", "tables"]}))
     with pytest.raises(InputError, match=r"tables/ \(what is in it is not listed\)"):
         check_output(target, replaces=REPORT)
+
+
+def test_an_output_named_by_the_current_folder_is_that_folder(traces: Path, tmp_path: Path) -> None:
+    """``-o .`` (or ``-o ""``, ``-o ..``) was a traceback in every command (a staging folder is named after its
+    target, and ``.`` has no name; an audit). It is the folder it names: an empty one takes the output, one holding
+    the input is refused in one line; a model's name given where a run config goes is no input folder of the
+    plan's (it was "the output folder contains the input gpt-3-350m")."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    ran = vtrain("ingest", traces, "-o", ".", cwd=empty)
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert (empty / "metadata.json").is_file()
+    _refused(vtrain("ingest", traces.name, "-o", "", cwd=traces.parent), "contains the input my-traces")
+    _refused(vtrain("ingest", traces, "-o", "..", cwd=empty), "contains the input")
+    planned = vtrain("plan", "gpt-3-350m", "--global-batch", "8", "--gpus", "1", "-o", ".", cwd=tmp_path)
+    assert planned.returncode == 2 and "contains the input" not in planned.stderr, planned.stderr
+    assert "Traceback" not in planned.stderr

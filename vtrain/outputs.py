@@ -157,7 +157,11 @@ def remove_stale_staging(folder: Path) -> list[Path]:
 
 def followed(target: Path) -> Path:
     """``target``, or the folder it links to: an output given as a link to a folder is written there and the link
-    is kept (renaming the link aside left it behind as a backup, and the old output where it pointed)."""
+    is kept (renaming the link aside left it behind as a backup, and the old output where it pointed). A target
+    of no name of its own (``-o .``, ``-o ..``, ``-o ""``) is the folder it names (a staging folder is named after
+    its target: ``.`` had none, a traceback)."""
+    if target.name in ("", ".."):
+        return target.resolve()
     return target.resolve() if target.is_symlink() and target.is_dir() else target
 
 
@@ -187,7 +191,7 @@ def _listing(folder: Path) -> list[str]:
 def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what: str) -> None:
     resolved = target.resolve()
     for given in inputs:
-        if given is None:
+        if given is None or not Path(given).exists():  # nothing there to overwrite (a model's name, not a path)
             continue
         source = Path(given).resolve()
         if resolved == source:
