@@ -392,6 +392,25 @@ def test_a_stretched_context_is_planned_at_the_pretraining_length_or_at_seq(tmp_
     assert "--seq" not in both.stderr
 
 
+@pytest.mark.parametrize(("data", "model", "said"), [
+    ({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "n_inner": 100,
+      "activation_function": "relu"}, {"ffn_hidden": 100}, "its MLP's 'relu' is placed as GELU (the same GEMMs)"),
+    ({**HF_LLAMA, "hidden_act": "gelu_pytorch_tanh"}, {}, "its MLP's 'gelu_pytorch_tanh' is placed as SiLU"),
+    ({**HF_LLAMA, "mlp_bias": True}, {"bias": False}, "its MLP's biases (mlp_bias) are placed as none")],
+    ids=["gpt2-inner-relu", "llama-gelu", "llama-mlp-bias"])
+def test_what_a_hugging_face_config_says_of_its_mlp_is_read_or_said(data: dict, model: dict, said: str,
+                                                                    tmp_path) -> None:
+    """GPT-2's ``n_inner`` (its MLP's width) was ignored for 4 x hidden, and an activation other than the MLP's
+    own (GPT-2's ReLU, a LLaMA's GELU) and LLaMA's MLP biases without the attention's were placed otherwise without
+    a word (an audit). The width is read; the others are said."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match=re.escape(said)):
+        config = load_run_config(path)
+    for key, value in model.items():
+        assert getattr(config.model, key) == value
+
+
 def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
     """A model's ``config.json`` as Hugging Face ships it: its layer (grouped-query attention, SwiGLU and its width,
     RMSNorm, rotary positions, no biases, no dropout), bf16, Megatron's kernels, its context as the sequence; what

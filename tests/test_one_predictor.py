@@ -240,3 +240,24 @@ def test_a_link_the_run_gives_is_not_timed_by_trace_rows_of_no_link(link: str, s
         assert resolution.source == MODELLED, resolution.detail
         times.append(resolution.latency_us)
     assert times[0] / times[1] > 3, times
+
+
+def test_a_profile_traced_on_another_device_is_said(tmp_path: Path) -> None:
+    """A profile ingested from an H200's traces timed an A100 run's operators with the H200's measured latencies,
+    silently (an audit: 3.5 s where the A100's datasheet gives 6.7), and a CPU profile timed none of a GPU run's,
+    silently too. Each is said once, in one line; a run on the profile's own GPU says nothing."""
+    profile = tmp_path / "h200"
+    assert vtrain_in_process("ingest", REPO / "traces" / "gpu" / "h200-small-eager", "-o", profile).returncode == 0
+    run = REPO / "examples" / "gpt-1.3b-a100.yaml"
+    elsewhere = vtrain_in_process("simulate", run, "--profile", profile, "--json")
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    said = [line for line in elsewhere.stderr.splitlines() if "was traced on" in line]
+    assert len(said) == 1 and "was traced on NVIDIA H200 and the run is on A100-80GB: its measured latencies are " \
+        "NVIDIA H200's" in said[0], elsewhere.stderr
+    there = vtrain_in_process("simulate", run, "--device", "H200", "--profile", profile, "--json")
+    assert there.returncode == 0 and "was traced on" not in there.stderr, there.stderr
+    cpu = tmp_path / "cpu"
+    assert vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", cpu).returncode == 0
+    on_cpu = vtrain_in_process("simulate", run, "--profile", cpu, "--json")
+    assert on_cpu.returncode == 0 and "was traced on the CPU and the run is on A100-80GB: none of its latencies " \
+        "applies" in on_cpu.stderr, on_cpu.stderr

@@ -594,7 +594,7 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
         seq, seq_key = _pretraining_length(data, longest)
         model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
                             vocab=_whole(data.get("vocab_size", 50257)),
-                            ffn_hidden=_whole(data["intermediate_size"]) if llama else None,
+                            ffn_hidden=_whole(data["intermediate_size"]) if llama else _gpt2_width(data, hidden),
                             kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else None,
                             mlp="swiglu" if llama else "gelu", **(_hf_llama_layer(data, kind) if llama else {}),
                             tie_embeddings=_flag(_given(data, "tie_word_embeddings", not llama)))
@@ -609,14 +609,40 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
                          f"num_attention_heads ({hidden // heads}): heads of another width are not modelled", source)
     dtype = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
     unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
-    placed = ""
+    placed = _hf_placed(data, llama)
     window = data.get("sliding_window")
     if (isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq
             and data.get("use_sliding_window") is not False):
-        placed = f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
+        placed += f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
     said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
             f"{dtype}{unread}, Megatron's kernels")
     return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
+
+
+#: the activations a Hugging Face config names that vtrain's MLPs run: SiLU for LLaMA's gated MLP, GELU (its tanh
+#: approximations too) for GPT-2's
+_HF_SILU = frozenset({"silu", "swish"})
+_HF_GELU = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu"})
+
+
+def _gpt2_width(data: dict[str, Any], hidden: int) -> int | None:
+    """GPT-2's MLP width: ``n_inner`` where given (None, its default, is 4 x hidden)."""
+    inner = data.get("n_inner")
+    return None if inner is None or _whole(inner) == 4 * hidden else _whole(inner)
+
+
+def _hf_placed(data: dict[str, Any], llama: bool) -> str:
+    """What of a Hugging Face config's layer vtrain places otherwise, to be said: an activation of the MLP other
+    than its own (SwiGLU's SiLU, GPT-2's GELU: placed as it, the same GEMMs), and LLaMA's MLP biases without the
+    attention's (vtrain's layers have both or neither: none)."""
+    key, known, simulated = (("hidden_act", _HF_SILU, "SiLU") if llama else
+                             ("activation_function", _HF_GELU, "GELU"))
+    act = data.get(key)
+    placed = f"its MLP's {shown(act)} is placed as {simulated} (the same GEMMs); " if act is not None and \
+        str(act) not in known else ""
+    if llama and data.get("mlp_bias") is True and data.get("attention_bias") is not True:
+        placed += "its MLP's biases (mlp_bias) are placed as none, as its attention's; "
+    return placed
 
 
 def _hf_llama_layer(data: dict[str, Any], kind: str) -> dict[str, Any]:

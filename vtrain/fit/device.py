@@ -238,7 +238,27 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
                    f"{config.hardware.device}: its device model is not used, the run's datasheet times what the "
                    f"profile did not measure (give the run the profile's device, e.g. simulate --device "
                    f"{fitted['device']}, to predict it there)", source)
+    elif profile is not None and not fitted.get("device"):
+        _say_traced_elsewhere(profile, config, source)
     return device_for_config(config, source)
+
+
+def _say_traced_elsewhere(profile: Profile, config: RunConfig, source: str | None) -> None:
+    """Say, once per profile and device, where a profile traced on one device (its metadata's) times a run on
+    another: on another GPU its measured latencies are that GPU's and time the run's operators as they are; on the
+    CPU for a GPU's run (or the reverse) none applies, and the run is modelled."""
+    traced = (profile.metadata.get("device") or {}) if isinstance(profile.metadata.get("device"), dict) else {}
+    on_cpu, run_on_cpu = traced.get("type") == "cpu", config.hardware.device.lower() == "cpu"
+    name = str(traced.get("name") or "")
+    if on_cpu == run_on_cpu and (on_cpu or not name or same_die(config.hardware.device, name)):
+        return
+    if not _first_time_unused(profile, canonical_device_name(config.hardware.device) or config.hardware.device):
+        return
+    where = "the CPU" if on_cpu else name or "a GPU"
+    what = ("none of its latencies applies, the run's operators are modelled" if on_cpu != run_on_cpu else
+            f"its measured latencies are {name}'s and time the run's operators as they are")
+    warn_input(f"the profile {profile.path or ''} was traced on {where} and the run is on {config.hardware.device}: "
+               f"{what} (give the run the profile's device to predict it there)", source)
 
 
 #: id(profile) -> (the last profile, the devices it was already said to be unused for) (:func:`device_for_run`)
