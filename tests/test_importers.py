@@ -742,3 +742,26 @@ def test_a_tab_separated_export_with_a_decimal_comma_is_read(tmp_path):
     write(tabs, ["\t".join([*GROUND_TRUTH_HEADER, "notes"]), "16\t64\t2\t2048\t16\t24\t2048\t2\t4\t2\t812.5\t1,5 GB"])
     with pytest.warns(InputWarning, match="'notes' not read"):
         assert read_measurements(tabs).equals(read_measurements(comma))
+
+
+@pytest.mark.parametrize("layout", ["csv", "markdown"])
+def test_a_row_short_of_a_field_is_said(layout: str, tmp_path: Path) -> None:
+    """A measurement row one cell short (its time left out, its run id then read as the time) was padded with
+    nulls and scored without a word (an audit: +264 % on that row). Its padding is said, naming the line."""
+    from vtrain.importers.measurements import read_measurements
+
+    header = ["# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
+              "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
+              "iteration time (ms)", "run id"]
+    rows = [["8", "16", "2", "1024", "16", "4", "1024", "1", "8", "1", "250", "7"],
+            ["8", "16", "2", "1024", "16", "4", "1024", "1", "8", "1", "100"]]
+    if layout == "csv":
+        text = "\n".join(",".join(row) for row in [header, *rows]) + "\n"
+    else:
+        lines = [header, ["---"] * len(header), *rows]
+        text = "\n".join("| " + " | ".join(row) + " |" for row in lines) + "\n"
+    path = tmp_path / f"runs.{'csv' if layout == 'csv' else 'md'}"
+    path.write_text(text)
+    line = 3 if layout == "csv" else 4  # the Markdown rule under the header is a line
+    with pytest.warns(InputWarning, match=rf"1 row\(s\) with fewer fields than the header's 12 \(line {line}\)"):
+        read_measurements(path)

@@ -252,6 +252,8 @@ def _say_traced_elsewhere(profile: Profile, config: RunConfig, source: str | Non
     name = str(traced.get("name") or "")
     if on_cpu == run_on_cpu and (on_cpu or not name or same_die(config.hardware.device, name)):
         return
+    if not on_cpu and name and canonical_device_name(name) is None:  # a GPU vtrain does not know: where a model
+        return  # goes on it is said where the run is read (vtrain/run_argument.py)
     if not _first_time_unused(profile, canonical_device_name(config.hardware.device) or config.hardware.device):
         return
     where = "the CPU" if on_cpu else name or "a GPU"

@@ -51,7 +51,8 @@ def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFram
 
     The rows' columns are the header names (a repeated name gets `` #2``, `` #3``...), or ``column 1``,
     ``column 2``... for a file without a header, plus :data:`LINE`. Blank lines are skipped; a short row is
-    padded with nulls; a row longer than the header and a file with no data rows are errors.
+    padded with nulls, and said (a cell left out shifts the row's last ones); a row longer than the header and a
+    file with no data rows are errors.
     """
     return text_rows(read_text(path), path, header=header)
 
@@ -74,6 +75,11 @@ def text_rows(text: str, path: Path, *, header: bool = True) -> tuple[list[str],
         if len(values) > width:
             raise InputError(f"line {line}: {len(values)} fields where the {'header' if header else 'first line'} "
                              f"has {width}", path)
+    short = [line for line, values in records if len(values) < width]
+    if short:
+        warn_input(f"{len(short)} row(s) with fewer fields than the {'header' if header else 'first line'}'s "
+                   f"{width} (line {', '.join(map(str, short[:5]))}{' ...' if len(short) > 5 else ''}): their last "
+                   f"cells are read as empty (a cell left out shifts the ones after it)", path)
     columns = list(zip(*(values + [None] * (width - len(values)) for _, values in records), strict=True))
     frame = pl.DataFrame({name: list(values) for name, values in zip(unique_names(names), columns, strict=True)},
                          schema={name: pl.String for name in unique_names(names)})
