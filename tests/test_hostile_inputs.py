@@ -258,6 +258,8 @@ def run_config_cases() -> list[Case]:
         "vtrain-json-negative-bucket": (json.dumps({**VTRAIN_JSON, "ddp_bucket_size": -1}), "dp_bucket_mb"),
         "vtrain-json-layers-huge": (json.dumps({**VTRAIN_JSON, "num_layers": 10 ** 9}), "layers must be between"),
         "vtrain-json-seq-1e300": (json.dumps({**VTRAIN_JSON, "max_length": 1e300}), "(got 1.000e+300)"),
+        # num_gpus 0 was read as tp x pp x dp, silently (an audit)
+        "vtrain-json-no-gpus": (json.dumps({**VTRAIN_JSON, "num_gpus": 0}), "device_count must be between 1"),
     }
     cases += [Case(f"simulate/{name}", ["simulate", "{in}/config.json"], files({"config.json": text}), "rejected",
                    "{in}/config.json", extra=[_error_says(word)]) for name, (text, word) in vtrain_json.items()]

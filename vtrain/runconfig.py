@@ -547,8 +547,9 @@ def _from_vtrain_json(data: dict[str, Any], source: str | Path) -> RunConfig:
             framework=str(framework_named(data.get("framework", "megatron"))),
             hardware=HardwareConfig(
                 device=str(data.get("gpu_name", "A100")),
-                device_count=_whole(data.get("num_gpus", 0)) or _whole(data["tensor_parallel_size"])
-                * _whole(data["pipeline_parallel_size"]) * _whole(data["data_parallel_size"]),
+                device_count=_whole(data["num_gpus"]) if data.get("num_gpus") is not None else  # 0 is refused
+                _whole(data["tensor_parallel_size"]) * _whole(data["pipeline_parallel_size"])
+                * _whole(data["data_parallel_size"]),
                 gpus_per_node=_whole(data.get("node_size", 8)),
                 intra_node_gbps=_optional_float(data.get("intra_node_bandwidth")),
                 inter_node_gbps=_per_node(_optional_float(data.get("inter_node_bandwidth")),
