@@ -232,6 +232,21 @@ def test_a_run_yaml_that_does_not_load_is_one_warning_and_the_profile_is_written
     assert json.loads((out / "metadata.json").read_text())["run"] is None
 
 
+def test_a_run_yaml_of_another_job_is_one_warning_and_not_kept(tmp_path: Path) -> None:
+    """A run.yaml of 4 ranks (tp 2) beside the traces of a 2-rank job was stored in the profile without a word, where
+    validate refuses the same folder (an audit): one warning line, and the profile is written without it."""
+    traces = tmp_path / "traces"
+    shutil.copytree(REPO / "traces" / "t2p1d1", traces)
+    run = (traces / "run.yaml").read_text()
+    (traces / "run.yaml").write_text(run.replace("dp: 1", "dp: 2").replace("device_count: 2", "device_count: 4"))
+    out = tmp_path / "profile"
+    result = vtrain("ingest", traces, "-o", out)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "run.yaml" in line]
+    assert len(warned) == 1 and "tp*pp*dp = 4 ranks but the traces come from a job of 2" in warned[0], warned
+    assert json.loads((out / "metadata.json").read_text())["run"] is None
+
+
 def test_a_profile_whose_run_does_not_load_is_refused_in_one_line(tmp_path: Path) -> None:
     """A profile's ``run`` (the traced run's config) edited into something that is not a run config: `simulate`
     with that profile says so in one line naming metadata.json, exit 2."""

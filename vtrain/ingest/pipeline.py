@@ -201,7 +201,7 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         if line:
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
-    metadata["run"] = described_run(Path(trace_dir), say)
+    metadata["run"] = _of_the_traced_job(described_run(Path(trace_dir), say), world_size, Path(trace_dir), say)
     if metadata["run"] is None and not (Path(trace_dir) / "run.yaml").exists():
         metadata["run"] = _run_read_off(Path(trace_dir), [r.spooled(spool, "cpu_ops") for r in results], sources,
                                         metadata, say)
@@ -307,6 +307,21 @@ def described_run(trace_dir: Path, warn: Warn) -> dict[str, Any] | None:
     if described.problem:
         warn(f"{described.problem}; the profile is written without the traced run's config")
     return described.config.to_dict() if described.config else None
+
+
+def _of_the_traced_job(run: dict[str, Any] | None, world_size: int | None, trace_dir: Path,
+                       warn: Warn) -> dict[str, Any] | None:
+    """``run`` (a ``run.yaml``'s, :func:`described_run`) where its ranks are as many as the traced job's; else None,
+    said (validate refuses such a run.yaml: it describes another job)."""
+    if run is None or not world_size:
+        return run
+    layout = run.get("parallelism") or {}
+    ranks = int(layout.get("tp", 1)) * int(layout.get("pp", 1)) * int(layout.get("dp", 1))
+    if ranks == world_size:
+        return run
+    warn(f"{trace_dir / 'run.yaml'}: the run config has tp*pp*dp = {ranks} ranks but the traces come from a job of "
+         f"{world_size}; the profile is written without the traced run's config")
+    return None
 
 
 def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource], metadata: dict[str, Any],
