@@ -51,6 +51,8 @@ OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s",
                 "M", "V", "v", "R", "c", "(", ")", "=")
 _SKIPPED = tuple(msgspec.defstruct(f"_Phase{number}", [], tag=phase, tag_field="ph", gc=False)
                  for number, phase in enumerate(OTHER_PHASES))
+#: every phase of the format (an event of another is counted, never dropped in silence)
+_PHASES = frozenset({"X", *OTHER_PHASES})
 #: the phases of duration events, and their structs among :data:`_SKIPPED`
 DURATION_PHASES = ("B", "E")
 _DURATION_TYPES = frozenset(_SKIPPED[OTHER_PHASES.index(phase)] for phase in DURATION_PHASES)
@@ -84,6 +86,7 @@ def decode_complete_events(text: TraceText, span: Span) -> tuple[list[CompleteEv
         plain = [event for event in decoded if event.ph == "X"]
         return plain, [event.ts for event in plain], EventCounts(
             events=len(decoded), no_phase=sum(1 for event in decoded if not event.ph),
+            unknown_phase=sum(1 for event in decoded if event.ph and event.ph not in _PHASES),
             duration_events=sum(1 for event in decoded if event.ph in DURATION_PHASES),
             times_as_text=len(_TEXT_TIME.findall(text.buffer, span.start, span.end)))
 

@@ -66,13 +66,15 @@ class EventCounts:
     """What the decoder saw of a rank's events besides the frames: ``dropped`` complete events left out for a
     missing or negative duration (``device_dropped`` of them device activities, whose correlation ids are
     ``dropped_correlations``), complete events without a category (``uncategorised``), events without a phase
-    (``no_phase``), duration events (``"ph": "B"``/``"E"``, not read: ``duration_events``), times and durations
-    written as text (``times_as_text``), and ``events`` in all."""
+    (``no_phase``) or of a phase the Chrome trace format has not (``unknown_phase``), duration events (``"ph":
+    "B"``/``"E"``, not read: ``duration_events``), times and durations written as text (``times_as_text``), and
+    ``events`` in all."""
 
     dropped: int = 0
     device_dropped: int = 0
     uncategorised: int = 0
     no_phase: int = 0
+    unknown_phase: int = 0
     duration_events: int = 0
     times_as_text: int = 0
     events: int = 0
@@ -84,6 +86,7 @@ class EventCounts:
         self.device_dropped += other.device_dropped
         self.uncategorised += other.uncategorised
         self.no_phase += other.no_phase
+        self.unknown_phase += other.unknown_phase
         self.duration_events += other.duration_events
         self.times_as_text += other.times_as_text
         self.events += other.events

@@ -153,13 +153,15 @@ def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
     if not counts.events:
         warnings.append(f"{path}: the trace holds no events (traceEvents is empty): nothing of this rank is in the "
                         f"profile")
-    unread = [f"{n} have no {what}" for n, what in ((counts.no_phase, "phase (ph)"),
-                                                    (counts.uncategorised, "category (cat)")) if n]
+    unread = [f"{n} {what}" for n, what in ((counts.no_phase, "have no phase (ph)"),
+                                            (counts.unknown_phase, "have a phase (ph) the Chrome trace format has not"),
+                                            (counts.uncategorised, "have no category (cat)")) if n]
     if counts.events and events.device.is_empty() and events.cpu.is_empty() and events.runtime.is_empty():
         raise InputError(f"none of its {counts.events} events is a device activity, CPU op or runtime call"
                          + (f" ({', '.join(unread)})" if unread else ""), path)
     if unread:
-        warnings.append(f"{path}: left out {counts.no_phase + counts.uncategorised} of {counts.events} events: "
+        left_out = counts.no_phase + counts.unknown_phase + counts.uncategorised
+        warnings.append(f"{path}: left out {left_out} of {counts.events} events: "
                         + ", ".join(unread))
     if counts.duration_events:
         warnings.append(f"{path}: {counts.duration_events} duration events (\"ph\": \"B\"/\"E\", which Kineto does not "
