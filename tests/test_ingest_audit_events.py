@@ -131,6 +131,19 @@ def test_a_step_on_two_threads_is_one_iteration(a100: Trace, tmp_path: Path) -> 
     ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile", "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["ranks"]["0"]["iterations"] == len(steps) == 3
+    assert "name steps one after another" not in ran.stderr  # one step marked twice is no repeated number
+
+
+def test_step_numbers_repeated_one_after_another_are_said(a100: Trace, tmp_path: Path) -> None:
+    """traces/hta-a100-2rank-nccl with its three ProfilerStep spans all named #5 (a trace stitched or renamed):
+    read as one iteration without a word (an audit: "iterations [5]", a global batch ten times the run's)."""
+    trace = copy.deepcopy(a100)
+    for step in _complete(trace, "user_annotation", "cpu_op"):
+        if step["name"].startswith("ProfilerStep#"):
+            step["name"] = "ProfilerStep#5"
+    _, warnings = _ingest(trace, tmp_path / "repeated")
+    said = [w for w in _file_warnings(warnings) if "name steps one after another" in w]
+    assert len(said) == 1 and "1 ProfilerStep number(s) name steps one after another (#5 x3)" in said[0], warnings
 
 
 def test_kernels_dropped_for_their_duration_are_said_once(a100: Trace, tmp_path: Path) -> None:

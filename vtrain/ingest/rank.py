@@ -197,8 +197,9 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
-    if line := _empty_steps(path, tables):
-        warnings.append(line)
+    for line in (_empty_steps(path, tables), _repeated_steps(path, tables)):
+        if line:
+            warnings.append(line)
     if tables.optimizer_iterations:
         warnings.append(optimizer_iterations_warning(path, tables.optimizer_iterations))
     if tables.shared_correlations:
@@ -224,6 +225,22 @@ def _empty_steps(path: Path, tables: RankTables) -> str | None:
             or tables.kernels["iteration"].is_not_null().any():
         return None
     return f"{path}: {empty_steps_text(steps.height, steps['dur'].max())}: no iteration of it can be measured"
+
+
+def _repeated_steps(path: Path, tables: RankTables) -> str | None:
+    """The warning for a rank whose ``ProfilerStep#N`` numbers each name steps one after another (not one step
+    marked on two threads, which overlap): the steps of a number are read as one iteration."""
+    steps = tables.cpu_ops.filter(pl.col("name").cast(pl.String).str.starts_with(ITERATION_PREFIX)
+                                  & pl.col("iteration").is_not_null())
+    repeated = (steps.group_by("iteration").agg(spans=pl.len(), apart=pl.col("ts").max() >= (pl.col("ts")
+                                                                                             + pl.col("dur")).min())
+                .filter(pl.col("apart")).sort("iteration"))
+    if not repeated.height:
+        return None
+    shown = ", ".join(f"#{number} x{spans}" for number, spans in repeated.select("iteration", "spans").rows()[:3])
+    return (f"{path}: {repeated.height} ProfilerStep number(s) name steps one after another ({shown}"
+            f"{' ...' if repeated.height > 3 else ''}): each number's steps are read as one iteration (a trace "
+            f"stitched from others, or its spans renamed?)")
 
 
 def _report_collectives(path: Path, tables: RankTables, warnings: list[str]) -> None:
