@@ -112,9 +112,8 @@ def _bias_dropout_add_backward(shape: GptShape) -> list[Step]:
     """Dropout backward (gradient times mask) and the bias gradient (a reduction over tokens)."""
     if not shape.fused:
         return unfused.bias_dropout_add_backward(shape)
-    n, h, x = shape.outside_tokens, shape.h, shape.dtype
-    return [*_if_dropped(shape, make_op("aten::native_dropout_backward", [[n, h], [n, h], []], [x, "bool", "double"])),
-            *_bias_gradient(shape, [n, h], shape.bias)]
+    n, h = shape.outside_tokens, shape.h
+    return [*_dropout_backward(shape, [n, h]), *_bias_gradient(shape, [n, h], shape.bias)]
 
 
 def _bias_gradient(shape: GptShape, dims: list[int], present: bool) -> list[Step]:
@@ -147,14 +146,16 @@ def _enter_region_backward(shape: GptShape) -> list[Step]:
     return _leave_region(shape)
 
 
-def _dropout(shape: GptShape, dims: list[int]) -> Op:
-    return make_op("aten::native_dropout", [dims, [], []], [shape.dtype, "double", "bool"])
+def _dropout(shape: GptShape, dims: list[int]) -> list[Op]:
+    """A dropout of ``dims``, where the run drops out (a probability of 0 runs none: PyTorch's dropout returns its
+    input, and keeps no mask)."""
+    return [make_op("aten::native_dropout", [dims, [], []], [shape.dtype, "double", "bool"])] * shape.dropout
 
 
-def _if_dropped(shape: GptShape, op: Op) -> list[Op]:
-    """``op``, a dropout's or its backward's, where the run drops out (a probability of 0 runs none: PyTorch's
-    dropout returns its input, and keeps no mask)."""
-    return [op] if shape.dropout else []
+def _dropout_backward(shape: GptShape, dims: list[int]) -> list[Op]:
+    """The backward of :func:`_dropout` (the gradient times its mask)."""
+    return [make_op("aten::native_dropout_backward", [dims, dims, []], [shape.dtype, "bool", "double"])
+            ] * shape.dropout
 
 
 def _accumulate(shape: GptShape, params: list[tuple[int, ...]]) -> list[Step]:
@@ -277,7 +278,7 @@ def attention_core(shape: GptShape) -> list[Step]:
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::baddbmm", [[heads, s, d], [heads, d, s]], [x, x]),
             *_softmax(shape),
-            *_if_dropped(shape, _dropout(shape, [heads, s, s])),
+            *_dropout(shape, [heads, s, s]),
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]
 
 
@@ -381,8 +382,7 @@ def _attention_core_backward(shape: GptShape) -> list[Step]:
     heads = shape.b * (shape.a // shape.t)
     return [make_op("aten::bmm", [[heads, s, d], [heads, d, s]], [x, x]),  # grad probs
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad v
-            *_if_dropped(shape, make_op("aten::native_dropout_backward", [[heads, s, s], [heads, s, s], []],
-                                        [x, "bool", "double"])),
+            *_dropout_backward(shape, [heads, s, s]),
             *_softmax_backward(shape),
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x]),  # grad q
             make_op("aten::bmm", [[heads, s, s], [heads, s, d]], [x, x])]  # grad k
@@ -402,7 +402,7 @@ def embedding_forward(shape: GptShape) -> list[Step]:
         steps += [make_op("aten::embedding", [[n, h], [n]], [x, LONG]),
                   make_op("aten::add", [[n, h], [n, h], []], [x, x, "Scalar"])]
     steps += [make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"]),
-              *_if_dropped(shape, _dropout(shape, [shape.outside_tokens, h]))]
+              *_dropout(shape, [shape.outside_tokens, h])]
     return steps
 
 
@@ -412,9 +412,7 @@ def embedding_backward(shape: GptShape) -> list[Step]:
     n, h, x = shape.tokens, shape.h, shape.dtype
     local = shape.outside_tokens
     w = gpt.embedding_parameters(shape)
-    steps: list[Step] = [*_if_dropped(shape, make_op("aten::native_dropout_backward", [[local, h], [local, h], []],
-                                                     [x, "bool", "double"])),
-                         *_leave_region_backward(shape),
+    steps: list[Step] = [*_dropout_backward(shape, [local, h]), *_leave_region_backward(shape),
                          make_op("aten::copy_", [[n, h], [n, h], []], [x, x, "Scalar"])]
     for rows, _ in reversed(w):  # the position embedding's first, then the words'
         steps += [make_op("aten::zero_", [[rows, h]], [x]),
