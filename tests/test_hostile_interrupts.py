@@ -288,3 +288,43 @@ main.main()
     assert result.returncode == 130, result.stderr
     assert result.stderr.splitlines()[-1] == "interrupted"
     assert not (tmp_path / "result").exists() and list(tmp_path.iterdir()) == []
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (Linux's /proc)."""
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(each) for each in found.read_text().split()] if found.exists() else []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the worker processes in Linux's /proc")
+@pytest.mark.parametrize("point", ["workers starting", "workers timing"])
+def test_ctrl_c_to_the_terminals_group_stops_plan_and_its_workers_in_one_line(point: str, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of its group: the workers of `plan --workers 2` too, while they
+    import (before, each printed its KeyboardInterrupt traceback) or time plans. One line, exit 130, no output, no
+    worker left running."""
+    out = tmp_path / "plans"
+    process = subprocess.Popen([sys.executable, "-m", "vtrain.cli.main", "plan", "examples/mtnlg-530b.json",
+                                "--gpus", "..1024", "--profile", "profiles/a100", "--workers", "2", "-o", str(out)],
+                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True, env={**os.environ, "VTRAIN_CACHE_DIR": str(tmp_path)})
+    wait_for(process, lambda: len(_children(process.pid)) >= 3)  # the resource tracker and two workers
+    if point == "workers timing":
+        wait_for(process, after(4.0))
+    workers = _children(process.pid)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=LIMIT_S)
+    assert process.returncode == 130, (process.returncode, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines()[-1] == "interrupted" and err.count("interrupted") == 1, err
+    assert not out.exists() and not hidden(tmp_path)
+    deadline = time.monotonic() + 10
+    while any(_running(each) for each in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [each for each in workers if _running(each)]

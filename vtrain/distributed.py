@@ -7,10 +7,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from typing import Any, TypeVar
 
 from vtrain.errors import InputError, InputWarning
@@ -37,27 +40,44 @@ Result = TypeVar("Result")
 
 
 def map_in_order(function: Callable[[Job], Result], jobs: list[Job], workers: int) -> Iterator[Result]:
-    """``function(job)`` of every job, in the jobs' order: in this process for one worker (or one job), else by a
-    pool of ``workers`` spawned processes (``function`` and the jobs must pickle). Workers run polars on one thread
-    each (the parallelism is across jobs) and ignore Ctrl-C: the calling process handles it (closing this
-    iterator stops the pool before anyone removes what the workers write in)."""
+    """``function(job)`` of every job, in the jobs' order: in this process for one worker (or one job), else by
+    :func:`worker_pool` (``function`` and the jobs must pickle)."""
     if workers <= 1 or len(jobs) <= 1:
         yield from map(function, jobs)
         return
-    context = multiprocessing.get_context("spawn")  # forking a process that runs polars' threads can deadlock
-    with _one_thread_each(), context.Pool(min(workers, len(jobs)), initializer=_start_worker) as pool:
+    with worker_pool(min(workers, len(jobs))) as pool:
         yield from pool.imap(function, jobs)
 
 
-def _start_worker() -> None:
-    """In a worker: Ctrl-C reaches every process of the terminal's group; the calling process alone handles it.
-    polars is imported first: polars 2 installs its own Ctrl-C handling when imported, and a query in a worker
-    that imported it after SIGINT was ignored still stops with KeyboardInterrupt (the pool then waits forever for
-    that job); :func:`quiet_input_warnings`."""
-    import polars  # noqa: F401
+@contextmanager
+def worker_pool(workers: int, initializer: Callable[..., None] | None = None,
+                initargs: tuple[Any, ...] = ()) -> Iterator[multiprocessing.pool.Pool]:
+    """A pool of ``workers`` spawned processes (forking a process that runs polars' threads can deadlock), each
+    running polars on one thread (the parallelism is across jobs), saying none of the user's warnings
+    (:func:`quiet_input_warnings`) and then running ``initializer(*initargs)``. Ctrl-C never reaches a worker:
+    the terminal sends it to every process of its group, and the workers start with it blocked (a signal mask
+    survives fork and exec; Python's own resource tracker is started the same way), so a Ctrl-C while a worker
+    imports prints no traceback and the calling process alone handles it. Leaving the block stops the workers
+    (SIGTERM, left unblocked for that) at once: after a stop nothing they were doing is waited for (closing an
+    iterator over their results stops them before anyone removes what they write in)."""
+    context = multiprocessing.get_context("spawn")
+    resource_tracker.ensure_running()  # started now: starting it unblocks Ctrl-C in this process
+    with _one_thread_each():
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see the docstring
+        try:
+            pool = context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C held meanwhile arrives here: the pool stops
+        yield pool
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
     quiet_input_warnings()
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def quiet_input_warnings() -> None:

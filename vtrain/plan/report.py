@@ -4,16 +4,14 @@ cost versus time with the frontier and the reference plan, memory per plan, brea
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.distributed import quiet_input_warnings
+from vtrain.distributed import worker_pool
 from vtrain.outputs import write_text
 from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
@@ -72,11 +70,10 @@ def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN
         return [_breakdown(label(row), config, profile) for row, config in zip(rows, configs)]
     tasks = [config.parallelism.pp * config.parallelism.virtual_stages * config.parallelism.micro_batches
              for config in configs]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=quiet_input_warnings) as pool:
-        futures = {i: pool.submit(_breakdown, label(rows[i]), configs[i], profile)
+    with worker_pool(workers) as pool:
+        pending = {i: pool.apply_async(_breakdown, (label(rows[i]), configs[i], profile))
                    for i in sorted(range(len(configs)), key=lambda i: -tasks[i])}  # the largest first
-        return [futures[i].result() for i in range(len(configs))]
+        return [pending[i].get() for i in range(len(configs))]
 
 
 def _breakdown(name: str, config: RunConfig, profile: Profile | None) -> Breakdown:

@@ -9,18 +9,17 @@ the same function on the same groups, so the same numbers.
 
 from __future__ import annotations
 
+import multiprocessing.pool
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
-from multiprocessing import get_context
 from typing import Any
 
 import polars as pl
 
 from vtrain.devices import DeviceModel
-from vtrain.distributed import quiet_input_warnings
+from vtrain.distributed import worker_pool
 from vtrain.errors import InputError
 from vtrain.fit.device import device_for_run
 from vtrain.model.memory import GIB, peak_stage_memory
@@ -170,18 +169,18 @@ def _device_memory_gib(device: DeviceModel) -> float:
     return device.memory_bytes / GIB
 
 
-def _prune_all(pool: ProcessPoolExecutor | None, base: RunConfig, gpus: list[int], memory_gib: float,
+def _prune_all(pool: multiprocessing.pool.Pool | None, base: RunConfig, gpus: list[int], memory_gib: float,
                max_micro_batch: int, divisible: bool, within: Within | None,
                distributed: bool) -> tuple[list[dict[str, Any]], list[tuple[int, Candidate]]]:
     """:func:`_prune` over every GPU count, one count per task over the worker processes when there are some."""
     if pool is None:
         return _prune(base, gpus, memory_gib, max_micro_batch, divisible, within, distributed)
-    futures = [pool.submit(_prune, base, [count], memory_gib, max_micro_batch, divisible, within, distributed)
-               for count in gpus]
+    pending = [pool.apply_async(_prune, (base, [count], memory_gib, max_micro_batch, divisible, within,
+                                         distributed)) for count in gpus]
     rows: list[dict[str, Any]] = []
     to_time: list[tuple[int, Candidate]] = []
-    for future in futures:  # in the order of the counts
-        count_rows, count_to_time = future.result()
+    for each in pending:  # in the order of the counts
+        count_rows, count_to_time = each.get()
         to_time += [(len(rows) + index, candidate) for index, candidate in count_to_time]
         rows += count_rows
     return rows, to_time
@@ -273,7 +272,7 @@ def _shared_resolvers(profile: Profile | None, device: DeviceModel) -> SharedRes
 
 
 def _time_all(base: RunConfig, profile: Profile | None, device: DeviceModel, to_time: list[tuple[int, Candidate]],
-              pool: ProcessPoolExecutor | None, ray_address: str | None, progress: Progress | None,
+              pool: multiprocessing.pool.Pool | None, ray_address: str | None, progress: Progress | None,
               shared: SharedResolvers | None = None) -> dict[int, dict[str, Any]]:
     groups = _groups(to_time)
     if ray_address is not None:
@@ -299,27 +298,22 @@ _WORKER_STATE: dict[str, Any] = {}
 
 @contextmanager
 def _worker_pool(workers: int, base: RunConfig, profile: Profile | None,
-                 device: DeviceModel) -> Iterator[ProcessPoolExecutor | None]:
-    """``workers`` spawned processes holding ``base``, ``profile`` and ``device`` (``None`` for one worker: this
+                 device: DeviceModel) -> Iterator[multiprocessing.pool.Pool | None]:
+    """``workers`` processes holding ``base``, ``profile`` and ``device`` (``None`` for one worker: this
     process)."""
     if workers <= 1:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_init_worker, initargs=(base, profile, device)) as pool:
+    with worker_pool(workers, _init_worker, (base, profile, device)) as pool:
         yield pool
 
 
-def _run_in_processes(pool: ProcessPoolExecutor,
+def _run_in_processes(pool: multiprocessing.pool.Pool,
                       groups: list[list[tuple[int, Candidate]]]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
-    largest_first = sorted(groups, key=len, reverse=True)
-    futures = [pool.submit(_time_group_in_worker, group) for group in largest_first]
-    for future in as_completed(futures):
-        yield future.result()
+    yield from pool.imap_unordered(_time_group_in_worker, sorted(groups, key=len, reverse=True))
 
 
 def _init_worker(base: RunConfig, profile: Profile | None, device: DeviceModel) -> None:
-    quiet_input_warnings()
     _WORKER_STATE.update(base=base, profile=profile, device=device)
 
 
