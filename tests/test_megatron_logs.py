@@ -10,6 +10,7 @@ not a measurement: what is checked is how a log is read."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -40,7 +41,9 @@ TIMES = (2510.3, 1250.1, 1248.7, 1251.9, 1249.5)  # ms; the first interval holds
 
 
 def log_text(args: dict[str, Any] = ARGS, times: tuple[float, ...] = TIMES, prefix: str = "",
-             padded: int | None = 50432) -> str:
+             padded: int | None = 50432, batches: tuple[int, ...] | None = None) -> str:
+    """A log as Megatron prints it; ``batches``: the global batch of each interval (``--rampup-batch-size``), by
+    default the arguments' own."""
     lines = ["using world size: 8, data-parallel size: 2, tensor-model-parallel size: 2",
              "------------------------ arguments ------------------------"]
     lines += sorted(("  {} {} {}".format(arg, "." * (48 - len(arg)), value) for arg, value in args.items()),
@@ -48,10 +51,12 @@ def log_text(args: dict[str, Any] = ARGS, times: tuple[float, ...] = TIMES, pref
     lines += ["-------------------- end of arguments ---------------------", "> building GPT2BPETokenizer ..."]
     if padded:
         lines.append(f" > padded vocab (size: 50257) with {padded - 50257} dummy tokens (new size: {padded})")
-    for step, ms in zip(range(10, 10 * len(times) + 1, 10), times):
+    for step, ms, batch in zip(range(10, 10 * len(times) + 1, 10), times,
+                               batches or [args["global_batch_size"]] * len(times)):
         lines.append(f" [2026-11-27 10:00:{step:02d}] iteration {step:8d}/{500:8d} | consumed samples: "
                      f"{step * 64:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): "
-                     f"140.2 | learning rate: 3.000000E-04 | global batch size:    64 | lm loss: 7.123E+00 | loss "
+                     f"140.2 | learning rate: 3.000000E-04 | global batch size: {batch:5d} | lm "
+                     f"loss: 7.123E+00 | loss "
                      f"scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:"
                      f"   0 |")
     return "\n".join(prefix + line for line in lines) + "\n"
@@ -147,8 +152,117 @@ def test_one_logged_interval_is_its_time_with_a_warning(tmp_path: Path) -> None:
     assert rows["iteration_ms"].to_list() == [2510.3]
 
 
-def test_without_the_padded_vocabulary_line_the_vocabulary_is_the_tables_default(tmp_path: Path) -> None:
-    assert read(tmp_path, log_text(padded=None))["vocab"].to_list() == [None]
+def test_without_the_padded_vocabulary_line_the_vocabulary_is_the_tables_default_said(tmp_path: Path) -> None:
+    path = tmp_path / "train.log"
+    path.write_text(log_text(padded=None))
+    with pytest.warns(InputWarning, match="its vocabulary is not in the log .* predicted with 50,257 tokens"):
+        assert read_measurements(path)["vocab"].to_list() == [None]
+
+
+def read_warned(tmp_path: Path, text: str) -> tuple[dict[str, Any], list[str]]:
+    """A log's one run and the warnings reading it gave."""
+    path = tmp_path / "train.log"
+    path.write_text(text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        rows = read_measurements(path)
+    return rows.row(rows.height - 1, named=True), [str(w.message) for w in caught]
+
+
+def test_a_batch_ramp_up_is_timed_at_the_runs_batch_or_the_last_it_reached(tmp_path: Path) -> None:
+    """``--rampup-batch-size 16 16 ...``: Megatron prints each interval's global batch; intervals at a smaller
+    batch are no iteration of the run its arguments describe (before, a BLOOM-style log was predicted at 2,048
+    where its intervals ran 192: 520 % off)."""
+    times = (3000.0, 400.0, 410.0, 800.0, 1250.0, 1248.0, 1252.0)
+    row, said = read_warned(tmp_path, log_text(times=times, batches=(16, 16, 16, 32, 64, 64, 64)))
+    assert (row["global_batch"], row["iteration_ms"]) == (64, 1250.0)
+    assert any("ramped its batch up: 4 interval(s) at global batch 16, 32 left out" in line for line in said)
+    row, said = read_warned(tmp_path, log_text(times=times[:4], batches=(16, 16, 16, 32)))
+    assert (row["global_batch"], row["iteration_ms"]) == (32, 800.0)
+    assert any("it never reached its global batch 64: timed at 32, the last it logged" in line for line in said)
+    row, said = read_warned(tmp_path, log_text())
+    assert row["global_batch"] == 64 and not [line for line in said if "ramped" in line]
+
+
+#: Megatron-DeepSpeed's arguments as BigScience's fork prints them (BLOOM): ``--position-embedding-type`` is an
+#: enum, DeepSpeed's pipeline engine splits 70 layers over 12 stages (``partition_method='type:transformer'``)
+_BLOOM = {**{key: value for key, value in ARGS.items() if key not in (
+    "position_embedding_type", "use_distributed_optimizer", "recompute_granularity", "normalization",
+    "add_bias_linear", "add_qkv_bias", "untie_embeddings_and_output_weights", "swiglu", "group_query_attention",
+    "num_query_groups", "transformer_impl", "context_parallel_size", "expert_model_parallel_size", "num_experts")},
+    "num_layers": 70, "pipeline_model_parallel_size": 12, "tensor_model_parallel_size": 4, "data_parallel_size": 1,
+    "world_size": 48, "global_batch_size": 16, "deepspeed": True, "zero_stage": 1, "checkpoint_activations": True,
+    "position_embedding_type": "PositionEmbeddingType.alibi", "use_flash_attn": False}
+
+
+@pytest.mark.parametrize(("changes", "expected", "warned"), [
+    ({}, {"position": "learned", "stage_layers": "6 6 6 6 6 6 6 6 6 6 6 4", "recompute": "full",
+          "distributed_optimizer": True}, "its ALiBi positions .* are predicted as learned positions"),
+    ({"position_embedding_type": "PositionEmbeddingType.absolute"}, {"position": "learned"}, None),
+    ({"position_embedding_type": "PositionEmbeddingType.rotary"}, {"position": "rope"}, None),
+    ({"position_embedding_type": "PositionEmbeddingType.absolute", "use_rotary_position_embeddings": True,
+      "num_key_value_heads": 4, "use_flash_attn_v2": True},
+     {"position": "rope", "kv_heads": 4, "attention": "flash"}, None),  # its LLaMA recipes
+    ({"zero_stage": 3}, {"distributed_optimizer": True}, "ZeRO stage 3 partitions its gradients and parameters"),
+])
+def test_megatron_deepspeeds_arguments_as_bigscience_and_its_llama_recipes_print_them(
+        tmp_path: Path, changes: dict[str, Any], expected: dict[str, Any], warned: str | None) -> None:
+    """Before, every BLOOM log was refused ("position must be one of learned, rope (got
+    'positionembeddingtype.absolute')"), and a LLaMA recipe's GQA, rotary positions and FlashAttention read as
+    none, silently (+28 % on LLaMA-2-70B)."""
+    row, said = read_warned(tmp_path, log_text({**_BLOOM, **changes}))
+    assert {key: row[key] for key in expected} == expected and row["problem"] is None
+    assert any(re.search(warned, line) for line in said) if warned else not said, said
+
+
+@pytest.mark.parametrize(("changes", "recompute", "warned"), [
+    ({"activations_checkpoint_method": "uniform", "activations_checkpoint_num_layers": 1}, "full", None),
+    ({"activations_checkpoint_method": "block", "activations_checkpoint_num_layers": 12}, "full", None),
+    ({"activations_checkpoint_method": "block", "activations_checkpoint_num_layers": 2}, "none",
+     "recomputed 2 of each stage's 12 layers .block.: predicted without recomputation"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 8}, "full",
+     "recomputed 8 of each stage's 12 layers .block.: predicted with full recomputation"),
+    ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}, "full", None),
+])
+def test_recomputation_as_every_megatron_since_2021_names_it(tmp_path: Path, changes: dict[str, Any],
+                                                             recompute: str, warned: str | None) -> None:
+    """Megatron-LM 2.6 to 3 (and NeMo 1) named full recomputation ``--activations-checkpoint-method`` (read as
+    none before: -24 %); a block of fewer layers than a stage holds is partial, placed as the nearer and said."""
+    row, said = read_warned(tmp_path, log_text({**ARGS, **changes}))
+    assert row["recompute"] == recompute
+    assert any(re.search(warned, line) for line in said) if warned else not said, said
+
+
+def test_what_a_megatron_log_says_and_a_row_cannot_is_read_or_said(tmp_path: Path) -> None:
+    """An uneven pipeline (Megatron-core's first and last stages), PyTorch's DDP (it overlaps the gradient
+    all-reduce), a squared-ReLU MLP, a restart that crashed before its first interval: each read silently
+    otherwise."""
+    uneven = {**ARGS, "num_layers": 28, "decoder_first_pipeline_num_layers": 4,
+              "pipeline_model_parallel_size": 4, "data_parallel_size": 1}
+    assert read_warned(tmp_path, log_text(uneven))[0]["stage_layers"] == "4 8 8 8"
+    row, said = read_warned(tmp_path, log_text({**uneven, "decoder_last_pipeline_num_layers": 4}))
+    assert row["stage_layers"] == "4 10 10 4" and not said
+    args = {key: value for key, value in ARGS.items() if key != "overlap_grad_reduce"}
+    assert read_warned(tmp_path, log_text({**args, "DDP_impl": "torch"}))[0]["dp_overlap"] is True
+    assert read_warned(tmp_path, log_text({**args, "DDP_impl": "local"}))[0]["dp_overlap"] is None
+    row, said = read_warned(tmp_path, log_text({**ARGS, "squared_relu": True}))
+    assert any("squared ReLU is predicted as GELU" in line for line in said)
+    crashed = log_text() + log_text({**ARGS, "micro_batch_size": 8}).split("> building")[0] + "CUDA out of memory\n"
+    row, said = read_warned(tmp_path, crashed)
+    assert row["micro_batch"] == 4
+    assert any(re.search(r"whose arguments start on line\(s\) \d+ timed no iteration .*: left out", line)
+               for line in said)
+
+
+def test_iteration_times_without_the_arguments_are_one_line_saying_where_they_are(tmp_path: Path) -> None:
+    """The last node's output of a multi-node run: its iteration lines alone (before: "not valid YAML" from
+    simulate, a table whose header is a log line from validate)."""
+    path = tmp_path / "node3.out"
+    path.write_text("\n".join(line for line in log_text().splitlines() if "elapsed time" in line) + "\n")
+    with pytest.raises(InputError, match="iteration times without its arguments: Megatron prints them on rank 0"):
+        read_measurements(path)
+    ran = vtrain_in_process("simulate", path, "--profile", REPO / "profiles" / "a100")
+    assert ran.returncode == 2 and "iteration times without its arguments" in ran.stderr, ran.stderr
 
 
 def test_context_parallel_and_experts_are_refused_as_in_a_table(tmp_path: Path) -> None:

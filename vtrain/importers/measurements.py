@@ -46,7 +46,7 @@ import polars as pl
 from vtrain.errors import InputError, InputWarning, warn_input
 from vtrain.flops import LayerShape, hardware_flops
 from vtrain.importers._read import LINE, header_names, read_text, text_rows, unique_names
-from vtrain.importers.megatron_log import UNTIMED, is_megatron_log, megatron_log_rows, untimed_log
+from vtrain.importers.megatron_log import half_a_log, is_megatron_log, megatron_log_rows
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_ITERATION_MS,
@@ -175,7 +175,7 @@ SHAPE_FIELDS = {"gpus": "device_count", **{name: name for name in SHAPE_COLUMNS 
 #: the column that keeps, while a table is read, the text of a measured time that is no number
 UNMEASURED = "unmeasured"
 #: vTrain's training settings for these runs (Megatron-DeepSpeed, as in its configs)
-VOCAB = 50257
+VOCAB = ModelConfig.vocab  # GPT-2's
 PRECISION = "fp16"
 RECOMPUTE = "full"
 SCHEDULE = "1f1b"
@@ -200,8 +200,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
 
 def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) -> pl.DataFrame:
     """:func:`read_measurements` of one file whose text was already read (``path`` names it in errors)."""
-    if untimed_log(text):
-        raise NotATable(UNTIMED, path)
+    if half := half_a_log(text):
+        raise NotATable(half, path)
     names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else text_rows(text, path)
     columns = _columns(names, path)
     form = _time_form(columns, path)
@@ -307,8 +307,8 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         else:
             tables.append(read_measurements_text(file, text, recompute))
     if not tables:
-        untimed = [file.name for file in files if file.name in others and _untimed(file)]
-        said = f"; {untimed[0]} holds {UNTIMED}" if untimed else ""
+        halves = [(file.name, half) for file in files if file.name in others and (half := _half_a_log(file))]
+        said = f"; {halves[0][0]} holds {halves[0][1]}" if halves else ""
         raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s){said}", folder)
     if others:
         warn_input(f"{len(others)} file(s) neither a measurement table nor a Megatron log, not read ({others[0]}"
@@ -317,12 +317,12 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         pl.col(name).cast(dtype) for name, dtype in COLUMNS.items())
 
 
-def _untimed(path: Path) -> bool:
-    """Whether a file is a Megatron log's arguments without its iteration times (:func:`untimed_log`)."""
+def _half_a_log(path: Path) -> str | None:
+    """What a file holding half of a Megatron log lacks (:func:`half_a_log`), None for any other file."""
     try:
-        return untimed_log(read_text(path))
+        return half_a_log(read_text(path))
     except InputError:
-        return False
+        return None
 
 
 def _measurements_text(path: Path) -> str | None:
