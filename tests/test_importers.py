@@ -744,6 +744,17 @@ def test_a_tab_separated_export_with_a_decimal_comma_is_read(tmp_path):
         assert read_measurements(tabs).equals(read_measurements(comma))
 
 
+def test_a_tab_separated_number_whose_commas_group_thousands_is_read_so_and_said(tmp_path):
+    """A spreadsheet's cells copied as tabs, ``1,812`` ms and ``16,384`` tokens: every comma with three digits
+    after it. Read as decimal commas before (1.812 ms: the row scored -99.9 %, the warning blaming the user's
+    units); now as thousands, said, since a locale with a decimal comma could mean 1.812."""
+    comma = write(tmp_path / "comma.csv", [",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,1812"])
+    tabs = write(tmp_path / "tabs.tsv", ["\t".join(GROUND_TRUTH_HEADER),
+                                         "16\t64\t2\t2,048\t16\t24\t2,048\t2\t4\t2\t1,812"])
+    with pytest.warns(InputWarning, match="numbers such as '2,048' read with the comma as a thousands separator"):
+        assert read_measurements(tabs).equals(read_measurements(comma))
+
+
 @pytest.mark.parametrize("layout", ["csv", "markdown"])
 def test_a_row_short_of_a_field_is_said(layout: str, tmp_path: Path) -> None:
     """A measurement row one cell short (its time left out, its run id then read as the time) was padded with

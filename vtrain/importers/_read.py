@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -103,7 +104,7 @@ def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:
     """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty)."""
     delimiter = _delimiter(text)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
-    value_of = _decimal_comma if _comma_is_decimal(text, delimiter) else _grouped if delimiter == "," else _stripped
+    value_of = _value_reader(text, delimiter, path)
     try:
         return [(reader.line_num, [value_of(value) for value in fields])
                 for fields in reader if any(value.strip() for value in fields)]
@@ -175,13 +176,23 @@ def _decimal_comma(value: str) -> str | None:
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+([eE][+-]?\d+)?")
 
 
-def _comma_is_decimal(text: str, delimiter: str) -> bool:
-    """Whether a comma between digits is the decimal mark: in a semicolon-separated file (the export of a locale
-    whose decimal mark is the comma), and in a tab-separated one that writes numbers with a comma between digits
-    and none with a point (a locale writes one or the other)."""
+def _value_reader(text: str, delimiter: str, path: Path) -> Callable[[str], str | None]:
+    """How a CSV text's values are read: a comma between digits is the decimal mark in a semicolon-separated
+    file (the export of a locale whose decimal mark is the comma) and in a tab-separated one that writes numbers
+    with a comma between digits and none with a point (a locale writes one or the other), unless every such
+    comma has three digits after it (``92,700``: a spreadsheet's thousands, copied), read so and said, since
+    either could be meant; in a comma-separated file a quoted ``16,797`` is grouped."""
     if delimiter == ";":
-        return True
-    return delimiter == "\t" and re.search(r"\d,\d", text) is not None and re.search(r"\d\.\d", text) is None
+        return _decimal_comma
+    if delimiter != "\t" or re.search(r"\d,\d", text) is None or re.search(r"\d\.\d", text) is not None:
+        return _grouped if delimiter == "," else _stripped
+    numbers = re.findall(r"\d[\d,]*,\d+", text)
+    if not all(_GROUPED.fullmatch(number) for number in numbers):
+        return _decimal_comma
+    warn_input(f"numbers such as {numbers[0]!r} read with the comma as a thousands separator (every comma between "
+               f"digits has three after it; none has a point): if the comma is the decimal mark, write them with a "
+               f"point", path)
+    return _grouped
 
 
 def _delimiter(text: str) -> str:

@@ -233,7 +233,7 @@ def _stage_layers(args: dict[str, str]) -> str | None:
     given = _given(args)
     layers, stages = given("num_layers"), given("pipeline_model_parallel_size")
     if _deepspeed_pipeline(args) and layers and stages and layers.isdigit() and stages.isdigit() and int(stages):
-        return " ".join(map(str, balanced_stage_layers(int(layers), int(stages))))
+        return " ".join(map(str, _deepspeed_split(int(layers), int(stages), given("pp_partition_method"))))
     first = given("decoder_first_pipeline_num_layers") or given("num_layers_in_first_pipeline_stage")
     last = given("decoder_last_pipeline_num_layers") or given("num_layers_in_last_pipeline_stage")
     if (first is None and last is None) or not all(v.isdigit() for v in (layers, stages, first or "0", last or "0")):
@@ -305,10 +305,20 @@ def _layers_per_stage(args: dict[str, str]) -> int | None:
 
 def _deepspeed_pipeline(args: dict[str, str]) -> bool:
     """Whether a Megatron-DeepSpeed run's pipeline ran on DeepSpeed's engine (``--deepspeed`` without
-    ``--no-pipeline-parallel``): its GPT model splits its layers as
-    :func:`~vtrain.runconfig.balanced_stage_layers` does (``partition_method='type:transformer'``)."""
+    ``--no-pipeline-parallel``), which splits the layers its own way (:func:`_deepspeed_split`)."""
     return args.get("deepspeed") == "True" and args.get("no_pipeline_parallel") != "True" and \
         (_given(args)("pipeline_model_parallel_size") or "1") != "1"
+
+
+def _deepspeed_split(layers: int, stages: int, method: str | None) -> list[int]:
+    """The layers of each stage DeepSpeed's pipeline engine gives a GPT: ``type:transformer`` (the default) by
+    :func:`~vtrain.runconfig.balanced_stage_layers`; ``type:transformer|embedding`` (BigScience's
+    ``--pp-partition-method``, BLOOM's) counting the first stage's and the last stage's embedding as a layer each."""
+    if stages < 2 or "embedding" not in (method or ""):
+        return list(balanced_stage_layers(layers, stages))
+    split = list(balanced_stage_layers(layers + 2, stages))
+    split[0], split[-1] = split[0] - 1, split[-1] - 1
+    return split
 
 
 def _zero_stage(args: dict[str, str]) -> int:

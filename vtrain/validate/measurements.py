@@ -156,7 +156,8 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
         fitted=pl.col("row").is_in(fitted_rows(profile.metadata, measurements)),
         nodes=(pl.col("gpus") + gpus_per_node - 1) // gpus_per_node,
     )
-    for line in (_not_scored(predicted), _far_off(predicted), _beyond_peak(predicted),
+    for line in (_left_to_the_command(predicted, hardware), _not_scored(predicted), _far_off(predicted),
+                 _beyond_peak(predicted),
                  _over_memory(predicted, hardware.device, recompute)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
@@ -203,6 +204,20 @@ def _medians_by(frame: pl.DataFrame, dim: str, count: str, ratio: str, intercept
 FAR_OFF = 5.0
 #: a row's measured time over its prediction
 _MEASURED_OVER_PREDICTED = pl.col("iteration_ms") / pl.col("predicted_ms")
+
+
+def _left_to_the_command(predicted: pl.DataFrame, hardware: Hardware) -> str | None:
+    """One warning line for the settings that change a prediction most and that rows leave unsaid (no column, or
+    an empty cell): what those rows were predicted with (the flag, or its default), None when every row says
+    them all."""
+    settings = {"recompute": ("recomputation", hardware.recompute, "--recompute"),
+                "precision": ("precision", PRECISION, None), "device": ("GPU", hardware.device, "--device"),
+                "framework": ("framework", hardware.framework, "--framework"),
+                "attention": ("attention", hardware.attention, "--attention")}
+    unsaid = [f"{what} {value}{f' ({flag})' if flag else ''} for {count} of {predicted.height}"
+              for column, (what, value, flag) in settings.items()
+              if (count := predicted.height if column not in predicted.columns else predicted[column].null_count())]
+    return f"rows that do not say it are predicted with: {'; '.join(unsaid)}" if unsaid else None
 
 
 def _not_scored(predicted: pl.DataFrame) -> str | None:
