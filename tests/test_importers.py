@@ -592,8 +592,10 @@ CASES = {
                           "line 3: 'hidden size' is not an integer: 'abc'"),
     "ragged row": (lambda tmp: write(tmp / "gt.csv", ground_truth_lines()[:2] + [",".join("123456789012")]),
                    read_measurements, "line 3: 12 fields where the header has 11"),
-    "not text": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x1f\x8b\x08\x00\xff\xfe"), read_measurements,
+    "not text": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x00\x8b\x08\x00\xff\xfe"), read_measurements,
                  "not a text file"),
+    "broken gzip": (lambda tmp: write_bytes(tmp / "gt.csv", b"\x1f\x8b\x08\x00\xff\xfe"), read_measurements,
+                    "a gzip file that does not decompress"),
     # an extra column named as vtrain names a required one internally was a polars DuplicateError traceback
     "extra column named tp": (with_extra_columns(["tp"], ["1"]), read_measurements,
                               "columns 'tensor parallelism' and 'tp' both give 'tp'"),

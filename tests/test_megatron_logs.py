@@ -9,6 +9,7 @@ not a measurement: what is checked is how a log is read."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -490,3 +491,25 @@ def test_validate_refuses_a_bare_model_for_traces(tmp_path: Path) -> None:
                                                    "(its parallelism and batch): give the run's config (run.yaml) or "
                                                    "its Megatron log")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("kept_as", ["utf-16", "gzip", "a latin-1 host name"])
+def test_a_log_as_windows_writes_it_kept_compressed_or_with_a_stray_byte_is_read(tmp_path: Path,
+                                                                                 kept_as: str) -> None:
+    """PowerShell's ``>`` writes UTF-16 with a byte-order mark; logs are kept gzipped; a host name in Latin-1 puts
+    one byte that is no UTF-8 in a long log. Each was refused whole ("not a text file")."""
+    text = log_text()
+    data = {"utf-16": text.encode("utf-16"), "gzip": gzip.compress(text.encode()),
+            "a latin-1 host name": ("node-é01: " + text).encode("latin-1")}[kept_as]
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        rows = read_measurements(path)
+    assert rows.drop("row").equals(read(tmp_path, text, "plain.log").drop("row"))
+    said = [str(w.message) for w in caught]
+    assert said == ([f"{path}: 1 byte(s) that are no UTF-8 (the first at byte 5) read as U+FFFD"]
+                    if kept_as.startswith("a latin") else []), said
+    path.write_bytes(bytes(range(256)) * 4)  # a binary file is still none
+    with pytest.raises(InputError, match="not a text file"):
+        read_measurements(path)

@@ -4,9 +4,11 @@ the line, where there is one), never a parser traceback."""
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import io
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,13 +39,36 @@ def read_text(path: Path) -> str:
         raise InputError("is a folder, not a file", path) from None
     except OSError as exc:
         raise InputError(f"cannot read the file: {exc.strerror}", path) from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not a text file (byte {exc.start} is not UTF-8)", path) from None
+    text = _decoded(data, path)
     if not text.strip():
         raise InputError("empty file", path)
     return text
+
+
+def _decoded(data: bytes, path: Path) -> str:
+    """A file's bytes as text: UTF-8 (a byte-order mark dropped); UTF-16 with its byte-order mark (what Windows
+    PowerShell's ``>`` writes); gzip's, decompressed (a log kept compressed). A few bytes that are no UTF-8 in a
+    long text (a host name in Latin-1) are read as U+FFFD, said; more, an error."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"a gzip file that does not decompress ({exc})", path) from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not a text file (byte {exc.start} is not UTF-16, after a UTF-16 byte-order mark)",
+                             path) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        text = data.decode("utf-8-sig", errors="replace")
+        bad = text.count("\ufffd")
+        if bad > min(64, len(data) // 100):  # at most one byte in a hundred
+            raise InputError(f"not a text file (byte {exc.start} is not UTF-8)", path) from None
+        warn_input(f"{bad} byte(s) that are no UTF-8 (the first at byte {exc.start}) read as U+FFFD", path)
+        return text
 
 
 def csv_rows(path: Path, *, header: bool = True) -> tuple[list[str], pl.DataFrame]:
