@@ -3,6 +3,7 @@ anything is touched, `--force` replaces only folders vtrain wrote, and unwritabl
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -233,3 +234,28 @@ def test_an_output_named_by_the_current_folder_is_that_folder(traces: Path, tmp_
     planned = vtrain("plan", "gpt-3-350m", "--global-batch", "8", "--gpus", "1", "-o", ".", cwd=tmp_path)
     assert planned.returncode == 2 and "contains the input" not in planned.stderr, planned.stderr
     assert "Traceback" not in planned.stderr
+
+
+def test_a_place_the_file_system_refuses_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`-o` where no folder can be made (under /proc), or on a full disk: a Python traceback and exit code 1
+    before (found by an audit); one line and exit code 2 now, nothing left behind."""
+    from vtrain.cli.main import _errno
+
+    ran = vtrain_in_process("plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128", "--vocab",
+                            "512", "--global-batch", "8", "--gpus", "2", "--device", "A100-80GB", "-o",
+                            "/proc/vtrain-plans")
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.splitlines()[-1].endswith(": No such file or directory"), ran.stderr
+    assert _errno(OSError("No space left on device (os error 28)")) == errno.ENOSPC  # polars' IO errors
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], capture_output=True).returncode:
+        return  # no right to mount here: the full disk is the line above, polars' message
+    try:
+        ran = vtrain_in_process("plan", "examples/gpt-1.3b-a100.yaml", "--gpus", "16", "--profile", "profiles/a100",
+                                "-o", tiny / "out")
+        assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+        assert ran.stderr.splitlines()[-1] == "error: the file system refused it: No space left on device"
+        assert list(tiny.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True)

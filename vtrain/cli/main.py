@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import signal
 import sys
 import warnings
@@ -56,11 +57,29 @@ def main() -> None:
     except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
-    except OSError as exc:  # a path given longer than the file system takes, wherever it is first touched
-        if exc.errno != errno.ENAMETOOLONG:
+    except OSError as exc:  # where the file system refuses what was asked, wherever it is first touched
+        number = _errno(exc)
+        if number == errno.ENAMETOOLONG:
+            print(f"error: {_shown_name(exc.filename)}: file name too long for this system", file=sys.stderr)
+        elif number in _REFUSED_BY_THE_FILE_SYSTEM:
+            where = f"{_shown_name(exc.filename)}: " if exc.filename else "the file system refused it: "
+            print(f"error: {where}{os.strerror(number)}", file=sys.stderr)
+        else:
             raise
-        print(f"error: {_shown_name(exc.filename)}: file name too long for this system", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+#: what a file system answers about the place (full, read-only, not permitted, gone), not about vtrain: one line
+_REFUSED_BY_THE_FILE_SYSTEM = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                               errno.ENOTDIR, errno.EISDIR, errno.EIO, errno.EFBIG}
+
+
+def _errno(exc: OSError) -> int | None:
+    """An OSError's number: Python's, or the one polars' (Rust's) message ends with (``(os error 28)``)."""
+    if exc.errno is not None:
+        return exc.errno
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    return int(found.group(1)) if found else None
 
 
 def _shown_name(name: object) -> str:
