@@ -12,11 +12,11 @@ import os
 import signal
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from multiprocessing import resource_tracker
 from typing import Any, TypeVar
 
-from vtrain.errors import InputError, InputWarning
+from vtrain.errors import InputError, InputWarning, stops_deferred
 
 
 def usable_cores() -> int:
@@ -57,21 +57,23 @@ def worker_pool(workers: int, initializer: Callable[..., None] | None = None,
     (:func:`quiet_input_warnings`) and then running ``initializer(*initargs)``. Ctrl-C never reaches a worker:
     the terminal sends it to every process of its group, and the workers start with it blocked (a signal mask
     survives fork and exec; Python's own resource tracker is started the same way), so a Ctrl-C while a worker
-    imports prints no traceback and the calling process alone handles it. Leaving the block stops the workers
+    imports prints no traceback and the calling process alone handles it, once the workers have been given what
+    they start with (:func:`~vtrain.errors.stops_deferred`: the signal may arrive in any thread of this process,
+    Python runs its handler in the main one). Leaving the block stops the workers
     (SIGTERM, left unblocked for that) at once: after a stop nothing they were doing is waited for (closing an
     iterator over their results stops them before anyone removes what they write in)."""
     context = multiprocessing.get_context("spawn")
     resource_tracker.ensure_running()  # started now: starting it unblocks Ctrl-C in this process
-    with _one_thread_each():
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see the docstring
-        try:
-            pool = context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
-        except BaseException:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
-            raise
-    with pool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C held meanwhile arrives here: the pool stops
-        yield pool
+    with ExitStack() as stack:
+        with stops_deferred():  # a stop in the middle of a worker's start would leave it reading a closed pipe
+            with _one_thread_each():
+                before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited by the workers
+                try:
+                    pool = stack.enter_context(context.Pool(workers, initializer=_start_worker,
+                                                            initargs=(initializer, initargs)))
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        yield pool  # a stop held while the workers started arrived above: the stack then stopped them
 
 
 def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:

@@ -10,7 +10,10 @@ not finish a stopped run (publishing an output, the command's exit) ask :func:`r
 from __future__ import annotations
 
 import signal
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -38,6 +41,25 @@ def raise_if_stopped() -> None:
     """Raise :class:`Stopped` again if a stop signal arrived (its first exception may have been dropped)."""
     if _STOPPED:
         raise Stopped(_STOPPED[0])
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then deliver the first that arrived to the handler that was
+    in place (Python handles signals in the main thread only: elsewhere there is nothing to hold)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {each: signal.signal(each, lambda signum, _: arrived.append(signum))
+                for each in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, signal.SIG_DFL if handler is None else handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 class InputError(Exception):

@@ -33,14 +33,12 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vtrain.errors import InputError, raise_if_stopped
+from vtrain.errors import InputError, raise_if_stopped, stops_deferred
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
@@ -256,7 +254,7 @@ def publish(target: Path, staging: Path) -> None:
     target = followed(target)
     written = marker(staging) or {}
     mark(staging, str(written.get("kind", "")), _listing(staging))
-    with _signals_deferred():
+    with stops_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             return
@@ -270,25 +268,6 @@ def publish(target: Path, staging: Path) -> None:
             backup.rename(target)
             raise
         shutil.rmtree(backup, ignore_errors=True)
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM until the block ends, then deliver the first that arrived to the handler that was
-    in place (Python handles signals in the main thread only: elsewhere there is nothing to hold)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: list[int] = []
-    previous = {each: signal.signal(each, lambda signum, _: arrived.append(signum))
-                for each in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for each, handler in previous.items():
-            signal.signal(each, signal.SIG_DFL if handler is None else handler)
-        if arrived:
-            signal.raise_signal(arrived[0])
 
 
 def _make_parents(folder: Path) -> list[Path]:
