@@ -239,14 +239,17 @@ def test_an_output_named_by_the_current_folder_is_that_folder(traces: Path, tmp_
 def test_a_place_the_file_system_refuses_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     """`-o` where no folder can be made (under /proc), or on a full disk: a Python traceback and exit code 1
     before (found by an audit); one line and exit code 2 now, nothing left behind."""
-    from vtrain.cli.main import _errno
+    from vtrain.cli.main import _refused_by_the_file_system
 
     ran = vtrain_in_process("plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128", "--vocab",
                             "512", "--global-batch", "8", "--gpus", "2", "--device", "A100-80GB", "-o",
                             "/proc/vtrain-plans")
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
     assert ran.stderr.splitlines()[-1].endswith(": No such file or directory"), ran.stderr
-    assert _errno(OSError("No space left on device (os error 28)")) == errno.ENOSPC  # polars' IO errors
+    full = type("ComputeError", (Exception,), {"__module__": "polars.exceptions"})(
+        "parquet: File out of specification: underlying IO error: No space left on device (os error 28)")
+    assert _refused_by_the_file_system(full) == "the file system refused it: " + os.strerror(errno.ENOSPC)
+    assert _refused_by_the_file_system(ValueError("(os error 28)")) is None  # not the file system's
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], capture_output=True).returncode:

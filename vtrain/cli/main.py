@@ -57,29 +57,32 @@ def main() -> None:
     except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
-    except OSError as exc:  # where the file system refuses what was asked, wherever it is first touched
-        number = _errno(exc)
-        if number == errno.ENAMETOOLONG:
-            print(f"error: {_shown_name(exc.filename)}: file name too long for this system", file=sys.stderr)
-        elif number in _REFUSED_BY_THE_FILE_SYSTEM:
-            where = f"{_shown_name(exc.filename)}: " if exc.filename else "the file system refused it: "
-            print(f"error: {where}{os.strerror(number)}", file=sys.stderr)
-        else:
+    except Exception as exc:  # where the file system refuses what was asked, wherever it is first touched
+        line = _refused_by_the_file_system(exc)
+        if line is None:
             raise
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
 
 
 #: what a file system answers about the place (full, read-only, not permitted, gone), not about vtrain: one line
-_REFUSED_BY_THE_FILE_SYSTEM = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
-                               errno.ENOTDIR, errno.EISDIR, errno.EIO, errno.EFBIG}
+_REFUSED_BY_THE_FILE_SYSTEM = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                               errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EIO, errno.EFBIG}
 
 
-def _errno(exc: OSError) -> int | None:
-    """An OSError's number: Python's, or the one polars' (Rust's) message ends with (``(os error 28)``)."""
-    if exc.errno is not None:
-        return exc.errno
-    found = re.search(r"\(os error (\d+)\)", str(exc))
-    return int(found.group(1)) if found else None
+def _refused_by_the_file_system(exc: Exception) -> str | None:
+    """The error line for an exception that is the file system's refusal: Python's OSError, or polars' (Rust's)
+    errors, whose message ends its IO error with ``(os error 28)``; None for any other exception."""
+    number = exc.errno if isinstance(exc, OSError) else None
+    if number is None and (isinstance(exc, OSError) or type(exc).__module__.startswith("polars")):
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        number = int(found.group(1)) if found else None
+    if number not in _REFUSED_BY_THE_FILE_SYSTEM:
+        return None
+    filename = getattr(exc, "filename", None)
+    if number == errno.ENAMETOOLONG:
+        return f"{_shown_name(filename)}: file name too long for this system"
+    return f"{_shown_name(filename) if filename else 'the file system refused it'}: {os.strerror(number)}"
 
 
 def _shown_name(name: object) -> str:
