@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -275,3 +276,28 @@ def test_fitting_on_rows_none_of_which_can_be_simulated_is_refused(tmp_path: Pat
                                                         "-o", tmp_path / "profile"))
     refused(ran, str(table), "none of the 1 rows to fit the host overheads on can be simulated")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+
+
+def test_a_gpu_run_config_that_leaves_out_its_framework_precision_or_attention_says_what_it_got(
+        tmp_path: Path) -> None:
+    """Their defaults are `vtrain record`'s CPU runs' (whose run.yaml leaves them out): a Megatron run on A100s
+    written without them was planned as vtrain's reference GPT in fp32 with eager attention, silently (an audit:
+    `plan examples/gpt-1.3b-a100.yaml` recommended a plan that needs 112 GiB on the 80 GiB part as Megatron)."""
+    from vtrain.errors import InputWarning
+    from vtrain.runconfig import load_run_config
+
+    shape = "model: {layers: 2, hidden: 256, heads: 4, seq: 128, vocab: 512}\n"
+    left_out = tmp_path / "left-out.yaml"
+    left_out.write_text(shape + "hardware: {device: A100-80GB}\n")
+    with pytest.warns(InputWarning, match=r"framework, precision, attention not given, so framework reference "
+                                          r"\(vtrain record's GPT.*\); precision fp32; attention eager \(a "
+                                          r"Megatron-LM run says framework: megatron, precision: bf16, attention: "
+                                          r"flash\)"):
+        assert load_run_config(left_out).framework == "reference"
+    for text in (shape + "hardware: {device: A100-80GB}\nframework: megatron\nprecision: bf16\nattention: flash\n",
+                 shape + "hardware: {device: cpu}\n", shape):
+        said = tmp_path / "said.yaml"
+        said.write_text(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", InputWarning)
+            load_run_config(said)

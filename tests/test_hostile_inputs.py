@@ -49,6 +49,8 @@ A100_RUN = """\
 model: {layers: 2, hidden: 1024, heads: 16, seq: 1024, vocab: 51200}
 parallelism: {tp: 2, pp: 1, dp: 1, micro_batch: 1, global_batch: 4}
 precision: fp16
+framework: reference
+attention: eager
 hardware: {device: A100, device_count: 2}
 """
 VTRAIN_JSON = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "max_length": 32,

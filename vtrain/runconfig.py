@@ -488,7 +488,31 @@ def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") 
         software=dict(data.get("software") or {}),
         recording=dict(data.get("recording") or {}),
     )
-    return _checked(config, source)
+    config = _checked(config, source)
+    _say_defaults_on_a_gpu(data, config, source)
+    return config
+
+
+#: settings a run config may leave out whose defaults are those of `vtrain record`'s CPU runs: key -> (default's
+#: description, what a Megatron-LM run on GPUs would say)
+_RECORDING_DEFAULTS = {
+    "framework": ("reference (vtrain record's GPT: PyTorch's operators, torch's Adam)", "framework: megatron"),
+    "precision": ("fp32", "precision: bf16"),
+    "attention": ("eager", "attention: flash"),
+}
+
+
+def _say_defaults_on_a_gpu(data: dict[str, Any], config: RunConfig, source: str | Path) -> None:
+    """One warning line for a run on a GPU whose config leaves out its framework, precision or attention: their
+    defaults are `vtrain record`'s CPU runs' (whose run.yaml leaves them out), not a GPU training run's (before,
+    a Megatron run written without them was planned as the reference model in fp32, silently)."""
+    if config.hardware.device.lower() in ("cpu", "host"):
+        return
+    left = [key for key in _RECORDING_DEFAULTS if key not in data]
+    if left:
+        taken = "; ".join(f"{key} {_RECORDING_DEFAULTS[key][0]}" for key in left)
+        warn_input(f"{', '.join(left)} not given, so {taken} (a Megatron-LM run says "
+                   f"{', '.join(_RECORDING_DEFAULTS[key][1] for key in left)})", source)
 
 
 def _checked(config: RunConfig, source: str | Path) -> RunConfig:
@@ -615,9 +639,11 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     if (isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq
             and data.get("use_sliding_window") is not False):
         placed += f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
+    attention = "flash" if llama else "eager"
     said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
-            f"{dtype}{unread}, Megatron's kernels")
-    return RunConfig(model=model, precision=dtype, framework="megatron", hardware=HardwareConfig(device="A100")), said
+            f"{dtype}{unread}, Megatron's kernels, {_ATTENTION_SAID[attention]}")
+    return RunConfig(model=model, precision=dtype, framework="megatron", attention=attention,
+                     hardware=HardwareConfig(device="A100")), said
 
 
 #: the activations a Hugging Face config names that vtrain's MLPs run: SiLU for LLaMA's gated MLP, GELU (its tanh
@@ -738,10 +764,17 @@ def named_run(name: str | Path) -> RunConfig | None:
         if path.suffix or len(path.parts) > 1:
             return None  # a missing file: read_config_file says so
         raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
+    attention = "flash" if found.family == "llama" else "eager"
     warn_input(f"{found.name} as published ({found.source}): {found.model.describe()}; trained here in "
-               f"{found.precision} with Megatron's kernels", name)
-    return RunConfig(model=found.model, precision=found.precision, framework="megatron",
+               f"{found.precision} with Megatron's kernels and {_ATTENTION_SAID[attention]}", name)
+    return RunConfig(model=found.model, precision=found.precision, framework="megatron", attention=attention,
                      hardware=HardwareConfig(device="A100"))
+
+
+#: how a model without a run of its own runs its attention, said: LLaMA's family trained with FlashAttention (its
+#: papers), GPT-3's generation before it
+_ATTENTION_SAID = {"flash": "FlashAttention (--attention eager for the scores in memory)",
+                   "eager": "eager attention (--attention flash for FlashAttention)"}
 
 
 def _config_file(path: str | Path) -> Path:
