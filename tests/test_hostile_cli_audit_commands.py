@@ -119,6 +119,15 @@ def test_plan_at_no_price_says_so_and_draws_its_chart(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["best"]["usd"] == 0
 
 
+def test_plan_for_fewer_tokens_than_one_iteration_says_so(tmp_path: Path) -> None:
+    """`--tokens 1` priced every plan at a 4,096th of an iteration: "0.0 days, $0", silently (an audit)."""
+    result = vtrain_in_process(*SMALL_PLAN, "--price-per-gpu-hour", 2, "--tokens", 1, "-o", tmp_path / "p")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("warning:")] == [
+        "warning: --tokens 1 is less than one iteration's 4,096 (global batch 16 x sequence 256): each plan is "
+        "priced for 0.000244 of an iteration"], result.stderr
+
+
 # -------------------------------------------------------------------------------------------------- plan (21)
 
 def test_plan_with_no_plan_within_its_limits_says_why(tmp_path: Path) -> None:

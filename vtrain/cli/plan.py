@@ -145,6 +145,11 @@ def plan_command(
     if price == 0:
         warn("--price-per-gpu-hour 0: every plan costs $0, so the cheapest plan is the fastest of those within the "
              "limits (and any --budget-usd is met)")
+    per_iteration = base.parallelism.global_batch * base.model.seq
+    if tokens < per_iteration:
+        warn(f"--tokens {tokens:,.0f} is less than one iteration's {per_iteration:,} (global batch "
+             f"{base.parallelism.global_batch} x sequence {base.model.seq}): each plan is priced for "
+             f"{tokens / per_iteration:.3g} of an iteration")
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory, divisible=".." in gpus,
