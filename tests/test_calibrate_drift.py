@@ -289,3 +289,16 @@ def test_two_names_of_one_gpu_are_no_device_change() -> None:
     assert software_changes(meta("A100"), meta("NVIDIA A100-SXM4-80GB")) == {
         "device": {"old": "A100", "new": "NVIDIA A100-SXM4-80GB"}}
     assert software_changes(meta("cpu"), meta("H100"))["device"] == {"old": "cpu", "new": "H100"}
+
+
+def test_traces_of_another_job_than_the_bases_are_said(tmp_path: Path, shipped_profile) -> None:
+    """calibrate is for the same job after a software change: traces of another layout (t1 p1 d2 against the
+    base's t1 p2 d1) drift by their work, not by the software, and were reported as drift without a word."""
+    base = write_profile(shipped_profile(TRACES / "t1p2d1"), tmp_path / "base")
+    result = invoke(CPU_RUN, "--base", base, "-o", tmp_path / "profile", "--report-dir", tmp_path / "report")
+    assert result.exit_code == 0, result.stderr
+    assert (f"warning: the traces are of another job than the base profile {base}'s (t x p x d 1 x 1 x 2 against "
+            "1 x 2 x 1): operators of other shapes show as gone and new") in result.stderr, result.stderr
+    same = write_profile(shipped_profile(CPU_OTHER_RUN), tmp_path / "same")  # the same job, overlapped
+    result = invoke(CPU_RUN, "--base", same, "-o", tmp_path / "profile2", "--report-dir", tmp_path / "report2")
+    assert result.exit_code == 0 and "another job" not in result.stderr, result.stderr

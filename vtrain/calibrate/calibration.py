@@ -53,6 +53,8 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
 
     ingested = ingest_traces(trace_dir, warn=note)
     profile = derive_profile(ingested, base, version=output.name, fitted=refit(ingested, base_profile.metadata))
+    for line in _another_job(base_profile.metadata, profile.metadata, base):
+        note(line)
     drift = compare_profiles(base_profile, profile)
     predicted = None
     if config is not None:
@@ -62,6 +64,39 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
                        base=base_profile, profile=profile, drift=drift, reference=predicted,
                        reference_reason=reference_reason, suite_name=loaded_suite.name if loaded_suite else None,
                        suite=sets, warnings=warnings)
+
+
+def _another_job(base: dict[str, Any], new: dict[str, Any], base_path: Path) -> list[str]:
+    """One line when the new traces are of another job than the base profile's (its device, its number of ranks,
+    its model or its parallelism): their operators then differ by shape and their times by work, which the drift
+    report would show as the software's doing."""
+    def job(metadata: dict[str, Any]) -> dict[str, Any]:
+        run = metadata.get("run") or {}
+        parallelism = run.get("parallelism") or {}
+        model = run.get("model") or {}
+        return {"device": (metadata.get("device") or {}).get("name"), "ranks": metadata.get("world_size"),
+                "model": {key: model.get(key) for key in _SHAPE} if model else None,
+                "t x p x d": tuple(parallelism.get(k) for k in ("tp", "pp", "dp")) if parallelism else None}
+
+    old, now = job(base), job(new)
+    differ = [key for key in old if old[key] is not None and now[key] is not None and old[key] != now[key]]
+    if not differ:
+        return []
+    shown = "; ".join(f"{key} {_said(now[key])} against {_said(old[key])}" for key in differ)
+    return [f"the traces are of another job than the base profile {base_path}'s ({shown}): operators of other "
+            "shapes show as gone and new, and the reference's change is the job's, not the software's"]
+
+
+#: what a model is, for telling jobs apart
+_SHAPE = ("layers", "hidden", "heads", "seq", "vocab")
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {value[key]}" for key in _SHAPE)
+    if isinstance(value, tuple):
+        return " x ".join(map(str, value))
+    return str(value)
 
 
 def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, force: bool) -> None:
