@@ -146,3 +146,14 @@ def test_predicted_traces_load_in_hta(pair: tuple[Path, Path], tmp_path: Path) -
     frame = trace.get_trace(0)
     durations = dict(zip(frame["name"].map(symbols.__getitem__), frame["dur"]))  # HTA keeps the first iteration
     assert durations["ProfilerStep#1"] == 690 and durations["aten::softmax"] == 40
+
+
+def test_a_factor_of_one_says_it_changes_nothing_not_that_its_events_wait(pair: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    """`--scale gemm=1` warned that no GEMM is on a critical path, of a job whose GEMMs are its critical path
+    (`gemm=2` moves it 72 %): an audit."""
+    a, _ = pair
+    done = runner.invoke(app, ["whatif", str(a), "--scale", "gemm=1", "-o", str(tmp_path / "out"), "--json"])
+    assert done.exit_code == 0, done.output
+    assert done.stderr.splitlines() == ["warning: gemm: a factor of 1 changes nothing"], done.stderr
+    assert json.loads(done.stdout)["change_pct"] == 0

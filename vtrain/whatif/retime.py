@@ -171,6 +171,9 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     for label, n in hits.items():
         if n == 0:
             notes.append(f"{label}: no event of {base.path} holds time of this kind; nothing changed")
+    unit = [scale.label for scale in scales if scale.factor == 1]
+    if unit:
+        notes.append(f"{', '.join(unit)}: a factor of 1 changes nothing")
     delay = edited_delays(base.owned, base.held, new_held * factors)
     owned = base.owned
     times, released = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
@@ -180,8 +183,9 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     predicted = _with_times(base.frame, times)
     baseline = _with_times(base.frame, replayed)
     predicted_us, replayed_us = _job_times(predicted, REPLAYED), _job_times(baseline, REPLAYED)
-    if other is None and any(hits.values()) and _unmoved(predicted_us, replayed_us):
-        scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n)
+    moving = {scale.label for scale in scales if scale.factor != 1}
+    if other is None and any(hits[label] for label in moving) and _unmoved(predicted_us, replayed_us):
+        scaled = ", ".join(f"{label} ({n} events)" for label, n in hits.items() if n and label in moving)
         notes.append(f"{scaled}: scaled, and no iteration moved: none of these events is on a critical path of "
                      f"{base.path}'s recorded dependencies (the iterations wait on other work)")
     steady = [i for i in base.steady if other is None or i in other.steady] or base.steady
