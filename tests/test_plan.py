@@ -141,6 +141,13 @@ def test_cli_writes_the_plan_folder_and_json(tmp_path: Path) -> None:
     frontier_row = summary["frontier"][0]
     assert math.isclose(frontier_row["usd"], frontier_row["iteration_ms"] / 1e3 * 1e9 / (16 * 256) / 3600
                         * frontier_row["gpus"] * 2)
+    # where each frontier plan's time came from, in the report as in plans.csv (an audit: only plans.csv said it)
+    shares = [f"{source} {frontier_row[source]:.0%}" for source in ("measured", "interpolated", "modelled")
+              if frontier_row[source] >= 0.005]
+    assert sum(frontier_row[source] for source in ("measured", "interpolated", "modelled")) == pytest.approx(1)
+    start = f"| {label(frontier_row)} |"
+    line = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith(start))
+    assert sorted(line.rstrip(" |").split(" | ")[-1].split(", ")) == sorted(shares)
 
 
 def _svg_texts(path: Path) -> list[str]:

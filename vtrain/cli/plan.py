@@ -237,21 +237,21 @@ def _print_summary(table: PlanTable, target: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from vtrain.plan.report import label
+    from vtrain.plan.report import label, timed_from
 
     out = Console()
     counts = table.counts
     out.print(f"{counts['enumerated']} plans: {counts['invalid']} invalid, {counts['out_of_memory']} out of "
               f"memory, {counts['simulated']} simulated")
     grid = Table(title="time-versus-cost frontier")
-    for column in ("plan", "GPUs", "GiB", "s/iter", "MFU", "days", "USD"):
+    for column in ("plan", "GPUs", "GiB", "s/iter", "MFU", "days", "USD", "timed from"):
         grid.add_column(column)
     for row in table.frontier().iter_rows(named=True):
         grid.add_row(label(row), str(row["gpus"]), f"{row['memory_gib']:.1f}", f"{row['iteration_ms'] / 1e3:.2f}",
-                     f"{row['mfu']:.1%}", f"{row['days']:.1f}", f"{row['usd']:,.0f}")
+                     f"{row['mfu']:.1%}", f"{row['days']:.1f}", f"{row['usd']:,.0f}", timed_from(row))
     out.print(grid)
     for title, row in (("cheapest within limits", table.best()), ("reference", table.reference)):
         if row is not None and row.get("iteration_ms") is not None:
             out.print(f"{title}: {label(row)} on {row['gpus']} GPUs, {row['iteration_ms'] / 1e3:.2f} s/iteration, "
-                      f"{row['days']:.1f} days, ${row['usd']:,.0f}")
+                      f"{row['days']:.1f} days, ${row['usd']:,.0f} (timed from: {timed_from(row)})")
     out.print(f"wrote {target}")

@@ -21,6 +21,7 @@ from vtrain.plan.cost import (
     plan_cost,
 )
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
+from vtrain.simulate.latency import SOURCES
 from vtrain.report import document as doc
 from vtrain.report.write import staged_folder, write_json
 from vtrain.runconfig import RunConfig
@@ -179,9 +180,17 @@ def render_html(table: PlanTable, details: list[Breakdown]) -> str:
 
 
 def _plan_table(rows: list[dict[str, Any]]) -> doc.Table:
-    header = ["plan", "GPUs", "memory GiB", "iteration s", "MFU", "days", "USD"]
+    header = ["plan", "GPUs", "memory GiB", "iteration s", "MFU", "days", "USD", "timed from"]
     return header, [[label(r), str(r["gpus"]), f"{r['memory_gib']:.1f}", f"{r['iteration_ms'] / 1e3:.2f}",
-                     f"{r['mfu']:.1%}", f"{r['days']:.1f}", f"{r['usd']:,.0f}"] for r in rows]
+                     f"{r['mfu']:.1%}", f"{r['days']:.1f}", f"{r['usd']:,.0f}", timed_from(r)] for r in rows]
+
+
+def timed_from(row: dict[str, Any]) -> str:
+    """Where a timed plan's iteration time came from: the shares of it measured (a profile's latency of the same
+    shape), interpolated and modelled (the fitted device model, the datasheet), e.g. ``modelled 88 %, measured
+    12 %``."""
+    shares = sorted(((row.get(source) or 0.0, source) for source in SOURCES), reverse=True)
+    return ", ".join(f"{source} {share:.0%}" for share, source in shares if share >= 0.005) or "-"
 
 
 def _hover(frame: pl.DataFrame) -> list[str]:
