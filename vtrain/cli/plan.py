@@ -160,12 +160,29 @@ def plan_command(
     reason = table.no_best_reason()
     if reason is not None:
         warn(f"{reason}; there is no cheapest plan within limits (plans.csv gives each plan's reason and time)")
+    _say_a_best_plan_at_the_memory_limit(table)
     details = breakdowns(table, table_profile)
     write_plan_folder(table, target, details)
     if as_json:
         print(json.dumps({**summary(table), "output": str(target)}, indent=2, default=str))
         return
     _print_summary(table, target)
+
+
+#: how close to the device's memory a plan's modelled peak may come unsaid: the memory model reads 0.4-4.5 % under
+#: measured peaks (`torch.cuda.max_memory_allocated`, docs/plan.md) and leaves out the CUDA context and NCCL's buffers
+_MEMORY_MARGIN = 0.05
+
+
+def _say_a_best_plan_at_the_memory_limit(table: PlanTable) -> None:
+    """One warning line when the cheapest plan within limits needs more than 95 % of the device's memory."""
+    best = table.best()
+    if best is None or best["memory_gib"] <= (1 - _MEMORY_MARGIN) * table.device_memory_gib:
+        return
+    warn(f"the cheapest plan ({best['memory_gib']:.1f} of {table.device_memory_gib:.1f} GiB) is within "
+         f"{_MEMORY_MARGIN:.0%} of the device's memory, which the memory model (0.4-4.5 % under measured peaks, "
+         "without the CUDA context and NCCL's buffers) cannot promise: --device-memory with headroom finds one that "
+         "keeps some")
 
 
 class ModelShape(NamedTuple):
