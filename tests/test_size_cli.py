@@ -40,6 +40,10 @@ def test_answer_is_the_lowest_loss_shape_and_its_plan(tmp_path: Path) -> None:
     assert math.isclose(s["fixed_mfu"]["flops"], 8 * 312e12 * 0.4 * 2 * 86400, rel_tol=1e-9)
     for name in ("report.md", "report.html", "size.json", "candidates.csv"):
         assert (out / name).is_file()
+    # the answer is the grid's smallest shape that runs: said (an audit: "1.3B" where the closed form says 0.4B)
+    smallest = min(c["parameters"] for c in runnable)
+    assert (s["parameters"] == smallest) == ("the lowest loss is the smallest shape searched" in result.stderr)
+    assert s["parameters"] == smallest, "the 8-GPU, 2-day budget's optimum lies below the shapes"
 
 
 def test_llama_shapes(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ model shape and token count with the lowest loss for a budget of GPUs and days, 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from vtrain.cli.errors import user_errors
+from vtrain.cli.errors import user_errors, warn
 from vtrain.cli.options import (
     attention_option,
     device_memory_option,
@@ -23,6 +25,9 @@ from vtrain.cli.options import (
 )
 from vtrain.errors import InputError
 from vtrain.outputs import REPORT, check_output, staged
+
+if TYPE_CHECKING:
+    from vtrain.studies.sizing import Sized
 
 REPORTS = Path("reports")
 LOSS_MODELS = ("chinchilla",)
@@ -76,8 +81,10 @@ def size_command(
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
     planned = size_with_plans(shapes, budget, throughput, global_batch)
-    if best(planned) is None:
+    chosen = best(planned)
+    if chosen is None:
         raise InputError(f"no shape has a plan that runs on {gpus} GPUs (divisibility or device memory)")
+    _say_an_edge_of_the_shapes(planned, chosen)
     study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu), mfu, describe(hardware),
                       str(profile) if profile else None)
     with staged(target, REPORT) as staging:
@@ -93,3 +100,14 @@ def size_command(
     print(f"at a fixed {mfu:.0%} MFU: {closed['parameters'] / 1e9:.1f}B parameters on {closed['tokens'] / 1e9:,.0f}B "
           f"tokens, loss {closed['loss']:.4f} (closed form)")
     print(f"wrote {target}")
+
+
+def _say_an_edge_of_the_shapes(planned: list[Sized], chosen: Sized) -> None:
+    """One warning line when the lowest loss is the smallest or the largest shape searched that runs: the optimum
+    may lie beyond the shapes, and the answer is the edge of the grid, not the budget's."""
+    runnable = sorted((s for s in planned if math.isfinite(s.loss)), key=lambda s: s.parameters)
+    if len(runnable) < 2 or chosen not in (runnable[0], runnable[-1]):
+        return
+    edge, beyond = ("smallest", "smaller") if chosen is runnable[0] else ("largest", "larger")
+    warn(f"the lowest loss is the {edge} shape searched that runs ({chosen.parameters / 1e9:.1f}B parameters): a "
+         f"{beyond} model may do better on this budget, and is not among the shapes")
