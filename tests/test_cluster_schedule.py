@@ -85,6 +85,17 @@ def test_a_resize_costs_the_restart_overhead_at_the_new_speed():
     assert j["B"].end_h == pytest.approx(4.75)
 
 
+def test_a_job_near_its_end_is_not_resized_for_less_than_its_restart_costs():
+    """B has 0.2 tokens left when A ends: on 1 GPU it ends 0.2 h later, grown to 2 after a 0.25 h restart 0.42 h
+    later. The policy grew it (and the makespan with it: an audit of examples/cluster, 30.95 h for 30.92 h); it
+    counts the restart now, and still grows a job whose gain outweighs it."""
+    jobs = [job("A", 2), job("B", 2.2)]
+    kept = by_name(simulate_cluster(jobs, 2, speeds({1: 1.0, 2: 1.2}), "vtrain", resize_overhead_h=0.25))
+    assert [(seg.start_h, seg.end_h, seg.gpus) for seg in kept["B"].segments] == [(0, pytest.approx(2.2), 1)]
+    grown = by_name(simulate_cluster(jobs, 2, speeds({1: 1.0, 2: 1.2}), "vtrain"))  # no restart to pay
+    assert [seg.gpus for seg in grown["B"].segments] == [1, 2] and grown["B"].end_h == pytest.approx(2 + 0.2 / 1.2)
+
+
 def test_a_later_short_job_preempts_and_the_long_one_resumes():
     # A (4) runs alone on 2 GPUs; B (1) arrives at 1 and takes both (gain 1/1 per GPU beats A's 1/2),
     # ends at 1.5; A resumes with 2 tokens left and ends at 2.5 (+ the overhead at 2 tokens/h)

@@ -156,13 +156,13 @@ def allocation_sizes(cluster_gpus: int, asked: list[int]) -> list[int]:
     return sorted(sizes)
 
 
-#: (jobs waiting or running in arrival order, their remaining tokens, their current GPUs, cluster GPUs, speeds)
-#: -> the new GPUs of each job (0 or absent: it waits)
-Policy = Callable[[list[Job], dict[str, float], dict[str, int], int, Speeds], dict[str, int]]
+#: (jobs waiting or running in arrival order, their remaining tokens, their current GPUs, cluster GPUs, speeds,
+#: the hours a running job's resize costs) -> the new GPUs of each job (0 or absent: it waits)
+Policy = Callable[[list[Job], dict[str, float], dict[str, int], int, Speeds, float], dict[str, int]]
 
 
 def baseline_policy(active: list[Job], remaining: dict[str, float], current: dict[str, int], cluster: int,
-                    speeds: Speeds) -> dict[str, int]:
+                    speeds: Speeds, resize_overhead_h: float = 0.0) -> dict[str, int]:
     """First come, first served with the GPUs each job asked for; no job is resized."""
     allocation = {name: gpus for name, gpus in current.items() if gpus > 0}
     free = cluster - sum(allocation.values())
@@ -177,21 +177,24 @@ def baseline_policy(active: list[Job], remaining: dict[str, float], current: dic
 
 
 def vtrain_policy(active: list[Job], remaining: dict[str, float], current: dict[str, int], cluster: int,
-                  speeds: Speeds) -> dict[str, int]:
+                  speeds: Speeds, resize_overhead_h: float = 0.0) -> dict[str, int]:
     """Every GPU of the cluster, step by step, where the predicted speed gain per added GPU, as a share of the
     job's remaining work, is largest (from nothing to a job's smallest runnable allocation, or from its
-    allocation to a larger one); ties go to the earlier arrival."""
+    allocation to a larger one); ties go to the earlier arrival. A running job's speed on another allocation is
+    its mean speed to its end there, the resize's checkpoint-restart included (:func:`_mean_rate`): a job near
+    its end is not resized for a gain its restart would cost more than."""
     allocation: dict[str, int] = {}
     free = cluster
     while True:
         best: tuple[float, Job, int] | None = None
         for job in active:
             gpus = allocation.get(job.name, 0)
-            now = speeds.rate(job, gpus)
+            now = _mean_rate(job, gpus, current, remaining, speeds, resize_overhead_h)
             for more in speeds.options(job, gpus + free):
                 if more <= gpus:
                     continue
-                gain = (speeds.rate(job, more) - now) / remaining[job.name] / (more - gpus)
+                faster = _mean_rate(job, more, current, remaining, speeds, resize_overhead_h) - now
+                gain = faster / remaining[job.name] / (more - gpus)
                 if gain > 0 and (best is None or gain > best[0]):
                     best = (gain, job, more)
         if best is None:
@@ -199,6 +202,17 @@ def vtrain_policy(active: list[Job], remaining: dict[str, float], current: dict[
         _, job, more = best
         free -= more - allocation.get(job.name, 0)
         allocation[job.name] = more
+
+
+def _mean_rate(job: Job, gpus: int, current: dict[str, int], remaining: dict[str, float], speeds: Speeds,
+               resize_overhead_h: float) -> float:
+    """Tokens per second of ``job`` on ``gpus`` GPUs, for a running job moved to another allocation averaged over
+    what it has left and the ``resize_overhead_h`` its checkpoint-restart takes first."""
+    rate = speeds.rate(job, gpus)
+    if rate <= 0 or resize_overhead_h <= 0 or current.get(job.name, 0) in (0, gpus):
+        return rate
+    left_s = remaining[job.name] / rate
+    return remaining[job.name] / (left_s + resize_overhead_h * 3600)
 
 
 POLICIES: dict[str, Policy] = {"baseline": baseline_policy, "vtrain": vtrain_policy}
@@ -226,7 +240,8 @@ def simulate_cluster(jobs: Sequence[Job], cluster_gpus: int, speeds: Speeds, pol
         while arrived < len(order) and order[arrived].arrival_h <= now:
             active.append(order[arrived])
             arrived += 1
-        allocation = {n: g for n, g in decide(active, remaining, current, cluster_gpus, speeds).items() if g > 0}
+        decided = decide(active, remaining, current, cluster_gpus, speeds, resize_overhead_h)
+        allocation = {name: gpus for name, gpus in decided.items() if gpus > 0}
         _check_allocation(allocation, cluster_gpus, policy)
         for job in active:
             gpus = allocation.get(job.name, 0)
