@@ -237,3 +237,19 @@ def test_a_file_name_too_long_for_the_system_is_one_line(tmp_path: Path, args: l
 
 def test_a_name_too_long_for_a_file_is_no_architecture() -> None:
     one_error(vtrain_in_process("simulate", LONG), "no such file, nor a model vtrain knows by name")
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "128", "--global-batch", "8", "--gpus",
+     "\u0668"],
+    ["plan", "examples/gpt-1.3b-a100.yaml", "--gpus", "..\u0663\u0663\u0666\u0660"],
+    ["size", "--gpus", "8", "--days", "\u0661.\u0665"],
+    ["simulate", "examples/tiny-cpu.yaml", "--tp=\u0662"],
+])
+def test_numbers_in_other_digits_are_refused_as_run_configs_refuse_them(args: list[str], tmp_path: Path) -> None:
+    """`plan --gpus ٨` planned 8 GPUs and `--tokens ١٠٠` priced 100 tokens (Python's int and float read any
+    script's digits), where a run config's `tp: ٨` is refused and `size --gpus ٨` was too: one rule now."""
+    result = vtrain_in_process(*args, "-o", tmp_path / "out")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.count("\n") == 1 and "a number written in digits other than 0-9" in result.stderr
+    assert not (tmp_path / "out").exists()

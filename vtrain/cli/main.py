@@ -107,6 +107,12 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def _run(args: list[str]) -> None:
+    unread = next((index for index, arg in enumerate(args) if _other_digits(arg)), None)
+    if unread is not None:  # Python's int() and float() read them; run configs, YAML and JSON do not
+        flag = args[unread - 1] + " " if unread and args[unread - 1].startswith("--") else ""
+        print(f"error: {_shown_name(flag + args[unread])}: a number written in digits other than 0-9: write it in "
+              "0-9", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
     if args[:1] and args[0] in OWN_ARGUMENTS:
         sys.exit(importlib.import_module(OWN_ARGUMENTS[args[0]]).main(args[1:]))
     from typer._click.exceptions import ClickException
@@ -121,6 +127,21 @@ def _run(args: list[str]) -> None:
             print(f"error: {one_line(exc.format_message())}", file=sys.stderr)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _other_digits(arg: str) -> bool:
+    """Whether a command-line value (``--gpus=٨``, ``..٣٣٦٠``, ``٨,١٦``) is a number in digits other than ASCII's:
+    `--gpus ٨` ran 8 GPUs where a run config's ``tp: ٨`` is refused."""
+    if arg.isascii():
+        return False
+    value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+    for part in value.removeprefix("..").split(","):
+        try:
+            float(part)
+        except ValueError:
+            continue
+        return not part.isascii()
+    return False
 
 
 def __getattr__(name: str) -> Any:
