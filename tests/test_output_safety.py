@@ -262,3 +262,25 @@ def test_a_place_the_file_system_refuses_is_one_line_not_a_traceback(tmp_path: P
         assert list(tiny.iterdir()) == []
     finally:
         subprocess.run(["umount", str(tiny)], check=True)
+
+
+def test_a_file_of_a_vtrain_folder_a_user_edited_is_not_replaced(tmp_path: Path) -> None:
+    """An edit to a report vtrain wrote (a note added to its report.md) was lost to the next `--force` (an audit):
+    each file's size and modification time are stamped in the marker, and a changed file is refused, named and
+    kept, as an added one is; an unchanged folder is replaced as before."""
+    from vtrain.errors import InputError
+    from vtrain.outputs import REPORT, check_output, staged
+
+    target = tmp_path / "out"
+    with staged(target, REPORT) as staging:
+        (staging / "tables").mkdir()
+        (staging / "tables" / "rows.csv").write_text("a,b\n")
+        (staging / "report.md").write_text("first\n")
+    check_output(target, replaces=REPORT)  # nothing changed: replaceable
+    with (target / "tables" / "rows.csv").open("a") as edited:
+        edited.write("1,2\n")
+    with pytest.raises(InputError, match=r"1 file\(s\) changed since vtrain wrote them \(tables/rows.csv\)"):
+        check_output(target, replaces=REPORT)
+    with pytest.raises(InputError, match="changed since vtrain wrote them"):
+        check_output(target, force=True)
+    assert (target / "tables" / "rows.csv").read_text() == "a,b\n1,2\n"

@@ -78,8 +78,18 @@ def mark(folder: Path, kind: str, files: list[str] | None = None) -> None:
     at any depth, as :func:`_listing` gives them; None: not known yet, :func:`publish` lists them). ``entries``,
     the top level, is what vtrain before 2026-11-28 listed and read."""
     entries = None if files is None else sorted({name.split("/")[0] for name in files})
+    stamps = None if files is None else {name: _stamp(folder / name) for name in files
+                                         if (folder / name).is_file() and not (folder / name).is_symlink()}
     (folder / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": kind, "entries": entries,
-                                             "files": files, "note": "`--force` may replace this folder"}) + "\n")
+                                             "files": files, "stamps": stamps,
+                                             "note": "`--force` may replace this folder"}) + "\n")
+
+
+def _stamp(path: Path) -> list[int]:
+    """A file's size and modification time (ns): what an edit changes (a hash of every output would cost a
+    profile's ingest a read of all it wrote)."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def marker(folder: Path) -> dict[str, Any] | None:
@@ -229,6 +239,20 @@ def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = 
         shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
         raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({shown}): replacing it would "
                          "remove them; move them out or give another -o", target)
+    if changed := _changed_since(target, written):
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when} ({shown}): "
+                         "replacing it would lose the changes; move them out or give another -o", target)
+
+
+def _changed_since(folder: Path, written: dict[str, Any]) -> list[str]:
+    """The files of ``folder`` whose size or modification time is not what its marker stamped (an edit since);
+    none for a marker without stamps (vtrain's before 2026-11-28)."""
+    stamps = written.get("stamps")
+    if not isinstance(stamps, dict):
+        return []
+    return sorted(name for name, stamp in stamps.items()
+                  if (folder / name).is_file() and _stamp(folder / name) != stamp)
 
 
 def _check_writable_parent(target: Path) -> None:
