@@ -266,8 +266,9 @@ def test_a_place_the_file_system_refuses_is_one_line_not_a_traceback(tmp_path: P
 
 def test_a_file_of_a_vtrain_folder_a_user_edited_is_not_replaced(tmp_path: Path) -> None:
     """An edit to a report vtrain wrote (a note added to its report.md) was lost to the next `--force` (an audit):
-    each file's size and modification time are stamped in the marker, and a changed file is refused, named and
-    kept, as an added one is; an unchanged folder is replaced as before."""
+    each file's content is stamped in the marker, and a changed file is refused, named and
+    kept, as an added one is; an unchanged folder is replaced as before. (Stamped by content: a git checkout or a
+    copy changes every modification time.)"""
     from vtrain.errors import InputError
     from vtrain.outputs import REPORT, check_output, staged
 

@@ -28,6 +28,7 @@ and by its process being gone. Nothing else is ever removed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -85,11 +86,14 @@ def mark(folder: Path, kind: str, files: list[str] | None = None) -> None:
                                              "note": "`--force` may replace this folder"}) + "\n")
 
 
-def _stamp(path: Path) -> list[int]:
-    """A file's size and modification time (ns): what an edit changes (a hash of every output would cost a
-    profile's ingest a read of all it wrote)."""
-    status = path.stat()
-    return [status.st_size, status.st_mtime_ns]
+def _stamp(path: Path) -> str:
+    """A file's content as a SHA-256 digest: what an edit changes and a copy or a git checkout keeps (a
+    modification time would not be kept)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def marker(folder: Path) -> dict[str, Any] | None:
@@ -246,8 +250,8 @@ def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = 
 
 
 def _changed_since(folder: Path, written: dict[str, Any]) -> list[str]:
-    """The files of ``folder`` whose size or modification time is not what its marker stamped (an edit since);
-    none for a marker without stamps (vtrain's before 2026-11-28)."""
+    """The files of ``folder`` whose content is not what its marker stamped (an edit since); none for a marker
+    without stamps (vtrain's before 2026-11-28)."""
     stamps = written.get("stamps")
     if not isinstance(stamps, dict):
         return []
