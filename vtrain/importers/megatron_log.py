@@ -142,8 +142,8 @@ def _interval(found: re.Match[str], line: str) -> tuple[float, str | None]:
 
 def _timed_intervals(intervals: list[tuple[float, str | None]], final_batch: str | None, where: str,
                      path: Path) -> tuple[str | None, list[float]]:
-    """The global batch the run is timed at and the intervals that ran it, the run's first aside (its start-up)
-    unless it is the only one. Under a batch ramp-up (``--rampup-batch-size``) the intervals at smaller batches
+    """The global batch the run is timed at where it is not its arguments' (None where it is) and the intervals
+    that ran it, the run's first aside (its start-up) unless it is the only one. Under a batch ramp-up (``--rampup-batch-size``) the intervals at smaller batches
     are left out, said; a run that never reached its final batch is timed at the last batch it logged, said."""
     batches = [batch for _, batch in intervals if batch is not None]
     batch = final_batch if final_batch in batches or not batches else batches[-1]
