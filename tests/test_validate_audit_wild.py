@@ -88,6 +88,44 @@ def test_a_last_step_cut_short_is_left_out(tmp_path: Path) -> None:
         f"with fewer events than any of them: the profiler stopped in it; it is not counted as an iteration"]
 
 
+@pytest.mark.parametrize("share", [0.6, 0.8])
+def test_a_last_step_cut_after_half_its_time_is_left_out_by_its_missing_optimizer_step(share: float,
+                                                                                      tmp_path: Path) -> None:
+    """The same step cut at 60 % and 80 %: longer than half the others and so counted, silently (an audit:
+    177.3 and 199.9 ms measured where the one whole steady step took 219.7). Each other step runs
+    ``Optimizer.step#SGD.step``; the cut one does not."""
+    path = variant(NCCL, tmp_path / "cut", cut_last_step(share))
+    metrics, lines = validated(path.parent, tmp_path / "report")
+    assert metrics["steady_iterations"] == [5]
+    assert metrics["measured"]["iteration_ms"]["median"] == pytest.approx(219.727, abs=1e-3)
+    assert [line for line in lines if "ProfilerStep#6" in line] == [
+        f"warning: {path}: ProfilerStep#6, the last step, runs no optimizer step (each of the rank's other steps runs "
+        f"one): the profiler stopped in it; it is not counted as an iteration"]
+
+
+def test_steady_steps_of_unlike_times_are_said(tmp_path: Path) -> None:
+    """A slow step profiled among the steady ones (step 5 three times as long, a warm-up's or a load's): the
+    measured median mixed it with the others, silently (an audit: 442 ms, where the steady step takes 225)."""
+    def warm_up(events: list[dict]) -> None:
+        step = next(e for e in events if e.get("name") == "ProfilerStep#5")
+        start, end = step["ts"], step["ts"] + step["dur"]
+        for event in events:
+            if not isinstance(event.get("ts"), (int, float)):
+                continue
+            if start <= event["ts"] < end:
+                event["ts"] = start + (event["ts"] - start) * 3
+                event["dur"] = event.get("dur", 0) * 3
+            elif event["ts"] >= end:
+                event["ts"] += 2 * (end - start)
+    path = variant(NCCL, tmp_path / "slow", warm_up)
+    _, lines = validated(path.parent, tmp_path / "report")
+    assert [line for line in lines if "the steady steps last" in line] == [
+        f"warning: {path.parent}: the steady steps last 224.9 to 659.2 ms (x2.9: #5 659.2 ms, #6 224.9 ms): warm-up "
+        "steps, or a load that changed while the profiler ran? their median mixes them"]
+    _, lines = validated(variant(NCCL, tmp_path / "plain", lambda events: None).parent, tmp_path / "report2")
+    assert not [line for line in lines if "the steady steps last" in line]
+
+
 @pytest.mark.parametrize("folder", [TRACES / "wild" / "compare-test", TRACES / "whatif" / "t1p2d1-threads1", V100],
                          ids=lambda folder: folder.name)
 def test_whatif_shares_the_steady_iterations(folder: Path, tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 Every ``ProfilerStep#N`` but the first (which warms up), and but a last step the profiler's stop cut short: the
 profiler stopping inside a step closes it there (``ProfilerStep#2`` of ``traces/wild/mi250-rocm`` lasts 49 µs and
 holds nothing but itself), so its time is no iteration's. A rank's last step is cut short when the rank has device
-work and the step launched none, or when it lasts less than :data:`CUT_SHARE` of the median of the rank's other
-steps *and* holds fewer events than any of them (a step faster than the others does the same work). Each step cut
-short is said in one warning line.
+work and the step launched none, when every other step of the rank runs an optimizer step and it runs none (the
+profiler stopped before it: a step cut at 60 % of its time read 19 % fast), or when it lasts less than
+:data:`CUT_SHARE` of the median of the rank's other steps *and* holds fewer events than any of them (a step faster
+than the others does the same work). Each step cut short is said in one warning line; steady steps whose times
+spread over more than :data:`SPREAD` times the shortest are said too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from vtrain.validate.timeline import step_spans, whole_trace_note
 #: any) was cut short. The shipped traces' last steps last 0.63 (traces/whatif/t1p2d1-threads1) to 1.6 times that
 #: median; a pruned step (traces/wild/compare-test) 1.2
 CUT_SHARE = 0.5
+#: the span PyTorch's optimizers mark their step with (``Optimizer.step#AdamW.step``; Megatron's and apex's wrap one)
+OPTIMIZER_STEP = "Optimizer.step#"
+#: steady steps lasting more than this many times the shortest of them are said: warm-up steps kept, or a load that
+#: changed while the profiler ran (the shipped traces' steady steps lie within 1.3 times their shortest)
+SPREAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,21 @@ def steady_set(trace_dir: Path, frame: pl.DataFrame, all_iterations: list[int],
     if len(kept) == 1:
         notes.append(f"{trace_dir}: only one profiled iteration ({kept[0]})"
                      + (" besides the one cut short" if cut else "") + "; it is used although it is the first")
+    notes += _spread(frame, steady, trace_dir)
     return Steady(steady, basis, notes)
+
+
+def _spread(frame: pl.DataFrame, steady: list[int], trace_dir: Path) -> list[str]:
+    """One warning line when the steady steps' times (the longest rank's) spread over more than :data:`SPREAD`
+    times the shortest: their median mixes unlike iterations."""
+    spans = (step_spans(frame).filter(pl.col("iteration").is_in(steady)).group_by("iteration")
+             .agg(pl.col("dur").max()).sort("iteration"))
+    if spans.height < 2 or spans["dur"].min() <= 0 or spans["dur"].max() <= SPREAD * spans["dur"].min():
+        return []
+    shown = ", ".join(f"#{i} {d / 1e3:,.4g} ms" for i, d in spans.iter_rows())
+    return [f"{trace_dir}: the steady steps last {spans['dur'].min() / 1e3:,.4g} to {spans['dur'].max() / 1e3:,.4g} ms "
+            f"(x{spans['dur'].max() / spans['dur'].min():.2g}: {shown}): warm-up steps, or a load that changed while "
+            "the profiler ran? their median mixes them"]
 
 
 def cut_short(frame: pl.DataFrame, files: Mapping[int, Path]) -> tuple[set[int], list[str]]:
@@ -91,10 +112,11 @@ def _steps(frame: pl.DataFrame) -> pl.DataFrame:
     device activity at all."""
     spans = step_spans(frame).group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max())
     counts = (frame.lazy().filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration")
-              .agg(events=pl.len(), device=(pl.col("kind") == "device").sum()).collect())
+              .agg(events=pl.len(), device=(pl.col("kind") == "device").sum(),
+                   optimizer=pl.col("name").cat.starts_with(OPTIMIZER_STEP).sum()).collect())
     with_device = frame.lazy().group_by("rank").agg(rank_has_device=(pl.col("kind") == "device").any()).collect()
     return (spans.join(counts, on=["rank", "iteration"], how="left").join(with_device, on="rank", how="left")
-            .with_columns(pl.col("events", "device").fill_null(0)))
+            .with_columns(pl.col("events", "device", "optimizer").fill_null(0)))
 
 
 def _why_cut(last: dict, others: list[dict], has_device: bool) -> str | None:
@@ -105,4 +127,6 @@ def _why_cut(last: dict, others: list[dict], has_device: bool) -> str | None:
     if last["span"] < CUT_SHARE * typical and last["events"] < min(o["events"] for o in others):
         return (f"lasts {last['span'] / 1e3:.3g} ms against a median of {typical / 1e3:.3g} ms for the others, with "
                 f"fewer events than any of them")
+    if last["optimizer"] == 0 and all(o["optimizer"] for o in others):
+        return "runs no optimizer step (each of the rank's other steps runs one)"
     return None
