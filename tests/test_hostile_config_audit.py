@@ -232,12 +232,12 @@ def test_force_through_a_link_writes_where_it_points_and_keeps_the_link(tmp_path
     shutil.copy(TINY_CPU, config)
     target, link = tmp_path / "scratch" / "traces", tmp_path / "traces"
     assert vtrain_in_process("simulate", config, "-o", target).returncode == 0
-    (target / "rank-0.json.gz").write_bytes(b"old")  # the earlier output, replaced below
+    earlier = (target / "rank-0.json.gz").stat().st_ino  # the earlier output, replaced below
     link.symlink_to(target, target_is_directory=True)
     ran = vtrain_in_process("simulate", config, "-o", link, "--force")
     assert ran.returncode == 0, ran.stderr
     assert link.is_symlink() and link.resolve() == target.resolve()
-    assert (target / "rank-0.json.gz").read_bytes() != b"old"
+    assert (target / "rank-0.json.gz").stat().st_ino != earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml", "scratch", "traces"]
     assert sorted(p.name for p in target.parent.iterdir()) == ["traces"]
 

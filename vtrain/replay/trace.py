@@ -50,6 +50,7 @@ from vtrain.ingest.decode import (
     loose_name,
     readable_trace,
 )
+from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.discover import (
     RankClaims,
     find_trace_files,
@@ -222,6 +223,39 @@ class RankTrace:
         device = [c for c, kind in zip(self.correlation, self.kind) if kind == DEVICE] + self.dropped_correlations
         self.unanswered, self.launches = kineto.unanswered_launches(
             (self.name[i] for i in runtime), (self.correlation[i] for i in runtime), device)
+
+    def link_launches(self) -> None:
+        """A device activity without an external id (its launching operator's) takes its launch's: the runtime
+        event of its correlation id. Traces whose kernels carry only the correlation id (as some PyTorch versions
+        and exporters write them) had each kernel classed by its own name, not its operator's (cuDNN's convolution
+        kernels, ``..._implicit_gemm``, read as GEMMs)."""
+        unlinked = {correlation for kind, external, correlation in zip(self.kind, self.external_id, self.correlation)
+                    if kind == DEVICE and external is None and correlation is not None}
+        if not unlinked:
+            return
+        launch = {correlation: external for correlation, external, kind
+                  in zip(self.correlation, self.external_id, self.kind)
+                  if kind == RUNTIME and correlation in unlinked and external is not None}
+        launch.update(self._enclosing_ops(unlinked - set(launch)))
+        for index, (kind, external, correlation) in enumerate(zip(self.kind, self.external_id, self.correlation)):
+            if kind == DEVICE and external is None and correlation in launch:
+                self.external_id[index] = launch[correlation]
+
+    def _enclosing_ops(self, correlations: set[int]) -> dict[int, int]:
+        """For launches of ``correlations`` that carry no external id either (PyTorch 1.8's): the external id of
+        the innermost CPU operator around the launch on its thread, as `vtrain ingest` finds it."""
+        runtime = [i for i, (kind, correlation) in enumerate(zip(self.kind, self.correlation))
+                   if kind == RUNTIME and correlation in correlations]
+        ops = [i for i, (kind, cat, external) in enumerate(zip(self.kind, self.cat, self.external_id))
+               if kind == CPU and cat == "cpu_op" and external is not None]
+        if not runtime or not ops:
+            return {}
+        found = enclosing_op_ids(
+            pl.DataFrame({"tid": [self.lane[i] for i in ops], "ts": [self.ts[i] for i in ops],
+                          "dur": [self.dur[i] for i in ops], "external_id": [self.external_id[i] for i in ops]}),
+            pl.DataFrame({"correlation": [self.correlation[i] for i in runtime],
+                          "tid": [self.lane[i] for i in runtime], "ts": [self.ts[i] for i in runtime]}))
+        return {correlation: op for correlation, op in found.iter_rows() if op is not None}
 
     def check_device_times(self) -> None:
         """Count the device activities that repeat another exactly on one device (:attr:`repeated`, kept), note the
@@ -406,6 +440,7 @@ def _read_events(text: TraceText, header: TraceHeader, events: Span | None, sink
     decode_spans(text, events, add)
     _add_optimizer_iterations(trace)
     trace.count_launches()
+    trace.link_launches()
     trace.check_device_times()
     if sink is not None:
         sink.close(trace)
