@@ -309,3 +309,16 @@ def test_the_same_traces_write_the_same_tables(tmp_path: Path) -> None:
     for table in sorted(path.name for path in (tmp_path / "first").glob("*.parquet")):
         for name in ("second", "third"):
             assert (tmp_path / name / table).read_bytes() == (tmp_path / "first" / table).read_bytes(), table
+
+
+def test_trace_files_without_a_single_event_are_one_error_not_an_empty_profile(tmp_path: Path) -> None:
+    """`"traceEvents": []` in every file: ingest wrote a profile of 0 rows with two warnings, exit 0 (an audit);
+    one file of metadata only was already an error. One empty rank among others is still a warning."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "rank-0.json").write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1},
+                                                    "traceEvents": []}))
+    ran = vtrain_in_process("ingest", empty, "-o", tmp_path / "profile")
+    assert ran.returncode == 2 and ran.stderr == (f"error: {empty}: no event in any of its 1 trace file(s) "
+                                                  "(traceEvents empty): a profile of them would hold nothing\n")
+    assert not (tmp_path / "profile").exists()

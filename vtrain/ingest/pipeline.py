@@ -27,6 +27,7 @@ import polars as pl
 import vtrain
 from vtrain import runconfig
 from vtrain.distributed import map_in_order, usable_cores
+from vtrain.errors import InputError
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
 from vtrain.ingest.inferred_run import INFERRED, infer_run
 from vtrain.ingest.rank import (
@@ -188,11 +189,15 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
                 claims.claim(result.source.path, result.source.rank, result.source.world_size)
             if result.error:
                 raise result.error
-            for line in result.warnings:
-                say(line)
             assert result.source is not None
             sources.append(result.source)
             results.append(result)
+    if results and not any(result.counts.events for result in results):
+        raise InputError(f"no event in any of its {len(results)} trace file(s) (traceEvents empty): a profile of "
+                         "them would hold nothing", trace_dir)
+    for result in results:  # said once every file is read: a folder refused is its one error line
+        for line in result.warnings:
+            say(line)
     world_size = _world_size(sources)
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
