@@ -37,6 +37,7 @@ def test_the_only_trace_of_a_folder_is_rank_0_with_a_warning(tmp_path: Path) -> 
     report = _vtrain("validate", folder, "--no-hta", "-o", tmp_path / "report", "--json")
     assert report.returncode == 0, report.stderr
     assert abs(json.loads(report.stdout)["replay"]["error_pct"]) <= 2
+    assert "taken as rank 0" in report.stderr  # validate says it too (it did not: an audit)
 
 
 def test_two_anonymous_traces_are_still_refused(tmp_path: Path) -> None:

@@ -284,7 +284,7 @@ def is_only_trace(path: Path) -> bool:
 
 class RankOfFile(NamedTuple):
     """A trace file's rank and world size (:func:`rank_and_world_size`), and the warning line for a file whose name
-    says another rank than its trace (``None`` where they agree)."""
+    says another rank than its trace, or whose rank neither says (``None`` otherwise)."""
 
     rank: int
     world_size: int | None
@@ -301,10 +301,12 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
     given = info.get("rank")
     rank = _count(given)
     named = rank_from_file_name(path)
+    warning = None
     if given is None:
         rank = named
         if rank is None and is_only_trace(path):
             rank = 0
+            warning = f"{path}: no rank in the trace or its name; the only trace of its folder is taken as rank 0"
         if rank is None and (cycle := _other_cycle(path)) is not None:
             raise InputError(f"no rank in the trace or its name, and {cycle.name} beside it: "
                              f"{_cycles_advice(_cycle_worker(path) or '')}", path)
@@ -323,8 +325,9 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
                              f"have", path)
     if world is not None and rank >= world:
         raise InputError(f"rank {rank} is outside the world size {world}", path)
-    warning = (f"{path}: the file name says rank {named} but its distributedInfo.rank is {rank}: read as rank "
-               f"{rank}, as the trace says" if named is not None and named != rank else None)
+    if named is not None and named != rank:
+        warning = (f"{path}: the file name says rank {named} but its distributedInfo.rank is {rank}: read as rank "
+                   f"{rank}, as the trace says")
     return RankOfFile(rank, world, warning)
 
 

@@ -22,7 +22,7 @@ from vtrain.errors import InputError
 from vtrain.ingest.assemble import IMPOSSIBLE_SIZE, RankTables, assemble_rank, pg_config_problem
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
 from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
-from vtrain.ingest.discover import rank_and_world_size, rank_from_file_name
+from vtrain.ingest.discover import rank_and_world_size
 from vtrain.ingest.events import read_rank_events
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.ingest.spans import read_header, read_header_around_events
@@ -107,9 +107,6 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
             del text
         _check_events(path, events, result.warnings)
         assert result.source is not None
-        if (result.source.header.distributedInfo or {}).get("rank") is None and rank_from_file_name(path) is None:
-            result.warnings.insert(0, f"{path}: no rank in the trace or its name; the only trace of its folder is "
-                                      f"taken as rank 0")
         if result.source.rank_warning:
             result.warnings.insert(0, result.source.rank_warning)
         if problem := pg_config_problem(result.source.header.distributedInfo):
