@@ -322,3 +322,25 @@ def test_trace_files_without_a_single_event_are_one_error_not_an_empty_profile(t
     assert ran.returncode == 2 and ran.stderr == (f"error: {empty}: no event in any of its 1 trace file(s) "
                                                   "(traceEvents empty): a profile of them would hold nothing\n")
     assert not (tmp_path / "profile").exists()
+
+
+def test_one_rank_traced_without_distributed_info_says_the_ranks_its_collectives_name(tmp_path: Path) -> None:
+    """Rank 0 of HTA's 2-rank NCCL trace without its distributedInfo: its all-reduces name ranks 0 and 1, yet the
+    job was read as one of an unknown size, no rank said missing (an audit: one rank of 64). The collectives'
+    groups give a lower bound, said; with distributedInfo the usual missing-ranks line stands alone."""
+    source = REPO / "traces" / "hta-a100-2rank-nccl" / "rank-0.json.gz"
+    trace = json.loads(gzip.decompress(source.read_bytes()))
+    trace.pop("distributedInfo")
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "rank-0.json").write_text(json.dumps(trace))
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    assert (f"warning: {folder}: no trace says the job's world size, and its collectives' groups name ranks up to "
+            "1: at least 2 ranks, 1 of them with no trace file here") in ran.stderr, ran.stderr
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    shutil.copy(source, whole)
+    ran = vtrain_in_process("ingest", whole, "-o", tmp_path / "profile2")
+    assert ran.returncode == 0 and "no trace says the job's world size" not in ran.stderr, ran.stderr
+    assert "1 of 2 ranks have no trace file" in ran.stderr

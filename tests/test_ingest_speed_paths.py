@@ -179,11 +179,11 @@ def test_keys_after_the_events_give_the_same_profile(tmp_path: Path, after: dict
         assert ingest_traces(odd).metadata["device"] == ingest_traces(plain).metadata["device"]
 
 
-def test_a_trace_without_events_gives_empty_tables(tmp_path: Path) -> None:
+def test_a_trace_without_events_is_refused_not_a_profile_of_empty_tables(tmp_path: Path) -> None:
     trace = _trace(A100)
     trace["traceEvents"] = []
-    profile = ingest_traces(_write(tmp_path / "empty", trace))
-    assert all(profile[name].is_empty() for name in ("kernels", "cpu_ops", "collectives"))
+    with pytest.raises(InputError, match=r"no event in any of its 1 trace file\(s\)"):
+        ingest_traces(_write(tmp_path / "empty", trace))
 
 
 def _walk(ops: pl.DataFrame, probes: pl.DataFrame) -> pl.DataFrame:

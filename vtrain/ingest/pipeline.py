@@ -202,6 +202,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
     missing = sorted(set(range(world_size)) - {s.rank for s in sources}) if world_size else []
     if line := missing_ranks_warning(trace_dir, (s.rank for s in sources), world_size):
         say(line)
+    if world_size is None and (line := _world_of_the_collectives(Path(trace_dir), results, sources, spool)):
+        say(line)
     for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results)):
         if line:
             say(line)
@@ -260,6 +262,23 @@ def _ingest_rank_shipped(job: tuple[int, Path]) -> tuple[RankResult, dict[str, b
 
 def _ingest_rank_job(job: tuple[int, Path, Path]) -> RankResult:
     return ingest_rank(*job)
+
+
+def _world_of_the_collectives(trace_dir: Path, results: list[RankResult], sources: list[RankSource],
+                              spool: Path) -> str | None:
+    """Where no trace says the job's world size: the warning line for collectives whose groups name more ranks than
+    the folder's files (one rank of a 64-rank job, traced without ``distributedInfo``, read as a job of one)."""
+    highest = -1
+    for result in results:
+        groups = pl.scan_ipc(result.spooled(spool, "collectives")).select("group_ranks", "group_size").collect()
+        ranks = groups["group_ranks"].drop_nulls().str.extract_all(r"\d+").explode().cast(pl.Int64, strict=False)
+        highest = max(highest, ranks.max() or -1, (groups["group_size"].max() or 0) - 1)
+    have = {source.rank for source in sources}
+    if highest < 0 or highest < max(have, default=-1) or len(have) > highest:
+        return None
+    return (f"{trace_dir}: no trace says the job's world size, and its collectives' groups name ranks up to "
+            f"{highest}: at least {highest + 1} ranks, {highest + 1 - len(have & set(range(highest + 1)))} of them "
+            f"with no trace file here (their collectives are kept at this rank's times)")
 
 
 def _world_size(sources: list[RankSource]) -> int | None:
