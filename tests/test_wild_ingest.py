@@ -344,10 +344,16 @@ def test_events_without_phase_or_category_are_never_an_empty_profile(field: str,
     assert profile["kernels"].height == count_events(some["traceEvents"]).activities
 
 
-def test_a_trace_without_events_is_said(base_traces: dict[str, Trace], tmp_path: Path) -> None:
-    trace = {**base_traces["sm80"], "traceEvents": []}
-    profile, warnings = _ingest(_write(trace, tmp_path / "empty"))
-    assert profile["kernels"].is_empty() and profile["cpu_ops"].is_empty()
+def test_a_trace_without_events_is_said_and_a_folder_of_nothing_else_refused(base_traces: dict[str, Trace],
+                                                                              tmp_path: Path) -> None:
+    """An empty rank file beside others is said; alone, it was a profile of 0 rows (now one error)."""
+    trace = {**base_traces["sm80"], "traceEvents": [], "distributedInfo": {"rank": 0, "world_size": 2}}
+    with pytest.raises(InputError, match=r"no event in any of its 1 trace file\(s\)"):
+        _ingest(_write(trace, tmp_path / "empty"))
+    folder = _write(trace, tmp_path / "two")
+    _write({**base_traces["sm80"], "distributedInfo": {"rank": 1, "world_size": 2}}, folder, "rank-1.json")
+    profile, warnings = _ingest(folder)
+    assert not profile["kernels"].is_empty()
     assert any("rank-0.json: the trace holds no events" in w for w in warnings), warnings
 
 
