@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from vtrain.kineto import OPTIMIZER_STEP
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.validate.timeline import step_spans, whole_trace_note
 
@@ -26,8 +27,6 @@ from vtrain.validate.timeline import step_spans, whole_trace_note
 #: any) was cut short. The shipped traces' last steps last 0.63 (traces/whatif/t1p2d1-threads1) to 1.6 times that
 #: median; a pruned step (traces/wild/compare-test) 1.2
 CUT_SHARE = 0.5
-#: the span PyTorch's optimizers mark their step with (``Optimizer.step#AdamW.step``; Megatron's and apex's wrap one)
-OPTIMIZER_STEP = "Optimizer.step#"
 #: steady steps lasting more than this many times the shortest of them are said: warm-up steps kept, or a load that
 #: changed while the profiler ran (the shipped traces' steady steps lie within 1.3 times their shortest)
 SPREAD = 1.5
@@ -113,7 +112,7 @@ def _steps(frame: pl.DataFrame) -> pl.DataFrame:
     spans = step_spans(frame).group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max())
     counts = (frame.lazy().filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration")
               .agg(events=pl.len(), device=(pl.col("kind") == "device").sum(),
-                   optimizer=pl.col("name").cat.starts_with(OPTIMIZER_STEP).sum()).collect())
+                   optimizer=pl.col("name").cast(pl.String).str.contains(OPTIMIZER_STEP.pattern).sum()).collect())
     with_device = frame.lazy().group_by("rank").agg(rank_has_device=(pl.col("kind") == "device").any()).collect()
     return (spans.join(counts, on=["rank", "iteration"], how="left").join(with_device, on="rank", how="left")
             .with_columns(pl.col("events", "device", "optimizer").fill_null(0)))
