@@ -120,3 +120,26 @@ def test_a_device_name_with_a_line_break_stays_on_its_line(tmp_path: Path) -> No
     assert ran.returncode == 0, ran.stderr
     assert not any(line.startswith("error:") for line in ran.stdout.splitlines())
     assert "on NVIDIA H100 error: fake" in ran.stdout.splitlines()[0]
+
+
+def _in_nanoseconds(trace: dict, *, since_1970: bool) -> dict:
+    """The trace as a tool writing integer nanoseconds would: since 1970 (in 2024, 1.7e18), or from its first event."""
+    events = [event for event in trace["traceEvents"] if "ts" in event]
+    first = min(event["ts"] for event in events)
+    for event in events:
+        event["ts"] = round((event["ts"] - first) * 1000) + (1_712_195_495_519_689_000 if since_1970 else 0)
+        if "dur" in event:
+            event["dur"] = round(event["dur"] * 1000)
+    return trace
+
+
+@pytest.mark.parametrize("since_1970, said", [(True, "the year 5000"), (False, "at the median")])
+@pytest.mark.parametrize("command", [["ingest"], ["validate", "--no-hta"]])
+def test_times_written_in_nanoseconds_are_said(command: list[str], since_1970: bool, said: str,
+                                               tmp_path: Path) -> None:
+    folder = _write(tmp_path / "ns", _in_nanoseconds(_trace(H100 / "rank-0.json.gz"), since_1970=since_1970))
+    ran = vtrain_in_process(command[0], folder, *command[1:], "-o", tmp_path / "out")
+    assert "Traceback" not in ran.stderr, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if "nanoseconds" in line and said in line], ran.stderr
+    shipped = vtrain_in_process(command[0], H100, *command[1:], "-o", tmp_path / "shipped")
+    assert shipped.returncode == 0 and "nanoseconds" not in shipped.stderr, shipped.stderr

@@ -324,6 +324,28 @@ def absurd_host_warning(path: object, count: int) -> str:
             f"profile, or starting that far from the others)")
 
 
+#: a ``ts`` above this cannot be microseconds since 1970 (it would be the year 5138): nanoseconds since 1970 are
+#: about 1.7e18
+NANOSECOND_EPOCH_TS = 1e17
+#: no training step's kernels last a millisecond at the median (real traces: 2-50 µs); in nanoseconds they would
+NANOSECOND_MEDIAN_KERNEL_US = 1000.0
+
+
+def nanoseconds_warning(path: object, ts: np.ndarray, kernel_dur: np.ndarray) -> str | None:
+    """The warning for a trace whose times look like nanoseconds (Kineto writes microseconds, whatever its
+    ``displayTimeUnit`` says): a start beyond :data:`NANOSECOND_EPOCH_TS`, or device activities (durations
+    ``kernel_dur``) whose median lasts :data:`NANOSECOND_MEDIAN_KERNEL_US` or more. ``None`` when neither holds."""
+    finite = ts[np.isfinite(ts)]
+    if finite.size and float(finite.max()) > NANOSECOND_EPOCH_TS:
+        evidence = f"its times reach {float(finite.max()):.3g}, the year 5000 and beyond in microseconds"
+    elif kernel_dur.size and (median := float(np.median(kernel_dur))) >= NANOSECOND_MEDIAN_KERNEL_US:
+        evidence = f"its device activities last {median:,.0f} µs at the median (a training step's: 2-50 µs)"
+    else:
+        return None
+    return (f"{path}: {evidence}: were its times written in nanoseconds? Kineto writes microseconds and they are "
+            f"read as such: every time and duration of this rank would be 1,000x too long")
+
+
 def absurd_activities(host_start: float | None, host_end: float | None, ts: np.ndarray,
                       dur: np.ndarray) -> np.ndarray:
     """Which device activities (start ``ts``, duration ``dur``, µs) cannot be measurements, given the span of the

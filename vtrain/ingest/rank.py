@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
@@ -31,6 +32,7 @@ from vtrain.kineto import (
     C10D_OP_PREFIX,
     absurd_host_warning,
     empty_steps_text,
+    nanoseconds_warning,
     optimizer_iterations_warning,
     unanswered_launches_warning,
 )
@@ -176,6 +178,10 @@ def _nameless(events: RankEvents) -> int:
 
 def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
     """Warnings for what a rank's tables leave out or could not link, each with its count."""
+    if line := nanoseconds_warning(path, np.concatenate([tables.kernels["ts"].to_numpy(),
+                                                         tables.cpu_ops["ts"].to_numpy()]),
+                                   tables.kernels["dur"].to_numpy()):
+        warnings.append(line)
     if tables.dropped:
         warnings.append(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
     if tables.absurd:

@@ -210,6 +210,7 @@ class RankTrace:
     malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
     rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
     optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
+    nanoseconds: str | None = None  # its times look like nanoseconds (kineto.nanoseconds_warning)
     source: KeptText = field(default_factory=KeptText)
 
     def __len__(self) -> int:
@@ -267,6 +268,7 @@ class RankTrace:
         ts, dur = np.frombuffer(self.ts, dtype=np.float64), np.frombuffer(self.dur, dtype=np.float64)
         host = (kinds == _KIND_CODES[CPU]) | (kinds == _KIND_CODES[RUNTIME])
         device = kinds == _KIND_CODES[DEVICE]
+        self.nanoseconds = kineto.nanoseconds_warning(self.path, ts, dur[device])
         absurd = np.zeros(len(kinds), dtype=bool)
         absurd[host] = kineto.absurd_host_events(ts[host], dur[host])
         self.absurd_host = int(absurd.sum())
@@ -327,7 +329,7 @@ class RankTrace:
                         unreadable_args=self.unreadable_args, begin_end=self.begin_end,
                         bare_numbers=self.bare_numbers, unanswered=self.unanswered,
                         launches=self.launches, malformed=self.malformed, rank_warning=self.rank_warning,
-                        optimizer_iterations=self.optimizer_iterations,
+                        optimizer_iterations=self.optimizer_iterations, nanoseconds=self.nanoseconds,
                         replayable=self.replayable, columns=self.event_columns(), index=self.index,
                         source=self.source)
 
@@ -380,6 +382,7 @@ class KeptRank:
     malformed: MalformedEvents
     rank_warning: str | None
     optimizer_iterations: int
+    nanoseconds: str | None
     replayable: bool
     columns: pl.DataFrame
     index: array  # of int64
@@ -779,6 +782,8 @@ def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
                      f"than the trace, or starting where no queue of the trace's device work could put them)")
     if trace.unanswered:
         lines.append(kineto.unanswered_launches_warning(path, trace.unanswered, trace.launches))
+    if trace.nanoseconds:
+        lines.append(trace.nanoseconds)
     return lines
 
 
