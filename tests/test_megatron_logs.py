@@ -513,3 +513,26 @@ def test_a_log_as_windows_writes_it_kept_compressed_or_with_a_stray_byte_is_read
     path.write_bytes(bytes(range(256)) * 4)  # a binary file is still none
     with pytest.raises(InputError, match="not a text file"):
         read_measurements(path)
+
+
+#: what Megatron-LM prints for every model: a GPT's encoder is its layers, its decoder None
+ENCODER_ARGS = {"encoder_num_layers": 24, "encoder_seq_length": 2048, "decoder_num_layers": None,
+                "decoder_seq_length": None, "bert_binary_head": True, "tokenizer_type": "GPT2BPETokenizer"}
+
+
+def test_a_t5_run_is_refused_and_a_gpt_printing_encoder_arguments_is_read(tmp_path: Path) -> None:
+    """A T5 log (pretrain_t5.py) was predicted as a GPT of 24 layers, silently: its decoder's cross-attention and
+    second sequence length are not modelled."""
+    row = read(tmp_path, log_text({**ARGS, **ENCODER_ARGS})).row(0, named=True)
+    assert row["layers"] == 24 and row["problem"] is None
+    t5 = {**ARGS, **ENCODER_ARGS, "encoder_num_layers": 12, "decoder_num_layers": 12, "decoder_seq_length": 128,
+          "tokenizer_type": "BertWordPieceCase"}
+    with pytest.raises(InputError, match="is an encoder-decoder .T5"):
+        read(tmp_path, log_text(t5))
+
+
+def test_a_bert_run_is_predicted_as_a_gpt_of_its_shape_and_said(tmp_path: Path) -> None:
+    _, said = read_warned(tmp_path, log_text({**ARGS, **ENCODER_ARGS, "tokenizer_type": "BertWordPieceLowerCase"}))
+    assert [line for line in said if "is BERT's: predicted as a GPT of its shape" in line], said
+    _, said = read_warned(tmp_path, log_text({**ARGS, **ENCODER_ARGS}))
+    assert not [line for line in said if "BERT" in line], said

@@ -117,6 +117,7 @@ def _run(block: list[str], start: int, path: Path) -> dict[str, str] | None:
     if not intervals:
         return None
     where = f"the run whose arguments start on line {start}"
+    _refuse_encoder_decoder(arguments, where, path)
     batch, timed = _timed_intervals(intervals, arguments.get("global_batch_size"), where, path)
     if len(timed) == 1:
         warn_input(f"{where} logged one interval: its time includes the start-up of its first iterations", path)
@@ -199,6 +200,17 @@ def _given(args: dict[str, str]) -> Callable[[str], str | None]:
     return lambda name: None if args.get(name) in (None, "None") else args[name]
 
 
+def _refuse_encoder_decoder(args: dict[str, str], where: str, path: Path) -> None:
+    """Refuse a T5 run: Megatron prints ``decoder_num_layers`` and ``decoder_seq_length`` as ``None`` for a GPT
+    (and ``encoder_num_layers`` as its layers), numbers only for an encoder-decoder, whose decoder's cross-attention
+    and two sequence lengths vtrain does not model."""
+    given = _given(args)
+    decoder = given("decoder_num_layers") or given("decoder_seq_length")
+    if decoder:
+        raise InputError(f"{where} is an encoder-decoder (T5: decoder_num_layers/decoder_seq_length {decoder}): "
+                         "vtrain models GPT-style decoders only", path)
+
+
 def _flag(args: dict[str, str]) -> Callable[[str], bool]:
     """Whether a switch is on."""
     return lambda name: args.get(name) == "True"
@@ -215,6 +227,9 @@ def _unread(args: dict[str, str], padded_vocab: str | None) -> list[str]:
         problems.append(f"DeepSpeed's ZeRO stage {_zero_stage(args)} partitions its gradients"
                         f"{' and parameters (gathered before each layer runs)' if _zero_stage(args) >= 3 else ''}: "
                         "predicted as the distributed optimizer (ZeRO stage 1)")
+    if (given("tokenizer_type") or "").startswith("BertWordPiece"):
+        problems.append(f"its tokenizer ({given('tokenizer_type')}) is BERT's: predicted as a GPT of its shape (the "
+                        "same layers; its attention unmasked, its pooler and binary head left out)")
     if flag("squared_relu"):
         problems.append("its MLP's squared ReLU is predicted as GELU (the same GEMMs; another element-wise kernel)")
     if "alibi" in (given("position_embedding_type") or "").lower():
