@@ -33,6 +33,12 @@ class Architecture:
     source: str
     precision: str = "fp16"
 
+    @property
+    def attention(self) -> str:
+        """How it ran its attention: LLaMA's family with FlashAttention (its papers), GPT-3's generation before it
+        with the scores in memory (``eager``)."""
+        return "flash" if self.family == "llama" else "eager"
+
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> Architecture:
     return Architecture(name, "gpt", ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=50257,

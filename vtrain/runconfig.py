@@ -764,15 +764,13 @@ def named_run(name: str | Path) -> RunConfig | None:
         if path.suffix or len(path.parts) > 1:
             return None  # a missing file: read_config_file says so
         raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
-    attention = "flash" if found.family == "llama" else "eager"
     warn_input(f"{found.name} as published ({found.source}): {found.model.describe()}; trained here in "
-               f"{found.precision} with Megatron's kernels and {_ATTENTION_SAID[attention]}", name)
-    return RunConfig(model=found.model, precision=found.precision, framework="megatron", attention=attention,
+               f"{found.precision} with Megatron's kernels and {_ATTENTION_SAID[found.attention]}", name)
+    return RunConfig(model=found.model, precision=found.precision, framework="megatron", attention=found.attention,
                      hardware=HardwareConfig(device="A100"))
 
 
-#: how a model without a run of its own runs its attention, said: LLaMA's family trained with FlashAttention (its
-#: papers), GPT-3's generation before it
+#: how a model without a run of its own runs its attention (vtrain.architectures.Architecture.attention), said
 _ATTENTION_SAID = {"flash": "FlashAttention (--attention eager for the scores in memory)",
                    "eager": "eager attention (--attention flash for FlashAttention)"}
 

@@ -236,7 +236,7 @@ def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) ->
 #: columns it gives where a row has none
 _NAMED_SHAPE = ("layers", "hidden", "heads", "seq")
 _NAMED_OPTIONAL = ("vocab", "ffn_hidden", "kv_heads", "mlp", "norm", "position", "bias", "qkv_bias",
-                   "tie_embeddings", "dropout", "precision")
+                   "tie_embeddings", "dropout", "precision", "attention")
 #: the column that keeps, while a table is read, why a row's model gives no shape (an unknown name)
 _MODEL_PROBLEM = "model problem"
 
@@ -286,7 +286,7 @@ def _model_problem(name: str | None, known: bool, missing: list[str]) -> str | N
 
 def _architecture_cell(found: Architecture, column: str) -> str | None:
     """A column's cell as an architecture gives it (text, as a file's), None where it leaves it to the defaults."""
-    value = found.precision if column == "precision" else getattr(found.model, column)
+    value = getattr(found, column) if column in ("precision", "attention") else getattr(found.model, column)
     return None if value is None else str(value).lower()
 
 

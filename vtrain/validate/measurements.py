@@ -213,7 +213,10 @@ def _left_to_the_command(predicted: pl.DataFrame, hardware: Hardware) -> str | N
     settings = {"recompute": ("recomputation", hardware.recompute, "--recompute"),
                 "precision": ("precision", PRECISION, None), "device": ("GPU", hardware.device, "--device"),
                 "framework": ("framework", hardware.framework, "--framework"),
-                "attention": ("attention", hardware.attention, "--attention")}
+                "attention": ("attention", hardware.attention, "--attention"),
+                "dp_overlap": ("gradient all-reduce overlap", "off", None),
+                "distributed_optimizer": ("distributed optimizer", "off", None),
+                "sequence_parallel": ("sequence parallelism", "off", None)}
     unsaid = [f"{what} {value}{f' ({flag})' if flag else ''} for {count} of {predicted.height}"
               for column, (what, value, flag) in settings.items()
               if (count := predicted.height if column not in predicted.columns else predicted[column].null_count())]
