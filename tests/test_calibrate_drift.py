@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import TRACES
+from tests.conftest import REPO, TRACES
 from vtrain.calibrate import calibration as calibrate_run
 from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare, software_changes
 from vtrain.calibrate.profile import derive_profile, metadata_sha256, verify_lineage
@@ -302,3 +302,19 @@ def test_traces_of_another_job_than_the_bases_are_said(tmp_path: Path, shipped_p
     same = write_profile(shipped_profile(CPU_OTHER_RUN), tmp_path / "same")  # the same job, overlapped
     result = invoke(CPU_RUN, "--base", same, "-o", tmp_path / "profile2", "--report-dir", tmp_path / "report2")
     assert result.exit_code == 0 and "another job" not in result.stderr, result.stderr
+
+
+def test_a_fitted_base_keeps_the_benchmarks_its_device_model_was_fitted_to(tmp_path: Path) -> None:
+    """The shipped A100 profile is fitted to 33,722 LLMCompass and vidur kernels and 7,168 nccl-tests rows besides
+    its traces. Calibrated on the same A100 traces, the new profile dropped them all, silently: its kernel model
+    was 'not fitted', 12 of its 14 collective curves were gone, and MT-NLG was predicted 36 % slower. Now they are
+    carried over, said, and the device model refitted to them is the base's."""
+    base = REPO / "profiles" / "a100"
+    result = invoke(A100, "--base", base, "-o", tmp_path / "profile", "--report-dir", tmp_path / "report")
+    assert result.exit_code == 0, result.stderr
+    assert (f"warning: carried over from the base profile {base}: 33,722 kernel benchmarks and 16,115 collective "
+            "measurements (llmcompass, nccl-tests, vidur)") in result.stderr, result.stderr
+    old, new = (json.loads((folder / "metadata.json").read_text())["fitted"] for folder in (base, tmp_path / "profile"))
+    for part in ("gemm", "memory_bound", "collectives"):
+        assert new[part] == old[part], part
+    assert new["provenance"]["gemm"] == "fitted: llmcompass, vidur"

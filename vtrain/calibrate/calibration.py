@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vtrain.calibrate.drift import compare_profiles
-from vtrain.calibrate.profile import derive_profile, load_base_profile
+from vtrain.calibrate.profile import derive_profile, load_base_profile, with_base_benchmarks
 from vtrain.calibrate.result import Calibration, SuiteSet
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
@@ -51,7 +51,9 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
             warnings.append(line)
             warn(line)
 
-    ingested = ingest_traces(trace_dir, warn=note)
+    ingested, carried = with_base_benchmarks(ingest_traces(trace_dir, warn=note), base_profile)
+    if carried:
+        note(carried)
     profile = derive_profile(ingested, base, version=output.name, fitted=refit(ingested, base_profile.metadata))
     for line in _another_job(base_profile.metadata, profile.metadata, base):
         note(line)

@@ -9,8 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from vtrain.errors import InputError
 from vtrain.tables.store import METADATA_FILE, Profile, load_profile
+
+#: the ``source`` of rows a trace measured (every other source is a benchmark run outside the traces)
+TRACE_SOURCE = "trace"
 
 
 def metadata_sha256(profile_dir: str | Path) -> str:
@@ -24,6 +29,38 @@ def load_base_profile(path: str | Path) -> Profile:
     if not isinstance(profile.metadata, dict) or profile.metadata.get("kind", "profile") != "profile":
         raise InputError(f"not a profile folder: {METADATA_FILE} does not describe a profile", path)
     return profile
+
+
+def with_base_benchmarks(new: Profile, base: Profile) -> tuple[Profile, str | None]:
+    """``new`` (a fresh ingest) with what the base measured outside its traces and new traces cannot measure again:
+    its ``op_benchmarks`` (LLMCompass, vidur, ...) and its ``nccl_latency`` rows of other sources (nccl-tests), which
+    its fitted device model was fitted to. Without them the new profile's kernel model and collective curves were
+    fitted from the new traces alone: a profile fitted to 34,000 kernel benchmarks lost its kernel model and 12 of
+    its 14 collective curves, silently, and MT-NLG's prediction moved 36 %. Returns the line saying what was carried
+    over (measured with the base's software), or ``None`` when there was nothing."""
+    carried: dict[str, pl.DataFrame] = {}
+    benchmarks = base.tables.get("op_benchmarks")
+    if benchmarks is not None and benchmarks.height:
+        own = new.tables.get("op_benchmarks")
+        carried["op_benchmarks"] = benchmarks if own is None else pl.concat([own, benchmarks], how="diagonal_relaxed")
+    collectives = base.nccl_latency.filter(pl.col("source") != TRACE_SOURCE)
+    if collectives.height:
+        carried["nccl_latency"] = pl.concat([new.nccl_latency, collectives], how="diagonal_relaxed")
+    if not carried:
+        return new, None
+    counts = {"op_benchmarks": benchmarks.height if "op_benchmarks" in carried else 0,
+              "nccl_latency": collectives.height}
+    sources = sorted({*_sources(benchmarks if "op_benchmarks" in carried else None), *_sources(collectives)})
+    metadata = {**new.metadata, "carried_over": {"from": str(base.path), **counts, "sources": sources}}
+    line = (f"carried over from the base profile {base.path}: {counts['op_benchmarks']:,} kernel benchmarks and "
+            f"{counts['nccl_latency']:,} collective measurements ({', '.join(sources)}), measured outside its traces "
+            "with the base's software (the new traces measure neither): the device model is refitted to them and "
+            "the new traces; run the benchmarks again to calibrate those too")
+    return Profile(tables={**new.tables, **carried}, metadata=metadata, path=new.path), line
+
+
+def _sources(table: pl.DataFrame | None) -> list[str]:
+    return [] if table is None or "source" not in table.columns else [str(s) for s in table["source"].unique()]
 
 
 def derive_profile(new_profile: Profile, base_profile_path: str | Path, *, version: str,
