@@ -298,3 +298,26 @@ def test_measurements_split_the_time_per_micro_batch_into_layers_and_what_surrou
                                                 "outside_ms_measured": pytest.approx(4.0),
                                                 "outside_ms_predicted": pytest.approx(outside)}]
     assert "predicted / measured per layer" in render_markdown(v)
+
+
+def test_a_folder_of_no_measurements_is_refused_not_fitted_to_nothing(tmp_path: Path) -> None:
+    """A folder holding a Slurm job's error file fitted nothing, exit 0, no word ("collectives: not fitted")."""
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    (folder / "slurm-48213.err").write_text("srun: error: node00: task 0: Exited with exit code 1\n")
+    result = CliRunner().invoke(app, ["fit", "-o", str(tmp_path / "profile"), "--nccl-tests", str(folder)])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        f"error: {folder}: no .csv, .txt, .log, .out file in the folder: nothing to read"], result.stderr
+    assert not (tmp_path / "profile").exists()
+
+
+def test_a_profile_every_command_would_refuse_is_not_written(tmp_path: Path) -> None:
+    """`vtrain fit` wrote a profile of a 0-GPU group's collectives that `vtrain tables` then refused; whatever
+    the checks of a profile's reader refuse, its writer now refuses first."""
+    from vtrain.tables.store import write_profile
+
+    rows = read_nccl_tests(NCCL / "allreduce_2gpu.csv").head(3).with_columns(group_size=pl.lit(0, dtype=pl.Int32))
+    profile = Profile(tables={"op_latency": empty_table("op_latency"), "nccl_latency": rows})
+    with pytest.raises(InputError, match="not written: every command would refuse it .* group_size below 1"):
+        write_profile(profile, tmp_path / "profile")
+    assert not (tmp_path / "profile").exists()

@@ -154,6 +154,48 @@ def test_nccl_tests_stdout_group_size_contradiction(tmp_path):
         read_nccl_tests(out, group_size=4)
 
 
+def _as_launched(text: str, how: str) -> str:
+    """nccl-tests' output as a launcher prints it: ``mpirun --tag-output``, ``srun --label``, a two-node run's rank
+    lines (ranks 8-15 on a second host), or nccl-tests before 2.10 (rank lines without ``Group``)."""
+    lines = text.splitlines()
+    if how == "mpirun --tag-output":
+        lines = [f"[1,0]<stdout>:{line}" for line in lines]
+    elif how == "srun --label":
+        lines = [f"0: {line}" for line in lines]
+    elif how == "two nodes":
+        ranks = [line for line in lines if line.startswith("#  Rank")]
+        at = lines.index(ranks[-1]) + 1
+        lines[at:at] = [line.replace(f"Rank {r:2d}", f"Rank {r + 8:2d}").replace("dgx-a100", "dgx-b")
+                        for r, line in enumerate(ranks)]
+    elif how == "before 2.10":
+        lines = [line.replace(" Group  0", "") for line in lines]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("how", "ranks", "nodes"), [("mpirun --tag-output", 8, 1), ("srun --label", 8, 1),
+                                                     ("two nodes", 16, 2), ("before 2.10", 8, 1)])
+def test_nccl_tests_stdout_as_launchers_and_older_versions_print_it(how: str, ranks: int, nodes: int,
+                                                                    tmp_path: Path) -> None:
+    """Each was refused ("no nccl-tests results", "group size unknown"), or read as one node: a 16-GPU all-reduce
+    over two hosts got the bus bandwidth of one node's NVLink."""
+    out = tmp_path / "all_reduce_perf.out"
+    out.write_text(_as_launched(perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8), how))
+    table = read_nccl_tests(out)
+    assert table.height == 4 and set(table["group_size"]) == {ranks} and set(table["nodes"]) == {nodes}
+    assert set(table["collective"]) == {"all_reduce"}
+
+
+def test_nccl_tests_a_table_given_twice_is_said_and_a_group_of_no_gpus_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run.log"
+    out.write_text(perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8) * 2)
+    with pytest.warns(InputWarning, match="4 of its 4 message sizes are timed more than once"):
+        assert read_nccl_tests(out)["count"].to_list() == [4] * 4
+    none = write(tmp_path / "allreduce_0gpu.csv", ["size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)",
+                                                   "8388608,262144,float,100000,73.40,100000,73.40"])
+    with pytest.raises(InputError, match="a group of 0 GPUs"):
+        read_nccl_tests(none)
+
+
 # --- vidur ------------------------------------------------------------------------------------------------------
 
 def test_vidur_all_reduce():

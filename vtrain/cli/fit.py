@@ -89,12 +89,20 @@ def _pct(value: float | None) -> str:
     return "   n/a" if value is None else f"{value:5.1f} %"
 
 
+#: the files a folder of measurements is read for
+_MEASUREMENT_SUFFIXES = (".csv", ".txt", ".log", ".out")
+
+
 def _files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder stands for the .csv, .txt and .log files directly in it."""
+    """Files as given; a folder stands for the .csv, .txt, .log and .out (Slurm's) files directly in it, and one
+    with none is refused."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".csv", ".txt", ".log")))
+            files = sorted(p for p in path.iterdir() if p.suffix in _MEASUREMENT_SUFFIXES and p.is_file())
+            if not files:
+                raise InputError(f"no {', '.join(_MEASUREMENT_SUFFIXES)} file in the folder: nothing to read", path)
+            found.extend(files)
         else:
             found.append(path)
     return found

@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, numbers, read_text
 from vtrain.tables.store import conform
 
@@ -41,8 +41,12 @@ _CSV_COLUMNS = ["size(B)", "count", "type", "time(ns) out-of-place", "busbw(GB/s
                 "time(ns) in-place", "busbw(GB/s) in-place"]
 _CSV_NAME = re.compile(r"^([A-Za-z_]+?)_(\d+)gpus?\.csv$")
 _TEST_STARTING = re.compile(r"Collective test starting:\s*(\S+)")
-_PERF_BINARY = re.compile(r"\b([a-z_]+)_perf\b")
-_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+(\d+)")
+_PERF_BINARY = re.compile(r"\b([a-z_]+?)_perf(?![a-z])")
+#: a ``#  Rank  N Group  G Pid  P on  HOST device ...`` line (nccl-tests before 2.10 wrote no ``Group``: one group)
+_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?.*?\son\s+(\S+)\s+device\b")
+#: what launchers put before each line of a rank's output: ``mpirun --tag-output`` (``[1,0]<stdout>:``) and
+#: ``srun --label`` (``0: ``)
+_LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
 _NRANKS = re.compile(r"\bnranks\s*[:=]?\s*(\d+)", re.IGNORECASE)
 
 
@@ -55,7 +59,9 @@ def read_nccl_tests(path: str | Path, group_size: int | None = None, nodes: int 
     else ``group_size`` (an error when the output says otherwise). The collective is ``collective`` (vtrain's
     name, e.g. ``"all_reduce"``), else the ``# Collective test starting: <test>_perf`` line or a
     ``<test>_perf`` binary name in the text, else the file name. ``nodes`` is the number of nodes the group
-    spans; ``device_type`` is ``"cuda"`` and ``source`` ``"nccl-tests"``.
+    spans, unless the ``#  Rank`` lines name more hosts for a group; ``device_type`` is ``"cuda"`` and
+    ``source`` ``"nccl-tests"``. Lines a launcher prefixed with its rank (``mpirun --tag-output``, ``srun
+    --label``) are read without the prefix.
     """
     path = Path(path)
     text = read_text(path)
@@ -66,11 +72,16 @@ def read_nccl_tests(path: str | Path, group_size: int | None = None, nodes: int 
         frame = _read_csv_layout(path, group_size, collective)
     else:
         frame = _read_perf_output(path, text, group_size, collective)
+    keys = [column for column in ("collective", "group_size", "nodes", "bytes") if column in frame.columns]
+    frame = frame.group_by(keys, maintain_order=True).agg(pl.col("times_us").list.explode())  # a size timed twice: one row
     frame = frame.with_columns(
         count=pl.col("times_us").list.len(), median_us=pl.col("times_us").list.median(),
         p10_us=pl.col("times_us").list.min(), p90_us=pl.col("times_us").list.max(),
-        device_type=pl.lit("cuda"), nodes=pl.lit(nodes), source=pl.lit(SOURCE),
+        device_type=pl.lit("cuda"), source=pl.lit(SOURCE),
+        nodes=pl.lit(nodes) if "nodes" not in frame.columns else pl.max_horizontal("nodes", pl.lit(nodes)),
     )
+    if frame["group_size"].min() < 1:
+        raise InputError(f"a group of {frame['group_size'].min()} GPUs: a collective needs one or more", path)
     return conform(with_bandwidths(frame), "nccl_latency")
 
 
@@ -113,16 +124,20 @@ def _read_csv_layout(path: Path, group_size: int | None, collective: str | None)
 def _read_perf_output(path: Path, text: str, group_size: int | None, collective: str | None) -> pl.DataFrame:
     header: list[str] | None = None
     groups: Counter[str] = Counter()
+    hosts: dict[str, set[str]] = {}
     nranks: int | None = None
     tests: list[str] = []
     records: list[dict] = []
     for number, line in enumerate(text.splitlines(), start=1):
+        line = _LAUNCHER_PREFIX.sub("", line)
         if line.lstrip().startswith("#"):
             words = line.lstrip().lstrip("#").split()
             if words[:3] == ["size", "count", "type"]:
                 header = words
             elif rank := _RANK_LINE.match(line.strip()):
-                groups[rank.group(2)] += 1
+                group = rank.group(2) or "0"
+                groups[group] += 1
+                hosts.setdefault(group, set()).add(rank.group(3))
             elif starting := _TEST_STARTING.search(line):
                 tests.append(starting.group(1))
             elif found := _NRANKS.search(line):
@@ -135,6 +150,7 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
     if header is None or not records:
         raise InputError("no nccl-tests results: neither the size,count,type... table of a *_perf run nor "
                          f"the CSV layout ({','.join(CSV_HEADER)})", path)
+    _say_repeated_sizes(records, path)
     listed = _group_size(groups, nranks, path)
     if group_size is not None and listed is not None and group_size != listed:
         raise InputError(f"group size {group_size} was given but the output lists {listed} ranks per group", path)
@@ -145,11 +161,21 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
     collective = collective or _collective_from_text(text, tests, path)
     time_columns = [i for i, word in enumerate(header) if word == "time"]
     return pl.DataFrame({
-        "collective": collective, "group_size": group_size,
+        "collective": collective, "group_size": group_size, "nodes": max(map(len, hosts.values()), default=1),
         "bytes": [_integer(record, 0, header, path) for record in records],
         "times_us": [[_number(record, i, header, path) for i in time_columns] for record in records],
-    }, schema={"collective": pl.String, "group_size": pl.Int32, "bytes": pl.Int64,
+    }, schema={"collective": pl.String, "group_size": pl.Int32, "nodes": pl.Int32, "bytes": pl.Int64,
                "times_us": pl.List(pl.Float64)})
+
+
+def _say_repeated_sizes(records: list[dict], path: Path) -> None:
+    """One warning for an output whose table gives a size more than once (two runs appended, ``-d all``): their
+    times are all taken as samples of the size."""
+    sizes = Counter(record["tokens"][0] for record in records)
+    repeated = sum(1 for count in sizes.values() if count > 1)
+    if repeated:
+        warn_input(f"{repeated} of its {len(sizes)} message sizes are timed more than once (several runs or data "
+                   "types in one output?): each size's times are taken together", path)
 
 
 def _group_size(groups: Counter[str], nranks: int | None, path: Path) -> int | None:

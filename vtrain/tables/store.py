@@ -143,12 +143,29 @@ def conform(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 def write_profile(profile: Profile, target: str | Path, *, overwrite: bool = False) -> Path:
     """Write all tables and the metadata to ``target`` atomically; returns the final path."""
     target = check_output(target, force=overwrite, what="profile folder")
+    _check_before_writing(profile, target)
     with staged(target, PROFILE) as staging:
         for name, frame in profile.tables.items():
             frame.write_parquet(staging / f"{name}.parquet")
         (staging / METADATA_FILE).write_text(json.dumps(profile.metadata, indent=2, sort_keys=False) + "\n")
     profile.path = target
     return target
+
+
+def _check_before_writing(profile: Profile, target: Path) -> None:
+    """Refuse to write a profile that :func:`load_profile` would refuse (a row or fitted parameter out of its
+    bounds): `vtrain fit` wrote one from an nccl-tests file of a 0-GPU group, which every later command refused."""
+    from vtrain.tables.schema import TABLES
+
+    try:
+        for name, frame in profile.tables.items():
+            if name in TABLES:
+                _with_schema(frame, name, target / f"{name}.parquet")
+        problem = _fitted_problem(profile.metadata["fitted"]) if profile.metadata.get("fitted") else None
+    except InputError as exc:
+        raise InputError(f"not written: every command would refuse it ({exc})", target) from None
+    if problem:
+        raise InputError(f"not written: every command would refuse its fitted device model ({problem})", target)
 
 
 def load_profile(path: str | Path) -> Profile:
