@@ -820,3 +820,16 @@ def test_a_row_short_of_a_field_is_said(layout: str, tmp_path: Path) -> None:
     line = 3 if layout == "csv" else 4  # the Markdown rule under the header is a line
     with pytest.warns(InputWarning, match=rf"1 row\(s\) with fewer fields than the header's 12 \(line {line}\)"):
         read_measurements(path)
+
+
+def test_vidur_compute_without_its_gpu_in_the_path_says_what_it_is_taken_as(tmp_path: Path) -> None:
+    """A copy of vidur's A100 file outside a folder naming the GPU was read against the profile's --device
+    silently (4.5 % off on LLaMA-2-7B)."""
+    copy = tmp_path / "mine" / "Llama-2-7b-hf-mlp.csv"
+    copy.parent.mkdir()
+    copy.write_bytes((VIDUR / "compute" / "Llama-2-7b-hf-mlp.csv").read_bytes())
+    with pytest.warns(InputWarning, match="which GPU vidur profiled it on is not in its path"):
+        assert set(read_vidur_compute(copy)["device"]) == {None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InputWarning)
+        assert set(read_vidur_compute(VIDUR / "compute" / "Llama-2-7b-hf-mlp.csv")["device"]) == {"A100-80GB"}

@@ -47,7 +47,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, numbers, positive, require_columns
 from vtrain.importers._work import HALF, HALF_DTYPE, gemm_work
 from vtrain.tables.store import conform
@@ -126,8 +126,12 @@ def read_vidur_compute(path: str | Path) -> pl.DataFrame:
         )
         is_gemm = "k" in shape
         parts.append(part.with_columns(batch=pl.lit(1)).with_columns(gemm_work()) if is_gemm else part)
+    device = device_of_path(path)
+    if device is None:
+        warn_input(f"which GPU vidur profiled it on is not in its path (vidur keeps compute/<gpu>/<model>/mlp.csv, "
+                   f"<gpu> one of {', '.join(DEVICES)}): taken as the profile's own (--device)", path)
     table = pl.concat(parts, how="diagonal_relaxed").with_columns(
-        source=pl.lit(SOURCE), dtype=pl.lit(HALF_DTYPE), device=pl.lit(device_of_path(path), dtype=pl.String))
+        source=pl.lit(SOURCE), dtype=pl.lit(HALF_DTYPE), device=pl.lit(device, dtype=pl.String))
     return conform(table, "op_benchmarks")
 
 
