@@ -228,7 +228,7 @@ def test_noise_band_rule() -> None:
 
 
 @pytest.mark.parametrize("case", ["missing base", "base not a profile", "empty trace dir", "output exists",
-                                  "output is the base"])
+                                  "output is the base", "report folder exists"])
 def test_bad_input(case: str, a100_base: Path, tmp_path: Path) -> None:
     out, report, traces, base = tmp_path / "new", tmp_path / "report", A100, a100_base
     if case == "missing base":
@@ -238,9 +238,9 @@ def test_bad_input(case: str, a100_base: Path, tmp_path: Path) -> None:
     elif case == "empty trace dir":
         traces = tmp_path / "empty"
         traces.mkdir()
-    elif case == "output exists":
-        out.mkdir()
-        (out / "keep.txt").write_text("mine")
+    elif case in ("output exists", "report folder exists"):
+        (out if case == "output exists" else report).mkdir()
+        (out if case == "output exists" else report).joinpath("keep.txt").write_text("mine")
     else:
         out = base
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -249,11 +249,13 @@ def test_bad_input(case: str, a100_base: Path, tmp_path: Path) -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     named = {"missing base": base, "base not a profile": base, "empty trace dir": traces, "output exists": out,
-             "output is the base": out}[case]
+             "output is the base": out, "report folder exists": report}[case]
     assert str(named) in lines[0]
+    if case == "report folder exists":  # the flag that gave it is the one to change
+        assert lines[0].endswith("give another --report-dir"), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no profile, no report, no staging folder
-    if case == "output exists":
-        assert (out / "keep.txt").read_text() == "mine"
+    if case in ("output exists", "report folder exists"):
+        assert (out if case == "output exists" else report).joinpath("keep.txt").read_text() == "mine"
 
 
 @contextmanager

@@ -54,14 +54,20 @@ _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-
 
 
 def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = (), force: bool = False,
-                 what: str = "output folder", replaces: str | None = None) -> Path:
+                 what: str = "output folder", replaces: str | None = None, option: str = "-o") -> Path:
     """Raise :class:`InputError` when ``target`` may not be written (see the module docstring); returns it.
-    ``replaces``: the kind of earlier output (:data:`KINDS`) that is replaced without ``force``."""
+    ``replaces``: the kind of earlier output (:data:`KINDS`) that is replaced without ``force``; ``option``: the
+    flag that gave ``target``, which the error's advice names."""
     target = Path(target)
-    _check_not_an_input(target, inputs, what)
-    target = followed(target)
-    if target.exists() or target.is_symlink():
-        _check_replaceable(target, force, what, replaces)
+    try:
+        _check_not_an_input(target, inputs, what)
+        target = followed(target)
+        if target.exists() or target.is_symlink():
+            _check_replaceable(target, force, what, replaces)
+    except InputError as refused:
+        if option == "-o":
+            raise
+        raise InputError(str(refused).replace("give another -o", f"give another {option}")) from None
     _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
     return target

@@ -105,7 +105,8 @@ def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, 
     if output.resolve() == base.resolve():
         raise InputError("the new profile would replace its own base profile; give another -o", output)
     check_output(output, inputs=[trace_dir, base], force=force, what="profile folder")
-    check_output(report_dir, inputs=[trace_dir, base, output], replaces=REPORT, what="report folder")
+    check_output(report_dir, inputs=[trace_dir, base, output], replaces=REPORT, what="report folder",
+                 option="--report-dir")
 
 
 def _reference_config(reference: str | Path | None,
