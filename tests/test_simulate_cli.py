@@ -100,6 +100,22 @@ def test_the_links_of_the_run_are_flags_too() -> None:
     assert times[800] > 1.5 * times[3200] > 0
 
 
+def test_a_run_over_several_nodes_says_its_network_and_where_each_rate_came_from() -> None:
+    """A run over 16 nodes predicted with an assumed network (GPT-3 175B on 128 GPUs: 100 to 1,600 Gbit/s a node
+    moves it 21 %) said "assumed" among the device's sources, without the rate it assumed; one node says nothing."""
+    profile = REPO / "profiles" / "a100"
+    gpt3 = ["gpt-3-175b", "--tp", 8, "--pp", 8, "--dp", 16, "--micro-batch", 1, "--global-batch", 1536]
+    lines = {gbps: [line for line in vtrain_in_process("simulate", *gpt3, "--profile", profile,
+                                                       *(["--inter-node-gbps", gbps] if gbps else [])).stdout
+                    .splitlines() if line.startswith("network")] for gbps in (None, 400)}
+    assert lines[None] == ["network          inter-node 1,600 Gbit/s per node of 8 GPUs (assumed: --inter-node-gbps "
+                           "gives yours), step latency 6 us (assumed); intra-node 300 GB/s per GPU (datasheet)"]
+    assert lines[400][0].startswith("network          inter-node 400 Gbit/s per node of 8 GPUs (config)")
+    one_node = vtrain_in_process("simulate", "gpt-3-2.7b", "--tp", 8, "--pp", 1, "--dp", 1, "--micro-batch", 1,
+                                 "--global-batch", 8, "--profile", profile)
+    assert one_node.returncode == 0 and "network" not in one_node.stdout, one_node.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--tp", 16], "tp*dp*pp = 16*12*35 = 6720 does not equal the number of devices (3360)"),
     (["--pp", 10, "--dp", 42], "layers (105) is not divisible by pp*virtual_stages (10*1)"),

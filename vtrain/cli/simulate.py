@@ -177,7 +177,7 @@ def format_summary(sim: Simulation) -> str:
     from vtrain.simulate.summary import CATEGORIES, describe_task
 
     ms = 1e-3
-    par = sim.config.parallelism
+    par, hardware = sim.config.parallelism, sim.config.hardware
     total = sim.iteration_us
     lines = [
         f"iteration time   {total * ms:,.3f} ms",
@@ -193,6 +193,8 @@ def format_summary(sim: Simulation) -> str:
         + ("" if sim.config.fused_kernels else ", without fused kernels"),
         f"model            {sim.config.model.describe()}",
         f"device           {sim.device.describe()}",
+        *([f"network          {sim.device.describe_network(hardware.gpus_per_node)}"]
+          if hardware.device_count > hardware.gpus_per_node else []),
         f"profile          {sim.profile_path or 'none (every latency modelled)'}",
         "breakdown (mean per GPU)",
     ]

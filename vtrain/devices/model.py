@@ -74,6 +74,23 @@ class DeviceModel:
         return replace(self.inter_node, bandwidth_gbps=self.inter_node.bandwidth_gbps * members)
 
     def describe(self) -> str:
-        """One line naming the device and where its numbers come from."""
-        sources = sorted(set(self.provenance.values())) or ["unspecified"]
-        return f"{self.name} ({', '.join(sources)})"
+        """One line naming the device and where each of its numbers comes from (parameters grouped by source)."""
+        by_source: dict[str, list[str]] = {}
+        for parameter, source in self.provenance.items():
+            by_source.setdefault(source, []).append(parameter)
+        said = "; ".join(f"{', '.join(parameters)}: {source}" for source, parameters in by_source.items())
+        return f"{self.name} ({said or 'sources unspecified'})"
+
+    def describe_network(self, gpus_per_node: int) -> str:
+        """One line with the links' rates and latencies and where each comes from: what a run over several nodes
+        depends on most (a node's network from 100 to 1,600 Gbit/s moves GPT-3 175B on 128 GPUs by 21 %)."""
+        def source(parameter: str) -> str:
+            said = self.provenance.get(parameter, "unspecified")
+            asked = parameter == "inter_node.bandwidth_gbps" and said == "assumed"
+            return f"{said}: --inter-node-gbps gives yours" if asked else said
+
+        inter, intra = self.inter_node, self.intra_node
+        return (f"inter-node {inter.bandwidth_gbps * 8 * gpus_per_node:,.0f} Gbit/s per node of {gpus_per_node} GPUs "
+                f"({source('inter_node.bandwidth_gbps')}), step latency {inter.alpha_us:g} us "
+                f"({source('inter_node.alpha_us')}); intra-node {intra.bandwidth_gbps:g} GB/s per GPU "
+                f"({source('intra_node.bandwidth_gbps')})")
