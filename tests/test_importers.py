@@ -833,3 +833,15 @@ def test_vidur_compute_without_its_gpu_in_the_path_says_what_it_is_taken_as(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error", InputWarning)
         assert set(read_vidur_compute(VIDUR / "compute" / "Llama-2-7b-hf-mlp.csv")["device"]) == {"A100-80GB"}
+
+
+def test_a_comment_over_a_table_is_left_out_and_a_header_starting_with_a_hash_is_read(tmp_path: Path) -> None:
+    """``# SC21 Table 1, from the paper`` over a pasted table was its header: "line 2: 11 fields where the header
+    has 2". NeMo's tables name a column ``#-GPUs``: a header, not a comment."""
+    header, first, second = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()[:3]
+    noted = write(tmp_path / "noted.csv", ["# SC21 Table 1, from the paper", header, first, "#", "  # two", second])
+    plain = write(tmp_path / "plain.csv", [header, first, second])
+    assert read_measurements(noted).equals(read_measurements(plain))
+    hashed = write(tmp_path / "nemo.csv", ["model,#-GPUs,GBS,MBS,seq,TP,PP,Tokens / sec / GPU",
+                                           "gpt-3-175b,1024,1536,1,2048,8,16,140"])
+    assert read_measurements(hashed)["gpus"].to_list() == [1024]

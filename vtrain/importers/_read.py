@@ -126,15 +126,31 @@ def header_names(text: str) -> list[str]:
 
 
 def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:
-    """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty)."""
+    """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty), comment
+    lines left out (:func:`_without_comments`)."""
     delimiter = _delimiter(text)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     value_of = _value_reader(text, delimiter, path)
     try:
-        return [(reader.line_num, [value_of(value) for value in fields])
-                for fields in reader if any(value.strip() for value in fields)]
+        records = [(reader.line_num, [value_of(value) for value in fields])
+                   for fields in reader if any(value.strip() for value in fields)]
     except csv.Error as exc:
         raise InputError(f"line {reader.line_num}: not CSV ({exc})", path) from None
+    return _without_comments(records)
+
+
+def _without_comments(records: list[tuple[int, list[str | None]]]) -> list[tuple[int, list[str | None]]]:
+    """``records`` without comment lines: those starting with ``#`` above the header that have another number of
+    fields than the line below them (a note over a pasted table: ``# SC21 Table 1, from the paper``; vTrain's own
+    header, ``# GPUs,global batch,...``, is as wide as its rows), and those below it (no row starts with ``#``)."""
+    def comment(values: list[str | None]) -> bool:
+        return bool(values) and (values[0] or "").startswith("#")
+
+    start = 0
+    while start + 1 < len(records) and comment(records[start][1]) and \
+            len(records[start][1]) != len(records[start + 1][1]):
+        start += 1
+    return records[start:start + 1] + [record for record in records[start + 1:] if not comment(record[1])]
 
 
 def _markdown_table(text: str) -> tuple[int, int] | None:
