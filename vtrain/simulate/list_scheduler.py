@@ -40,29 +40,71 @@ def schedule(graph: ExecutionGraph) -> Schedule:
     chained = np.flatnonzero(previous >= 0)
     before = np.concatenate([graph.sources, previous[chained]])  # every dependency, data or stream
     after = np.concatenate([graph.targets, chained])
-    by_before = np.argsort(before, kind="stable")
-    successors, bounds = after[by_before], np.searchsorted(before[by_before], np.arange(n + 1))
-    waiting = np.bincount(after, minlength=n)
-    start, end = np.zeros(n), np.zeros(n)
-    level = np.flatnonzero(waiting == 0)
-    timed = 0
-    while level.size:
-        timed += level.size
-        end[level] = start[level] + duration[level]
-        first = bounds[level]
-        counts = bounds[level + 1] - first
-        reached = successors[(first - counts.cumsum() + counts).repeat(counts) + np.arange(counts.sum())]
-        np.maximum.at(start, reached, end[level].repeat(counts))
-        np.subtract.at(waiting, reached, 1)
-        level = np.sort(reached[waiting[reached] == 0])  # a task reached twice is ready once
-        level = level[np.append(level[1:] != level[:-1], True)] if level.size else level
-    if timed != n:
-        raise ValueError(f"execution graph has a cycle: {n - timed} tasks never became ready")
+    start = _starts(before, after, duration)
+    end = start + duration
     waited_on = _last_to_finish(graph.sources, graph.targets, end, n)
     data_ready = np.where(waited_on >= 0, end[waited_on], 0.0)
     stream_ready = np.where(previous >= 0, end[previous], 0.0)
     cause = np.where((previous >= 0) & (stream_ready > data_ready), previous, waited_on)
     return Schedule(start_us=start, end_us=end, cause=cause, waited_on=waited_on)
+
+
+def _starts(before: np.ndarray, after: np.ndarray, duration: np.ndarray) -> np.ndarray:
+    """Every task's start: the latest end among the tasks before it (0 for a task without one), the tasks timed
+    one level of ready tasks at a time.
+
+    Each round costs a fixed number of numpy calls, whatever the level's size: the successors come from a table of
+    two per task (:func:`_successor_table`: the relays it adds take no time, so they pass their one predecessor's
+    end on unchanged), and a task reached from two tasks of one level is kept once."""
+    n = len(duration)
+    table = _successor_table(before, after, n)
+    total = len(table) - 1  # the last row is a sink that the table's empty places point to
+    waiting = np.bincount(table.ravel(), minlength=total + 1)
+    waiting[total] = np.iinfo(waiting.dtype).max  # never ready
+    length = np.concatenate([duration, np.zeros(total + 1 - n)])
+    start = np.zeros(total + 1)
+    keep = np.ones(2 * total, dtype=bool)  # whether each of a sorted level's tasks differs from the one before it
+    level = np.flatnonzero(waiting == 0)
+    timed = 0
+    while level.size:
+        timed += level.size
+        end = start.take(level) + length.take(level)
+        reached = table.take(level, axis=0).ravel()
+        np.maximum.at(start, reached, end.repeat(2))
+        np.subtract.at(waiting, reached, 1)
+        level = reached[waiting.take(reached) == 0]
+        level.sort()  # a task reached twice is ready once
+        first = keep[:level.size]
+        np.not_equal(level[1:], level[:-1], out=first[1:])
+        level = level[first]
+    if timed != total:
+        raise ValueError(f"execution graph has a cycle: {total - timed} tasks never became ready")
+    return start[:n]
+
+
+def _successor_table(before: np.ndarray, after: np.ndarray, n: int) -> np.ndarray:
+    """The tasks after each of the ``n`` tasks (``before[j]`` before ``after[j]``), two per row: a task with more
+    passes the rest on through relay rows (ids from ``n`` up), each holding one more of them and the next relay.
+    Empty places point to the table's last row."""
+    order = np.argsort(before, kind="stable")
+    tail, head = before[order], after[order]
+    bounds = np.searchsorted(tail, np.arange(n + 1))
+    counts = np.diff(bounds)
+    relays: list[tuple[int, list[int]]] = []  # (row, its successors)
+    rows = n
+    for task in np.flatnonzero(counts > 2).tolist():
+        rest = head[bounds[task]:bounds[task + 1]].tolist()
+        holder = task
+        while len(rest) > 2:
+            relays.append((holder, [rest.pop(0), rows]))
+            holder, rows = rows, rows + 1
+        relays.append((holder, rest))
+    table = np.full((rows + 1, 2), rows, dtype=np.int64)
+    few = counts[tail] <= 2
+    table[tail[few], (np.arange(tail.size) - bounds[tail])[few]] = head[few]
+    for row, successors in relays:
+        table[row, :len(successors)] = successors
+    return table
 
 
 def _last_to_finish(sources: np.ndarray, targets: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
