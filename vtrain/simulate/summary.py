@@ -69,33 +69,54 @@ def stage_summaries(graph: ExecutionGraph, result: Schedule, iteration_us: float
     """Breakdown and busy time of every stage."""
     columns = graph.columns
     start, end, waited_on = np.asarray(result.start_us), np.asarray(result.end_us), np.asarray(result.waited_on)
-    transfers = np.flatnonzero(columns.of_kind("pp"))
-    # every task is activity of its own stage's GPU, and a transfer also of its receiver's from when it was posted
+    compute_order = {graph.streams[s].stage: order for s, order in graph.stream_order.items()
+                     if graph.streams[s].name == "compute"}
+    breakdowns = _accounts(columns, start, end, waited_on, [compute_order[stage] for stage in range(graph.stages)],
+                           iteration_us)
+    busy = _busy(columns, start, end, graph.stages)
+    return [StageSummary(stage=stage, rank=ranks[stage], breakdown_us=breakdowns[stage], busy_us=busy[stage])
+            for stage in range(graph.stages)]
+
+
+def _busy(columns: TaskColumns, start: np.ndarray, end: np.ndarray, stages: int) -> list[float]:
+    """Each stage's busy time: the union of its GPU's activity. Every task is activity of its own stage's GPU, and
+    a transfer also of its receiver's from when it was posted."""
+    transfers = np.flatnonzero(columns.kind == KINDS.index("pp"))
     owner = np.concatenate([columns.stage, columns.peer[transfers]])
     begins = np.concatenate([start, _posted(columns, start, end, transfers)])
     ends = np.concatenate([end, end[transfers]])
-    by_owner = np.argsort(owner, kind="stable")
-    bounds = np.searchsorted(owner[by_owner], np.arange(graph.stages + 1))
-    compute_order = {graph.streams[s].stage: order for s, order in graph.stream_order.items()
-                     if graph.streams[s].name == "compute"}
-    summaries = []
-    for stage in range(graph.stages):
-        mine = by_owner[bounds[stage]:bounds[stage + 1]]
-        mine = mine[np.argsort(begins[mine], kind="stable")]  # by beginning (ties: in task order)
-        summaries.append(StageSummary(
-            stage=stage, rank=ranks[stage],
-            breakdown_us=_account(columns, start, end, waited_on, compute_order[stage], iteration_us),
-            busy_us=_union_length(begins[mine], ends[mine])))
-    return summaries
+    small = np.int16 if stages < 2**15 else np.int64  # a stable sort of 16-bit keys is a radix sort
+    by_owner = np.argsort(owner.astype(small), kind="stable")
+    bounds = np.searchsorted(owner[by_owner], np.arange(stages + 1))
+    mine = [by_owner[bounds[stage]:bounds[stage + 1]] for stage in range(stages)]
+    # each stage's activity by beginning (ties: in task order)
+    order = np.concatenate([each[np.argsort(begins[each], kind="stable")] for each in mine])
+    return [float(total) for total in _union_lengths(begins[order], ends[order], bounds)]
 
 
-def _account(columns: TaskColumns, start: np.ndarray, end: np.ndarray, waited_on: np.ndarray, order: np.ndarray,
-             iteration_us: float) -> dict[str, float]:
-    """Split one compute stream's timeline [0, T] into the breakdown categories: each gap before a task is ``dp``
-    when it waited last for an all-reduce, ``pp`` while the transfer it waited for was in flight (the rest of that
-    gap ``bubble``), else ``bubble``."""
+def _union_lengths(begins: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> list[np.float64]:
+    """Length of the union of each segment's intervals (segment ``s`` from ``bounds[s]`` to ``bounds[s + 1]``),
+    sorted by their beginning within a segment: each adds what it reaches beyond the furthest end before it."""
+    reach = np.empty_like(ends)
+    starts, stops = bounds[:-1].tolist(), bounds[1:].tolist()
+    for first, stop in zip(starts, stops):
+        np.maximum.accumulate(ends[first:stop], out=reach[first:stop])
+    before = np.concatenate([[-np.inf], reach[:-1]])
+    before[[first for first, stop in zip(starts, stops) if stop > first]] = -np.inf
+    return _segment_sums(np.maximum(reach - np.maximum(begins, before), 0.0), None, bounds)
+
+
+def _accounts(columns: TaskColumns, start: np.ndarray, end: np.ndarray, waited_on: np.ndarray,
+              orders: list[np.ndarray], iteration_us: float) -> list[dict[str, float]]:
+    """Split each compute stream's timeline [0, T] (its tasks ``orders[s]`` in the order it runs them) into the
+    breakdown categories: each gap before a task is ``dp`` when it waited last for an all-reduce, ``pp`` while the
+    transfer it waited for was in flight (the rest of that gap ``bubble``), else ``bubble``. The streams are
+    accounted together, each one's sums taken over its own tasks in its order."""
+    order = np.concatenate(orders)
+    bounds = np.concatenate([[0], np.cumsum([len(each) for each in orders])])
     begins, ends = start[order], end[order]
     previous_end = np.concatenate([[0.0], ends[:-1]])
+    previous_end[bounds[:-1][np.diff(bounds) > 0]] = 0.0  # a stream's first task: from 0
     gap = begins - previous_end
     waited = waited_on[order]
     kind = np.where(waited >= 0, columns.kind[np.maximum(waited, 0)], -1)
@@ -106,23 +127,28 @@ def _account(columns: TaskColumns, start: np.ndarray, end: np.ndarray, waited_on
     overlap = np.minimum(begins, end[dep]) - np.maximum(previous_end, start[dep])
     exposed = np.where(on_pp, np.maximum(overlap, 0.0), 0.0)
     optimizer = columns.kind[order] == KINDS.index("optimizer")
-    passes = order[~optimizer]
-    tail = max(0.0, iteration_us - (float(ends[-1]) if len(ends) else 0.0))
-    totals = {"compute": columns.compute_us[passes].sum(), "host": columns.host_us[passes].sum(),
-              "tp": columns.tp_us[passes].sum(), "pp": exposed.sum(), "dp": gap[on_dp].sum(),
-              "bubble": gap[idle & ~on_dp].sum() - exposed.sum() + tail,
-              "optimizer": columns.duration_us[order[optimizer]].sum()}
-    return {key: float(totals[key]) for key in CATEGORIES}
+    passes = ~optimizer
+    sums = {"compute": _segment_sums(columns.compute_us[order], passes, bounds),
+            "host": _segment_sums(columns.host_us[order], passes, bounds),
+            "tp": _segment_sums(columns.tp_us[order], passes, bounds), "pp": _segment_sums(exposed, None, bounds),
+            "dp": _segment_sums(gap, on_dp, bounds), "gaps": _segment_sums(gap, idle & ~on_dp, bounds),
+            "optimizer": _segment_sums(columns.duration_us[order], optimizer, bounds)}
+    accounts = []
+    for stream, (first, stop) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        tail = max(0.0, iteration_us - (float(ends[stop - 1]) if stop > first else 0.0))
+        totals = {key: values[stream] for key, values in sums.items()}
+        totals["bubble"] = totals.pop("gaps") - totals["pp"] + tail
+        accounts.append({key: float(totals[key]) for key in CATEGORIES})
+    return accounts
 
 
-def _union_length(begins: np.ndarray, ends: np.ndarray) -> float:
-    """Length of the union of intervals sorted by their beginning: each adds what it reaches beyond the furthest
-    end before it."""
-    if len(begins) == 0:
-        return 0.0
-    reach = np.maximum.accumulate(ends)
-    before = np.concatenate([[-np.inf], reach[:-1]])
-    return float(np.maximum(reach - np.maximum(begins, before), 0.0).sum())
+def _segment_sums(values: np.ndarray, chosen: np.ndarray | None, bounds: np.ndarray) -> list[np.float64]:
+    """The sum of each segment's ``values`` (those ``chosen``, when given), segment ``s`` from ``bounds[s]`` to
+    ``bounds[s + 1]``: each summed on its own, in order, as a sum of that segment's array alone would be."""
+    if chosen is not None:
+        kept = np.flatnonzero(chosen)
+        values, bounds = values[kept], np.searchsorted(kept, bounds)  # a segment's bound: the kept before it
+    return [values[first:stop].sum() for first, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
 
 def coverage(graph: ExecutionGraph) -> dict[str, float]:
