@@ -213,7 +213,7 @@ def format_summary(sim: Simulation) -> str:
                      f"{memory.total_bytes / 2**30:>12,.2f}")
     if len(sim.stages) > _SHOWN_STAGES:
         lines.append(f"                 ... {len(sim.stages) - _SHOWN_STAGES} more (--json for all)")
-    path = [describe_task(sim.graph.task(i)) for i in sim.critical_path]
+    path = [describe_task(task) for task in sim.graph.tasks_at(sim.critical_path)]
     shown = path if len(path) <= 2 * _SHOWN_PATH else path[:_SHOWN_PATH] + ["..."] + path[-_SHOWN_PATH:]
     lines.append(f"critical path    {len(path)} tasks: " + " -> ".join(shown))
     return "\n".join(lines)

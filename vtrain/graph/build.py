@@ -143,7 +143,16 @@ class ExecutionGraph:
 
     def task(self, i: int) -> Task:
         """Task ``i`` as an object."""
-        row = {name: int(self.rows[name][i]) for name in _FIELDS}
+        return self._task({name: int(self.rows[name][i]) for name in _FIELDS})
+
+    def tasks_at(self, ids: list[int]) -> list[Task]:
+        """Tasks ``ids`` as objects, in that order (each field gathered once for all of them)."""
+        taken = np.asarray(ids, dtype=np.int64)
+        columns = {name: self.rows[name][taken].tolist() for name in _FIELDS}
+        return [self._task({name: values[k] for name, values in columns.items()}) for k in range(len(ids))]
+
+    def _task(self, row: dict[str, int]) -> Task:
+        """The task of one row of fields (:data:`_FIELDS`) as an object."""
         work = self.works[row.pop("work")]
         phase = row.pop("phase")
         duration, compute, tp, host = _times(work)
@@ -153,7 +162,7 @@ class ExecutionGraph:
     @cached_property
     def tasks(self) -> list[Task]:
         """Every task as an object, in row order."""
-        return [self.task(i) for i in range(len(self))]
+        return self.tasks_at(list(range(len(self))))
 
     @cached_property
     def graph(self) -> nx.DiGraph:

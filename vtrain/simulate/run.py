@@ -117,9 +117,9 @@ class Simulation:
                 for s, m in zip(self.stages, self.memory)
             ],
             "critical_path": [
-                {"task": describe_task(graph.task(i)), "start_ms": float(result.start_us[i]) * ms,
-                 "duration_ms": graph.task(i).duration_us * ms}
-                for i in self.critical_path
+                {"task": describe_task(task), "start_ms": start * ms, "duration_ms": task.duration_us * ms}
+                for task, start in zip(graph.tasks_at(self.critical_path),
+                                       result.start_us[self.critical_path].tolist())
             ],
             "graph": {"tasks": len(graph), "edges": graph.edge_count, "streams": len(graph.streams)},
         }
