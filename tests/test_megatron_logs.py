@@ -536,3 +536,70 @@ def test_a_bert_run_is_predicted_as_a_gpt_of_its_shape_and_said(tmp_path: Path) 
     assert [line for line in said if "is BERT's: predicted as a GPT of its shape" in line], said
     _, said = read_warned(tmp_path, log_text({**ARGS, **ENCODER_ARGS}))
     assert not [line for line in said if "BERT" in line], said
+
+
+def _neox_log(args: dict[str, Any], times: tuple[float, ...] = TIMES) -> str:
+    """A GPT-NeoX log as its ``NeoXArgs.print`` writes the arguments (each padded with dots to 64 characters, then
+    ``updated`` or ``default``) and its ``training_log`` the iterations."""
+    lines = ["NeoXArgs.configure_distributed_args() using world size: 96 and model-parallel size: 2 ",
+             "-------------------- arguments --------------------"]
+    for arg, value in sorted(args.items()):
+        shown = "  {} {} {}".format(arg, "." * (32 - len(arg)), value)
+        lines.append(shown + "." * (64 - len(shown)) + "updated")
+    lines += ["---------------- end of arguments ----------------",
+              " > padded vocab (size: 50277) with 235 dummy tokens (new size: 50512)"]
+    lines += [f" samples/sec: 32.2 | iteration {step:8d}/  150000 | elapsed time per iteration (ms): {ms:.1f} | "
+              "learning rate: 9.7E-05 | approx flops per GPU: 117.0TFLOPS | lm_loss: 2.1E+00 |"
+              for step, ms in zip(range(10, 10 * len(times) + 1, 10), times)]
+    return "\n".join(lines) + "\n"
+
+
+#: GPT-NeoX-20B's arguments (its configs/20B.yml, as NeoX prints them)
+NEOX_20B = {"num_layers": 44, "hidden_size": 6144, "num_attention_heads": 64, "seq_length": 2048,
+            "max_position_embeddings": 2048, "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
+            "model_parallel_size": 2, "pipe_parallel_size": 4, "train_micro_batch_size_per_gpu": 4,
+            "train_batch_size": 1536, "gradient_accumulation_steps": 32, "global_num_gpus": 96,
+            "precision": "fp16", "checkpoint_activations": True, "zero_optimization": {"stage": 1},
+            "norm": "layernorm"}
+
+
+def test_a_gpt_neox_log_is_read_in_its_own_names(tmp_path: Path) -> None:
+    """GPT-NeoX's log (NeoX-20B: 96 A100s, t2 p4 d12) was "not a measurement table": its arguments carry
+    "....updated", and tp, pp, the batches and the GPUs have other names."""
+    row, said = read_warned(tmp_path, _neox_log(NEOX_20B))
+    assert (row["gpus"], row["tp"], row["pp"], row["dp"], row["micro_batch"], row["global_batch"]) == (
+        96, 2, 4, 12, 4, 1536)
+    assert (row["layers"], row["hidden"], row["heads"], row["vocab"]) == (44, 6144, 64, 50512)
+    assert (row["recompute"], row["precision"], row["position"], row["distributed_optimizer"]) == (
+        "full", "fp16", "rope", True)
+    assert row["iteration_ms"] == pytest.approx(1249.8)
+    assert [line for line in said if "gpt_j_residual" in line], said
+
+
+def test_a_megatron_lm_v1_log_is_read_with_its_per_gpu_batch(tmp_path: Path) -> None:
+    """Megatron-LM v1 (2019-20): ``model_parallel_size`` is its tensor parallelism, ``batch_size`` a GPU's
+    batch, the world size only in the line before the arguments; it was "not a measurement table"."""
+    v1 = {"batch_size": 8, "checkpoint_activations": True, "fp16": True, "hidden_size": 1024, "num_layers": 24,
+          "num_attention_heads": 16, "seq_length": 1024, "max_position_embeddings": 1024, "model_parallel_size": 2}
+    text = log_text(v1, batches=(32,) * len(TIMES)).replace(
+        "using world size: 8, data-parallel size: 2, tensor-model-parallel size: 2",
+        "using world size: 8 and model-parallel size: 2 ")
+    text = re.sub(r" global batch size: +32 \|", "", text)  # v1 printed none
+    row, _ = read_warned(tmp_path, text)
+    assert (row["gpus"], row["tp"], row["pp"], row["dp"], row["micro_batch"], row["global_batch"]) == (
+        8, 2, 1, 4, 8, 32)
+    assert (row["recompute"], row["precision"]) == ("full", "fp16")
+
+
+def test_a_nemo_log_is_said_to_be_one_and_what_to_give_instead(tmp_path: Path) -> None:
+    """NeMo's Lightning log was "not valid YAML" to simulate and "not a measurement table" to validate."""
+    log = tmp_path / "nemo_log_globalrank-0_localrank-0.txt"
+    log.write_text("[NeMo I 2024-01-10 10:00:00 megatron_gpt_pretraining:40] Hydra config: ...\n" + "".join(
+        f"Epoch 0: :   1%|          | {step}/1000 [00:40<1:06:00, reduced_train_loss=9.12, global_step={step - 1}.0, "
+        f"consumed_samples={step * 256}.0, train_step_timing in s=3.51]\n" for step in (10, 20, 30)))
+    for command in (["simulate", log, "--profile", REPO / "profiles" / "a100"],
+                    ["validate", "--measurements", log, "--profile", REPO / "profiles" / "a100", "-o", tmp_path / "r"]):
+        ran = vtrain_in_process(*command)
+        assert ran.returncode == 2 and ran.stderr.splitlines() == [
+            f"error: {log}: a NeMo (PyTorch Lightning) log, which vtrain does not read: give its run as a measurement "
+            "table (its train_step_timing as 'iteration time (s)', the shape and parallelism from its hparams.yaml)"]

@@ -65,14 +65,14 @@ def _logged_run(path: Path, device: str | None) -> RunConfig | None:
     from vtrain.errors import InputError
     from vtrain.importers._read import read_text
     from vtrain.importers.measurements import measurement_config, read_measurements_text, row_problem
-    from vtrain.importers.megatron_log import half_a_log, is_megatron_log
+    from vtrain.importers.megatron_log import is_megatron_log, unreadable_log
 
     try:
         text = read_text(path)
     except (InputError, OSError):  # not text, unreadable: load_run_config says what it is
         return None
-    if half := half_a_log(text):
-        raise InputError(half, path)
+    if why := unreadable_log(text):
+        raise InputError(why, path)
     if not is_megatron_log(text):
         return None
     runs = read_measurements_text(path, text)

@@ -46,7 +46,7 @@ import polars as pl
 from vtrain.errors import InputError, InputWarning, warn_input
 from vtrain.flops import LayerShape, hardware_flops
 from vtrain.importers._read import LINE, header_names, read_text, text_rows, unique_names
-from vtrain.importers.megatron_log import half_a_log, is_megatron_log, megatron_log_rows
+from vtrain.importers.megatron_log import is_megatron_log, megatron_log_rows, unreadable_log
 from vtrain.limits import (
     INTEGER_BOUNDS,
     MAX_ITERATION_MS,
@@ -200,8 +200,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
 
 def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) -> pl.DataFrame:
     """:func:`read_measurements` of one file whose text was already read (``path`` names it in errors)."""
-    if half := half_a_log(text):
-        raise NotATable(half, path)
+    if why := unreadable_log(text):
+        raise NotATable(why, path)
     names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else text_rows(text, path)
     columns = _columns(names, path)
     form = _time_form(columns, path)
@@ -307,8 +307,8 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         else:
             tables.append(read_measurements_text(file, text, recompute))
     if not tables:
-        halves = [(file.name, half) for file in files if file.name in others and (half := _half_a_log(file))]
-        said = f"; {halves[0][0]} holds {halves[0][1]}" if halves else ""
+        logs = [(file.name, why) for file in files if file.name in others and (why := _unreadable_log(file))]
+        said = f"; {logs[0][0]} holds {logs[0][1]}" if logs else ""
         raise InputError(f"no measurement table or Megatron log among its {len(files)} file(s){said}", folder)
     if others:
         warn_input(f"{len(others)} file(s) neither a measurement table nor a Megatron log, not read ({others[0]}"
@@ -317,10 +317,10 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         pl.col(name).cast(dtype) for name, dtype in COLUMNS.items())
 
 
-def _half_a_log(path: Path) -> str | None:
-    """What a file holding half of a Megatron log lacks (:func:`half_a_log`), None for any other file."""
+def _unreadable_log(path: Path) -> str | None:
+    """Why a file that is a training log cannot be read as one (:func:`unreadable_log`), None for any other."""
     try:
-        return half_a_log(read_text(path))
+        return unreadable_log(read_text(path))
     except InputError:
         return None
 

@@ -29,7 +29,9 @@ grouped-query attention), fused attention, and context and expert parallelism (a
 as in any table). Arguments of every era are read: Megatron-LM's 2021 ``checkpoint_activations``, 2022's
 ``activations_checkpoint_method``, Megatron-core's uneven first and last stages; Megatron-DeepSpeed's ZeRO stages,
 its enum of positions (``PositionEmbeddingType.alibi``), its pipeline engine's split of the layers and its LLaMA
-recipes' ``num_key_value_heads``, ``use_rotary_position_embeddings``, ``use_flash_attn_v2``. What a row cannot say
+recipes' ``num_key_value_heads``, ``use_rotary_position_embeddings``, ``use_flash_attn_v2``; GPT-NeoX's names (its
+values printed with ``....updated``) and Megatron-LM v1's (2019-20: ``model_parallel_size``, a GPU's ``batch_size``);
+a T5 run is refused, a NeMo (Lightning) log said to be one. What a row cannot say
 (partial recomputation, ZeRO stages 2 and 3, ALiBi, a squared ReLU, a vocabulary the log does not print) is said,
 with what is predicted instead. The GPU, GPUs per node and links are not in a log: the command's flags give
 them.
@@ -62,6 +64,9 @@ _UNMODELLED_OVERLAPS = {
     "overlap_param_gather": "its distributed optimizer's parameter all-gathers with the next forward "
                             "(--overlap-param-gather)",
 }
+#: NeMo's step time on its progress lines (``train_step_timing in s=3.51``)
+_NEMO_STEP = re.compile(r"train_step_timing(?: in s)?=")
+_WORLD = re.compile(r"using world size:\s*(\d+)")
 _PADDED = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
 
 
@@ -70,10 +75,13 @@ def is_megatron_log(text: str) -> bool:
     return _ARGUMENTS.search(text) is not None and _INTERVAL.search(text) is not None
 
 
-def half_a_log(text: str) -> str | None:
-    """What a text that holds half of a Megatron log lacks, said; None for any other text. Megatron prints its
-    arguments on rank 0, its iteration times on the last rank: in a multi-node run each node's output holds one
-    half."""
+def unreadable_log(text: str) -> str | None:
+    """Why a text that is a training log cannot be read as one, said; None for any other text: half of a Megatron
+    log (Megatron prints its arguments on rank 0, its iteration times on the last rank: in a multi-node run each
+    node's output holds one half), or NeMo's (PyTorch Lightning's progress lines)."""
+    if _NEMO_STEP.search(text) and not is_megatron_log(text):
+        return ("a NeMo (PyTorch Lightning) log, which vtrain does not read: give its run as a measurement table "
+                "(its train_step_timing as 'iteration time (s)', the shape and parallelism from its hparams.yaml)")
     arguments, timed = _ARGUMENTS.search(text) is not None, _INTERVAL.search(text) is not None
     if arguments and not timed:
         return ("a Megatron log's arguments without a timed iteration: Megatron prints its iteration times on the "
@@ -88,8 +96,8 @@ def half_a_log(text: str) -> str | None:
 def megatron_log_rows(text: str, path: Path) -> tuple[list[str], pl.DataFrame]:
     """The runs of a Megatron log as :func:`~vtrain.importers._read.csv_rows` gives a table: the column names and
     one row of text cells per run (and the line its arguments start on)."""
-    blocks = _blocks(text.splitlines())
-    read = [(start, _run(block, start, path)) for start, block in blocks]
+    lines = text.splitlines()
+    read = [(start, _run(block, start, path, _announced_world(lines[:start]))) for start, block in _blocks(lines)]
     runs = [run for _, run in read if run is not None]
     if not runs:
         raise InputError("a Megatron log without a timed iteration after its arguments", path)
@@ -109,14 +117,23 @@ def _blocks(lines: list[str]) -> list[tuple[int, list[str]]]:
     return [(start + 1, lines[start:end]) for start, end in zip(starts, [*starts[1:], len(lines)])]
 
 
-def _run(block: list[str], start: int, path: Path) -> dict[str, str] | None:
+def _announced_world(lines: list[str]) -> str | None:
+    """The world size the last ``using world size: N`` line before a run's arguments announces (Megatron-LM's
+    launch, of every era: v1's arguments do not hold it)."""
+    found = [match.group(1) for line in lines if (match := _WORLD.search(line))]
+    return found[-1] if found else None
+
+
+def _run(block: list[str], start: int, path: Path, world: str | None) -> dict[str, str] | None:
     """One run's row (text cells by column name), None when it timed no iteration."""
     end = next((index for index, line in enumerate(block) if _END.search(line)), len(block))
-    arguments = {found.group(1): found.group(2) for line in block[1:end] if (found := _ARGUMENT.search(line))}
+    arguments = {found.group(1): _NEOX_SOURCE.sub("", found.group(2))
+                 for line in block[1:end] if (found := _ARGUMENT.search(line))}
     intervals = [_interval(found, line) for line in block[end:] if (found := _INTERVAL.search(line))]
     if not intervals:
         return None
     where = f"the run whose arguments start on line {start}"
+    arguments = _in_megatron_lm_names(arguments, world, where, path)
     _refuse_encoder_decoder(arguments, where, path)
     batch, timed = _timed_intervals(intervals, arguments.get("global_batch_size"), where, path)
     if len(timed) == 1:
@@ -144,8 +161,8 @@ def _interval(found: re.Match[str], line: str) -> tuple[float, str | None]:
 def _timed_intervals(intervals: list[tuple[float, str | None]], final_batch: str | None, where: str,
                      path: Path) -> tuple[str | None, list[float]]:
     """The global batch the run is timed at where it is not its arguments' (None where it is) and the intervals
-    that ran it, the run's first aside (its start-up) unless it is the only one. Under a batch ramp-up (``--rampup-batch-size``) the intervals at smaller batches
-    are left out, said; a run that never reached its final batch is timed at the last batch it logged, said."""
+    that ran it, the run's first aside (its start-up) unless it is the only one. Under a batch ramp-up
+    (``--rampup-batch-size``) the intervals at smaller batches are left out, said; a run that never reached its final batch is timed at the last batch it logged, said."""
     batches = [batch for _, batch in intervals if batch is not None]
     batch = final_batch if final_batch in batches or not batches else batches[-1]
     at_batch = [(index, ms) for index, (ms, logged) in enumerate(intervals) if logged in (None, batch)]
@@ -193,6 +210,56 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "context parallel size": given("context_parallel_size"), "experts": given("num_experts"),
         "expert parallel size": given("expert_model_parallel_size"),
     }
+
+
+def _in_megatron_lm_names(args: dict[str, str], world: str | None, where: str, path: Path) -> dict[str, str]:
+    """A run's arguments in Megatron-LM's names, where GPT-NeoX or Megatron-LM v1 (2019-20) wrote others
+    (:data:`_NEOX_NAMES`; v1's ``model_parallel_size`` is its tensor parallelism and its ``batch_size`` a GPU's
+    batch, with no accumulation: the global batch is that times the data-parallel ranks)."""
+    given = _given(args)
+    renamed = {_NEOX_NAMES.get(name, name) if _NEOX_NAMES.get(name, name) not in args else name: value
+               for name, value in args.items()}
+    if "world_size" not in renamed and world:
+        renamed["world_size"] = world
+    if renamed.get("pipeline_model_parallel_size") == "0":  # NeoX: 0 is no pipeline module at all
+        renamed["pipeline_model_parallel_size"] = "1"
+    neox = any(name in args for name in ("pipe_parallel_size", "train_micro_batch_size_per_gpu", "global_num_gpus"))
+    if neox:
+        renamed |= _neox_settings(args)
+    elif "batch_size" in args and "micro_batch_size" not in args:  # Megatron-LM v1: no pipeline yet
+        renamed |= {"micro_batch_size": args["batch_size"], "pipeline_model_parallel_size": "1"}
+        tp, gpus, batch = given("model_parallel_size") or "1", renamed.get("world_size"), args["batch_size"]
+        if gpus and all(value.isdigit() and int(value) > 0 for value in (tp, gpus, batch)):
+            renamed["global_batch_size"] = str(int(batch) * max(1, int(gpus) // int(tp)))
+    if neox and _flag(args)("gpt_j_residual"):
+        warn_input(f"{where}: its attention and MLP run in parallel (GPT-NeoX's gpt_j_residual): predicted one "
+                   "after the other (the same kernels)", path)
+    return renamed
+
+
+#: GPT-NeoX's (and Megatron-LM v1's ``model_parallel_size``) argument names -> Megatron-LM's
+_NEOX_NAMES = {"model_parallel_size": "tensor_model_parallel_size",
+               "pipe_parallel_size": "pipeline_model_parallel_size", "train_micro_batch_size_per_gpu": "micro_batch_size", "train_batch_size": "global_batch_size",
+               "global_num_gpus": "world_size"}
+#: GPT-NeoX prints each argument's value followed by dots and whether it is its ``default`` or ``updated``
+_NEOX_SOURCE = re.compile(r"\.{3,}(?:updated|default)$")
+
+
+def _neox_settings(args: dict[str, str]) -> dict[str, str]:
+    """GPT-NeoX's precision, positions, norm and ZeRO stage as Megatron-DeepSpeed's arguments say them (NeoX runs
+    its pipeline on DeepSpeed's engine)."""
+    settings = {"deepspeed": "True"}
+    precision = args.get("precision", "")
+    if precision in ("fp16", "bfloat16", "bf16", "fp32"):
+        settings |= {"fp16": str(precision == "fp16"), "bf16": str(precision in ("bfloat16", "bf16"))}
+    positions = {"rotary": "rope", "learned": "learned_absolute", "alibi": "PositionEmbeddingType.alibi"}
+    if args.get("pos_emb") in positions:
+        settings["position_embedding_type"] = positions[args["pos_emb"]]
+    if args.get("norm") == "rmsnorm":
+        settings["normalization"] = "RMSNorm"
+    if stage := re.search(r"['\"]stage['\"]:\s*(\d)", args.get("zero_optimization", "")):
+        settings["zero_stage"] = stage.group(1)
+    return settings
 
 
 def _given(args: dict[str, str]) -> Callable[[str], str | None]:

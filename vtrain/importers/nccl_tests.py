@@ -73,7 +73,8 @@ def read_nccl_tests(path: str | Path, group_size: int | None = None, nodes: int 
     else:
         frame = _read_perf_output(path, text, group_size, collective)
     keys = [column for column in ("collective", "group_size", "nodes", "bytes") if column in frame.columns]
-    frame = frame.group_by(keys, maintain_order=True).agg(pl.col("times_us").list.explode())  # a size timed twice: one row
+    # a size timed twice (two runs in one output): one row of all its times
+    frame = frame.group_by(keys, maintain_order=True).agg(pl.col("times_us").list.explode())
     frame = frame.with_columns(
         count=pl.col("times_us").list.len(), median_us=pl.col("times_us").list.median(),
         p10_us=pl.col("times_us").list.min(), p90_us=pl.col("times_us").list.max(),
