@@ -483,8 +483,23 @@ def test_measurement_tables_from_elsewhere_are_read_by_their_column_names(tmp_pa
 def test_measurement_table_with_two_times_reads_the_iteration_time(tmp_path):
     path = write(tmp_path / "both.csv", [f"{','.join(GROUND_TRUTH_HEADER)},tokens per second",
                                          "16,64,2,2048,16,24,2048,2,4,2,812.5,1"])
-    with pytest.warns(InputWarning, match="read from 'iteration time \\(ms\\)'; 'tokens per second' not read"):
+    with pytest.warns(InputWarning, match="read from 'iteration time \\(ms\\)' for 1 row.*; filled but not read: "
+                                          "'tokens per second'"):
         assert read_measurements(path)["iteration_ms"].to_list() == [812.5]
+
+
+def test_a_table_giving_each_row_its_time_in_another_column_reads_every_row(tmp_path):
+    """Published runs pasted together: TFLOP/s per GPU for some, tokens/s per GPU for others. The first time column
+    was read for the whole table and 6 of 7 rows refused as "no measured time"."""
+    header = "gpus,tp,pp,dp,global batch,micro batch,hidden,heads,layers,seq,vocab,recompute"
+    path = write(tmp_path / "mixed.csv", [f"{header},tflop/s per gpu,tokens/s/gpu",
+                                          "96,2,4,12,1536,4,6144,64,44,2048,50432,full,117,",
+                                          "2048,8,4,64,2048,1,8192,64,80,4096,32000,full,,380"])
+    with pytest.warns(InputWarning, match="read from 'tflop/s per gpu' for 1 row.*, 'tokens/s/gpu' for 1 row"):
+        rows = read_measurements(path)
+    assert rows["measured_as"].to_list() == ["tflops/gpu", "tokens/s/gpu"]
+    assert rows["problem"].to_list() == [None, None]
+    assert rows["iteration_ms"][1] == pytest.approx(2048 * 4096 / (380 * 2048) * 1000)
 
 
 def test_throughput_that_is_no_measurement_is_refused(tmp_path):

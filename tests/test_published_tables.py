@@ -57,7 +57,8 @@ def test_model_tflops_per_gpu_count_the_model_flops_without_recomputation(tmp_pa
 
 def test_tokens_per_gpu_is_preferred_to_the_model_flops_derived_from_it(tmp_path: Path) -> None:
     path = write(tmp_path, f"{HEADER}\nGPT3_5B,64,2048,4,2048,1,1,1,1,1,8,20000,600,4096,24,32\n")
-    with pytest.warns(InputWarning, match="read from 'Tokens / sec / GPU'; 'Model TFLOP / sec / GPU' not read"):
+    with pytest.warns(InputWarning, match="read from 'Tokens / sec / GPU' for 1 row.*; filled but not read: "
+                                          "'Model TFLOP / sec / GPU'"):
         rows = read_measurements(path)
     assert rows["measured_as"].to_list() == ["tokens/s/gpu"]
 

@@ -204,22 +204,26 @@ def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) ->
         raise NotATable(why, path)
     names, rows = megatron_log_rows(text, path) if is_megatron_log(text) else text_rows(text, path)
     columns = _columns(names, path)
-    form = _time_form(columns, path)
-    read = {given: meant for given, meant in columns.items() if meant not in TIME_COLUMNS or meant == form}
-    rows, read = _with_architectures(rows, read)
+    rows, read = _with_architectures(rows, columns)
     numeric = {given: meant for given, meant in read.items() if meant in (*SHAPE_COLUMNS, "params_billion")}
-    time = next(given for given, meant in read.items() if meant == form)
-    unmeasured = rows.select(pl.col(time).alias(UNMEASURED))  # the text of a time that is no number ("OOM", "-")
+    times = [given for form in TIME_COLUMNS for given, meant in read.items() if meant == form]  # by precedence
+    # the text of a time that is no number ("OOM", "-"), in the first time column that has any
+    unmeasured = rows.select(pl.coalesce(times).alias(UNMEASURED))
     kept = [LINE, *read, *([_MODEL_PROBLEM] if _MODEL_PROBLEM in rows.columns else [])]
-    rows = _as_numbers(rows.select(kept).with_columns(pl.col(time).cast(pl.Float64, strict=False)), numeric,
+    rows = _as_numbers(rows.select(kept).with_columns(pl.col(times).cast(pl.Float64, strict=False)), numeric,
                        path).rename(read)
     rows = _with_derived_shape(rows).with_columns(unmeasured.to_series())
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path))
-    rows = rows.with_columns(iteration_ms=_milliseconds(rows, form, recompute), measured_as=pl.lit(form))
+    forms = [read[given] for given in times]
+    rows = rows.with_columns(measured_as=pl.coalesce([pl.when(pl.col(form).is_not_null()).then(pl.lit(form))
+                                                      for form in forms] + [pl.lit(forms[0])]))
+    rows = rows.with_columns(iteration_ms=pl.coalesce([pl.when(pl.col("measured_as") == form).then(
+        _milliseconds(rows, form, recompute)) for form in forms]))
+    _say_time_columns(rows, {read[given]: given for given in times}, path)
     rows = rows.with_row_index("row", offset=1)
-    rows = rows.with_columns(problem=pl.Series([_problem(r, form) for r in rows.iter_rows(named=True)],
+    rows = rows.with_columns(problem=pl.Series([_problem(r, r["measured_as"]) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
     _warn_repeated_rows(rows, list(read.values()), path)
     _warn_gated_rows_of_gpt_layers(rows, path)
@@ -422,16 +426,18 @@ def _columns(names: list[str], path: Path) -> dict[str, str]:
     return given
 
 
-def _time_form(columns: dict[str, str], path: Path) -> str:
-    """The form of the measured time read (a key of :data:`TIME_COLUMNS`: the first a table gives); a warning
-    names the time columns left unread where it gives several."""
-    forms = [form for form in TIME_COLUMNS if form in columns.values()]
-    others = [given for given, meant in columns.items() if meant in forms[1:]]
-    if others:
-        chosen = next(given for given, meant in columns.items() if meant == forms[0])
-        warn_input(f"the measured time is read from {chosen!r}; {', '.join(repr(name) for name in others)} not read",
-                   path)
-    return forms[0]
+def _say_time_columns(rows: pl.DataFrame, given: dict[str, str], path: Path) -> None:
+    """Where a table gives its measured times in several columns (``given``: form -> the file's name, by
+    precedence, :data:`TIME_COLUMNS`): one warning saying which each row's time was read from (its first with a
+    number: a table may give TFLOP/s for some rows and tokens/s for others) and which filled cells were not."""
+    if len(given) < 2:
+        return
+    used = rows["measured_as"].value_counts(sort=True)
+    read = ", ".join(f"{given[form]!r} for {count} row(s)" for form, count in used.iter_rows())
+    unread = [f"{given[form]!r}" for form in given
+              if rows.filter((pl.col("measured_as") != form) & pl.col(form).is_not_null()).height]
+    warn_input(f"the measured time is read from {read} (a row's first time column with a number)"
+               + (f"; filled but not read: {', '.join(unread)}" if unread else ""), path)
 
 
 def _as_numbers(rows: pl.DataFrame, columns: dict[str, str], path: Path) -> pl.DataFrame:

@@ -51,8 +51,8 @@ class MeasurementValidation:
     @property
     def measured_as(self) -> str:
         """How the table's measured times were read (:data:`~vtrain.importers.measurements.TIME_READINGS`)."""
-        forms = self.table["measured_as"].drop_nulls().unique().to_list()
-        return TIME_READINGS[forms[0]] if forms else TIME_READINGS["ms"]
+        forms = self.table["measured_as"].drop_nulls().unique(maintain_order=True).to_list()
+        return "; ".join(TIME_READINGS[form] for form in forms) if forms else TIME_READINGS["ms"]
 
     @property
     def mape_pct(self) -> float | None:
