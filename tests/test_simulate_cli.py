@@ -121,6 +121,8 @@ def test_a_run_over_several_nodes_says_its_network_and_where_each_rate_came_from
     (["--pp", 10, "--dp", 42], "layers (105) is not divisible by pp*virtual_stages (10*1)"),
     (["--micro-batch", 7], "global batch (1920) is not divisible by dp*micro_batch (12*7)"),
     (["--device", "TPUv9"], "unknown device 'TPUv9'"),
+    # with a fitted profile, a warning that its device model was not used came first
+    (["--device", "TPUv9", "--profile", REPO / "profiles" / "a100"], "unknown device 'TPUv9'"),
     (["--inter-node-gbps", -5], "inter_node_gbps must be a finite number above 0"),
     (["--inter-node-gbps", 1e-300], "inter_node_gbps must be a finite number above 0.001"),  # overflowed the schedule
     (["--intra-node-gbps", 1e-300], "intra_node_gbps must be a finite number above 0.001"),

@@ -233,7 +233,7 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
     wanted = canonical_device_name(config.hardware.device) or ""
     if fitted.get("device") and same_die(wanted, str(fitted["device"])):
         return on_run_hardware(_loaded(profile, source), config)
-    if fitted.get("device") and _first_time_unused(profile, wanted):
+    if fitted.get("device") and wanted and _first_time_unused(profile, wanted):  # an unknown one is refused below
         warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "
                    f"{config.hardware.device}: its device model is not used, the run's datasheet times what the "
                    f"profile did not measure (give the run the profile's device, e.g. simulate --device "
