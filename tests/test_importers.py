@@ -358,7 +358,7 @@ def test_ground_truth_single():
     assert table.row(0, named=True) == {
         "row": 1, "params_billion": None, "gpus": 2, "global_batch": 16, "micro_batch": 8, "hidden": 1024,
         "heads": 16, "layers": 24, "seq": 1024, "tp": 1, "dp": 1, "pp": 2, "iteration_ms": 372.160408,
-        **optional, "problem": None, "measured_as": "ms",
+        **optional, "problem": None, "measured_as": "ms", "file": None, "line": 2,
     }
     assert table["row"].to_list() == list(range(1, 1441))
     assert measurement_errors(table).is_empty()
@@ -856,7 +856,8 @@ def test_a_comment_over_a_table_is_left_out_and_a_header_starting_with_a_hash_is
     header, first, second = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()[:3]
     noted = write(tmp_path / "noted.csv", ["# SC21 Table 1, from the paper", header, first, "#", "  # two", second])
     plain = write(tmp_path / "plain.csv", [header, first, second])
-    assert read_measurements(noted).equals(read_measurements(plain))
+    assert read_measurements(noted).drop("line").equals(read_measurements(plain).drop("line"))
+    assert read_measurements(noted)["line"].to_list() == [3, 6]  # the file's own lines
     hashed = write(tmp_path / "nemo.csv", ["model,#-GPUs,GBS,MBS,seq,TP,PP,Tokens / sec / GPU",
                                            "gpt-3-175b,1024,1536,1,2048,8,16,140"])
     assert read_measurements(hashed)["gpus"].to_list() == [1024]

@@ -136,3 +136,17 @@ def test_a_named_llama_in_a_table_runs_its_attention_as_simulate_runs_the_name(t
                      "| LLAMA3_8B | 8 | 128 | 1 | 8192 | 1 | 1 | 12000 |\n"
                      "| gpt-3-175b | 1024 | 1536 | 1 | 2048 | 8 | 16 | 140 |\n")
     assert read_measurements(table)["attention"].to_list() == ["flash", "eager"]
+
+
+def test_a_row_of_a_folder_of_tables_is_named_by_its_file_and_line(tmp_path: Path) -> None:
+    """A folder of tables was read as one: a row's warning named the folder and the row's number among all of
+    them, not the file it is in."""
+    header, first, second, third = _rows_with_header(3)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a.csv").write_text("\n".join([header, first, second]) + "\n")
+    (folder / "b.csv").write_text("\n".join([header, third, ",".join(third.split(",")[:-1] + ["OOM"])]) + "\n")
+    ran = vtrain_in_process("validate", "--measurements", folder, "--profile", PROFILE, "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {folder}: 1 row(s) not simulated and not scored (row 4, b.csv line 3: no measured time " \
+           "('OOM'))" in ran.stderr.splitlines(), ran.stderr

@@ -168,6 +168,8 @@ COLUMNS = {
     "row": pl.Int64, "params_billion": pl.Float64, **{name: pl.Int64 for name in SHAPE_COLUMNS},
     "iteration_ms": pl.Float64, **{name: dtype for name, (_, dtype) in OPTIONAL_COLUMNS.items()}, "problem": pl.String,
     "measured_as": pl.String,  # the form the table gave the time in (a key of TIME_COLUMNS)
+    "file": pl.String,  # the file a row is of, when a folder was read (null for one file: the one given)
+    LINE: pl.Int64,  # the row's line in its file (a log's run: the line its arguments start on)
 }
 #: shape column -> its field in :data:`vtrain.limits.INTEGER_BOUNDS`, the physical bounds every run config is
 #: checked against (beyond them a row is refused, not simulated)
@@ -309,7 +311,7 @@ def _read_folder(folder: Path, recompute: str) -> pl.DataFrame:
         if text is None:
             others.append(file.name)
         else:
-            tables.append(read_measurements_text(file, text, recompute))
+            tables.append(read_measurements_text(file, text, recompute).with_columns(file=pl.lit(file.name)))
     if not tables:
         logs = [(file.name, why) for file in files if file.name in others and (why := _unreadable_log(file))]
         said = f"; {logs[0][0]} holds {logs[0][1]}" if logs else ""

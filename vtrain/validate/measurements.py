@@ -230,8 +230,13 @@ def _not_scored(predicted: pl.DataFrame) -> str | None:
     if unscored.is_empty():
         return None
     first = unscored.row(0, named=True)
-    return (f"{unscored.height} row(s) not simulated and not scored (row {first['row']}: {first['invalid']}"
+    return (f"{unscored.height} row(s) not simulated and not scored ({_where(first)}: {first['invalid']}"
             f"{', ...' if unscored.height > 1 else ''})")
+
+
+def _where(row: dict[str, Any]) -> str:
+    """A row as a warning names it: its number in the table, and its file and line where a folder was read."""
+    return f"row {row['row']}" + (f", {row['file']} line {row['line']}" if row.get("file") else "")
 
 
 def _far_off(predicted: pl.DataFrame) -> str | None:
@@ -241,8 +246,8 @@ def _far_off(predicted: pl.DataFrame) -> str | None:
     if far.is_empty():
         return None
     first = far.row(0, named=True)
-    return (f"{far.height} row(s) measured more than {FAR_OFF:g}x from the prediction, scored all the same (row "
-            f"{first['row']}: measured {first['iteration_ms']:,.6g} ms, predicted {first['predicted_ms']:,.6g} ms"
+    return (f"{far.height} row(s) measured more than {FAR_OFF:g}x from the prediction, scored all the same ("
+            f"{_where(first)}: measured {first['iteration_ms']:,.6g} ms, predicted {first['predicted_ms']:,.6g} ms"
             f"{', ...' if far.height > 1 else ''}): a unit mistake, or not the run the row describes?")
 
 
@@ -264,7 +269,7 @@ def _beyond_peak(predicted: pl.DataFrame) -> str | None:
         return None
     first = beyond.row(0, named=True)
     return (f"{beyond.height} row(s) measured faster than their GPUs can run the model in half precision, scored "
-            f"all the same (row {first['row']}: {first['measured_mfu']:.0%} of the datasheet peak"
+            f"all the same ({_where(first)}: {first['measured_mfu']:.0%} of the datasheet peak"
             f"{', ...' if beyond.height > 1 else ''}): did they run in FP8 (vtrain does not model it), on other "
             f"GPUs, or with another shape?")
 
@@ -282,7 +287,7 @@ def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | 
     gpu = DATASHEET_DEVICES.get(canonical_device_name(first.get("device") or device) or "")
     capacity = f" of {gpu.name}'s {gpu.memory_bytes / 2**30:,.0f} GiB" if gpu and gpu.memory_bytes else ""
     return (f"{over.height} row(s) measured although the memory model puts their largest stage over the GPU's "
-            f"memory, scored all the same (row {first['row']}: {first['memory_gib']:,.1f} GiB{capacity} with "
+            f"memory, scored all the same ({_where(first)}: {first['memory_gib']:,.1f} GiB{capacity} with "
             f"recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute activations, "
             f"run on GPUs with more memory (give theirs: --device or a device column, e.g. A100-80GB), or does the "
             f"memory model over-count?")
