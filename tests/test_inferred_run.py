@@ -1131,3 +1131,26 @@ def test_traces_without_iteration_marks_say_so(tmp_path: Path) -> None:
     (folder / "rank-0.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
     inferred = _inferred(folder, tmp_path)
     assert inferred.config is None and inferred.reason.startswith("no iteration marks")
+
+
+def test_a_gpu_trace_that_names_no_gpu_is_not_predicted_as_a_cpu_run(tmp_path: Path) -> None:
+    """The H100 recording without its deviceProperties and distributedInfo (an exporter that drops Kineto's
+    header): its 1,140 kernels were read as a CPU run and predicted 49,380 ms against 16.1 ms measured, with only
+    a warning that blamed the run's device."""
+    trace = json.loads(gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()))
+    del trace["deviceProperties"], trace["distributedInfo"]
+    folder = tmp_path / "nometa"
+    folder.mkdir()
+    (folder / "rank-0.json").write_text(json.dumps(trace))
+    ran = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report", "--json")
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads(ran.stdout)
+    assert summary["model"] is None and "a GPU (cuda) the traces do not name" in summary["model_reason"], summary
+    assert "is on cpu" not in ran.stderr, ran.stderr
+
+
+def test_a_cpu_trace_set_is_not_said_to_have_been_traced_on_a_gpu(tmp_path: Path) -> None:
+    """validate's own profile had no device in its metadata: every CPU set heard "the profile  was traced on a GPU
+    and the run is on cpu"."""
+    ran = vtrain_in_process("validate", TRACES / "t1p2d1", "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0 and "traced on" not in ran.stderr, ran.stderr

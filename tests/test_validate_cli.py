@@ -271,3 +271,10 @@ def test_a_set_named_by_its_traces_folder_says_so(tmp_path: Path) -> None:
     suite.write_text("sets:\n  - traces: ..\n")
     result = vtrain("validate", "--suite", suite, "-o", tmp_path / "out", "--no-hta")
     assert result.returncode == 2 and "its traces folder's" in result.stderr, result.stderr
+
+
+def test_without_max_error_nothing_is_said_to_have_passed(tmp_path: Path) -> None:
+    """`"passed": true` was printed at any error (+306,816 % once) when no --max-error was given."""
+    result = vtrain("validate", PIPELINE, "-o", tmp_path / "report", "--json", "--no-hta")
+    summary = json.loads(result.stdout)
+    assert result.returncode == 0 and summary["max_error"] is None and summary["passed"] is None

@@ -115,8 +115,9 @@ def validate_command(
         write_report_files(result, staging)
     errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
     passed = all(check(e, max_error) for e in errors)
+    said = passed if max_error is not None else None  # no --max-error: nothing to pass (not "passed")
     if as_json:
-        print(json.dumps({**result.summary(), "report": str(target), "max_error": max_error, "passed": passed}))
+        print(json.dumps({**result.summary(), "report": str(target), "max_error": max_error, "passed": said}))
     else:
         print_summary(result, str(target))
     if not passed:
@@ -199,7 +200,8 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     if as_json:
         print(json.dumps({key: summary[key] for key in ("mape_pct", "rows", "excluded", "invalid",
                                                          "median_abs_error_pct", "max_abs_error_pct", "measured_as")}
-                         | {"report": str(target), "max_error": max_error, "passed": passed}))
+                         | {"report": str(target), "max_error": max_error,
+                            "passed": passed if max_error is not None else None}))
     else:
         print("\n".join(terminal_lines(result)))
         print(f"report: {target}")

@@ -169,12 +169,21 @@ class InferredRun:
                 f"on {run.hardware.device}")
 
 
+#: the kinds of accelerator a trace's device activities tell (vtrain.kineto.accelerator), standing for a GPU the
+#: trace does not name
+UNNAMED_GPUS = ("cuda", "rocm", "mtia")
+
+
 def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, device: str | None,
               process_groups: list[dict[str, Any]] | None = None) -> InferredRun:
     """The run the CPU operators of a trace set (ingest's ``cpu_ops`` table, every traced rank; a lazy frame is
     read for the few operators of one iteration a rank that tell the run) show: see the module's description.
-    ``device`` is the traces' GPU name (None or ``cpu``: a CPU run); ``process_groups`` the ``pg_config`` of a
+    ``device`` is the traces' GPU name (None or ``cpu``: a CPU run; an accelerator's kind, ``cuda``, ``rocm`` or
+    ``mtia``: a GPU the traces do not name, whose run is not read); ``process_groups`` the ``pg_config`` of a
     rank's ``distributedInfo`` (Megatron names its groups)."""
+    if device in UNNAMED_GPUS:
+        return InferredRun(None, reason=f"its device activities ran on a GPU ({device}) the traces do not name (no "
+                                        "deviceProperties, which Kineto writes on every GPU): the run's GPU is unknown")
     try:
         groups = [group for group in process_groups or [] if isinstance(group, dict)]  # a damaged list's others
         ops = _telling(cpu_ops.lazy())

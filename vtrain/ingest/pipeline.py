@@ -357,7 +357,8 @@ def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource
         return None
     groups = next((s.header.distributedInfo.get("pg_config") for s in sources
                    if isinstance(s.header.distributedInfo, dict)), None)
-    inferred = infer_run(pl.scan_ipc(cpu_ops), metadata.get("world_size"), (metadata.get("device") or {}).get("name"),
+    device = metadata.get("device") or {}
+    inferred = infer_run(pl.scan_ipc(cpu_ops), metadata.get("world_size"), device.get("name") or device.get("type"),
                          groups if isinstance(groups, list) else None)
     if inferred.config is None:
         return None

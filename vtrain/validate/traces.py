@@ -190,6 +190,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         model_reason = f"{config_problem}: the run is not simulated, the traces are replayed"
     else:
         ingested = sink.profile(trace_dir, traces[0].world_size if traces else None) if sink else None
+        if ingested is not None:  # the device it was traced on, as ingest's metadata says it
+            ingested.metadata["device"] = {"name": _traced_gpu(traces), "type": _accelerator(traces) or "cpu"}
         del sink
         if config is None and ingested is not None:
             config, model_reason = _read_off_traces(trace_dir, traces, ingested, note)
@@ -290,7 +292,7 @@ def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
     (:func:`vtrain.ingest.inferred_run.infer_run`) and said on one line, or why there is none."""
     world = next((trace.world_size for trace in traces if trace.world_size), None) or len(traces)
     groups = next((trace.process_groups for trace in traces if trace.process_groups), [])
-    inferred = infer_run(ingested["cpu_ops"], world, _traced_gpu(traces), groups)
+    inferred = infer_run(ingested["cpu_ops"], world, _traced_gpu(traces) or _accelerator(traces), groups)
     if inferred.config is None:
         return None, (f"no run described (no run.yaml in the trace folder, no --config) and none read off the "
                       f"traces: {inferred.reason}")
@@ -312,6 +314,11 @@ def _traced_gpu(traces: list) -> str | None:
             if name := next((name for name in names if name), None):
                 return name
     return None
+
+
+def _accelerator(traces: list) -> str | None:
+    """The kind of accelerator the traces' device activities ran on (``cuda``, ``rocm``, ``mtia``), None on CPUs."""
+    return next((trace.accelerator for trace in traces if trace.accelerator), None)
 
 
 def _on_traced_gpu(config: RunConfig, traces: list) -> RunConfig:
