@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -460,3 +461,41 @@ def test_a_hugging_face_config_is_a_model_to_plan(tmp_path) -> None:
         ran = vtrain_in_process("simulate", bad)
         lines = ran.stderr.strip().splitlines()
         assert ran.returncode == 2 and len(lines) == 1 and said in lines[0] and str(bad) in lines[0], ran.stderr
+
+
+def test_starcoders_multi_query_attention_is_one_key_value_head(tmp_path: Path) -> None:
+    """A gpt_bigcode config (StarCoder 15.5B: multi_query, by default true) was read with 48 key/value heads: 18.5B
+    parameters, 13 % slower; GPT-2 keeps all its heads."""
+    starcoder = {"model_type": "gpt_bigcode", "n_layer": 40, "n_embd": 6144, "n_head": 48, "n_positions": 8192,
+                 "n_inner": 24576, "vocab_size": 49152, "multi_query": True, "activation_function": "gelu_pytorch_tanh"}
+    path = tmp_path / "config.json"
+    for multi_query, kv_heads in ((True, 1), (False, None)):
+        path.write_text(json.dumps({**starcoder, "multi_query": multi_query}))
+        with pytest.warns(UserWarning, match="gpt_bigcode config"):
+            assert load_run_config(path).model.kv_heads == kv_heads
+
+
+def test_weights_saved_in_float32_train_in_bf16_said_and_a_missing_vocabulary_is_refused(tmp_path: Path) -> None:
+    """``torch_dtype`` (``dtype`` since transformers 4.56) is how a checkpoint was saved: OLMo's and StarCoder's
+    float32 trained them in fp32 (15x slower) and with FlashAttention refused any --precision; a LLaMA config without
+    ``vocab_size`` got GPT-2's 50,257."""
+    path = tmp_path / "config.json"
+    for key in ("torch_dtype", "dtype"):
+        saved = {name: value for name, value in HF_LLAMA.items() if name != "torch_dtype"}
+        path.write_text(json.dumps({**saved, key: "float32"}))
+        with pytest.warns(UserWarning, match="bf16 \\(its weights were saved in 'float32', which is not how it "
+                                             "trained: --precision fp32 trains in it\\)"):
+            assert load_run_config(path).precision == "bf16"
+    path.write_text(json.dumps({key: value for key, value in HF_LLAMA.items() if key != "vocab_size"}))
+    with pytest.raises(InputError, match="llama config is missing 'vocab_size'"):
+        load_run_config(path)
+
+
+def test_a_missing_path_is_not_read_as_a_published_models_name(tmp_path: Path) -> None:
+    """`simulate /data/ft/Llama-2-70b-hf` (mistyped) simulated the published LLaMA-2-70B; a Hugging Face
+    repository's name (meta-llama/Llama-2-70b-hf) still names it, said."""
+    for path in (str(tmp_path / "nope" / "Llama-2-70b-hf"), "./Llama-2-70b-hf", "a/b/Llama-2-70b-hf"):
+        with pytest.raises(InputError, match="no such"):
+            load_run_config(path)
+    with pytest.warns(UserWarning, match="as published \\(no such file or folder: read as a repository's name\\)"):
+        assert load_run_config("meta-llama/Llama-2-70b-hf").model.layers == 80

@@ -602,7 +602,7 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
     as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
-    it says float16 or float32), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism
+    it says float16: float32 is how weights are saved, not trained, said), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism
     (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
     its layer has that vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
@@ -618,22 +618,25 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
         layers, hidden, heads, longest = (_whole(data[name]) for name in names)
         seq, seq_key = _pretraining_length(data, longest)
         model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
-                            vocab=_whole(data.get("vocab_size", 50257)),
+                            vocab=_whole(data["vocab_size"] if llama else data.get("vocab_size", 50257)),
                             ffn_hidden=_whole(data["intermediate_size"]) if llama else _gpt2_width(data, hidden),
-                            kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else None,
+                            kv_heads=_whole(_given(data, "num_key_value_heads", heads)) if llama else
+                            _bigcode_kv_heads(data, kind),
                             mlp="swiglu" if llama else "gelu", **(_hf_llama_layer(data, kind) if llama else {}),
                             tie_embeddings=_flag(_given(data, "tie_word_embeddings", not llama)))
     except KeyError as exc:
         raise InputError(f"Hugging Face {kind} config is missing {exc.args[0]!r}", source) from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"Hugging Face {kind} config has a bad value: {exc}", source) from None
-    given_dtype = data.get("torch_dtype")
+    given_dtype = data.get("torch_dtype", data.get("dtype"))  # transformers 4.56 renamed it
     head_dim = data.get("head_dim")
     if head_dim is not None and head_dim != hidden // heads:
         raise InputError(f"Hugging Face {kind} config: head_dim {shown(head_dim)} is not hidden_size / "
                          f"num_attention_heads ({hidden // heads}): heads of another width are not modelled", source)
-    dtype = {"float16": "fp16", "float32": "fp32", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
-    unread = "" if given_dtype in (None, "float16", "float32", "bfloat16") else f" (torch_dtype {shown(given_dtype)})"
+    dtype = {"float16": "fp16", "bfloat16": "bf16"}.get(str(given_dtype), "bf16")
+    unread = "" if given_dtype in (None, "float16", "bfloat16") else (
+        f" (its weights were saved in {shown(given_dtype)}, which is not how it trained: --precision fp32 trains in "
+        "it)" if given_dtype == "float32" else f" (torch_dtype {shown(given_dtype)})")
     placed = _hf_placed(data, llama)
     window = data.get("sliding_window")
     if (isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq
@@ -650,6 +653,13 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
 #: approximations too) for GPT-2's
 _HF_SILU = frozenset({"silu", "swish"})
 _HF_GELU = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "quick_gelu"})
+
+
+def _bigcode_kv_heads(data: dict[str, Any], kind: str) -> int | None:
+    """GPT-2's family's key/value heads: one where a ``gpt_bigcode`` config (StarCoder, SantaCoder) has multi-query
+    attention (``multi_query``, by default true), else every head (None). StarCoder's was read with 48: 18.5B
+    parameters for its 15.5B, 13 % slower."""
+    return 1 if kind == "gpt_bigcode" and _flag(_given(data, "multi_query", True)) else None
 
 
 def _gpt2_width(data: dict[str, Any], hidden: int) -> int | None:
@@ -759,15 +769,25 @@ def named_run(name: str | Path) -> RunConfig | None:
         return None
     from vtrain.architectures import architecture, known_names
 
-    found = architecture(str(name))
+    found = None if _a_path(str(name)) else architecture(str(name))
     if found is None:
         if path.suffix or len(path.parts) > 1:
             return None  # a missing file: read_config_file says so
         raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
-    warn_input(f"{found.name} as published ({found.source}): {found.model.describe()}; trained here in "
+    read_as = " (no such file or folder: read as a repository's name)" if len(path.parts) > 1 else ""
+    warn_input(f"{found.name} as published{read_as} ({found.source}): {found.model.describe()}; trained here in "
                f"{found.precision} with Megatron's kernels and {_ATTENTION_SAID[found.attention]}", name)
     return RunConfig(model=found.model, precision=found.precision, framework="megatron", attention=found.attention,
                      hardware=HardwareConfig(device="A100"))
+
+
+def _a_path(name: str) -> bool:
+    """Whether a name that is no file is meant as one all the same: absolute, from the current or home folder
+    (``./``, ``../``, ``~``), deeper than a Hugging Face repository's ``org/model``, or in a folder that exists. A
+    mistyped path to a user's own model (``/data/ft/Llama-2-70b-hf``) was simulated as the published model."""
+    path = Path(name)
+    return path.is_absolute() or name.startswith(("./", "../", "~", ".\\", "..\\")) or len(path.parts) > 2 or (
+        len(path.parts) > 1 and path.parent.is_dir())
 
 
 #: how a model without a run of its own runs its attention (vtrain.architectures.Architecture.attention), said
