@@ -400,3 +400,15 @@ def test_only_half_precision_gemms_of_a_trace_join_a_kernel_fit(tmp_path: Path) 
         _ingest(_recording(name), tmp_path / name)
         gemms = traced_gemms(load_profile(tmp_path / name))
         assert (gemms.height > 0) == bool(expected), name
+
+
+def test_torch_compiles_triton_templates_of_matrix_products_are_gemms() -> None:
+    """``torch.compile(mode="max-autotune")`` runs its chosen GEMMs as Triton templates (``triton_tem_fused_addmm_0``)
+    under an operator of that name: they were elementwise (the ``triton_`` of its pointwise kernels), and ``whatif
+    --scale gemm=0.5`` halved 36 of a run's 270 GEMMs."""
+    from vtrain.validate.opclass import CONVOLUTION, ELEMENTWISE, GEMM, kernel_class, op_class
+
+    assert kernel_class("triton_tem_fused_addmm_0") == GEMM
+    assert op_class("triton_tem_fused_bmm_3", "triton_tem_fused_bmm_3") == GEMM
+    assert kernel_class("triton_tem_fused_convolution_1") == CONVOLUTION
+    assert kernel_class("triton_poi_fused_add_mul_0") == ELEMENTWISE

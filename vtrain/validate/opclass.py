@@ -37,8 +37,11 @@ _ELEMENTWISE_OPS = re.compile(r"(norm|softmax|gelu|relu|silu|sigmoid|tanh|dropou
                               r"logsumexp|bias)", re.IGNORECASE)
 
 #: GEMM kernels by name: cuBLAS and CUTLASS on every NVIDIA generation (``nvjet_*`` is cuBLAS's on Hopper and later,
-#: ``nvjet_sm90_tst_128x256_..._bias``), rocBLAS and hipBLASLt's Tensile kernels on AMD (``Cijk_Alik_Bljk_...``)
-_GEMM_KERNEL = re.compile(r"(gemm|cutlass|xmma|wgmma|cublas|matmul|_mma_|sm\d+_xmma|nvjet|^Cijk_)", re.IGNORECASE)
+#: ``nvjet_sm90_tst_128x256_..._bias``), rocBLAS and hipBLASLt's Tensile kernels on AMD (``Cijk_Alik_Bljk_...``),
+#: and torch.compile's Triton templates (``triton_tem_fused_addmm_0``: max-autotune's matrix products; its
+#: convolution templates are told by their name first)
+_GEMM_KERNEL = re.compile(r"(gemm|cutlass|xmma|wgmma|cublas|matmul|_mma_|sm\d+_xmma|nvjet|^Cijk_|^triton_tem_)",
+                          re.IGNORECASE)
 _CONV_KERNEL = re.compile(r"(conv|implicit_gemm|winograd|fft2d|precomputed_convolve|cudnn::.*conv)",
                           re.IGNORECASE)
 _ATTENTION_KERNEL = re.compile(r"(flash|fmha|attention|attn)", re.IGNORECASE)
