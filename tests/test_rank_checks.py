@@ -1,4 +1,4 @@
-"""The clock check of `vtrain validate` (:func:`vtrain.validate.rank_checks.clocks_disagree`) on iteration tables:
+"""The clock check of `vtrain validate` (:func:`vtrain.ingest.clocks.clocks_disagree`) on iteration tables:
 ranks of one job start each iteration within an iteration of each other; a rank further off is on another clock.
 (The command itself, on a real folder with a rank's clock shifted: ``tests/test_validate_cli.py``.)"""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
-from vtrain.validate.rank_checks import clocks_disagree
+from vtrain.ingest.clocks import clocks_disagree
 
 
 def _iterations(offsets_us: dict[int, float], iteration_us: float = 500_000.0, count: int = 5) -> pl.DataFrame:

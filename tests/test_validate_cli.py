@@ -278,3 +278,16 @@ def test_without_max_error_nothing_is_said_to_have_passed(tmp_path: Path) -> Non
     result = vtrain("validate", PIPELINE, "-o", tmp_path / "report", "--json", "--no-hta")
     summary = json.loads(result.stdout)
     assert result.returncode == 0 and summary["max_error"] is None and summary["passed"] is None
+
+
+@pytest.mark.parametrize("command", [["ingest"], ["whatif", "--scale", "gemm=0.5"]])
+def test_ranks_on_clocks_seconds_apart_are_said_by_ingest_and_whatif_too(command: list[str], tmp_path: Path) -> None:
+    """Rank 1's clock 3 s ahead: ingest read send/recv at 3,075 µs where they took 284, whatif's GEMMs-halved
+    prediction moved from -43 % to -28 %, both silently (validate alone said it)."""
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "t1p2d1", folder)
+    _rank_one_changed(folder, lambda events, steps: _shifted(events, 3.0))
+    ran = vtrain_in_process(command[0], folder, *command[1:], "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert [line for line in ran.stderr.splitlines() if "the ranks' clocks disagree: rank 1 +3.000 s" in line
+            or "the ranks' clocks disagree: rank 1 +2.9" in line], ran.stderr

@@ -28,6 +28,7 @@ import vtrain
 from vtrain import runconfig
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
+from vtrain.ingest.clocks import clocks_disagree, iteration_starts
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
 from vtrain.ingest.inferred_run import INFERRED, infer_run
 from vtrain.ingest.rank import (
@@ -204,7 +205,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         say(line)
     if world_size is None and (line := _world_of_the_collectives(Path(trace_dir), results, sources, spool)):
         say(line)
-    for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results)):
+    for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results),
+                 _clocks_line(Path(trace_dir), results, spool)):
         if line:
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
@@ -346,6 +348,16 @@ def _of_the_traced_job(run: dict[str, Any] | None, world_size: int | None, trace
     warn(f"{trace_dir / 'run.yaml'}: the run config has tp*pp*dp = {ranks} ranks but the traces come from a job of "
          f"{world_size}; the profile is written without the traced run's config")
     return None
+
+
+def _clocks_line(trace_dir: Path, results: list[RankResult], spool: Path) -> str | None:
+    """The warning for ranks whose clocks disagree (:func:`~vtrain.ingest.clocks.clocks_disagree`): a collective's
+    time is then read across clocks (a 3 s offset made send/recv 3,075 µs where they took 284)."""
+    files = [result.spooled(spool, "cpu_ops") for result in results]
+    if len(files) < 2:
+        return None
+    line = clocks_disagree(trace_dir, iteration_starts(pl.scan_ipc(files)))
+    return line and line + "; the collectives' latencies, timed across ranks, are not either"
 
 
 def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource], metadata: dict[str, Any],

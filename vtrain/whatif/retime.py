@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError
+from vtrain.ingest.clocks import clocks_disagree
 from vtrain.replay.build import build_graph
 from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
@@ -139,6 +140,9 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     graph = build_graph(traces, config)
     owned = own_edges(graph)
     frame = without_made_iterations(annotate(timeline(graph, graph.measured)), traces)
+    if line := clocks_disagree(trace_dir, iterations(frame, MEASURED)):
+        warn(f"{line}; the re-timed graph links the ranks' events across those clocks, and its prediction does not "
+             "stand either")
     all_iterations = measured_iterations(frame, trace_dir)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     for line in chosen.notes:
