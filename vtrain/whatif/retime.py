@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,6 +139,8 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     for line in trace_set_warnings(trace_dir, traces, world_size):
         warn(line)
     graph = build_graph(traces, config)
+    if line := _unmatched_collectives(trace_dir, graph.stats.collective_calls_unmatched):
+        warn(line)
     owned = own_edges(graph)
     frame = without_made_iterations(annotate(timeline(graph, graph.measured)), traces)
     if line := clocks_disagree(trace_dir, iterations(frame, MEASURED)):
@@ -149,6 +152,18 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
         warn(line)
     return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time,
                     steady=chosen.iterations)
+
+
+def _unmatched_collectives(trace_dir: Path, unmatched: Counter[str]) -> str | None:
+    """The warning for collective calls the replay could not match to their peers' (their process group unknown,
+    their peers' traces not in the folder): each keeps its measured duration, its wait for the peers included, so
+    a change before it does not move its end (halving a run's GEMMs read -28 % instead of -43 %)."""
+    count = sum(unmatched.values())
+    if not count:
+        return None
+    reasons = "; ".join(f"{reason}: {n:,}" for reason, n in unmatched.most_common())
+    return (f"{trace_dir}: {count:,} collective call(s) not matched to their peers' keep their measured duration, "
+            f"their wait for the peers included ({reasons}): what is re-timed before them does not move their end")
 
 
 def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
