@@ -499,3 +499,16 @@ def test_a_missing_path_is_not_read_as_a_published_models_name(tmp_path: Path) -
             load_run_config(path)
     with pytest.warns(UserWarning, match="as published \\(no such file or folder: read as a repository's name\\)"):
         assert load_run_config("meta-llama/Llama-2-70b-hf").model.layers == 80
+
+
+def test_a_long_context_is_said_and_experts_counted_in_text_are_a_mixture(tmp_path: Path) -> None:
+    """Qwen2.5's max_position_embeddings (131,072) was trained at as said, without a word that it is the context it
+    serves; an expert count written "8" or 8.0 was simulated as a dense model."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF_LLAMA, "model_type": "qwen2", "max_position_embeddings": 131072}))
+    with pytest.warns(UserWarning, match="the longest context it serves: most models pretrain shorter"):
+        assert load_run_config(path).model.seq == 131072
+    for experts in ("8", 8.0):
+        path.write_text(json.dumps({**HF_LLAMA, "num_local_experts": experts}))
+        with pytest.raises(InputError, match="mixture of experts: not modelled"):
+            load_run_config(path)

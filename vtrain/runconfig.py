@@ -594,6 +594,9 @@ HF_GPT_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 #: (OLMo's first: without parameters, a layer norm's kernels all the same)
 _HF_QKV_BIAS_TYPES = frozenset({"qwen2"})
 _HF_LAYER_NORM_TYPES = frozenset({"olmo"})
+#: a sequence a config's longest context gives beyond which it is said to be most likely not the pretraining length
+#: (Qwen2.5's 131,072, Mistral's 32,768; LLaMA 2's 4,096 and LLaMA 3's 8,192 were their pretraining lengths)
+LONG_CONTEXT = 8192
 #: keys of a Hugging Face config that make it a mixture of experts (not modelled)
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
@@ -606,7 +609,7 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
     its layer has that vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
-    if any(isinstance(data.get(key), int) and data[key] > 1 for key in _HF_EXPERT_KEYS):
+    if any(_more_than_one(data.get(key)) for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
     if not isinstance(kind, str) or kind not in HF_LLAMA_TYPES | HF_GPT_TYPES:
         known = ", ".join(sorted(HF_LLAMA_TYPES | HF_GPT_TYPES))
@@ -643,7 +646,9 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
             and data.get("use_sliding_window") is not False):
         placed += f"its sliding-window attention ({window} tokens) is placed as attention over the whole sequence; "
     attention = "flash" if llama else "eager"
-    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}; --seq trains at another length), "
+    long = "; the longest context it serves: most models pretrain shorter" if seq > LONG_CONTEXT and \
+        seq_key in ("max_position_embeddings", "n_positions") else ""
+    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}{long}; --seq trains at another length), "
             f"{dtype}{unread}, Megatron's kernels, {_ATTENTION_SAID[attention]}")
     return RunConfig(model=model, precision=dtype, framework="megatron", attention=attention,
                      hardware=HardwareConfig(device="A100")), said
@@ -660,6 +665,14 @@ def _bigcode_kv_heads(data: dict[str, Any], kind: str) -> int | None:
     attention (``multi_query``, by default true), else every head (None). StarCoder's was read with 48: 18.5B
     parameters for its 15.5B, 13 % slower."""
     return 1 if kind == "gpt_bigcode" and _flag(_given(data, "multi_query", True)) else None
+
+
+def _more_than_one(value: Any) -> bool:
+    """Whether a config's count (of experts) is more than one, written as a number or as text (``"8"``, ``8.0``)."""
+    try:
+        return not isinstance(value, bool) and value is not None and float(value) > 1
+    except (TypeError, ValueError):
+        return False
 
 
 def _gpt2_width(data: dict[str, Any], hidden: int) -> int | None:
