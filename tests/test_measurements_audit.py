@@ -93,8 +93,8 @@ def test_the_breakdown_by_dimension_is_the_same_every_time() -> None:
 def test_what_rows_leave_unsaid_is_said_with_what_they_were_predicted_with(tmp_path: Path) -> None:
     """A table without a recomputation, precision, GPU, framework or attention column was predicted with full
     recomputation, fp16, the profile's GPU, Megatron's kernels and eager attention without a word (and without
-    the overlap, distributed optimizer and sequence parallelism columns: with none of them, until session 37): a user's table
-    of runs without recomputation read 32 % off. Each setting left to the command is now named with its value
+    the overlap, distributed optimizer and sequence parallelism columns: with none of them, until session 37): a
+    user's table of runs without recomputation read 32 % off. Each setting left to the command is now named with its value
     and the flag that sets it; a table that says them all gets no such line."""
     header, *rows = _rows_with_header(3)
     table = _table(tmp_path, rows)

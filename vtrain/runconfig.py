@@ -605,8 +605,8 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
     as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
-    it says float16: float32 is how weights are saved, not trained, said), on the sequence it was pretrained at (:func:`_pretraining_length`); no parallelism
-    (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
+    it says float16: float32 is how weights are saved, not trained, said), on the sequence it was pretrained at
+    (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
     its layer has that vtrain places otherwise (sliding-window attention)."""
     kind = data.get("model_type")
     if any(_more_than_one(data.get(key)) for key in _HF_EXPERT_KEYS):

@@ -162,7 +162,8 @@ def _timed_intervals(intervals: list[tuple[float, str | None]], final_batch: str
                      path: Path) -> tuple[str | None, list[float]]:
     """The global batch the run is timed at where it is not its arguments' (None where it is) and the intervals
     that ran it, the run's first aside (its start-up) unless it is the only one. Under a batch ramp-up
-    (``--rampup-batch-size``) the intervals at smaller batches are left out, said; a run that never reached its final batch is timed at the last batch it logged, said."""
+    (``--rampup-batch-size``) the intervals at smaller batches are left out, said; a run that never reached its
+    final batch is timed at the last batch it logged, said."""
     batches = [batch for _, batch in intervals if batch is not None]
     batch = final_batch if final_batch in batches or not batches else batches[-1]
     at_batch = [(index, ms) for index, (ms, logged) in enumerate(intervals) if logged in (None, batch)]
@@ -239,7 +240,8 @@ def _in_megatron_lm_names(args: dict[str, str], world: str | None, where: str, p
 
 #: GPT-NeoX's (and Megatron-LM v1's ``model_parallel_size``) argument names -> Megatron-LM's
 _NEOX_NAMES = {"model_parallel_size": "tensor_model_parallel_size",
-               "pipe_parallel_size": "pipeline_model_parallel_size", "train_micro_batch_size_per_gpu": "micro_batch_size", "train_batch_size": "global_batch_size",
+               "pipe_parallel_size": "pipeline_model_parallel_size",
+               "train_micro_batch_size_per_gpu": "micro_batch_size", "train_batch_size": "global_batch_size",
                "global_num_gpus": "world_size"}
 #: GPT-NeoX prints each argument's value followed by dots and whether it is its ``default`` or ``updated``
 _NEOX_SOURCE = re.compile(r"\.{3,}(?:updated|default)$")

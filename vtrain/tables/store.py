@@ -286,8 +286,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _METADATA_SHAPE: dict[str, tuple[type, ...]] = {
     "kind": (str,), "version": (str,), "source_dir": (str,), "device": (dict,), "software": (dict,),
     "world_size": (int,), "ranks": (list,), "ranks_missing": (list,), "iterations": (list,),
-    "dropped_events": (int,), "sources": (list,), "parent": (dict, str), "fitted": (dict,), "fit_rows": (dict,), "run": (dict,),
-    "warnings": (list,),
+    "dropped_events": (int,), "sources": (list,), "parent": (dict, str), "fitted": (dict,), "fit_rows": (dict,),
+    "run": (dict,), "warnings": (list,), "carried_over": (dict,),
 }
 
 
