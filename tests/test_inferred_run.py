@@ -1136,7 +1136,7 @@ def test_traces_without_iteration_marks_say_so(tmp_path: Path) -> None:
 def test_a_gpu_trace_that_names_no_gpu_is_not_predicted_as_a_cpu_run(tmp_path: Path) -> None:
     """The H100 recording without its deviceProperties and distributedInfo (an exporter that drops Kineto's
     header): its 1,140 kernels were read as a CPU run and predicted 49,380 ms against 16.1 ms measured, with only
-    a warning that blamed the run's device."""
+    a warning that blamed the run's device, and `"passed": true` (no --max-error was given)."""
     trace = json.loads(gzip.decompress((TRACES / "gpu" / "h100-small-eager" / "rank-0.json.gz").read_bytes()))
     del trace["deviceProperties"], trace["distributedInfo"]
     folder = tmp_path / "nometa"
@@ -1146,6 +1146,7 @@ def test_a_gpu_trace_that_names_no_gpu_is_not_predicted_as_a_cpu_run(tmp_path: P
     assert ran.returncode == 0, ran.stderr
     summary = json.loads(ran.stdout)
     assert summary["model"] is None and "a GPU (cuda) the traces do not name" in summary["model_reason"], summary
+    assert summary["max_error"] is None and summary["passed"] is None  # was true at any error without --max-error
     assert "is on cpu" not in ran.stderr, ran.stderr
 
 
