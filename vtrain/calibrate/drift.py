@@ -34,6 +34,7 @@ import polars as pl
 
 from vtrain.devices.catalog import canonical_device_name
 from vtrain.tables.latency import SIGNATURE
+from vtrain.tables.schema import TRACE_SOURCE
 from vtrain.tables.store import Profile
 
 #: a ratio is drift only beyond this relative change (5 %)
@@ -116,7 +117,7 @@ def compare_profiles(old: Profile, new: Profile, *, min_change: float = MIN_CHAN
 
 def _trace_rows(nccl: pl.DataFrame) -> pl.DataFrame:
     """Collective rows measured in traces (imported nccl-tests or similar rows are not drift of the traces)."""
-    return nccl.filter(pl.col("source").is_null() | (pl.col("source") == "trace"))
+    return nccl.filter(pl.col("source").is_null() | (pl.col("source") == TRACE_SOURCE))
 
 
 def kernel_stats(kernels: pl.DataFrame) -> pl.DataFrame:

@@ -12,10 +12,8 @@ from typing import Any
 import polars as pl
 
 from vtrain.errors import InputError
+from vtrain.tables.schema import TRACE_SOURCE
 from vtrain.tables.store import METADATA_FILE, Profile, load_profile
-
-#: the ``source`` of rows a trace measured (every other source is a benchmark run outside the traces)
-TRACE_SOURCE = "trace"
 
 
 def metadata_sha256(profile_dir: str | Path) -> str:

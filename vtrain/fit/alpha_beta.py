@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.collective_cost import AlphaBeta, bus_bandwidth_factor
+from vtrain.tables.schema import TRACE_SOURCE
 
 
 def fit_collectives(table: pl.DataFrame) -> list[AlphaBeta]:
@@ -55,6 +56,6 @@ def _fit_one(collective: str, group_size: int, nodes: int, group: pl.DataFrame) 
 
 def _benchmarks_over_traces(rows: pl.DataFrame) -> pl.DataFrame:
     keys = ["collective", "group_size", "nodes"]
-    benchmarked = rows.filter(pl.col("source") != "trace").select(keys).unique()
-    traced_only = rows.filter(pl.col("source") == "trace").join(benchmarked, on=keys, how="anti")
-    return pl.concat([rows.filter(pl.col("source") != "trace"), traced_only])
+    benchmarked = rows.filter(pl.col("source") != TRACE_SOURCE).select(keys).unique()
+    traced_only = rows.filter(pl.col("source") == TRACE_SOURCE).join(benchmarked, on=keys, how="anti")
+    return pl.concat([rows.filter(pl.col("source") != TRACE_SOURCE), traced_only])

@@ -28,6 +28,7 @@ from vtrain.fit.operators import OperatorKernelModel
 from vtrain.kineto import first_dtype
 from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
+from vtrain.tables.schema import TRACE_SOURCE
 from vtrain.tables.store import Profile, empty_table
 
 if TYPE_CHECKING:
@@ -69,8 +70,9 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
         except (ValueError, TypeError):
             continue
         if op.flops > 0 and median and first_dtype(types) in HALF_DTYPES:
-            rows.append({"source": "trace", "op_class": "gemm", "label": f"{name} {dims}", "batch": batch, "m": m,
-                         "k": k, "n": n, "flops": op.flops, "bytes": op.bytes, "count": count, "median_us": median})
+            rows.append({"source": TRACE_SOURCE, "op_class": "gemm", "label": f"{name} {dims}", "batch": batch,
+                         "m": m, "k": k, "n": n, "flops": op.flops, "bytes": op.bytes, "count": count,
+                         "median_us": median})
     return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"source": pl.String, "op_class": pl.String})
 
 

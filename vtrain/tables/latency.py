@@ -10,7 +10,7 @@ import polars as pl
 from vtrain.collective_cost import with_bandwidths
 from vtrain.kineto import COMMUNICATION_OP_PREFIXES
 from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
-from vtrain.tables.schema import COMMUNICATION
+from vtrain.tables.schema import COMMUNICATION, TRACE_SOURCE
 from vtrain.tables.store import conform
 
 SIGNATURE = ["op", "input_dims", "input_types", "device_type"]
@@ -223,6 +223,6 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None,
              duration_source=pl.col("duration_source").first())
         .drop("mean_us")
         .join(typical, on=keys, nulls_equal=True)
-        .with_columns(source=pl.lit("trace"))
+        .with_columns(source=pl.lit(TRACE_SOURCE))
     )
     return conform(with_bandwidths(table).sort(keys, nulls_last=True), "nccl_latency")

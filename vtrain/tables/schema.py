@@ -102,5 +102,7 @@ TABLES = {
 }
 
 #: tables a profile may lack (written by older vtrain versions); they load as empty tables
+#: the ``source`` of the latency rows a trace measured (every other source is a benchmark run outside traces)
+TRACE_SOURCE = "trace"
 OPTIONAL_TABLES = ("op_benchmarks", "graph_launches")
 

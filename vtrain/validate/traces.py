@@ -292,7 +292,8 @@ def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
     (:func:`vtrain.ingest.inferred_run.infer_run`) and said on one line, or why there is none."""
     world = next((trace.world_size for trace in traces if trace.world_size), None) or len(traces)
     groups = next((trace.process_groups for trace in traces if trace.process_groups), [])
-    inferred = infer_run(ingested["cpu_ops"], world, _traced_gpu(traces) or _accelerator(traces), groups)
+    device = ingested.metadata["device"]  # set by prepare_validation, as ingest's metadata holds it
+    inferred = infer_run(ingested["cpu_ops"], world, device["name"] or device["type"], groups)
     if inferred.config is None:
         return None, (f"no run described (no run.yaml in the trace folder, no --config) and none read off the "
                       f"traces: {inferred.reason}")
