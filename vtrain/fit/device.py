@@ -28,7 +28,6 @@ from vtrain.fit.operators import OperatorKernelModel
 from vtrain.kineto import first_dtype
 from vtrain.model.ops import GEMM_OPS, HALF_DTYPES, gemm_dims, make_op
 from vtrain.runconfig import RunConfig
-from vtrain.tables.schema import TRACE_SOURCE
 from vtrain.tables.store import Profile, empty_table
 
 if TYPE_CHECKING:
@@ -59,6 +58,8 @@ def traced_gemms(profile: Profile) -> pl.DataFrame:
     ``trace``). The kernel model learns half-precision efficiencies (an fp32 GEMM takes them at the fp32 peak): an
     fp32 GEMM among its samples, against the half-precision floor, would teach it that those shapes run 10x slow."""
     import polars as pl
+
+    from vtrain.tables.schema import TRACE_SOURCE  # with polars: a profile read from the cache imports neither
 
     table = profile.op_latency.filter((pl.col("device_type") == "cuda") & pl.col("op").is_in(list(GEMM_OPS)))
     rows: list[dict[str, Any]] = []

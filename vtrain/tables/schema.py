@@ -101,8 +101,8 @@ TABLES = {
     "op_latency": OP_LATENCY, "nccl_latency": NCCL_LATENCY, "op_benchmarks": OP_BENCHMARKS,
 }
 
-#: tables a profile may lack (written by older vtrain versions); they load as empty tables
 #: the ``source`` of the latency rows a trace measured (every other source is a benchmark run outside traces)
 TRACE_SOURCE = "trace"
+#: tables a profile may lack (written by older vtrain versions); they load as empty tables
 OPTIONAL_TABLES = ("op_benchmarks", "graph_launches")
 
