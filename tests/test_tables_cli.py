@@ -147,3 +147,25 @@ def test_an_operator_without_percentiles_prints_a_dash(profile: Path, tmp_path: 
     ops.with_columns(p10_us=pl.when(pl.col("op") == top).then(None).otherwise(pl.col("p10_us"))).write_parquet(file)
     printed = _tables(copy, 100, top=1)
     assert re.search(r"\s-\s+[\d,.]+\s*$", printed.split("op_latency")[1].split("nccl_latency")[0], re.M), printed
+
+
+def test_a_fitted_profile_says_what_it_was_fitted_to_and_a_closed_pipe_stops_quietly() -> None:
+    """`vtrain tables profiles/h200`: a profile fitted by `vtrain fit` has no ranks or iterations of its own (its
+    header read "ranks None of ?, iterations None"); and `vtrain tables ... | head` exited 1 (rich's answer to a
+    broken pipe), which reads as a failure: it exits as `simulate ... | head` does, 141 and nothing on stderr."""
+    shown = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "tables", REPO / "profiles" / "h200"],
+                           capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    header = shown.stdout.splitlines()[0]
+    assert shown.returncode == 0 and "None" not in header, header
+    assert re.search(r"fitted to \d+ measurement file\(s\) and the traces of 1 profile\(s\) \(1 rank file\(s\)\)",
+                     header), header
+    process = subprocess.Popen([sys.executable, "-m", "vtrain.cli.main", "tables", REPO / "profiles" / "h200"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    assert process.wait(timeout=300) == 141 and process.stderr.read().decode() == ""
+
+
+def test_an_ingested_profile_names_its_ranks_and_iterations_as_spans(profile: Path) -> None:
+    header = _tables(profile, 200).splitlines()[0]
+    assert header.endswith(": cpu, ranks 0-7 of 8, iterations 1-10"), header

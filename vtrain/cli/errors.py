@@ -14,6 +14,11 @@ F = TypeVar("F", bound=Callable[..., object])
 EXIT_BAD_INPUT = 2
 
 
+class ReaderGone(Exception):
+    """Standard output's reader went away (`vtrain tables ... | head`). Not an ``OSError``: click reads a broken
+    pipe as its own exit 1, and vtrain exits as shell tools do (:mod:`vtrain.cli.main`)."""
+
+
 def report(exc: InputError) -> int:
     """Print ``error: <file>: <problem>`` on stderr, always one line (a line break in a file name or a value is
     shown as ``\\n``); the exit code for it."""
@@ -44,6 +49,8 @@ def user_errors(command: F) -> F:
             import typer  # only typer commands get here: `vtrain ingest` runs without loading typer
 
             raise typer.Exit(report(exc)) from None
+        except BrokenPipeError:
+            raise ReaderGone() from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -22,7 +22,7 @@ import warnings
 from types import FrameType
 from typing import Any, NoReturn
 
-from vtrain.cli.errors import EXIT_BAD_INPUT
+from vtrain.cli.errors import EXIT_BAD_INPUT, ReaderGone
 from vtrain.errors import STOPS, InputWarning, Stopped, raise_if_stopped, stop
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
@@ -54,7 +54,7 @@ def main() -> None:
         line, code = STOPS[signal.Signals(stopped.signum)]
         print(line, file=sys.stderr)
         sys.exit(code)
-    except BrokenPipeError:  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
+    except (BrokenPipeError, ReaderGone):  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
     except Exception as exc:  # where the file system refuses what was asked, wherever it is first touched

@@ -251,12 +251,12 @@ def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape
 
 
 def _print_summary(table: PlanTable, target: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from vtrain.plan.report import label, timed_from
+    from vtrain.report.console import stdout_console
 
-    out = Console()
+    out = stdout_console()
     counts = table.counts
     out.print(f"{counts['enumerated']} plans: {counts['invalid']} invalid, {counts['out_of_memory']} out of "
               f"memory, {counts['simulated']} simulated")

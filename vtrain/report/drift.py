@@ -16,6 +16,7 @@ from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, 
 from vtrain.calibrate.result import Calibration
 from vtrain.outputs import write_text
 from vtrain.report import document as doc
+from vtrain.report.console import stdout_console
 from vtrain.report.tables import Table, ms, pct
 from vtrain.report.write import write_json
 
@@ -202,7 +203,7 @@ def write_drift_report(calibration: Calibration, folder: Path) -> None:
 
 def print_drift(calibration: Calibration, console: Console | None = None) -> None:
     """The rows that moved (largest change first), the software that changed, the reference run, the paths."""
-    console = console or Console()
+    console = console or stdout_console()
     c = calibration
     moved = c.drift.drifted()
     table = RichTable(title=f"{c.output} against {c.base_path}: {len(moved)} row(s) moved")

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from vtrain.report.console import stdout_console
 from vtrain.report.document import markdown_table
 from vtrain.report.tables import Table, ms, pct
 from vtrain.validate.suite import Suite, SuiteEntry, check
@@ -61,7 +62,7 @@ def render_suite_markdown(suite: Suite, results: list[SetResult]) -> str:
 
 
 def print_suite(suite: Suite, results: list[SetResult], target: str, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or stdout_console()
     header, rows = summary_table(results)
     table = RichTable(title=f"suite {suite.name}: {sum(r.passed for r in results)} of {len(results)} within bounds")
     for k, column in enumerate(header):

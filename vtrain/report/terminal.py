@@ -6,12 +6,13 @@ from rich.console import Console
 from rich.table import Table
 
 from vtrain.report import tables
+from vtrain.report.console import stdout_console
 from vtrain.validate.traces import Validation
 
 
 def print_summary(v: Validation, report_dir: str, console: Console | None = None) -> None:
     """Iteration time of both predictions, the largest per-class errors, and where the report is."""
-    console = console or Console()
+    console = console or stdout_console()
     header, rows = tables.headline(v.replay, v.model)
     table = Table(title=f"{v.trace_dir}: iteration time over steady iterations {v.steady}")
     for k, column in enumerate(header):
