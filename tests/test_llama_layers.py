@@ -501,6 +501,18 @@ def test_a_missing_path_is_not_read_as_a_published_models_name(tmp_path: Path) -
         assert load_run_config("meta-llama/Llama-2-70b-hf").model.layers == 80
 
 
+def test_a_path_from_the_current_folder_on_the_command_line_is_not_a_published_models_name(tmp_path: Path) -> None:
+    """`vtrain simulate ./llama-2-70b` and `vtrain plan ./llama-2-70b` (a file the user meant, not there): the command
+    line turned the argument into a path, which drops the `./`, so the published LLaMA-2-70B was simulated and
+    planned. The argument is read as typed."""
+    from tests.conftest import vtrain_in_process
+
+    for command in (("simulate", "./llama-2-70b"), ("plan", "./llama-2-70b", "--gpus", "8", "--global-batch", "8")):
+        ran = vtrain_in_process(*command, cwd=tmp_path)
+        assert ran.returncode == 2 and "no such run config" in ran.stderr and "as published" not in ran.stderr, \
+            ran.stderr
+
+
 def test_a_long_context_is_said_and_experts_counted_in_text_are_a_mixture(tmp_path: Path) -> None:
     """Qwen2.5's max_position_embeddings (131,072) was trained at as said, without a word that it is the context it
     serves; an expert count written "8" or 8.0 was simulated as a dense model."""

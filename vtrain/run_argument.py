@@ -26,13 +26,13 @@ class GivenRun(NamedTuple):
     logged: bool = False
 
 
-def given_run(path: Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
+def given_run(path: str | Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
     """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
     on ``device``, else the profile's GPU (:func:`~vtrain.fit.device.profile_gpu`), as ``validate
     --measurements`` predicts a log's runs; else :func:`~vtrain.runconfig.load_given_run`'s, a model without a run
     of its own (a name, a Hugging Face config) on ``device``, else the profile's GPU."""
     gpu = device or (profile_gpu(profile) if profile is not None else None)
-    logged = _logged_run(path, gpu)
+    logged = _logged_run(Path(path), gpu)
     if logged is not None:
         return GivenRun(logged, model_only=False, logged=True)
     config, model_only = load_given_run(path)
@@ -43,7 +43,7 @@ def given_run(path: Path, profile: Profile | None = None, device: str | None = N
     return GivenRun(config, model_only)
 
 
-def _unknown_gpu_warning(profile: Profile, config: RunConfig, path: Path) -> None:
+def _unknown_gpu_warning(profile: Profile, config: RunConfig, path: str | Path) -> None:
     """A warning when a model without a run of its own goes on its default GPU because the profile's traces ran on
     a device vtrain does not know (its kernels are that device's, the rest is timed on the default's datasheet)."""
     traced = str((profile.metadata.get("device") or {}).get("name") or "")

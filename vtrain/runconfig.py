@@ -782,9 +782,10 @@ def named_run(name: str | Path) -> RunConfig | None:
         return None
     from vtrain.architectures import architecture, known_names
 
-    found = None if _a_path(str(name)) else architecture(str(name))
+    meant_as_path = _a_path(str(name))
+    found = None if meant_as_path else architecture(str(name))
     if found is None:
-        if path.suffix or len(path.parts) > 1:
+        if path.suffix or len(path.parts) > 1 or meant_as_path:
             return None  # a missing file: read_config_file says so
         raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
     read_as = " (no such file or folder: read as a repository's name)" if len(path.parts) > 1 else ""

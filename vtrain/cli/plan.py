@@ -56,7 +56,7 @@ PLANS = Path("plans")
 
 @user_errors
 def plan_command(
-    model: Path | None = typer.Argument(None, help="Run config (run.yaml, vtrain YAML/JSON or vTrain's config "
+    model: str | None = typer.Argument(None, help="Run config (run.yaml, vtrain YAML/JSON or vTrain's config "
                                                    "JSON) or a Megatron-LM training log: its model, global batch, "
                                                    "precision and hardware; its own parallelism is the reference plan. "
                                                    "Or a model alone: a Hugging Face config.json or a published "
@@ -133,7 +133,7 @@ def plan_command(
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
     device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
     counts = parse_gpus(gpus, base)
-    name = model.stem if model is not None else f"gpt-l{layers}-h{hidden}"
+    name = Path(model).stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
     check_output(target, inputs=[model, profile], force=force)
     if price is None:
@@ -215,7 +215,7 @@ class ModelShape(NamedTuple):
         return [flag for flag, value in flags if value is not None]
 
 
-def _base_config(model: Path | None, global_batch: int | None, shape: ModelShape, device: str | None,
+def _base_config(model: str | None, global_batch: int | None, shape: ModelShape, device: str | None,
                  profile: Profile | None) -> tuple[RunConfig, bool]:
     """The run config whose model, batch, precision and hardware are swept (on ``device`` when given), and whether
     its own layout is a run to time beside the plans (a run config's or a log's, not a bare model's)."""

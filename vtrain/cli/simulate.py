@@ -31,7 +31,7 @@ _SHOWN_PATH = 4
 def parser() -> OneLineParser:
     """The command line of `vtrain simulate` (usage errors exit 2, as typer's do)."""
     parsed = OneLineParser(prog="vtrain simulate", description=HELP)
-    parsed.add_argument("config", type=Path, metavar="CONFIG",
+    parsed.add_argument("config", metavar="CONFIG",  # as typed: `./name` is a file, `name` may be a model
                         help="Run config: run.yaml (or its folder), a YAML/JSON in the run-config schema, vTrain's "
                              "config JSON, a model's Hugging Face config.json, a published architecture's name "
                              "(llama-3-70b, gpt-3-175b, ...) or a Megatron-LM training log (the run it logged).")
@@ -92,7 +92,7 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def simulate_command(config: Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
+def simulate_command(config: str | Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
                      force: bool = False, gpus: int | None = None, device: str | None = None,
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
                      intra_node_gbps: float | None = None, cuda_graphs: bool | None = None,
@@ -134,7 +134,7 @@ def simulate_command(config: Path, profile: Path | None = None, output: Path | N
         run = replace(run, hardware=replace(run.hardware, **hardware))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
-    sim = simulate(run, table, source=config)
+    sim = simulate(run, table, source=str(config))
     for line in (_memory_warning(sim), _unsharded_warning(run)):
         if line:
             warn(f"{config}: {line}")
