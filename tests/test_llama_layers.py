@@ -513,6 +513,29 @@ def test_a_path_from_the_current_folder_on_the_command_line_is_not_a_published_m
             ran.stderr
 
 
+def test_what_a_models_line_says_was_assumed_leaves_out_what_the_command_line_gives(tmp_path: Path) -> None:
+    """`vtrain simulate qwen.json --seq 4096 --precision fp16` said "sequence 131072 ..., bf16 (its weights were saved
+    in 'float32' ...: --precision fp32 trains in it)" while it ran 4,096 tokens in fp16: the line named the config's
+    values over the flags that replaced them. So did a published name's line with `--precision`."""
+    from tests.conftest import vtrain_in_process
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**HF_LLAMA, "model_type": "qwen2", "max_position_embeddings": 131072,
+                                  "torch_dtype": "float32"}))
+    plain = vtrain_in_process("simulate", config, "--json")
+    assert plain.returncode == 0 and "sequence 131072" in plain.stderr and "saved in 'float32'" in plain.stderr
+    flags = vtrain_in_process("simulate", config, "--seq", "4096", "--precision", "fp16", "--json")
+    said = [line for line in flags.stderr.splitlines() if "a Hugging Face qwen2 config" in line]
+    assert flags.returncode == 0 and len(said) == 1, flags.stderr
+    assert "131072" not in said[0] and "float32" not in said[0] and "bf16" not in said[0], said[0]
+    assert json.loads(flags.stdout)["model"]["seq"] == 4096
+    every = vtrain_in_process("simulate", config, "--seq", "4096", "--precision", "fp16", "--framework", "megatron",
+                              "--attention", "flash", "--json")
+    assert every.returncode == 0 and "a Hugging Face" not in every.stderr, every.stderr
+    named = vtrain_in_process("simulate", "llama-2-7b", "--precision", "fp16", "--json")
+    assert named.returncode == 0 and "trained here with Megatron's kernels" in named.stderr, named.stderr
+
+
 def test_a_long_context_is_said_and_experts_counted_in_text_are_a_mixture(tmp_path: Path) -> None:
     """Qwen2.5's max_position_embeddings (131,072) was trained at as said, without a word that it is the context it
     serves; an expert count written "8" or 8.0 was simulated as a dense model."""

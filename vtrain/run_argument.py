@@ -5,6 +5,7 @@ measured)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -26,16 +27,19 @@ class GivenRun(NamedTuple):
     logged: bool = False
 
 
-def given_run(path: str | Path, profile: Profile | None = None, device: str | None = None) -> GivenRun:
+def given_run(path: str | Path, profile: Profile | None = None, device: str | None = None,
+              command_line: Collection[str] = ()) -> GivenRun:
     """The run ``path`` names: a Megatron log's last run (with a warning line saying which, and what it measured),
     on ``device``, else the profile's GPU (:func:`~vtrain.fit.device.profile_gpu`), as ``validate
     --measurements`` predicts a log's runs; else :func:`~vtrain.runconfig.load_given_run`'s, a model without a run
-    of its own (a name, a Hugging Face config) on ``device``, else the profile's GPU."""
+    of its own (a name, a Hugging Face config) on ``device``, else the profile's GPU; what such a model's line says
+    was assumed leaves out the settings ``command_line`` gives (``seq``, ``precision``, ``framework``,
+    ``attention``)."""
     gpu = device or (profile_gpu(profile) if profile is not None else None)
     logged = _logged_run(Path(path), gpu)
     if logged is not None:
         return GivenRun(logged, model_only=False, logged=True)
-    config, model_only = load_given_run(path)
+    config, model_only = load_given_run(path, command_line)
     if model_only and gpu:
         config = replace(config, hardware=replace(config.hardware, device=gpu))
     elif model_only and profile is not None:

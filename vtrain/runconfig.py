@@ -30,6 +30,7 @@ vTrain's own config JSON (``num_gpus, tensor_parallel_size, ...``) is accepted a
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -454,19 +455,22 @@ def _build(cls: type, data: Any, section: str, source: str | Path) -> Any:
         raise InputError(f"bad {section} section: {exc}", source) from None
 
 
-def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>") -> RunConfig:
+def run_config_from_dict(data: dict[str, Any], source: str | Path = "<config>",
+                         command_line: Collection[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from vtrain's schema, vTrain's config JSON or a Hugging Face model's
-    ``config.json``."""
+    ``config.json`` (whose line of what was assumed leaves out the settings ``command_line`` names, of ``seq``,
+    ``precision``, ``framework`` and ``attention``: the command line gives them)."""
     if not isinstance(data, dict):
         raise InputError("a run config must be a mapping", source)
     if "tensor_parallel_size" in data or "num_gpus" in data:
         return _checked(_from_vtrain_json(data, source), source)
     if _is_hf_mapping(data):
-        config, placed_otherwise = _from_hf_config(data, source)
+        config, placed_otherwise = _from_hf_config(data, source, command_line)
         unrunnable = _checked(config, source).model_errors()
         if unrunnable:
             raise InputError(f"inconsistent run config: {unrunnable[0]}", source)
-        warn_input(placed_otherwise, source)  # after the checks: a config refused is one line
+        if placed_otherwise:
+            warn_input(placed_otherwise, source)  # after the checks: a config refused is one line
         return config
     if "model" not in data:
         raise InputError("not a run config: no 'model' section (and not a vTrain config)", source)
@@ -601,13 +605,15 @@ LONG_CONTEXT = 8192
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig, str]:
+def _from_hf_config(data: dict[str, Any], source: str | Path,
+                    command_line: Collection[str] = ()) -> tuple[RunConfig, str]:
     """The model of a Hugging Face ``config.json`` (LLaMA's family, its layer :func:`_hf_llama_layer`, or GPT-2's;
     the output projection the word embedding where ``tie_word_embeddings`` says, by default GPT-2's and not LLaMA's,
     as ``transformers`` reads them), trained as Megatron-LM trains it, in the config's ``torch_dtype`` (bf16 unless
     it says float16: float32 is how weights are saved, not trained, said), on the sequence it was pretrained at
-    (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it, the warning to give: what was assumed, and what
-    its layer has that vtrain places otherwise (sliding-window attention)."""
+    (:func:`_pretraining_length`); no parallelism (a plan sweeps it, ``--global-batch`` sets the batch). With it,
+    the warning to give: what was assumed (but what ``command_line`` gives), and what its layer has that vtrain
+    places otherwise (sliding-window attention); empty when there is nothing to say."""
     kind = data.get("model_type")
     if any(_more_than_one(data.get(key)) for key in _HF_EXPERT_KEYS):
         raise InputError(f"a Hugging Face {shown(kind)} config of a mixture of experts: not modelled", source)
@@ -648,8 +654,12 @@ def _from_hf_config(data: dict[str, Any], source: str | Path) -> tuple[RunConfig
     attention = "flash" if llama else "eager"
     long = "; the longest context it serves: most models pretrain shorter" if seq > LONG_CONTEXT and \
         seq_key in ("max_position_embeddings", "n_positions") else ""
-    said = (f"a Hugging Face {kind} config: {placed}sequence {seq} ({seq_key}{long}; --seq trains at another length), "
-            f"{dtype}{unread}, Megatron's kernels, {_ATTENTION_SAID[attention]}")
+    assumed = {"seq": f"sequence {seq} ({seq_key}{long}; --seq trains at another length)",
+               "precision": f"{dtype}{unread}", "framework": "Megatron's kernels",
+               "attention": _ATTENTION_SAID[attention]}
+    said = ", ".join(text for setting, text in assumed.items() if setting not in command_line)
+    said = f"a Hugging Face {kind} config: {placed}{said}".removesuffix(": ").removesuffix("; ") \
+        if placed or said else ""
     return RunConfig(model=model, precision=dtype, framework="megatron", attention=attention,
                      hardware=HardwareConfig(device="A100")), said
 
@@ -760,19 +770,20 @@ def load_run_config(path: str | Path) -> RunConfig:
     return load_given_run(path)[0]
 
 
-def load_given_run(path: str | Path) -> tuple[RunConfig, bool]:
+def load_given_run(path: str | Path, command_line: Collection[str] = ()) -> tuple[RunConfig, bool]:
     """:func:`load_run_config`'s run config, read once, and whether it gives a model without a plan of its own (a
     Hugging Face model's ``config.json``, as :func:`run_config_from_dict` tells them apart, or a published
-    architecture's name: :func:`named_run`)."""
-    named = named_run(path)
+    architecture's name: :func:`named_run`); what is said of a model's assumed settings leaves out those
+    ``command_line`` gives."""
+    named = named_run(path, command_line)
     if named is not None:
         return named, True
     path = _config_file(path)
     data = read_config_file(path, "run config")
-    return run_config_from_dict(data, path), isinstance(data, dict) and _is_hf_mapping(data)
+    return run_config_from_dict(data, path, command_line), isinstance(data, dict) and _is_hf_mapping(data)
 
 
-def named_run(name: str | Path) -> RunConfig | None:
+def named_run(name: str | Path, command_line: Collection[str] = ()) -> RunConfig | None:
     """The run of a published architecture (:mod:`vtrain.architectures`) where ``name`` is no file but one's name:
     its model in its precision with Megatron's kernels, no parallelism (a plan sweeps it, ``--global-batch`` sets
     the batch), with a warning saying whose shape it is; None where ``name`` is a file or names none. A name of
@@ -789,8 +800,13 @@ def named_run(name: str | Path) -> RunConfig | None:
             return None  # a missing file: read_config_file says so
         raise InputError(f"no such file, nor a model vtrain knows by name ({known_names()})", name)
     read_as = " (no such file or folder: read as a repository's name)" if len(path.parts) > 1 else ""
-    warn_input(f"{found.name} as published{read_as} ({found.source}): {found.model.describe()}; trained here in "
-               f"{found.precision} with Megatron's kernels and {_ATTENTION_SAID[found.attention]}", name)
+    kernels = [text for setting, text in (("framework", "Megatron's kernels"),
+                                          ("attention", _ATTENTION_SAID[found.attention]))
+               if setting not in command_line]
+    trained = " ".join(([] if "precision" in command_line else [f"in {found.precision}"])
+                       + ([f"with {' and '.join(kernels)}"] if kernels else []))
+    warn_input(f"{found.name} as published{read_as} ({found.source}): {found.model.describe()}"
+               + (f"; trained here {trained}" if trained else ""), name)
     return RunConfig(model=found.model, precision=found.precision, framework="megatron", attention=found.attention,
                      hardware=HardwareConfig(device="A100"))
 

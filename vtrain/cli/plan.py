@@ -121,7 +121,9 @@ def plan_command(
     shape = ModelShape(layers, hidden, heads, seq, vocab, ffn_hidden, kv_heads, mlp, norm, position, bias,
                        tie_embeddings, dropout)
     table_profile = load_profile(profile) if profile is not None else None
-    base, reference = _base_config(model, global_batch, shape, device, table_profile)
+    command_line = [name for name, value in (("seq", seq), ("precision", precision), ("framework", framework),
+                                             ("attention", attention)) if value is not None]
+    base, reference = _base_config(model, global_batch, shape, device, table_profile, command_line)
     if attention is not None:
         base = replace(base, attention=attention)
     if framework is not None:
@@ -216,15 +218,16 @@ class ModelShape(NamedTuple):
 
 
 def _base_config(model: str | None, global_batch: int | None, shape: ModelShape, device: str | None,
-                 profile: Profile | None) -> tuple[RunConfig, bool]:
+                 profile: Profile | None, command_line: list[str]) -> tuple[RunConfig, bool]:
     """The run config whose model, batch, precision and hardware are swept (on ``device`` when given), and whether
-    its own layout is a run to time beside the plans (a run config's or a log's, not a bare model's)."""
+    its own layout is a run to time beside the plans (a run config's or a log's, not a bare model's); a model's
+    assumed settings are said but those ``command_line`` gives."""
     given = [flag for flag in shape.given() if model is None or flag != "--seq"]
     if model is not None and given:
         raise InputError(f"give a run config or the model's shape ({', '.join(given)}), not both: the run config's "
                          f"model would be swept")
     if model is not None:
-        run = given_run(model, profile, device)
+        run = given_run(model, profile, device, command_line)
         base = run.config
         if global_batch is None and run.model_only:
             raise InputError("gives a model, not its batch: give --global-batch (sequences an iteration)", model)

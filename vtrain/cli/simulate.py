@@ -111,7 +111,9 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
     from vtrain.tables.store import load_profile
 
     table = load_profile(profile) if profile is not None else None
-    given = given_run(config, table, device)
+    command_line = [name for name, value in (("seq", seq), ("precision", precision), ("framework", framework),
+                                             ("attention", attention)) if value is not None]
+    given = given_run(config, table, device, command_line)
     run = given.config.with_overrides(**overrides)
     whole = {key: value for key, value in (("cuda_graphs", cuda_graphs), ("precision", precision),
                                            ("framework", framework_named(framework)),
