@@ -260,9 +260,10 @@ def test_an_interrupt_during_the_final_rename_waits_for_it(tmp_path: Path, monke
 
 
 def test_a_stop_whose_exception_was_dropped_still_stops_the_run(tmp_path: Path) -> None:
-    """Python drops an exception raised while a weakref callback runs (an import lock's, say: it prints "Exception
-    ignored" and goes on), so Ctrl-C's exception can be lost mid-run (seen once in CI: ingest then finished, exit
-    0). The stop is remembered: the run's output is not published, and the run ends as interrupted."""
+    """Python drops an exception raised while a weakref callback runs (an import lock's, say), so Ctrl-C's exception
+    can be lost mid-run (seen once in CI: ingest then finished, exit 0). The stop is remembered: the run's output is
+    not published, and the run ends as interrupted. And Python's "Exception ignored in ..." with the stop's
+    traceback is not printed (seen in CI under polars' 'DataTypeClass': `interrupted` came after a traceback)."""
     script = f"""
 import os, signal, sys, weakref
 sys.argv = ["vtrain", "ingest", {str(TRACES / 'hta-sm80-128rank-sampled')!r}, "-o", {str(tmp_path / 'result')!r}]
@@ -271,21 +272,23 @@ class Ref:
     pass
 def lose_it(_):
     os.kill(os.getpid(), signal.SIGINT)  # the handler's exception is raised here, and dropped
-install = signal.signal
-def start_and_lose_a_stop():
-    for each in (signal.SIGINT, signal.SIGTERM):
-        install(each, main._stop)
+def lose_a_stop():
     anchor = Ref()
     reference = weakref.ref(anchor, lose_it)
     del anchor  # the callback runs, the signal arrives inside it
     return reference
-signal.signal = lambda *a: None  # main() keeps the handler installed above
-start_and_lose_a_stop()
+run = main._run
+def run_after_losing_a_stop(args):
+    lose_a_stop()
+    print("went on", file=sys.stderr)  # only where the stop's exception was lost
+    run(args)
+main._run = run_after_losing_a_stop
 main.main()
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=LIMIT_S)
-    assert "Exception ignored" in result.stderr  # the stop's exception was lost, as in the wild
+    assert result.stderr.startswith("went on\n")  # the stop's exception was lost, as in the wild
     assert result.returncode == 130, result.stderr
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-1] == "interrupted"
     assert not (tmp_path / "result").exists() and list(tmp_path.iterdir()) == []
 

@@ -38,10 +38,19 @@ def _stop(signum: int, frame: FrameType | None) -> NoReturn:
     stop(signum)
 
 
+def _unraisable(unraisable: Any) -> None:
+    """Python's hook for an exception it cannot raise (one from a ``__del__`` or a C library's callback), printed as
+    "Exception ignored in ..." with its traceback: a stop's is dropped silently (it is remembered, and raised again
+    on the way out: :func:`vtrain.errors.raise_if_stopped`); any other is printed as Python prints it."""
+    if not isinstance(unraisable.exc_value, Stopped):
+        sys.__unraisablehook__(unraisable)
+
+
 def main() -> None:
     """Run the command named on the command line."""
     for each in STOPS:
         signal.signal(each, _stop)
+    sys.unraisablehook = _unraisable
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always", InputWarning)
