@@ -412,3 +412,7 @@ def test_torch_compiles_triton_templates_of_matrix_products_are_gemms() -> None:
     assert op_class("triton_tem_fused_bmm_3", "triton_tem_fused_bmm_3") == GEMM
     assert kernel_class("triton_tem_fused_convolution_1") == CONVOLUTION
     assert kernel_class("triton_poi_fused_add_mul_0") == ELEMENTWISE
+    # cuDNN's attention backward converts dQ to 16 bits: "convert" is no convolution (a GPT's report had one)
+    assert kernel_class("void cudnn::fusion::convert_dq_to_16bits<true>(...)") != CONVOLUTION
+    assert kernel_class("sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc") == CONVOLUTION
+    assert kernel_class("void cudnn::detail::convolve_common_engine_float_NHWC<...>") == CONVOLUTION

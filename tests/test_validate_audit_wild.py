@@ -253,3 +253,52 @@ def test_what_the_replay_cannot_read_is_said(case: str, command: str, tmp_path: 
     ran = vtrain_in_process(*COMMANDS[command](path.parent, tmp_path / "out"))
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
     assert ran.stderr.splitlines().count(f"warning: {path}: {said}") == 1, ran.stderr
+
+
+# -- an audit of 2026-11-28: ranks numbered apart, one steady step, counts per rank and iteration --------------------
+
+def _as_rank(document: dict, rank: int, shift: int) -> dict:
+    """``document`` as rank ``rank`` of two, its ProfilerStep numbers ``shift`` higher."""
+    changed = copy.deepcopy(document)
+    changed["distributedInfo"].update(rank=rank, world_size=2)
+    for event in changed["traceEvents"]:
+        name = str(event.get("name", ""))
+        if name.startswith("ProfilerStep#"):
+            event["name"] = f"ProfilerStep#{int(name.removeprefix('ProfilerStep#')) + shift}"
+    return changed
+
+
+def test_a_rank_whose_steps_are_numbered_from_a_later_one_has_its_warm_up_said(tmp_path: Path) -> None:
+    """Rank 1's profiler had `step()` called once more (its steps #102-#106 where rank 0's are #101-#105): its
+    first, warm-up step (#102) was measured as a steady iteration of the job, and the report said "the first
+    profiled iteration is excluded" (+2.8 % on the job's slowest iteration in the audit)."""
+    document = json.loads(gzip.decompress((V100 / "rank-0.json.gz").read_bytes()))
+    folder = tmp_path / "offset"
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"rank-{rank}.json").write_text(json.dumps(_as_rank(document, rank, rank)))
+    _, lines = validated(folder, tmp_path / "report")
+    assert [line for line in lines if "first profiled step" in line] == [
+        f"warning: {folder / 'rank-1.json'}: the rank's first profiled step, ProfilerStep#102, is one the set counts "
+        "as steady: its steps are numbered from 102, the set's from 101, so its warm-up is measured as an iteration"]
+    _, lines = validated(V100, tmp_path / "report-alone")
+    assert not [line for line in lines if "first profiled step" in line or "one steady iteration" in line]
+
+
+def test_one_steady_step_is_said_and_operators_are_counted_per_rank_and_iteration(tmp_path: Path) -> None:
+    """A profiler schedule of two active steps (tensorboard_trace_handler's `active=2`) leaves one steady step: the
+    headline was one sample, unsaid. And the report's per-class table ("per rank and iteration") counted the
+    operators of every steady iteration: 4,876 where the trace runs 1,219 device activities an iteration."""
+    def two_steps(events: list[dict]) -> None:
+        end = next(e["ts"] + e["dur"] for e in events if e.get("name") == "ProfilerStep#102")
+        events[:] = [e for e in events if not (isinstance(e.get("ts"), (int, float)) and e["ts"] >= end)]
+    path = variant(V100, tmp_path / "two", two_steps)
+    _, lines = validated(path.parent, tmp_path / "report")
+    assert f"warning: {path.parent}: one steady iteration (ProfilerStep#102, the first excluded): every measured " \
+           "figure is one sample (profile more steps for a spread)" in lines
+    metrics, _ = validated(V100, tmp_path / "report-all")
+    raw = json.loads(gzip.decompress((V100 / "rank-0.json.gz").read_bytes()))["traceEvents"]
+    steps = [e for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")]
+    activities = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]  # alike in every step
+    counted = sum(row["ops"] for row in metrics["replay"]["classes"])
+    assert counted == pytest.approx(len(activities) / len(steps), rel=0.01), (counted, len(activities))

@@ -8,6 +8,11 @@ from vtrain.report.document import Table  # header, rows
 from vtrain.validate.diff import Comparison
 
 
+def per_iteration(count: float) -> str:
+    """A count per rank and iteration: whole where it is (``1,219``), else to a tenth (``7.5``)."""
+    return f"{count:,.0f}" if count == round(count) else f"{count:,.1f}"
+
+
 def ms(value: float | None) -> str:
     return "–" if value is None else f"{value:,.3f}"
 
@@ -64,7 +69,7 @@ def grouped(rows: list[dict[str, Any]], key: str) -> Table:
 
 def classes(comparison: Comparison) -> Table:
     return (["operator class", "ops", "measured ms", "predicted ms", "error of total", "MAPE"],
-            [[r["op_class"], f"{r['ops']:,}", ms(r["measured_ms"]), ms(r["predicted_ms"]), pct(r["error_pct"]),
+            [[r["op_class"], per_iteration(r["ops"]), ms(r["measured_ms"]), ms(r["predicted_ms"]), pct(r["error_pct"]),
               share(r["mape_pct"])] for r in comparison.classes])
 
 
@@ -76,13 +81,13 @@ def breakdown(comparison: Comparison) -> Table:
 
 def worst(comparison: Comparison) -> Table:
     return (["operator", "class", "calls", "measured ms", "predicted ms", "error"],
-            [[_short(r["op"]), r["op_class"], f"{r['calls']:,}", ms(r["measured_ms"]), ms(r["predicted_ms"]),
+            [[_short(r["op"]), r["op_class"], per_iteration(r["calls"]), ms(r["measured_ms"]), ms(r["predicted_ms"]),
               pct(r["error_pct"])] for r in comparison.worst_ops])
 
 
 def one_side(comparison: Comparison) -> Table:
     return (["found", "operator", "class", "calls", "ms"],
-            [[r["side"], _short(r["op"]), r["op_class"], f"{r['calls']:,}", ms(r["ms"])]
+            [[r["side"], _short(r["op"]), r["op_class"], per_iteration(r["calls"]), ms(r["ms"])]
              for r in comparison.one_side_only])
 
 

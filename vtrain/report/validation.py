@@ -48,8 +48,8 @@ def document(v: Validation, *, with_figures: bool = False) -> doc.Document:
         sections += _prediction("Model: `vtrain simulate` of the described run", v.model)
         sections += [doc.Section("Where the error comes from",
                                  [doc.Bullets(tables.where_the_error_comes_from(v.model))], level=3),
-                     doc.Section("Operators found on one side only", [doc.TableBlock(tables.one_side(v.model))],
-                                 level=3)]
+                     doc.Section("Operators found on one side only (per rank and iteration)",
+                                 [doc.TableBlock(tables.one_side(v.model))], level=3)]
     else:
         sections.append(doc.Section("Model", [doc.Text(f"No model-driven prediction: {v.model_reason}")]))
     if v.memory:
@@ -78,7 +78,8 @@ def _prediction(title: str, c: Comparison) -> list[doc.Section]:
     sections += [
         doc.Section("Per operator class (per rank and iteration)", [doc.TableBlock(tables.classes(c))], level=3),
         doc.Section("Breakdown (per rank and iteration)", [doc.TableBlock(tables.breakdown(c))], level=3),
-        doc.Section("Ten worst-predicted operators", [doc.TableBlock(tables.worst(c))], level=3)]
+        doc.Section("Ten worst-predicted operators (per rank and iteration)", [doc.TableBlock(tables.worst(c))],
+                    level=3)]
     return sections
 
 

@@ -123,8 +123,8 @@ def _grouped(spans: pl.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
 
 
 def class_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
-    """Per operator class over matched operators: time per rank and iteration on both sides, the error of the
-    total and the MAPE; ``aligned`` has op_class, measured_us, predicted_us (null on one side only)."""
+    """Per operator class over matched operators: operators and time per rank and iteration on both sides, the
+    error of the total and the MAPE; ``aligned`` has op_class, measured_us, predicted_us (null on one side only)."""
     matched = aligned.filter(pl.col("measured_us").is_not_null() & pl.col("predicted_us").is_not_null())
     if matched.is_empty():
         return []
@@ -136,14 +136,14 @@ def class_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, An
         .sort("measured", "op_class", descending=[True, False])
     )
     n = max(rank_iterations, 1)
-    return [{"op_class": c, "ops": ops, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
+    return [{"op_class": c, "ops": ops / n, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
              "error_pct": error_pct(p, m), "mape_pct": None if mape is None else 100.0 * mape}
             for c, ops, m, p, mape in table.iter_rows()]
 
 
 def worst_op_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
     """The operators (by signature and class) whose predicted time is furthest from the measured one (those
-    predicted within 0.01 % are left out)."""
+    predicted within 0.01 % are left out): calls and time per rank and iteration."""
     matched = aligned.filter(pl.col("measured_us").is_not_null() & pl.col("predicted_us").is_not_null())
     if matched.is_empty():
         return []
@@ -155,13 +155,13 @@ def worst_op_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str,
         .filter(pl.col("gap") > 1e-4 * pl.col("measured").abs())
         .sort("gap", "op_class", "name", descending=[True, False, False]).head(_WORST)
     )
-    return [{"op": name, "op_class": c, "calls": calls, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
+    return [{"op": name, "op_class": c, "calls": calls / n, "measured_ms": m / n / 1e3, "predicted_ms": p / n / 1e3,
              "error_pct": error_pct(p, m)}
             for c, name, calls, m, p, _ in table.iter_rows()]
 
 
 def one_side_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str, Any]]:
-    """Operators found on one side only, by side and name."""
+    """Operators found on one side only, by side and name: calls and time per rank and iteration."""
     n = max(rank_iterations, 1)
     rows = []
     for side, column in (("measured only", "measured_us"), ("predicted only", "predicted_us")):
@@ -171,7 +171,7 @@ def one_side_rows(aligned: pl.DataFrame, rank_iterations: int) -> list[dict[str,
             .group_by("op_class", "name").agg(calls=pl.len(), time=_total(column))
             .sort("time", "op_class", "name", descending=[True, False, False]).head(_WORST)
         )
-        rows += [{"side": side, "op": name, "op_class": c, "calls": calls, "ms": t / n / 1e3}
+        rows += [{"side": side, "op": name, "op_class": c, "calls": calls / n, "ms": t / n / 1e3}
                  for c, name, calls, t in table.iter_rows()]
     return rows
 

@@ -42,7 +42,7 @@ _ELEMENTWISE_OPS = re.compile(r"(norm|softmax|gelu|relu|silu|sigmoid|tanh|dropou
 #: convolution templates are told by their name first)
 _GEMM_KERNEL = re.compile(r"(gemm|cutlass|xmma|wgmma|cublas|matmul|_mma_|sm\d+_xmma|nvjet|^Cijk_|^triton_tem_)",
                           re.IGNORECASE)
-_CONV_KERNEL = re.compile(r"(conv|implicit_gemm|winograd|fft2d|precomputed_convolve|cudnn::.*conv)",
+_CONV_KERNEL = re.compile(r"(conv(?!ert)|implicit_gemm|winograd|fft2d|precomputed_convolve)",  # not cuDNN's convert_*
                           re.IGNORECASE)
 _ATTENTION_KERNEL = re.compile(r"(flash|fmha|attention|attn)", re.IGNORECASE)
 _ELEMENTWISE_KERNEL = re.compile(r"(elementwise|vectorized|reduce|norm|softmax|gelu|relu|silu|dropout|"

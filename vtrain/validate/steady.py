@@ -68,8 +68,26 @@ def steady_set(trace_dir: Path, frame: pl.DataFrame, all_iterations: list[int],
     if len(kept) == 1:
         notes.append(f"{trace_dir}: only one profiled iteration ({kept[0]})"
                      + (" besides the one cut short" if cut else "") + "; it is used although it is the first")
-    notes += _spread(frame, steady, trace_dir)
+    elif len(steady) == 1:
+        notes.append(f"{trace_dir}: one steady iteration ({ITERATION_PREFIX}{steady[0]}, the first excluded): every "
+                     "measured figure is one sample (profile more steps for a spread)")
+    notes += _spread(frame, steady, trace_dir) + _warm_ups_counted(frame, steady, files)
     return Steady(steady, basis, notes)
+
+
+def _warm_ups_counted(frame: pl.DataFrame, steady: list[int], files: Mapping[int, Path]) -> list[str]:
+    """One warning line when a rank's first profiled step is among the steady ones: its steps are numbered from
+    another step than the set's first (a profiler whose ``step()`` was called once more on it), so its warm-up
+    is measured as an iteration of the job."""
+    firsts = step_spans(frame).group_by("rank").agg(pl.col("iteration").min()).sort("rank")
+    counted = firsts.filter(pl.col("iteration").is_in(steady))
+    if len(steady) < 2 or counted.is_empty():
+        return []
+    rank, first = counted.row(0)
+    also = f" (and {counted.height - 1} other rank(s))" if counted.height > 1 else ""
+    return [f"{files.get(rank, f'rank {rank}')}: the rank's first profiled step, {ITERATION_PREFIX}{first}, is one "
+            f"the set counts as steady{also}: its steps are numbered from {first}, the set's from "
+            f"{firsts['iteration'].min()}, so its warm-up is measured as an iteration"]
 
 
 def _spread(frame: pl.DataFrame, steady: list[int], trace_dir: Path) -> list[str]:
