@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from vtrain.studies.sizing import chinchilla_loss
+from vtrain.studies.sizing import LOSS_MODELS
 
 PROFILE = REPO / "profiles" / "a100"
 
@@ -29,7 +29,8 @@ def test_answer_is_the_lowest_loss_shape_and_its_plan(tmp_path: Path) -> None:
     assert {"parameters", "tokens", "layers", "hidden", "heads", "plan", "loss"} <= set(s)
     runnable = [c for c in s["candidates"] if c["plan"] is not None]
     assert s["loss"] == min(c["loss"] for c in runnable)
-    assert s["loss"] == pytest.approx(chinchilla_loss(s["parameters"], s["tokens"]))
+    assert s["loss"] == pytest.approx(LOSS_MODELS["chinchilla"].loss(s["parameters"], s["tokens"]))
+    assert s["loss_model"].startswith("Chinchilla's loss") and "Besiroglu" in s["loss_model"]
     plan = s["plan"]
     assert plan["tp"] * plan["dp"] * plan["pp"] == 8
     assert s["tokens"] == pytest.approx(plan["tokens_per_s"] * 2 * 86400)
@@ -63,6 +64,15 @@ def test_llama_shapes(tmp_path: Path) -> None:
     refused = vtrain("--gpus", 8, "--days", 2, "--family", "llama", "--framework", "reference", "-o", tmp_path / "x")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "framework megatron" in refused.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_the_published_constants_are_a_choice_and_said(tmp_path: Path) -> None:
+    result = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "--loss-model", "chinchilla-published",
+                    "-o", tmp_path / "size", "--json")
+    assert result.returncode == 0, result.stderr
+    s = json.loads(result.stdout)
+    assert s["loss"] == pytest.approx(LOSS_MODELS["chinchilla-published"].loss(s["parameters"], s["tokens"]))
+    assert "E=1.69, A=406.4" in s["loss_model"] and "E=1.69, A=406.4" in (tmp_path / "size" / "report.md").read_text()
 
 
 def test_unknown_loss_model(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`vtrain size --gpus N --days D --profile P [--family gpt|llama] [--loss-model chinchilla] [-o OUT] [--json]`: the
+"""`vtrain size --gpus N --days D --profile P [--family gpt|llama] [--loss-model chinchilla|chinchilla-published] [-o OUT] [--json]`: the
 model shape and token count with the lowest loss for a budget of GPUs and days, each shape at its best plan's speed."""
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from vtrain.studies.sizing import Sized
 
 REPORTS = Path("reports")
-LOSS_MODELS = ("chinchilla",)
 
 
 @user_errors
@@ -38,8 +37,9 @@ def size_command(
     gpus: int = typer.Option(..., "--gpus", min=1, max=1 << 20, help="GPUs in the budget."),
     days: float = real_option(..., "--days", 0.001, 3650, "Days in the budget."),
     profile: Path | None = profile_option(),
-    loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Hoffmann et al., "
-                                                                      "2022)."),
+    loss_model: str = typer.Option("chinchilla", "--loss-model", help="Loss model: chinchilla (Chinchilla's loss, "
+                                   "Besiroglu et al.'s refit of its data: ~20 tokens per parameter at the optimum) or "
+                                   "chinchilla-published (the constants Hoffmann et al. printed: 50-120)."),
     mfu: float = real_option(0.4, "--mfu", 0.01, 1.0, "The fixed MFU of the comparison answer."),
     family: str = typer.Option("gpt", "--family",
                                help="The shapes searched: gpt (GPT-3's, OPT's and Megatron's) or llama (LLaMA 2's and "
@@ -63,10 +63,12 @@ def size_command(
     from vtrain.runconfig import RunConfig
     from vtrain.studies.predict import Cluster, describe, peak_flops, plan_throughput
     from vtrain.studies.size_report import SizeStudy, size_summary, write_size_files
-    from vtrain.studies.sizing import FAMILIES, Budget, best, practice_shapes, size_with_fixed_mfu, size_with_plans
+    from vtrain.studies.sizing import (FAMILIES, LOSS_MODELS, Budget, best, practice_shapes, size_with_fixed_mfu,
+                                       size_with_plans)
 
     if loss_model not in LOSS_MODELS:
         raise InputError(f"--loss-model must be one of {', '.join(LOSS_MODELS)} (got {loss_model!r})")
+    loss = LOSS_MODELS[loss_model]
     family = family.strip().lower()
     if family not in FAMILIES:
         raise InputError(f"--family must be one of {', '.join(FAMILIES)} (got {family!r})")
@@ -80,13 +82,13 @@ def size_command(
                        device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
     throughput = plan_throughput(profile, hardware, max_micro_batch)
     budget = Budget(gpus=gpus, days=days, peak_flops=peak_flops(hardware))
-    planned = size_with_plans(shapes, budget, throughput, global_batch)
+    planned = size_with_plans(shapes, budget, throughput, global_batch, loss)
     chosen = best(planned)
     if chosen is None:
         raise InputError(f"no shape has a plan that runs on {gpus} GPUs (divisibility or device memory)")
     _say_an_edge_of_the_shapes(planned, chosen)
-    study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu), mfu, describe(hardware),
-                      str(profile) if profile else None)
+    study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu, loss), mfu, describe(hardware),
+                      str(profile) if profile else None, loss)
     with staged(target, REPORT) as staging:
         write_size_files(study, staging)
     summary = size_summary(study)

@@ -11,7 +11,7 @@ from typing import Any
 from vtrain.outputs import write_text
 from vtrain.report.document import Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
-from vtrain.studies.sizing import CHINCHILLA_SOURCE, Budget, Sized, best, chinchilla_loss, chinchilla_optimum
+from vtrain.studies.sizing import Budget, LossModel, Sized, best
 
 
 @dataclass(frozen=True)
@@ -24,22 +24,23 @@ class SizeStudy:
     mfu: float
     hardware: str
     profile: str | None
+    loss_model: LossModel
 
 
 def size_summary(study: SizeStudy) -> dict[str, Any]:
     """The JSON summary (``--json``, ``size.json``): the answer with real plans at the top level."""
     answer = best(study.planned)
     flops = study.budget.flops(study.mfu)
-    n_opt, d_opt = chinchilla_optimum(flops)
+    n_opt, d_opt = study.loss_model.optimum(flops)
     fixed = best(study.fixed)
     return {
         **(answer.to_dict() if answer else {"parameters": None, "tokens": None, "plan": None, "loss": None}),
         "source": "modelled: each shape's speed from its best plan, timed by vtrain from the profile",
-        "loss_model": CHINCHILLA_SOURCE,
+        "loss_model": study.loss_model.source,
         "budget": {"gpus": study.budget.gpus, "days": study.budget.days, "hardware": study.hardware,
                    "peak_flops_per_gpu": study.budget.peak_flops, "profile": study.profile},
         "fixed_mfu": {"mfu": study.mfu, "flops": flops,
-                      "closed_form": {"parameters": n_opt, "tokens": d_opt, "loss": chinchilla_loss(n_opt, d_opt)},
+                      "closed_form": {"parameters": n_opt, "tokens": d_opt, "loss": study.loss_model.loss(n_opt, d_opt)},
                       "grid": fixed.to_dict() if fixed else None},
         "candidates": [s.to_dict() for s in study.planned],
     }
@@ -68,9 +69,9 @@ def size_document(study: SizeStudy) -> Document:
     """The report's sections."""
     b = study.budget
     answer, fixed = best(study.planned), best(study.fixed)
-    n_opt, d_opt = chinchilla_optimum(b.flops(study.mfu))
+    n_opt, d_opt = study.loss_model.optimum(b.flops(study.mfu))
     rows = [["closed form at a fixed MFU", f"{n_opt / 1e9:.1f}B", "–", f"{d_opt / 1e9:,.0f}B",
-             f"{study.mfu:.0%} (assumed)", f"{chinchilla_loss(n_opt, d_opt):.4f}"]]
+             f"{study.mfu:.0%} (assumed)", f"{study.loss_model.loss(n_opt, d_opt):.4f}"]]
     if fixed is not None:
         rows.append(["best shape at a fixed MFU", f"{fixed.parameters / 1e9:.1f}B", _shape(fixed), 
                      f"{fixed.tokens / 1e9:,.0f}B", f"{study.mfu:.0%} (assumed)", f"{fixed.loss:.4f}"])
@@ -80,7 +81,7 @@ def size_document(study: SizeStudy) -> Document:
                      f"{answer.prediction.plan.get('mfu', float('nan')):.1%} (predicted)", f"{answer.loss:.4f}"])
     heading = [
         Text(f"Budget: {b.gpus} GPUs ({study.hardware}) for {b.days:g} days; profile {study.profile}."),
-        Text(f"Loss: {CHINCHILLA_SOURCE}. A shape trains for the whole budget: its tokens are its best plan's "
+        Text(f"Loss: {study.loss_model.source}. A shape trains for the whole budget: its tokens are its best plan's "
              "tokens/s (modelled by vtrain from the profile) × the budget's seconds; the fixed-MFU answers assume "
              f"every model runs at {study.mfu:.0%} of peak ({b.peak_flops / 1e12:g} TFLOP/s per GPU) and "
              "D = C / (6·N).", note=True),
@@ -103,11 +104,11 @@ def loss_figure(study: SizeStudy):  # -> plotly Figure
                                       for s in runnable]))
     figure.add_trace(go.Scatter(x=[s.parameters for s in study.fixed], y=[s.loss for s in study.fixed],
                                 mode="lines+markers", name=f"fixed MFU {study.mfu:.0%}", line={"dash": "dash"}))
-    n_opt, d_opt = chinchilla_optimum(study.budget.flops(study.mfu))
-    figure.add_trace(go.Scatter(x=[n_opt], y=[chinchilla_loss(n_opt, d_opt)], mode="markers",
+    n_opt, d_opt = study.loss_model.optimum(study.budget.flops(study.mfu))
+    figure.add_trace(go.Scatter(x=[n_opt], y=[study.loss_model.loss(n_opt, d_opt)], mode="markers",
                                 marker={"symbol": "star", "size": 14}, name="closed-form optimum (fixed MFU)"))
     figure.update_layout(title=f"{study.budget.gpus} GPUs × {study.budget.days:g} days",
-                         xaxis={"title": "parameters", "type": "log"}, yaxis={"title": "Chinchilla loss"})
+                         xaxis={"title": "parameters", "type": "log"}, yaxis={"title": "predicted loss"})
     return figure
 
 

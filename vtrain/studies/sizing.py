@@ -1,12 +1,16 @@
 """Compute-optimal model sizing: for a budget of GPUs and days, which model shape and how many tokens give the
 lowest loss, when each shape's speed is its best plan's (not a fixed share of peak FLOP/s).
 
-Loss model: the parametric fit of Hoffmann et al., "Training Compute-Optimal Large Language Models"
-(NeurIPS 2022, arXiv:2203.15556), Section 3.3 / Eq. (2) and Appendix D.2:
-``L(N, D) = E + A / N^α + B / D^β`` with E = 1.69, A = 406.4, B = 410.7, α = 0.34, β = 0.28, N parameters and D
+Loss model: the parametric form of Hoffmann et al., "Training Compute-Optimal Large Language Models"
+(NeurIPS 2022, arXiv:2203.15556), Section 3.3 / Eq. (2): ``L(N, D) = E + A / N^α + B / D^β``, N parameters and D
 training tokens. Minimising it under ``C = 6·N·D`` gives their closed form (Eq. 4):
 ``N_opt = G·(C/6)^a``, ``D_opt = G⁻¹·(C/6)^b`` with ``G = (αA / (βB))^(1/(α+β))``, ``a = β/(α+β)``,
-``b = α/(α+β)``.
+``b = α/(α+β)``. Two sets of constants (:data:`LOSS_MODELS`): by default (``chinchilla``) Besiroglu et al.'s refit
+of Chinchilla's own data (arXiv:2404.10102: E = 1.8172, A = 482.01, B = 2085.43, α = 0.3478, β = 0.3658), whose
+optimum is Chinchilla's ~20 tokens per parameter (its 70B model on 1.4T tokens); and the constants the paper
+printed (``chinchilla-published``: E = 1.69, A = 406.4, B = 410.7, α = 0.34, β = 0.28), whose optimum at the same
+budgets is 50 to 120 tokens per parameter and a model about half the size: the paper's own approaches 1 and 2
+disagree with it, and the refit found the printed constants cannot be what its Approach 3 fitted.
 
 A shape's training tokens are its predicted speed × the budget's seconds on all the GPUs: for a fixed model the
 loss only falls with more tokens, so every shape trains for the whole budget.
@@ -23,10 +27,43 @@ from vtrain.model.memory import model_parameter_count
 from vtrain.runconfig import ModelConfig
 from vtrain.studies.throughput import Prediction, Throughput, Workload
 
-#: Hoffmann et al. (2022), Eq. (2) fitted constants (Approach 3)
-CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
-CHINCHILLA_SOURCE = ("Chinchilla parametric fit L(N, D) = E + A/N^α + B/D^β, E=1.69, A=406.4, B=410.7, α=0.34, "
-                     "β=0.28 (Hoffmann et al., 2022, arXiv:2203.15556, Eq. 2)")
+
+
+@dataclass(frozen=True)
+class LossModel:
+    """A parametric loss ``L(N, D) = E + A/N^α + B/D^β`` (Hoffmann et al., 2022, Eq. 2) and where its constants come
+    from."""
+
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+    source: str
+
+    def loss(self, parameters: float, tokens: float) -> float:
+        """Predicted loss of a model of ``parameters`` trained on ``tokens``."""
+        return self.E + self.A / parameters ** self.alpha + self.B / tokens ** self.beta
+
+    def optimum(self, flops: float) -> tuple[float, float]:
+        """The loss-minimising (parameters, tokens) for ``flops`` training FLOPs, with C = 6·N·D (Eq. 4)."""
+        alpha, beta = self.alpha, self.beta
+        g = (alpha * self.A / (beta * self.B)) ** (1 / (alpha + beta))
+        a, b = beta / (alpha + beta), alpha / (alpha + beta)
+        return g * (flops / 6) ** a, (flops / 6) ** b / g
+
+
+#: `vtrain size --loss-model NAME` -> its constants (the module's docstring says why two)
+LOSS_MODELS = {
+    "chinchilla": LossModel(1.8172, 482.01, 2085.43, 0.3478, 0.3658, (
+        "Chinchilla's loss L(N, D) = E + A/N^α + B/D^β (Hoffmann et al., 2022, Eq. 2) with Besiroglu et al.'s refit "
+        "of its data (2024, arXiv:2404.10102): E=1.8172, A=482.01, B=2085.43, α=0.3478, β=0.3658, an optimum of "
+        "about 20 tokens per parameter")),
+    "chinchilla-published": LossModel(1.69, 406.4, 410.7, 0.34, 0.28, (
+        "Chinchilla's loss L(N, D) = E + A/N^α + B/D^β with the constants the paper printed (Hoffmann et al., 2022, "
+        "arXiv:2203.15556, Eq. 2): E=1.69, A=406.4, B=410.7, α=0.34, β=0.28, an optimum of 50-120 tokens per "
+        "parameter, which the paper's other approaches do not give")),
+}
 
 #: GPT shapes trained in practice (layers, hidden, heads): GPT-3's family (Brown et al., 2020, Table 2.1),
 #: OPT-30B and OPT-66B (Zhang et al., 2022, Table 1), Megatron's 39B–530B (Narayanan et al., SC21, Table 1); their
@@ -43,20 +80,6 @@ LLAMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = tuple(dict.fromkeys(
 #: the shape families a study searches (`vtrain size --family`)
 FAMILIES = ("gpt", "llama")
 
-
-def chinchilla_loss(parameters: float, tokens: float) -> float:
-    """Predicted loss of a model of ``parameters`` trained on ``tokens`` (Hoffmann et al., 2022, Eq. 2)."""
-    c = CHINCHILLA
-    return c["E"] + c["A"] / parameters ** c["alpha"] + c["B"] / tokens ** c["beta"]
-
-
-def chinchilla_optimum(flops: float) -> tuple[float, float]:
-    """The loss-minimising (parameters, tokens) for ``flops`` training FLOPs, with C = 6·N·D (Eq. 4)."""
-    c = CHINCHILLA
-    alpha, beta = c["alpha"], c["beta"]
-    g = (alpha * c["A"] / (beta * c["B"])) ** (1 / (alpha + beta))
-    a, b = beta / (alpha + beta), alpha / (alpha + beta)
-    return g * (flops / 6) ** a, (flops / 6) ** b / g
 
 
 def parameter_count(model: ModelConfig) -> int:
@@ -104,26 +127,28 @@ class Budget:
 
 
 def size_with_plans(shapes: Sequence[ModelConfig], budget: Budget, throughput: Throughput,
-                    global_batch: int) -> list[Sized]:
-    """Every shape's tokens and loss when it trains at its best plan's speed on the budget's GPUs."""
+                    global_batch: int, loss_model: LossModel) -> list[Sized]:
+    """Every shape's tokens and loss (``loss_model``'s) when it trains at its best plan's speed on the budget's
+    GPUs."""
     results = []
     for model in shapes:
         prediction = throughput(Workload(model, global_batch), budget.gpus)
         tokens = prediction.tokens_per_s * budget.seconds if prediction is not None else 0.0
         parameters = parameter_count(model)
-        loss = chinchilla_loss(parameters, tokens) if tokens > 0 else math.inf
+        loss = loss_model.loss(parameters, tokens) if tokens > 0 else math.inf
         results.append(Sized(model, parameters, prediction, tokens, loss))
     return results
 
 
-def size_with_fixed_mfu(shapes: Sequence[ModelConfig], budget: Budget, mfu: float) -> list[Sized]:
-    """Every shape's tokens and loss when any model runs at ``mfu`` of peak: D = C / (6·N)."""
+def size_with_fixed_mfu(shapes: Sequence[ModelConfig], budget: Budget, mfu: float,
+                        loss_model: LossModel) -> list[Sized]:
+    """Every shape's tokens and loss (``loss_model``'s) when any model runs at ``mfu`` of peak: D = C / (6·N)."""
     flops = budget.flops(mfu)
     results = []
     for model in shapes:
         parameters = parameter_count(model)
         tokens = flops / (6 * parameters)
-        results.append(Sized(model, parameters, None, tokens, chinchilla_loss(parameters, tokens)))
+        results.append(Sized(model, parameters, None, tokens, loss_model.loss(parameters, tokens)))
     return results
 
 
