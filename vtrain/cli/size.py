@@ -1,5 +1,6 @@
-"""`vtrain size --gpus N --days D --profile P [--family gpt|llama] [--loss-model chinchilla|chinchilla-published] [-o OUT] [--json]`: the
-model shape and token count with the lowest loss for a budget of GPUs and days, each shape at its best plan's speed."""
+"""`vtrain size --gpus N --days D --profile P [--family gpt|llama] [--loss-model chinchilla|chinchilla-published]
+[-o OUT] [--json]`: the model shape and token count with the lowest loss for a budget of GPUs and days, each shape at
+its best plan's speed."""
 
 from __future__ import annotations
 

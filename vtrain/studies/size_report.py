@@ -40,7 +40,8 @@ def size_summary(study: SizeStudy) -> dict[str, Any]:
         "budget": {"gpus": study.budget.gpus, "days": study.budget.days, "hardware": study.hardware,
                    "peak_flops_per_gpu": study.budget.peak_flops, "profile": study.profile},
         "fixed_mfu": {"mfu": study.mfu, "flops": flops,
-                      "closed_form": {"parameters": n_opt, "tokens": d_opt, "loss": study.loss_model.loss(n_opt, d_opt)},
+                      "closed_form": {"parameters": n_opt, "tokens": d_opt,
+                                      "loss": study.loss_model.loss(n_opt, d_opt)},
                       "grid": fixed.to_dict() if fixed else None},
         "candidates": [s.to_dict() for s in study.planned],
     }
