@@ -55,6 +55,11 @@ def test_enumeration_counts_every_point_and_says_why_invalid() -> None:
 def test_gpus_up_to_n_are_the_reachable_counts() -> None:
     assert parse_gpus("8,4", small()) == [4, 8]
     assert parse_gpus("..8", small()) == [1, 2, 4, 8]
+    # t need not divide the limit: t4 d8 p1 = 32 GPUs is a count up to 63 (it was left out: t = 4 does not divide
+    # 63, so only t = 1 was tried; MT-NLG's ..3359 lost 256, 512, 1,024, 1,536, 2,560 and 3,072 of ..3360's)
+    four = small().with_overrides(global_batch=4)  # without tensor parallelism at most p4 x d4 = 16 GPUs
+    assert parse_gpus("..63", four) == [c for c in parse_gpus("..64", four) if c <= 63]
+    assert 32 in parse_gpus("..63", four)
 
 
 def test_sweep_prunes_times_prices_and_finds_the_frontier() -> None:

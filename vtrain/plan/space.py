@@ -107,7 +107,7 @@ def _stage_counts(base: RunConfig) -> list[int]:
 def _reachable(limit: int, base: RunConfig) -> set[int]:
     batch = base.parallelism.global_batch
     counts = set()
-    for t in _tensor_sizes(limit, base.hardware.gpus_per_node):
+    for t in _powers_of_two(min(limit, max(base.hardware.gpus_per_node, 1))):  # t need not divide the limit
         for p in _stage_counts(base):
             for d in _divisors(batch):
                 if t * p * d <= limit:
@@ -153,12 +153,13 @@ def invalid_reason(candidate: Candidate, base: RunConfig) -> str | None:
 
 
 def _tensor_sizes(gpus: int, node: int) -> list[int]:
-    sizes, t = [], 1
-    while t <= min(gpus, max(node, 1)):
-        if gpus % t == 0:
-            sizes.append(t)
-        t *= 2
-    return sizes
+    """The tensor-parallel sizes of ``gpus`` GPUs: powers of two within a node that divide them."""
+    return [t for t in _powers_of_two(min(gpus, max(node, 1))) if gpus % t == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``."""
+    return [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
 
 
 def _divisors(n: int) -> list[int]:
