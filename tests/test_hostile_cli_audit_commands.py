@@ -10,6 +10,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.conftest import REPO, vtrain_in_process
@@ -134,10 +135,26 @@ def test_plan_with_no_plan_within_its_limits_says_why(tmp_path: Path) -> None:
     result = vtrain_in_process(*SMALL_PLAN, "--max-iteration-s", "1e-9", "-o", tmp_path / "p", "--json")
     assert result.returncode == 0, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("warning: no simulated plan is within the limits "
-                                                   "(iteration <= 1e-09 s): the fastest takes"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "warning: no simulated plan is within the limits (iteration <= 1e-09 s): none takes 1e-09 s or less (the "
+        "fastest"), lines
     summary = json.loads(result.stdout)
     assert summary["best"] is None and summary["best_reason"].startswith("no simulated plan is within the limits")
+    # both limits, each met by some plan but no plan meeting both: what each leaves (an audit: "the fastest takes
+    # 25.3 s, the cheapest costs $5.4M", each of which met one limit, read as if a plan should qualify)
+    one_or_eight = [*SMALL_PLAN[:-3], "1,8", *SMALL_PLAN[-2:]]  # eight GPUs are quicker, one GPU is cheaper
+    ran = vtrain_in_process(*one_or_eight, "-o", tmp_path / "q", "--json")
+    plans = pl.read_csv(tmp_path / "q" / "plans.csv").filter(pl.col("status") == "simulated")
+    quick = plans.filter(pl.col("gpus") == 8)["iteration_ms"].min() / 1e3
+    cheap = plans.filter(pl.col("gpus") == 1)["usd"].min()
+    cheapest_quick = plans.filter(pl.col("iteration_ms") <= quick * 1e3)["usd"].min()
+    fastest_cheap = plans.filter(pl.col("usd") <= cheap)["iteration_ms"].min() / 1e3
+    assert ran.returncode == 0 and cheapest_quick > cheap and fastest_cheap > quick, (cheapest_quick, cheap)
+    both = vtrain_in_process(*one_or_eight, "--max-iteration-s", repr(quick), "--budget-usd", repr(cheap),
+                             "-o", tmp_path / "r", "--json")
+    reason = json.loads(both.stdout)["best_reason"]
+    assert f"the cheapest within {quick:g} s costs ${cheapest_quick:,.0f}" in reason, reason
+    assert f"the fastest within ${cheap:,.0f} takes {fastest_cheap:.3g} s" in reason, reason
 
 
 # ------------------------------------------------------------------------------------------ number flags (19)

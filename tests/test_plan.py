@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -200,8 +201,13 @@ def test_cli_where_no_plan_can_run_writes_its_folder_and_says_so(tmp_path: Path)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["simulated"] == 0 and summary["pruned"]["out_of_memory"] > 0
-    assert "warning: no plan was simulated: every plan is invalid or out of memory" in result.stderr
-    assert "no plan was simulated: every plan is invalid or out of memory" in _svg_texts(out / "frontier.svg")
+    # the least memory a valid plan needs, against the device's (an audit: "every plan is invalid or out of memory")
+    said = re.search(r"warning: no plan was simulated: the valid plans need ([\d,.]+) GiB or more, the device has "
+                     r"0.1 GiB", result.stderr)
+    plans = pl.read_csv(out / "plans.csv")
+    assert said and float(said.group(1).replace(",", "")) == round(plans["memory_gib"].drop_nulls().min(), 1), \
+        result.stderr
+    assert "no plan was simulated: the valid plans need" in " ".join(_svg_texts(out / "frontier.svg"))
     assert (out / "plans.csv").exists() and (out / "report.html").exists()
 
 
@@ -283,3 +289,24 @@ def test_a_cheapest_plan_at_the_edge_of_the_devices_memory_is_said(tmp_path: Pat
     assert tight.exit_code == 0 and json.loads(tight.stdout)["best"] == best, tight.output
     assert f"warning: the cheapest plan ({best['memory_gib']:.1f} of " in tight.stderr
     assert "within 5% of the device's memory" in tight.stderr, tight.stderr
+
+
+def test_a_reference_plan_that_does_not_fit_is_said_and_the_pricing_is_on_the_console(tmp_path: Path) -> None:
+    """`vtrain plan examples/mtnlg-530b.json --gpus 3360` on 40 GB parts printed the reference (MT-NLG's own t8
+    d12 p35) with its time and cost as any plan, while it needs 40.02 GiB of 40 (an audit: a planner reads it as a
+    layout that runs there); and the console never said the days and dollars are for 270B tokens (the default)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {layers: 4, hidden: 1024, heads: 8, seq: 1024, vocab: 1024}\n"
+                      "parallelism: {tp: 1, pp: 1, dp: 8, micro_batch: 8, global_batch: 64, recompute: none}\n"
+                      "precision: fp16\nhardware: {device: A100, device_count: 8}\n")
+    out = tmp_path / "plans"
+    result = runner.invoke(app, ["plan", str(config), "--gpus", "8", "--max-micro-batch", "1", "--device-memory",
+                                 "1.5", "-o", str(out)])  # the reference's micro-batch of 8 needs 2.04 GiB
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.stdout.split())  # rich wraps lines at the terminal's width
+    assert re.search(r"reference: t1 d8 p1 mb8 [^;]*; it does not fit: 2\.04 GiB, 0\.54 GiB over the device's "
+                     r"memory \(timed all the same\)", printed), printed
+    assert "It does not fit: 2.04 GiB" in (out / "report.md").read_text()
+    assert "days and USD for 270B tokens (--tokens) at $4.096 per GPU-hour" in printed, printed
+    fits = runner.invoke(app, ["plan", str(config), "--gpus", "8", "--max-micro-batch", "1", "-o", str(tmp_path / "b")])
+    assert "reference:" in fits.stdout and "does not fit" not in fits.stdout

@@ -256,13 +256,14 @@ def _base_config(model: str | None, global_batch: int | None, shape: ModelShape,
 def _print_summary(table: PlanTable, target: Path) -> None:
     from rich.table import Table
 
-    from vtrain.plan.report import label, timed_from
+    from vtrain.plan.report import label, out_of_memory, timed_from
     from vtrain.report.console import stdout_console
 
     out = stdout_console()
     counts = table.counts
     out.print(f"{counts['enumerated']} plans: {counts['invalid']} invalid, {counts['out_of_memory']} out of "
-              f"memory, {counts['simulated']} simulated")
+              f"memory, {counts['simulated']} simulated; days and USD for {table.pricing.tokens / 1e9:,.4g}B tokens "
+              f"(--tokens) at ${table.pricing.price_per_gpu_hour:,.4g} per GPU-hour")
     grid = Table(title="time-versus-cost frontier")
     for column in ("plan", "GPUs", "GiB", "s/iter", "MFU", "days", "USD", "timed from"):
         grid.add_column(column)
@@ -272,6 +273,8 @@ def _print_summary(table: PlanTable, target: Path) -> None:
     out.print(grid)
     for title, row in (("cheapest within limits", table.best()), ("reference", table.reference)):
         if row is not None and row.get("iteration_ms") is not None:
+            unfit = out_of_memory(row)
             out.print(f"{title}: {label(row)} on {row['gpus']} GPUs, {row['iteration_ms'] / 1e3:.2f} s/iteration, "
-                      f"{row['days']:.1f} days, ${row['usd']:,.0f} (timed from: {timed_from(row)})")
+                      f"{row['days']:.1f} days, ${row['usd']:,.0f} (timed from: {timed_from(row)})"
+                      + (f"; it {unfit}" if unfit else ""))
     out.print(f"wrote {target}")

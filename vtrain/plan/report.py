@@ -4,6 +4,7 @@ cost versus time with the frontier and the reference plan, memory per plan, brea
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,15 @@ def label(row: dict[str, Any]) -> str:
             f"{_RECOMPUTE_LABELS[row['recompute']]}"
             f"{' overlap' if row['dp_overlap'] else ''}{' sp' if row.get('sequence_parallel') else ''}"
             f"{' dist-opt' if row.get('distributed_optimizer') else ''}")
+
+
+def out_of_memory(row: dict[str, Any]) -> str | None:
+    """What a timed plan that does not fit in the device's memory needs (``does not fit: 40.02 GiB, 0.02 GiB over
+    the device's memory``); None for one that fits."""
+    if row.get("fits") is not False:
+        return None
+    return (f"does not fit: {row['memory_gib']:.2f} GiB, {row['memory_over_gib']:.2f} GiB over the device's memory "
+            "(timed all the same)")
 
 
 def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:
@@ -154,8 +164,10 @@ def document(table: PlanTable, details: list[Breakdown], *, with_figures: bool =
                 doc.Section(f"Cheapest plan ({table.limits()})", [doc.TableBlock(_plan_table([best])) if best
                                                                   else doc.Text("none meets them")])]
     if table.reference is not None:
+        unfit = out_of_memory(table.reference)
         sections.append(doc.Section("Reference plan (the given config's own parallelism)",
-                                    [doc.TableBlock(_plan_table([table.reference]))]))
+                                    [doc.TableBlock(_plan_table([table.reference])),
+                                     *([doc.Text(f"It {unfit}.", note=True)] if unfit else [])]))
     if details:
         breakdown = (["plan", "iteration", *CATEGORIES],
                      [[d.label, f"{d.iteration_ms:,.0f}", *(f"{d.breakdown_ms[key]:,.0f}" for key in CATEGORIES)]
@@ -278,7 +290,8 @@ def write_frontier_svg(table: PlanTable, path: Path) -> None:
             axes.plot([row["days"]], [row["usd"]], _SYMBOLS[name][1], color="black", markersize=9,
                       markerfacecolor="none" if name == "reference" else "black", label=f"{name}: {label(row)}")
         if chart.plans.is_empty():  # every plan invalid or out of memory: nothing to put on log axes
-            axes.text(0.5, 0.5, table.no_best_reason(), ha="center", transform=axes.transAxes)
+            axes.text(0.5, 0.5, textwrap.fill(table.no_best_reason() or "", 60), ha="center", va="center",
+                      transform=axes.transAxes)
         axes.set(xscale=_scale(chart.plans["days"]), yscale=_scale(chart.plans["usd"]), ylabel="USD",
                  title=f"Training cost versus time ({len(chart.plans)} plans)",
                  xlabel=f"training days ({table.pricing.tokens / 1e9:g}B tokens: {chart.iterations:,.0f} iterations)")

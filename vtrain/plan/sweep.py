@@ -85,16 +85,41 @@ class PlanTable:
             f"cost <= ${self.budget_usd:,.0f}" if self.budget_usd is not None else "") if part) or "no limits"
 
     def no_best_reason(self) -> str | None:
-        """Why :meth:`best` is ``None`` (None when there is a best plan): no plan was timed, or none of those timed
-        is within the limits, with how near the fastest and the cheapest came."""
+        """Why :meth:`best` is ``None`` (None when there is a best plan): no plan was timed (with the least memory a
+        plan needed and the commonest reason a plan was invalid), or none of those timed is within the limits (with
+        what each limit alone leaves: the cheapest plan within the time, the fastest within the budget)."""
         timed = self.simulated()
         if timed.is_empty():
-            return "no plan was simulated: every plan is invalid or out of memory"
+            return "no plan was simulated: " + self._why_none_ran()
         if self.best() is not None:
             return None
-        fastest, cheapest = timed["iteration_ms"].min() / 1e3, timed["usd"].min()
-        return (f"no simulated plan is within the limits ({self.limits()}): the fastest takes {fastest:.3g} s per "
-                f"iteration, the cheapest costs ${cheapest:,.0f}")
+        said = []
+        if self.max_iteration_s is not None:
+            quick = timed.filter(pl.col("iteration_ms") <= self.max_iteration_s * 1e3)
+            said.append(f"the cheapest within {self.max_iteration_s:g} s costs ${quick['usd'].min():,.0f}"
+                        if quick.height else f"none takes {self.max_iteration_s:g} s or less (the fastest "
+                        f"{timed['iteration_ms'].min() / 1e3:.3g} s)")
+        if self.budget_usd is not None:
+            cheap = timed.filter(pl.col("usd") <= self.budget_usd)
+            said.append(f"the fastest within ${self.budget_usd:,.0f} takes {cheap['iteration_ms'].min() / 1e3:.3g} s"
+                        if cheap.height else f"none costs ${self.budget_usd:,.0f} or less (the cheapest "
+                        f"${timed['usd'].min():,.0f})")
+        return f"no simulated plan is within the limits ({self.limits()}): {'; '.join(said)}"
+
+    def _why_none_ran(self) -> str:
+        """Why no plan was timed: the least memory a valid plan needs against the device's, else the commonest
+        reason the 1F1B plans are invalid (the other schedules add reasons of their own to every layout)."""
+        over = self.plans.filter(pl.col("status") == OUT_OF_MEMORY)
+        if over.height:
+            return (f"the valid plans need {over['memory_gib'].min():,.1f} GiB or more, the device has "
+                    f"{self.device_memory_gib:g} GiB")
+        invalid = self.plans.filter(pl.col("status") == INVALID)
+        if invalid.is_empty():
+            return "no plan was enumerated"
+        plain = invalid.filter(pl.col("schedule") == "1f1b")
+        reason, count = ((plain if plain.height else invalid).group_by("reason").len()
+                         .sort(["len", "reason"], descending=[True, False]).row(0))
+        return f"every plan is invalid, {count:,} of the {plain.height or invalid.height:,} 1F1B ones as {reason}"
 
 
 def sweep(base: RunConfig, gpus: Iterable[int], profile: Profile | None = None, *, divisible: bool = False,
