@@ -43,10 +43,12 @@ def whatif_command(
 ) -> None:
     """Re-time a measured run's own dependency graph with changed durations; report the predicted iteration
     time, the new critical path and predicted Chrome traces."""
-    from vtrain.whatif.changes import parse_scale, parse_scale_kernel
+    from vtrain.whatif.changes import half_a_class, parse_scale, parse_scale_kernel
 
     scales = [parse_scale(s) for s in scale] + [parse_scale_kernel(s) for s in scale_kernel]
     _each_once(scales, [*scale, *scale_kernel])
+    for line in filter(None, map(half_a_class, scales)):
+        warn(line)
     if ops_only and durations_from is None:
         raise InputError("--ops-only needs --durations-from", trace_dir)
     if not scales and durations_from is None:
@@ -80,11 +82,14 @@ def whatif_command(
 
 
 def _each_once(scales: list[Scale], texts: list[str]) -> None:
-    """An error for a class or pattern given twice (``--scale gemm=2 --scale gemm=3`` multiplied gemm by 6)."""
-    seen: dict[str, str] = {}
+    """An error for a class or pattern given twice (``--scale gemm=2 --scale gemm=3`` multiplied gemm by 6), also
+    under two of its names (``--scale norm=0.5 --scale elementwise=0.5`` multiplied that class by 0.25)."""
+    seen: dict[object, str] = {}
     for rule, text in zip(scales, texts):
-        if rule.label in seen:
+        key = rule.classes if rule.pattern is None and rule.classes else rule.label
+        if key in seen:
             flag = "--scale-kernel" if rule.pattern is not None else "--scale"
-            raise InputError(f"{flag}: {rule.label} is given twice ({seen[rule.label]}, {text}): give each "
+            also = "" if seen[key].split("=")[0] == text.split("=")[0] else " (two names of one class)"
+            raise InputError(f"{flag}: {rule.label} is given twice{also} ({seen[key]}, {text}): give each "
                              "class or pattern once, with the factor it should have")
-        seen[rule.label] = text
+        seen[key] = text

@@ -37,6 +37,10 @@ SCALE_CLASSES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the names of one class that read as one of its halves -> what --scale-kernel would pick out
+_ONE_CLASS_OF_TWO = {"norm": "normalisation kernels", "elementwise": "element-wise kernels"}
+
+
 @dataclass(frozen=True)
 class Scale:
     """Multiply the own time of every event of ``classes`` (or whose name matches ``pattern``) by ``factor``."""
@@ -65,6 +69,15 @@ def parse_scale(text: str) -> Scale:
     if key not in SCALE_CLASSES:
         raise InputError(f"--scale {text}: unknown class {key!r}; one of {', '.join(SCALE_CLASSES)}")
     return Scale(label=key, factor=factor, classes=SCALE_CLASSES[key], every_collective=key == "comm")
+
+
+def half_a_class(rule: Scale) -> str | None:
+    """What to say of a rule named for half of its class (``--scale norm=0.5`` scales every element-wise kernel
+    too); None for any other rule."""
+    if rule.pattern is not None or rule.label not in _ONE_CLASS_OF_TWO:
+        return None
+    return (f"--scale {rule.label}: the class elementwise/norm, every element-wise and normalisation kernel alike "
+            f"(--scale-kernel REGEX=F scales {_ONE_CLASS_OF_TWO[rule.label]} alone)")
 
 
 def parse_scale_kernel(text: str) -> Scale:
