@@ -320,3 +320,21 @@ def test_a_fitted_base_keeps_the_benchmarks_its_device_model_was_fitted_to(tmp_p
     for part in ("gemm", "memory_bound", "collectives"):
         assert new[part] == old[part], part
     assert new["provenance"]["gemm"] == "fitted: llmcompass, vidur"
+
+
+def test_a_copy_of_the_traces_a_fitted_profile_was_made_from_says_what_cannot_be_compared(tmp_path: Path) -> None:
+    """An identical copy of the H100 recording `profiles/h100` was fitted to, calibrated against it (an audit):
+    "another job (device NVIDIA H100 80GB HBM3 against H100)", every software version "None -> 13000" as a change,
+    all 63 kernels "new" and the reference run 1.0 % faster, none of it said for what it is: the base holds no
+    kernels and no timeline (its host is timed by the device model's host terms, the copy's by its timeline)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "traces" / "gpu" / "h100-small-eager", copy)
+    base = REPO / "profiles" / "h100"
+    result = invoke(copy, "--base", base, "-o", tmp_path / "profile", "--report-dir", tmp_path / "report")
+    assert result.exit_code == 0, result.stderr
+    assert "another job" not in result.stderr, result.stderr
+    assert (f"warning: the base profile {base} holds no kernels (a profile fitted to measurements): every kernel of "
+            "the new traces shows as new") in result.stderr, result.stderr
+    assert (f"warning: the new traces time the host's issue of operators from their own timeline, the base profile "
+            f"{base} from the device model's host terms") in result.stderr, result.stderr
+    assert "| nccl | not recorded | 2.28.9 |" in (tmp_path / "report" / "report.md").read_text()

@@ -17,6 +17,7 @@ from typing import Any
 from vtrain.calibrate.drift import compare_profiles
 from vtrain.calibrate.profile import derive_profile, load_base_profile, with_base_benchmarks
 from vtrain.calibrate.result import Calibration, SuiteSet
+from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
 from vtrain.ingest.pipeline import ingest_traces
@@ -61,6 +62,8 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
     predicted = None
     if config is not None:
         predicted, reference_reason = predict_reference(config, str(config_source), base_profile, profile)
+    for line in _measured_otherwise(base_profile, profile, base):
+        note(line)
     sets = rerun_suite(loaded_suite, base, profile, note) if loaded_suite is not None else None
     return Calibration(trace_dir=trace_dir, base_path=base, output=output, report_dir=Path(report_dir),
                        base=base_profile, profile=profile, drift=drift, reference=predicted,
@@ -76,7 +79,9 @@ def _another_job(base: dict[str, Any], new: dict[str, Any], base_path: Path) -> 
         run = metadata.get("run") or {}
         parallelism = run.get("parallelism") or {}
         model = run.get("model") or {}
-        return {"device": (metadata.get("device") or {}).get("name"), "ranks": metadata.get("world_size"),
+        name = (metadata.get("device") or {}).get("name")
+        return {"device": canonical_device_name(str(name)) or name if name else None,
+                "ranks": metadata.get("world_size"),
                 "model": {key: model.get(key) for key in _SHAPE} if model else None,
                 "t x p x d": tuple(parallelism.get(k) for k in ("tp", "pp", "dp")) if parallelism else None}
 
@@ -87,6 +92,26 @@ def _another_job(base: dict[str, Any], new: dict[str, Any], base_path: Path) -> 
     shown = "; ".join(f"{key} {_said(now[key])} against {_said(old[key])}" for key in differ)
     return [f"the traces are of another job than the base profile {base_path}'s ({shown}): operators of other "
             "shapes show as gone and new, and the reference's change is the job's, not the software's"]
+
+
+def _measured_otherwise(old: Profile, new: Profile, base_path: Path) -> list[str]:
+    """What the two profiles cannot be compared on: kernels, where the base holds none (a profile `vtrain fit` made
+    from measurements: every kernel is "new"); the host's issue of operators, where one holds its traces' timeline
+    and the other none: the first times it from its timeline, the second from its device model's host terms, so
+    the reference run moves with that too (an audit: -1.0 % on an identical copy of the traces profiles/h100 was
+    made from)."""
+    said = []
+    if old.tables["kernels"].height == 0 and new.tables["kernels"].height > 0:
+        said.append(f"the base profile {base_path} holds no kernels (a profile fitted to measurements): every kernel "
+                    "of the new traces shows as new; a base ingested from traces tells kernels that moved")
+    timed = [profile.tables["cpu_ops"].height > 0 for profile in (old, new)]
+    if timed[0] != timed[1]:
+        with_timeline, without = ("the new traces", f"the base profile {base_path}") if timed[1] else (
+            f"the base profile {base_path}", "the new traces")
+        said.append(f"{with_timeline} time the host's issue of operators from their own timeline, {without} from "
+                    "the device model's host terms: the reference run's change holds that difference, not only the "
+                    "software's")
+    return said
 
 
 #: what a model is, for telling jobs apart

@@ -54,9 +54,15 @@ def counts(calibration: Calibration) -> Table:
 
 
 def software(calibration: Calibration) -> Table:
-    """Software versions and device that changed, old -> new."""
-    return (["", "old", "new"], [[key, str(change["old"]), str(change["new"])]
+    """Software versions and device that changed, old -> new (a version a profile does not record, as a fitted
+    profile's, is said so: it is not known to have changed)."""
+    return (["", "old", "new"], [[key, version(change["old"]), version(change["new"])]
                                  for key, change in calibration.drift.software.items()])
+
+
+def version(value: object) -> str:
+    """A software version as the drift report shows it: ``not recorded`` where the profile has none."""
+    return "not recorded" if value is None else str(value)
 
 
 def reference(predicted: dict[str, Any]) -> Table:
@@ -220,7 +226,7 @@ def print_drift(calibration: Calibration, console: Console | None = None) -> Non
     console.print("  " + "; ".join(f"{kind}: " + ", ".join(f"{n} {s}" for s, n in found[kind].items() if n)
                                    for kind in found if any(found[kind].values())))
     for key, change in c.drift.software.items():
-        console.print(f"  {key}: {change['old']} -> {change['new']}")
+        console.print(f"  {key}: {version(change['old'])} -> {version(change['new'])}")
     if c.reference is not None:
         r = c.reference
         console.print(f"  reference {r['config']}: {ms(r['old_ms'])} ms -> {ms(r['new_ms'])} ms "
