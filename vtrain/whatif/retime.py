@@ -255,6 +255,12 @@ def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
                     notes: list[str]) -> tuple[np.ndarray, Matching]:
     """Every holder's time taken from ``other`` where it has a partner there (see :func:`what_if`)."""
     _check_same_job(base, other)
+    graphs = [_replays_graphs(each) for each in (base, other)]
+    if graphs[0] != graphs[1]:
+        replaying, eager = (other.path, base.path) if graphs[1] else (base.path, other.path)
+        notes.append(f"{replaying} replays CUDA graphs and {eager} launches each kernel: operators' durations carry "
+                     f"over, the host's launches do not (the prediction keeps {base.path}'s host), so it cannot "
+                     "stand for a change between them")
     matching = match_events(base.frame, other.frame, base.own, other.own)
     partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
     new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
@@ -325,6 +331,13 @@ def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> 
     partner_of_point = other_event[points // 2]
     stretches = np.where(partner_of_point >= 0, other_events + 2 * partner_of_point + points % 2, -1)
     return np.concatenate([other_event, stretches if host else np.full(2 * events, -1)])
+
+
+def _replays_graphs(traces: TraceSet) -> bool:
+    """Whether a recording replays CUDA graphs: its run.yaml says so, else its host launches graphs."""
+    if traces.config is not None:
+        return traces.config.cuda_graphs
+    return bool(traces.frame["name"].cast(pl.String).str.contains("GraphLaunch").any())
 
 
 def _check_same_job(base: TraceSet, other: TraceSet) -> None:
