@@ -160,3 +160,18 @@ def test_a_factor_of_one_says_it_changes_nothing_not_that_its_events_wait(pair: 
     said = [line for line in done.stderr.splitlines() if "one steady iteration" not in line]  # the pair's 2 steps
     assert said == ["warning: gemm: a factor of 1 changes nothing"], done.stderr
     assert json.loads(done.stdout)["change_pct"] == 0
+
+
+def test_a_critical_path_holds_no_more_than_its_iteration(tmp_path: Path) -> None:
+    """`whatif traces/hta-sm80-128rank-sampled --scale comm=2`: the predicted critical path summed to 897.7 ms for a
+    643 ms iteration (an audit), the whole of a send/recv wait begun in the iteration before counted in this one.
+    An edge that crosses the iteration's start counts its part after it."""
+    from tests.conftest import TRACES, vtrain_in_process
+
+    ran = vtrain_in_process("whatif", TRACES / "hta-sm80-128rank-sampled", "--scale", "comm=2", "-o", tmp_path / "w")
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads((tmp_path / "w" / "whatif.json").read_text())
+    paths = result["critical_path"]
+    # the longest rank's path, against the mean of the ranks' iterations (626.5 and 659.5 ms predicted)
+    assert sum(paths["predicted_ms"].values()) <= 1.05 * result["predicted_ms"], paths["predicted_ms"]
+    assert sum(paths["baseline_ms"].values()) <= 1.05 * result["measured_ms"], paths["baseline_ms"]

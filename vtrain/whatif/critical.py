@@ -48,7 +48,8 @@ class PathFinder:
         self.delay, self.times = delay.tolist(), times.tolist()
 
     def path(self, iteration: int, end_point: int, start_time: float) -> CriticalPath:
-        """The path from ``end_point`` back to ``start_time``."""
+        """The path from ``end_point`` back to ``start_time``: an edge that crosses ``start_time`` counts only its
+        part after it (a wait begun in the iteration before is not this iteration's time)."""
         by_class: dict[str, float] = defaultdict(float)
         by_op: dict[tuple[str, str], float] = defaultdict(float)
         src, delay, times = self.src, self.delay, self.times
@@ -57,7 +58,7 @@ class PathFinder:
             edge = self._binding(point)
             if edge is None:  # a root, or released from a dependency cycle: kept its measured time
                 break
-            step = delay[edge]
+            step = min(delay[edge], times[point] - start_time)
             holder = self.holder[edge]
             if holder != NO_OWNER and holder < self.events:
                 label = self.classes[holder]
@@ -69,7 +70,7 @@ class PathFinder:
                 label = _UNOWNED_LABEL.get(name, f"({name})")
             by_class[label] += step
             point = src[edge]
-        return CriticalPath(iteration=iteration, length_us=self.times[end_point] - times[point],
+        return CriticalPath(iteration=iteration, length_us=self.times[end_point] - max(times[point], start_time),
                             by_class=dict(by_class), by_op=dict(by_op))
 
     def _binding(self, point: int) -> int | None:
