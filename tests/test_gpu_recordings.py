@@ -435,3 +435,16 @@ def test_durations_from_a_recording_that_replays_cuda_graphs_onto_an_eager_one_i
     assert back.returncode == 0 and f"warning: {bare} replays CUDA graphs and {eager}" in back.stderr, back.stderr
     same = vtrain_in_process("whatif", eager, "--durations-from", GPU / "h100-small-eager", "-o", tmp_path / "y")
     assert same.returncode == 0 and "replays CUDA graphs" not in same.stderr, same.stderr
+
+
+def test_kernels_of_the_other_recording_without_a_partner_are_said_to_be_left_out(tmp_path: Path) -> None:
+    """`whatif h100-small-eager --durations-from h200-small-eager`: the H200 run has 6 GEMM kernels the H100 run
+    has not (0.097 ms, counted from the raw traces by an audit), and the line said their time "counts for the
+    matched operator around them", which a kernel has none of: it is left out, and now said so."""
+    from tests.conftest import vtrain_in_process
+
+    ran = vtrain_in_process("whatif", GPU / "h100-small-eager", "--durations-from", GPU / "h200-small-eager",
+                            "-o", tmp_path / "w")
+    assert ran.returncode == 0, ran.stderr
+    assert ("6 of them, 0.097 ms in all, have no matched operator around them (device activities among them) and "
+            "are left out of the prediction") in ran.stderr, ran.stderr

@@ -264,12 +264,15 @@ def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
     matching = match_events(base.frame, other.frame, base.own, other.own)
     partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
     new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
-    new_held[:base.owned.events] += _unmatched_children_time(matching.other_event, other)
+    children, orphans, orphan_us = _unmatched_children_time(matching.other_event, other)
+    new_held[:base.owned.events] += children
     counts = matching.counts
     if counts["base"] or counts["other"]:
+        left_out = (f"; {orphans} of them, {orphan_us / 1e3:,.3f} ms in all, have no matched operator around them "
+                    "(device activities among them) and are left out of the prediction" if orphans else "")
         notes.append(f"{counts['base']} event(s) with own time in {base.path} have no partner in {other.path} "
                      f"(they keep their own duration); {counts['other']} in {other.path} have none in "
-                     f"{base.path} (their time counts for the matched operator around them)")
+                     f"{base.path} (their time counts for the matched operator around them{left_out})")
     own = base.own
     matched = float(own[matching.other_event >= 0].sum()) / float(own.sum()) if own.sum() > 0 else 1.0
     if matched < SAME_JOB_SHARE:
@@ -305,22 +308,27 @@ def _scalable(base: TraceSet) -> tuple[list[str | None], list[str | None]]:
     return classes + [HOST] * host_stretches, names + [None] * host_stretches
 
 
-def _unmatched_children_time(other_event: np.ndarray, other: TraceSet) -> np.ndarray:
+def _unmatched_children_time(other_event: np.ndarray, other: TraceSet) -> tuple[np.ndarray, int, float]:
     """Per base event, the own time of the other recording's events without a partner that its partner
     encloses (through other unmatched events): work the other recording split off into operators of its own
-    (``aten::cat`` on two threads calls ``aten::narrow``/``aten::slice``) stays its caller's."""
+    (``aten::cat`` on two threads calls ``aten::narrow``/``aten::slice``) stays its caller's. With it, how many
+    unmatched events no matched event encloses (device activities: a kernel has no enclosing operator on its
+    stream) and their own time: those are left out of the prediction."""
     base_of = np.full(other.owned.events, -1, dtype=np.int64)
     matched = other_event >= 0
     base_of[other_event[matched]] = np.flatnonzero(matched)
     extra = np.zeros(len(other_event))
     parent = other.owned.parent
+    orphans, orphan_us = 0, 0.0
     for event in np.flatnonzero((base_of < 0) & (other.own > 0)).tolist():
         ancestor = parent[event]
         while ancestor != NO_OWNER and base_of[ancestor] < 0:
             ancestor = parent[ancestor]
         if ancestor != NO_OWNER:
             extra[base_of[ancestor]] += other.own[event]
-    return extra
+        else:
+            orphans, orphan_us = orphans + 1, orphan_us + float(other.own[event])
+    return extra, orphans, orphan_us
 
 
 def _partner_holders(other_event: np.ndarray, other_events: int, host: bool) -> np.ndarray:
