@@ -34,6 +34,7 @@ def test_both_policies_json_and_report(tmp_path: Path) -> None:
     result = vtrain(jobs, "--gpus", 4, "--profile", PROFILE, "-o", out, "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
+    assert "not interleaving, selective recomputation" in summary["plans_searched"]  # a narrower space than plan's
     for policy in ("baseline", "vtrain"):
         s = summary["policies"][policy]
         assert {"makespan_h", "mean_jct_h", "utilization", "jobs"} <= set(s)

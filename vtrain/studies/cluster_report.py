@@ -12,6 +12,7 @@ from vtrain.outputs import write_text
 from vtrain.report.document import Bullets, Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
 from vtrain.studies.cluster import Job, JobResult, Schedule, Speeds
+from vtrain.studies.predict import STUDIED_SPACE
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ def study_summary(study: ClusterStudy) -> dict[str, Any]:
     return {"cluster_gpus": study.schedules[0].cluster_gpus, "profile": study.profile,
             "hardware": study.hardware, "resize_overhead_h": study.resize_overhead_h,
             "speed_source": "modelled: each job's best plan per allocation, timed by vtrain from the profile",
+            "plans_searched": STUDIED_SPACE,
             "policies": {s.policy: s.to_dict() for s in study.schedules}}
 
 
@@ -57,9 +59,8 @@ def cluster_document(study: ClusterStudy) -> Document:
     gpus = study.schedules[0].cluster_gpus
     heading = [
         Text(f"{len(study.jobs)} jobs on {gpus} GPUs ({study.hardware}); profile {study.profile}."),
-        Text("Speeds are modelled: each job's speed on an allocation is the best plan's for that many GPUs "
-             "(t, d, p, micro-batch, 1F1B, recomputation only where needed), timed from the profile as "
-             "`vtrain simulate` times it. Resizing a running job costs "
+        Text("Speeds are modelled: each job's speed on an allocation is the best plan's for that many GPUs, timed "
+             f"from the profile as `vtrain simulate` times it. {STUDIED_SPACE} Resizing a running job costs "
              f"{study.resize_overhead_h * 60:g} min at its new speed (checkpoint-restart).", note=True),
         TableBlock(_summary_table(study.schedules)),
     ]

@@ -111,6 +111,13 @@ _PLAN_KEYS = ("gpus", "tp", "dp", "pp", "micro_batch", "schedule", "virtual_stag
               "memory_gib", "iteration_ms", "tokens_per_s", "mfu", *SOURCES)
 
 
+#: the studies' part of the design space, in words, for their reports and JSON (:func:`studied`)
+STUDIED_SPACE = ("A best plan here is the best of the vTrain paper's design space: every (t, d, p) and micro-batch, "
+                 "1F1B with the gradient all-reduce overlapped, recomputation none or full; not interleaving, "
+                 "selective recomputation, sequence parallelism or the distributed optimizer, which `vtrain plan` "
+                 "searches too and which can be faster.")
+
+
 def studied(candidate: Candidate) -> bool:
     """The studies' part of the design space, the vTrain paper's: 1F1B, the gradient all-reduce overlapped when
     there is one, recomputation none or full, no sequence parallelism nor distributed optimizer (the divisible

@@ -11,6 +11,7 @@ from typing import Any
 from vtrain.outputs import write_text
 from vtrain.report.document import Document, Figure, Section, TableBlock, Text, render_html, render_markdown
 from vtrain.report.write import write_json
+from vtrain.studies.predict import STUDIED_SPACE
 from vtrain.studies.sizing import Budget, LossModel, Sized, best
 
 
@@ -36,6 +37,7 @@ def size_summary(study: SizeStudy) -> dict[str, Any]:
     return {
         **(answer.to_dict() if answer else {"parameters": None, "tokens": None, "plan": None, "loss": None}),
         "source": "modelled: each shape's speed from its best plan, timed by vtrain from the profile",
+        "plans_searched": STUDIED_SPACE,
         "loss_model": study.loss_model.source,
         "budget": {"gpus": study.budget.gpus, "days": study.budget.days, "hardware": study.hardware,
                    "peak_flops_per_gpu": study.budget.peak_flops, "profile": study.profile},
@@ -85,7 +87,7 @@ def size_document(study: SizeStudy) -> Document:
         Text(f"Loss: {study.loss_model.source}. A shape trains for the whole budget: its tokens are its best plan's "
              "tokens/s (modelled by vtrain from the profile) × the budget's seconds; the fixed-MFU answers assume "
              f"every model runs at {study.mfu:.0%} of peak ({b.peak_flops / 1e12:g} TFLOP/s per GPU) and "
-             "D = C / (6·N).", note=True),
+             f"D = C / (6·N). {STUDIED_SPACE}", note=True),
         TableBlock((["answer", "parameters", "shape, plan", "tokens", "MFU", "loss"], rows)),
     ]
     sections = [Section("Loss versus model size", [Figure(loss_figure(study))]),
