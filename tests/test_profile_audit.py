@@ -93,7 +93,7 @@ def test_a_profile_that_names_no_device_is_shown(tmp_path: Path) -> None:
     file.write_text(json.dumps({**json.loads(file.read_text()), "device": None}))
     ran = vtrain_in_process("tables", profile)
     shown = "".join(ran.stdout.split())  # rich wraps a long path anywhere, a space or a line break included
-    assert ran.returncode == 0 and f"{profile}:deviceunknown,ranks" in shown, ran.stderr
+    assert ran.returncode == 0 and f"{profile}:deviceunknown,fittedto" in shown, ran.stderr
 
 
 def test_a_file_given_as_the_profile_says_so() -> None:
