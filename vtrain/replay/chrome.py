@@ -1,8 +1,10 @@
 """Writing the replayed timeline as Kineto traces: each rank's original trace with every replayed event moved
 to its replayed start and duration, so that Perfetto opens it and HTA analyses it like the measured one.
 
-Flow arrows (``ph`` ``s``/``f``) are dropped: they point at the measured times. Everything else (metadata,
-arguments, events the replay does not use) is copied unchanged.
+Flow arrows (``ph`` ``s``/``f``) and the GPU-side copies of user annotations (``cat`` ``gpu_user_annotation``,
+spans over the kernels' measured times that the replay does not move) are dropped: they point at the measured
+times, and in Perfetto sat where the kernels no longer were. Everything else (metadata, arguments, events the
+replay does not use) is copied unchanged.
 """
 
 from __future__ import annotations
@@ -35,19 +37,22 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
     return written
 
 
-class _Phase(msgspec.Struct):
+class _Kind(msgspec.Struct):
     ph: Any = ""
+    cat: Any = ""
 
 
-_PHASE = msgspec.json.Decoder(_Phase)
+_KIND = msgspec.json.Decoder(_Kind)
 
 
-def _phase(raw: msgspec.Raw) -> str:
-    """An event's ``ph`` (empty for an entry that is not an event object: it is copied as it is)."""
+def _at_measured_times(raw: msgspec.Raw) -> bool:
+    """Whether an event the replay does not move points at the measured times (a flow arrow, a GPU annotation):
+    dropped. An entry that is not an event object is copied as it is."""
     try:
-        return _PHASE.decode(raw).ph
+        kind = _KIND.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return ""
+        return False
+    return kind.ph in ("s", "f") or kind.cat == "gpu_user_annotation"
 
 
 def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray, dur: np.ndarray) -> None:
@@ -68,7 +73,7 @@ def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray,
                     event["ts"], event["dur"] = float(start[row]), float(dur[row])
                     text_out = encode(event)
                     row += 1
-                elif _phase(raw) in ("s", "f"):
+                elif _at_measured_times(raw):
                     position += 1
                     continue
                 else:
