@@ -232,10 +232,13 @@ def test_simulate_says_the_model_it_simulated(tmp_path) -> None:
                                          "kv_heads": 2, "ffn_hidden": 96, "mlp": "swiglu"}}))
     text = vtrain_in_process("simulate", run)
     assert text.returncode == 0, text.stderr
-    assert "model            2 layers, hidden 64, 4 heads (2 key/value), seq 32, vocab 512, SwiGLU MLP 96 wide" \
-        in text.stdout.splitlines()
-    model = json.loads(vtrain_in_process("simulate", run, "--json").stdout)["model"]
+    assert "model            2 layers, hidden 64, 4 heads (2 key/value), seq 32, vocab 512, SwiGLU MLP 96 wide; " \
+           "fp32, the reference model's kernels" in text.stdout.splitlines()
+    summary = json.loads(vtrain_in_process("simulate", run, "--json").stdout)
+    model = summary["model"]
     assert (model["kv_heads"], model["ffn"], model["mlp"]) == (2, 96, "swiglu")
+    assert summary["precision"] == "fp32"  # said nowhere before (an audit: a name and a config.json of one model
+    # differ by it alone)
 
 
 #: the keys of a Hugging Face LLaMA-3-8B config.json (as the model's repository holds it), a smaller model's values

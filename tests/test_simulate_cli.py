@@ -173,9 +173,9 @@ def test_the_prediction_path_imports_no_typer_scikit_learn_or_networkx() -> None
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]"
     summary = json.loads(result.stdout)
-    # every kernel modelled (the profile measured none of MT-NLG's shapes); only the tied embedding's two-rank
-    # gradient all-reduce is on a measured curve
-    assert summary["coverage"]["modelled"] > 0.9999 and "fitted" in summary["device"]["provenance"]["gemm"]
+    # every kernel modelled (the profile measured none of MT-NLG's shapes); the collectives on NVLink are on the
+    # measured nccl-tests curves (the JSON's 300 GB/s is the A100's own), so are the tied embedding's all-reduces
+    assert 0.9 < summary["coverage"]["modelled"] < 0.99 and "fitted" in summary["device"]["provenance"]["gemm"]
 
 
 def test_a_reader_that_goes_away_stops_it_quietly() -> None:

@@ -55,6 +55,8 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: whose kernels a run launches: vtrain record's reference model, or Megatron-DeepSpeed's fused ones
 FRAMEWORKS = ("reference", "megatron")
+#: each framework's kernels, as summaries say them
+FRAMEWORK_KERNELS = {"reference": "the reference model's kernels", "megatron": "Megatron's kernels"}
 #: how a layer's attention core runs: ``eager`` computes the s x s scores and their softmax in memory (the
 #: framework's kernels: bmm + softmax, or Megatron's fused softmax); ``flash`` is one fused kernel each way,
 #: PyTorch's ``scaled_dot_product_attention`` (FlashAttention), which holds no scores

@@ -176,6 +176,7 @@ def _unsharded_warning(run: RunConfig) -> str | None:
 
 def format_summary(sim: Simulation) -> str:
     """The human-readable summary."""
+    from vtrain.runconfig import FRAMEWORK_KERNELS
     from vtrain.simulate.summary import CATEGORIES, describe_task
 
     ms = 1e-3
@@ -193,7 +194,8 @@ def format_summary(sim: Simulation) -> str:
         + (", layers replayed from CUDA graphs" if sim.config.cuda_graphs else "")
         + (", flash attention" if sim.config.attention == "flash" else "")
         + ("" if sim.config.fused_kernels else ", without fused kernels"),
-        f"model            {sim.config.model.describe()}",
+        f"model            {sim.config.model.describe()}; {sim.config.precision}, "
+        f"{FRAMEWORK_KERNELS[sim.config.framework]}",
         f"device           {sim.device.describe()}",
         *([f"network          {sim.device.describe_network(hardware.gpus_per_node)}"]
           if hardware.device_count > hardware.gpus_per_node else []),

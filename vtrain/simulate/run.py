@@ -105,6 +105,7 @@ class Simulation:
                             "distributed_optimizer": par.distributed_optimizer,
                             "stage_layers": list(par.stage_layers) if par.stage_layers else None},
             "cuda_graphs": self.config.cuda_graphs,
+            "precision": self.config.precision,
             "framework": self.config.framework,
             "fused_kernels": self.config.fused_kernels,
             "attention": self.config.attention,
