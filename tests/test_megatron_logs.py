@@ -303,6 +303,22 @@ def test_validate_scores_a_log_end_to_end(tmp_path: Path) -> None:
                                        "(--device) for 1 of 1"]
 
 
+def test_flags_a_log_leaves_nothing_to_are_said(tmp_path: Path) -> None:
+    """`validate --measurements LOG --attention eager --recompute full` predicted the log's flash attention and no
+    recomputation (a log states both; the flags stand in only for rows that leave a setting out), silently, where
+    `simulate LOG` takes the same flags as overrides (an audit of one predictor: 1,037.5 against 1,703.9 ms)."""
+    log = tmp_path / "train.log"
+    log.write_text(log_text())
+    args = ("validate", "--measurements", log, "--profile", REPO / "profiles" / "a100")
+    plain = vtrain_in_process(*args, "-o", tmp_path / "a", "--json")
+    flagged = vtrain_in_process(*args, "--attention", "eager", "--recompute", "full", "-o", tmp_path / "b", "--json")
+    assert plain.returncode == 0 and flagged.returncode == 0, flagged.stderr
+    assert "warning: --recompute full, --attention eager: every row gives its own, so these flags set no row" \
+        in flagged.stderr, flagged.stderr
+    assert "every row gives its own" not in plain.stderr
+    assert json.loads(flagged.stdout)["mape_pct"] == json.loads(plain.stdout)["mape_pct"]
+
+
 # --- a folder of runs --------------------------------------------------------------------------------------------
 
 def runs_folder(tmp_path: Path) -> Path:

@@ -87,8 +87,12 @@ def validate_command(
             raise InputError("give --measurements without a TRACE_DIR or --suite")
         if profile is None:
             raise InputError("--measurements needs --profile (a profile with a fitted device model)")
+        given = {column: f"--{column} {value}" for column, value in (("recompute", recompute), ("device", device),
+                                                                     ("framework", framework),
+                                                                     ("attention", attention)) if value is not None}
         _measurements(measurements, profile, output, max_error, as_json, gpus_per_node, inter_node_gbps,
-                      intra_node_gbps, recompute or RECOMPUTE, device, framework or FRAMEWORK, attention or "eager")
+                      intra_node_gbps, recompute or RECOMPUTE, device, framework or FRAMEWORK, attention or "eager",
+                      given)
         return
     given = [flag for flag, value in (("--device", device), ("--inter-node-gbps", inter_node_gbps),
                                       ("--intra-node-gbps", intra_node_gbps), ("--recompute", recompute),
@@ -173,10 +177,10 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
 
 def _measurements(path: Path, profile: Path, output: Path | None, max_error: float | None, as_json: bool,
                   gpus_per_node: int, inter_node_gbps: float | None, intra_node_gbps: float | None,
-                  recompute: str, device: str | None, framework: str, attention: str) -> None:
+                  recompute: str, device: str | None, framework: str, attention: str, given: dict[str, str]) -> None:
     from vtrain.cli.progress import counting
     from vtrain.report.measurements import terminal_lines, write_measurement_report
-    from vtrain.validate.measurements import validate_measurements
+    from vtrain.validate.measurements import flags_no_row_takes, validate_measurements
 
     if not path.is_file() and not path.is_dir():  # a folder: its tables and Megatron logs
         raise InputError("is not a regular file (a pipe or a device), not a table of measurements"
@@ -190,6 +194,9 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
                                        recompute, progress, device, framework, attention)
+    unused = flags_no_row_takes(result.table, given)
+    if unused:
+        warn(unused)
     summary = result.to_dict()
     if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
         raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "

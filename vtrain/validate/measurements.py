@@ -223,6 +223,20 @@ def _left_to_the_command(predicted: pl.DataFrame, hardware: Hardware) -> str | N
     return f"rows that do not say it are predicted with: {'; '.join(unsaid)}" if unsaid else None
 
 
+def flags_no_row_takes(table: pl.DataFrame, given: dict[str, str]) -> str | None:
+    """One warning line for the flags the command line gave (``given``: a table column -> the flag as written,
+    ``{"attention": "--attention eager"}``) that set no row because every row states that column itself (a
+    Megatron-LM log always does): each row is predicted as it says, not as the flag does. None when every flag
+    set some row."""
+    unused = [flag for column, flag in given.items()
+              if column in table.columns and table.height and table[column].null_count() == 0]
+    if not unused:
+        return None
+    sets = "this flag sets" if len(unused) == 1 else "these flags set"
+    return (f"{', '.join(unused)}: every row gives its own, so {sets} no row (a flag stands in only for rows that "
+            "leave the setting out): each row is predicted as it says")
+
+
 def _not_scored(predicted: pl.DataFrame) -> str | None:
     """One warning line for the rows that were not simulated (refused when read, or a run that cannot be: GPUs
     that are not t·d·p), None when there are none."""
