@@ -63,7 +63,7 @@ def main() -> None:
         line, code = STOPS[signal.Signals(stopped.signum)]
         print(line, file=sys.stderr)
         sys.exit(code)
-    except (BrokenPipeError, ReaderGone):  # the reader went away (`vtrain simulate ... | head`): stop quietly, as shell tools do
+    except (BrokenPipeError, ReaderGone):  # the reader went away (`vtrain simulate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
     except Exception as exc:  # where the file system refuses what was asked, wherever it is first touched
