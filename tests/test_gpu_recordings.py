@@ -448,25 +448,3 @@ def test_kernels_of_the_other_recording_without_a_partner_are_said_to_be_left_ou
     assert ran.returncode == 0, ran.stderr
     assert ("6 of them, 0.097 ms in all, have no matched operator around them (device activities among them) and "
             "are left out of the prediction") in ran.stderr, ran.stderr
-
-
-def test_predicted_traces_keep_no_annotation_at_the_measured_times(tmp_path: Path) -> None:
-    """whatif's predicted traces moved every kernel but kept the GPU-side user annotations (Kineto's
-    ``gpu_user_annotation`` spans over the kernels' measured times): 114 spans of h100-val-gpt6.7b-4l sat where the
-    kernels no longer were (an audit). They are dropped, as the flow arrows are; the kernels are all there."""
-    from tests.conftest import vtrain_in_process
-
-    source = GPU / "h100-val-gpt6.7b-4l"
-    ran = vtrain_in_process("whatif", source, "--scale", "gemm=0.5", "-o", tmp_path / "w")
-    assert ran.returncode == 0, ran.stderr
-
-    def events(folder: Path) -> list[dict]:
-        file = next(folder.glob("*.json*"))
-        return json.loads(gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_text())[
-            "traceEvents"]
-
-    measured, predicted = events(source), events(tmp_path / "w" / "predicted")
-    assert any(e.get("cat") == "gpu_user_annotation" for e in measured)
-    assert not any(e.get("cat") == "gpu_user_annotation" for e in predicted)
-    assert Counter(e.get("name") for e in predicted if e.get("cat") == "kernel") == Counter(
-        e.get("name") for e in measured if e.get("cat") == "kernel")

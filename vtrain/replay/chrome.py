@@ -1,10 +1,8 @@
 """Writing the replayed timeline as Kineto traces: each rank's original trace with every replayed event moved
 to its replayed start and duration, so that Perfetto opens it and HTA analyses it like the measured one.
 
-Flow arrows (``ph`` ``s``/``f``) and the GPU-side copies of user annotations (``cat`` ``gpu_user_annotation``,
-spans over the kernels' measured times that the replay does not move) are dropped: they point at the measured
-times, and in Perfetto sat where the kernels no longer were. Everything else (metadata, arguments, events the
-replay does not use) is copied unchanged.
+Flow arrows (``ph`` ``s``/``f``) are dropped: they point at the measured times. Everything else (metadata,
+arguments, events the replay does not use) is copied unchanged.
 """
 
 from __future__ import annotations
@@ -37,22 +35,19 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
     return written
 
 
-class _Kind(msgspec.Struct):
+class _Phase(msgspec.Struct):
     ph: Any = ""
-    cat: Any = ""
 
 
-_KIND = msgspec.json.Decoder(_Kind)
+_PHASE = msgspec.json.Decoder(_Phase)
 
 
-def _at_measured_times(raw: msgspec.Raw) -> bool:
-    """Whether an event the replay does not move points at the measured times (a flow arrow, a GPU annotation):
-    dropped. An entry that is not an event object is copied as it is."""
+def _phase(raw: msgspec.Raw) -> str:
+    """An event's ``ph`` (empty for an entry that is not an event object: it is copied as it is)."""
     try:
-        kind = _KIND.decode(raw)
+        return _PHASE.decode(raw).ph
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return False
-    return kind.ph in ("s", "f") or kind.cat == "gpu_user_annotation"
+        return ""
 
 
 def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray, dur: np.ndarray) -> None:
@@ -73,7 +68,7 @@ def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray,
                     event["ts"], event["dur"] = float(start[row]), float(dur[row])
                     text_out = encode(event)
                     row += 1
-                elif _at_measured_times(raw):
+                elif _phase(raw) in ("s", "f"):
                     position += 1
                     continue
                 else:
