@@ -12,7 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import polars as pl
@@ -448,3 +448,39 @@ def test_kernels_of_the_other_recording_without_a_partner_are_said_to_be_left_ou
     assert ran.returncode == 0, ran.stderr
     assert ("6 of them, 0.097 ms in all, have no matched operator around them (device activities among them) and "
             "are left out of the prediction") in ran.stderr, ran.stderr
+
+
+def _annotations_off_their_kernels(events: list[dict]) -> tuple[int, int]:
+    """How many GPU-side user annotations there are, and how many do not span exactly the device activities
+    measured (or predicted) inside them on their stream: from the first one's start to the last one's end."""
+    activities = defaultdict(list)
+    for event in events:
+        if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            activities[event["tid"]].append((event["ts"], event["ts"] + event["dur"]))
+    annotations = [e for e in events if e.get("cat") == "gpu_user_annotation"]
+    off = 0
+    for note in annotations:
+        begin, end = note["ts"], note["ts"] + note["dur"]
+        inside = [(s, e) for s, e in activities[note["tid"]] if s >= begin - 1e-3 and e <= end + 1e-3]
+        off += not inside or max(abs(min(s for s, _ in inside) - begin), abs(max(e for _, e in inside) - end)) > 2e-3
+    return len(annotations), off
+
+
+def test_predicted_traces_move_each_annotation_with_its_kernels(tmp_path: Path) -> None:
+    """whatif's predicted traces moved every kernel but kept the GPU-side user annotations (Kineto's
+    ``gpu_user_annotation``: a span over the kernels a ``record_function`` region ran) at the measured times: with
+    every kernel three times as long, all 63 of h100-small-eager's sat where their kernels no longer were (an
+    audit). Each now spans its kernels' predicted times, and none is lost (HTA counts them as GPU activity)."""
+    from tests.conftest import vtrain_in_process
+
+    source = GPU / "h100-small-eager"
+    ran = vtrain_in_process("whatif", source, "--scale-kernel", ".*=3", "-o", tmp_path / "w")
+    assert ran.returncode == 0, ran.stderr
+
+    def events(folder: Path) -> list[dict]:
+        file = next(folder.glob("*.json*"))
+        return json.loads(gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_text())[
+            "traceEvents"]
+
+    assert _annotations_off_their_kernels(events(source)) == (63, 0)
+    assert _annotations_off_their_kernels(events(tmp_path / "w" / "predicted")) == (63, 0)

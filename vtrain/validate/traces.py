@@ -56,8 +56,8 @@ Warn = Callable[[str], None]
 #: operators drawn per timeline in the report (the longest ones of the iteration shown)
 TIMELINE_OPS = 4000
 #: columns of the replay's event frame that only :func:`~vtrain.validate.timeline.annotate` reads: a validation
-#: keeps the annotated frame without them
-ANNOTATION_ONLY = ("cat", "lane", "external_id", "launch", "work_op")
+#: keeps the annotated frame without them (``lane`` stays: the replayed traces move GPU annotations by stream)
+ANNOTATION_ONLY = ("cat", "external_id", "launch", "work_op")
 
 
 @dataclass
