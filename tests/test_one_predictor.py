@@ -5,6 +5,7 @@ the profile's measured multi-node curves)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -258,18 +259,21 @@ def test_a_link_rate_that_is_the_devices_own_changes_nothing(tmp_path: Path) -> 
     assert times[300] == times[None] and times[600] != times[None], times
 
 
-def test_a_profile_traced_on_another_device_is_said(tmp_path: Path) -> None:
+def test_a_profile_traced_on_another_device_is_said_and_not_used(tmp_path: Path) -> None:
     """A profile ingested from an H200's traces timed an A100 run's operators with the H200's measured latencies,
     silently (an audit: 3.5 s where the A100's datasheet gives 6.7), and a CPU profile timed none of a GPU run's,
-    silently too. Each is said once, in one line; a run on the profile's own GPU says nothing."""
+    silently too. Another GPU's latencies are not the run's: neither is used, and each is said once, in one line;
+    a run on the profile's own GPU says nothing."""
     profile = tmp_path / "h200"
     assert vtrain_in_process("ingest", REPO / "traces" / "gpu" / "h200-small-eager", "-o", profile).returncode == 0
     run = REPO / "examples" / "gpt-1.3b-a100.yaml"
     elsewhere = vtrain_in_process("simulate", run, "--profile", profile, "--json")
     assert elsewhere.returncode == 0, elsewhere.stderr
     said = [line for line in elsewhere.stderr.splitlines() if "was traced on" in line]
-    assert len(said) == 1 and "was traced on NVIDIA H200 and the run is on A100-80GB: its measured latencies are " \
-        "NVIDIA H200's" in said[0], elsewhere.stderr
+    assert len(said) == 1 and "was traced on NVIDIA H200 and the run is on A100-80GB: none of its latencies " \
+        "applies, the run is modelled" in said[0], elsewhere.stderr
+    assert json.loads(elsewhere.stdout)["coverage"]["measured"] == 0
+    assert json.loads(elsewhere.stdout)["iteration_time_ms"] == simulate(load_run_config(run)).iteration_us / 1e3
     there = vtrain_in_process("simulate", run, "--device", "H200", "--profile", profile, "--json")
     assert there.returncode == 0 and "was traced on" not in there.stderr, there.stderr
     cpu = tmp_path / "cpu"
@@ -277,3 +281,21 @@ def test_a_profile_traced_on_another_device_is_said(tmp_path: Path) -> None:
     on_cpu = vtrain_in_process("simulate", run, "--profile", cpu, "--json")
     assert on_cpu.returncode == 0 and "was traced on the CPU and the run is on A100-80GB: none of its latencies " \
         "applies" in on_cpu.stderr, on_cpu.stderr
+
+
+def test_a_fitted_profile_times_no_run_on_another_gpu(tmp_path: Path) -> None:
+    """The A100 profile's measured rows (kernels and NVLink collectives measured on A100s) timed 1.3 % of an H100
+    run and were reported as measured (an audit: `simulate llama-3-8b --profile profiles/a100 --device H100`).
+    Another GPU's latencies are not the run's: the run is modelled from its datasheet, as without the profile, and
+    the line says so; a variant of the profile's GPU still uses them."""
+    shipped = load_profile(REPO / "profiles" / "a100")
+    base = load_run_config(REPO / "examples" / "gpt-1.3b-a100.yaml")
+    h100 = replace(base, hardware=replace(base.hardware, device="H100"))
+    elsewhere = simulate(h100, shipped)
+    assert elsewhere.coverage_share["measured"] == 0 and elsewhere.coverage_share["interpolated"] == 0
+    assert elsewhere.iteration_us == simulate(h100).iteration_us
+    assert simulate(base, shipped).coverage_share["measured"] > 0
+    ran = vtrain_in_process("simulate", REPO / "examples" / "gpt-1.3b-a100.yaml", "--device", "H100", "--profile",
+                            REPO / "profiles" / "a100")
+    assert ran.returncode == 0, ran.stderr
+    assert "neither its device model nor its measured latencies (another GPU's) are used" in ran.stderr, ran.stderr

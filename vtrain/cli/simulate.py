@@ -156,13 +156,21 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
 
 
 def _memory_warning(sim: Simulation) -> str | None:
-    """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has."""
+    """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has;
+    by less than the model's highest error against measured peaks, it says the run may fit all the same."""
+    from vtrain.model.memory import GIB, MEASURED_ERROR_PCT
+
     if sim.fits_device is not False:
         return None
-    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / 2**30:,.2f} GiB per GPU (memory model: "
+    over_pct = (sim.largest_stage_bytes / sim.device.memory_bytes - 1) * 100
+    low, high = MEASURED_ERROR_PCT
+    over_gib = (sim.largest_stage_bytes - sim.device.memory_bytes) / GIB
+    verdict = (f"{over_gib:,.2f} GiB ({over_pct:.2f} %) over, within the model's error against measured peaks ({low:+.1f} to {high:+.1f} "
+               f"%): the run may not fit" if over_pct <= high else "the run would not fit")
+    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / GIB:,.2f} GiB per GPU (memory model: "
             f"parameters, gradients, optimizer state, activations), more than the "
-            f"{sim.device.memory_bytes / 2**30:,.0f} GiB of {sim.device.name}: the run "
-            f"would not fit (`vtrain plan --device-memory` finds plans that do)")
+            f"{sim.device.memory_bytes / GIB:,.0f} GiB of {sim.device.name}: {verdict} (`vtrain plan "
+            f"--device-memory` finds plans that do)")
 
 
 def _unsharded_warning(run: RunConfig) -> str | None:

@@ -221,6 +221,16 @@ def profile_gpu(profile: Profile) -> str | None:
     return traced if traced in DATASHEET_DEVICES else None
 
 
+def latencies_apply(profile: Profile | None, device_name: str) -> bool:
+    """Whether ``profile``'s measured latencies (operators, collectives, host gaps) time a run on the device
+    ``device_name``: they do on a variant of the GPU they were measured on, and not on another GPU (an A100's
+    kernels and NVLink are not an H100's). A profile of no GPU vtrain knows (a CPU recording, an unknown GPU) or a
+    run on a device that is not a known GPU keeps them: the device type then decides which rows apply."""
+    gpu = profile_gpu(profile) if profile is not None else None
+    run_gpu = canonical_device_name(device_name)
+    return gpu is None or run_gpu is None or same_die(run_gpu, gpu)
+
+
 def device_problem(name: str, device: FittedDevice) -> str | None:
     """Why runs on the GPU ``name`` cannot be predicted with the profile's fitted ``device`` (None when they can:
     it is a variant of the profile's GPU, whose kernel efficiencies move onto its roofline)."""
@@ -243,18 +253,18 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
         return on_run_hardware(_loaded(profile, source), config)
     if fitted.get("device") and wanted and _first_time_unused(profile, wanted):  # an unknown one is refused below
         warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "
-                   f"{config.hardware.device}: its device model is not used, the run's datasheet times what the "
-                   f"profile did not measure (give the run the profile's device, e.g. simulate --device "
-                   f"{fitted['device']}, to predict it there)", source)
+                   f"{config.hardware.device}: neither its device model nor its measured latencies (another GPU's) "
+                   f"are used, the run is modelled from its datasheet (give the run the profile's device, e.g. "
+                   f"simulate --device {fitted['device']}, to predict it there)", source)
     elif profile is not None and not fitted.get("device"):
         _say_traced_elsewhere(profile, config, source)
     return device_for_config(config, source)
 
 
 def _say_traced_elsewhere(profile: Profile, config: RunConfig, source: str | None) -> None:
-    """Say, once per profile and device, where a profile traced on one device (its metadata's) times a run on
-    another: on another GPU its measured latencies are that GPU's and time the run's operators as they are; on the
-    CPU for a GPU's run (or the reverse) none applies, and the run is modelled."""
+    """Say, once per profile and device, where a profile traced on one device (its metadata's) is asked for a run
+    on another (on the CPU for a GPU's run, the reverse, or on another GPU): none of its latencies applies
+    (:func:`latencies_apply`), and the run is modelled."""
     traced = (profile.metadata.get("device") or {}) if isinstance(profile.metadata.get("device"), dict) else {}
     on_cpu, run_on_cpu = traced.get("type") == "cpu", config.hardware.device.lower() == "cpu"
     name = str(traced.get("name") or "")
@@ -265,10 +275,9 @@ def _say_traced_elsewhere(profile: Profile, config: RunConfig, source: str | Non
     if not _first_time_unused(profile, canonical_device_name(config.hardware.device) or config.hardware.device):
         return
     where = "the CPU" if on_cpu else name or "a GPU"
-    what = ("none of its latencies applies, the run's operators are modelled" if on_cpu != run_on_cpu else
-            f"its measured latencies are {name}'s and time the run's operators as they are")
     warn_input(f"the profile {profile.path or ''} was traced on {where} and the run is on {config.hardware.device}: "
-               f"{what} (give the run the profile's device to predict it there)", source)
+               f"none of its latencies applies, the run is modelled (give the run the profile's device to predict it "
+               f"there)", source)
 
 
 #: id(profile) -> (the last profile, the devices it was already said to be unused for) (:func:`device_for_run`)

@@ -12,7 +12,7 @@ from typing import Any
 
 from vtrain.devices import DeviceModel
 from vtrain.errors import warn_input
-from vtrain.fit.device import device_for_run
+from vtrain.fit.device import device_for_run, latencies_apply
 from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
 from vtrain.kineto import ATTENTION_OPS, FUSED_ATTENTION, UNFUSED_ATTENTION
@@ -188,7 +188,7 @@ class SharedResolvers:
     """
 
     def __init__(self, profile: Profile | None, device: DeviceModel) -> None:
-        self.profile = profile
+        self.profile = profile if latencies_apply(profile, device.name) else None  # not another GPU's latencies
         self.device = device
         self._collectives: dict[tuple[str, int], CollectiveResolver] = {}
         self._bare: dict[str, OpLatencyResolver] = {}
