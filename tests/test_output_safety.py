@@ -285,3 +285,85 @@ def test_a_file_of_a_vtrain_folder_a_user_edited_is_not_replaced(tmp_path: Path)
     with pytest.raises(InputError, match="changed since vtrain wrote them"):
         check_output(target, force=True)
     assert (target / "tables" / "rows.csv").read_text() == "a,b\n1,2\n"
+
+
+def test_a_report_replaces_no_other_commands_report(tmp_path: Path) -> None:
+    """Every report command marked its folder "report", and each replaced any other's without --force: `whatif -o`
+    a plan's folder replaced plans.parquet, plans.csv and the frontier (an audit). The marker names the command;
+    another command's report is refused, untouched; the same command's is replaced."""
+    plan = tmp_path / "plan"
+    ran = vtrain("plan", REPO / "examples" / "tiny-cpu.yaml", "--gpus", "2", "--device-memory", "8", "-o", plan)
+    assert ran.returncode == 0, ran.stderr
+    before = _snapshot(plan)
+    _refused(vtrain("whatif", RECORDED, "--scale", "gemm=0.5", "-o", plan), "holds vtrain's report of `vtrain plan`")
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", plan), "holds vtrain's report of `vtrain plan`")
+    assert _snapshot(plan) == before
+    report = tmp_path / "whatif"
+    for _ in range(2):
+        ran = vtrain("whatif", RECORDED, "--scale", "gemm=0.5", "-o", report)
+        assert ran.returncode == 0, ran.stderr
+
+
+def test_calibrate_keeps_the_profile_it_would_replace_when_its_report_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate --force` published the new profile (the old one removed) inside the drift report's staging; when
+    the report was then refused (a file added to its folder while it ran), the new profile was removed too: the
+    user's profile was gone (an audit). The report is written first; the profile it would replace is untouched."""
+    import vtrain.calibrate.calibration as calibration
+    from vtrain.errors import InputError
+
+    base, new, report = tmp_path / "base", tmp_path / "new", tmp_path / "report"
+    assert vtrain("ingest", RECORDED, "-o", base).returncode == 0
+    assert vtrain("calibrate", RECORDED, "--base", base, "-o", new, "--report-dir", report).returncode == 0
+    before = _snapshot(new)
+    write_report = calibration.write_drift_report
+
+    def user_adds_a_file(result: object, staging: Path) -> None:
+        write_report(result, staging)
+        (report / "notes.md").write_text("mine\n")  # while the command runs
+
+    monkeypatch.setattr(calibration, "write_drift_report", user_adds_a_file)
+    result = calibration.calibrate(RECORDED, base, new, report_dir=report, force=True)
+    with pytest.raises(InputError, match="added while vtrain ran"):
+        calibration.write_calibration(result, force=True)
+    assert _snapshot(new) == before
+    assert (report / "notes.md").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("layout", ["same", "profile inside", "report inside"])
+def test_calibrates_two_outputs_are_never_one_inside_the_other(tmp_path: Path, layout: str) -> None:
+    """`calibrate -o X --report-dir X` (X new) published the profile, then the report over it: exit 0, the
+    profile gone; `-o X/prof --report-dir X` did all the work, then refused and left X behind (an audit: the
+    check skipped outputs not there yet). Refused before any work, nothing made."""
+    out = tmp_path / "x"
+    profile, report = {"same": (out, out), "profile inside": (out / "prof", out),
+                       "report inside": (out, out / "rep")}[layout]
+    _refused(vtrain("calibrate", RECORDED, "--base", REPO / "profiles" / "a100", "-o", profile, "--report-dir",
+                    report), "would be one inside the other")
+    assert not out.exists()
+
+
+def test_a_loop_of_links_as_the_output_is_one_line(tmp_path: Path) -> None:
+    """An output that is a loop of links gave Python's "RuntimeError: Symlink loop" traceback, exit 1 (an
+    audit: ingest -o, validate's default report folder, whatif)."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    _refused(vtrain("ingest", RECORDED, "-o", tmp_path / "loop1", "--force"), "is a loop of links")
+    _refused(vtrain("simulate", REPO / "examples" / "tiny-cpu.yaml", "-o", tmp_path / "loop1" / "x"),
+             "is a loop of links")
+
+
+def test_the_cache_removes_only_its_own_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache's trim removed every ``*.pickle`` in $VTRAIN_CACHE_DIR, oldest first: a user's 300 MB
+    model-weights.pickle in the folder named there was deleted by a `simulate` (an audit)."""
+    from vtrain import cache
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 1)
+    mine = tmp_path / "model-weights.pickle"
+    mine.write_bytes(b"x" * 1000)
+    os.utime(mine, (0, 0))  # the oldest
+    cache.keep("a", "digest", list(range(1000)))
+    cache.keep("b", "digest", list(range(1000)))
+    assert mine.read_bytes() == b"x" * 1000
+    assert len(list(tmp_path.glob("digest-*.pickle"))) == 1  # its own older entry went

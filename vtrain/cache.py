@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
@@ -116,9 +117,15 @@ def keep(key: str, what: str, value: object) -> None:
         pass
 
 
+#: the name of an entry vtrain wrote (:func:`_entry`): nothing else in the folder is ever removed
+_ENTRY_NAME = re.compile(r"^.+-[0-9a-f]{24}-[0-9a-f]{24}\.pickle$")
+
+
 def _trim(folder: Path) -> None:
-    """Remove the least recently used entries until the rest hold at most :data:`MAX_CACHE_BYTES`."""
-    entries = sorted(((entry.stat(), entry) for entry in folder.glob("*.pickle")), key=lambda e: e[0].st_mtime_ns)
+    """Remove the least recently used entries until the rest hold at most :data:`MAX_CACHE_BYTES`; only vtrain's
+    own entries (:data:`_ENTRY_NAME`: a user's ``model-weights.pickle`` in the folder was removed)."""
+    entries = sorted(((entry.stat(), entry) for entry in folder.glob("*.pickle") if _ENTRY_NAME.match(entry.name)),
+                     key=lambda e: e[0].st_mtime_ns)
     held = sum(info.st_size for info, _ in entries)
     for info, entry in entries[:-1]:  # the newest stays, however large
         if held <= MAX_CACHE_BYTES:

@@ -10,7 +10,8 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
   the files in it (a ``metadata.json`` is a common name: a user's folder holding one and their notes was replaced).
   The marker names what vtrain wrote: the kind of output (:data:`KINDS`) and every file and folder it put in the
   folder, at any depth. A report command, which has no ``--force`` (its report folder is rewritten on every run),
-  replaces only an earlier *report* (``vtrain validate traces/x -o profiles/x`` replaced the profile); and neither
+  replaces only an earlier *report* of its own (``vtrain validate traces/x -o profiles/x`` replaced the profile,
+  ``vtrain whatif ... -o plans/x`` a plan's tables: the marker names the command that wrote it); and neither
   it nor ``--force`` ever removes what someone added to a vtrain folder since (their notes beside a report, a file
   in its ``tables/``, one added while the command ran): such a folder is refused, naming them, before the work and
   again before the new output replaces it. A folder whose marker lists nothing (an older vtrain's) or lists its
@@ -54,16 +55,18 @@ _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-
 
 
 def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = (), force: bool = False,
-                 what: str = "output folder", replaces: str | None = None, option: str = "-o") -> Path:
+                 what: str = "output folder", replaces: str | None = None, command: str | None = None,
+                 option: str = "-o") -> Path:
     """Raise :class:`InputError` when ``target`` may not be written (see the module docstring); returns it.
-    ``replaces``: the kind of earlier output (:data:`KINDS`) that is replaced without ``force``; ``option``: the
-    flag that gave ``target``, which the error's advice names."""
+    ``replaces``: the kind of earlier output (:data:`KINDS`) that is replaced without ``force``, when ``command``
+    wrote it (or a vtrain that did not say which command did); ``option``: the flag that gave ``target``, which the
+    error's advice names."""
     target = Path(target)
     try:
         _check_not_an_input(target, inputs, what)
         target = followed(target)
         if target.exists() or target.is_symlink():
-            _check_replaceable(target, force, what, replaces)
+            _check_replaceable(target, force, what, replaces, command)
     except InputError as refused:
         if option == "-o":
             raise
@@ -80,14 +83,15 @@ def write_text(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
-def mark(folder: Path, kind: str, files: list[str] | None = None) -> None:
-    """Label ``folder`` (a staging folder) as vtrain's output of ``kind``, holding ``files`` (every file and folder
-    at any depth, as :func:`_listing` gives them; None: not known yet, :func:`publish` lists them). ``entries``,
-    the top level, is what vtrain before 2026-11-28 listed and read."""
+def mark(folder: Path, kind: str, files: list[str] | None = None, command: str | None = None) -> None:
+    """Label ``folder`` (a staging folder) as vtrain's output of ``kind`` written by ``command``, holding ``files``
+    (every file and folder at any depth, as :func:`_listing` gives them; None: not known yet, :func:`publish` lists
+    them). ``entries``, the top level, is what vtrain before 2026-11-28 listed and read."""
     entries = None if files is None else sorted({name.split("/")[0] for name in files})
     stamps = None if files is None else {name: _stamp(folder / name) for name in files
                                          if (folder / name).is_file() and not (folder / name).is_symlink()}
-    (folder / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": kind, "entries": entries,
+    (folder / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": kind, "command": command,
+                                             "entries": entries,
                                              "files": files, "stamps": stamps,
                                              "note": "`--force` may replace this folder"}) + "\n")
 
@@ -122,8 +126,9 @@ def marker(folder: Path) -> dict[str, Any] | None:
 
 
 @contextmanager
-def staged(target: Path, kind: str) -> Iterator[Path]:
-    """Yield an empty staging folder beside ``target``, marked as vtrain's ``kind`` of output; when the block
+def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``target``, marked as vtrain's ``kind`` of output written by
+    ``command`` (a report's: another command's report is not replaced without ``--force``); when the block
     ends without error it replaces
     ``target`` (which :func:`check_output` must have allowed), on any error or interrupt it is removed, with the
     parent folders this call created."""
@@ -132,7 +137,7 @@ def staged(target: Path, kind: str) -> Iterator[Path]:
     staging = _sibling(target, "staging")
     try:
         staging.mkdir()
-        mark(staging, kind)
+        mark(staging, kind, command=command)
         yield staging
         raise_if_stopped()  # a stopped run is never published, even if its stop's exception was dropped
         publish(target, staging)
@@ -173,14 +178,30 @@ def remove_stale_staging(folder: Path) -> list[Path]:
     return removed
 
 
+def resolved(path: Path) -> Path:
+    """``path`` with every link followed (:meth:`Path.resolve`); a loop of links is bad input, not a traceback."""
+    try:
+        return path.resolve()
+    except RuntimeError:  # Python 3.11-3.12 raise it for a loop (3.13: OSError ELOOP, refused as the system's)
+        raise InputError("is a loop of links", path) from None
+
+
+def check_apart(first: Path, second: Path, what: str, option: str) -> None:
+    """Raise :class:`InputError` when two outputs of one command are one folder or one inside the other, whether
+    or not they exist yet (publishing the second would replace, or write into, the first)."""
+    one, other = resolved(first), resolved(second)
+    if one == other or one in other.parents or other in one.parents:
+        raise InputError(f"the {what} and {first} would be one inside the other; give another {option}", second)
+
+
 def followed(target: Path) -> Path:
     """``target``, or the folder it links to: an output given as a link to a folder is written there and the link
     is kept (renaming the link aside left it behind as a backup, and the old output where it pointed). A target
     of no name of its own (``-o .``, ``-o ..``, ``-o ""``) is the folder it names (a staging folder is named after
     its target: ``.`` had none, a traceback)."""
     if target.name in ("", ".."):
-        return target.resolve()
-    return target.resolve() if target.is_symlink() and target.is_dir() else target
+        return resolved(target)
+    return resolved(target) if target.is_symlink() and target.is_dir() else target
 
 
 def _added_since(folder: Path, written: dict[str, Any]) -> list[str]:
@@ -207,22 +228,22 @@ def _listing(folder: Path) -> list[str]:
 
 
 def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what: str) -> None:
-    resolved = target.resolve()
+    place = resolved(target)
     for given in inputs:
         if given is None or not Path(given).exists():  # nothing there to overwrite (a model's name, not a path)
             continue
-        source = Path(given).resolve()
-        if resolved == source:
+        source = resolved(Path(given))
+        if place == source:
             raise InputError(f"the {what} is the input {given}; give another -o", target)
-        if resolved in source.parents:
+        if place in source.parents:
             raise InputError(f"the {what} contains the input {given}; give another -o", target)
-        if source in resolved.parents:
+        if source in place.parents:
             kind = "file" if source.is_file() else "folder"
             raise InputError(f"the {what} would lie inside the input {kind} {given} (nothing is ever written into "
                              f"an input); give another -o", target)
 
 
-def _check_replaceable(target: Path, force: bool, what: str, replaces: str | None) -> None:
+def _check_replaceable(target: Path, force: bool, what: str, replaces: str | None, command: str | None) -> None:
     if not target.is_dir():
         raise InputError(f"the {what} exists and is not a folder", target)
     if not any(target.iterdir()):
@@ -232,9 +253,10 @@ def _check_replaceable(target: Path, force: bool, what: str, replaces: str | Non
         raise InputError(f"{what} exists and was not written by vtrain: "
                          + ("--force replaces only vtrain's own output; give another -o" if force
                             else "give another -o"), target)
-    kind = written.get("kind")
-    if not force and (replaces is None or kind != replaces):
+    kind, writer = written.get("kind"), written.get("command")
+    if not force and (replaces is None or kind != replaces or writer not in (None, command)):
         held = f"it holds vtrain's {kind}" if kind in KINDS else "it holds an earlier vtrain output"
+        held += f" of `vtrain {writer}`" if writer else ""
         advice = "use --force to replace it" if replaces is None else "give another -o, or remove it first"
         raise InputError(f"{what} already exists ({held}; {advice})", target)
     _refuse_added(target, written, what)
@@ -287,7 +309,7 @@ def publish(target: Path, staging: Path) -> None:
     aside and the new one not yet in place."""
     target = followed(target)
     written = marker(staging) or {}
-    mark(staging, str(written.get("kind", "")), _listing(staging))
+    mark(staging, str(written.get("kind", "")), _listing(staging), written.get("command"))
     with stops_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)

@@ -21,7 +21,7 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.outputs import REPORT, check_output
+from vtrain.outputs import REPORT, check_apart, check_output, followed, resolved
 from vtrain.report.drift import write_drift_report
 from vtrain.report.write import staged_folder
 from vtrain.runconfig import RunConfig, described_run, load_run_config
@@ -127,11 +127,12 @@ def _said(value: Any) -> str:
 
 
 def _check_outputs(output: Path, report_dir: Path, trace_dir: Path, base: Path, force: bool) -> None:
-    if output.resolve() == base.resolve():
+    if resolved(output) == resolved(base):
         raise InputError("the new profile would replace its own base profile; give another -o", output)
+    check_apart(output, report_dir, "drift report folder", "--report-dir")
     check_output(output, inputs=[trace_dir, base], force=force, what="profile folder")
-    check_output(report_dir, inputs=[trace_dir, base, output], replaces=REPORT, what="report folder",
-                 option="--report-dir")
+    check_output(report_dir, inputs=[trace_dir, base, output], replaces=REPORT, command="calibrate",
+                 what="report folder", option="--report-dir")
 
 
 def _reference_config(reference: str | Path | None,
@@ -184,14 +185,13 @@ def rerun_suite(suite: Suite, base: Path, new: Profile, warn: Warn) -> list[Suit
 
 
 def write_calibration(calibration: Calibration, *, force: bool = False) -> None:
-    """Write the drift report folder and the new profile, both atomically; on any failure neither is left."""
-    written = False
+    """Write the drift report folder, then the new profile, each atomically. The profile is written last, so that
+    no failure of the report (a file added to its folder meanwhile, an interrupt) loses the profile it would
+    replace; if the profile cannot be written, the new report is removed: neither is left."""
+    with staged_folder(calibration.report_dir, "calibrate") as staging:
+        write_drift_report(calibration, staging)
     try:
-        with staged_folder(calibration.report_dir) as staging:
-            write_drift_report(calibration, staging)
-            write_profile(calibration.profile, calibration.output, overwrite=force)
-            written = True
+        write_profile(calibration.profile, calibration.output, overwrite=force)
     except BaseException:
-        if written:
-            shutil.rmtree(calibration.output, ignore_errors=True)
+        shutil.rmtree(followed(Path(calibration.report_dir)), ignore_errors=True)
         raise

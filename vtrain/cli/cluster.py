@@ -72,7 +72,7 @@ def cluster_command(
     schedules = [simulate_cluster(jobs, gpus, speeds, name, resize_overhead_min / 60) for name in policies]
     study = ClusterStudy(jobs, schedules, speeds, str(profile) if profile else None, resize_overhead_min / 60,
                          describe(hardware))
-    with staged(target, REPORT) as staging:
+    with staged(target, REPORT, "cluster") as staging:
         write_cluster_files(study, staging)
     if as_json:
         print(json.dumps({**study_summary(study), "output": str(target)}, indent=2))

@@ -76,7 +76,8 @@ def main() -> None:
 
 #: what a file system answers about the place (full, read-only, not permitted, gone), not about vtrain: one line
 _REFUSED_BY_THE_FILE_SYSTEM = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
-                               errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EIO, errno.EFBIG}
+                               errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EIO, errno.EFBIG,
+                               errno.ELOOP, errno.ENOTEMPTY, errno.EEXIST}
 
 
 def _refused_by_the_file_system(exc: Exception) -> str | None:

@@ -165,8 +165,8 @@ def _memory_warning(sim: Simulation) -> str | None:
     over_pct = (sim.largest_stage_bytes / sim.device.memory_bytes - 1) * 100
     low, high = MEASURED_ERROR_PCT
     over_gib = (sim.largest_stage_bytes - sim.device.memory_bytes) / GIB
-    verdict = (f"{over_gib:,.2f} GiB ({over_pct:.2f} %) over, within the model's error against measured peaks ({low:+.1f} to {high:+.1f} "
-               f"%): the run may not fit" if over_pct <= high else "the run would not fit")
+    verdict = (f"{over_gib:,.2f} GiB ({over_pct:.2f} %) over, within the model's error against measured peaks "
+               f"({low:+.1f} to {high:+.1f} %): the run may not fit" if over_pct <= high else "the run would not fit")
     return (f"its largest pipeline stage needs {sim.largest_stage_bytes / GIB:,.2f} GiB per GPU (memory model: "
             f"parameters, gradients, optimizer state, activations), more than the "
             f"{sim.device.memory_bytes / GIB:,.0f} GiB of {sim.device.name}: {verdict} (`vtrain plan "

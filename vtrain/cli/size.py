@@ -90,7 +90,7 @@ def size_command(
     _say_an_edge_of_the_shapes(planned, chosen)
     study = SizeStudy(budget, planned, size_with_fixed_mfu(shapes, budget, mfu, loss), mfu, describe(hardware),
                       str(profile) if profile else None, loss)
-    with staged(target, REPORT) as staging:
+    with staged(target, REPORT, "size") as staging:
         write_size_files(study, staging)
     summary = size_summary(study)
     if as_json:

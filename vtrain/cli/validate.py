@@ -18,7 +18,7 @@ from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
-from vtrain.outputs import REPORT, check_output, write_text
+from vtrain.outputs import REPORT, check_output, resolved, write_text
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
 from vtrain.report.write import staged_folder, write_json, write_report_files
@@ -107,14 +107,15 @@ def validate_command(
         return
     if trace_dir is None:
         raise InputError("give a TRACE_DIR (a folder of traces) or --suite validators/NAME.yaml")
-    target = output or REPORTS / trace_dir.resolve().name
-    check_output(target, inputs=[trace_dir, config, profile], replaces=REPORT, what="report folder")
+    target = output or REPORTS / resolved(trace_dir).name
+    check_output(target, inputs=[trace_dir, config, profile], replaces=REPORT, command="validate",
+                 what="report folder")
     _check_inputs(trace_dir, config)
     files = find_trace_files(trace_dir)
     prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn,
                                   workers=workers_within_cores(workers, warn) if workers else default_workers(files),
                                   ray_address=ray_address or ("local" if ray else None))
-    with staged_folder(target) as staging:  # created only now, when there are results to write
+    with staged_folder(target, "validate") as staging:  # created only now, when there are results to write
         result = finish_validation(prepared, staging, with_hta=not no_hta)
         write_report_files(result, staging)
     errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
@@ -144,7 +145,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
     loaded = load_suite(path)
     target = output or REPORTS / f"suite-{loaded.name}"
     check_output(target, inputs=[path, *(i for e in loaded.entries for i in (e.traces, e.config, e.profile))],
-                 replaces=REPORT, what="report folder")
+                 replaces=REPORT, command="validate", what="report folder")
     for entry in loaded.entries:
         _check_inputs(entry.traces, entry.config)
     results: list[SetResult] = []
@@ -153,7 +154,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
         return prepare_validation(entry.traces, config_path=entry.config, profile_dir=entry.profile, warn=warn)
 
     first = prepare(loaded.entries[0])
-    with staged_folder(target) as staging:  # created only once the first set has results to write
+    with staged_folder(target, "validate") as staging:  # created only once the first set has results to write
         for index, entry in enumerate(loaded.entries):
             prepared = first if index == 0 else prepare(entry)
             folder = staging / entry.name
@@ -190,7 +191,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
         if problem:
             raise InputError(f"--{flag.replace('_', '-')}: {problem}")
     target = output or REPORTS / f"measurements-{path.stem}"
-    check_output(target, inputs=[path, profile], replaces=REPORT, what="report folder")
+    check_output(target, inputs=[path, profile], replaces=REPORT, command="validate", what="report folder")
     with counting("predicting runs") as progress:  # on stderr, where it is a terminal
         result = validate_measurements(path, profile, gpus_per_node, inter_node_gbps, intra_node_gbps, warn,
                                        recompute, progress, device, framework, attention)
@@ -201,7 +202,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
         raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "
                          f"{summary['invalid_rows'][0]['row']}, {summary['invalid_rows'][0]['invalid']})", path)
-    with staged_folder(target) as staging:
+    with staged_folder(target, "validate") as staging:
         write_measurement_report(result, staging)
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True
     if as_json:

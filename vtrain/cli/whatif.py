@@ -11,7 +11,7 @@ import typer
 
 from vtrain.cli.errors import user_errors, warn
 from vtrain.errors import InputError
-from vtrain.outputs import REPORT, check_output
+from vtrain.outputs import REPORT, check_output, resolved
 
 if TYPE_CHECKING:
     from vtrain.whatif.changes import Scale
@@ -56,15 +56,16 @@ def whatif_command(
     for folder in (trace_dir, durations_from):
         if folder is not None and not folder.is_dir():
             raise InputError("not a folder", folder)
-    target = output or REPORTS / f"whatif-{trace_dir.resolve().name}"
-    check_output(target, inputs=[trace_dir, durations_from], replaces=REPORT, what="report folder")
+    target = output or REPORTS / f"whatif-{resolved(trace_dir).name}"
+    check_output(target, inputs=[trace_dir, durations_from], replaces=REPORT, command="whatif",
+                 what="report folder")
 
     from vtrain.report.write import staged_folder
     from vtrain.whatif.report import write_whatif_report
     from vtrain.whatif.retime import what_if
 
     result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=warn)
-    with staged_folder(target) as staging:
+    with staged_folder(target, "whatif") as staging:
         write_whatif_report(result, staging)
     summary = result.summary()
     if as_json:

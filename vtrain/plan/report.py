@@ -131,7 +131,7 @@ def _tokens_source(table: PlanTable) -> str:
 
 def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) -> None:
     """Write the plan folder atomically (staged beside ``folder``, renamed into place)."""
-    with staged_folder(folder) as staging:
+    with staged_folder(folder, "plan") as staging:
         table.plans.write_parquet(staging / "plans.parquet")
         table.plans.write_csv(staging / "plans.csv")
         table.frontier().write_csv(staging / "frontier.csv")

@@ -14,11 +14,11 @@ from vtrain.report.validation import render_html, render_markdown
 from vtrain.validate.traces import Validation
 
 
-def staged_folder(target: Path) -> AbstractContextManager[Path]:
-    """An empty staging folder for the report ``target`` (which the command checked first: ``check_output`` with
-    ``replaces=REPORT``): on success it replaces ``target``, on any error or interrupt it is removed, with the
-    parent folders it created (``reports/``)."""
-    return staged(target, REPORT)
+def staged_folder(target: Path, command: str) -> AbstractContextManager[Path]:
+    """An empty staging folder for ``command``'s report ``target`` (which the command checked first:
+    ``check_output`` with ``replaces=REPORT``): on success it replaces ``target``, on any error or interrupt it is
+    removed, with the parent folders it created (``reports/``)."""
+    return staged(target, REPORT, command)
 
 
 def write_report_files(v: Validation, folder: Path) -> None:
