@@ -22,7 +22,8 @@ import pytest
 
 from tests.benchmarks.synth import repeat_trace
 from tests.conftest import REPO, TRACES
-from vtrain.outputs import MARKER, PROFILE, remove_stale_staging, staged
+from vtrain.errors import InputError
+from vtrain.outputs import MARKER, PROFILE, check_output, remove_stale_staging, staged
 
 RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: validate replays and simulates
 SOURCE_TRACE = TRACES / "hta-v100-2rank" / "rank-1.json.gz"
@@ -212,6 +213,64 @@ def test_stale_staging_rules(tmp_path: Path) -> None:
     assert sorted(remove_stale_staging(tmp_path)) == sorted([stale, empty])
     assert live.exists() and unmarked.exists() and other.exists()
     assert not backup.exists() and (tmp_path / "report" / "report.md").is_file()  # put back
+
+
+def test_a_staging_folder_locked_by_a_live_run_elsewhere_is_kept(tmp_path: Path) -> None:
+    """A run in another PID namespace (a container sharing the volume) names its staging folder with a process id
+    that is not running here: the next command's clean-up removed the live run's folder, and that run failed with
+    "No such file or directory" (an audit, with `unshare --pid`). A live run holds a lock on its staging folder;
+    a folder whose lock is held is kept, one whose lock is free (its run gone) is removed."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    held = tmp_path / f".profile.vtrain-staging-{dead}-0123abcd"
+    held.mkdir()
+    (held / MARKER).write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, os, sys, time
+handle = os.open({str(held)!r}, os.O_RDONLY)
+fcntl.flock(handle, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert remove_stale_staging(tmp_path) == [] and held.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert remove_stale_staging(tmp_path) == [held] and not held.exists()
+
+
+def test_a_run_replaces_no_output_another_run_wrote_while_it_ran(tmp_path: Path) -> None:
+    """Publishing checked only for files added since :func:`check_output`: `whatif -o W` and `ingest -o W` at once
+    both exited 0, the profile replaced by the report; two `ingest -o D` at once, the second replaced the first
+    (an audit). A folder whose marker changed since the check (another run published there) is left as it is."""
+    target = tmp_path / "out"
+    check_output(target)
+    with staged(target, PROFILE) as theirs:  # another run publishes first
+        (theirs / "theirs.parquet").write_text("x")
+    with pytest.raises(InputError, match="written by another run while this one ran"):
+        with staged(target, PROFILE) as mine:
+            (mine / "mine.parquet").write_text("y")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "theirs.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left
+    check_output(target, force=True)  # checked again: replaced as asked
+    with staged(target, PROFILE) as mine:
+        (mine / "mine.parquet").write_text("y")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "mine.parquet"]
+
+
+def test_a_folder_someone_made_while_vtrain_ran_is_said_so(tmp_path: Path) -> None:
+    """A folder made at the output while the run ran was kept (right), but the error said it held "an older
+    vtrain's output, whose marker does not list what it wrote" (an audit)."""
+    target = tmp_path / "out"
+    check_output(target)
+    with pytest.raises(InputError, match="made while vtrain ran, by someone else"):
+        with staged(target, PROFILE) as mine:
+            target.mkdir()
+            (target / "notes.txt").write_text("mine\n")
+            (mine / "mine.parquet").write_text("y")
+    assert (target / "notes.txt").read_text() == "mine\n"
 
 
 def test_staged_cleans_up_on_an_interrupt_and_removes_the_parents_it_made(tmp_path: Path) -> None:

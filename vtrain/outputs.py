@@ -22,13 +22,16 @@ An output given as a link to a folder is checked and written where the link poin
 Every writer stages its folder beside the target with :func:`staged` and renames it into place
 (``tables/store.py``, ``report/write.py``, ``simulate/chrome_trace.py``); the staging folder is marked with
 :func:`mark` so that a later ``--force`` may replace it. A staging folder is named
-``.<target>.vtrain-staging-<pid>-<token>``: when a run is killed (SIGKILL, power loss) its staging folder stays
-behind, and the next :func:`check_output` in that folder removes it, recognised by that name, by the marker in it
-and by its process being gone. Nothing else is ever removed.
+``.<target>.vtrain-staging-<pid>-<token>`` and locked by its run while it lives: when a run is killed (SIGKILL,
+power loss) its staging folder stays behind, and the next :func:`check_output` in that folder removes it,
+recognised by that name, by the marker in it, by its process being gone and by its lock being free (a process id
+says nothing across PID namespaces: containers sharing a volume). Nothing else is ever removed. The new output
+replaces only what :func:`check_output` allowed: a folder another run published meanwhile is left as it is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -49,6 +52,10 @@ MARKER = ".vtrain-output"
 PROFILE, TRACES, REPORT = "profile", "traces", "report"
 KINDS = (PROFILE, TRACES, REPORT)
 
+
+#: what each output folder's marker said when :func:`check_output` allowed it (None: no marker, or no folder), so
+#: that :func:`publish` replaces only that: two runs writing one folder at once replaced each other's output
+_SEEN: dict[Path, str | None] = {}
 
 #: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
 _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}$")
@@ -73,6 +80,7 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
         raise InputError(str(refused).replace("give another -o", f"give another {option}")) from None
     _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
+    _SEEN[target.absolute()] = _marker_text(target)
     return target
 
 
@@ -106,6 +114,14 @@ def _stamp(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _marker_text(folder: Path) -> str | None:
+    """The text of ``folder``'s marker, None without one (or without the folder)."""
+    try:
+        return (folder / MARKER).read_text(errors="replace")
+    except OSError:
+        return None
+
+
 def marker(folder: Path) -> dict[str, Any] | None:
     """What ``folder``'s marker says (``kind``, ``entries``), None when it has none. The marker of an older vtrain
     said neither: its folder is a report when it holds a report's files and none of a profile's or a recording's
@@ -135,8 +151,10 @@ def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path
     target = followed(target)
     created = _make_parents(target.absolute().parent)
     staging = _sibling(target, "staging")
+    lock = None
     try:
         staging.mkdir()
+        lock = _locked(staging)
         mark(staging, kind, command=command)
         yield staging
         raise_if_stopped()  # a stopped run is never published, even if its stop's exception was dropped
@@ -146,6 +164,9 @@ def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path
         for folder in created:  # innermost first; only if still empty
             _remove_if_empty(folder)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 def remove_stale_staging(folder: Path) -> list[Path]:
@@ -161,7 +182,7 @@ def remove_stale_staging(folder: Path) -> list[Path]:
         return removed
     for child in children:
         match = _STAGING.match(child.name)
-        if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])):
+        if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])) or _in_use(child):
             continue
         try:
             names = {grandchild.name for grandchild in child.iterdir()}
@@ -314,8 +335,15 @@ def publish(target: Path, staging: Path) -> None:
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             return
+        if _marker_text(target) != _SEEN.get(target.absolute(), _marker_text(target)):
+            raise InputError("output folder was written by another run while this one ran (it is left as that run "
+                             "wrote it): give another -o", target)
         if target.is_dir() and any(target.iterdir()):  # what was added since check_output, the new output unwritten
-            _refuse_added(target, marker(target) or {}, "output folder", " (added while vtrain ran)")
+            written = marker(target)
+            if written is None:
+                raise InputError("output folder was made while vtrain ran, by someone else (it holds files vtrain "
+                                 "did not write): move them out or give another -o", target)
+            _refuse_added(target, written, "output folder", " (added while vtrain ran)")
         backup = _sibling(target, "backup")
         target.rename(backup)
         try:
@@ -342,6 +370,40 @@ def _remove_if_empty(folder: Path) -> None:
         folder.rmdir()
     except OSError:
         pass
+
+
+def _locked(folder: Path) -> int | None:
+    """Hold an exclusive lock on ``folder`` (a staging folder) while this process lives: its descriptor, to close
+    once the folder is published or removed; None where the file system has no locks. The process id in the
+    folder's name says nothing to a process in another PID namespace (a container sharing the volume): the lock
+    does (:func:`_in_use`)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(handle)
+        return None
+    return handle
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether a live vtrain holds ``folder``'s lock (:func:`_locked`); False where it cannot be told."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(handle)
+    return False
 
 
 def _running(pid: int) -> bool:
