@@ -367,3 +367,19 @@ def test_the_cache_removes_only_its_own_entries(tmp_path: Path, monkeypatch: pyt
     cache.keep("b", "digest", list(range(1000)))
     assert mine.read_bytes() == b"x" * 1000
     assert len(list(tmp_path.glob("digest-*.pickle"))) == 1  # its own older entry went
+
+
+def test_no_other_commands_force_replaces_a_recording(tmp_path: Path) -> None:
+    """`ingest -o REC --force` replaced a `vtrain record` folder with a profile, `simulate -o REC --force` with
+    predicted traces of the same kind (a recording turned into a prediction that looks like one): measured data
+    lost to a flag meant for vtrain's derived outputs (an audit). Only `record --force` replaces a recording."""
+    from vtrain.outputs import RECORDER, TRACES, staged
+
+    recording = tmp_path / "rec"
+    with staged(recording, TRACES, RECORDER) as staging:
+        shutil.copytree(RECORDED, staging, dirs_exist_ok=True)
+    before = _snapshot(recording)
+    _refused(vtrain("ingest", RECORDED, "-o", recording, "--force"), "holds a recording")
+    _refused(vtrain("simulate", RECORDED / "run.yaml", "-o", recording, "--force"), "holds a recording")
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", recording), "holds a recording")
+    assert _snapshot(recording) == before

@@ -51,6 +51,8 @@ MARKER = ".vtrain-output"
 #: calibrate's drift report, plan, cluster, size)
 PROFILE, TRACES, REPORT = "profile", "traces", "report"
 KINDS = (PROFILE, TRACES, REPORT)
+#: the command whose output is a measurement: no other command's ``--force`` replaces it
+RECORDER = "record"
 
 
 #: what each output folder's marker said when :func:`check_output` allowed it (None: no marker, or no folder), so
@@ -275,6 +277,9 @@ def _check_replaceable(target: Path, force: bool, what: str, replaces: str | Non
                          + ("--force replaces only vtrain's own output; give another -o" if force
                             else "give another -o"), target)
     kind, writer = written.get("kind"), written.get("command")
+    if writer == RECORDER and command != RECORDER:
+        raise InputError(f"{what} holds a recording (`vtrain record`'s measured traces), which only `vtrain record "
+                         f"--force` replaces: give another -o", target)
     if not force and (replaces is None or kind != replaces or writer not in (None, command)):
         held = f"it holds vtrain's {kind}" if kind in KINDS else "it holds an earlier vtrain output"
         held += f" of `vtrain {writer}`" if writer else ""

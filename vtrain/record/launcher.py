@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import vtrain
 from vtrain.errors import InputError
-from vtrain.outputs import TRACES, check_output, mark, publish, staged
+from vtrain.outputs import RECORDER, TRACES, check_output, mark, publish, staged
 from vtrain.record.cuda_graphs import check_graphable
 from vtrain.record.worker import LEARNING_RATE, RankJob, result_name, run_rank, trace_name
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
@@ -126,7 +126,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
     check_recordable(config, steps, warmup, device)
     if config.cuda_graphs:
         check_graphable(config, device)
-    out = check_output(out, force=force)
+    out = check_output(out, force=force, command=RECORDER)
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be >= 1 (got {threads})")
     threads = threads or max(1, (os.cpu_count() or 1) // _ranks_on_this_machine(world))
@@ -135,7 +135,7 @@ def record(config: RunConfig, out: str | Path, *, steps: int = 3, warmup: int = 
             raise InputError("--cuda-graphs records one GPU; torchrun is for several")
         return _record_as_torchrun_rank(config, out, steps, warmup, seed, device, threads, timeout_s, started)
 
-    with staged(out, TRACES) as staging:
+    with staged(out, TRACES, RECORDER) as staging:
         with tempfile.TemporaryDirectory(prefix="vtrain-rendezvous-") as rendezvous:
             job = RankJob(config=config, staging=str(staging), init_method=f"file://{rendezvous}/store",
                           device=device, steps=steps, warmup=warmup, seed=seed, threads=threads,
@@ -225,7 +225,7 @@ def _record_as_torchrun_rank(config: RunConfig, out: Path, steps: int, warmup: i
         described = describe_run(config, device, steps, warmup, seed,
                                  gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)), threads=threads)
         recorded, losses = _finish(staging, described, world)
-        mark(staging, TRACES)
+        mark(staging, TRACES, command=RECORDER)
         publish(out, staging)
         return Recording(path=out, config=recorded, losses=losses, seconds=time.perf_counter() - started)
     finally:
