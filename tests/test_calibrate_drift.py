@@ -259,19 +259,20 @@ def test_bad_input(case: str, a100_base: Path, tmp_path: Path) -> None:
 
 
 @contextmanager
-def report_rename_fails(target: Path) -> Iterator[Path]:
-    """``staged_folder`` whose final rename fails: the profile has been written by then."""
-    with staged_folder(target) as staging:
+def report_rename_fails(target: Path, command: str) -> Iterator[Path]:
+    """``staged_folder`` whose final rename fails (the report is written before the profile)."""
+    with staged_folder(target, command) as staging:
         yield staging
         raise OSError("rename failed")
 
 
-def report_write_fails(*_: object) -> None:
+def report_write_fails(*_: object, **__: object) -> None:
     raise OSError("disk full")
 
 
 @pytest.mark.parametrize("name, broken", [("write_drift_report", report_write_fails),
-                                          ("staged_folder", report_rename_fails)])
+                                          ("staged_folder", report_rename_fails),
+                                          ("write_profile", report_write_fails)])  # the report written first
 def test_failed_report_leaves_no_profile(name: str, broken: object, a100_base: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(calibrate_run, name, broken)

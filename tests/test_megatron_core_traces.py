@@ -39,8 +39,8 @@ def test_the_runs_are_there_and_are_megatrons() -> None:
 def test_megatrons_measured_peak_is_the_memory_models(folder: Path) -> None:
     """``torch.cuda.max_memory_allocated`` of Megatron's own training against the memory model of ``framework:
     megatron`` (18 bytes a parameter; activations with dropout masks; none, full and selective recomputation):
-    +1.7, -2.1, +3.1, +8.0 and +3.3 % (the model above the measurement where Megatron-core's attention reuses one
-    score-sized buffer for the scores of every layer)."""
+    -1.9, -1.7, -8.4, -0.9 and -1.6 % (in the order of ``RUNS``; the most below with full recomputation), the band
+    the memory warnings state (:data:`~vtrain.model.memory.MEASURED_ERROR_PCT`)."""
     config = load_run_config(folder / "run.yaml")
     (measured,) = config.recording["peak_memory_bytes"]
     assert peak_stage_memory(config).total_bytes == pytest.approx(measured, rel=0.10)

@@ -156,21 +156,22 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
 
 
 def _memory_warning(sim: Simulation) -> str | None:
-    """A warning when the run's largest stage needs more memory per GPU (the memory model) than its device has;
-    by less than the model's highest error against measured peaks, it says the run may fit all the same."""
+    """A warning when the run's largest stage may need more memory per GPU than its device has: the memory model's
+    need, as measured peaks would be within the model's error against them (:data:`MEASURED_ERROR_PCT`)."""
     from vtrain.model.memory import GIB, MEASURED_ERROR_PCT
 
-    if sim.fits_device is not False:
-        return None
-    over_pct = (sim.largest_stage_bytes / sim.device.memory_bytes - 1) * 100
+    need, capacity = sim.largest_stage_bytes, sim.device.memory_bytes
     low, high = MEASURED_ERROR_PCT
-    over_gib = (sim.largest_stage_bytes - sim.device.memory_bytes) / GIB
-    verdict = (f"{over_gib:,.2f} GiB ({over_pct:.2f} %) over, within the model's error against measured peaks "
-               f"({low:+.1f} to {high:+.1f} %): the run may not fit" if over_pct <= high else "the run would not fit")
-    return (f"its largest pipeline stage needs {sim.largest_stage_bytes / GIB:,.2f} GiB per GPU (memory model: "
-            f"parameters, gradients, optimizer state, activations), more than the "
-            f"{sim.device.memory_bytes / GIB:,.0f} GiB of {sim.device.name}: {verdict} (`vtrain plan "
-            f"--device-memory` finds plans that do)")
+    least, most = need / (1 + high / 100), need / (1 + low / 100)  # the measured peaks the need stands for
+    if not capacity or most <= capacity:
+        return None
+    over = least > capacity
+    measured = f"{least / GIB:,.1f} GiB or more" if over else f"{least / GIB:,.1f}-{most / GIB:,.1f} GiB"
+    return (f"its largest pipeline stage needs {need / GIB:,.2f} GiB per GPU (memory model: parameters, gradients, "
+            f"optimizer state, activations): {measured} as measured (the model is {low:+.1f} to {high:+.1f} % of "
+            f"measured peaks), {'more than' if over else 'around'} the {capacity / GIB:,.0f} GiB of "
+            f"{sim.device.name}: the run {'would' if over else 'may'} not fit (`vtrain plan --device-memory` finds "
+            f"plans that do)")
 
 
 def _unsharded_warning(run: RunConfig) -> str | None:

@@ -66,10 +66,10 @@ from vtrain.runconfig import ModelConfig, RunConfig
 
 GIB = 2**30
 FP32_BYTES = 4
-#: the model's error against measured peak memory, in % (lowest, highest): Megatron-core 0.16.1's own training on
-#: one H200, five runs (``tests/test_megatron_core_traces.py``); a need over the device's memory by less than the
-#: highest may still fit
-MEASURED_ERROR_PCT = (-2.1, 8.0)
+#: the model's error against measured peak memory (model / measured - 1), in % (lowest, highest): Megatron-core
+#: 0.16.1's own training on one H200, five runs (``tests/test_megatron_core_traces.py``); a run the model fits by
+#: less than that may not fit
+MEASURED_ERROR_PCT = (-8.4, -0.9)
 
 #: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments), for
 #: Megatron's mixed precision; with its distributed optimizer each data-parallel rank holds 1/d of the third part
