@@ -59,6 +59,12 @@ def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:
     return model_flops(global_batch, model.seq, model.layers, model.hidden, model.vocab, LayerShape.of(model))
 
 
+def mfu(model: ModelConfig, global_batch: int, iteration_s: float, gpus: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the model's FLOPs of one iteration (:func:`model_flops_per_iteration`) over what
+    ``gpus`` GPUs of ``peak_flops`` each could run in ``iteration_s``."""
+    return model_flops_per_iteration(model, global_batch) / (iteration_s * gpus * peak_flops)
+
+
 def recomputed_flops(batch: float, seq: float, layers: float, hidden: float, recompute: str,
                      layer: LayerShape = GPT) -> float:
     """The FLOPs activation recomputation runs again in one iteration (``none``, ``selective`` or ``full``)."""

@@ -42,6 +42,12 @@ ALL, OTHER = "all", "other"
 
 ITERATION_PREFIX = "ProfilerStep#"
 
+
+def rank_trace_file(rank: int) -> str:
+    """The file name of one rank's trace that vtrain writes (recorded, predicted or replayed)."""
+    return f"rank-{rank}.json.gz"
+
+
 #: the whole name of an iteration's span: the prefix and the iteration number in ASCII digits (at most 18: an
 #: int64), nothing else (a ``record_function("ProfilerStep#warmup")`` of the user's is no iteration)
 ITERATION_NAME = rf"^{ITERATION_PREFIX}([0-9]{{1,18}})$"

@@ -19,7 +19,6 @@ class Chunk:
 
     stage: int
     chunk: int
-    virtual_stage: int
     first_layer: int
     layers: int
     has_embedding: bool
@@ -50,8 +49,7 @@ def partition(config: RunConfig) -> list[list[Chunk]]:
     firsts = [0, *accumulate(counts)][:-1]
     last = p * v - 1
     return [
-        [Chunk(stage=stage, chunk=chunk, virtual_stage=chunk * p + stage,
-               first_layer=firsts[chunk * p + stage], layers=counts[chunk * p + stage],
+        [Chunk(stage=stage, chunk=chunk, first_layer=firsts[chunk * p + stage], layers=counts[chunk * p + stage],
                has_embedding=chunk * p + stage == 0, has_head=chunk * p + stage == last)
          for chunk in range(v)]
         for stage in range(p)

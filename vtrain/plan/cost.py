@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtrain.flops import model_flops_per_iteration
+from vtrain.flops import mfu
 from vtrain.runconfig import ModelConfig
 
 P4D_PRICE_PER_HOUR = 32.77
@@ -50,6 +50,6 @@ def plan_cost(iteration_s: float, gpus: int, model: ModelConfig, global_batch: i
     iterations = pricing.tokens / tokens_per_iteration
     seconds = iterations * iteration_s
     usd = seconds / 3600 * gpus * pricing.price_per_gpu_hour
-    mfu = model_flops_per_iteration(model, global_batch) / (iteration_s * gpus * peak_flops)
     return PlanCost(iterations=iterations, days=seconds / 86400, usd=usd,
-                    tokens_per_s=tokens_per_iteration / iteration_s, mfu=mfu)
+                    tokens_per_s=tokens_per_iteration / iteration_s,
+                    mfu=mfu(model, global_batch, iteration_s, gpus, peak_flops))

@@ -25,9 +25,10 @@ import torch.multiprocessing as mp
 
 import vtrain
 from vtrain.errors import InputError
+from vtrain.naming import ITERATION_PREFIX, rank_trace_file
 from vtrain.outputs import RECORDER, TRACES, check_output, mark, publish, staged
 from vtrain.record.cuda_graphs import check_graphable
-from vtrain.record.worker import LEARNING_RATE, RankJob, result_name, run_rank, trace_name
+from vtrain.record.worker import LEARNING_RATE, RankJob, result_name, run_rank
 from vtrain.runconfig import HardwareConfig, RunConfig, save_run_config
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -164,7 +165,7 @@ def _finish(staging: Path, config: RunConfig, world: int) -> tuple[RunConfig, li
     """Check the traces, gather the losses (and, on GPUs, each rank's peak memory) and write run.yaml into the
     staging folder."""
     for rank in range(world):
-        _check_trace(staging / trace_name(rank), rank, world)
+        _check_trace(staging / rank_trace_file(rank), rank, world)
     results = []
     for rank in range(world):
         path = staging / result_name(rank)
@@ -192,7 +193,7 @@ def _check_trace(path: Path, rank: int, world: int) -> None:
     if info.get("rank") != rank or info.get("world_size") != world:
         raise RankFailure(f"{path.name}: distributedInfo says rank {info.get('rank')} of "
                           f"{info.get('world_size')}, expected rank {rank} of {world}")
-    if not any(str(event.get("name", "")).startswith("ProfilerStep#") for event in trace.get("traceEvents", [])):
+    if not any(str(event.get("name", "")).startswith(ITERATION_PREFIX) for event in trace.get("traceEvents", [])):
         raise RankFailure(f"{path.name}: no ProfilerStep#N spans in the trace")
 
 

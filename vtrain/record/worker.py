@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vtrain.naming import rank_trace_file
 from vtrain.parallel import Layout, stage_order
 from vtrain.record.cuda_graphs import graph_layers
 from vtrain.record.data import global_batch, replica_micro_batches
@@ -52,11 +53,6 @@ class RankJob:
     def backend(self) -> str:
         """The torch.distributed backend: nccl on GPUs, gloo on CPUs."""
         return "nccl" if self.device == "cuda" else "gloo"
-
-
-def trace_name(rank: int) -> str:
-    """File name of a rank's trace."""
-    return f"rank-{rank}.json.gz"
 
 
 def result_name(rank: int) -> str:
@@ -118,7 +114,7 @@ def _train_and_profile(rank: int, job: RankJob, device: torch.device) -> tuple[l
     losses: list[list[torch.Tensor]] = []
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    with trace_profiler(Path(job.staging, trace_name(rank)), job.warmup, job.steps, cuda) as prof:
+    with trace_profiler(Path(job.staging, rank_trace_file(rank)), job.warmup, job.steps, cuda) as prof:
         for micro_batches in batches:
             mb_losses = stage.run(micro_batches)
             for bucket in buckets:

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.kineto import DEVICE
+from vtrain.naming import rank_trace_file
 from vtrain.replay.replayer import Replay
 from vtrain.replay.trace import KeptText
 
@@ -40,7 +41,7 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
         start = np.round(mine["sim_ts"].to_numpy() + replay.origin, 3)
         dur = np.round(mine["sim_dur"].to_numpy(), 3)
         spans = _annotation_spans(trace.source, _Kernels(mine, replay.origin)) if len(trace.devices) <= 1 else {}
-        path = out_dir / f"rank-{trace.rank}.json.gz"
+        path = out_dir / rank_trace_file(trace.rank)
         _rewrite(trace.source, path, np.frombuffer(trace.index, dtype=np.int64), start, dur, spans)
         written.append(path)
     return written

@@ -30,7 +30,7 @@ from vtrain.graph.build import Task
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.kineto import dtype_bytes
 from vtrain.model.ops import PRECISION_DTYPE, Collective, Op
-from vtrain.naming import span_name
+from vtrain.naming import ITERATION_PREFIX, rank_trace_file, span_name
 from vtrain.outputs import TRACES, check_output, staged
 from vtrain.runconfig import save_run_config
 from vtrain.simulate.latency import Resolution
@@ -57,10 +57,6 @@ _NCCL_COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "_allgather_base",
                     "reduce_scatter": "_reduce_scatter_base", "send": "send", "recv": "recv"}
 
 
-def trace_file_name(rank: int) -> str:
-    return f"rank-{rank}.json.gz"
-
-
 def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool = False,
                         keep: Callable[[Path, dict[str, Any], list[dict[str, Any]]], None] | None = None) -> list[Path]:
     """Write one trace per simulated rank and the run config (``run.yaml``) into ``out_dir``, atomically.
@@ -81,12 +77,12 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
                 "displayTimeUnit": "ms",
             }
             kept: list[dict[str, Any]] | None = [] if keep is not None else None
-            with gzip.open(staging / trace_file_name(rank), "wb", compresslevel=1) as handle:
+            with gzip.open(staging / rank_trace_file(rank), "wb", compresslevel=1) as handle:
                 with _EventWriter(handle, header, kept) as writer:
                     _RankTrace(sim, stage, writer).write()
-            names.append(trace_file_name(rank))
+            names.append(rank_trace_file(rank))
             if keep is not None and kept is not None:
-                keep(target / trace_file_name(rank), header, kept)
+                keep(target / rank_trace_file(rank), header, kept)
         save_run_config(sim.config, staging / "run.yaml")
     return [target / name for name in names]
 
@@ -221,7 +217,7 @@ class _RankTrace:
         sim = self.sim
         self.out.append({"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                          "args": {"name": f"vtrain simulate rank {self.pid}"}})
-        self.span(f"ProfilerStep#{ITERATION}", 0.0, sim.iteration_us + 1.0)
+        self.span(f"{ITERATION_PREFIX}{ITERATION}", 0.0, sim.iteration_us + 1.0)
         tasks, result = sim.graph.tasks, sim.schedule
         compute = [s for s, st in enumerate(sim.graph.streams) if st.name == "compute" and st.stage == self.stage]
         order = sim.graph.stream_order[compute[0]]

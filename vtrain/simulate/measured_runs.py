@@ -17,7 +17,7 @@ import polars as pl
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 from vtrain.devices.fitted import FittedDevice
 from vtrain.fit.device import device_problem, on_run_hardware
-from vtrain.flops import model_flops_per_iteration
+from vtrain.flops import mfu
 from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE, measurement_config, row_problem
 from vtrain.model.ops import PRECISION_DTYPE
 from vtrain.runconfig import RunConfig
@@ -99,8 +99,8 @@ def measured_mfu_of(config: RunConfig, iteration_ms: float) -> float | None:
     gpu = DATASHEET_DEVICES.get(canonical_device_name(config.hardware.device) or "")
     if gpu is None or not iteration_ms > 0:
         return None
-    peak = gpu.peak_for(PRECISION_DTYPE[config.precision]) * config.hardware.device_count
-    return model_flops_per_iteration(config.model, config.parallelism.global_batch) / (iteration_ms / 1e3 * peak)
+    return mfu(config.model, config.parallelism.global_batch, iteration_ms / 1e3, config.hardware.device_count,
+               gpu.peak_for(PRECISION_DTYPE[config.precision]))
 
 
 def _predicted(runs: dict[str, RunConfig], profile: Profile | None, device: FittedDevice,

@@ -15,7 +15,6 @@ from difflib import SequenceMatcher
 
 import polars as pl
 
-_SPAN_KEY = ["rank", "iteration", "name", "occurrence"]
 _SPAN_COLUMNS = ["rank", "iteration", "name", "span_kind", "phase", "stage", "mb", "purpose", "op"]
 _ALIGNED_SCHEMA = {"rank": pl.Int32, "iteration": pl.Int64, "name": pl.String, "op_class": pl.String,
                    "measured_us": pl.Float64, "predicted_us": pl.Float64}

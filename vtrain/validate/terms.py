@@ -14,8 +14,6 @@ from typing import Any
 from vtrain.graph.work import BlockWork, CommWork, PhaseWork
 from vtrain.simulate.latency import HOST_ISSUE, INTERFERENCE, OPERATOR, STRAGGLER_WAIT, Resolution
 
-_PASSES = ("forward", "backward", "optimizer")
-
 
 def simulated_terms(simulation: Any) -> dict[str, Any]:
     """``gap_ms``, ``interference_ms`` and ``straggler_wait_ms`` per rank and iteration, and per phase the mean

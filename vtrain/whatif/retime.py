@@ -85,7 +85,7 @@ class WhatIf:
     replay: Replay  # the predicted timeline, for the Chrome traces
     notes: list[str] = field(default_factory=list)
 
-    def medianto_ms(self, series: dict[int, float] | None) -> float | None:
+    def median_ms(self, series: dict[int, float] | None) -> float | None:
         """The median over the steady iterations, in ms."""
         if not series:
             return None
@@ -94,12 +94,12 @@ class WhatIf:
 
     def summary(self) -> dict[str, Any]:
         """The headline numbers (``--json``)."""
-        measured, predicted = self.medianto_ms(self.measured_us), self.medianto_ms(self.predicted_us)
+        measured, predicted = self.median_ms(self.measured_us), self.median_ms(self.predicted_us)
         out: dict[str, Any] = {"measured_ms": measured, "predicted_ms": predicted,
                                "change_pct": error_pct(predicted, measured),
-                               "replay_ms": self.medianto_ms(self.replayed_us)}
+                               "replay_ms": self.median_ms(self.replayed_us)}
         if self.other_measured_us is not None:
-            other = self.medianto_ms(self.other_measured_us)
+            other = self.median_ms(self.other_measured_us)
             out.update(other_measured_ms=other, error_pct=error_pct(predicted, other))
         return out
 
