@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import vtrain_in_process
 from vtrain.devices.catalog import device_model
 from vtrain.errors import InputError
-from vtrain.flops import LayerShape, layer_gemm_flops, model_flops
+from vtrain.flops import LayerShape, layer_gemm_flops, model_flops, model_flops_per_iteration
 from vtrain.ingest.pipeline import ingest_traces
 from vtrain.model import gpt
 from vtrain.model.gpt import GptShape
@@ -34,7 +34,6 @@ from vtrain.model.memory import (
 from vtrain.model.ops import Collective, Op
 from vtrain.parallel import Layout
 from vtrain.partition import partition
-from vtrain.plan.cost import model_flops_per_iteration
 from vtrain.record.launcher import record
 from vtrain.runconfig import (
     HardwareConfig,

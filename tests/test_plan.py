@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from tests.conftest import REPO
 from vtrain.cli.main import app
+from vtrain.flops import model_flops_per_iteration
 from vtrain.plan import best_plan, sweep
-from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR, model_flops_per_iteration
+from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR
 from vtrain.plan.pareto import pareto_frontier
 from vtrain.plan.report import label
 from vtrain.plan.space import candidates, invalid_reason, parse_gpus

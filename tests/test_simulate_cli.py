@@ -233,3 +233,15 @@ def test_a_profile_fitted_for_another_gpu_is_said_unused() -> None:
     assert other.returncode == 0 and len(said) == 1 and "--device H100" in said[0]
     same = vtrain_in_process("simulate", MTNLG, "--profile", REPO / "profiles" / "h100", "--device", "H100")
     assert same.returncode == 0 and "was fitted for" not in same.stderr
+
+
+def test_the_padded_vocabulary_is_said() -> None:
+    """Megatron pads the vocabulary to a multiple of 128·t, and the prediction and parameter count use the padded
+    rows (MT-NLG's 50,257 words are 51,200 rows at t = 8), but nothing said so: a user comparing parameter counts
+    found 75,200 more than the config gave for GPT-2 XL (an audit). The summary and --json say the rows."""
+    ran = vtrain_in_process("simulate", MTNLG)
+    assert ran.returncode == 0, ran.stderr
+    assert "vocab 50257; fp16, Megatron's kernels; the vocabulary padded to 51200 rows (a multiple of 128·t = " \
+        "1024, as Megatron pads it)" in ran.stdout, ran.stdout
+    summary = json.loads(vtrain_in_process("simulate", MTNLG, "--json").stdout)
+    assert summary["model"]["vocab"] == 50257 and summary["model"]["vocab_rows"] == 51200

@@ -140,3 +140,19 @@ def test_a_trace_in_chromes_array_format_is_named(tmp_path: Path) -> None:
         ran = vtrain_in_process(command, traces, "-o", tmp_path / command)
         assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1, ran.stderr
         assert "the top level is a JSON array (Chrome's array format" in ran.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])
+def test_a_run_yaml_that_is_not_a_file_is_said(tmp_path: Path, kind: str) -> None:
+    """A ``run.yaml`` that is a folder, a pipe or a broken link was ignored in silence: the profile's run was null
+    and its warnings empty, where a run.yaml that does not load is said (an audit). It is said, never opened (a
+    pipe would block), and the traces are read all the same."""
+    traces = tmp_path / "run"
+    shutil.copytree(TRACES / "t1p1d2", traces)
+    described = traces / "run.yaml"
+    described.unlink()
+    {"folder": described.mkdir, "pipe": lambda: os.mkfifo(described),
+     "broken link": lambda: described.symlink_to(tmp_path / "gone.yaml")}[kind]()
+    ran = vtrain_in_process("ingest", traces, "-o", tmp_path / "p")
+    assert ran.returncode == 0, ran.stderr
+    assert f"warning: {described}: not a file (a folder, a pipe or a broken link), not read" in ran.stderr, ran.stderr

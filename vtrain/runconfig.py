@@ -861,9 +861,13 @@ class DescribedRun(NamedTuple):
 def described_run(trace_dir: str | Path) -> DescribedRun:
     """The run config ``vtrain record`` wrote beside a trace set (``run.yaml``), checked. A trace set is read without
     one (traces made outside vtrain have none), so a ``run.yaml`` that does not load (another version's keys, a
-    hand edit) is not an error here: the caller says what it does without it."""
+    hand edit; a folder, a pipe or a broken link by that name) is not an error here: the caller says what it does
+    without it."""
     described = Path(trace_dir) / "run.yaml"
     if not described.is_file():
+        if described.exists() or described.is_symlink():  # never opened: a pipe would block
+            return DescribedRun(None, str(described), f"{described}: not a file (a folder, a pipe or a broken link), "
+                                                      f"not read")
         return DescribedRun(None, None, None)
     try:
         return DescribedRun(load_run_config(described).validate(described), str(described), None)

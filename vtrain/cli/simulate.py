@@ -204,7 +204,9 @@ def format_summary(sim: Simulation) -> str:
         + (", flash attention" if sim.config.attention == "flash" else "")
         + ("" if sim.config.fused_kernels else ", without fused kernels"),
         f"model            {sim.config.model.describe()}; {sim.config.precision}, "
-        f"{FRAMEWORK_KERNELS[sim.config.framework]}",
+        f"{FRAMEWORK_KERNELS[sim.config.framework]}"
+        + (f"; the vocabulary padded to {sim.vocab_rows} rows (a multiple of 128·t = {128 * par.tp}, as Megatron "
+           f"pads it)" if sim.vocab_rows != sim.config.model.vocab else ""),
         f"device           {sim.device.describe()}",
         *([f"network          {sim.device.describe_network(hardware.gpus_per_node)}"]
           if hardware.device_count > hardware.gpus_per_node else []),

@@ -62,6 +62,12 @@ class Simulation:
                          if isinstance(resolved.step, Op))  # type: ignore[attr-defined]
 
     @property
+    def vocab_rows(self) -> int:
+        """The rows of the embedding and output layer, the vocabulary padded as the framework pads it
+        (:attr:`~vtrain.model.gpt.GptShape.vocab_per_rank`: Megatron to a multiple of 128·t)."""
+        return GptShape.from_config(self.config).vocab_per_rank * self.config.parallelism.tp
+
+    @property
     def largest_stage_bytes(self) -> int:
         """Memory per GPU of the pipeline stage that needs the most (the memory model)."""
         return max((memory.total_bytes for memory in self.memory), default=0)
@@ -96,7 +102,7 @@ class Simulation:
             "coverage_ms": {key: value * ms for key, value in self.coverage_us.items()},
             "distinct_signatures": self.distinct_sources,
             "model": {**asdict(self.config.model), "ffn": self.config.model.ffn,
-                      "kv_heads": self.config.model.query_groups},
+                      "kv_heads": self.config.model.query_groups, "vocab_rows": self.vocab_rows},
             "parallelism": {"tp": par.tp, "pp": par.pp, "dp": par.dp, "micro_batches": par.micro_batches,
                             "micro_batch": par.micro_batch, "global_batch": par.global_batch,
                             "schedule": par.schedule, "virtual_stages": par.virtual_stages,
