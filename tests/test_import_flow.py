@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation: shared vocabularies and plumbing", (
         "vtrain", "vtrain.errors", "vtrain.limits", "vtrain.configfile", "vtrain.runconfig", "vtrain.parallel",
         "vtrain.naming", "vtrain.kineto", "vtrain.outputs", "vtrain.collective_cost", "vtrain.distributed",
-        "vtrain.flops", "vtrain.cache", "vtrain.partition", "vtrain.architectures")),
+        "vtrain.flops", "vtrain.cache", "vtrain.partition", "vtrain.architectures", "vtrain.accuracy")),
     ("tables: schemas, store, latency tables", ("vtrain.tables",)),
     ("sources: recording, ingesting traces, importing benchmarks", ("vtrain.record", "vtrain.ingest",
                                                                      "vtrain.importers")),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from vtrain.accuracy import mape_pct
 from vtrain.collective_cost import AlphaBeta, bus_bandwidth_factor
 from vtrain.tables.schema import TRACE_SOURCE
 
@@ -51,7 +52,7 @@ def _fit_one(collective: str, group_size: int, nodes: int, group: pl.DataFrame) 
     sources = tuple(sorted(set(group["source"].drop_nulls().to_list())))
     return AlphaBeta(collective=collective, group_size=group_size, nodes=nodes, alpha_us=alpha,
                      bus_gbps=1.0 / per_byte / 1e3, samples=group.height,
-                     mape_pct=float(np.mean(np.abs(predicted / measured - 1.0)) * 100), sources=sources)
+                     mape_pct=mape_pct(predicted, measured), sources=sources)
 
 
 def _benchmarks_over_traces(rows: pl.DataFrame) -> pl.DataFrame:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vtrain import accuracy
 from vtrain.devices.catalog import DATASHEET_DEVICES, canonical_device_name
 
 if TYPE_CHECKING:
@@ -381,7 +382,7 @@ def mape_pct(model: KernelModel, rows: pl.DataFrame) -> float | None:
     ratios = model.ratios(features_of(model.kind, columns, measured_sm_counts(rows, model.sm_count)))
     peaks = measured_peaks(rows, model.peak_flops, model.peak_bytes_per_s)  # each kernel on the GPU it ran on
     predicted = floors_of(model.kind, columns, *peaks) * np.exp(ratios)
-    return float(np.mean(np.abs(predicted / rows["median_us"].to_numpy() - 1.0)) * 100)
+    return accuracy.mape_pct(predicted, rows["median_us"].to_numpy())
 
 
 def summary(model: KernelModel) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.accuracy import error_pct
+
 BREAKDOWN = ("compute_us", "bubble_us", "exposed_comm_us", "idle_us")
 PHASES = ("forward", "backward", "recompute", "optimizer")
 _HISTOGRAM_SAMPLE = 20000
@@ -30,13 +32,6 @@ def _total(column: str) -> pl.Expr:
 def _average(column: str | pl.Expr) -> pl.Expr:
     """A group's mean over its values in sorted order (see :func:`_total`)."""
     return (pl.col(column) if isinstance(column, str) else column).sort().mean()
-
-
-def error_pct(predicted: float | None, measured: float | None) -> float | None:
-    """``(predicted - measured) / measured`` in percent; ``None`` when either is missing or measured is 0."""
-    if predicted is None or measured is None or measured == 0:
-        return None
-    return 100.0 * (predicted - measured) / measured
 
 
 @dataclass

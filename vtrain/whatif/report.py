@@ -12,7 +12,7 @@ from vtrain.replay.chrome import write_replayed_traces
 from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct, share
 from vtrain.report.write import write_json
-from vtrain.validate.diff import error_pct
+from vtrain.accuracy import error_pct
 from vtrain.whatif.critical import mean_by
 from vtrain.whatif.retime import WhatIf, to_ms
 

@@ -28,7 +28,7 @@ from vtrain.replay.engine import evaluate
 from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import check_replayable, read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, described_run
-from vtrain.validate.diff import error_pct
+from vtrain.accuracy import error_pct
 from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
     MEASURED,
