@@ -23,7 +23,7 @@ from vtrain.calibrate import calibration as calibrate_run
 from vtrain.calibrate.drift import SE_PER_LOWER_SPREAD, compare, software_changes
 from vtrain.calibrate.profile import derive_profile, metadata_sha256, verify_lineage
 from vtrain.cli.main import app
-from vtrain.report.write import staged_folder
+from vtrain.outputs import staged
 from vtrain.runconfig import load_run_config
 from vtrain.simulate import simulate
 from vtrain.tables.store import load_profile, write_profile
@@ -259,9 +259,9 @@ def test_bad_input(case: str, a100_base: Path, tmp_path: Path) -> None:
 
 
 @contextmanager
-def report_rename_fails(target: Path, command: str) -> Iterator[Path]:
-    """``staged_folder`` whose final rename fails (the report is written before the profile)."""
-    with staged_folder(target, command) as staging:
+def report_rename_fails(target: Path, kind: str, command: str) -> Iterator[Path]:
+    """``staged`` whose final rename fails (the report is written before the profile)."""
+    with staged(target, kind, command) as staging:
         yield staging
         raise OSError("rename failed")
 
@@ -271,7 +271,7 @@ def report_write_fails(*_: object, **__: object) -> None:
 
 
 @pytest.mark.parametrize("name, broken", [("write_drift_report", report_write_fails),
-                                          ("staged_folder", report_rename_fails),
+                                          ("staged", report_rename_fails),
                                           ("write_profile", report_write_fails)])  # the report written first
 def test_failed_report_leaves_no_profile(name: str, broken: object, a100_base: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ import pytest
 from tests.benchmarks.synth import repeat_trace
 from tests.conftest import REPO, TRACES
 from vtrain.errors import InputError
-from vtrain.outputs import MARKER, PROFILE, check_output, remove_stale_staging, staged
+from vtrain.outputs import MARKER, PROFILE, check_output, forget_checks, mark, remove_stale_staging, staged
 
 RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: validate replays and simulates
 SOURCE_TRACE = TRACES / "hta-v100-2rank" / "rank-1.json.gz"
@@ -247,14 +247,18 @@ def test_a_run_replaces_no_output_another_run_wrote_while_it_ran(tmp_path: Path)
     (an audit). A folder whose marker changed since the check (another run published there) is left as it is."""
     target = tmp_path / "out"
     check_output(target)
-    with staged(target, PROFILE) as theirs:  # another run publishes first
-        (theirs / "theirs.parquet").write_text("x")
+    target.mkdir()  # another run (another process) publishes first
+    (target / "theirs.parquet").write_text("x")
+    mark(target, PROFILE, ["theirs.parquet"])
     with pytest.raises(InputError, match="written by another run while this one ran"):
         with staged(target, PROFILE) as mine:
             (mine / "mine.parquet").write_text("y")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "theirs.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging left
-    check_output(target, force=True)  # checked again: replaced as asked
+    with pytest.raises(InputError, match="written by another run"):  # a writer's second check sees it too
+        check_output(target, force=True)
+    forget_checks()  # the next command
+    check_output(target, force=True)
     with staged(target, PROFILE) as mine:
         (mine / "mine.parquet").write_text("y")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "mine.parquet"]

@@ -383,3 +383,33 @@ def test_no_other_commands_force_replaces_a_recording(tmp_path: Path) -> None:
     _refused(vtrain("simulate", RECORDED / "run.yaml", "-o", recording, "--force"), "holds a recording")
     _refused(vtrain("validate", RECORDED, "--no-hta", "-o", recording), "holds a recording")
     assert _snapshot(recording) == before
+
+
+def _without_command(folder: Path) -> None:
+    """Make ``folder``'s marker an older vtrain's, which did not name the command that wrote it."""
+    written = json.loads((folder / ".vtrain-output").read_text())
+    del written["command"]
+    (folder / ".vtrain-output").write_text(json.dumps(written))
+
+
+def test_outputs_of_an_older_vtrain_keep_their_protection(tmp_path: Path) -> None:
+    """Markers written before they named the command: a recording was replaced by `simulate -o --force` (its
+    measured trace by a predicted one), a plan's folder by `validate -o` (an audit). Traces of an older vtrain
+    may be a recording: only `record --force` replaces them; a report is known by the file only its command
+    writes (a plan's summary.json)."""
+    from vtrain.outputs import RECORDER, TRACES, staged
+
+    recording = tmp_path / "rec"
+    with staged(recording, TRACES, RECORDER) as staging:
+        shutil.copytree(RECORDED, staging, dirs_exist_ok=True)
+    _without_command(recording)
+    before = _snapshot(recording)
+    _refused(vtrain("simulate", RECORDED / "run.yaml", "-o", recording, "--force"), "which may be a recording")
+    assert _snapshot(recording) == before
+    plan = tmp_path / "plan"
+    ran = vtrain("plan", REPO / "examples" / "tiny-cpu.yaml", "--gpus", "2", "--device-memory", "8", "-o", plan)
+    assert ran.returncode == 0, ran.stderr
+    _without_command(plan)
+    before = _snapshot(plan)
+    _refused(vtrain("validate", RECORDED, "--no-hta", "-o", plan), "holds vtrain's report of `vtrain plan`")
+    assert _snapshot(plan) == before

@@ -146,7 +146,7 @@ def test_rank_of_two_with_its_peer_missing_keeps_the_collective_waits(tmp_path: 
     kept = result.replay.details["dependencies"]["kept_waits"]
     assert kept[KEPT_PEER_ABSENT]["ms"] > 1.0 and kept[KEPT_PEER_ABSENT]["count"] > 0
     assert abs(result.replay.error_pct) <= 2.0
-    from vtrain.report.write import write_report_files
+    from vtrain.report.validation import write_report_files
 
     write_report_files(result, tmp_path)
     report = (tmp_path / "report.md").read_text()

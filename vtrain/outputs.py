@@ -20,8 +20,8 @@ A command's output folder (a profile, a report, a recording, predicted traces) i
 An output given as a link to a folder is checked and written where the link points; the link itself stays.
 
 Every writer stages its folder beside the target with :func:`staged` and renames it into place
-(``tables/store.py``, ``report/write.py``, ``simulate/chrome_trace.py``); the staging folder is marked with
-:func:`mark` so that a later ``--force`` may replace it. A staging folder is named
+(``tables/store.py``, every report command, ``simulate/chrome_trace.py``, ``record/launcher.py``); the staging
+folder is marked with :func:`mark` so that a later ``--force`` may replace it. A staging folder is named
 ``.<target>.vtrain-staging-<pid>-<token>`` and locked by its run while it lives: when a run is killed (SIGKILL,
 power loss) its staging folder stays behind, and the next :func:`check_output` in that folder removes it,
 recognised by that name, by the marker in it, by its process being gone and by its lock being free (a process id
@@ -34,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -58,6 +59,11 @@ RECORDER = "record"
 #: what each output folder's marker said when :func:`check_output` allowed it (None: no marker, or no folder), so
 #: that :func:`publish` replaces only that: two runs writing one folder at once replaced each other's output
 _SEEN: dict[Path, str | None] = {}
+_WRITTEN_MEANWHILE = ("output folder was written by another run while this one ran (it is left as that run wrote "
+                      "it): give another -o")
+#: a report of a vtrain that did not name the command in its marker: the command, by the file only it writes
+_REPORT_FILES = {"summary.json": "plan", "schedule.json": "cluster", "size.json": "size", "whatif.json": "whatif",
+                 "drift.json": "calibrate", "metrics.json": "validate"}
 
 #: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
 _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}$")
@@ -82,8 +88,16 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
         raise InputError(str(refused).replace("give another -o", f"give another {option}")) from None
     _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
-    _SEEN[target.absolute()] = _marker_text(target)
+    seen = _marker_text(target)
+    if target.absolute() in _SEEN and _SEEN[target.absolute()] != seen:  # checked again by the writer: changed since
+        raise InputError(_WRITTEN_MEANWHILE, target)
+    _SEEN[target.absolute()] = seen
     return target
+
+
+def forget_checks() -> None:
+    """Forget what earlier :func:`check_output` calls saw: a command starts afresh (several run in one process)."""
+    _SEEN.clear()
 
 
 def write_text(path: Path, text: str) -> None:
@@ -91,6 +105,21 @@ def write_text(path: Path, text: str) -> None:
     old host or an archive) holds them as lone surrogates, which UTF-8 cannot write: they are written as ``\\udcff``
     escapes, as the error lines show them, rather than failing the report once its work is done."""
     path.write_text(text, encoding="utf-8", errors="backslashreplace")
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """JSON with NaN and infinities written as null (they are not JSON)."""
+    path.write_text(json.dumps(_finite(data), indent=2) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def mark(folder: Path, kind: str, files: list[str] | None = None, command: str | None = None) -> None:
@@ -276,16 +305,29 @@ def _check_replaceable(target: Path, force: bool, what: str, replaces: str | Non
         raise InputError(f"{what} exists and was not written by vtrain: "
                          + ("--force replaces only vtrain's own output; give another -o" if force
                             else "give another -o"), target)
-    kind, writer = written.get("kind"), written.get("command")
+    kind, writer = written.get("kind"), written.get("command") or _older_writer(target, written.get("kind"))
     if writer == RECORDER and command != RECORDER:
-        raise InputError(f"{what} holds a recording (`vtrain record`'s measured traces), which only `vtrain record "
-                         f"--force` replaces: give another -o", target)
+        held = ("a recording (`vtrain record`'s measured traces)" if written.get("command") else
+                "traces of an older vtrain, which may be a recording (its marker does not say)")
+        raise InputError(f"{what} holds {held}, which only `vtrain record --force` replaces: give another -o, or "
+                         f"remove it yourself", target)
     if not force and (replaces is None or kind != replaces or writer not in (None, command)):
         held = f"it holds vtrain's {kind}" if kind in KINDS else "it holds an earlier vtrain output"
         held += f" of `vtrain {writer}`" if writer else ""
         advice = "use --force to replace it" if replaces is None else "give another -o, or remove it first"
         raise InputError(f"{what} already exists ({held}; {advice})", target)
     _refuse_added(target, written, what)
+
+
+def _older_writer(folder: Path, kind: Any) -> str | None:
+    """The command that wrote an older vtrain's output, whose marker does not say: a report's by the file only that
+    command writes (None if none is there); traces may be a recording, and are taken for one."""
+    if kind == TRACES:
+        return RECORDER
+    if kind != REPORT:
+        return None
+    names = {child.name for child in folder.iterdir()}
+    return next((command for file, command in _REPORT_FILES.items() if file in names), None)
 
 
 def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = "") -> None:
@@ -339,10 +381,10 @@ def publish(target: Path, staging: Path) -> None:
     with stops_deferred():
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
+            _SEEN[target.absolute()] = _marker_text(target)  # this run's own output now
             return
         if _marker_text(target) != _SEEN.get(target.absolute(), _marker_text(target)):
-            raise InputError("output folder was written by another run while this one ran (it is left as that run "
-                             "wrote it): give another -o", target)
+            raise InputError(_WRITTEN_MEANWHILE, target)
         if target.is_dir() and any(target.iterdir()):  # what was added since check_output, the new output unwritten
             written = marker(target)
             if written is None:
@@ -356,6 +398,7 @@ def publish(target: Path, staging: Path) -> None:
         except OSError:
             backup.rename(target)
             raise
+        _SEEN[target.absolute()] = _marker_text(target)
         shutil.rmtree(backup, ignore_errors=True)
 
 
@@ -382,33 +425,30 @@ def _locked(folder: Path) -> int | None:
     once the folder is published or removed; None where the file system has no locks. The process id in the
     folder's name says nothing to a process in another PID namespace (a container sharing the volume): the lock
     does (:func:`_in_use`)."""
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(handle)
-        return None
-    return handle
+    return _try_lock(folder)[0]
 
 
 def _in_use(folder: Path) -> bool:
     """Whether a live vtrain holds ``folder``'s lock (:func:`_locked`); False where it cannot be told."""
+    handle, held = _try_lock(folder)
+    if handle is not None:
+        os.close(handle)
+    return held
+
+
+def _try_lock(folder: Path) -> tuple[int | None, bool]:
+    """Take ``folder``'s exclusive lock without waiting: the descriptor that holds it (None if not taken), and
+    whether another open file holds it."""
     try:
         handle = os.open(folder, os.O_RDONLY)
     except OSError:
-        return False
+        return None, False
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
+    except OSError as refused:
         os.close(handle)
-    return False
+        return None, isinstance(refused, BlockingIOError)
+    return handle, False
 
 
 def _running(pid: int) -> bool:

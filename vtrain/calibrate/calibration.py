@@ -21,9 +21,8 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.outputs import REPORT, check_apart, check_output, followed, resolved
+from vtrain.outputs import REPORT, check_apart, check_output, followed, marker, resolved, staged
 from vtrain.report.drift import write_drift_report
-from vtrain.report.write import staged_folder
 from vtrain.runconfig import RunConfig, described_run, load_run_config
 from vtrain.tables.store import Profile, write_profile
 from vtrain.validate.suite import Suite, load_suite
@@ -188,10 +187,13 @@ def write_calibration(calibration: Calibration, *, force: bool = False) -> None:
     """Write the drift report folder, then the new profile, each atomically. The profile is written last, so that
     no failure of the report (a file added to its folder meanwhile, an interrupt) loses the profile it would
     replace; if the profile cannot be written, the new report is removed: neither is left."""
-    with staged_folder(calibration.report_dir, "calibrate") as staging:
-        write_drift_report(calibration, staging)
+    report = followed(Path(calibration.report_dir))
+    before = marker(report)
     try:
+        with staged(report, REPORT, "calibrate") as staging:
+            write_drift_report(calibration, staging)
         write_profile(calibration.profile, calibration.output, overwrite=force)
     except BaseException:
-        shutil.rmtree(followed(Path(calibration.report_dir)), ignore_errors=True)
+        if marker(report) != before:  # this run's report is in place (an interrupt may land as it is published)
+            shutil.rmtree(report, ignore_errors=True)
         raise

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from vtrain.cli.errors import EXIT_BAD_INPUT, ReaderGone
 from vtrain.errors import STOPS, InputWarning, Stopped, raise_if_stopped, stop
+from vtrain.outputs import forget_checks
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
 OWN_ARGUMENTS = {"ingest": "vtrain.cli.ingest", "simulate": "vtrain.cli.simulate"}
@@ -117,6 +118,7 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def _run(args: list[str]) -> None:
+    forget_checks()  # a command starts afresh, however many ran in this process before
     unread = next((index for index, arg in enumerate(args) if _other_digits(arg)), None)
     if unread is not None:  # Python's int() and float() read them; run configs, YAML and JSON do not
         flag = args[unread - 1] + " " if unread and args[unread - 1].startswith("--") else ""

@@ -18,10 +18,10 @@ from vtrain.importers.measurements import FRAMEWORK, RECOMPUTE
 from vtrain.ingest.discover import find_trace_files
 from vtrain.ingest.pipeline import default_workers
 from vtrain.limits import real_problem
-from vtrain.outputs import REPORT, check_output, resolved, write_text
+from vtrain.outputs import REPORT, check_output, resolved, staged, write_json, write_text
 from vtrain.report.suite import SetResult, print_suite, render_suite_markdown
 from vtrain.report.terminal import print_summary
-from vtrain.report.write import staged_folder, write_json, write_report_files
+from vtrain.report.validation import write_report_files
 from vtrain.validate.suite import SUITE_METRICS, SUITE_REPORT, SuiteEntry, check, load_suite
 from vtrain.validate.traces import Prepared, finish_validation, prepare_validation, traced_run_config
 
@@ -115,7 +115,7 @@ def validate_command(
     prepared = prepare_validation(trace_dir, config_path=config, profile_dir=profile, warn=warn,
                                   workers=workers_within_cores(workers, warn) if workers else default_workers(files),
                                   ray_address=ray_address or ("local" if ray else None))
-    with staged_folder(target, "validate") as staging:  # created only now, when there are results to write
+    with staged(target, REPORT, "validate") as staging:  # created only now, when there are results to write
         result = finish_validation(prepared, staging, with_hta=not no_hta)
         write_report_files(result, staging)
     errors = [result.replay.error_pct] + ([result.model.error_pct] if result.model else [])
@@ -154,7 +154,7 @@ def _suite(path: Path, output: Path | None, max_error: float | None, as_json: bo
         return prepare_validation(entry.traces, config_path=entry.config, profile_dir=entry.profile, warn=warn)
 
     first = prepare(loaded.entries[0])
-    with staged_folder(target, "validate") as staging:  # created only once the first set has results to write
+    with staged(target, REPORT, "validate") as staging:  # created only once the first set has results to write
         for index, entry in enumerate(loaded.entries):
             prepared = first if index == 0 else prepare(entry)
             folder = staging / entry.name
@@ -202,7 +202,7 @@ def _measurements(path: Path, profile: Path, output: Path | None, max_error: flo
     if not summary["rows"] and summary["invalid"] and not summary["excluded"]:
         raise InputError(f"no row could be predicted ({summary['invalid']} refused; first: row "
                          f"{summary['invalid_rows'][0]['row']}, {summary['invalid_rows'][0]['invalid']})", path)
-    with staged_folder(target, "validate") as staging:
+    with staged(target, REPORT, "validate") as staging:
         write_measurement_report(result, staging)
     passed = check(summary["mape_pct"], max_error) if summary["mape_pct"] is not None else True
     if as_json:

@@ -60,12 +60,12 @@ def whatif_command(
     check_output(target, inputs=[trace_dir, durations_from], replaces=REPORT, command="whatif",
                  what="report folder")
 
-    from vtrain.report.write import staged_folder
+    from vtrain.outputs import staged
     from vtrain.whatif.report import write_whatif_report
     from vtrain.whatif.retime import what_if
 
     result = what_if(trace_dir, scales, durations_from, ops_only=ops_only, warn=warn)
-    with staged_folder(target, "whatif") as staging:
+    with staged(target, REPORT, "whatif") as staging:
         write_whatif_report(result, staging)
     summary = result.summary()
     if as_json:

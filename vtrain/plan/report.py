@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 from vtrain.distributed import worker_pool
-from vtrain.outputs import write_text
+from vtrain.outputs import REPORT, staged, write_json, write_text
 from vtrain.plan.cost import (
     DEFAULT_PRICE_PER_GPU_HOUR,
     DEFAULT_TOKENS,
@@ -24,7 +24,6 @@ from vtrain.plan.cost import (
 from vtrain.plan.sweep import INVALID, OUT_OF_MEMORY, SIMULATED, PlanTable
 from vtrain.simulate.latency import SOURCES
 from vtrain.report import document as doc
-from vtrain.report.write import staged_folder, write_json
 from vtrain.runconfig import RunConfig
 from vtrain.simulate import simulate
 from vtrain.simulate.summary import CATEGORIES
@@ -131,7 +130,7 @@ def _tokens_source(table: PlanTable) -> str:
 
 def write_plan_folder(table: PlanTable, folder: Path, details: list[Breakdown]) -> None:
     """Write the plan folder atomically (staged beside ``folder``, renamed into place)."""
-    with staged_folder(folder, "plan") as staging:
+    with staged(folder, REPORT, "plan") as staging:
         table.plans.write_parquet(staging / "plans.parquet")
         table.plans.write_csv(staging / "plans.csv")
         table.frontier().write_csv(staging / "frontier.csv")

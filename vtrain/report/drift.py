@@ -14,11 +14,10 @@ from rich.table import Table as RichTable
 
 from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
 from vtrain.calibrate.result import Calibration
-from vtrain.outputs import write_text
+from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
 from vtrain.report.console import stdout_console
 from vtrain.report.tables import Table, ms, pct
-from vtrain.report.write import write_json
 
 #: rows listed per kind and status group in report.md / report.html (all of them are in drift.json)
 LISTED = 100

@@ -8,10 +8,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 import polars as pl
 
-from vtrain.outputs import write_text
+from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
 from vtrain.report.tables import Table
-from vtrain.report.write import write_json
 from vtrain.validate.measurements import MeasurementValidation
 
 
@@ -126,7 +125,7 @@ def _figures(v: MeasurementValidation) -> list[go.Figure]:
 
 
 def write_measurement_report(v: MeasurementValidation, folder: Path) -> None:
-    """Write the three report files into ``folder`` (a staging folder: see ``staged_folder``)."""
+    """Write the three report files into ``folder`` (a staging folder: :func:`vtrain.outputs.staged`)."""
     write_text(folder / "report.md", render_markdown(v))
     write_text(folder / "report.html", render_html(v))
     write_json(folder / "metrics.json", v.to_dict())

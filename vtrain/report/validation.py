@@ -5,11 +5,13 @@ predicted, one above the other, the error per operator class and the per-operato
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
 from vtrain.report import tables
 from vtrain.validate.diff import Comparison
@@ -147,3 +149,21 @@ def _per_prediction(v: Validation, has_data: Callable[[Comparison], Any],
         return None
     figure.update_layout(**layout)
     return figure
+
+
+def write_report_files(v: Validation, folder: Path) -> None:
+    """``report.md``, ``report.html``, ``metrics.json`` and, under ``tables/``, every aligned operator and span
+    and every iteration as Parquet."""
+    write_text(folder / "report.md", render_markdown(v))
+    write_text(folder / "report.html", render_html(v))
+    write_json(folder / "metrics.json", v.to_dict())
+    tables = folder / "tables"
+    tables.mkdir(exist_ok=True)
+    if v.iteration_table is not None:
+        v.iteration_table.write_parquet(tables / "iterations.parquet")
+    for comparison in (v.replay, v.model):
+        if comparison is None:
+            continue
+        for kind, frame in (("ops", comparison.ops_table), ("spans", comparison.spans_table)):
+            if frame is not None:
+                frame.write_parquet(tables / f"{comparison.name}_{kind}.parquet")

@@ -63,8 +63,8 @@ def write_chrome_traces(sim: Simulation, out_dir: str | Path, *, overwrite: bool
 
     ``keep``, if given, also gets each rank's file path, header and events as written (`vtrain validate` reads
     the prediction from them rather than reading the files back)."""
-    target = check_output(out_dir, force=overwrite)
-    with staged(target, TRACES) as staging:
+    target = check_output(out_dir, force=overwrite, command="simulate")
+    with staged(target, TRACES, "simulate") as staging:
         names = []
         for stage in range(sim.graph.stages):
             rank = sim.stages[stage].rank

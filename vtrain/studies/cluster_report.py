@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vtrain.outputs import write_text
+from vtrain.outputs import write_json, write_text
 from vtrain.report.document import Bullets, Document, Figure, Section, TableBlock, Text, render_html, render_markdown
-from vtrain.report.write import write_json
 from vtrain.studies.cluster import Job, JobResult, Schedule, Speeds
 from vtrain.studies.predict import STUDIED_SPACE
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from vtrain.outputs import write_text
+from vtrain.accuracy import error_pct
+from vtrain.outputs import write_json, write_text
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.report import document as doc
 from vtrain.report.tables import Table, ms, pct, share
-from vtrain.report.write import write_json
-from vtrain.accuracy import error_pct
 from vtrain.whatif.critical import mean_by
 from vtrain.whatif.retime import WhatIf, to_ms
 
