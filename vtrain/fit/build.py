@@ -4,6 +4,7 @@ fitted device model, and the measured iteration times it was fitted on, all reco
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,19 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
 LLMCOMPASS_KERNELS, LLMCOMPASS_LAYER = "LLMCompass kernels", "LLMCompass GPT-3 layer"
 
 
+def _vidur_group(path: Path, taken: Container[str]) -> str:
+    """The group of a vidur compute file: its model, named by the file (``phi-2-mlp.csv``) or, in vidur's own
+    layout (``.../microsoft/phi-2/mlp.csv``), by its folder; files of one name are told apart by their folders
+    (keyed by the file name, every model but the last was lost: an audit)."""
+    stem = path.name.removesuffix(".csv").removesuffix("mlp").removesuffix("-") or path.parent.name
+    folders = path.resolve().parent.parts
+    name, depth = stem, 0
+    while f"vidur {name}" in taken and depth < len(folders):
+        depth += 1
+        name = "/".join((*folders[len(folders) - depth:], stem))
+    return f"vidur {name}"
+
+
 def _imported(sources: FitSources) -> tuple[dict[str, pl.DataFrame], list[pl.DataFrame], list[Path]]:
     """Kernel measurements by group (LLMCompass's kernels, its GPT-3 layer, each vidur model), collective
     tables and the files read."""
@@ -113,7 +127,7 @@ def _imported(sources: FitSources) -> tuple[dict[str, pl.DataFrame], list[pl.Dat
         nccl.append(read_llmcompass_network(sources.llmcompass))
         files.extend(sorted(p for p in sources.llmcompass.iterdir() if p.suffix == ".csv"))
     for path in sources.vidur_compute:
-        benchmarks[f"vidur {path.name.removesuffix('.csv').removesuffix('-mlp')}"] = read_vidur_compute(path)
+        benchmarks[_vidur_group(path, benchmarks)] = read_vidur_compute(path)
         files.append(path)
     for path in sources.vidur_network:
         nccl.append(read_vidur_network(path))
