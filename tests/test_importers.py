@@ -186,14 +186,39 @@ def test_nccl_tests_stdout_as_launchers_and_older_versions_print_it(how: str, ra
 
 
 def test_nccl_tests_a_table_given_twice_is_said_and_a_group_of_no_gpus_refused(tmp_path: Path) -> None:
+    """Sizes timed twice in one table (``-d all``) are said and taken together. Two runs appended to one file were
+    too, with their '#  Rank' lines added up: two 8-GPU runs read as one 16-GPU all-reduce, sixteen one-GPU runs
+    of a build without MPI under ``mpirun`` as a 16-GPU one at 3,546 GB/s (an audit). A rank listed twice is
+    several runs: refused."""
     out = tmp_path / "run.log"
-    out.write_text(perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8) * 2)
+    text = perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8)
+    head, rows = text.split("(GB/s)            (us)  (GB/s)  (GB/s)\n")
+    table = rows.split("# Out of bounds")[0]
+    out.write_text(head + "(GB/s)            (us)  (GB/s)  (GB/s)\n" + table + rows)
     with pytest.warns(InputWarning, match="4 of its 4 message sizes are timed more than once"):
-        assert read_nccl_tests(out)["count"].to_list() == [4] * 4
+        read = read_nccl_tests(out)
+        assert read["count"].to_list() == [4] * 4 and set(read["group_size"]) == {8}
+    out.write_text(text * 2)
+    with pytest.raises(InputError, match="rank 0 is listed 2 times: the output holds several runs"):
+        read_nccl_tests(out)
     none = write(tmp_path / "allreduce_0gpu.csv", ["size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)",
                                                    "8388608,262144,float,100000,73.40,100000,73.40"])
     with pytest.raises(InputError, match="a group of 0 GPUs"):
         read_nccl_tests(none)
+
+
+def test_nccl_tests_rows_with_wrong_results_are_left_out_and_said(tmp_path: Path) -> None:
+    """A row whose ``#wrong`` is not 0 (nccl-tests found the collective's data wrong: "Out of bounds values : 1536
+    FAILED") was fitted like any other, silently (an audit). It is left out, and said; ``N/A`` (``-c 0``) is kept."""
+    lines = perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8).splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip() and line.split()[0].isdigit()]
+    lines[rows[0]] = lines[rows[0]][:-6] + f"{512:6d}"  # the in-place result of the first size is wrong
+    lines[rows[1]] = lines[rows[1]].replace("      0 ", "    N/A ")  # not checked
+    out = tmp_path / "all_reduce_perf.out"
+    out.write_text("\n".join(lines) + "\n")
+    with pytest.warns(InputWarning, match="1 of its 4 rows report wrong results"):
+        table = read_nccl_tests(out)
+    assert table.height == 3
 
 
 # --- vidur ------------------------------------------------------------------------------------------------------

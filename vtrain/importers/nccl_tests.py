@@ -45,8 +45,8 @@ _PERF_BINARY = re.compile(r"\b([a-z_]+?)_perf(?![a-z])")
 #: a ``#  Rank  N Group  G Pid  P on  HOST device ...`` line (nccl-tests before 2.10 wrote no ``Group``: one group)
 _RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)(?:\s+Group\s+(\d+))?.*?\son\s+(\S+)\s+device\b")
 #: what launchers put before each line of a rank's output: ``mpirun --tag-output`` (``[1,0]<stdout>:``) and
-#: ``srun --label`` (``0: ``)
-_LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
+#: ``srun --label`` (``0: ``, `` 0: `` padded beyond 10 tasks) and MPICH's ``-prepend-rank`` (``[0] ``)
+_LAUNCHER_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\s*\d+: |\[\d+\] )")
 _NRANKS = re.compile(r"\bnranks\s*[:=]?\s*(\d+)", re.IGNORECASE)
 
 
@@ -126,6 +126,7 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
     header: list[str] | None = None
     groups: Counter[str] = Counter()
     hosts: dict[str, set[str]] = {}
+    ranks: Counter[tuple[str, str]] = Counter()  # (group, rank) -> how many times it is listed
     nranks: int | None = None
     tests: list[str] = []
     records: list[dict] = []
@@ -138,6 +139,7 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
             elif rank := _RANK_LINE.match(line.strip()):
                 group = rank.group(2) or "0"
                 groups[group] += 1
+                ranks[(group, rank.group(1))] += 1
                 hosts.setdefault(group, set()).add(rank.group(3))
             elif starting := _TEST_STARTING.search(line):
                 tests.append(starting.group(1))
@@ -151,6 +153,11 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
     if header is None or not records:
         raise InputError("no nccl-tests results: neither the size,count,type... table of a *_perf run nor "
                          f"the CSV layout ({','.join(CSV_HEADER)})", path)
+    if twice := next((key for key, count in ranks.items() if count > 1), None):
+        raise InputError(f"rank {twice[1]} is listed {ranks[twice]} times: the output holds several runs (appended, or "
+                         f"one-GPU runs of a build without MPI started by a launcher), whose group sizes and times "
+                         f"would be mixed; give one run per file", path)
+    records = _without_wrong_results(records, header, path)
     _say_repeated_sizes(records, path)
     listed = _group_size(groups, nranks, path)
     if group_size is not None and listed is not None and group_size != listed:
@@ -167,6 +174,30 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
         "times_us": [[_number(record, i, header, path) for i in time_columns] for record in records],
     }, schema={"collective": pl.String, "group_size": pl.Int32, "nodes": pl.Int32, "bytes": pl.Int64,
                "times_us": pl.List(pl.Float64)})
+
+
+def _without_wrong_results(records: list[dict], header: list[str], path: Path) -> list[dict]:
+    """The rows whose results nccl-tests checked as right: a non-zero ``#wrong`` (``error`` in older versions)
+    means the collective returned wrong data, and its time is not a measurement of it; said in one warning.
+    ``N/A`` (``-c 0``: not checked) is kept."""
+    checks = [i for i, word in enumerate(header) if word in ("#wrong", "wrong", "error")]
+
+    def wrong(record: dict) -> bool:
+        for i in checks:
+            try:
+                if i < len(record["tokens"]) and float(record["tokens"][i]) != 0:
+                    return True
+            except ValueError:  # N/A
+                continue
+        return False
+
+    kept = [record for record in records if not wrong(record)]
+    if len(kept) < len(records):
+        warn_input(f"{len(records) - len(kept)} of its {len(records)} rows report wrong results (#wrong not 0: "
+                   "nccl-tests found the collective's data wrong): left out", path)
+    if not kept:
+        raise InputError("every row reports wrong results (#wrong not 0): no measurement to read", path)
+    return kept
 
 
 def _say_repeated_sizes(records: list[dict], path: Path) -> None:
