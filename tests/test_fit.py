@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 from tests.conftest import REPO
 from vtrain.cli.main import app
 from vtrain.devices.fitted import HostOverhead
-from vtrain.errors import InputError
+from vtrain.errors import InputError, InputWarning
 from vtrain.fit.alpha_beta import fit_collectives
 from vtrain.fit.device import device_from_profile, device_metadata, fit_device
 from vtrain.importers import read_llmcompass, read_nccl_tests
@@ -341,3 +342,36 @@ def test_vidur_files_in_vidur_s_own_layout_are_each_a_model(tmp_path: Path) -> N
     assert flat.exit_code == 0, flat.output
     rows = pl.read_parquet(tmp_path / "prof" / "op_benchmarks.parquet").height
     assert rows == pl.read_parquet(tmp_path / "flat" / "op_benchmarks.parquet").height > 10_000
+
+
+def test_a_host_fit_that_misses_its_rows_is_said_and_every_fit_says_its_error(tmp_path: Path) -> None:
+    """Iteration times in seconds under a column of ms fitted host terms 4x too small with a MAPE of 100,551 % on
+    the rows fitted, kept in the metadata and printed nowhere (an audit). `fit` prints the MAPE on its rows, and
+    says a fit that misses them by more than IMPLAUSIBLE_FIT_PCT."""
+    lines = GROUND_TRUTH.read_text(encoding="utf-8-sig").splitlines()
+    seconds = tmp_path / "seconds.csv"
+    seconds.write_text("\n".join([lines[0], *(",".join([*row.split(",")[:-1], str(float(row.split(",")[-1]) / 1e3)])
+                                              for row in lines[1:11])]) + "\n")
+    args = ["fit", "--nccl-tests", str(NCCL), "--vidur-compute",
+            str(DATA / "vidur-a100" / "compute" / "phi-2-mlp.csv"), "--fit-every", "1"]
+    with pytest.warns(InputWarning, match=r"rows miss them by [0-9,]+ % \(MAPE\).*seconds in a column of ms\?"):
+        wrong = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "wrong"), "--measurements", str(seconds)])
+    assert wrong.exit_code == 0, wrong.output
+    right = tmp_path / "right.csv"
+    right.write_text("\n".join(lines[:11]) + "\n")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fine = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "right"), "--measurements", str(right)])
+    assert fine.exit_code == 0 and not any("rows miss them by" in str(w.message) for w in said), fine.output
+    assert "fitted on 10 rows of right.csv (every 1): MAPE " in fine.stdout, fine.stdout
+
+
+def test_an_llmcompass_folder_without_its_layer_file_is_read(tmp_path: Path) -> None:
+    """Any one of LLMCompass's files is enough (its reader's rule), but a folder without transformer_A100.csv was
+    refused ("no such file"): the layer's all-reduces were always read (an audit). They are read where there."""
+    folder = tmp_path / "llmcompass"
+    folder.mkdir()
+    (folder / "matmul_A100.csv").write_bytes((DATA / "llmcompass-a100" / "matmul_A100.csv").read_bytes())
+    result = CliRunner().invoke(app, ["fit", "-o", str(tmp_path / "prof"), "--llmcompass", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(tmp_path / "prof" / "op_benchmarks.parquet").height > 0

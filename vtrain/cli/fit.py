@@ -72,6 +72,10 @@ def fit_command(
     if "host" in fitted["provenance"]:
         print(f"  host: {host['op_us']:.1f} µs/op, {host['collective_us']:.1f} µs/collective, "
               f"arrival jitter {host['jitter_us']:.2f} µs (sync = jitter·√(2 ln n))")
+    rows = profile.metadata["fit_rows"]
+    if rows:
+        print(f"  fitted on {len(rows['rows'])} rows of {rows['file']} (every {rows['every']}): MAPE "
+              f"{rows['mape_pct']:.2f} % on them (the rest score the profile: validate --measurements)")
     else:
         print("  host: not fitted: no measured iteration times (--measurements) and no GPU timeline that says its "
               "run (--profile): predictions get no host time")

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 import vtrain
+from vtrain.errors import warn_input
 from vtrain.devices.catalog import device_model
 from vtrain.fit.device import device_metadata, fit_device
 from vtrain.fit.held_out import held_out_mape
@@ -26,6 +27,7 @@ from vtrain.importers import (
     read_vidur_compute,
     read_vidur_network,
 )
+from vtrain.importers.llmcompass import FILES as LLMCOMPASS_FILES
 from vtrain.simulate.measured_runs import Hardware
 from vtrain.tables.store import Profile, conform, empty_table, load_profile
 
@@ -72,6 +74,10 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
         measured = read_measurements(sources.measurements, recompute=hardware.recompute)
         rows = every_kth_row(measured, sources.fit_every)
         fitted = fit_host(measured, profile, device, hardware, rows, source=sources.measurements)
+        if fitted.mape_pct > IMPLAUSIBLE_FIT_PCT:
+            warn_input(f"the host terms fitted to its {len(fitted.rows)} rows miss them by {fitted.mape_pct:,.0f} % "
+                       f"(MAPE): their times do not fit these kernels (seconds in a column of ms? another GPU's "
+                       f"runs?)", sources.measurements)
         device = fitted.device
         fit_rows = {"file": sources.measurements.name, "sha256": file_digest(sources.measurements),
                     "rows": fitted.rows, "every": sources.fit_every, "mape_pct": round(fitted.mape_pct, 3),
@@ -96,6 +102,12 @@ def build_profile(sources: FitSources, device_name: str, hardware: Hardware,
 
 #: names of the groups of kernel measurements (the held-out test leaves each out in turn, but for the first)
 LLMCOMPASS_KERNELS, LLMCOMPASS_LAYER = "LLMCompass kernels", "LLMCompass GPT-3 layer"
+
+
+#: a fit of the host terms that misses the rows it was fitted to by more than this (MAPE, %) is said: the terms
+#: only add time, so rows measured far below their kernels' time cannot be fitted (iteration times given in
+#: seconds read as ms missed by 100,551 %)
+IMPLAUSIBLE_FIT_PCT = 50.0
 
 
 def _vidur_group(path: Path, taken: Container[str]) -> str:
@@ -124,7 +136,8 @@ def _imported(sources: FitSources) -> tuple[dict[str, pl.DataFrame], list[pl.Dat
         llmcompass = read_llmcompass(sources.llmcompass)
         benchmarks[LLMCOMPASS_KERNELS] = llmcompass.filter(pl.col("tp").is_null())
         benchmarks[LLMCOMPASS_LAYER] = llmcompass.filter(pl.col("tp").is_not_null())
-        nccl.append(read_llmcompass_network(sources.llmcompass))
+        if (sources.llmcompass / LLMCOMPASS_FILES["transformer"]).is_file():  # its layer's all-reduces, if there
+            nccl.append(read_llmcompass_network(sources.llmcompass))
         files.extend(sorted(p for p in sources.llmcompass.iterdir() if p.suffix == ".csv"))
     for path in sources.vidur_compute:
         benchmarks[_vidur_group(path, benchmarks)] = read_vidur_compute(path)
