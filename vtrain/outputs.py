@@ -88,10 +88,10 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
         raise InputError(str(refused).replace("give another -o", f"give another {option}")) from None
     _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
-    seen = _marker_text(target)
-    if target.absolute() in _SEEN and _SEEN[target.absolute()] != seen:  # checked again by the writer: changed since
+    key, seen = target.absolute(), _marker_text(target)
+    if _SEEN.get(key, seen) != seen:  # checked again by the writer, and changed since its command's first check
         raise InputError(_WRITTEN_MEANWHILE, target)
-    _SEEN[target.absolute()] = seen
+    _SEEN[key] = seen
     return target
 
 
@@ -383,7 +383,8 @@ def publish(target: Path, staging: Path) -> None:
             staging.rename(target)
             _SEEN[target.absolute()] = _marker_text(target)  # this run's own output now
             return
-        if _marker_text(target) != _SEEN.get(target.absolute(), _marker_text(target)):
+        current = _marker_text(target)
+        if _SEEN.get(target.absolute(), current) != current:
             raise InputError(_WRITTEN_MEANWHILE, target)
         if target.is_dir() and any(target.iterdir()):  # what was added since check_output, the new output unwritten
             written = marker(target)

@@ -40,9 +40,9 @@ def write_replayed_traces(replay: Replay, out_dir: Path) -> list[Path]:
                 .filter(pl.col("rank") == trace.rank).sort("event"))  # a copy of the few columns needed
         start = np.round(mine["sim_ts"].to_numpy() + replay.origin, 3)
         dur = np.round(mine["sim_dur"].to_numpy(), 3)
-        spans = _annotation_spans(trace.source, _Kernels(mine, replay.origin)) if len(trace.devices) <= 1 else {}
+        kernels = _Kernels(mine, replay.origin) if len(trace.devices) <= 1 else None
         path = out_dir / rank_trace_file(trace.rank)
-        _rewrite(trace.source, path, np.frombuffer(trace.index, dtype=np.int64), start, dur, spans)
+        _rewrite(trace.source, path, np.frombuffer(trace.index, dtype=np.int64), start, dur, kernels)
         written.append(path)
     return written
 
@@ -94,20 +94,11 @@ class _Kernels:
         return float(sim_ts[inside].min()), float(sim_stop[inside].max())
 
 
-def _annotation_spans(text: KeptText, kernels: _Kernels) -> dict[int, tuple[float, float] | None]:
-    """Each GPU annotation's position in ``traceEvents`` and its replayed ``(ts, dur)``, or ``None`` (dropped)."""
-    spans: dict[int, tuple[float, float] | None] = {}
-    position = 0
-    for batch in text.events():
-        for raw in batch:
-            if _kind(raw).cat == GPU_ANNOTATION:
-                spans[position] = _replayed(raw, kernels)
-            position += 1
-    return spans
-
-
-def _replayed(raw: msgspec.Raw, kernels: _Kernels) -> tuple[float, float] | None:
-    """An annotation's replayed ``(ts, dur)`` from the kernels it holds, ``None`` if it holds none replayed."""
+def _replayed(raw: msgspec.Raw, kernels: _Kernels | None) -> tuple[float, float] | None:
+    """An annotation's replayed ``(ts, dur)`` from the kernels it holds, ``None`` if it holds none replayed (or
+    the rank's kernels cannot be told apart by stream: ``kernels`` None)."""
+    if kernels is None:
+        return None
     try:
         event = _SPAN.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -119,9 +110,9 @@ def _replayed(raw: msgspec.Raw, kernels: _Kernels) -> tuple[float, float] | None
 
 
 def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray, dur: np.ndarray,
-             spans: dict[int, tuple[float, float] | None]) -> None:
+             kernels: _Kernels | None) -> None:
     """Write the trace ``text`` to ``target``, batch by batch, with event ``index[k]`` moved to ``start[k]`` and
-    ``dur[k]``, and the GPU annotation at each position of ``spans`` moved to its span (dropped at ``None``)."""
+    ``dur[k]``, and each GPU annotation moved to span its ``kernels`` (dropped where it holds none)."""
     encode = _ENCODER.encode
     with gzip.open(target, "wb", compresslevel=1) as handle:
         handle.write(b"{\n")
@@ -136,15 +127,17 @@ def _rewrite(text: KeptText, target: Path, index: np.ndarray, start: np.ndarray,
                 if row < len(index) and index[row] == here:
                     text_out = _moved(raw, start[row], dur[row])
                     row += 1
-                elif here in spans:
-                    span = spans[here]
-                    if span is None:
-                        continue
-                    text_out = _moved(raw, *span)
-                elif _kind(raw).ph in ("s", "f"):
-                    continue
                 else:
-                    text_out = bytes(raw)
+                    kind = _kind(raw)
+                    if kind.ph in ("s", "f"):
+                        continue
+                    if kind.cat == GPU_ANNOTATION:
+                        span = _replayed(raw, kernels)
+                        if span is None:
+                            continue
+                        text_out = _moved(raw, *span)
+                    else:
+                        text_out = bytes(raw)
                 if not first:
                     handle.write(b",\n")
                 handle.write(text_out)
