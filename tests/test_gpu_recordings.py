@@ -484,3 +484,15 @@ def test_predicted_traces_move_each_annotation_with_its_kernels(tmp_path: Path) 
 
     assert _annotations_off_their_kernels(events(source)) == (63, 0)
     assert _annotations_off_their_kernels(events(tmp_path / "w" / "predicted")) == (63, 0)
+
+
+def test_a_rocm_traces_annotations_move_with_their_kernels(tmp_path: Path) -> None:
+    """A trace made elsewhere: HTA's MI250 ROCm trace puts its GPU annotations (an optimizer step, the profiler
+    step) on stream 0 of device 2 beside its kernels; both move with them and none is lost."""
+    from tests.conftest import vtrain_in_process
+
+    ran = vtrain_in_process("whatif", REPO / "traces" / "wild" / "mi250-rocm", "--scale-kernel", ".*=3", "-o",
+                            tmp_path / "w")
+    assert ran.returncode == 0, ran.stderr
+    file = tmp_path / "w" / "predicted" / "rank-0.json.gz"
+    assert _annotations_off_their_kernels(json.loads(gzip.decompress(file.read_bytes()))["traceEvents"]) == (2, 0)
