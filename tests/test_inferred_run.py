@@ -1094,7 +1094,11 @@ def test_a_profile_taken_without_step_has_its_optimizer_steps_for_iterations(tmp
     assert (metrics["iterations"], metrics["steady_iterations"]) == ([1, 2, 3, 4], [2, 3, 4])
     model = metrics["model"]
     assert model is not None and model["profile_iterations"] and model["test_iterations"]
-    assert abs(model["in_sample_error_pct"]) < 50
+    # An iteration of this CPU run can stall (another process, the allocator): the model's iteration is compared
+    # with the median of the three steady ones measured, which one stalled iteration does not move.
+    measured = sorted([model["profile_iterations_measured_ms"]] + [it["measured_ms"] for it in model["iterations"]])
+    predicted = model["iterations"][0]["predicted_ms"]
+    assert len(measured) == 3 and abs(predicted / measured[1] - 1) < 0.5
 
 
 def test_two_optimizers_stepped_in_turn_end_one_iteration(tmp_path: Path) -> None:
