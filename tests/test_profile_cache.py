@@ -87,7 +87,7 @@ def test_a_broken_or_unwritable_cache_changes_nothing(tmp_path: Path, monkeypatc
     monkeypatch.setenv("VTRAIN_CACHE_DIR", str(cache))
     expected = _iteration_ms(A100)
     entries = sorted(cache.glob("*.pickle"))
-    assert [entry.name.split("-")[0] for entry in entries] == ["digest", "kernel"]
+    assert [entry.name.split("-")[0] for entry in entries] == ["digest", "kernel", "nccl"]
     for entry in entries:
         entry.write_bytes(entry.read_bytes()[:100])  # cut short, as by a full disk
     assert _iteration_ms(A100) == expected
@@ -205,6 +205,6 @@ def test_processes_reading_one_profile_at_once_agree(tmp_path: Path) -> None:
     outputs = [process.communicate(timeout=300)[0] for process in running]
     assert all(process.returncode == 0 for process in running)
     assert len(set(outputs)) == 1 and outputs[0].startswith("{")
-    assert sorted(entry.name.split("-")[0] for entry in cache.iterdir()) == ["digest", "kernel"]  # no .tmp left
+    assert sorted(entry.name.split("-")[0] for entry in cache.iterdir()) == ["digest", "kernel", "nccl"]  # no .tmp left
     again, _ = _simulate_process(A100, cache)
     assert again == json.loads(outputs[0])

@@ -1,5 +1,6 @@
 """What vtrain derives from a profile, kept between runs: the plain rows a prediction reads from its tables
-(:mod:`vtrain.tables.digest`) and its fitted kernel models (:func:`vtrain.fit.device.fit_kernels`).
+(:mod:`vtrain.tables.digest`), its fitted kernel models (:func:`vtrain.fit.device.fit_kernels`) and its measured
+collective curves (:mod:`vtrain.simulate.collective_latency`).
 
 Deriving them takes longer than a simulation (reading Parquet needs polars, whose import alone is 0.12 s; the
 kernel models are rebuilt from thousands of measured kernels), and they depend on nothing but the profile's files
@@ -31,8 +32,8 @@ import vtrain
 T = TypeVar("T")
 
 CACHE_ENV = "VTRAIN_CACHE_DIR"
-#: the most the entries may hold together: past it, the least recently used go (a profile's two entries take 0.7 and
-#: 2.5 MB for profiles/a100)
+#: the most the entries may hold together: past it, the least recently used go (a profile's three entries take 0.9,
+#: 0.4 and 2.5 MB for profiles/a100)
 MAX_CACHE_BYTES = 256 * 2**20
 _PACKAGE = Path(vtrain.__file__).resolve().parent
 _CODE_KEY: list[str] = []

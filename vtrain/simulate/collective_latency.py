@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 
+from vtrain import cache
 from vtrain.collective_cost import INTER_NODE, INTRA_NODE, link_name, nodes_spanned
 from vtrain.devices.model import DeviceModel
 from vtrain.errors import warn_input
@@ -131,7 +132,7 @@ class CollectiveResolver:
             device_type = "cpu"
             self._on_host = " on the host (the recording's collectives ran on none of its GPUs: gloo)"
         self._replaced = replaced
-        self._curves, unsized = _curves(digest, device_type, replaced)
+        self._curves, unsized = _curves(profile, device_type, replaced)
         if unsized:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
                        f"prediction can use them, and their collectives are modelled (traces that list no process "
@@ -171,17 +172,31 @@ class CollectiveResolver:
 
 
 Curves = dict[tuple[str, int, int | None], _Curve]
-_CURVES: dict[tuple[int, str, frozenset[str]], tuple[ProfileDigest, Curves, int]] = {}
+_CURVES: dict[tuple[int, str], tuple[ProfileDigest, Curves, int]] = {}
 
 
-def _curves(digest: ProfileDigest, device_type: str, replaced: frozenset[str]) -> tuple[Curves, int]:
+def _curves(profile: Profile, device_type: str, replaced: frozenset[str]) -> tuple[Curves, int]:
     """The measured curves of a profile's ``nccl_latency`` rows by (collective, group size, nodes), leaving out
-    those on the ``replaced`` links, and how many rows with a latency and a size had no group size (left out);
-    built once per profile (a table of measurements is predicted row after row)."""
-    key = (id(digest), device_type, replaced)
-    cached = _CURVES.get(key)
-    if cached is not None and cached[0] is digest:
-        return cached[1], cached[2]
+    those on the ``replaced`` links, and how many rows with a latency and a size had no group size (left out).
+    Built once per profile and kept in vtrain's cache (:func:`vtrain.cache.derived`): building them from the rows
+    of ``profiles/a100`` (16,122) took longer than a simulation; and once per process (a table of measurements is
+    predicted row after row)."""
+    digest = profile.digest
+    cached = _CURVES.get((id(digest), device_type))
+    if cached is None or cached[0] is not digest:
+        curves, unsized = cache.derived(profile.content_key(), f"nccl-curves-{device_type}",
+                                        lambda: _measured_curves(digest, device_type))
+        if len(_CURVES) > 8:
+            _CURVES.clear()
+        cached = _CURVES[(id(digest), device_type)] = (digest, curves, unsized)
+    _, curves, unsized = cached
+    return {what: curve for what, curve in curves.items()
+            if what[2] is None or link_name(what[2]) not in replaced}, unsized
+
+
+def _measured_curves(digest: ProfileDigest, device_type: str) -> tuple[Curves, int]:
+    """Every measured curve of the digest's ``nccl_latency`` rows of ``device_type``, and how many rows with a
+    latency and a size had no group size."""
     points: dict[tuple[str, int, int | None], dict[str, dict[int, list[tuple[float, float]]]]] = {}
     unsized = 0
     for _, collective, group_size, nodes, nbytes, mean, median, wait, source in digest.nccl_rows(device_type):
@@ -189,16 +204,11 @@ def _curves(digest: ProfileDigest, device_type: str, replaced: frozenset[str]) -
         unsized += latency is not None and nbytes is not None and group_size is None
         if latency is None or nbytes is None or group_size is None:
             continue
-        if nodes is not None and link_name(nodes) in replaced:
-            continue
         waited = wait if wait is not None and collective not in _P2P_NAMES else 0.0
         by_source = points.setdefault((collective, group_size, nodes), {})
         by_source.setdefault(source or "", {}).setdefault(int(nbytes), []).append((float(latency), float(waited)))
     curves = {what: _Curve(tuple(_source_curve(source, by_source[source]) for source in sorted(by_source)))
               for what, by_source in points.items()}
-    if len(_CURVES) > 8:
-        _CURVES.clear()
-    _CURVES[key] = (digest, curves, unsized)
     return curves, unsized
 
 
