@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m compileall -q vtrain  # bytecode, as pip writes it for a regular install (not for -e)
 	touch $(STAMP)
 
 # The main job on shipped traces: ingest a recorded t=2 p=2 d=2 run, show its tables, validate the simulator on it.
