@@ -330,6 +330,33 @@ def test_calibrate_keeps_the_profile_it_would_replace_when_its_report_cannot_be_
     assert (report / "notes.md").read_text() == "mine\n"
 
 
+def test_calibrate_puts_back_the_report_it_replaced_when_its_profile_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate --force`, the profile refused after the drift report was published (a file added to the profile
+    folder while it ran): the new report was removed, and the previous one, which it had replaced, was gone with
+    it. Both outputs are left as they were."""
+    import vtrain.calibrate.calibration as calibration
+    from vtrain.errors import InputError
+
+    base, new, report = tmp_path / "base", tmp_path / "new", tmp_path / "report"
+    assert vtrain("ingest", RECORDED, "-o", base).returncode == 0
+    assert vtrain("calibrate", RECORDED, "--base", base, "-o", new, "--report-dir", report).returncode == 0
+    before = _snapshot(new), _snapshot(report)
+    write_report = calibration.write_drift_report
+
+    def user_adds_a_file(result: object, staging: Path) -> None:
+        write_report(result, staging)
+        (new / "notes.md").write_text("mine\n")  # while the command runs
+
+    monkeypatch.setattr(calibration, "write_drift_report", user_adds_a_file)
+    result = calibration.calibrate(RECORDED, base, new, report_dir=report, force=True)
+    with pytest.raises(InputError, match="vtrain did not write"):
+        calibration.write_calibration(result, force=True)
+    (new / "notes.md").unlink()
+    assert (_snapshot(new), _snapshot(report)) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "new", "report"]  # no backup left
+
+
 @pytest.mark.parametrize("layout", ["same", "profile inside", "report inside"])
 def test_calibrates_two_outputs_are_never_one_inside_the_other(tmp_path: Path, layout: str) -> None:
     """`calibrate -o X --report-dir X` (X new) published the profile, then the report over it: exit 0, the

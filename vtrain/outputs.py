@@ -200,6 +200,43 @@ def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path
             os.close(lock)
 
 
+#: the outputs whose replaced folder is kept aside until the command is done (:func:`restored_on_failure`): the
+#: backup published over and the descriptor of its lock (``(None, None)``: nothing replaced), ``None`` before the
+#: output is published
+_HELD: dict[Path, tuple[Path | None, int | None] | None] = {}
+
+
+@contextmanager
+def restored_on_failure(target: Path) -> Iterator[None]:
+    """Within the block, an output this run publishes at ``target`` (:func:`staged`) keeps the folder it replaces
+    aside, locked; when the block ends in an error or an interrupt, the new output is removed and the old one put
+    back, so that a command writing two outputs, the second refused, leaves the first as it was (calibrate's drift
+    report, then its profile: the previous report was lost when the profile was refused); otherwise the old one is
+    removed."""
+    key = followed(target).absolute()
+    _HELD[key] = None
+    try:
+        yield
+    except BaseException:
+        with stops_deferred():
+            held = _HELD.pop(key, None)
+            if held is not None:
+                shutil.rmtree(key, ignore_errors=True)
+                if held[0] is not None:
+                    held[0].rename(key)
+                _unlock(held[1])
+        raise
+    held = _HELD.pop(key, None)
+    if held is not None and held[0] is not None:
+        shutil.rmtree(held[0], ignore_errors=True)
+        _unlock(held[1])
+
+
+def _unlock(handle: int | None) -> None:
+    if handle is not None:
+        os.close(handle)
+
+
 def remove_stale_staging(folder: Path) -> list[Path]:
     """Remove the staging folders that killed vtrain runs left in ``folder``; returns them.
 
@@ -382,6 +419,8 @@ def publish(target: Path, staging: Path) -> None:
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             _SEEN[target.absolute()] = _marker_text(target)  # this run's own output now
+            if target.absolute() in _HELD:
+                _HELD[target.absolute()] = (None, None)
             return
         current = _marker_text(target)
         if _SEEN.get(target.absolute(), current) != current:
@@ -400,7 +439,10 @@ def publish(target: Path, staging: Path) -> None:
             backup.rename(target)
             raise
         _SEEN[target.absolute()] = _marker_text(target)
-        shutil.rmtree(backup, ignore_errors=True)
+        if target.absolute() in _HELD:  # kept aside until the command is done (:func:`restored_on_failure`)
+            _HELD[target.absolute()] = (backup, _locked(backup))
+        else:
+            shutil.rmtree(backup, ignore_errors=True)
 
 
 def _make_parents(folder: Path) -> list[Path]:

@@ -8,7 +8,6 @@ inside the report's staging step, so a failure leaves neither behind.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.errors import InputError
 from vtrain.fit.device import refit
 from vtrain.ingest.pipeline import ingest_traces
-from vtrain.outputs import REPORT, check_apart, check_output, followed, marker, resolved, staged
+from vtrain.outputs import REPORT, check_apart, check_output, followed, resolved, restored_on_failure, staged
 from vtrain.report.drift import write_drift_report
 from vtrain.runconfig import RunConfig, described_run, load_run_config
 from vtrain.tables.store import Profile, write_profile
@@ -186,14 +185,10 @@ def rerun_suite(suite: Suite, base: Path, new: Profile, warn: Warn) -> list[Suit
 def write_calibration(calibration: Calibration, *, force: bool = False) -> None:
     """Write the drift report folder, then the new profile, each atomically. The profile is written last, so that
     no failure of the report (a file added to its folder meanwhile, an interrupt) loses the profile it would
-    replace; if the profile cannot be written, the new report is removed: neither is left."""
+    replace; if the profile cannot be written, the new report is removed and the one it replaced put back: neither
+    output changes."""
     report = followed(Path(calibration.report_dir))
-    before = marker(report)
-    try:
+    with restored_on_failure(report):
         with staged(report, REPORT, "calibrate") as staging:
             write_drift_report(calibration, staging)
         write_profile(calibration.profile, calibration.output, overwrite=force)
-    except BaseException:
-        if marker(report) != before:  # this run's report is in place (an interrupt may land as it is published)
-            shutil.rmtree(report, ignore_errors=True)
-        raise
