@@ -255,6 +255,24 @@ def test_old_and_hex_variants_keep_streams_ops_and_shapes(base_traces: dict[str,
         assert profile["cpu_ops"].select("cat", "name").equals(reference["cpu_ops"].select("cat", "name")), name
 
 
+def test_a_kernel_without_an_external_id_names_the_op_its_launch_names(base_traces: dict[str, Trace],
+                                                                         tmp_path: Path) -> None:
+    """Device activities without an External id of their own and no flow events (as an older PyTorch wrote some):
+    each names the op its launching runtime call names, as the kernel did, not the op enclosing the call (the
+    A100 trace's NCCL kernels were credited to the ``nccl:all_reduce`` annotation inside ``record_param_comms``:
+    an audit)."""
+    reference, _ = _ingest(_write(base_traces["a100"], tmp_path / "base"))
+    trace = copy.deepcopy(base_traces["a100"])
+    trace["traceEvents"] = [event for event in trace["traceEvents"] if event.get("ph") not in ("s", "f")]
+    for event in _events(trace, "kernel", "gpu_memcpy", "gpu_memset"):
+        event["args"].pop("External id", None)
+    profile, _ = _ingest(_write(trace, tmp_path / "no-ids"))
+    columns = ["correlation", "external_id", "cpu_op"]
+    nccl = reference["kernels"].filter(pl.col("name").str.starts_with("nccl"))
+    assert nccl.height > 0 and nccl["cpu_op"].drop_nulls().len() == nccl.height
+    assert profile["kernels"].select(columns).equals(reference["kernels"].select(columns))
+
+
 def test_cuda_sync_records_are_not_kernel_rows() -> None:
     trace_dir = TRACES / "wild" / "a100-alexnet"
     syncs = [e for e in load_trace(trace_dir / "rank-0.json.gz")["traceEvents"] if e.get("cat") == "cuda_sync"]

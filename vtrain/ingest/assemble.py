@@ -211,9 +211,11 @@ def absurd_activities(events: RankEvents) -> pl.Series:
 def _kernels(device: pl.DataFrame, runtime: pl.DataFrame, cpu: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Device activities with their launching CPU op and the iteration of their launch.
 
-    The launching op is the CPU op whose External id the kernel carries. Some traces give kernels their
-    correlation id instead; there the launching op is the innermost CPU op on the launching thread that
-    encloses the runtime call (``external_id`` is then that op's id). A graph launch (``cudaGraphLaunch``)
+    The launching op is the CPU op whose External id the kernel carries, else the one its launching runtime call
+    carries (PyTorch 1.8's traces: the call's ``external id`` names ``record_param_comms``, where the op enclosing
+    the call was the ``nccl:all_reduce`` annotation). Some traces give neither; there the launching op is the
+    innermost CPU op on the launching thread that encloses the runtime call (``external_id`` is then that op's
+    id). A graph launch (``cudaGraphLaunch``)
     is one runtime call whose correlation id all the graph's kernels share: each keeps its row, and all name the
     op that launched the graph. Every join is many-to-one (checked: ``validate="m:1"``), so a kernel is never
     repeated; ``launch_tid`` is null where the launching call is not in the file.
@@ -229,11 +231,17 @@ def _kernels(device: pl.DataFrame, runtime: pl.DataFrame, cpu: pl.DataFrame, ste
     launches = (
         runtime.filter(pl.col("correlation").is_not_null())
         .unique("correlation", keep="first")
-        .select("correlation", launch_tid="tid", launch_ts="ts")
+        .select("correlation", launch_tid="tid", launch_ts="ts", launch_external_id="external_id")
     )
+    ops = launching_ops["external_id"].implode()
     device = device.join(launches, on="correlation", how="left", validate="m:1")
-    # a kernel without an External id (older PyTorch, graph kernels) is not known: found by its launch instead
-    known = pl.col("external_id").is_in(launching_ops["external_id"].implode()).fill_null(False)
+    # a kernel without an External id of its own (older PyTorch, graph kernels): its launching call's, else
+    # (a call without one) the op enclosing the call
+    own = pl.col("external_id").is_in(ops).fill_null(False)
+    device = device.with_columns(
+        external_id=pl.when(own).then("external_id").otherwise(pl.coalesce("launch_external_id", "external_id")),
+    ).drop("launch_external_id")
+    known = pl.col("external_id").is_in(ops).fill_null(False)
     unresolved = device.filter(~known & pl.col("launch_ts").is_not_null())
     if not unresolved.is_empty():
         # one probe per launching call: a graph launch's kernels share it
