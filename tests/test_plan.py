@@ -278,18 +278,27 @@ def test_cli_ray_flags_reach_the_ray_runner(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_a_cheapest_plan_at_the_edge_of_the_devices_memory_is_said(tmp_path: Path) -> None:
-    """The MT-NLG sweep kept plans at 79.997 of 80 GiB, and the memory model reads 0.4-4.5 % under measured peaks
-    (an audit): a cheapest plan within 5 % of the memory is said; one with room is not."""
+    """The MT-NLG sweep kept plans at 79.997 of 80 GiB, and the memory model reads 0.9-8.4 % under measured peaks
+    (:data:`~vtrain.model.memory.MEASURED_ERROR_PCT`): a cheapest plan that measured peaks may not fit, or would not,
+    is said, on the console, in summary.json and in report.md; one with room is not. (It was said within a margin
+    of 5 % of its own, of an older error band: a plan 5-8.4 % under the memory was kept unsaid, where `simulate`
+    said the same run may not fit: an audit.)"""
     config = tmp_path / "small.yaml"
     config.write_text(json.dumps(SMALL))
     args = ["plan", str(config), "--gpus", "4,8", "--max-micro-batch", "1", "--price-per-gpu-hour", "2", "--json"]
     roomy = runner.invoke(app, [*args, "--device-memory", "80", "-o", str(tmp_path / "a")])
-    assert roomy.exit_code == 0 and "within 5%" not in roomy.stderr, roomy.output
+    assert roomy.exit_code == 0 and "not fit" not in roomy.stderr, roomy.output
+    assert json.loads(roomy.stdout)["best_memory_risk"] is None
     best = json.loads(roomy.stdout)["best"]
-    tight = runner.invoke(app, [*args, "--device-memory", str(best["memory_gib"] * 1.02), "-o", str(tmp_path / "b")])
-    assert tight.exit_code == 0 and json.loads(tight.stdout)["best"] == best, tight.output
-    assert f"warning: the cheapest plan ({best['memory_gib']:.1f} of " in tight.stderr
-    assert "within 5% of the device's memory" in tight.stderr, tight.stderr
+    for headroom, risk, folder in ((1.07, "may not fit", "b"), (1.005, "would not fit", "c")):
+        tight = runner.invoke(app, [*args, "--device-memory", str(best["memory_gib"] * headroom),
+                                    "-o", str(tmp_path / folder)])
+        assert tight.exit_code == 0 and json.loads(tight.stdout)["best"] == best, tight.output
+        said = f"the cheapest plan needs {best['memory_gib']:.1f} of "
+        assert f"warning: {said}" in tight.stderr and f"as measured (the model is -8.4 to -0.9 % of measured " \
+            f"peaks): it {risk};" in tight.stderr, tight.stderr
+        assert risk in json.loads(tight.stdout)["best_memory_risk"]
+        assert risk in (tmp_path / folder / "report.md").read_text()
 
 
 def test_a_reference_plan_that_does_not_fit_is_said_and_the_pricing_is_on_the_console(tmp_path: Path) -> None:

@@ -171,20 +171,14 @@ def plan_command(
     _print_summary(table, target)
 
 
-#: how close to the device's memory a plan's modelled peak may come unsaid: the memory model reads 0.4-4.5 % under
-#: measured peaks (`torch.cuda.max_memory_allocated`, docs/plan.md) and leaves out the CUDA context and NCCL's buffers
-_MEMORY_MARGIN = 0.05
-
-
 def _say_a_best_plan_at_the_memory_limit(table: PlanTable) -> None:
-    """One warning line when the cheapest plan within limits needs more than 95 % of the device's memory."""
-    best = table.best()
-    if best is None or best["memory_gib"] <= (1 - _MEMORY_MARGIN) * table.device_memory_gib:
-        return
-    warn(f"the cheapest plan ({best['memory_gib']:.1f} of {table.device_memory_gib:.1f} GiB) is within "
-         f"{_MEMORY_MARGIN:.0%} of the device's memory, which the memory model (0.4-4.5 % under measured peaks, "
-         "without the CUDA context and NCCL's buffers) cannot promise: --device-memory with headroom finds one that "
-         "keeps some")
+    """One warning line when the cheapest plan within limits may not fit as measured peaks would
+    (:func:`~vtrain.plan.report.best_memory_risk`)."""
+    from vtrain.plan.report import best_memory_risk
+
+    risk = best_memory_risk(table)
+    if risk is not None:
+        warn(risk)
 
 
 class ModelShape(NamedTuple):

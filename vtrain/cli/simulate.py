@@ -157,21 +157,17 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
 
 def _memory_warning(sim: Simulation) -> str | None:
     """A warning when the run's largest stage may need more memory per GPU than its device has: the memory model's
-    need, as measured peaks would be within the model's error against them (:data:`MEASURED_ERROR_PCT`)."""
-    from vtrain.model.memory import GIB, MEASURED_ERROR_PCT
+    need, as measured peaks would be within the model's error against them (:func:`~vtrain.model.memory.fit_risk`)."""
+    from vtrain.model.memory import GIB, fit_risk, fit_risk_sentence
 
     need, capacity = sim.largest_stage_bytes, sim.device.memory_bytes
-    low, high = MEASURED_ERROR_PCT
-    least, most = need / (1 + high / 100), need / (1 + low / 100)  # the measured peaks the need stands for
-    if not capacity or most <= capacity:
+    risk = fit_risk(need, capacity)
+    if risk is None:
         return None
-    over = least > capacity
-    measured = f"{least / GIB:,.1f} GiB or more" if over else f"{least / GIB:,.1f}-{most / GIB:,.1f} GiB"
     return (f"its largest pipeline stage needs {need / GIB:,.2f} GiB per GPU (memory model: parameters, gradients, "
-            f"optimizer state, activations): {measured} as measured (the model is {low:+.1f} to {high:+.1f} % of "
-            f"measured peaks), {'more than' if over else 'around'} the {capacity / GIB:,.0f} GiB of "
-            f"{sim.device.name}: the run {'would' if over else 'may'} not fit (`vtrain plan --device-memory` finds "
-            f"plans that do)")
+            f"optimizer state, activations): {fit_risk_sentence(need, capacity)}, "
+            f"{'more than' if risk == 'would not fit' else 'around'} the {capacity / GIB:,.0f} GiB of "
+            f"{sim.device.name}: the run {risk} (`vtrain plan --device-memory` finds plans that do)")
 
 
 def _unsharded_warning(run: RunConfig) -> str | None:

@@ -71,6 +71,33 @@ FP32_BYTES = 4
 #: less than that may not fit
 MEASURED_ERROR_PCT = (-8.4, -0.9)
 
+
+def measured_peaks(need_bytes: float) -> tuple[float, float]:
+    """The lowest and highest measured peak a modelled need stands for (the model's error against measured peaks,
+    :data:`MEASURED_ERROR_PCT`)."""
+    low, high = MEASURED_ERROR_PCT
+    return need_bytes / (1 + high / 100), need_bytes / (1 + low / 100)
+
+
+def fit_risk(need_bytes: float, capacity_bytes: float) -> str | None:
+    """Whether a modelled need fits ``capacity_bytes`` as the measured peaks it stands for would: ``"would not
+    fit"`` (even the lowest of them is over it), ``"may not fit"`` (the highest is), ``None`` (all fit, or no
+    capacity is known)."""
+    least, most = measured_peaks(need_bytes)
+    if not capacity_bytes or most <= capacity_bytes:
+        return None
+    return "would not fit" if least > capacity_bytes else "may not fit"
+
+
+def fit_risk_sentence(need_bytes: float, capacity_bytes: float) -> str:
+    """The measured peaks a need stands for and the model's error, as a warning says them: ``"37.6-40.6 GiB as
+    measured (the model is -8.4 to -0.9 % of measured peaks)"``."""
+    low, high = MEASURED_ERROR_PCT
+    least, most = measured_peaks(need_bytes)
+    measured = (f"{least / GIB:,.1f} GiB or more" if least > capacity_bytes
+                else f"{least / GIB:,.1f}-{most / GIB:,.1f} GiB")
+    return f"{measured} as measured (the model is {low:+.1f} to {high:+.1f} % of measured peaks)"
+
 #: precision -> bytes per parameter of (parameters, gradients, fp32 master weights + Adam's two moments), for
 #: Megatron's mixed precision; with its distributed optimizer each data-parallel rank holds 1/d of the third part
 #: (Megatron-LM's docs/distrib_optimizer.md: 4 + 16/d bytes for fp16, 6 + 12/d for bf16, with the step's copies)
