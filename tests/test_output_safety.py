@@ -304,30 +304,39 @@ def test_a_report_replaces_no_other_commands_report(tmp_path: Path) -> None:
         assert ran.returncode == 0, ran.stderr
 
 
-def test_calibrate_keeps_the_profile_it_would_replace_when_its_report_cannot_be_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`calibrate --force` published the new profile (the old one removed) inside the drift report's staging; when
-    the report was then refused (a file added to its folder while it ran), the new profile was removed too: the
-    user's profile was gone (an audit). The report is written first; the profile it would replace is untouched."""
+def _calibrate_again_with_a_file_added(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, added_to: str,
+                                       refusal: str) -> dict[str, dict[str, bytes]]:
+    """Calibrate once, then again with ``--force`` while a user adds ``notes.md`` to the folder ``added_to``
+    (``new``: the profile, ``report``: the drift report) once the report is written: the second run is refused with
+    ``refusal``. The two outputs as the first run left them."""
     import vtrain.calibrate.calibration as calibration
     from vtrain.errors import InputError
 
     base, new, report = tmp_path / "base", tmp_path / "new", tmp_path / "report"
     assert vtrain("ingest", RECORDED, "-o", base).returncode == 0
     assert vtrain("calibrate", RECORDED, "--base", base, "-o", new, "--report-dir", report).returncode == 0
-    before = _snapshot(new)
+    before = {"new": _snapshot(new), "report": _snapshot(report)}
     write_report = calibration.write_drift_report
 
     def user_adds_a_file(result: object, staging: Path) -> None:
         write_report(result, staging)
-        (report / "notes.md").write_text("mine\n")  # while the command runs
+        (tmp_path / added_to / "notes.md").write_text("mine\n")  # while the command runs
 
     monkeypatch.setattr(calibration, "write_drift_report", user_adds_a_file)
     result = calibration.calibrate(RECORDED, base, new, report_dir=report, force=True)
-    with pytest.raises(InputError, match="added while vtrain ran"):
+    with pytest.raises(InputError, match=refusal):
         calibration.write_calibration(result, force=True)
-    assert _snapshot(new) == before
-    assert (report / "notes.md").read_text() == "mine\n"
+    assert (tmp_path / added_to / "notes.md").read_text() == "mine\n"
+    return before
+
+
+def test_calibrate_keeps_the_profile_it_would_replace_when_its_report_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`calibrate --force` published the new profile (the old one removed) inside the drift report's staging; when
+    the report was then refused (a file added to its folder while it ran), the new profile was removed too: the
+    user's profile was gone (an audit). The report is written first; the profile it would replace is untouched."""
+    before = _calibrate_again_with_a_file_added(tmp_path, monkeypatch, "report", "added while vtrain ran")
+    assert _snapshot(tmp_path / "new") == before["new"]
 
 
 def test_calibrate_puts_back_the_report_it_replaced_when_its_profile_cannot_be_written(
@@ -335,25 +344,9 @@ def test_calibrate_puts_back_the_report_it_replaced_when_its_profile_cannot_be_w
     """`calibrate --force`, the profile refused after the drift report was published (a file added to the profile
     folder while it ran): the new report was removed, and the previous one, which it had replaced, was gone with
     it. Both outputs are left as they were."""
-    import vtrain.calibrate.calibration as calibration
-    from vtrain.errors import InputError
-
-    base, new, report = tmp_path / "base", tmp_path / "new", tmp_path / "report"
-    assert vtrain("ingest", RECORDED, "-o", base).returncode == 0
-    assert vtrain("calibrate", RECORDED, "--base", base, "-o", new, "--report-dir", report).returncode == 0
-    before = _snapshot(new), _snapshot(report)
-    write_report = calibration.write_drift_report
-
-    def user_adds_a_file(result: object, staging: Path) -> None:
-        write_report(result, staging)
-        (new / "notes.md").write_text("mine\n")  # while the command runs
-
-    monkeypatch.setattr(calibration, "write_drift_report", user_adds_a_file)
-    result = calibration.calibrate(RECORDED, base, new, report_dir=report, force=True)
-    with pytest.raises(InputError, match="vtrain did not write"):
-        calibration.write_calibration(result, force=True)
-    (new / "notes.md").unlink()
-    assert (_snapshot(new), _snapshot(report)) == before
+    before = _calibrate_again_with_a_file_added(tmp_path, monkeypatch, "new", "vtrain did not write")
+    (tmp_path / "new" / "notes.md").unlink()
+    assert {"new": _snapshot(tmp_path / "new"), "report": _snapshot(tmp_path / "report")} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "new", "report"]  # no backup left
 
 
