@@ -241,6 +241,26 @@ time.sleep(60)
     assert remove_stale_staging(tmp_path) == [held] and not held.exists()
 
 
+def test_the_output_a_run_replaces_is_locked_while_it_is_kept_aside(tmp_path: Path) -> None:
+    """The folder a new output replaces is moved aside (a backup) and, while a command may still put it back
+    (:func:`~vtrain.outputs.restored_on_failure`), kept: its lock is held from before it was moved, so no clean-up in
+    another PID namespace takes it for a dead run's; it is put back when the command fails."""
+    from vtrain.outputs import _in_use, restored_on_failure
+
+    target = tmp_path / "out"
+    with staged(target, PROFILE) as first:
+        (first / "old.parquet").write_text("x")
+    with pytest.raises(InputError, match="the second output"):
+        with restored_on_failure(target):
+            with staged(target, PROFILE) as second:
+                (second / "new.parquet").write_text("y")
+            [backup] = tmp_path.glob(".out.vtrain-backup-*")
+            assert _in_use(backup) and remove_stale_staging(tmp_path) == []
+            raise InputError("the second output was refused")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "old.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_a_run_replaces_no_output_another_run_wrote_while_it_ran(tmp_path: Path) -> None:
     """Publishing checked only for files added since :func:`check_output`: `whatif -o W` and `ingest -o W` at once
     both exited 0, the profile replaced by the report; two `ingest -o D` at once, the second replaced the first

@@ -432,17 +432,20 @@ def publish(target: Path, staging: Path) -> None:
                                  "did not write): move them out or give another -o", target)
             _refuse_added(target, written, "output folder", " (added while vtrain ran)")
         backup = _sibling(target, "backup")
+        lock = _locked(target)  # taken before the rename: no clean-up elsewhere takes the backup for a dead run's
         target.rename(backup)
         try:
             staging.rename(target)
         except OSError:
             backup.rename(target)
+            _unlock(lock)
             raise
         _SEEN[target.absolute()] = _marker_text(target)
         if target.absolute() in _HELD:  # kept aside until the command is done (:func:`restored_on_failure`)
-            _HELD[target.absolute()] = (backup, _locked(backup))
+            _HELD[target.absolute()] = (backup, lock)
         else:
             shutil.rmtree(backup, ignore_errors=True)
+            _unlock(lock)
 
 
 def _make_parents(folder: Path) -> list[Path]:
