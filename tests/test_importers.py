@@ -221,6 +221,23 @@ def test_nccl_tests_rows_with_wrong_results_are_left_out_and_said(tmp_path: Path
     assert table.height == 3
 
 
+def test_nccl_tests_a_cut_off_last_row_is_left_out_and_said_a_short_row_before_it_refused(tmp_path: Path) -> None:
+    """An output copied while nccl-tests still wrote it (or a run stopped mid-line) ends in a row with fewer fields
+    than the header: the whole table was refused for it. That row is left out, and said; a short row anywhere
+    else is a damaged table, refused."""
+    lines = perf_output(NCCL / "allreduce_8gpu.csv", 4, ranks=8).splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip() and line.split()[0].isdigit()]
+    out = tmp_path / "all_reduce_perf.out"
+    out.write_text("\n".join(lines[:rows[-1]] + [" ".join(lines[rows[-1]].split()[:7])]) + "\n")
+    with pytest.warns(InputWarning, match=r"its last row \(line \d+, \d+ bytes\) has 7 of the header's 13 fields"):
+        table = read_nccl_tests(out)
+    assert table.height == 3
+    lines[rows[1]] = " ".join(lines[rows[1]].split()[:7])
+    out.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="7 fields where the table header has 13"):
+        read_nccl_tests(out)
+
+
 # --- vidur ------------------------------------------------------------------------------------------------------
 
 def test_vidur_all_reduce():
@@ -694,10 +711,11 @@ CASES = {
         read_nccl_tests, "group size unknown"),
     "nccl text without table": (lambda tmp: write(tmp / "run.log", ["# nThread 1 nGpus 8", "hello"]),
                                 read_nccl_tests, "no nccl-tests results"),
-    "nccl text short row": (
-        lambda tmp: write(tmp / "run.log", perf_output(NCCL / "allreduce_8gpu.csv", 2, ranks=8).splitlines()[:-3]
-                          + ["     4194304       1048576     float     sum      -1     95.8"]),
-        read_nccl_tests, "line 18: 6 fields where the table header has 13"),
+    "nccl text short row": (  # before the last row: a cut-off last row is left out (said)
+        lambda tmp: write(tmp / "run.log", (lines := perf_output(NCCL / "allreduce_8gpu.csv", 2,
+                                                                 ranks=8).splitlines())[:-4]
+                          + ["     4194304       1048576     float     sum      -1     95.8"] + lines[-4:-3]),
+        read_nccl_tests, "line 17: 6 fields where the table header has 13"),
     "vidur missing column": (
         lambda tmp: write(tmp / "all_reduce.csv", [",time_stats.all_reduce.min,size,collective",
                                                    "0,0.1,2048,all_reduce"]),

@@ -157,6 +157,7 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
         raise InputError(f"rank {twice[1]} is listed {ranks[twice]} times: the output holds several runs (appended, or "
                          f"one-GPU runs of a build without MPI started by a launcher), whose group sizes and times "
                          f"would be mixed; give one run per file", path)
+    records = _without_a_cut_off_last_row(records, header, path)
     records = _without_wrong_results(records, header, path)
     _say_repeated_sizes(records, path)
     listed = _group_size(groups, nranks, path)
@@ -174,6 +175,17 @@ def _read_perf_output(path: Path, text: str, group_size: int | None, collective:
         "times_us": [[_number(record, i, header, path) for i in time_columns] for record in records],
     }, schema={"collective": pl.String, "group_size": pl.Int32, "nodes": pl.Int32, "bytes": pl.Int64,
                "times_us": pl.List(pl.Float64)})
+
+
+def _without_a_cut_off_last_row(records: list[dict], header: list[str], path: Path) -> list[dict]:
+    """The rows without the last one when it has fewer fields than the header (the run was stopped, or the output
+    copied, while it was written): left out and said. A short row before the last is refused (by :func:`_token`)."""
+    last = records[-1]
+    if len(records) < 2 or len(last["tokens"]) >= len(header):
+        return records
+    warn_input(f"its last row (line {last[LINE]}, {last['tokens'][0]} bytes) has {len(last['tokens'])} of the "
+               f"header's {len(header)} fields, cut off as the run stopped or the output was copied: left out", path)
+    return records[:-1]
 
 
 def _without_wrong_results(records: list[dict], header: list[str], path: Path) -> list[dict]:
