@@ -57,7 +57,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
-from vtrain.errors import InputError
+from vtrain.errors import InputError, warn_input
 from vtrain.importers._read import LINE, csv_rows, numbers
 from vtrain.importers._work import HALF, HALF_DTYPE, gemm_work
 from vtrain.tables.store import conform
@@ -119,6 +119,11 @@ def _files(folder: str | Path) -> dict[str, Path]:
     files = {kind: folder / name for kind, name in FILES.items() if (folder / name).is_file()}
     if not files:
         raise InputError(f"no LLMCompass files ({', '.join(FILES.values())})", folder)
+    unread = sorted(path.name for path in folder.iterdir() if path.suffix == ".csv" and path.name not in FILES.values())
+    if unread:
+        shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
+        warn_input(f"{len(unread)} file(s) not read: {shown} (vtrain reads LLMCompass's A100 files by their names, "
+                   f"{', '.join(FILES.values())}: another GPU's measurements need a profile of their own)", folder)
     return files
 
 
@@ -151,20 +156,25 @@ def _rows_kernel(path: Path, kind: str) -> pl.DataFrame:
                    {"M": pl.Int64, "N": pl.Int64, "throughput": pl.Float64}, path)
     elements = pl.col("M") * pl.col("N")
     return _above_host_floor(rows.select(label=pl.lit(kind), op_class=pl.lit(kind), m="M", n="N", elements=elements,
-                                         bytes=2 * HALF * elements, median_us=_throughput_us(elements)))
+                                         bytes=2 * HALF * elements, median_us=_throughput_us(elements)), path)
 
 
 def _gelu(path: Path, kind: str) -> pl.DataFrame:
     rows = numbers(_columns(path, ["elements", "throughput"]), {"elements": pl.Int64, "throughput": pl.Float64}, path)
     return _above_host_floor(rows.select(label=pl.lit(kind), op_class=pl.lit("gelu"), elements="elements",
                                          bytes=2 * HALF * pl.col("elements"),
-                                         median_us=_throughput_us(pl.col("elements"))))
+                                         median_us=_throughput_us(pl.col("elements"))), path)
 
 
-def _above_host_floor(rows: pl.DataFrame) -> pl.DataFrame:
+def _above_host_floor(rows: pl.DataFrame, path: Path) -> pl.DataFrame:
     """The rows of one host-timed kernel file that measure the kernel: at least :data:`HOST_FLOOR_MARGIN` times
-    the file's smallest time (see the module docstring)."""
-    return rows.filter(pl.col("median_us") >= HOST_FLOOR_MARGIN * pl.col("median_us").min())
+    the file's smallest time (see the module docstring); how many were left out is said."""
+    kept = rows.filter(pl.col("median_us") >= HOST_FLOOR_MARGIN * pl.col("median_us").min())
+    if kept.height < rows.height:
+        warn_input(f"{rows.height - kept.height} of its {rows.height} rows take less than {HOST_FLOOR_MARGIN:g}x its "
+                   f"smallest time ({rows['median_us'].min():.1f} us), the host's per-call floor, not the kernel's "
+                   f"time: left out", path)
+    return kept
 
 
 def _throughput_us(elements: pl.Expr) -> pl.Expr:
