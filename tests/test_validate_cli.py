@@ -252,6 +252,19 @@ def test_a_run_yaml_that_describes_another_run_is_flagged(tmp_path: Path) -> Non
     assert "does it describe these traces?" in edited.stderr  # the true run.yaml: test_report_json_and_max_error
 
 
+def test_a_run_config_unlike_the_traces_operators_is_said(tmp_path: Path) -> None:
+    """A run config of 8 layers and micro-batch 1 given for traces of 4 layers and micro-batch 2 (`--config`): its
+    run is simulated, and the error is the config's; a 1.3B run validated with 12 layers for 24 was -46 %, without a
+    word (an audit). The run read off the traces' operators says what differs."""
+    config = tmp_path / "run.yaml"
+    config.write_text((PIPELINE / "run.yaml").read_text().replace("  layers: 4\n", "  layers: 8\n")
+                      .replace("  micro_batch: 2\n", "  micro_batch: 1\n"))
+    ran = vtrain_in_process("validate", PIPELINE, "--config", config, "--no-hta", "-o", tmp_path / "report")
+    assert ran.returncode == 0, ran.stderr
+    assert (f"warning: {config} says layers 8 (the traces: 4), micro-batch 1 (the traces: 2), read off {PIPELINE}'s "
+            "operators' shapes: does it describe these traces?") in ran.stderr, ran.stderr
+
+
 @pytest.mark.parametrize(("set_name", "words"), [(".vtrain-output", "is taken by the suite's own report"),
                                                  ("suite.md", "is taken by the suite's own report"),
                                                  ("metrics.json", "is taken by the suite's own report")])

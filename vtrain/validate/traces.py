@@ -18,7 +18,7 @@ from vtrain.devices.catalog import canonical_device_name
 from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
-from vtrain.ingest.inferred_run import INFERRED, infer_run
+from vtrain.ingest.inferred_run import INFERRED, InferredRun, infer_run
 from vtrain.kineto import traced_gpu_name
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
@@ -196,6 +196,9 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         if config is None and ingested is not None:
             config, model_reason = _read_off_traces(trace_dir, traces, ingested, note)
             config_source = INFERRED if config is not None else None
+        elif config is not None and ingested is not None:
+            if line := _unlike_the_traces(trace_dir, traces, ingested, config, config_source or ""):
+                note(line)
         if config is not None:
             model, model_reason = predict_model(trace_dir, config, config_source or "", profile_dir, steady,
                                                 ingested if profile_dir is None else None, note)
@@ -290,10 +293,7 @@ def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
                      note: Callable[[str], None]) -> tuple[RunConfig | None, str | None]:
     """The run of traces without a run.yaml or --config, read off their operators' shapes
     (:func:`vtrain.ingest.inferred_run.infer_run`) and said on one line, or why there is none."""
-    world = next((trace.world_size for trace in traces if trace.world_size), None) or len(traces)
-    groups = next((trace.process_groups for trace in traces if trace.process_groups), [])
-    device = ingested.metadata["device"]  # set by prepare_validation, as ingest's metadata holds it
-    inferred = infer_run(ingested["cpu_ops"], world, device["name"] or device["type"], groups)
+    inferred = _inferred_run(traces, ingested)
     if inferred.config is None:
         return None, (f"no run described (no run.yaml in the trace folder, no --config) and none read off the "
                       f"traces: {inferred.reason}")
@@ -301,6 +301,38 @@ def _read_off_traces(trace_dir: Path, traces: list, ingested: Profile,
     note(f"{trace_dir}: no run.yaml: the run is {INFERRED}: {inferred.describe()}; taken as {inferred.assumed} "
          f"(--config gives the run)")
     return run, None
+
+
+def _inferred_run(traces: list, ingested: Profile) -> InferredRun:
+    """The run the traces' operators show (:func:`vtrain.ingest.inferred_run.infer_run`)."""
+    world = next((trace.world_size for trace in traces if trace.world_size), None) or len(traces)
+    groups = next((trace.process_groups for trace in traces if trace.process_groups), [])
+    device = ingested.metadata["device"]  # set by prepare_validation, as ingest's metadata holds it
+    return infer_run(ingested["cpu_ops"], world, device["name"] or device["type"], groups)
+
+
+#: what a run config says that the traces' operators show for sure: the model's depth and shape, the tensor- and
+#: pipeline-parallel degrees and the micro-batch (the vocabulary is shown padded, the batch by the ranks traced)
+_SHOWN = (("layers", lambda run: run.model.layers), ("hidden", lambda run: run.model.hidden),
+          ("heads", lambda run: run.model.heads), ("seq", lambda run: run.model.seq),
+          ("tp", lambda run: run.parallelism.tp), ("pp", lambda run: run.parallelism.pp),
+          ("micro-batch", lambda run: run.parallelism.micro_batch))
+
+
+def _unlike_the_traces(trace_dir: Path, traces: list, ingested: Profile, config: RunConfig,
+                       source: str) -> str | None:
+    """A warning when the given run config says other than the traces' operators show (:data:`_SHOWN`): a run of
+    12 layers validated against traces of 24 was predicted 46 % fast, a miss of the config's, silently (an audit);
+    ``None`` when they agree or the traces show no run."""
+    shown = _inferred_run(traces, ingested).config
+    if shown is None:
+        return None
+    differ = [f"{name} {said(config)} (the traces: {said(shown)})" for name, said in _SHOWN
+              if said(config) != said(shown)]
+    if not differ:
+        return None
+    return (f"{source} says {', '.join(differ)}, read off {trace_dir}'s operators' shapes: does it describe these "
+            f"traces? The model simulates the run it says, and the error is then the config's")
 
 
 def _traced_gpu(traces: list) -> str | None:
