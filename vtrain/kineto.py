@@ -238,6 +238,27 @@ def unanswered_launches_warning(path: object, missing: int, launches: int) -> st
             f"counted")
 
 
+#: how long before its launching runtime call began a device activity may start and still be read on one clock
+#: (CUPTI converts the device's timestamps to the host's): more is a device clock offset from the host's
+EARLY_TOLERANCE_US = 1.0
+
+
+def early_activities(activity_ts: np.ndarray, launch_ts: np.ndarray) -> tuple[int, float]:
+    """How many device activities (start ``activity_ts``) start more than :data:`EARLY_TOLERANCE_US` before their
+    launching runtime call began (``launch_ts``, NaN where none is in the file), and how early at the median (µs)."""
+    early = launch_ts - activity_ts
+    early = early[np.isfinite(early) & (early > EARLY_TOLERANCE_US)]
+    return int(early.size), float(np.median(early)) if early.size else 0.0
+
+
+def early_activities_warning(path: object, early: int, launched: int, median_us: float) -> str:
+    """The warning line, in ingest, validate and what-if alike, for device activities :func:`early_activities`
+    found starting before their launch."""
+    return (f"{path}: {early:,} of {launched:,} device activities start before the runtime call that launched them "
+            f"began ({median_us:,.1f} us at the median), which no device can: its clock is offset from the host's "
+            f"(ROCm traces can be). Times read across the two (launch to start, a kernel's wait) are off by as much")
+
+
 #: the spellings of the arg that links an event to the CPU op it belongs to, newest first
 EXTERNAL_ID_KEYS = ("External id", "external id")
 #: the spellings of the arg holding a CPU op's input shapes, newest first (PyTorch 1.8 wrote ``Input dims``)

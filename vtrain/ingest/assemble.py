@@ -25,6 +25,7 @@ from vtrain.kineto import (
     OPTIMIZER_STEP,
     absurd_host_events,
     dtype_bytes,
+    early_activities,
     first_dtype,
     is_graph_launch,
     only_group,
@@ -61,6 +62,7 @@ class RankTables:
     absurd_host: int  # host events left out for an absurd time (vtrain.kineto.absurd_host_events)
     unlaunched: int
     unanswered: int  # kernel launches (runtime calls) with no device activity of theirs in the file
+    early: tuple[int, float]  # activities starting before their launch, how early (kineto.early_activities)
     launches: int  # kernel launches (runtime calls) in all
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None
@@ -166,6 +168,9 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         absurd=int(absurd.sum()),
         absurd_host=absurd_host,
         unlaunched=kernels["launch_tid"].null_count(),
+        early=early_activities(kernels["ts"].to_numpy(),
+                               kernels.select(pl.when(pl.col("launch_tid").is_not_null()).then("launch_ts"))
+                               .to_series().to_numpy().astype(float)),
         unanswered=unanswered,
         launches=launches,
         repeated=kernels.height - kernels.select("device", "stream", "name", "ts", "dur").n_unique(),

@@ -31,6 +31,7 @@ from vtrain.ingest.text import TraceText, load_text
 from vtrain.kineto import (
     C10D_OP_PREFIX,
     absurd_host_warning,
+    early_activities_warning,
     empty_steps_text,
     nanoseconds_warning,
     optimizer_iterations_warning,
@@ -200,6 +201,9 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
+    if tables.early[0]:
+        warnings.append(early_activities_warning(path, tables.early[0], tables.kernels.height - tables.unlaunched,
+                                                 tables.early[1]))
     for line in (_empty_steps(path, tables), _repeated_steps(path, tables)):
         if line:
             warnings.append(line)

@@ -207,6 +207,7 @@ class RankTrace:
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
     launches: int = 0  # kernel launches in all
+    early: tuple[int, int, float] = (0, 0, 0.0)  # activities starting before their launch, of those launched; how early
     malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
     rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
     optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
@@ -291,6 +292,21 @@ class RankTrace:
             kept = np.asarray(column)[keep] if isinstance(column, array) else [column[i] for i in keep]
             setattr(self, name, array(column.typecode, kept.tobytes()) if isinstance(column, array) else kept)
 
+    def count_early(self) -> None:
+        """Count the device activities that start before their launching runtime call began (:attr:`early`, with
+        those whose launch is in the file and how early at the median), as `vtrain ingest` counts them
+        (:func:`vtrain.kineto.early_activities`)."""
+        launched: dict[int, float] = {}
+        for kind, correlation, ts in zip(self.kind, self.correlation, self.ts):
+            if kind == RUNTIME and correlation is not None:
+                launched.setdefault(correlation, ts)
+        pairs = [(ts, launched[correlation]) for kind, correlation, ts in zip(self.kind, self.correlation, self.ts)
+                 if kind == DEVICE and correlation in launched]
+        if pairs:
+            starts, launches = np.array(pairs).T
+            early, median = kineto.early_activities(starts, launches)
+            self.early = (early, len(pairs), median)
+
     @property
     def has_device_activity(self) -> bool:
         return DEVICE in self.kind
@@ -328,7 +344,8 @@ class RankTrace:
                         repeated=self.repeated, devices=self.devices, accelerator=self.accelerator,
                         unreadable_args=self.unreadable_args, begin_end=self.begin_end,
                         bare_numbers=self.bare_numbers, unanswered=self.unanswered,
-                        launches=self.launches, malformed=self.malformed, rank_warning=self.rank_warning,
+                        launches=self.launches, early=self.early, malformed=self.malformed,
+                        rank_warning=self.rank_warning,
                         optimizer_iterations=self.optimizer_iterations, nanoseconds=self.nanoseconds,
                         replayable=self.replayable, columns=self.event_columns(), index=self.index,
                         source=self.source)
@@ -379,6 +396,7 @@ class KeptRank:
     bare_numbers: int
     unanswered: int
     launches: int
+    early: tuple[int, int, float]
     malformed: MalformedEvents
     rank_warning: str | None
     optimizer_iterations: int
@@ -445,6 +463,7 @@ def _read_events(text: TraceText, header: TraceHeader, events: Span | None, sink
     trace.count_launches()
     trace.link_launches()
     trace.check_device_times()
+    trace.count_early()
     if sink is not None:
         sink.close(trace)
     return trace
@@ -782,6 +801,8 @@ def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
                      f"than the trace, or starting where no queue of the trace's device work could put them)")
     if trace.unanswered:
         lines.append(kineto.unanswered_launches_warning(path, trace.unanswered, trace.launches))
+    if trace.early[0]:
+        lines.append(kineto.early_activities_warning(path, *trace.early))
     if trace.nanoseconds:
         lines.append(trace.nanoseconds)
     return lines
