@@ -443,3 +443,26 @@ def test_validate_reports_on_odd_but_usable_events(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "left out" in done.stderr
     assert (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_a_step_run_into_the_next_is_said_by_validate_and_whatif(tmp_path: Path) -> None:
+    """ProfilerStep#N stretched over the step after it on its thread: that step is measured from the end of the
+    one holding it, cut short (a nested one measured 0 ms, silently: an audit). `validate` and `whatif` say so; the
+    trace as recorded (its steps one after another) has nothing to say."""
+    from tests.conftest import vtrain_in_process
+
+    document = load(TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz")
+    steps = sorted((e for e in complete(document) if str(e.get("name", "")).startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    steps[0]["dur"] = steps[1]["ts"] + steps[1]["dur"] / 2 - steps[0]["ts"]  # into the middle of the next
+    save(tmp_path / "stretched", "rank-0.json.gz", document)
+    said = f"1 ProfilerStep span(s) run into the next step on their thread (rank 0: {steps[0]['name'][12:]} ends " \
+           f"after {steps[1]['name'][12:]} starts)"
+    for command in ("validate", "whatif"):
+        ran = vtrain_in_process(command, tmp_path / "stretched", *(["--no-hta"] if command == "validate" else
+                                                                     ["--scale-kernel", ".*=0.5"]),
+                                "-o", tmp_path / command)
+        assert ran.returncode == 0 and said in ran.stderr, (command, ran.stderr)
+    shutil.copytree(TRACES / "hta-a100-2rank-nccl", tmp_path / "recorded")
+    ran = vtrain_in_process("whatif", tmp_path / "recorded", "--scale-kernel", ".*=0.5", "-o", tmp_path / "w2")
+    assert ran.returncode == 0 and "run into the next step" not in ran.stderr, ran.stderr

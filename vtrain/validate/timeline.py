@@ -98,6 +98,26 @@ def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
     return named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
 
 
+def overlapping_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
+    """The warning for ``ProfilerStep#N`` spans that overlap a step of another number on their thread (one step
+    stretched over the next, or spans written by hand): each iteration is measured from its step's start or the
+    previous iteration's end, whichever is later (:func:`iterations`), so the later step is cut short (a step held
+    by the one before measured 0 ms, silently: an audit). ``None`` when the steps follow one another."""
+    start = pl.col(MEASURED.start)
+    steps = step_spans(frame).select("rank", "lane", number=iteration_numbers(pl.col("name").cast(pl.String)),
+                                     start=start, end=start + pl.col(MEASURED.dur)).sort("rank", "lane", "start")
+    following = steps.with_columns(next_start=pl.col("start").shift(-1).over("rank", "lane"),
+                                   next_number=pl.col("number").shift(-1).over("rank", "lane"))
+    overlapping = following.filter((pl.col("next_start") < pl.col("end")) & (pl.col("next_number") != pl.col("number")))
+    if overlapping.is_empty():
+        return None
+    first = overlapping.row(0, named=True)
+    return (f"{trace_dir}: {overlapping.height} ProfilerStep span(s) run into the next step on their thread (rank "
+            f"{first['rank']}: #{first['number']} ends after #{first['next_number']} starts): each iteration is "
+            f"measured from its step's start or the previous one's end, whichever is later, so the later step is "
+            f"cut short (steps stretched, or written by hand?)")
+
+
 def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | KeptRank]) -> pl.DataFrame:
     """An annotated event frame with no iteration on the ranks whose ``ProfilerStep#N`` spans were made from their
     optimizer steps (:data:`~vtrain.kineto.OPTIMIZER_ITERATION`) where other ``traces`` of the set have the

@@ -48,6 +48,7 @@ from vtrain.validate.timeline import (
     iterations,
     measured_iterations,
     ops,
+    overlapping_steps,
     without_made_iterations,
 )
 
@@ -175,6 +176,8 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     measured = iterations(frame, MEASURED)
     all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
+        note(line)
+    if line := overlapping_steps(trace_dir, frame):
         note(line)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     steady, steady_basis = chosen.iterations, chosen.basis
