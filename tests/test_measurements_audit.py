@@ -150,3 +150,21 @@ def test_a_row_of_a_folder_of_tables_is_named_by_its_file_and_line(tmp_path: Pat
     assert ran.returncode == 0, ran.stderr
     assert f"warning: {folder}: 1 row(s) not simulated and not scored (row 4, b.csv line 3: no measured time " \
            "('OOM'))" in ran.stderr.splitlines(), ran.stderr
+
+
+def test_every_row_not_simulated_is_in_the_report_with_why(tmp_path: Path) -> None:
+    """Nine rows refused for nine reasons: the warning gave the first, the report only their count; the other eight
+    reasons were in metrics.json alone (an audit). The report lists each, by its file and line in a folder."""
+    header, first, second, third = _rows_with_header(3)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a.csv").write_text("\n".join([header, first, ",".join(second.split(",")[:-1] + ["OOM"])]) + "\n")
+    (folder / "b.csv").write_text("\n".join([header, ",".join(third.split(",")[:-1] + ["-5"])]) + "\n")
+    ran = vtrain_in_process("validate", "--measurements", folder, "--profile", PROFILE, "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "2 row(s) not simulated and not scored (row 2, a.csv line 3: no measured time ('OOM'); each with why in " \
+           "the report)" in ran.stderr, ran.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    listed = report.split("## Rows not simulated")[1].split("##")[0]
+    assert "| 2 | a.csv line 3 | no measured time ('OOM') |" in listed
+    assert "| 3 | b.csv line 2 |" in listed, listed

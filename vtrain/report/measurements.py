@@ -38,6 +38,23 @@ def worst_rows(v: MeasurementValidation) -> Table:
     return header, rows
 
 
+#: the most refused rows the report lists one by one (all of them are in metrics.json's ``invalid_rows``)
+LISTED_REFUSED_ROWS = 100
+
+
+def refused_rows(v: MeasurementValidation) -> list[doc.Block]:
+    """Every row not simulated, with why (up to :data:`LISTED_REFUSED_ROWS`); nothing when every row was."""
+    refused = v.table.filter(pl.col("invalid").is_not_null())
+    if refused.is_empty():
+        return []
+    located = "file" in refused.columns and refused["file"].is_not_null().any()
+    rows = [[str(r["row"]), *([f"{r['file']} line {r['line']}" if r.get("file") else ""] if located else []),
+             r["invalid"]] for r in refused.head(LISTED_REFUSED_ROWS).iter_rows(named=True)]
+    more = refused.height - len(rows)
+    return [doc.TableBlock((["row", *(["where"] if located else []), "why it was not simulated"], rows)),
+            *([doc.Text(f"{more} more in metrics.json (invalid_rows).", note=True)] if more > 0 else [])]
+
+
 def dimension_table(frame: pl.DataFrame, dim: str) -> Table:
     rows = [[str(r[dim]), str(r["rows"]), _pct(r["mape_pct"]), f"{r['mean_error_pct']:+.2f} %"]
             for r in frame.iter_rows(named=True)]
@@ -82,6 +99,7 @@ def document(v: MeasurementValidation, *, with_figures: bool = False) -> doc.Doc
         doc.Section("Where the device model's numbers come from",
                     [doc.Bullets([f"{key}: {value}" for key, value in sorted(v.device_provenance.items())])]),
         doc.Section("Ten worst-predicted rows", [doc.TableBlock(worst_rows(v))]),
+        *([doc.Section("Rows not simulated", refused)] if (refused := refused_rows(v)) else []),
         doc.Section("Error by dimension", [doc.TableBlock(dimension_table(frame, dim))
                                            for dim, frame in v.by_dimension().items()]),
         doc.Section("Per micro-batch and per iteration", [

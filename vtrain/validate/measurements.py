@@ -245,7 +245,7 @@ def _not_scored(predicted: pl.DataFrame) -> str | None:
         return None
     first = unscored.row(0, named=True)
     return (f"{unscored.height} row(s) not simulated and not scored ({_where(first)}: {first['invalid']}"
-            f"{', ...' if unscored.height > 1 else ''})")
+            f"{'; each with why in the report' if unscored.height > 1 else ''})")
 
 
 def _where(row: dict[str, Any]) -> str:
