@@ -281,6 +281,21 @@ def test_failed_report_leaves_no_profile(name: str, broken: object, a100_base: P
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_recorded_runs_pytorch_upgrade_is_reported(tmp_path: Path, shipped_profile) -> None:
+    """Kineto writes no PyTorch version into a trace's header; `vtrain record` writes it into run.yaml, which ingest
+    did not read for it: a recorded run's PyTorch upgrade was reported as no change (an audit). The profile takes
+    it from run.yaml, and calibrate says it."""
+    base = write_profile(shipped_profile(CPU_RUN), tmp_path / "base")
+    recorded = str(load_profile(base).metadata["software"]["pytorch"])
+    assert recorded and recorded != "None"
+    upgraded = tmp_path / "upgraded"
+    copy_traces(CPU_RUN, upgraded)
+    (upgraded / "run.yaml").write_text((CPU_RUN / "run.yaml").read_text().replace(f"torch: {recorded}",
+                                                                                  "torch: 9.9.9+cpu"))
+    summary = calibrate_json(upgraded, base, tmp_path)
+    assert summary["software_changed"] == {"pytorch": {"old": recorded, "new": "9.9.9+cpu"}}
+
+
 def test_two_names_of_one_gpu_are_no_device_change() -> None:
     """A fitted profile names its GPU by the catalog (``H100``), a trace by the driver (``NVIDIA H100 80GB HBM3``):
     calibrating `traces/gpu/h100-user-ckpt-accum` against `profiles/h100` reported ``device: H100 -> NVIDIA H100

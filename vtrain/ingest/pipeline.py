@@ -210,7 +210,9 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         if line:
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
-    metadata["run"] = _of_the_traced_job(described_run(Path(trace_dir), say), world_size, Path(trace_dir), say)
+    described = described_run(Path(trace_dir), say)
+    _with_recorded_software(metadata["software"], described)
+    metadata["run"] = _of_the_traced_job(described, world_size, Path(trace_dir), say)
     if metadata["run"] is None and not (Path(trace_dir) / "run.yaml").exists():
         metadata["run"] = _run_read_off(Path(trace_dir), [r.spooled(spool, "cpu_ops") for r in results], sources,
                                         metadata, say)
@@ -333,6 +335,15 @@ def described_run(trace_dir: Path, warn: Warn) -> dict[str, Any] | None:
     if described.problem:
         warn(f"{described.problem}; the profile is written without the traced run's config")
     return described.config.to_dict() if described.config else None
+
+
+def _with_recorded_software(software: dict[str, Any], run: dict[str, Any] | None) -> None:
+    """Fill the PyTorch version, which the traces' headers do not say (Kineto writes none), from the run config
+    `vtrain record` wrote beside them (``software.torch``): calibrate compares it, and a recorded run's PyTorch
+    upgrade was reported as no change (an audit)."""
+    recorded = (run or {}).get("software") or {}
+    if software.get("pytorch") is None and recorded.get("torch"):
+        software["pytorch"] = str(recorded["torch"])
 
 
 def _of_the_traced_job(run: dict[str, Any] | None, world_size: int | None, trace_dir: Path,
