@@ -22,7 +22,7 @@ import pytest
 
 from tests.benchmarks.synth import repeat_trace
 from tests.conftest import REPO, TRACES
-from vtrain.errors import InputError
+from vtrain.errors import InputError, InputWarning
 from vtrain.outputs import MARKER, PROFILE, check_output, forget_checks, mark, remove_stale_staging, staged
 
 RECORDED = TRACES / "t1p1d2"  # two ranks and a run.yaml: validate replays and simulates
@@ -241,24 +241,48 @@ time.sleep(60)
     assert remove_stale_staging(tmp_path) == [held] and not held.exists()
 
 
+def _published(target: Path, name: str) -> None:
+    with staged(target, PROFILE) as staging:
+        (staging / name).write_text(name)
+
+
 def test_the_output_a_run_replaces_is_locked_while_it_is_kept_aside(tmp_path: Path) -> None:
     """The folder a new output replaces is moved aside (a backup) and, while a command may still put it back
-    (:func:`~vtrain.outputs.restored_on_failure`), kept: its lock is held from before it was moved, so no clean-up in
-    another PID namespace takes it for a dead run's; it is put back when the command fails."""
+    (:func:`~vtrain.outputs.restored_on_failure`), kept locked (:func:`~vtrain.outputs._in_use`: what a clean-up in
+    another PID namespace, to which this process id means nothing, asks); it is put back when the command fails,
+    the first output replaced, however many times the command published there since."""
     from vtrain.outputs import _in_use, restored_on_failure
 
     target = tmp_path / "out"
-    with staged(target, PROFILE) as first:
-        (first / "old.parquet").write_text("x")
+    _published(target, "old.parquet")
     with pytest.raises(InputError, match="the second output"):
         with restored_on_failure(target):
-            with staged(target, PROFILE) as second:
-                (second / "new.parquet").write_text("y")
+            _published(target, "new.parquet")
             [backup] = tmp_path.glob(".out.vtrain-backup-*")
-            assert _in_use(backup) and remove_stale_staging(tmp_path) == []
+            assert _in_use(backup)
+            _published(target, "newer.parquet")  # the first replaced is still the one kept
             raise InputError("the second output was refused")
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "old.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_new_output_the_user_added_to_is_kept_when_the_command_fails(tmp_path: Path) -> None:
+    """The command failed after publishing, and the user had added notes to its new output meanwhile: removing that
+    output to put the old one back removed the notes (a review). Both are kept, the old one beside it, said."""
+    from vtrain.outputs import restored_on_failure
+
+    target = tmp_path / "out"
+    _published(target, "old.parquet")
+    with pytest.warns(InputWarning, match="the output this run wrote is kept"), \
+            pytest.raises(InputError, match="refused"):
+        with restored_on_failure(target):
+            _published(target, "new.parquet")
+            (target / "notes.md").write_text("mine")
+            raise InputError("refused")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.parquet", "notes.md"]
+    [kept] = tmp_path.glob("out.replaced-*")
+    assert sorted(p.name for p in kept.iterdir()) == [MARKER, "old.parquet"]
+    assert remove_stale_staging(tmp_path) == [] and kept.is_dir()
 
 
 def test_a_run_replaces_no_output_another_run_wrote_while_it_ran(tmp_path: Path) -> None:

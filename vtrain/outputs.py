@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vtrain.errors import InputError, raise_if_stopped, stops_deferred
+from vtrain.errors import InputError, raise_if_stopped, stops_deferred, warn_input
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
@@ -208,11 +208,11 @@ _HELD: dict[Path, tuple[Path | None, int | None] | None] = {}
 
 @contextmanager
 def restored_on_failure(target: Path) -> Iterator[None]:
-    """Within the block, an output this run publishes at ``target`` (:func:`staged`) keeps the folder it replaces
-    aside, locked; when the block ends in an error or an interrupt, the new output is removed and the old one put
-    back, so that a command writing two outputs, the second refused, leaves the first as it was (calibrate's drift
-    report, then its profile: the previous report was lost when the profile was refused); otherwise the old one is
-    removed."""
+    """Within the block, the first output this run publishes at ``target`` (:func:`staged`) keeps the folder it
+    replaces aside, locked; when the block ends in an error or an interrupt, the new output is removed and the old
+    one put back, so that a command writing two outputs, the second refused, leaves the first as it was (calibrate's
+    drift report, then its profile: the previous report was lost when the profile was refused); otherwise the old
+    one is removed. A new output the user has added to or edited since is not removed: both are kept, said."""
     key = followed(target).absolute()
     _HELD[key] = None
     try:
@@ -221,15 +221,30 @@ def restored_on_failure(target: Path) -> Iterator[None]:
         with stops_deferred():
             held = _HELD.pop(key, None)
             if held is not None:
-                shutil.rmtree(key, ignore_errors=True)
-                if held[0] is not None:
-                    held[0].rename(key)
-                _unlock(held[1])
+                try:
+                    _put_back(key, held[0])
+                finally:
+                    _unlock(held[1])
         raise
     held = _HELD.pop(key, None)
     if held is not None and held[0] is not None:
         shutil.rmtree(held[0], ignore_errors=True)
         _unlock(held[1])
+
+
+def _put_back(target: Path, backup: Path | None) -> None:
+    """Remove the output this run published at ``target`` and rename ``backup`` (what it replaced, if anything)
+    back; where the user added to or edited the new output since, keep both (the backup beside it) and warn."""
+    written = marker(target) or {}
+    if _added_since(target, written) or _changed_since(target, written):
+        if backup is not None:  # a name no clean-up takes for a dead run's staging
+            kept = backup.rename(target.with_name(f"{target.name}.replaced-{secrets.token_hex(4)}"))
+            warn_input(f"the output this run wrote is kept, for files added to or edited in it since, and the one "
+                       f"it replaced beside it, as {kept.name}", target)
+        return
+    shutil.rmtree(target)
+    if backup is not None:
+        backup.rename(target)
 
 
 def _unlock(handle: int | None) -> None:
@@ -419,7 +434,7 @@ def publish(target: Path, staging: Path) -> None:
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             _SEEN[target.absolute()] = _marker_text(target)  # this run's own output now
-            if target.absolute() in _HELD:
+            if _HELD.get(target.absolute(), "") is None:
                 _HELD[target.absolute()] = (None, None)
             return
         current = _marker_text(target)
@@ -433,15 +448,18 @@ def publish(target: Path, staging: Path) -> None:
             _refuse_added(target, written, "output folder", " (added while vtrain ran)")
         backup = _sibling(target, "backup")
         lock = _locked(target)  # taken before the rename: no clean-up elsewhere takes the backup for a dead run's
-        target.rename(backup)
         try:
-            staging.rename(target)
-        except OSError:
-            backup.rename(target)
+            target.rename(backup)
+            try:
+                staging.rename(target)
+            except OSError:
+                backup.rename(target)
+                raise
+        except BaseException:
             _unlock(lock)
             raise
         _SEEN[target.absolute()] = _marker_text(target)
-        if target.absolute() in _HELD:  # kept aside until the command is done (:func:`restored_on_failure`)
+        if _HELD.get(target.absolute(), "") is None:  # the first replaced, kept aside (:func:`restored_on_failure`)
             _HELD[target.absolute()] = (backup, lock)
         else:
             shutil.rmtree(backup, ignore_errors=True)
