@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -236,6 +237,23 @@ def test_nccl_tests_a_cut_off_last_row_is_left_out_and_said_a_short_row_before_i
     out.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError, match="7 fields where the table header has 13"):
         read_nccl_tests(out)
+
+
+def test_llmcompass_says_the_rows_it_leaves_at_the_hosts_floor_and_the_files_it_does_not_read(tmp_path: Path) -> None:
+    """The host-timed kernel files' rows at the host's per-call floor were left out silently, and a folder's files
+    of another GPU (``matmul_H100.csv``) skipped silently: each is said."""
+    folder = tmp_path / "llmcompass"
+    shutil.copytree(LLMCOMPASS, folder)
+    (folder / "matmul_H100.csv").write_text((LLMCOMPASS / "matmul_A100.csv").read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = read_llmcompass(folder)
+    said = [str(w.message) for w in caught if issubclass(w.category, InputWarning)]
+    assert f"{folder}: 1 file(s) not read: matmul_H100.csv (vtrain reads LLMCompass's A100 files" in said[0]
+    floor = {line.split(": ")[0].rsplit("/", 1)[1]: line for line in said[1:]}
+    assert sorted(floor) == ["gelu_A100.csv", "layernorm_A100.csv", "softmax_A100.csv"]
+    assert "10 of its 22 rows take less than 2x its smallest time (13.1 us)" in floor["softmax_A100.csv"]
+    assert table.filter((pl.col("label") == "softmax") & pl.col("tp").is_null()).height == 22 - 10
 
 
 # --- vidur ------------------------------------------------------------------------------------------------------

@@ -42,6 +42,25 @@ def _inferred(folder: Path, tmp_path: Path):
     return infer_run(profile["cpu_ops"], profile.metadata["world_size"], device, groups)
 
 
+@pytest.mark.parametrize("traced", [[0, 1, 2, 3], [0, 2, 4, 6], [0, 4]])
+def test_some_ranks_of_a_pipeline_give_its_layers_said_as_their_stages(traced: list[int], tmp_path: Path) -> None:
+    """t2p2d2's 4 layers, 2 a stage, traced on some of its 8 ranks with Megatron's pipeline group named: the
+    attention calls of the traced ranks were divided as if every rank were traced (2 layers, and a warning against
+    the true run.yaml: a review). Each stage is taken to hold the traced ranks' layers, and that is said; the layers
+    are not compared with a run config's."""
+    folder = tmp_path / "some"
+    folder.mkdir()
+    for rank in traced:
+        shutil.copy(TRACES / "t2p2d2" / f"rank-{rank}.json.gz", folder / f"rank-{rank}.json.gz")
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    profile = load_profile(tmp_path / "profile")
+    inferred = infer_run(profile["cpu_ops"], 8, "cpu", [{"pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "pg_size": 2}])
+    assert inferred.config is not None and inferred.config.model.layers == 4, inferred.reason
+    assert "layers" in inferred.unsure and f"holding the 2 layers of the traced ranks' (the traces hold " \
+        f"{len(traced)} of the 8 ranks)" in inferred.assumed
+
+
 @pytest.mark.parametrize("name", WHOLE)
 def test_the_shapes_give_the_recorded_run_back(name: str, tmp_path: Path) -> None:
     folder = TRACES / name

@@ -466,3 +466,20 @@ def test_a_step_run_into_the_next_is_said_by_validate_and_whatif(tmp_path: Path)
     shutil.copytree(TRACES / "hta-a100-2rank-nccl", tmp_path / "recorded")
     ran = vtrain_in_process("whatif", tmp_path / "recorded", "--scale-kernel", ".*=0.5", "-o", tmp_path / "w2")
     assert ran.returncode == 0 and "run into the next step" not in ran.stderr, ran.stderr
+
+
+def test_steps_that_meet_are_not_said_to_run_into_each_other() -> None:
+    """A step's start and duration added in floating point land past the next step's start by a few ulps where the
+    two meet (steps made from optimizer steps end where the next begins: 409735.239 + 556686.902 = 966422.1410000001
+    against 966422.141; a review): not said. One that runs into the next by a microsecond or more is."""
+    from vtrain.validate.timeline import overlapping_steps
+
+    def frame(second_start: float) -> pl.DataFrame:
+        return pl.DataFrame({
+            "kind": ["cpu", "cpu"], "name": pl.Series(["ProfilerStep#1", "ProfilerStep#2"], dtype=pl.Categorical),
+            "rank": [0, 0], "lane": [1, 1], "ts": [409735.239, second_start],
+            "dur": [966422.141 - 409735.239, 1000.0]})
+
+    assert (409735.239 + (966422.141 - 409735.239)) > 966422.141  # the floating point this is about
+    assert overlapping_steps("t", frame(966422.141)) is None
+    assert "run into the next step" in (overlapping_steps("t", frame(966420.0)) or "")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -72,6 +72,11 @@ class InputError(Exception):
 
 class InputWarning(UserWarning):
     """Suspicious but usable input: the command line prints it as one line ``warning: <file>: <problem>``."""
+
+
+def some_of(names: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` and how many more, as a message lists them: ``"a, b, c and 4 more"``."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def warn_input(message: str, path: str | Path | None = None) -> None:

@@ -20,7 +20,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -243,20 +243,32 @@ def unanswered_launches_warning(path: object, missing: int, launches: int) -> st
 EARLY_TOLERANCE_US = 1.0
 
 
-def early_activities(activity_ts: np.ndarray, launch_ts: np.ndarray) -> tuple[int, float]:
-    """How many device activities (start ``activity_ts``) start more than :data:`EARLY_TOLERANCE_US` before their
-    launching runtime call began (``launch_ts``, NaN where none is in the file), and how early at the median (µs)."""
-    early = launch_ts - activity_ts
-    early = early[np.isfinite(early) & (early > EARLY_TOLERANCE_US)]
-    return int(early.size), float(np.median(early)) if early.size else 0.0
+class EarlyActivities(NamedTuple):
+    """Device activities that start before the runtime call that launched them began (:func:`early_activities`)."""
+
+    early: int  # more than EARLY_TOLERANCE_US before
+    launched: int  # of the activities whose launch is in the file
+    median_us: float  # how early, at the median of the early ones
 
 
-def early_activities_warning(path: object, early: int, launched: int, median_us: float) -> str:
+def early_activities(activity_ts: np.ndarray, launch_ts: np.ndarray) -> EarlyActivities:
+    """The device activities (start ``activity_ts``) that start more than :data:`EARLY_TOLERANCE_US` before their
+    launching runtime call began (``launch_ts``, NaN where none is in the file)."""
+    lead = launch_ts - activity_ts
+    launched = lead[np.isfinite(lead)]
+    early = launched[launched > EARLY_TOLERANCE_US]
+    return EarlyActivities(int(early.size), int(launched.size), float(np.median(early)) if early.size else 0.0)
+
+
+def early_activities_warning(path: object, found: EarlyActivities) -> str | None:
     """The warning line, in ingest, validate and what-if alike, for device activities :func:`early_activities`
-    found starting before their launch."""
-    return (f"{path}: {early:,} of {launched:,} device activities start before the runtime call that launched them "
-            f"began ({median_us:,.1f} us at the median), which no device can: its clock is offset from the host's "
-            f"(ROCm traces can be). Times read across the two (launch to start, a kernel's wait) are off by as much")
+    found starting before their launch; ``None`` when none does."""
+    if not found.early:
+        return None
+    return (f"{path}: {found.early:,} of {found.launched:,} device activities start before the runtime call that "
+            f"launched them began ({found.median_us:,.1f} us at the median), which no device can: its clock is "
+            f"offset from the host's (ROCm traces can be). Times read across the two (launch to start, a kernel's "
+            f"wait) are off by as much")
 
 
 #: the spellings of the arg that links an event to the CPU op it belongs to, newest first

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vtrain.errors import InputError, raise_if_stopped, stops_deferred, warn_input
+from vtrain.errors import InputError, raise_if_stopped, some_of, stops_deferred, warn_input
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
@@ -388,13 +388,12 @@ def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = 
         raise InputError(f"{what} holds an older vtrain's output, whose marker does not list what it wrote (its files "
                          "cannot be told from ones added since): remove it first or give another -o", target)
     if added := _added_since(target, written):
-        shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
-        raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({shown}): replacing it would "
-                         "remove them; move them out or give another -o", target)
+        raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({some_of(added)}): "
+                         "replacing it would remove them; move them out or give another -o", target)
     if changed := _changed_since(target, written):
-        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-        raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when} ({shown}): "
-                         "replacing it would lose the changes; move them out or give another -o", target)
+        raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when} "
+                         f"({some_of(changed)}): replacing it would lose the changes; move them out or give another "
+                         "-o", target)
 
 
 def _changed_since(folder: Path, written: dict[str, Any]) -> list[str]:

@@ -158,7 +158,7 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
 def _memory_warning(sim: Simulation) -> str | None:
     """A warning when the run's largest stage may need more memory per GPU than its device has: the memory model's
     need, as measured peaks would be within the model's error against them (:func:`~vtrain.model.memory.fit_risk`)."""
-    from vtrain.model.memory import GIB, fit_risk, fit_risk_sentence
+    from vtrain.model.memory import GIB, WOULD_NOT_FIT, fit_risk, fit_risk_sentence
 
     need, capacity = sim.largest_stage_bytes, sim.device.memory_bytes
     risk = fit_risk(need, capacity)
@@ -166,7 +166,7 @@ def _memory_warning(sim: Simulation) -> str | None:
         return None
     return (f"its largest pipeline stage needs {need / GIB:,.2f} GiB per GPU (memory model: parameters, gradients, "
             f"optimizer state, activations): {fit_risk_sentence(need, capacity)}, "
-            f"{'more than' if risk == 'would not fit' else 'around'} the {capacity / GIB:,.0f} GiB of "
+            f"{'more than' if risk == WOULD_NOT_FIT else 'around'} the {capacity / GIB:,.0f} GiB of "
             f"{sim.device.name}: the run {risk} (`vtrain plan --device-memory` finds plans that do)")
 
 

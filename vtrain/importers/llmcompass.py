@@ -57,7 +57,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
-from vtrain.errors import InputError, warn_input
+from vtrain.errors import InputError, some_of, warn_input
 from vtrain.importers._read import LINE, csv_rows, numbers
 from vtrain.importers._work import HALF, HALF_DTYPE, gemm_work
 from vtrain.tables.store import conform
@@ -121,8 +121,7 @@ def _files(folder: str | Path) -> dict[str, Path]:
         raise InputError(f"no LLMCompass files ({', '.join(FILES.values())})", folder)
     unread = sorted(path.name for path in folder.iterdir() if path.suffix == ".csv" and path.name not in FILES.values())
     if unread:
-        shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
-        warn_input(f"{len(unread)} file(s) not read: {shown} (vtrain reads LLMCompass's A100 files by their names, "
+        warn_input(f"{len(unread)} file(s) not read: {some_of(unread)} (vtrain reads LLMCompass's A100 files by their names, "
                    f"{', '.join(FILES.values())}: another GPU's measurements need a profile of their own)", folder)
     return files
 

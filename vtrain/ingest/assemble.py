@@ -24,6 +24,7 @@ from vtrain.kineto import (
     OPTIMIZER_ITERATION,
     OPTIMIZER_STEP,
     absurd_host_events,
+    EarlyActivities,
     dtype_bytes,
     early_activities,
     first_dtype,
@@ -62,7 +63,7 @@ class RankTables:
     absurd_host: int  # host events left out for an absurd time (vtrain.kineto.absurd_host_events)
     unlaunched: int
     unanswered: int  # kernel launches (runtime calls) with no device activity of theirs in the file
-    early: tuple[int, float]  # activities starting before their launch, how early (kineto.early_activities)
+    early: EarlyActivities  # activities starting before their launch (kineto.early_activities)
     launches: int  # kernel launches (runtime calls) in all
     repeated: int  # kernel rows that repeat another exactly (same device, stream, name, start and duration)
     accelerator: str | None

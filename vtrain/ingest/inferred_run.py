@@ -153,6 +153,9 @@ class InferredRun:
     config: RunConfig | None
     reason: str | None = None
     assumed: str = ""
+    #: what of ``config`` the traces do not show for sure (``layers``, ``seq``, ``micro-batch``): taken as one rank's
+    #: stage for all, or one length for micro-batches of several
+    unsure: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         """The inferred run on one line (empty without one)."""
@@ -220,7 +223,8 @@ def _said_lengths(inferred: InferredRun, cpu_ops: pl.LazyFrame) -> InferredRun:
                 f"{', ...' if len(shapes) > 4 else ''}"
     said = (f"every micro-batch {inferred.config.model.seq} tokens long, as in one iteration (its micro-batches "
             f"embed {which}: one length is simulated)")
-    return replace(inferred, assumed=f"{said}, {inferred.assumed}" if inferred.assumed else said)
+    return replace(inferred, assumed=f"{said}, {inferred.assumed}" if inferred.assumed else said,
+                   unsure=inferred.unsure | {"seq", "micro-batch"})
 
 
 class _NotShown(Exception):
@@ -298,7 +302,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     if world % (tp * pp):
         raise _NotShown(f"{world} ranks do not divide into tensor parallelism {tp} x {pp} pipeline stages")
     dp = world // (tp * pp)
-    layers = _layers(ranks if pp > 1 else [rank], micro_batches, tp * dp if pp > 1 else 1)
+    layers, stages_said = _layers(ranks, rank, micro_batches, pp, tp * dp, world)
     mlp, ffn_share, placed, activations = _mlp(rank)
     position = _positions(rank, table, width)
     norm_kind = _norm(rank, hidden)
@@ -345,10 +349,12 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
                                                 "rotary operator)"])
                         + ([placed] if placed else []) + ([recomputed] if recomputed else [])
                         + ([every_micro_batch] if every_micro_batch else [])
+                        + ([stages_said] if stages_said else [])
                         + _said_head(tied, framework))
     if not megatron and not model.is_gpt:  # vtrain's reference model has GPT's layer only
         assumed += ", Megatron's kernels for a layer other than GPT's"
-    return InferredRun(config, assumed=assumed)
+    unsure = {"seq", "micro-batch"} if repacked else set()
+    return InferredRun(config, assumed=assumed, unsure=frozenset(unsure | ({"layers"} if stages_said else set())))
 
 
 #: operator names searched for (the others of an iteration are not read)
@@ -587,9 +593,27 @@ def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[dic
     raise _NotShown("the pipeline stages: the traces hold some of the ranks and do not name the pipeline's group")
 
 
-def _layers(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
-    """Layers from the attentions' backward calls (one a layer and micro-batch, recomputed or not), over the
-    ``ranks`` of every stage (``ranks_a_stage`` of each)."""
+def _layers(ranks: list[_Rank], first: _Rank, micro_batches: int, pp: int, ranks_a_stage: int,
+            world: int) -> tuple[int, str]:
+    """Layers from the attentions' backward calls (one a layer and micro-batch, recomputed or not): those of
+    ``first`` (a rank with the embedding) where there is one stage; over the ranks of every stage (``ranks_a_stage``
+    each) where every rank is traced; else, where the traced ranks each hold as many, that many in each of the
+    ``pp`` stages, said (the second part: a run of 4 layers traced on 4 of its 8 ranks was read as 2 layers)."""
+    if pp == 1:
+        return _calls_a_layer([first], micro_batches, 1), ""
+    if len(ranks) == world:
+        return _calls_a_layer(ranks, micro_batches, ranks_a_stage), ""
+    each = {_calls_a_layer([one], micro_batches, 1) for one in ranks}
+    if len(each) > 1:
+        raise _NotShown(f"the layers: the traces hold {len(ranks)} of the {world} ranks, whose stages hold "
+                        f"{', '.join(map(str, sorted(each)))} layers")
+    held = each.pop()
+    return held * pp, (f"each of the {pp} stages holding the {held} layers of the traced ranks' (the traces hold "
+                       f"{len(ranks)} of the {world} ranks)")
+
+
+def _calls_a_layer(ranks: list[_Rank], micro_batches: int, ranks_a_stage: int) -> int:
+    """The attention backward calls of ``ranks`` over their micro-batches and the ranks of a stage among them."""
     calls = sum(rank.count(name) for rank in ranks for name in _ATTENTION_BACKWARD)
     if not calls or calls % (micro_batches * ranks_a_stage):
         raise _NotShown(f"{calls} attention backward calls are not one a layer for each of {micro_batches} "

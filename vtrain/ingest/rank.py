@@ -201,9 +201,8 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                         f"their launch time is their start")
     if tables.unanswered:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
-    if tables.early[0]:
-        warnings.append(early_activities_warning(path, tables.early[0], tables.kernels.height - tables.unlaunched,
-                                                 tables.early[1]))
+    if line := early_activities_warning(path, tables.early):
+        warnings.append(line)
     for line in (_empty_steps(path, tables), _repeated_steps(path, tables)):
         if line:
             warnings.append(line)

@@ -79,6 +79,10 @@ def measured_peaks(need_bytes: float) -> tuple[float, float]:
     return need_bytes / (1 + high / 100), need_bytes / (1 + low / 100)
 
 
+#: what :func:`fit_risk` says of a need
+WOULD_NOT_FIT, MAY_NOT_FIT = "would not fit", "may not fit"
+
+
 def fit_risk(need_bytes: float, capacity_bytes: float) -> str | None:
     """Whether a modelled need fits ``capacity_bytes`` as the measured peaks it stands for would: ``"would not
     fit"`` (even the lowest of them is over it), ``"may not fit"`` (the highest is), ``None`` (all fit, or no
@@ -86,7 +90,7 @@ def fit_risk(need_bytes: float, capacity_bytes: float) -> str | None:
     least, most = measured_peaks(need_bytes)
     if not capacity_bytes or most <= capacity_bytes:
         return None
-    return "would not fit" if least > capacity_bytes else "may not fit"
+    return WOULD_NOT_FIT if least > capacity_bytes else MAY_NOT_FIT
 
 
 def fit_risk_sentence(need_bytes: float, capacity_bytes: float) -> str:

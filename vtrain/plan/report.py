@@ -125,7 +125,8 @@ def summary(table: PlanTable) -> dict[str, Any]:
 def best_memory_risk(table: PlanTable) -> str | None:
     """What the cheapest plan within limits risks in the device's memory, as the measured peaks its modelled need
     stands for would (:func:`~vtrain.model.memory.fit_risk`): a plan is kept when the model's need fits, and the
-    model reads 0.9-8.4 % under measured peaks; ``None`` when they all fit."""
+    model reads under measured peaks (:data:`~vtrain.model.memory.MEASURED_ERROR_PCT`); ``None`` when they all
+    fit."""
     best = table.best()
     if best is None:
         return None

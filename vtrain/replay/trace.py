@@ -207,7 +207,7 @@ class RankTrace:
     bare_numbers: int = 0  # NaN or Infinity values read as null (vtrain.ingest.decode.decode_text)
     unanswered: int = 0  # kernel launches without their device activity (kineto.unanswered_launches)
     launches: int = 0  # kernel launches in all
-    early: tuple[int, int, float] = (0, 0, 0.0)  # activities starting before their launch, of those launched; how early
+    early: kineto.EarlyActivities = kineto.EarlyActivities(0, 0, 0.0)  # activities starting before their launch
     malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
     rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
     optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
@@ -293,9 +293,8 @@ class RankTrace:
             setattr(self, name, array(column.typecode, kept.tobytes()) if isinstance(column, array) else kept)
 
     def count_early(self) -> None:
-        """Count the device activities that start before their launching runtime call began (:attr:`early`, with
-        those whose launch is in the file and how early at the median), as `vtrain ingest` counts them
-        (:func:`vtrain.kineto.early_activities`)."""
+        """Count the device activities that start before their launching runtime call began (:attr:`early`), as
+        `vtrain ingest` counts them (:func:`vtrain.kineto.early_activities`)."""
         launched: dict[int, float] = {}
         for kind, correlation, ts in zip(self.kind, self.correlation, self.ts):
             if kind == RUNTIME and correlation is not None:
@@ -303,9 +302,7 @@ class RankTrace:
         pairs = [(ts, launched[correlation]) for kind, correlation, ts in zip(self.kind, self.correlation, self.ts)
                  if kind == DEVICE and correlation in launched]
         if pairs:
-            starts, launches = np.array(pairs).T
-            early, median = kineto.early_activities(starts, launches)
-            self.early = (early, len(pairs), median)
+            self.early = kineto.early_activities(*np.array(pairs).T)
 
     @property
     def has_device_activity(self) -> bool:
@@ -396,7 +393,7 @@ class KeptRank:
     bare_numbers: int
     unanswered: int
     launches: int
-    early: tuple[int, int, float]
+    early: kineto.EarlyActivities
     malformed: MalformedEvents
     rank_warning: str | None
     optimizer_iterations: int
@@ -801,8 +798,8 @@ def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
                      f"than the trace, or starting where no queue of the trace's device work could put them)")
     if trace.unanswered:
         lines.append(kineto.unanswered_launches_warning(path, trace.unanswered, trace.launches))
-    if trace.early[0]:
-        lines.append(kineto.early_activities_warning(path, *trace.early))
+    if line := kineto.early_activities_warning(path, trace.early):
+        lines.append(line)
     if trace.nanoseconds:
         lines.append(trace.nanoseconds)
     return lines

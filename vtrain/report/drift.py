@@ -17,10 +17,8 @@ from vtrain.calibrate.result import Calibration
 from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
 from vtrain.report.console import stdout_console
-from vtrain.report.tables import Table, ms, pct
+from vtrain.report.tables import LISTED, Table, ms, pct
 
-#: rows listed per kind and status group in report.md / report.html (all of them are in drift.json)
-LISTED = 100
 #: rows in the terminal's table of what moved
 PRINTED = 20
 #: characters of a row's label printed there

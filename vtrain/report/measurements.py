@@ -10,7 +10,7 @@ import polars as pl
 
 from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
-from vtrain.report.tables import Table
+from vtrain.report.tables import LISTED, Table
 from vtrain.validate.measurements import MeasurementValidation
 
 
@@ -38,18 +38,14 @@ def worst_rows(v: MeasurementValidation) -> Table:
     return header, rows
 
 
-#: the most refused rows the report lists one by one (all of them are in metrics.json's ``invalid_rows``)
-LISTED_REFUSED_ROWS = 100
-
-
 def refused_rows(v: MeasurementValidation) -> list[doc.Block]:
-    """Every row not simulated, with why (up to :data:`LISTED_REFUSED_ROWS`); nothing when every row was."""
+    """Every row not simulated, with why (up to :data:`LISTED`); nothing when every row was."""
     refused = v.table.filter(pl.col("invalid").is_not_null())
     if refused.is_empty():
         return []
     located = "file" in refused.columns and refused["file"].is_not_null().any()
     rows = [[str(r["row"]), *([f"{r['file']} line {r['line']}" if r.get("file") else ""] if located else []),
-             r["invalid"]] for r in refused.head(LISTED_REFUSED_ROWS).iter_rows(named=True)]
+             r["invalid"]] for r in refused.head(LISTED).iter_rows(named=True)]
     more = refused.height - len(rows)
     return [doc.TableBlock((["row", *(["where"] if located else []), "why it was not simulated"], rows)),
             *([doc.Text(f"{more} more in metrics.json (invalid_rows).", note=True)] if more > 0 else [])]

@@ -8,6 +8,10 @@ from vtrain.report.document import Table  # header, rows
 from vtrain.validate.diff import Comparison
 
 
+#: rows a report lists in one table (all of them are in its JSON)
+LISTED = 100
+
+
 def per_iteration(count: float) -> str:
     """A count per rank and iteration: whole where it is (``1,219``), else to a tenth (``7.5``)."""
     return f"{count:,.0f}" if count == round(count) else f"{count:,.1f}"

@@ -98,6 +98,11 @@ def step_spans(frame: pl.DataFrame) -> pl.DataFrame:
     return named.filter(iteration_numbers(pl.col("name").cast(pl.String)).is_not_null())
 
 
+#: how far (µs) a step may seem to run into the next and be the two meeting: a start and a duration added in floating
+#: point land a few ulps off the next step's start (steps made from optimizer steps end where the next begins)
+STEP_OVERLAP_US = 1.0
+
+
 def overlapping_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
     """The warning for ``ProfilerStep#N`` spans that overlap a step of another number on their thread (one step
     stretched over the next, or spans written by hand): each iteration is measured from its step's start or the
@@ -108,7 +113,8 @@ def overlapping_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
                                      start=start, end=start + pl.col(MEASURED.dur)).sort("rank", "lane", "start")
     following = steps.with_columns(next_start=pl.col("start").shift(-1).over("rank", "lane"),
                                    next_number=pl.col("number").shift(-1).over("rank", "lane"))
-    overlapping = following.filter((pl.col("next_start") < pl.col("end")) & (pl.col("next_number") != pl.col("number")))
+    overlapping = following.filter((pl.col("next_start") < pl.col("end") - STEP_OVERLAP_US)
+                                   & (pl.col("next_number") != pl.col("number")))
     if overlapping.is_empty():
         return None
     first = overlapping.row(0, named=True)

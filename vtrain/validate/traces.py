@@ -327,11 +327,11 @@ def _unlike_the_traces(trace_dir: Path, traces: list, ingested: Profile, config:
     """A warning when the given run config says other than the traces' operators show (:data:`_SHOWN`): a run of
     12 layers validated against traces of 24 was predicted 46 % fast, a miss of the config's, silently (an audit);
     ``None`` when they agree or the traces show no run."""
-    shown = _inferred_run(traces, ingested).config
-    if shown is None:
+    inferred = _inferred_run(traces, ingested)
+    if inferred.config is None:
         return None
-    differ = [f"{name} {said(config)} (the traces: {said(shown)})" for name, said in _SHOWN
-              if said(config) != said(shown)]
+    differ = [f"{name} {said(config)} (the traces: {said(inferred.config)})" for name, said in _SHOWN
+              if name not in inferred.unsure and said(config) != said(inferred.config)]
     if not differ:
         return None
     return (f"{source} says {', '.join(differ)}, read off {trace_dir}'s operators' shapes: does it describe these "
