@@ -458,3 +458,14 @@ def test_graph_launches_are_written_and_read_back(base_traces: dict[str, Trace],
     loaded = load_profile(tmp_path / "profile")
     assert loaded["graph_launches"]["kernels"].sum() == loaded["kernels"].filter(
         pl.col("correlation").is_in(loaded["graph_launches"]["correlation"].implode())).height
+
+
+def test_kernels_launched_under_no_operator_but_the_step_are_no_operators_call() -> None:
+    """compare-base launches element-wise kernels under no operator but its ProfilerStep#1009 and #1010 spans (their
+    External id is the step's): op_latency had rows "ProfilerStep#1009" and "#1010", and calibrating the same
+    traces with steps numbered otherwise reported two operators gone and two new (an audit). They are no
+    operator's call; the kernels stay in the kernels table."""
+    profile, _ = _ingest(TRACES / "wild" / "compare-base")
+    under_steps = profile["kernels"].filter(pl.col("cpu_op").str.starts_with("ProfilerStep#"))
+    assert under_steps.height > 0
+    assert profile["op_latency"].filter(pl.col("op").str.starts_with("ProfilerStep#")).is_empty()

@@ -9,6 +9,7 @@ import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
 from vtrain.kineto import COMMUNICATION_OP_PREFIXES
+from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
 from vtrain.tables.schema import COMMUNICATION, TRACE_SOURCE
 from vtrain.tables.store import conform
@@ -34,10 +35,13 @@ def gpu_op_calls(kernels: pl.DataFrame) -> pl.DataFrame:
     """One row per operator call that launched device work: its signature, kernel sequence and total time.
 
     Communication kernels are left out (they belong to ``nccl_latency``), as are kernels whose launching CPU
-    op is unknown.
+    op is unknown, and those launched under no operator but the iteration's ``ProfilerStep#N`` span: no operator's
+    call (keyed by the step's number, they read as an operator gone and a new one in every drift report whose
+    traces number their steps otherwise: an audit).
     """
     return (
-        kernels.filter(pl.col("cpu_op").is_not_null() & (pl.col("kernel_class") != COMMUNICATION))
+        kernels.filter(pl.col("cpu_op").is_not_null() & (pl.col("kernel_class") != COMMUNICATION)
+                       & ~pl.col("cpu_op").str.starts_with(ITERATION_PREFIX))
         .sort("ts")
         .group_by("rank", "external_id", maintain_order=True)
         .agg(
