@@ -135,3 +135,20 @@ def test_cli_reports_a_rank_failure_in_one_line_and_exits_1(tmp_path: Path,
     result = CliRunner().invoke(app, ["record", *TINY, "--dp", "2", "-o", str(out)])
     assert result.exit_code == 1
     assert result.output.strip() == f"error: {out}: rank 1 failed: RuntimeError: out of memory"
+
+
+def test_more_cpu_ranks_than_cores_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vtrain record --dp 64` on 2 cores ran without a word (an audit): its ranks take turns on the cores, and the
+    recording times the turns with the work. More CPU ranks than cores is said; a core each, or GPUs, are not."""
+    import warnings
+
+    import vtrain.record.launcher as launcher
+    from vtrain.errors import InputWarning
+
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 2)
+    with pytest.warns(InputWarning, match="64 ranks on this machine's 2 cores: they take turns on them"):
+        launcher._say_shared_cores("cpu", 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launcher._say_shared_cores("cpu", 2)
+        launcher._say_shared_cores("cuda", 8)
