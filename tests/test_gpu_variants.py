@@ -28,6 +28,9 @@ H100_TRACE = REPO / "traces" / "gpu" / "h100-small-eager"
     ("NVIDIA L40S", "L40S"), ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"), ("AMD Instinct MI250X / MI250", "MI250X"),
     ("AMD Instinct MI250", "MI250"), ("AMD Instinct MI325X", "MI325X"), ("AMD Radeon Graphics", None),
     ("NVIDIA GeForce RTX 4090", None), ("Tesla T4", None),
+    # another digit after a part's name is another part: an RTX A1000 was simulated as an A100, "H1000" as an H100
+    ("NVIDIA RTX A1000", None), ("A1000", None), ("H1000", None), ("NVIDIA A100 80GB PCIe", "A100-80GB-PCIe"),
+    ("NVIDIA H100 80GB HBM3", "H100"), ("A100_80GB", "A100-80GB"),
 ])
 def test_device_names_as_drivers_write_them(name: str, meant: str | None) -> None:
     assert canonical_device_name(name) == meant

@@ -15,6 +15,7 @@ NICs) that calibration is expected to replace with fitted ones.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from vtrain.collective_cost import Link
@@ -129,28 +130,30 @@ KNOWN_DEVICES = ("cpu", *DATASHEET_DEVICES)
 
 
 def canonical_device_name(name: str) -> str | None:
-    """Map a device string (``A100``, ``NVIDIA A100-SXM4-80GB``, ``h200``, ``cpu`` ...) to a catalog key."""
+    """Map a device string (``A100``, ``NVIDIA A100-SXM4-80GB``, ``h200``, ``cpu`` ...) to a catalog key; a part
+    name followed by another digit is another part (``A1000``, an RTX card, was taken for an A100)."""
     key = name.lower().replace(" ", "").replace("_", "-")
     if key in ("cpu", "host"):
         return "cpu"
+    words = re.sub(r"[\s_]+", "-", name.lower())  # where the words of the name end
     pcie = "pcie" in key
-    if "gh200" in key:  # before H200: "NVIDIA GH200 480GB" has 96 GB of HBM3, "GH200 144G HBM3e" 144 GB
+    if _names(words, "gh200"):  # before H200: "NVIDIA GH200 480GB" has 96 GB of HBM3, "GH200 144G HBM3e" 144 GB
         return "GH200-144GB" if "144g" in key or "hbm3e" in key else "GH200"
-    if "h200" in key:
+    if _names(words, "h200"):
         return "H200"
-    if "h100" in key:
+    if _names(words, "h100"):
         return "H100-NVL" if "nvl" in key else "H100-PCIe" if pcie else "H100"
-    if "h800" in key:
+    if _names(words, "h800"):
         return "H800-PCIe" if pcie else "H800"
-    if "a100" in key:
+    if _names(words, "a100"):
         memory = "80GB" if "80g" in key else "40GB"
         return f"A100-{memory}-PCIe" if pcie else f"A100-{memory}"
-    if "a800" in key:  # the SXM part has 80 GB; the cards (PCIe, "A800 40GB Active") 40 or 80
+    if _names(words, "a800"):  # the SXM part has 80 GB; the cards (PCIe, "A800 40GB Active") 40 or 80
         memory = "80GB" if "80g" in key else "40GB"
         return f"A800-{memory}-PCIe" if pcie or "active" in key else "A800-80GB"
-    if "v100" in key:
+    if _names(words, "v100"):
         return "V100"
-    return _other_gpu(key)
+    return _other_gpu(key, words)
 
 
 #: the other parts by the name drivers write, lower case without spaces; first match wins ("gb200" before "b200",
@@ -160,8 +163,14 @@ _OTHER_NAMES = (("gb200", "GB200"), ("b200", "B200"), ("h20", "H20"), ("l40s", "
                 ("mi250", "MI250"))
 
 
-def _other_gpu(key: str) -> str | None:
-    return next((name for part, name in _OTHER_NAMES if part in key or key == name.lower()), None)
+def _other_gpu(key: str, words: str) -> str | None:
+    return next((name for part, name in _OTHER_NAMES if _names(words, part) or key == name.lower()), None)
+
+
+def _names(words: str, part: str) -> bool:
+    """Whether a device string (lower case, words joined by ``-``) names ``part`` (its characters, words joined
+    or not) with no other digit after it."""
+    return re.search("-?".join(map(re.escape, part)) + "(?![0-9])", words) is not None
 
 
 def same_die(one: str, other: str) -> bool:
