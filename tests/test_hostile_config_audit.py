@@ -301,3 +301,16 @@ def test_a_gpu_run_config_that_leaves_out_its_framework_precision_or_attention_s
         with warnings.catch_warnings():
             warnings.simplefilter("error", InputWarning)
             load_run_config(said)
+
+
+def test_an_inconsistent_gpu_run_config_is_one_line(tmp_path: Path) -> None:
+    """A GPU run config leaving out its framework, precision and attention, and refused (global batch 7 over
+    2 x 2): the warning on its defaults came first, then the error: two lines for bad input (an audit). One."""
+    config = tmp_path / "gb7.yaml"
+    config.write_text("model: {layers: 4, hidden: 512, heads: 8, seq: 512, vocab: 512}\n"
+                      "parallelism: {tp: 1, pp: 1, dp: 2, micro_batch: 2, global_batch: 7}\n"
+                      "hardware: {device: A100, device_count: 2, gpus_per_node: 8}\n")
+    ran = vtrain_in_process("simulate", config)
+    assert ran.returncode == 2 and ran.stderr.splitlines() == [
+        f"error: {config}: inconsistent run config: global batch (7) is not divisible by dp*micro_batch (2*2)"], \
+        ran.stderr

@@ -511,8 +511,9 @@ _RECORDING_DEFAULTS = {
 def _say_defaults_on_a_gpu(data: dict[str, Any], config: RunConfig, source: str | Path) -> None:
     """One warning line for a run on a GPU whose config leaves out its framework, precision or attention: their
     defaults are `vtrain record`'s CPU runs' (whose run.yaml leaves them out), not a GPU training run's (before,
-    a Megatron run written without them was planned as the reference model in fp32, silently)."""
-    if config.hardware.device.lower() in ("cpu", "host"):
+    a Megatron run written without them was planned as the reference model in fp32, silently). Not for an
+    inconsistent config, refused anyway: bad input is one line."""
+    if config.hardware.device.lower() in ("cpu", "host") or config.constraint_errors():
         return
     left = [key for key in _RECORDING_DEFAULTS if key not in data]
     if left:
