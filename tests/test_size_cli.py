@@ -50,6 +50,15 @@ def test_answer_is_the_lowest_loss_shape_and_its_plan(tmp_path: Path) -> None:
     assert s["parameters"] == smallest, "the 8-GPU, 2-day budget's optimum lies below the shapes"
 
 
+def test_a_budget_only_one_shape_runs_on_says_so(tmp_path: Path) -> None:
+    """One GPU for 86 seconds: only the smallest shape runs, and the answer (1.3B parameters on almost no tokens)
+    is the grid's, not the budget's (the closed form says far less), unsaid: the edge warning needed two shapes (an
+    audit)."""
+    result = vtrain("--gpus", 1, "--days", 0.001, "--profile", PROFILE, "-o", tmp_path / "size", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "warning: the only shape searched that runs is 1.3B parameters" in result.stderr, result.stderr
+
+
 def test_llama_shapes(tmp_path: Path) -> None:
     """``--family llama`` searches LLaMA 2's and 3's layers (grouped-query attention, SwiGLU, RMSNorm, rotary
     positions), each named by its key/value heads and MLP width; they are Megatron's kernels: with the reference

@@ -109,7 +109,11 @@ def _say_an_edge_of_the_shapes(planned: list[Sized], chosen: Sized) -> None:
     """One warning line when the lowest loss is the smallest or the largest shape searched that runs: the optimum
     may lie beyond the shapes, and the answer is the edge of the grid, not the budget's."""
     runnable = sorted((s for s in planned if math.isfinite(s.loss)), key=lambda s: s.parameters)
-    if len(runnable) < 2 or chosen not in (runnable[0], runnable[-1]):
+    if not runnable or chosen not in (runnable[0], runnable[-1]):
+        return
+    if len(runnable) == 1:  # the only one: as much the smallest as the largest (1 GPU for 86 s: 1.3B on 0B tokens)
+        warn(f"the only shape searched that runs is {chosen.parameters / 1e9:.1f}B parameters: the lowest loss of "
+             f"this budget may lie at another size, which is not among the shapes")
         return
     edge, beyond = ("smallest", "smaller") if chosen is runnable[0] else ("largest", "larger")
     warn(f"the lowest loss is the {edge} shape searched that runs ({chosen.parameters / 1e9:.1f}B parameters): a "
