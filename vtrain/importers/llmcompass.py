@@ -121,8 +121,9 @@ def _files(folder: str | Path) -> dict[str, Path]:
         raise InputError(f"no LLMCompass files ({', '.join(FILES.values())})", folder)
     unread = sorted(path.name for path in folder.iterdir() if path.suffix == ".csv" and path.name not in FILES.values())
     if unread:
+        names = ", ".join(FILES.values())
         warn_input(f"{len(unread)} file(s) not read: {some_of(unread)} (vtrain reads LLMCompass's A100 files by "
-                   f"their names, {', '.join(FILES.values())}: another GPU's measurements need a profile of their own)", folder)
+                   f"their names, {names}: another GPU's measurements need a profile of their own)", folder)
     return files
 
 
