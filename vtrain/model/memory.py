@@ -72,7 +72,7 @@ FP32_BYTES = 4
 MEASURED_ERROR_PCT = (-8.4, -0.9)
 
 
-def measured_peaks(need_bytes: float) -> tuple[float, float]:
+def measured_peak_range(need_bytes: float) -> tuple[float, float]:
     """The lowest and highest measured peak a modelled need stands for (the model's error against measured peaks,
     :data:`MEASURED_ERROR_PCT`)."""
     low, high = MEASURED_ERROR_PCT
@@ -87,7 +87,7 @@ def fit_risk(need_bytes: float, capacity_bytes: float) -> str | None:
     """Whether a modelled need fits ``capacity_bytes`` as the measured peaks it stands for would: ``"would not
     fit"`` (even the lowest of them is over it), ``"may not fit"`` (the highest is), ``None`` (all fit, or no
     capacity is known)."""
-    least, most = measured_peaks(need_bytes)
+    least, most = measured_peak_range(need_bytes)
     if not capacity_bytes or most <= capacity_bytes:
         return None
     return WOULD_NOT_FIT if least > capacity_bytes else MAY_NOT_FIT
@@ -97,7 +97,7 @@ def fit_risk_sentence(need_bytes: float, capacity_bytes: float) -> str:
     """The measured peaks a need stands for and the model's error, as a warning says them: ``"37.6-40.6 GiB as
     measured (the model is -8.4 to -0.9 % of measured peaks)"``."""
     low, high = MEASURED_ERROR_PCT
-    least, most = measured_peaks(need_bytes)
+    least, most = measured_peak_range(need_bytes)
     measured = (f"{least / GIB:,.1f} GiB or more" if least > capacity_bytes
                 else f"{least / GIB:,.1f}-{most / GIB:,.1f} GiB")
     return f"{measured} as measured (the model is {low:+.1f} to {high:+.1f} % of measured peaks)"
