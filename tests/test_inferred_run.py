@@ -792,7 +792,7 @@ def test_little_measured_of_a_run_read_off_the_traces_says_why(tmp_path: Path) -
     said = [line for line in ran.stderr.splitlines() if "of the simulated operators' time was measured" in line]
     assert len(said) == 1 and said[0].endswith("(the run read off them is simulated with the operators vtrain "
                                                "places for its layer, which the traces ran otherwise); the rest "
-                                               "is modelled"), said
+                                               "is modelled"), ran.stderr  # (26 % measured here; CI once said none)
 
 
 def _data_parallel_rank(rank: int, world: int, store: str, target: str, sharded: bool = False,
