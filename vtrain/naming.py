@@ -23,6 +23,8 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import polars as pl
 
 SPAN_PREFIX = "vtrain/"
@@ -97,3 +99,19 @@ def iteration_numbers(names: pl.Expr) -> pl.Expr:
     import polars as pl
 
     return names.str.extract(ITERATION_NAME).cast(pl.Int64)
+
+
+def step_windows(spans: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """The iterations' windows (``*by, iteration, step_ts, step_end``, sorted by start) of ``ProfilerStep#N`` spans
+    given as those columns. The spans of one number that overlap are one window, from the first start to the last
+    end: one step marked on two threads (an empty span on a second thread had cut the iteration short at its end,
+    the events after it in no iteration); spans of one number one after another (a trace stitched from others) stay
+    apart."""
+    import polars as pl
+
+    keys = [*by, "iteration"]
+    reach = pl.col("step_end").cum_max().shift(1).over(keys)
+    opens = (pl.col("step_ts") >= reach).fill_null(True)  # the first span of a number opens its window
+    numbered = spans.sort(*keys, "step_ts").with_columns(_window=opens.cast(pl.Int64).cum_sum().over(keys))
+    return (numbered.group_by(*keys, "_window").agg(pl.col("step_ts").min(), pl.col("step_end").max())
+            .drop("_window").sort(*by, "step_ts"))

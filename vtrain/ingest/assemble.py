@@ -36,7 +36,7 @@ from vtrain.kineto import (
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
 from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES
-from vtrain.naming import ITERATION_PREFIX, iteration_numbers
+from vtrain.naming import ITERATION_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.store import conform
 
 
@@ -83,13 +83,13 @@ class RankTables:
 
 
 def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
-    """``ProfilerStep#N`` spans as (step_ts, step_end, iteration), sorted by start."""
-    return (
+    """The iterations' windows of the ``ProfilerStep#N`` spans (:func:`vtrain.naming.step_windows`) as
+    (iteration, step_ts, step_end), sorted by start."""
+    return step_windows(
         cpu.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
         .with_columns(iteration=iteration_numbers(pl.col("name")))
         .filter(pl.col("iteration").is_not_null())
-        .select(step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), iteration="iteration")
-        .sort("step_ts")
+        .select("iteration", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"))
     )
 
 

@@ -33,7 +33,7 @@ import polars as pl
 
 from vtrain.errors import InputError
 from vtrain.kineto import ATTENTION_OPS, empty_steps_text, fused_attention_dims
-from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers
+from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
 
@@ -136,12 +136,9 @@ def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | Ke
 
 
 def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
-    steps = (
-        step_spans(frame)
-        .with_columns(step=iteration_numbers(pl.col("name").cast(pl.String)))
-        .select("rank", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"), step="step")
-        .sort("rank", "step_ts")
-    )
+    steps = step_windows(step_spans(frame).select("rank", iteration=iteration_numbers(pl.col("name").cast(pl.String)),
+                                                   step_ts="ts", step_end=pl.col("ts") + pl.col("dur")),
+                         by=["rank"]).rename({"iteration": "step"})
     if steps.is_empty():  # no iteration marks: the whole trace is one iteration
         return frame.with_columns(iteration=pl.lit(0, dtype=pl.Int64))
     # placed on the few columns it needs (sorting the whole frame would copy every name), then put back in order
