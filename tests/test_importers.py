@@ -548,6 +548,40 @@ def test_measurement_table_with_two_times_reads_the_iteration_time(tmp_path):
         assert read_measurements(path)["iteration_ms"].to_list() == [812.5]
 
 
+def test_time_columns_that_disagree_are_said_and_those_that_agree_are_not(tmp_path: Path) -> None:
+    """A table giving each run's time twice, in ms and in s, the seconds column filled in ms for one row (a unit
+    pasted wrong): the row was scored on its first column, the other's 1000x unsaid (an audit). Said, naming the
+    row and both readings; times a few per cent apart (rounding, another FLOP count) are not."""
+    header = f"{','.join(GROUND_TRUTH_HEADER)},iteration time (s)"
+    agree = write(tmp_path / "agree.csv", [header, "16,64,2,2048,16,24,2048,2,4,2,812.5,0.83"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_measurements(agree)
+    assert not [w for w in caught if "disagree" in str(w.message)]
+    wrong = write(tmp_path / "wrong.csv", [header, "16,64,2,2048,16,24,2048,2,4,2,812.5,0.8125",
+                                           "16,64,2,2048,16,24,2048,4,2,2,790,790"])
+    with pytest.warns(InputWarning, match=r"1 row\(s\) give iteration times that disagree by more than 1.2x across "
+                                          r"their time columns \(row 2: 'iteration time \(ms\)' 790 ms, 'iteration "
+                                          r"time \(s\)' 7.9e\+05 ms\): each is scored on its first"):
+        assert read_measurements(wrong)["iteration_ms"].to_list() == [812.5, 790]
+
+
+def test_one_configuration_measured_twice_far_apart_is_said(tmp_path: Path) -> None:
+    """The same run logged twice, 1,000 and 1,270 ms (a slow node, a first run compiling): one prediction cannot be
+    near both, and both are scored; said, naming the rows. Repeats 3 % apart (run-to-run noise) are not."""
+    header = ",".join(GROUND_TRUTH_HEADER)
+    near = write(tmp_path / "near.csv", [header, *(f"16,64,2,2048,16,24,2048,2,4,2,{ms}" for ms in (1000, 1030))])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_measurements(near)
+    assert not [w for w in caught if "more than once" in str(w.message)]
+    far = write(tmp_path / "far.csv", [header, *(f"16,64,2,2048,16,24,2048,{layout},{ms}" for layout, ms in (
+        ("2,4,2", 1000), ("4,2,2", 900), ("2,4,2", 1270)))])
+    with pytest.warns(InputWarning, match=r"1 configuration\(s\) measured more than once take times more than 1.2x "
+                                          r"apart \(rows 1, 3: 1,000 to 1,270 ms\): each row is scored"):
+        assert read_measurements(far).height == 3
+
+
 def test_a_table_giving_each_row_its_time_in_another_column_reads_every_row(tmp_path):
     """Published runs pasted together: TFLOP/s per GPU for some, tokens/s per GPU for others. The first time column
     was read for the whole table and 6 of 7 rows refused as "no measured time"."""

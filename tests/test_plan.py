@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from tests.conftest import REPO
 from vtrain.cli.main import app
 from vtrain.flops import model_flops_per_iteration
+from vtrain.model.memory import MEASURED_ERROR_PCT
 from vtrain.plan import best_plan, sweep
 from vtrain.plan.cost import DEFAULT_PRICE_PER_GPU_HOUR
 from vtrain.plan.pareto import pareto_frontier
@@ -72,8 +73,8 @@ def test_sweep_prunes_times_prices_and_finds_the_frontier() -> None:
     assert counts["simulated"] > 0 and counts["out_of_memory"] > 0
     assert set(COLUMNS) <= set(plans.columns)
     missed = plans.filter(pl.col("status") == "out_of_memory")
-    assert (missed["memory_gib"] > 0.1).all() and (missed["memory_over_gib"] - (missed["memory_gib"] - 0.1)
-                                                     ).abs().max() < 1e-9
+    least = missed["memory_gib"] / (1 + MEASURED_ERROR_PCT[1] / 100)  # the lowest measured peak of the need
+    assert (missed["memory_gib"] > 0.1).all() and (missed["memory_over_gib"] - (least - 0.1)).abs().max() < 1e-9
     timed = table.simulated().row(0, named=True)
     iterations = table.pricing.tokens / (16 * 256)
     assert timed["usd"] == pytest.approx(timed["iteration_ms"] / 1e3 * iterations / 3600 * 8
@@ -290,15 +291,34 @@ def test_a_cheapest_plan_at_the_edge_of_the_devices_memory_is_said(tmp_path: Pat
     assert roomy.exit_code == 0 and "not fit" not in roomy.stderr, roomy.output
     assert json.loads(roomy.stdout)["best_memory_risk"] is None
     best = json.loads(roomy.stdout)["best"]
-    for headroom, risk, folder in ((1.07, "may not fit", "b"), (1.005, "would not fit", "c")):
-        tight = runner.invoke(app, [*args, "--device-memory", str(best["memory_gib"] * headroom),
-                                    "-o", str(tmp_path / folder)])
-        assert tight.exit_code == 0 and json.loads(tight.stdout)["best"] == best, tight.output
-        said = f"the cheapest plan needs {best['memory_gib']:.1f} of "
-        assert f"warning: {said}" in tight.stderr and f"as measured (the model is -8.4 to -0.9 % of measured " \
-            f"peaks): it {risk};" in tight.stderr, tight.stderr
-        assert risk in json.loads(tight.stdout)["best_memory_risk"]
-        assert risk in (tmp_path / folder / "report.md").read_text()
+    tight = runner.invoke(app, [*args, "--device-memory", str(best["memory_gib"] * 1.07), "-o", str(tmp_path / "b")])
+    assert tight.exit_code == 0 and json.loads(tight.stdout)["best"] == best, tight.output
+    said = f"the cheapest plan needs {best['memory_gib']:.1f} of "
+    assert f"warning: {said}" in tight.stderr and "as measured (the model is -8.4 to -0.9 % of measured peaks): it " \
+        "may not fit;" in tight.stderr, tight.stderr
+    assert "may not fit" in json.loads(tight.stdout)["best_memory_risk"]
+    assert "may not fit" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_a_plan_that_would_not_fit_as_measured_is_out_of_memory(tmp_path: Path) -> None:
+    """A plan 0.5 % under the device's memory by the model, whose measured peak would be 0.9 % over it or more, was
+    the cheapest plan within limits, warned as one that "would not fit" (an audit, GPT-NeoX-20B on 40 GB parts:
+    39.9 of 40 GiB). Plans are pruned as measured peaks would be: it is out of memory, said by how much."""
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL))
+    args = ["plan", str(config), "--gpus", "4,8", "--max-micro-batch", "1", "--price-per-gpu-hour", "2", "--json"]
+    best = json.loads(runner.invoke(app, [*args, "--device-memory", "80", "-o", str(tmp_path / "a")]).stdout)["best"]
+    tight = runner.invoke(app, [*args, "--device-memory", str(best["memory_gib"] * 1.005), "-o", str(tmp_path / "c")])
+    assert tight.exit_code == 0 and "would not fit" not in tight.stderr, tight.output
+    assert json.loads(tight.stdout)["best"] != best
+    plans = pl.read_parquet(tmp_path / "c" / "plans.parquet")
+    key = ["tp", "dp", "pp", "micro_batch", "schedule", "virtual_stages", "recompute", "dp_overlap"]
+    [row] = plans.join(pl.DataFrame([{name: best[name] for name in key}]), on=key).filter(
+        ~pl.col("sequence_parallel") & ~pl.col("distributed_optimizer")).to_dicts()
+    assert row["status"] == "out_of_memory" and not row["fits"]
+    least = best["memory_gib"] / (1 + MEASURED_ERROR_PCT[1] / 100)  # the lowest measured peak of its need
+    assert row["memory_over_gib"] == pytest.approx(least - best["memory_gib"] * 1.005)
+    assert "as measured" in row["reason"]
 
 
 def test_a_reference_plan_that_does_not_fit_is_said_and_the_pricing_is_on_the_console(tmp_path: Path) -> None:
@@ -314,9 +334,23 @@ def test_a_reference_plan_that_does_not_fit_is_said_and_the_pricing_is_on_the_co
                                  "1.5", "-o", str(out)])  # the reference's micro-batch of 8 needs 2.04 GiB
     assert result.exit_code == 0, result.output
     printed = " ".join(result.stdout.split())  # rich wraps lines at the terminal's width
-    assert re.search(r"reference: t1 d8 p1 mb8 [^;]*; it does not fit: 2\.04 GiB, 0\.54 GiB over the device's "
-                     r"memory \(timed all the same\)", printed), printed
+    assert re.search(r"reference: t1 d8 p1 mb8 [^;]*; it does not fit: 2\.04 GiB modelled, as measured 0\.56 GiB or "
+                     r"more over the device's memory \(timed all the same\)", printed), printed
     assert "It does not fit: 2.04 GiB" in (out / "report.md").read_text()
     assert "days and USD for 270B tokens (--tokens) at $4.096 per GPU-hour" in printed, printed
     fits = runner.invoke(app, ["plan", str(config), "--gpus", "8", "--max-micro-batch", "1", "-o", str(tmp_path / "b")])
     assert "reference:" in fits.stdout and "does not fit" not in fits.stdout
+
+
+def test_plans_over_more_nodes_than_the_profiles_collectives_say_so(tmp_path: Path) -> None:
+    """profiles/a100's collectives over nodes are vidur's, on 2 nodes: plans on 4 nodes have them timed as on 2, at
+    that cluster's rate, which is said; a network given (--inter-node-gbps) replaces the rate, and nothing is."""
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL))
+    args = ["plan", str(config), "--gpus", "32", "--max-micro-batch", "1", "--profile", str(REPO / "profiles" / "a100")]
+    stretched = runner.invoke(app, [*args, "-o", str(tmp_path / "a")])
+    assert stretched.exit_code == 0, stretched.output
+    assert "warning: plans on up to 32 GPUs: its collectives over nodes (up to 4) are timed by the profile's " \
+           "curves fitted on 2 nodes (vidur), as on 2" in stretched.stderr, stretched.stderr
+    given = runner.invoke(app, [*args, "--inter-node-gbps", "800", "-o", str(tmp_path / "b")])
+    assert given.exit_code == 0 and "collectives over nodes" not in given.stderr, given.output

@@ -19,6 +19,7 @@ from vtrain.cli.options import (
     dropout_option,
     ffn_hidden_option,
     framework_option,
+    inter_node_gbps_option,
     kv_heads_option,
     mlp_option,
     norm_option,
@@ -65,6 +66,7 @@ def plan_command(
     gpus: str = typer.Option(..., "--gpus", help="GPU counts: N, N,M,... or ..N for every count up to N."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile folder (latency tables, device model)."),
     device_memory: float | None = device_memory_option(),
+    inter_node_gbps: float | None = inter_node_gbps_option(),
     price: float | None = real_option(None, "--price-per-gpu-hour", 0.0, MAX_PRICE_PER_GPU_HOUR,
                                       f"USD per GPU-hour (default {PRICE_SOURCE})."),
     tokens: float = real_option(DEFAULT_TOKENS, "--tokens", 1.0, MAX_TOKENS,
@@ -130,6 +132,8 @@ def plan_command(
         base = replace(base, framework=framework)
     if precision is not None:
         base = replace(base, precision=precision)  # RunConfig reads its name (runconfig.precision_named)
+    if inter_node_gbps is not None:
+        base = replace(base, hardware=replace(base.hardware, inter_node_gbps=inter_node_gbps))
     unplannable = base.model_errors()
     if unplannable:
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
@@ -152,6 +156,7 @@ def plan_command(
         warn(f"--tokens {tokens:,.0f} is less than one iteration's {per_iteration:,} (global batch "
              f"{base.parallelism.global_batch} x sequence {base.model.seq}): each plan is priced for "
              f"{tokens / per_iteration:.3g} of an iteration")
+    _say_collectives_timed_on_fewer_nodes(base, max(counts), table_profile)
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory, divisible=".." in gpus,
@@ -169,6 +174,18 @@ def plan_command(
         print(json.dumps({**summary(table), "output": str(target)}, indent=2, default=str))
         return
     _print_summary(table, target)
+
+
+def _say_collectives_timed_on_fewer_nodes(base: RunConfig, gpus: int, profile: Profile | None) -> None:
+    """One warning line when the plans' largest GPU count spans more nodes than the profile's collectives were
+    measured on (:meth:`~vtrain.devices.model.DeviceModel.unmeasured_nodes`)."""
+    from vtrain.fit.device import device_for_run
+
+    nodes = -(-gpus // max(base.hardware.gpus_per_node, 1))
+    line = device_for_run(replace(base, hardware=replace(base.hardware, device_count=gpus)),
+                          profile).unmeasured_nodes(nodes)
+    if line:
+        warn(f"plans on up to {gpus:,} GPUs: {line}")
 
 
 def _say_a_best_plan_at_the_memory_limit(table: PlanTable) -> None:

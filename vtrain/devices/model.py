@@ -84,9 +84,19 @@ class DeviceModel:
     def describe_network(self, gpus_per_node: int) -> str:
         """One line with the links' rates and latencies and where each comes from: what a run over several nodes
         depends on most (a node's network from 100 to 1,600 Gbit/s moves GPT-3 175B on 128 GPUs by 21 %)."""
+        return self.links_line(gpus_per_node, ask=True)
+
+    def unmeasured_nodes(self, nodes: int) -> str | None:
+        """What a run over ``nodes`` nodes takes from collectives measured on fewer nodes (a fitted model's), or
+        ``None``: a datasheet model's links are its rates, which :meth:`describe_network` says."""
+        return None
+
+    def links_line(self, gpus_per_node: int, ask: bool) -> str:
+        """The links' rates and latencies and where each comes from; ``ask``: an assumed network's rate says that
+        ``--inter-node-gbps`` gives the user's."""
         def source(parameter: str) -> str:
             said = self.provenance.get(parameter, "unspecified")
-            asked = parameter == "inter_node.bandwidth_gbps" and said == "assumed"
+            asked = ask and parameter == "inter_node.bandwidth_gbps" and said == "assumed"
             return f"{said}: --inter-node-gbps gives yours" if asked else said
 
         inter, intra = self.inter_node, self.intra_node

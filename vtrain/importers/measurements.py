@@ -221,12 +221,16 @@ def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) ->
     forms = [read[given] for given in times]
     rows = rows.with_columns(measured_as=pl.coalesce([pl.when(pl.col(form).is_not_null()).then(pl.lit(form))
                                                       for form in forms] + [pl.lit(forms[0])]))
-    rows = rows.with_columns(iteration_ms=pl.coalesce([pl.when(pl.col("measured_as") == form).then(
-        _milliseconds(rows, form, recompute)) for form in forms]))
+    each = {form: _milliseconds(rows, form, recompute) for form in forms}
+    rows = rows.with_columns(iteration_ms=pl.coalesce([pl.when(pl.col("measured_as") == form).then(each[form])
+                                                       for form in forms]))
     _say_time_columns(rows, {read[given]: given for given in times}, path)
     rows = rows.with_row_index("row", offset=1)
     rows = rows.with_columns(problem=pl.Series([_problem(r, r["measured_as"]) for r in rows.iter_rows(named=True)],
                                                dtype=pl.String))
+    scored = rows["problem"].is_null()
+    _warn_disagreeing_times(rows.filter(scored), {given: each[read[given]].filter(scored) for given in times}, path)
+    _warn_spread_repeats(rows.filter(scored), [meant for meant in read.values() if meant not in TIME_COLUMNS], path)
     _warn_repeated_rows(rows, list(read.values()), path)
     _warn_gated_rows_of_gpt_layers(rows, path)
     if "inter_node_gbps" in rows.columns:
@@ -358,6 +362,48 @@ def _warn_repeated_rows(rows: pl.DataFrame, columns: list[str], path: Path) -> N
         warn_input(f"{repeated.height} row(s) repeat an earlier row exactly, measured time included (rows "
                    f"{shown_rows}{', ...' if repeated.height > 5 else ''}): each is scored (a table pasted twice?)",
                    path)
+
+
+#: how far apart (a ratio) two of a row's time columns, or two measurements of one configuration, may be before
+#: they are said: beyond the few per cent FLOP counts differ by (SC21's count against a paper's own) and runs vary
+#: by, short of a unit read wrong (10x, 1000x) or a run that went wrong
+TIMES_APART = 1.2
+
+
+def _warn_disagreeing_times(rows: pl.DataFrame, times: dict[str, pl.Series], path: Path) -> None:
+    """One warning line for scored rows whose time columns (``times``: the file's name -> the column as milliseconds per
+    iteration) give iteration times more than :data:`TIMES_APART` apart (a unit read wrong, a column pasted from
+    another row): the row is scored on its first, which may be the wrong one."""
+    if len(times) < 2:
+        return
+    table = pl.DataFrame(times).with_columns(_row=rows["row"])
+    named = list(times)
+    apart = table.filter(pl.max_horizontal(named) > TIMES_APART * pl.min_horizontal(named))
+    if apart.is_empty():
+        return
+    first = apart.row(0, named=True)
+    shown = ", ".join(f"{name!r} {first[name]:,.4g} ms" for name in named if first[name] is not None)
+    warn_input(f"{apart.height} row(s) give iteration times that disagree by more than {TIMES_APART:g}x across "
+               f"their time columns (row {first['_row']}: {shown}): each is scored on its first; is a unit or a "
+               f"column wrong?", path)
+
+
+def _warn_spread_repeats(rows: pl.DataFrame, columns: list[str], path: Path) -> None:
+    """One warning line for a configuration measured more than once in the scored ``rows`` (``columns``: what
+    describes a run) whose times are more than :data:`TIMES_APART` apart: one prediction cannot be near both, and
+    one of the runs may have gone wrong (a slow node, a first run compiling its kernels)."""
+    runs = rows.filter(pl.col("iteration_ms").is_not_null() & pl.struct(columns).is_duplicated())
+    if runs.is_empty():
+        return
+    spread = (runs.group_by(columns).agg(pl.col("row"), low=pl.col("iteration_ms").min(),
+                                         high=pl.col("iteration_ms").max())
+              .filter(pl.col("high") > TIMES_APART * pl.col("low")).sort(pl.col("row").list.first()))
+    if spread.is_empty():
+        return
+    first = spread.row(0, named=True)
+    warn_input(f"{spread.height} configuration(s) measured more than once take times more than {TIMES_APART:g}x apart "
+               f"(rows {', '.join(map(str, first['row']))}: {first['low']:,.4g} to {first['high']:,.4g} ms): each "
+               f"row is scored; did one of the runs go wrong?", path)
 
 
 #: the columns that say a LLaMA-like layer's parts beyond its widths; absent, a row's layer is GPT's

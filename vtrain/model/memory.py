@@ -93,6 +93,15 @@ def fit_risk(need_bytes: float, capacity_bytes: float) -> str | None:
     return WOULD_NOT_FIT if least > capacity_bytes else MAY_NOT_FIT
 
 
+def measured_miss(need: float, capacity: float) -> tuple[bool, float]:
+    """Whether a modelled need fits ``capacity`` (any unit, the same for both) as plans take it: unless even the
+    lowest measured peak it stands for is over (:func:`fit_risk` says it would not fit; a plan pruned only on the
+    model's own need had been the cheapest while warned as one that would not fit: an audit); and by how much that
+    lowest peak is over (0 where it is not)."""
+    least, _ = measured_peak_range(need)
+    return fit_risk(need, capacity) != WOULD_NOT_FIT, max(0.0, least - capacity)
+
+
 def fit_risk_sentence(need_bytes: float, capacity_bytes: float) -> str:
     """The measured peaks a need stands for and the model's error, as a warning says them: ``"37.6-40.6 GiB as
     measured (the model is -8.4 to -0.9 % of measured peaks)"``."""

@@ -57,12 +57,12 @@ def label(row: dict[str, Any]) -> str:
 
 
 def out_of_memory(row: dict[str, Any]) -> str | None:
-    """What a timed plan that does not fit in the device's memory needs (``does not fit: 40.02 GiB, 0.02 GiB over
-    the device's memory``); None for one that fits."""
+    """What a timed plan that does not fit in the device's memory needs (``does not fit: 39.90 GiB modelled, as
+    measured 0.37 GiB or more over the device's memory``); None for one that fits."""
     if row.get("fits") is not False:
         return None
-    return (f"does not fit: {row['memory_gib']:.2f} GiB, {row['memory_over_gib']:.2f} GiB over the device's memory "
-            "(timed all the same)")
+    return (f"does not fit: {row['memory_gib']:.2f} GiB modelled, as measured {row['memory_over_gib']:.2f} GiB or "
+            "more over the device's memory (timed all the same)")
 
 
 def breakdowns(table: PlanTable, profile: Profile | None, limit: int = BREAKDOWN_PLANS) -> list[Breakdown]:

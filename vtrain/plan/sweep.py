@@ -22,7 +22,7 @@ from vtrain.devices import DeviceModel
 from vtrain.distributed import worker_pool
 from vtrain.errors import InputError
 from vtrain.fit.device import device_for_run
-from vtrain.model.memory import GIB, peak_stage_memory
+from vtrain.model.memory import GIB, measured_miss, peak_stage_memory
 from vtrain.model.ops import PRECISION_DTYPE
 from vtrain.plan.cost import Pricing, plan_cost
 from vtrain.plan.evaluate import time_plan
@@ -240,14 +240,14 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
                 if key not in needs:
                     needs[key] = peak_stage_memory(candidate.config(base)).total_bytes / GIB
                 need = needs[key]
-                fits = need <= memory_gib
-                row.update(fits=fits, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
-                           micro_batches=micro_batches)
+                fits, over = measured_miss(need, memory_gib)
+                row.update(fits=fits, memory_gib=need, memory_over_gib=over, micro_batches=micro_batches)
                 if fits:
                     row["status"] = SIMULATED
                     to_time.append((len(rows), candidate))
                 else:
-                    row.update(status=OUT_OF_MEMORY, reason=f"needs {need:.1f} GiB of {memory_gib:g} GiB")
+                    row.update(status=OUT_OF_MEMORY, reason=f"needs {need:.1f} GiB of {memory_gib:g} GiB (as "
+                                                            f"measured {over:.1f} GiB or more over)")
             rows.append(row)
     return rows, to_time
 
@@ -371,8 +371,8 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
                           par.distributed_optimizer)
     row: dict[str, Any] = candidate.as_row(base)
     need = peak_stage_memory(base).total_bytes / GIB
-    row.update(fits=need <= memory_gib, memory_gib=need, memory_over_gib=max(0.0, need - memory_gib),
-               micro_batches=par.micro_batches)
+    fits, over = measured_miss(need, memory_gib)
+    row.update(fits=fits, memory_gib=need, memory_over_gib=over, micro_batches=par.micro_batches)
     [(_, timing)] = time_group(base, profile, device, [(0, candidate)], shared)
     row.update(_priced(base, row, timing, pricing, peak, max_iteration_s, budget_usd))
     return row
