@@ -154,7 +154,8 @@ def test_shapes_no_run_has_are_said_and_the_traces_replayed(was: str, made: str,
     (folder / "rank-0.json.gz").write_bytes(gzip.compress(text.replace(was, made).encode()))
     ran = vtrain_in_process("validate", folder, "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
-    said = [line for line in ran.stderr.splitlines() if line.startswith("warning: model-driven prediction skipped")]
+    said = [line for line in ran.stderr.splitlines()
+            if line.startswith(f"warning: {folder}: model-driven prediction skipped")]  # naming the folder
     assert len(said) == 1
     assert "none read off the traces" in said[0] or "the one read off the traces is none" in said[0]
 

@@ -206,7 +206,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
             model, model_reason = predict_model(trace_dir, config, config_source or "", profile_dir, steady,
                                                 ingested if profile_dir is None else None, note)
     if model_reason and model is None:
-        note(f"model-driven prediction skipped: {model_reason}")
+        note(f"{trace_dir}: model-driven prediction skipped: {model_reason}")
     memory: list[dict[str, Any]] = []
     if config is not None:
         try:
