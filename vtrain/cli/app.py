@@ -59,7 +59,7 @@ class _LazyCommands(TyperGroup):
             from vtrain.cli.main import OWN_ARGUMENTS
 
             settings = {"help": importlib.import_module(OWN_ARGUMENTS[cmd_name]).HELP, **_OWN_ARGUMENTS}
-        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
         single.command(cmd_name, **settings)(getattr(importlib.import_module(module), function))
         return typer.main.get_command(single)
 
@@ -70,6 +70,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's help: flags wrap, never cut at 80 columns (rich's cut --price-per-gp…)
     cls=_LazyCommands,
 )
 
