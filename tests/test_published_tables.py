@@ -84,6 +84,23 @@ def test_a_mixture_of_experts_is_refused(tmp_path: Path) -> None:
         "a mixture of 8 experts is not modelled")
 
 
+def test_parameters_sharded_as_zero_3_or_fsdp_are_refused_and_zero_1_is_the_distributed_optimizer(
+        tmp_path: Path) -> None:
+    """OPT-175B's row with ``zero stage`` 3 and ``fsdp`` true was scored as plain data parallelism (the columns
+    "not read": an audit). ZeRO-3 and FSDP gather the parameters in every pass, which vtrain does not simulate:
+    refused with the reason. ZeRO 1 and 2 shard the optimizer states as Megatron's distributed optimizer does."""
+    text = ("GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,zero stage,fsdp,iteration time (ms)\n"
+            "64,512,1,2048,8,1,12288,96,96,3,,20000\n64,512,1,2048,8,1,12288,96,96,,true,20000\n"
+            "64,512,1,2048,8,1,12288,96,96,1,false,20000\n64,512,1,2048,8,1,12288,96,96,0,false,20000\n")
+    rows = read_quietly(write(tmp_path, text)).to_dicts()
+    assert rows[0]["problem"].startswith("ZeRO stage 3 (the parameters gathered from their shards in every pass) is "
+                                         "not modelled")
+    assert rows[1]["problem"].startswith("FSDP (the parameters gathered")
+    assert rows[2]["problem"] is None and rows[3]["problem"] is None
+    assert measurement_config(rows[2]).parallelism.distributed_optimizer
+    assert not measurement_config(rows[3]).parallelism.distributed_optimizer
+
+
 def test_ones_in_the_unmodelled_columns_are_dense_runs(tmp_path: Path) -> None:
     path = write(tmp_path, f"{HEADER}\nGPT3_5B,64,2048,4,2048,1,1,1,1,1,8,20000,,4096,24,32\n")
     assert read_quietly(path)["problem"].to_list() == [None]
