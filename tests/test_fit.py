@@ -167,6 +167,12 @@ def test_measurements_say_rows_that_could_not_have_fitted(tmp_path: Path) -> Non
             "all the same (row 1: 49.7 GiB of A100-40GB's 40 GiB with recomputation none)") in said["none"][0]
     # a table measured on 80 GB A100s and scored with this 40 GB profile is told how to say so
     assert "give theirs: --device or a device column, e.g. A100-80GB" in said["none"][0]
+    named = tmp_path / "named.csv"  # a row that names its GPU is not asked for it (an audit: OPT-175B's A100-80GB)
+    named.write_text("\n".join([lines[0] + ",device", lines[342] + ",A100-40GB"]) + "\n")
+    result = CliRunner().invoke(app, ["validate", "--measurements", str(named), "--profile", str(SHIPPED),
+                                      "--recompute", "none", "-o", str(tmp_path / "named"), "--json"])
+    [line] = [line for line in result.stderr.splitlines() if "memory model puts their largest stage" in line]
+    assert "give theirs" not in line and "shard their optimizer states" in line, line
     rows = pl.read_parquet(tmp_path / "none" / "rows.parquet")
     assert rows["fits"].to_list() == [False] and rows["memory_gib"][0] == pytest.approx(49.74, abs=0.01)
 

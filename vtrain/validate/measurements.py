@@ -300,10 +300,13 @@ def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | 
     recompute = first.get("recompute") or recompute
     gpu = DATASHEET_DEVICES.get(canonical_device_name(first.get("device") or device) or "")
     capacity = f" of {gpu.name}'s {gpu.memory_bytes / 2**30:,.0f} GiB" if gpu and gpu.memory_bytes else ""
+    # a row that names its GPU is not asked for it (OPT-175B's row of A100-80GB was: an audit)
+    elsewhere = ("" if first.get("device") else "run on GPUs with more memory (give theirs: --device or a device "
+                 "column, e.g. A100-80GB), ")
     return (f"{over.height} row(s) measured although the memory model puts their largest stage over the GPU's "
             f"memory, scored all the same ({_where(first)}: {first['memory_gib']:,.1f} GiB{capacity} with "
             f"recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute activations, "
-            f"run on GPUs with more memory (give theirs: --device or a device column, e.g. A100-80GB), or does the "
+            f"{elsewhere}shard their optimizer states (a distributed optimizer or zero stage column), or does the "
             f"memory model over-count?")
 
 
