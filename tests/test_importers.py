@@ -582,6 +582,17 @@ def test_one_configuration_measured_twice_far_apart_is_said(tmp_path: Path) -> N
         assert read_measurements(far).height == 3
 
 
+def test_an_excel_csv_naming_its_separator_is_read_as_the_table_it_is(tmp_path: Path) -> None:
+    """Excel in a locale whose decimal mark is the comma saves ``sep=;`` as the file's first line: it was read as
+    the header ("line 3: 11 fields where the header has 2", exit 2). It names the separator; the rows' lines keep
+    their numbers."""
+    comma = write(tmp_path / "comma.csv", [",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,812.5"])
+    excel = write(tmp_path / "excel.csv", ["sep=;", ";".join(GROUND_TRUTH_HEADER),
+                                           "16;64;2;2048;16;24;2048;2;4;2;812,5"])
+    assert read_measurements(excel).drop("line").equals(read_measurements(comma).drop("line"))
+    assert read_measurements(excel)["line"].to_list() == [3]
+
+
 def test_a_table_giving_each_row_its_time_in_another_column_reads_every_row(tmp_path):
     """Published runs pasted together: TFLOP/s per GPU for some, tokens/s per GPU for others. The first time column
     was read for the whole table and 6 of 7 rows refused as "no measured time"."""
