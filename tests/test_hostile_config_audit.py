@@ -314,3 +314,23 @@ def test_an_inconsistent_gpu_run_config_is_one_line(tmp_path: Path) -> None:
     assert ran.returncode == 2 and ran.stderr.splitlines() == [
         f"error: {config}: inconsistent run config: global batch (7) is not divisible by dp*micro_batch (2*2)"], \
         ran.stderr
+
+
+def test_a_tab_in_yaml_names_its_line_and_the_rule(tmp_path: Path) -> None:
+    """A jobs file indented with a tab was refused with PyYAML's first line, "while scanning for the next token",
+    no line named (an audit); now the problem, its line and column, and that YAML indents with spaces."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n\t- {name: a, layers: 2, hidden: 64, heads: 2, seq: 64, tokens: 1.0e+6, gpus: 8}\n")
+    ran = vtrain_in_process("cluster", jobs, "--gpus", 8, "-o", tmp_path / "out")
+    refused(ran, str(jobs), "jobs file is not valid YAML: found character '\\t' that cannot start any token (line 2, "
+                            "column 1); YAML indents with spaces, not tabs")
+
+
+def test_a_jobs_file_names_the_top_level_key_it_does_not_know(tmp_path: Path) -> None:
+    """A jobs file with a key beside ``jobs`` (the cluster's GPU written into it) was told only what a jobs file is
+    (an audit); the key is named, and where the cluster is given."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("gpu_type: H100\njobs:\n  - {name: a, layers: 2, hidden: 64, heads: 2, seq: 64, tokens: 1.0e+6, "
+                    "gpus: 8}\n")
+    ran = vtrain_in_process("cluster", jobs, "--gpus", 8, "-o", tmp_path / "out")
+    refused(ran, str(jobs), "unknown top-level key(s) 'gpu_type': a jobs file is a mapping with one key, jobs")

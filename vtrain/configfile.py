@@ -43,9 +43,10 @@ def read_config_file(path: str | Path, what: str) -> Any:
         return _parse_json(text) if path.suffix == ".json" else _parse_yaml(text)
     except _Refused as exc:
         raise InputError(f"{what} refused: {exc}", path) from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise InputError(f"{what} is not valid {kind}: {_first_line(exc)}", path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} is not valid JSON: {_first_line(exc)}", path) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{what} is not valid YAML: {_yaml_problem(exc)}", path) from None
     except RecursionError:
         raise InputError(f"{what} refused: nested more than {MAX_CONFIG_DEPTH} levels deep", path) from None
     except ValueError as exc:  # a value the parser cannot build: 2024-13-45, an integer of 5,000 digits
@@ -71,6 +72,16 @@ def _read_text(path: Path, what: str) -> str:
         return data.decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is dropped
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} is not UTF-8 text (byte {exc.start})", path) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's problem and where it is (its first line alone had said "while scanning for the next token" of a
+    tab, without the line: an audit), and that YAML indents with spaces where a tab is the problem."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem or mark is None:
+        return _first_line(exc)
+    tab = "; YAML indents with spaces, not tabs" if "'\\t'" in problem else ""
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1}){tab}"
 
 
 def _first_line(exc: Exception) -> str:

@@ -49,6 +49,10 @@ def read_jobs(path: Path, framework: str = "megatron") -> list[Job]:
     """The jobs of ``path``, each a model ``framework`` places; :class:`InputError` naming the file and the first
     problem."""
     data = read_config_file(path, "jobs file")
+    if isinstance(data, dict) and "jobs" in data and set(data) != {"jobs"}:  # named, as a run config names them
+        others = ", ".join(repr(str(key)) for key in data if key != "jobs")
+        raise InputError(f"unknown top-level key(s) {others}: a jobs file is a mapping with one key, jobs: a list "
+                         f"of jobs (the cluster is given by cluster's flags: --gpus, --gpus-per-node, ...)", path)
     if not isinstance(data, dict) or set(data) != {"jobs"} or not isinstance(data["jobs"], list):
         raise InputError("a jobs file is a mapping with one key, jobs: a list of jobs", path)
     entries = data["jobs"]
