@@ -173,6 +173,10 @@ def test_measurements_say_rows_that_could_not_have_fitted(tmp_path: Path) -> Non
                                       "--recompute", "none", "-o", str(tmp_path / "named"), "--json"])
     [line] = [line for line in result.stderr.splitlines() if "memory model puts their largest stage" in line]
     assert "give theirs" not in line and "shard their optimizer states" in line, line
+    flag = CliRunner().invoke(app, ["validate", "--measurements", str(table), "--profile", str(SHIPPED), "--recompute",
+                                    "none", "--device", "A100-40GB", "-o", str(tmp_path / "flag"), "--json"])
+    [line] = [line for line in flag.stderr.splitlines() if "memory model puts their largest stage" in line]
+    assert "give theirs" not in line, line  # nor one whose GPU --device gives
     rows = pl.read_parquet(tmp_path / "none" / "rows.parquet")
     assert rows["fits"].to_list() == [False] and rows["memory_gib"][0] == pytest.approx(49.74, abs=0.01)
 

@@ -509,7 +509,7 @@ def test_measurement_table_with_an_unknown_column(tmp_path):
         table = read_measurements(path)
     assert table.row(0, named=True)["iteration_ms"] == 812.5 and "colour" not in table.columns
     path.write_text(f"{','.join(GROUND_TRUTH_HEADER)},schedule,GPUs per node\n16,64,2,2048,16,24,2048,2,4,2,1,1f1b,x\n")
-    with pytest.raises(InputError, match="line 2: 'gpus_per_node' is not an integer"):
+    with pytest.raises(InputError, match="line 2: 'GPUs per node' is not an integer"):
         read_measurements(path)
 
 
@@ -566,6 +566,26 @@ def test_time_columns_that_disagree_are_said_and_those_that_agree_are_not(tmp_pa
         assert read_measurements(wrong)["iteration_ms"].to_list() == [812.5, 790]
 
 
+def test_a_flop_rate_counted_another_way_is_no_disagreement(tmp_path: Path) -> None:
+    """Model TFLOP/s per GPU counted as 6N a token, beside the same run's tokens/s per GPU: vtrain's count, with
+    attention, is 1.2x that for LLaMA-3-8B at 8,192 tokens, and the two were said to disagree (an audit). Where a
+    FLOP rate is one of the two, 1.5x is allowed; a per-GPU throughput given for all GPUs (64x) is said."""
+    header = "gpus,tp,pp,global batch,micro batch,hidden,heads,kv heads,ffn hidden size,mlp,layers,seq,vocab," \
+             "tokens per second per gpu,model tflop/s per gpu"
+    shape = "64,1,1,128,1,4096,32,8,14336,swiglu,32,8192,128256"
+    parameters = 8.03e9  # LLaMA-3-8B
+    rows = [f"{shape},{tokens},{6 * parameters * tokens / 1e12:.1f}" for tokens in (13000, 13000 * 64)]
+    path = write(tmp_path / "nemo.csv", [header, rows[0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_measurements(path)
+    assert not [w for w in caught if "disagree" in str(w.message)]
+    wrong = write(tmp_path / "total.csv", [header, rows[0].rsplit(",", 2)[0] + f",{13000 * 64},"
+                                           + rows[0].rsplit(",", 1)[1]])
+    with pytest.warns(InputWarning, match=r"disagree by more than 1.2x \(1.5x where a FLOP rate is one of them\)"):
+        read_measurements(wrong)
+
+
 def test_one_configuration_measured_twice_far_apart_is_said(tmp_path: Path) -> None:
     """The same run logged twice, 1,000 and 1,270 ms (a slow node, a first run compiling): one prediction cannot be
     near both, and both are scored; said, naming the rows. Repeats 3 % apart (run-to-run noise) are not."""
@@ -580,6 +600,13 @@ def test_one_configuration_measured_twice_far_apart_is_said(tmp_path: Path) -> N
     with pytest.warns(InputWarning, match=r"1 configuration\(s\) measured more than once take times more than 1.2x "
                                           r"apart \(rows 1, 3: 1,000 to 1,270 ms\): each row is scored"):
         assert read_measurements(far).height == 3
+    # a rerun's table beside the first in a folder (as one log a run): the folder is one table (an audit)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name, ms in (("first.csv", 1000), ("rerun.csv", 1270)):
+        write(folder / name, [header, f"16,64,2,2048,16,24,2048,2,4,2,{ms}"])
+    with pytest.warns(InputWarning, match=r"\(rows 1 \(first.csv\), 2 \(rerun.csv\): 1,000 to 1,270 ms\)"):
+        read_measurements(folder)
 
 
 def test_an_excel_csv_naming_its_separator_is_read_as_the_table_it_is(tmp_path: Path) -> None:

@@ -318,7 +318,8 @@ def test_a_plan_that_would_not_fit_as_measured_is_out_of_memory(tmp_path: Path) 
     assert row["status"] == "out_of_memory" and not row["fits"]
     least = best["memory_gib"] / (1 + MEASURED_ERROR_PCT[1] / 100)  # the lowest measured peak of its need
     assert row["memory_over_gib"] == pytest.approx(least - best["memory_gib"] * 1.005)
-    assert "as measured" in row["reason"]
+    assert row["reason"].startswith(f"needs {best['memory_gib'] * 1.005 + row['memory_over_gib']:.1f} GiB or more of ")
+    assert "as measured peaks would be (the memory model's" in row["reason"]
 
 
 def test_a_reference_plan_that_does_not_fit_is_said_and_the_pricing_is_on_the_console(tmp_path: Path) -> None:

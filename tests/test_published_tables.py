@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vtrain.errors import InputWarning
+from vtrain.errors import InputError, InputWarning
 from vtrain.flops import LayerShape, hardware_flops
 from vtrain.importers import measurement_config, read_measurements
 from vtrain.importers._read import csv_rows
@@ -99,6 +99,33 @@ def test_parameters_sharded_as_zero_3_or_fsdp_are_refused_and_zero_1_is_the_dist
     assert rows[2]["problem"] is None and rows[3]["problem"] is None
     assert measurement_config(rows[2]).parallelism.distributed_optimizer
     assert not measurement_config(rows[3]).parallelism.distributed_optimizer
+    assert [row["distributed_optimizer"] for row in rows[2:]] == [True, False]  # as the defaults' warning reads it
+
+
+@pytest.mark.parametrize(("header", "cell", "stage"), [
+    ("zero stage", "ZeRO-3", 3), ("ZeRO", "stage 3", 3), ("zero_optimization.stage", "2", 2), ("zero stage", "z1", 1)])
+def test_zero_stages_as_tables_write_them(tmp_path: Path, header: str, cell: str, stage: int) -> None:
+    """``ZeRO-3`` or ``stage 3`` stopped the whole table ("'zero_stage' is not an integer", a key of vtrain's), and
+    a column named ``ZeRO`` went unread, its stage-3 row scored (an audit)."""
+    text = f"GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,{header},iteration time (ms)\n" \
+           f"64,512,1,2048,8,1,12288,96,96,{cell},20000\n"
+    row = read_quietly(write(tmp_path, text)).row(0, named=True)
+    assert row["zero_stage"] == stage and (row["problem"] is not None) == (stage == 3)
+
+
+def test_fsdp_sharding_strategies(tmp_path: Path) -> None:
+    """FSDP's FULL_SHARD gathers the parameters in every pass: refused; SHARD_GRAD_OP is ZeRO 2 (the distributed
+    optimizer), NO_SHARD plain data parallelism. A value no number is named by the file's own column."""
+    text = "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,sharding strategy,iteration time (ms)\n" + "".join(
+        f"64,512,1,2048,8,1,12288,96,96,{strategy},20000\n"
+        for strategy in ("FULL_SHARD", "ShardingStrategy.SHARD_GRAD_OP", "NO_SHARD"))
+    rows = read_quietly(write(tmp_path, text)).to_dicts()
+    assert rows[0]["problem"].startswith("FSDP's FULL_SHARD (the parameters gathered")
+    assert [row["distributed_optimizer"] for row in rows[1:]] == [True, False]
+    bad = write(tmp_path, "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,Zero Stage,iteration time (ms)\n"
+                          "64,512,1,2048,8,1,12288,96,96,full,20000\n", "bad.csv")
+    with pytest.raises(InputError, match="line 2: 'Zero Stage' is not a ZeRO stage"):
+        read_quietly(bad)
 
 
 def test_ones_in_the_unmodelled_columns_are_dense_runs(tmp_path: Path) -> None:

@@ -196,6 +196,8 @@ def _columns(args: dict[str, str], padded_vocab: str | None) -> dict[str, str | 
         "sequence parallel": given("sequence_parallel"),
         "distributed optimizer": "True" if flag("use_distributed_optimizer") or _zero_stage(args) >= 1 else
         given("use_distributed_optimizer"),
+        # stage 3 gathers the parameters in every pass: the row is refused, as a table's of stage 3 is
+        "zero stage": str(_zero_stage(args)) if _zero_stage(args) >= 3 else None,
         "gradient all-reduce overlap": given("overlap_grad_reduce") or ("True" if given("DDP_impl") == "torch"
                                                                          else None),
         "precision": _precision(args),
@@ -292,10 +294,9 @@ def _unread(args: dict[str, str], padded_vocab: str | None) -> list[str]:
     if not (padded_vocab or given("padded_vocab_size") or given("vocab_size")):
         problems.append("its vocabulary is not in the log (no '> padded vocab' line): predicted with "
                         f"{ModelConfig.vocab:,} tokens, GPT-2's")
-    if _zero_stage(args) >= 2:
-        problems.append(f"DeepSpeed's ZeRO stage {_zero_stage(args)} partitions its gradients"
-                        f"{' and parameters (gathered before each layer runs)' if _zero_stage(args) >= 3 else ''}: "
-                        "predicted as the distributed optimizer (ZeRO stage 1)")
+    if _zero_stage(args) == 2:
+        problems.append("DeepSpeed's ZeRO stage 2 partitions its gradients: predicted as the distributed optimizer "
+                        "(ZeRO stage 1)")
     if (given("tokenizer_type") or "").startswith("BertWordPiece"):
         problems.append(f"its tokenizer ({given('tokenizer_type')}) is BERT's: predicted as a GPT of its shape (the "
                         "same layers; its attention unmasked, its pooler and binary head left out)")

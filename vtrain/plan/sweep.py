@@ -22,7 +22,7 @@ from vtrain.devices import DeviceModel
 from vtrain.distributed import worker_pool
 from vtrain.errors import InputError
 from vtrain.fit.device import device_for_run
-from vtrain.model.memory import GIB, measured_miss, peak_stage_memory
+from vtrain.model.memory import GIB, MEASURED_ERROR_PCT, measured_miss, peak_stage_memory
 from vtrain.model.ops import PRECISION_DTYPE
 from vtrain.plan.cost import Pricing, plan_cost
 from vtrain.plan.evaluate import time_plan
@@ -246,10 +246,19 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
                     row["status"] = SIMULATED
                     to_time.append((len(rows), candidate))
                 else:
-                    row.update(status=OUT_OF_MEMORY, reason=f"needs {need:.1f} GiB of {memory_gib:g} GiB (as "
-                                                            f"measured {over:.1f} GiB or more over)")
+                    row.update(status=OUT_OF_MEMORY, reason=_memory_reason(need, over, memory_gib))
             rows.append(row)
     return rows, to_time
+
+
+def _memory_reason(need: float, over: float, memory_gib: float) -> str:
+    """Why a plan is out of memory: its need over the device's, or, where the memory model puts it just under, the
+    measured peak it stands for over (``needs 67.2 GiB of 67.5 GiB (as measured 0.3 GiB or more over)`` read as a
+    plan that fits: an audit)."""
+    if need > memory_gib:
+        return f"needs {need:.1f} GiB of {memory_gib:g} GiB"
+    return (f"needs {memory_gib + over:.1f} GiB or more of {memory_gib:g} GiB as measured peaks would be (the memory "
+            f"model's {need:.1f} GiB is {-MEASURED_ERROR_PCT[1]:g} % or more under them)")
 
 
 def _selected(rows: list[dict[str, Any]], to_time: list[tuple[int, Candidate]],

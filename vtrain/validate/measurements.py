@@ -158,7 +158,7 @@ def validate_measurements(measurements: Path, profile_dir: Path, gpus_per_node: 
     )
     for line in (_left_to_the_command(predicted, hardware), _not_scored(predicted), _far_off(predicted),
                  _beyond_peak(predicted),
-                 _over_memory(predicted, hardware.device, recompute)):
+                 _over_memory(predicted, hardware.device, recompute, gpu_given=gpu is not None)):
         if line and warn is not None:
             warn(f"{measurements}: {line}")
     return MeasurementValidation(measurements, profile_dir, hardware, predicted, device.provenance)
@@ -288,11 +288,11 @@ def _beyond_peak(predicted: pl.DataFrame) -> str | None:
             f"GPUs, or with another shape?")
 
 
-def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | None:
+def _over_memory(predicted: pl.DataFrame, device: str, recompute: str, gpu_given: bool = False) -> str | None:
     """One warning line for the rows that ran although the memory model says their largest stage does not fit the
-    GPU (the row's, else ``device``), scored all the same, None when there are none: a run that did not fit could
-    not have been measured, so what the row says ran (recomputation above all; ``recompute`` where the row does
-    not say), its GPU or the memory model is wrong."""
+    GPU (the row's, else ``device``: given by --device where ``gpu_given``), scored all the same, None when there
+    are none: a run that did not fit could not have been measured, so what the row says ran (recomputation above
+    all; ``recompute`` where the row does not say), its GPU or the memory model is wrong."""
     over = predicted.filter(pl.col("fits").not_())
     if over.is_empty():
         return None
@@ -301,8 +301,8 @@ def _over_memory(predicted: pl.DataFrame, device: str, recompute: str) -> str | 
     gpu = DATASHEET_DEVICES.get(canonical_device_name(first.get("device") or device) or "")
     capacity = f" of {gpu.name}'s {gpu.memory_bytes / 2**30:,.0f} GiB" if gpu and gpu.memory_bytes else ""
     # a row that names its GPU is not asked for it (OPT-175B's row of A100-80GB was: an audit)
-    elsewhere = ("" if first.get("device") else "run on GPUs with more memory (give theirs: --device or a device "
-                 "column, e.g. A100-80GB), ")
+    elsewhere = ("" if first.get("device") or gpu_given else "run on GPUs with more memory (give theirs: --device "
+                 "or a device column, e.g. A100-80GB), ")
     return (f"{over.height} row(s) measured although the memory model puts their largest stage over the GPU's "
             f"memory, scored all the same ({_where(first)}: {first['memory_gib']:,.1f} GiB{capacity} with "
             f"recomputation {recompute}{', ...' if over.height > 1 else ''}): did the runs recompute activations, "
