@@ -101,14 +101,21 @@ def iteration_numbers(names: pl.Expr) -> pl.Expr:
     return names.str.extract(ITERATION_NAME).cast(pl.Int64)
 
 
-def step_windows(spans: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+def step_windows(spans: pl.DataFrame, by: Sequence[str] = (), thread: str | None = None) -> pl.DataFrame:
     """The iterations' windows (``*by, iteration, step_ts, step_end``, sorted by start) of ``ProfilerStep#N`` spans
-    given as those columns. The spans of one number that overlap are one window, from the first start to the last
-    end: one step marked on two threads (an empty span on a second thread had cut the iteration short at its end,
-    the events after it in no iteration); spans of one number one after another (a trace stitched from others) stay
-    apart."""
+    given as those columns. ``thread``: the column naming each span's thread, where the steps are those of the thread
+    that calls the profiler's ``step()`` (the one with the most spans, the longest on a tie): a span of a number
+    marked on another thread too, empty, had cut the iteration short at its end, the events after it in no
+    iteration (an audit). The spans of one number that overlap are one window, from the first start to the last
+    end; spans of one number one after another (a trace stitched from others) stay apart."""
     import polars as pl
 
+    if thread is not None and spans.height:
+        per_thread = spans.group_by(*by, thread).agg(spans=pl.len(),
+                                                     held=(pl.col("step_end") - pl.col("step_ts")).sum())
+        main = per_thread.sort("spans", "held", descending=True).unique(subset=list(by) or None, keep="first",
+                                                                        maintain_order=True)
+        spans = spans.join(main.select(*by, thread), on=[*by, thread], nulls_equal=True).drop(thread)
     keys = [*by, "iteration"]
     reach = pl.col("step_end").cum_max().shift(1).over(keys)
     opens = (pl.col("step_ts") >= reach).fill_null(True)  # the first span of a number opens its window

@@ -89,7 +89,8 @@ def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
         cpu.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
         .with_columns(iteration=iteration_numbers(pl.col("name")))
         .filter(pl.col("iteration").is_not_null())
-        .select("iteration", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur"))
+        .select("iteration", "tid", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur")),
+        thread="tid",
     )
 
 

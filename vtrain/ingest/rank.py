@@ -238,9 +238,10 @@ def _repeated_steps(path: Path, tables: RankTables) -> str | None:
     marked on two threads, which overlap): the steps of a number are read as one iteration."""
     steps = tables.cpu_ops.filter(pl.col("name").cast(pl.String).str.starts_with(ITERATION_PREFIX)
                                   & pl.col("iteration").is_not_null())
-    repeated = (steps.group_by("iteration").agg(spans=pl.len(), apart=pl.col("ts").max() >= (pl.col("ts")
-                                                                                             + pl.col("dur")).min())
-                .filter(pl.col("apart")).sort("iteration"))
+    # on one thread: a step marked on another thread too is no trace stitched from others (an audit)
+    end = pl.col("ts") + pl.col("dur")
+    repeated = (steps.group_by("iteration", "tid").agg(spans=pl.len(), apart=pl.col("ts").max() >= end.min())
+                .filter(pl.col("apart")).unique("iteration").sort("iteration"))
     if not repeated.height:
         return None
     shown = ", ".join(f"#{number} x{spans}" for number, spans in repeated.select("iteration", "spans").rows()[:3])

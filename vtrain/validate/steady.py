@@ -127,7 +127,8 @@ def cut_short(frame: pl.DataFrame, files: Mapping[int, Path]) -> tuple[set[int],
 def _steps(frame: pl.DataFrame) -> pl.DataFrame:
     """Per rank and step: its start, span, events (host and device) and device activities, and whether the rank has
     device activity at all."""
-    spans = step_spans(frame).group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max())
+    spans = (step_spans(frame).filter(pl.col("iteration").is_not_null())  # a mark on another thread, past the last
+             .group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max()))
     counts = (frame.lazy().filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration")
               .agg(events=pl.len(), device=(pl.col("kind") == "device").sum(),
                    optimizer=pl.col("name").cast(pl.String).str.contains(OPTIMIZER_STEP.pattern).sum()).collect())

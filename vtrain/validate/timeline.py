@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from vtrain.errors import InputError
+from vtrain.errors import InputError, some_of
 from vtrain.kineto import ATTENTION_OPS, empty_steps_text, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.latency import work_op_mask
@@ -124,6 +124,33 @@ def overlapping_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
             f"cut short (steps stretched, or written by hand?)")
 
 
+def stitched_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
+    """The warning for ``ProfilerStep#N`` numbers that name steps one after another on one thread (a trace stitched
+    from others, or its spans renamed): each number is one iteration from its first step's start to its last's end,
+    the steps between them cut to nothing (a median halved, silently: an audit; ingest says the same of its tables).
+    ``None`` when each number names one step on its thread."""
+    start = pl.col(MEASURED.start)
+    steps = step_spans(frame).select("rank", "lane", number=iteration_numbers(pl.col("name").cast(pl.String)),
+                                     start=start, end=start + pl.col(MEASURED.dur))
+    repeated = (steps.group_by("rank", "lane", "number").agg(spans=pl.len(), apart=pl.col("start").max()
+                                                             >= pl.col("end").min())
+                .filter(pl.col("apart")).unique(["rank", "number"]).sort("rank", "number"))
+    if repeated.is_empty():
+        return None
+    rank = repeated["rank"][0]
+    shown = some_of([f"#{number} x{spans}" for number, spans in
+                     repeated.filter(pl.col("rank") == rank).select("number", "spans").rows()])
+    return (f"{trace_dir}: {repeated.height} ProfilerStep number(s) name steps one after another on their thread "
+            f"(rank {rank}: {shown}): each number is measured as one iteration from its first step's start to its "
+            f"last's end, the steps between cut short (a trace stitched from others, or its spans renamed?)")
+
+
+def step_layout_warnings(trace_dir: object, frame: pl.DataFrame) -> list[str]:
+    """The warnings on how a timeline's ``ProfilerStep#N`` spans lie (:func:`overlapping_steps`,
+    :func:`stitched_steps`), for `validate` and `whatif` alike."""
+    return [line for line in (overlapping_steps(trace_dir, frame), stitched_steps(trace_dir, frame)) if line]
+
+
 def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | KeptRank]) -> pl.DataFrame:
     """An annotated event frame with no iteration on the ranks whose ``ProfilerStep#N`` spans were made from their
     optimizer steps (:data:`~vtrain.kineto.OPTIMIZER_ITERATION`) where other ``traces`` of the set have the
@@ -136,9 +163,10 @@ def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | Ke
 
 
 def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
-    steps = step_windows(step_spans(frame).select("rank", iteration=iteration_numbers(pl.col("name").cast(pl.String)),
+    steps = step_windows(step_spans(frame).select("rank", "lane",
+                                                   iteration=iteration_numbers(pl.col("name").cast(pl.String)),
                                                    step_ts="ts", step_end=pl.col("ts") + pl.col("dur")),
-                         by=["rank"]).rename({"iteration": "step"})
+                         by=["rank"], thread="lane").rename({"iteration": "step"})
     if steps.is_empty():  # no iteration marks: the whole trace is one iteration
         return frame.with_columns(iteration=pl.lit(0, dtype=pl.Int64))
     # placed on the few columns it needs (sorting the whole frame would copy every name), then put back in order

@@ -48,7 +48,7 @@ from vtrain.validate.timeline import (
     iterations,
     measured_iterations,
     ops,
-    overlapping_steps,
+    step_layout_warnings,
     without_made_iterations,
 )
 
@@ -177,7 +177,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
         note(line)
-    if line := overlapping_steps(trace_dir, frame):
+    for line in step_layout_warnings(trace_dir, frame):
         note(line)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     steady, steady_basis = chosen.iterations, chosen.basis

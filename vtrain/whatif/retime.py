@@ -37,7 +37,7 @@ from vtrain.validate.timeline import (
     annotate,
     iterations,
     measured_iterations,
-    overlapping_steps,
+    step_layout_warnings,
     without_made_iterations,
 )
 from vtrain.whatif.changes import HOST, Scale, scale_factors
@@ -147,7 +147,7 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     if line := clocks_disagree(trace_dir, iterations(frame, MEASURED)):
         warn(f"{line}; the re-timed graph links the ranks' events across those clocks, and its prediction does not "
              "stand either")
-    if line := overlapping_steps(trace_dir, frame):
+    for line in step_layout_warnings(trace_dir, frame):
         warn(line)
     all_iterations = measured_iterations(frame, trace_dir)
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
