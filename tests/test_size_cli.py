@@ -91,3 +91,13 @@ def test_unknown_loss_model(tmp_path: Path) -> None:
     result = vtrain("--gpus", 8, "--days", 2, "--profile", PROFILE, "--loss-model", "kaplan", "-o", tmp_path / "x")
     assert result.returncode == 2 and result.stderr.startswith("error: --loss-model must be one of")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_default_folder_names_a_family_and_gpu_other_than_the_defaults() -> None:
+    """The README asks its GPT question, then the same budget for LLaMA on A100-80GBs: the second was refused, its
+    default folder the first's (an audit)."""
+    from vtrain.cli.size import _default_folder
+
+    assert _default_folder(1024, 30, "gpt", "A100") == "size-1024x30d"
+    assert _default_folder(1024, 30, "llama", "A100-80GB") == "size-1024x30d-llama-a100-80gb"
+    assert _default_folder(64, 7.5, "gpt", "H100 SXM") == "size-64x7.5d-h100-sxm"

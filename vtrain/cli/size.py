@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,8 +49,8 @@ def size_command(
     seq: int = typer.Option(2048, "--seq", min=1, max=1 << 21, help="Sequence length."),
     vocab: int = typer.Option(51200, "--vocab", min=1, max=1 << 22, help="Vocabulary size."),
     global_batch: int = typer.Option(1536, "--global-batch", min=1, max=1 << 24, help="Sequences per iteration."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Report folder (default "
-                                                                     "reports/size-<GPUs>x<days>d)."),
+    output: Path | None = typer.Option(None, "-o", "--output",
+                                       help="Report folder (default reports/size-<GPUs>x<days>d[-<family>][-<GPU>])."),
     force: bool = force_option(),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as JSON."),
     device: str = device_option(),
@@ -77,7 +78,7 @@ def size_command(
     unplaced = RunConfig(model=shapes[0], framework=framework).model_errors()
     if unplaced:
         raise InputError(f"--family {family}: {unplaced[0]}")
-    target = output if output is not None else REPORTS / f"size-{gpus}x{days:g}d"
+    target = output if output is not None else REPORTS / _default_folder(gpus, days, family, device)
     check_output(target, inputs=[profile], force=force)
     hardware = Cluster(device=device, gpus_per_node=gpus_per_node, inter_node_gbps=inter_node_gbps,
                        device_memory_gib=device_memory, framework=framework, attention=attention or "eager")
@@ -118,3 +119,12 @@ def _say_an_edge_of_the_shapes(planned: list[Sized], chosen: Sized) -> None:
     edge, beyond = ("smallest", "smaller") if chosen is runnable[0] else ("largest", "larger")
     warn(f"the lowest loss is the {edge} shape searched that runs ({chosen.parameters / 1e9:.1f}B parameters): a "
          f"{beyond} model may do better on this budget, and is not among the shapes")
+
+
+def _default_folder(gpus: int, days: float, family: str, device: str) -> str:
+    """``size-1024x30d``, with the family and the GPU where they are not the defaults
+    (``size-1024x30d-llama-a100-80gb``): the README's LLaMA question after its GPT one was refused, its folder taken
+    by the first (an audit)."""
+    parts = [f"size-{gpus}x{days:g}d"] + ([family] if family != "gpt" else [])
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return "-".join(parts + ([slug] if slug and slug != "a100" else []))
