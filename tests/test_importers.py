@@ -618,6 +618,9 @@ def test_an_excel_csv_naming_its_separator_is_read_as_the_table_it_is(tmp_path: 
                                            "16;64;2;2048;16;24;2048;2;4;2;812,5"])
     assert read_measurements(excel).drop("line").equals(read_measurements(comma).drop("line"))
     assert read_measurements(excel)["line"].to_list() == [3]
+    quoted = write(tmp_path / "quoted.csv", ['"sep=;"', ";".join(GROUND_TRUTH_HEADER),
+                                             "16;64;2;2048;16;24;2048;2;4;2;812,5"])  # every line quoted (a review)
+    assert read_measurements(quoted).drop("line").equals(read_measurements(comma).drop("line"))
 
 
 def test_a_table_giving_each_row_its_time_in_another_column_reads_every_row(tmp_path):

@@ -204,11 +204,12 @@ def test_cli_where_no_plan_can_run_writes_its_folder_and_says_so(tmp_path: Path)
     summary = json.loads(result.stdout)
     assert summary["simulated"] == 0 and summary["pruned"]["out_of_memory"] > 0
     # the least memory a valid plan needs, against the device's (an audit: "every plan is invalid or out of memory")
-    said = re.search(r"warning: no plan was simulated: the valid plans need ([\d,.]+) GiB or more, the device has "
-                     r"0.1 GiB", result.stderr)
+    said = re.search(r"warning: no plan was simulated: the valid plans need ([\d,.]+) GiB or more as measured peaks "
+                     r"would be \(memory model: ([\d,.]+) GiB or more\), the device has 0.1 GiB", result.stderr)
     plans = pl.read_csv(out / "plans.csv")
-    assert said and float(said.group(1).replace(",", "")) == round(plans["memory_gib"].drop_nulls().min(), 1), \
+    assert said and float(said.group(2).replace(",", "")) == round(plans["memory_gib"].drop_nulls().min(), 1), \
         result.stderr
+    assert float(said.group(1).replace(",", "")) == round(0.1 + plans["memory_over_gib"].drop_nulls().min(), 1)
     assert "no plan was simulated: the valid plans need" in " ".join(_svg_texts(out / "frontier.svg"))
     assert (out / "plans.csv").exists() and (out / "report.html").exists()
 

@@ -103,7 +103,8 @@ def test_parameters_sharded_as_zero_3_or_fsdp_are_refused_and_zero_1_is_the_dist
 
 
 @pytest.mark.parametrize(("header", "cell", "stage"), [
-    ("zero stage", "ZeRO-3", 3), ("ZeRO", "stage 3", 3), ("zero_optimization.stage", "2", 2), ("zero stage", "z1", 1)])
+    ("zero stage", "ZeRO-3", 3), ("ZeRO", "stage 3", 3), ("zero_optimization.stage", "2", 2), ("zero stage", "z1", 1),
+    ("zero stage", "ZeRO stage 3", 3), ("zero stage", "ZeRO-3 offload", 3)])
 def test_zero_stages_as_tables_write_them(tmp_path: Path, header: str, cell: str, stage: int) -> None:
     """``ZeRO-3`` or ``stage 3`` stopped the whole table ("'zero_stage' is not an integer", a key of vtrain's), and
     a column named ``ZeRO`` went unread, its stage-3 row scored (an audit)."""
@@ -116,12 +117,20 @@ def test_zero_stages_as_tables_write_them(tmp_path: Path, header: str, cell: str
 def test_fsdp_sharding_strategies(tmp_path: Path) -> None:
     """FSDP's FULL_SHARD gathers the parameters in every pass: refused; SHARD_GRAD_OP is ZeRO 2 (the distributed
     optimizer), NO_SHARD plain data parallelism. A value no number is named by the file's own column."""
+    strategies = ("FULL_SHARD", "ShardingStrategy.SHARD_GRAD_OP", "NO_SHARD", "full shard", "fully_shard", "FOO")
     text = "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,sharding strategy,iteration time (ms)\n" + "".join(
-        f"64,512,1,2048,8,1,12288,96,96,{strategy},20000\n"
-        for strategy in ("FULL_SHARD", "ShardingStrategy.SHARD_GRAD_OP", "NO_SHARD"))
+        f"64,512,1,2048,8,1,12288,96,96,{strategy},20000\n" for strategy in strategies)
     rows = read_quietly(write(tmp_path, text)).to_dicts()
     assert rows[0]["problem"].startswith("FSDP's FULL_SHARD (the parameters gathered")
-    assert [row["distributed_optimizer"] for row in rows[1:]] == [True, False]
+    assert [row["distributed_optimizer"] for row in rows[1:3]] == [True, False]
+    # written otherwise (FSDP2's fully_shard), or not known: refused, not scored as plain data parallelism (a review)
+    assert rows[3]["problem"].startswith("FSDP's FULL_SHARD") and rows[4]["problem"].startswith("FSDP's FULLY_SHARD")
+    assert rows[5]["problem"].startswith("sharding strategy 'foo' is none vtrain knows")
+    both = write(tmp_path, "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,zero stage,distributed optimizer,"
+                           "iteration time (ms)\n64,512,1,2048,8,1,12288,96,96,2,false,20000\n", "both.csv")
+    with pytest.warns(InputWarning, match=r"1 row\(s\) whose distributed optimizer column says other than their ZeRO "
+                                          r"stage or sharding strategy \(line 2\): the distributed optimizer column"):
+        assert read_measurements(both)["distributed_optimizer"].to_list() == [False]
     bad = write(tmp_path, "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,Zero Stage,iteration time (ms)\n"
                           "64,512,1,2048,8,1,12288,96,96,full,20000\n", "bad.csv")
     with pytest.raises(InputError, match="line 2: 'Zero Stage' is not a ZeRO stage"):

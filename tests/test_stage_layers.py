@@ -129,7 +129,7 @@ def test_a_tables_stage_layers_column(tmp_path: Path) -> None:
     table.write_text("\n".join([header, '12,48,1,1024,16,70,512,1,12,1,"5 six",900']) + "\n")
     ran = vtrain_in_process("validate", "--measurements", table, "--profile", REPO / "profiles" / "a100",
                             "-o", tmp_path / "report2")
-    assert ran.returncode == 2 and "line 2: 'stage_layers' is not whole numbers of layers, one a stage" in ran.stderr
+    assert ran.returncode == 2 and "line 2: 'stage layers' is not whole numbers of layers, one a stage" in ran.stderr
     assert not (tmp_path / "report2").exists()
 
 

@@ -490,18 +490,37 @@ def test_a_step_marked_on_a_second_thread_too_is_one_iteration(placed: str, tmp_
     document["traceEvents"] += [{**step, "tid": other, "ts": start(step), "dur": 10.0} for step in steps]
     save(tmp_path / "twice", "rank-0.json.gz", document)
     shutil.copytree(TRACES / "hta-v100-1rank", tmp_path / "recorded")
-    results, latency = {}, {}
+    results, latency, per_step = {}, {}, {}
     for name in ("recorded", "twice"):
         ran = vtrain_in_process("whatif", tmp_path / name, "--scale-kernel", ".*=0.5", "--json", "-o",
                                 tmp_path / f"w-{name}")
         assert ran.returncode == 0 and "ProfilerStep" not in ran.stderr, ran.stderr
         results[name] = json.loads(ran.stdout)
         said: list[str] = []
-        latency[name] = ingest_traces(tmp_path / name, warn=said.append).op_latency.sort(pl.all())
+        profile = ingest_traces(tmp_path / name, warn=said.append)
         assert not [line for line in said if "ProfilerStep" in line], said
+        latency[name] = profile.op_latency.sort(pl.all())
+        # kernels per iteration: ingest had kept every mark apart, 4 of 5 steps' kernels in none (a review)
+        per_step[name] = profile["kernels"].group_by("iteration").len().sort("iteration")
     for key in ("measured_ms", "predicted_ms", "change_pct"):
         assert results["twice"][key] == pytest.approx(results["recorded"][key]), key
     assert latency["twice"].equals(latency["recorded"])
+    assert per_step["twice"].equals(per_step["recorded"]) and per_step["twice"]["iteration"].null_count() == 0
+
+
+def test_the_steps_are_the_thread_whose_spans_hold_the_most_time() -> None:
+    """A helper thread marking one step more than the thread that calls ``step()`` (its last step cut by the
+    profiler's stop) was chosen for having the most spans, every iteration then a 10 us window (a review); the
+    thread whose spans hold the most time is, whether the spans are a rank's (``by``) or one file's."""
+    from vtrain.naming import step_windows
+
+    spans = pl.DataFrame({"rank": [0] * 7, "lane": [1, 1, 1, 2, 2, 2, 2], "iteration": [1, 2, 3, 1, 2, 3, 4],
+                          "step_ts": [0.0, 1000.0, 2000.0, 500.0, 1500.0, 2500.0, 3500.0],
+                          "step_end": [990.0, 1990.0, 2990.0, 510.0, 1510.0, 2510.0, 3510.0]})
+    expected = [(1, 0.0, 990.0), (2, 1000.0, 1990.0), (3, 2000.0, 2990.0)]
+    assert step_windows(spans, by=["rank"], thread="lane").select("iteration", "step_ts", "step_end").rows() \
+        == expected
+    assert step_windows(spans.drop("rank"), thread="lane").rows() == expected
 
 
 def test_step_numbers_that_name_steps_one_after_another_are_said_by_validate_and_whatif(tmp_path: Path) -> None:
@@ -516,7 +535,7 @@ def test_step_numbers_that_name_steps_one_after_another_are_said_by_validate_and
     for step, renamed in zip(steps[-2:], steps[:2]):
         step["name"] = renamed["name"]
     save(tmp_path / "stitched", "rank-0.json.gz", document)
-    said = (f"2 ProfilerStep number(s) name steps one after another on their thread (rank 0: "
+    said = (f"2 ProfilerStep number(s) name steps one after another on their thread, on 1 rank(s) (rank 0: "
             f"{steps[0]['name'][12:]} x2, {steps[1]['name'][12:]} x2): each number is measured as one iteration")
     for command in ("validate", "whatif"):
         ran = vtrain_in_process(command, tmp_path / "stitched", *(["--no-hta"] if command == "validate" else

@@ -104,21 +104,22 @@ def iteration_numbers(names: pl.Expr) -> pl.Expr:
 def step_windows(spans: pl.DataFrame, by: Sequence[str] = (), thread: str | None = None) -> pl.DataFrame:
     """The iterations' windows (``*by, iteration, step_ts, step_end``, sorted by start) of ``ProfilerStep#N`` spans
     given as those columns. ``thread``: the column naming each span's thread, where the steps are those of the thread
-    that calls the profiler's ``step()`` (the one with the most spans, the longest on a tie): a span of a number
-    marked on another thread too, empty, had cut the iteration short at its end, the events after it in no
-    iteration (an audit). The spans of one number that overlap are one window, from the first start to the last
-    end; spans of one number one after another (a trace stitched from others) stay apart."""
+    that calls the profiler's ``step()``, whose spans cover the most time (then: the most spans, the lowest thread): a
+    span of a number marked on another thread too, empty, had cut the iteration short at its end, the events after
+    it in no iteration (an audit). ``None`` for spans made from optimizer steps, each on its step's thread. The
+    spans of one number that overlap are one window, from the first start to the last end; spans of one number one
+    after another (a trace stitched from others) stay apart."""
     import polars as pl
 
     if thread is not None and spans.height:
         per_thread = spans.group_by(*by, thread).agg(spans=pl.len(),
                                                      held=(pl.col("step_end") - pl.col("step_ts")).sum())
-        main = per_thread.sort("spans", "held", descending=True).unique(subset=list(by) or None, keep="first",
-                                                                        maintain_order=True)
+        ranked = per_thread.sort("held", "spans", thread, descending=[True, True, False], nulls_last=True)
+        main = ranked.unique(subset=list(by), keep="first", maintain_order=True) if by else ranked.head(1)
         spans = spans.join(main.select(*by, thread), on=[*by, thread], nulls_equal=True).drop(thread)
     keys = [*by, "iteration"]
-    reach = pl.col("step_end").cum_max().shift(1).over(keys)
-    opens = (pl.col("step_ts") >= reach).fill_null(True)  # the first span of a number opens its window
-    numbered = spans.sort(*keys, "step_ts").with_columns(_window=opens.cast(pl.Int64).cum_sum().over(keys))
+    ordered = spans.sort(*keys, "step_ts").with_columns(_reach=pl.col("step_end").cum_max().shift(1).over(keys))
+    opens = (pl.col("step_ts") >= pl.col("_reach")).fill_null(True)  # the first span of a number opens its window
+    numbered = ordered.with_columns(_window=opens.cast(pl.Int64).cum_sum().over(keys))
     return (numbered.group_by(*keys, "_window").agg(pl.col("step_ts").min(), pl.col("step_end").max())
             .drop("_window").sort(*by, "step_ts"))

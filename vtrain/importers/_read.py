@@ -239,7 +239,7 @@ def _value_reader(text: str, delimiter: str, path: Path) -> Callable[[str], str 
 
 
 #: the line Excel writes first to name a CSV file's separator (``sep=;`` in a locale whose decimal mark is the comma)
-_EXCEL_SEPARATOR = re.compile(r"^\ufeff?sep=(.)\s*$")
+_EXCEL_SEPARATOR = re.compile(r'^\ufeff?"?sep=(.)"?\s*$')  # quoted where a program quoted every line
 
 
 def _delimiter(text: str) -> str:

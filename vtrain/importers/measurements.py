@@ -227,7 +227,7 @@ def read_measurements_text(path: Path, text: str, recompute: str = RECOMPUTE) ->
     for name, (_, dtype) in OPTIONAL_COLUMNS.items():
         if name in rows.columns:
             rows = rows.with_columns(_optional(rows, name, dtype, path, given_as.get(name, name)))
-    rows = _with_sharded_optimizer(rows)
+    rows = _with_sharded_optimizer(rows, path)
     forms = [read[given] for given in times]
     rows = rows.with_columns(measured_as=pl.coalesce([pl.when(pl.col(form).is_not_null()).then(pl.lit(form))
                                                       for form in forms] + [pl.lit(forms[0])]))
@@ -633,10 +633,13 @@ def _unmodelled(row: dict[str, Any]) -> str | None:
         value = row.get(name)
         if value is not None and value > 1:
             return f"{what.format(value)} is not modelled: vtrain simulates dense models on t x d x p GPUs"
-    strategy = (row.get("sharding_strategy") or "").lower().removeprefix("shardingstrategy.")
+    strategy = _strategy(row.get("sharding_strategy"))
     sharded = (f"ZeRO stage {row['zero_stage']}" if (row.get("zero_stage") or 0) >= 3
                else "FSDP" if row.get("fsdp") and strategy not in (*_GRADIENTS_SHARDED, *_NOTHING_SHARDED)
-               else f"FSDP's {strategy.upper()}" if strategy in ("full_shard", "hybrid_shard") else None)
+               else f"FSDP's {strategy.upper()}" if strategy in _PARAMETERS_SHARDED else None)
+    if strategy and not sharded and strategy not in (*_GRADIENTS_SHARDED, *_NOTHING_SHARDED):
+        return (f"sharding strategy {row['sharding_strategy']!r} is none vtrain knows (FULL_SHARD, HYBRID_SHARD, "
+                f"SHARD_GRAD_OP, NO_SHARD): what it shards is not known")
     if sharded:  # (it had been scored as plain data parallelism, the column unread: an audit, OPT-175B +13 %)
         return (f"{sharded} (the parameters gathered from their shards in every pass) is not modelled: vtrain "
                 f"simulates replicas that hold their parameters (ZeRO 1 and 2: the distributed optimizer)")
@@ -670,13 +673,21 @@ def _optional(rows: pl.DataFrame, name: str, dtype: type[pl.DataType], path: Pat
 
 #: what a value of a column read its own way must be, as an error says it
 _ODD_KINDS = {"stage_layers": "whole numbers of layers, one a stage", "zero_stage": "a ZeRO stage (0 to 3, ZeRO-3)"}
-#: FSDP's sharding strategies that shard the optimizer states and gradients only (ZeRO 2), and those that shard
-#: nothing
-_GRADIENTS_SHARDED = ("shard_grad_op", "_hybrid_shard_zero2", "hybrid_shard_zero2")
+#: FSDP's sharding strategies (as :func:`_strategy` writes them): those that gather the parameters in every pass
+#: (refused), those that shard the optimizer states and gradients only (ZeRO 2), and the one that shards nothing
+_PARAMETERS_SHARDED = ("full_shard", "hybrid_shard", "fully_shard", "fsdp2")
+_GRADIENTS_SHARDED = ("shard_grad_op", "hybrid_shard_zero2")
 _NOTHING_SHARDED = ("no_shard",)
 
 
-def _with_sharded_optimizer(rows: pl.DataFrame) -> pl.DataFrame:
+def _strategy(value: str | None) -> str:
+    """An FSDP sharding strategy as compared: lower case, words joined by ``_``, without ``ShardingStrategy.``
+    (``FULL_SHARD``, ``full shard``, ``ShardingStrategy.SHARD_GRAD_OP``, ``_HYBRID_SHARD_ZERO2``)."""
+    words = re.sub(r"[\s\-]+", "_", (value or "").strip().lower()).removeprefix("shardingstrategy.")
+    return words.strip("_")
+
+
+def _with_sharded_optimizer(rows: pl.DataFrame, path: Path) -> pl.DataFrame:
     """``distributed_optimizer`` where a row leaves it out and its ZeRO stage or FSDP sharding strategy says it:
     ZeRO 1 and 2 (and FSDP's SHARD_GRAD_OP) shard the optimizer states as Megatron's distributed optimizer does (a
     row of ZeRO 1 was predicted with it while the defaults' warning said it off: an audit); stage 0 and NO_SHARD do
@@ -686,13 +697,20 @@ def _with_sharded_optimizer(rows: pl.DataFrame) -> pl.DataFrame:
         said.append(pl.when(pl.col("zero_stage").is_in([1, 2])).then(True)
                     .when(pl.col("zero_stage") == 0).then(False))
     if "sharding_strategy" in rows.columns:
-        strategy = pl.col("sharding_strategy").str.to_lowercase().str.strip_prefix("shardingstrategy.")
+        strategy = pl.col("sharding_strategy").map_elements(_strategy, return_dtype=pl.String)
         said.append(pl.when(strategy.is_in(_GRADIENTS_SHARDED)).then(True)
                     .when(strategy.is_in(_NOTHING_SHARDED)).then(False))
     if not said:
         return rows
-    own = [pl.col("distributed_optimizer")] if "distributed_optimizer" in rows.columns else []
-    return rows.with_columns(distributed_optimizer=pl.coalesce(*own, *said))
+    sharded = pl.coalesce(*said)
+    if "distributed_optimizer" not in rows.columns:
+        return rows.with_columns(distributed_optimizer=sharded)
+    differ = rows.filter(pl.col("distributed_optimizer").is_not_null() & sharded.is_not_null()
+                         & (pl.col("distributed_optimizer") != sharded))
+    if differ.height:  # the row's own column is taken, and said (it had been, silently: a review)
+        warn_input(f"{differ.height} row(s) whose distributed optimizer column says other than their ZeRO stage or "
+                   f"sharding strategy (line {differ[LINE][0]}): the distributed optimizer column is taken", path)
+    return rows.with_columns(distributed_optimizer=pl.coalesce("distributed_optimizer", sharded))
 
 
 #: what published tables write in a cell that does not apply (a virtual pipeline size without interleaving): read
@@ -717,7 +735,8 @@ def _parse(value: str, dtype: type[pl.DataType], name: str = "") -> Any:
     if name == "stage_layers":
         return " ".join(map(str, _layer_counts(value)))
     if name == "zero_stage":  # 3, ZeRO-3, zero3, stage 3, Z3
-        stage = re.fullmatch(r"(?:zero|stage|z)?[\s\-_]*([0-3])(?:\.0)?", value.strip().lower())
+        stage = re.fullmatch(r"(?:zero|z)?[\s\-_]*(?:stage)?[\s\-_]*([0-3])(?:\.0)?(?:[\s\-_,(].*)?",
+                             value.strip().lower())  # ZeRO stage 3, ZeRO-3 offload
         if stage is None:
             raise ValueError(value)
         return int(stage.group(1))

@@ -85,13 +85,12 @@ class RankTables:
 def iteration_spans(cpu: pl.DataFrame) -> pl.DataFrame:
     """The iterations' windows of the ``ProfilerStep#N`` spans (:func:`vtrain.naming.step_windows`) as
     (iteration, step_ts, step_end), sorted by start."""
-    return step_windows(
-        cpu.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
-        .with_columns(iteration=iteration_numbers(pl.col("name")))
-        .filter(pl.col("iteration").is_not_null())
-        .select("iteration", "tid", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur")),
-        thread="tid",
-    )
+    spans = (cpu.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
+             .with_columns(iteration=iteration_numbers(pl.col("name")))
+             .filter(pl.col("iteration").is_not_null()))
+    made = spans.select((pl.col("cat") == OPTIMIZER_ITERATION).any()).item()
+    return step_windows(spans.select("iteration", "tid", step_ts=pl.col("ts"), step_end=pl.col("ts") + pl.col("dur")),
+                        thread=None if made else "tid")
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,8 @@ def summary(table: PlanTable) -> dict[str, Any]:
 
 def best_memory_risk(table: PlanTable) -> str | None:
     """What the cheapest plan within limits risks in the device's memory, as the measured peaks its modelled need
-    stands for would (:func:`~vtrain.model.memory.fit_risk`): a plan is kept when the model's need fits, and the
-    model reads under measured peaks (:data:`~vtrain.model.memory.MEASURED_ERROR_PCT`); ``None`` when they all
+    stands for would (:func:`~vtrain.model.memory.fit_risk`): plans are kept unless even the lowest of those peaks is
+    over (:func:`~vtrain.model.memory.measured_miss`), so the risk is that it may not fit; ``None`` when they all
     fit."""
     best = table.best()
     if best is None:

@@ -110,9 +110,10 @@ class PlanTable:
         """Why no plan was timed: the least memory a valid plan needs against the device's, else the commonest
         reason the 1F1B plans are invalid (the other schedules add reasons of their own to every layout)."""
         over = self.plans.filter(pl.col("status") == OUT_OF_MEMORY)
-        if over.height:
-            return (f"the valid plans need {over['memory_gib'].min():,.1f} GiB or more, the device has "
-                    f"{self.device_memory_gib:g} GiB")
+        if over.height:  # as plans are pruned: as measured peaks would be (a need under the device's was said)
+            least = self.device_memory_gib + over["memory_over_gib"].min()
+            return (f"the valid plans need {least:,.1f} GiB or more as measured peaks would be (memory model: "
+                    f"{over['memory_gib'].min():,.1f} GiB or more), the device has {self.device_memory_gib:g} GiB")
         invalid = self.plans.filter(pl.col("status") == INVALID)
         if invalid.is_empty():
             return "no plan was enumerated"

@@ -17,7 +17,7 @@ from vtrain.graph.build import ExecutionGraph, build_graph
 from vtrain.graph.work import GraphInputs, steps_of
 from vtrain.kineto import ATTENTION_OPS, FUSED_ATTENTION, UNFUSED_ATTENTION
 from vtrain.model.gpt import GptShape
-from vtrain.model.memory import StageMemory, stage_memory
+from vtrain.model.memory import StageMemory, measured_miss, stage_memory
 from vtrain.model.ops import Op
 from vtrain.partition import Chunk, partition
 from vtrain.parallel import Layout
@@ -74,9 +74,11 @@ class Simulation:
 
     @property
     def fits_device(self) -> bool | None:
-        """Whether the largest stage fits the device's memory (``None``: the device's memory is not known)."""
+        """Whether the largest stage fits the device's memory as plans take it (unless even the lowest measured peak
+        its need stands for is over: :func:`~vtrain.model.memory.measured_miss`); ``None``: the device's memory is not
+        known."""
         capacity = self.device.memory_bytes
-        return None if not capacity else self.largest_stage_bytes <= capacity
+        return None if not capacity else measured_miss(self.largest_stage_bytes, capacity)[0]
 
     @cached_property
     def breakdown_us(self) -> dict[str, float]:

@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from vtrain.errors import InputError, some_of
-from vtrain.kineto import ATTENTION_OPS, empty_steps_text, fused_attention_dims
+from vtrain.kineto import ATTENTION_OPS, OPTIMIZER_ITERATION, empty_steps_text, fused_attention_dims
 from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
@@ -140,9 +140,10 @@ def stitched_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
     rank = repeated["rank"][0]
     shown = some_of([f"#{number} x{spans}" for number, spans in
                      repeated.filter(pl.col("rank") == rank).select("number", "spans").rows()])
-    return (f"{trace_dir}: {repeated.height} ProfilerStep number(s) name steps one after another on their thread "
-            f"(rank {rank}: {shown}): each number is measured as one iteration from its first step's start to its "
-            f"last's end, the steps between cut short (a trace stitched from others, or its spans renamed?)")
+    return (f"{trace_dir}: {repeated['number'].n_unique()} ProfilerStep number(s) name steps one after another on "
+            f"their thread, on {repeated['rank'].n_unique()} rank(s) (rank {rank}: {shown}): each number is measured "
+            f"as one iteration from its first step's start to its last's end, the steps between cut short (a trace "
+            f"stitched from others, or its spans renamed?)")
 
 
 def step_layout_warnings(trace_dir: object, frame: pl.DataFrame) -> list[str]:
@@ -163,10 +164,11 @@ def without_made_iterations(frame: pl.DataFrame, traces: Sequence[RankTrace | Ke
 
 
 def _with_iteration(frame: pl.DataFrame) -> pl.DataFrame:
-    steps = step_windows(step_spans(frame).select("rank", "lane",
-                                                   iteration=iteration_numbers(pl.col("name").cast(pl.String)),
-                                                   step_ts="ts", step_end=pl.col("ts") + pl.col("dur")),
-                         by=["rank"], thread="lane").rename({"iteration": "step"})
+    spans = step_spans(frame)
+    made = spans.select((pl.col("cat").cast(pl.String) == OPTIMIZER_ITERATION).any()).item()
+    steps = step_windows(spans.select("rank", "lane", iteration=iteration_numbers(pl.col("name").cast(pl.String)),
+                                      step_ts="ts", step_end=pl.col("ts") + pl.col("dur")),
+                         by=["rank"], thread=None if made else "lane").rename({"iteration": "step"})
     if steps.is_empty():  # no iteration marks: the whole trace is one iteration
         return frame.with_columns(iteration=pl.lit(0, dtype=pl.Int64))
     # placed on the few columns it needs (sorting the whole frame would copy every name), then put back in order
