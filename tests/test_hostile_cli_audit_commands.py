@@ -282,3 +282,15 @@ def test_numbers_in_other_digits_are_refused_as_run_configs_refuse_them(args: li
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.count("\n") == 1 and "a number written in digits other than 0-9" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_a_link_rate_at_the_run_configs_bound_names_the_flag(command: str, tmp_path: Path) -> None:
+    """``--inter-node-gbps 0.001`` passed the flag's check (at least 0.001) and was then refused as the run config's
+    ("examples/gpt-1.3b-a100.yaml: no plan can train this model: inter_node_gbps must be ... above 0.001": an
+    audit): the flag has the run config's bounds, and is named."""
+    args = ["--gpus", "16", "-o", tmp_path / "out"] if command == "plan" else []
+    ran = vtrain_in_process(command, REPO / "examples" / "gpt-1.3b-a100.yaml", "--inter-node-gbps", "0.001", *args)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    [line] = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert "--inter-node-gbps" in line and "must be above 0.001" in line and "yaml" not in line, line

@@ -623,6 +623,41 @@ def test_an_excel_csv_naming_its_separator_is_read_as_the_table_it_is(tmp_path: 
     assert read_measurements(quoted).drop("line").equals(read_measurements(comma).drop("line"))
 
 
+def test_a_table_that_expands_past_the_limit_is_refused_before_it_fills_memory(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 204 KB gzip of a table and 200 MiB of blank lines took 3.7 GB and 3.5 minutes to read (an audit): a
+    table's text is read up to MAX_TABLE_TEXT_BYTES (here 1 MiB), then refused in one line; beside tables in a
+    folder, such a file is one not read."""
+    import gzip
+
+    import vtrain.importers._read as read
+
+    monkeypatch.setattr(read, "MAX_TABLE_TEXT_BYTES", 1 << 20)
+    table = "\n".join([",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,812.5"]) + "\n"
+    bomb = tmp_path / "bomb.csv.gz"
+    bomb.write_bytes(gzip.compress(table.encode() + b"\n" * (2 << 20)))
+    with pytest.raises(InputError, match="more than 1 MiB of text once decompressed: no measurement table"):
+        read_measurements(bomb)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "a.csv").write_text(table)
+    (folder / "core.1234").write_bytes(b"\0" * (2 << 20))
+    with pytest.warns(InputWarning, match=r"1 file\(s\) neither a measurement table nor a Megatron log, not read "
+                                          r"\(core.1234\)"):
+        assert read_measurements(folder).height == 1
+
+
+def test_a_table_copied_twice_into_a_folder_is_said(tmp_path: Path) -> None:
+    """The same table twice in one folder was scored twice without a word (each file's own repeats are said as it is
+    read; the folder's were not: an audit)."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name in ("a.csv", "b.csv"):
+        write(folder / name, [",".join(GROUND_TRUTH_HEADER), "16,64,2,2048,16,24,2048,2,4,2,812.5"])
+    with pytest.warns(InputWarning, match=r"1 row\(s\) repeat an earlier row exactly, measured time included"):
+        assert read_measurements(folder).height == 2
+
+
 def test_a_table_giving_each_row_its_time_in_another_column_reads_every_row(tmp_path):
     """Published runs pasted together: TFLOP/s per GPU for some, tokens/s per GPU for others. The first time column
     was read for the whole table and 6 of 7 rows refused as "no measured time"."""

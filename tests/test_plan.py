@@ -319,7 +319,8 @@ def test_a_plan_that_would_not_fit_as_measured_is_out_of_memory(tmp_path: Path) 
     assert row["status"] == "out_of_memory" and not row["fits"]
     least = best["memory_gib"] / (1 + MEASURED_ERROR_PCT[1] / 100)  # the lowest measured peak of its need
     assert row["memory_over_gib"] == pytest.approx(least - best["memory_gib"] * 1.005)
-    assert row["reason"].startswith(f"needs {best['memory_gib'] * 1.005 + row['memory_over_gib']:.1f} GiB or more of ")
+    measured = best["memory_gib"] * 1.005 + row["memory_over_gib"]
+    assert row["reason"].startswith(f"needs {measured:.2f} GiB or more of "), row["reason"]
     assert "as measured peaks would be (the memory model's" in row["reason"]
 
 

@@ -131,6 +131,10 @@ def test_fsdp_sharding_strategies(tmp_path: Path) -> None:
     with pytest.warns(InputWarning, match=r"1 row\(s\) whose distributed optimizer column says other than their ZeRO "
                                           r"stage or sharding strategy \(line 2\): the distributed optimizer column"):
         assert read_measurements(both)["distributed_optimizer"].to_list() == [False]
+    minus = write(tmp_path, "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,zero stage,iteration time (ms)\n"
+                            "64,512,1,2048,8,1,12288,96,96,-1,20000\n", "minus.csv")
+    with pytest.raises(InputError, match="line 2: 'zero stage' is not a ZeRO stage"):  # was read as stage 1
+        read_quietly(minus)
     bad = write(tmp_path, "GPUs,GBS,MBS,seq,TP,PP,hidden,layers,heads,Zero Stage,iteration time (ms)\n"
                           "64,512,1,2048,8,1,12288,96,96,full,20000\n", "bad.csv")
     with pytest.raises(InputError, match="line 2: 'Zero Stage' is not a ZeRO stage"):

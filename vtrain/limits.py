@@ -163,6 +163,11 @@ def _within(value: float, low: float, high: float) -> bool:
 MAX_GZIP_RATIO = 200
 GZIP_RATIO_FROM_BYTES = 64 << 20
 
+#: most text a measurement table or training log may hold (decompressed): a Megatron log of a long run at one line
+#: an iteration is tens of MB; a gzip of blank lines that expands 1000x to 200 MiB took 3.7 GB and 3.5 minutes to
+#: read (an audit), and a 1 GiB core dump beside the tables was read whole to be told apart from them
+MAX_TABLE_TEXT_BYTES = 256 << 20
+
 #: longest span a profiled trace can cover, in µs: profiles cover seconds to minutes (a few iterations); a week is
 #: no profile, so a host event longer than this, or starting this far from the others, is a corrupt time
 MAX_TRACE_US = 7 * 24 * 3600 * 1e6

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED
+from vtrain.limits import MAX_DEVICE_MEMORY_GIB, MAX_MICRO_BATCH_TRIED, REAL_BOUNDS
 from vtrain.runconfig import (
     ATTENTIONS,
     FRAMEWORKS,
@@ -45,8 +45,9 @@ def gpus_per_node_option() -> Any:
 
 def inter_node_gbps_option() -> Any:
     """``--inter-node-gbps``: the network rate per node, replacing the profile's."""
-    return real_option(None, "--inter-node-gbps", 0.001, 1e6,
-                       "Network bandwidth per node, Gbit/s (default: the profile's).")
+    low, high = REAL_BOUNDS["inter_node_gbps"]  # the run config's own bounds: 0.001 passed here, refused there
+    return real_option(None, "--inter-node-gbps", low, high,
+                       f"Network bandwidth per node, Gbit/s, above {low:g} (default: the profile's).", above=True)
 
 
 def device_memory_option() -> Any:
@@ -159,15 +160,16 @@ def _one_recompute(value: str | None) -> str | None:
     return _one_word(value, value, RECOMPUTE)
 
 
-def real_option(default: Any, flag: str, low: float, high: float, help_text: str) -> Any:
-    """A real-valued option from ``low`` to ``high`` (inclusive; ``high`` may be infinity). ``nan`` is "not a
-    number" (typer's own bounds said that it "should be less than or equal to" the largest value: NaN compares
-    false with every number); ``min`` and ``max`` only show the range in the help, which the parser checks."""
-    return typer.Option(default, flag, parser=_real_between(low, high), min=low,
+def real_option(default: Any, flag: str, low: float, high: float, help_text: str, above: bool = False) -> Any:
+    """A real-valued option from ``low`` to ``high`` (inclusive, or above ``low`` where ``above``; ``high`` may be
+    infinity). ``nan`` is "not a number" (typer's own bounds said that it "should be less than or equal to" the
+    largest value: NaN compares false with every number); ``min`` and ``max`` only show the range in the help, which
+    the parser checks."""
+    return typer.Option(default, flag, parser=_real_between(low, high, above), min=None if above else low,
                         max=None if math.isinf(high) else high, help=help_text)
 
 
-def _real_between(low: float, high: float) -> Callable[[str | float], float]:
+def _real_between(low: float, high: float, above: bool = False) -> Callable[[str | float], float]:
     def parse(text: str | float) -> float:
         try:
             value = float(text)
@@ -175,8 +177,10 @@ def _real_between(low: float, high: float) -> Callable[[str | float], float]:
             raise typer.BadParameter(f"{text!r} is not a number") from None
         if math.isnan(value):
             raise typer.BadParameter(f"{text!r} is not a number")
-        if not low <= value <= high:
-            within = f"at least {low:g}" if math.isinf(high) else f"between {low:g} and {high:g}"
+        if not (low < value if above else low <= value) or not value <= high:
+            least = f"above {low:g}" if above else f"at least {low:g}"
+            within = least if math.isinf(high) else f"{least} and at most {high:g}" if above \
+                else f"between {low:g} and {high:g}"
             raise typer.BadParameter(f"must be {within} (got {text!r})")
         return value
 

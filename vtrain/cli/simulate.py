@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vtrain.cli.errors import OneLineParser, report, warn
 from vtrain.errors import InputError
+from vtrain.limits import REAL_BOUNDS
 
 if TYPE_CHECKING:
     from vtrain.runconfig import RunConfig
@@ -65,9 +66,9 @@ def parser() -> OneLineParser:
                            "without a run of its own (a name, a Hugging Face config) runs on the profile's GPU, "
                            "else an A100.")
     overrides.add_argument("--gpus-per-node", type=int, metavar="N", help="Override the GPUs of a node.")
-    overrides.add_argument("--inter-node-gbps", type=float, metavar="G",
+    overrides.add_argument("--inter-node-gbps", type=_rate("inter_node_gbps"), metavar="G",
                            help="Override a node's network, Gbit/s (all its NICs, shared by its GPUs).")
-    overrides.add_argument("--intra-node-gbps", type=float, metavar="B",
+    overrides.add_argument("--intra-node-gbps", type=_rate("intra_node_gbps"), metavar="B",
                            help="Override a GPU's link to the others of its node, GB/s.")
     overrides.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                            help="Override whether each layer's passes are replayed from CUDA graphs.")
@@ -80,6 +81,23 @@ def parser() -> OneLineParser:
                            help="Override whether Megatron's layers run its fused kernels (--no-fused-kernels: "
                                 "PyTorch's operators, as Megatron-core's local layers without apex).")
     return parsed
+
+
+def _rate(field: str) -> Callable[[str], float]:
+    """A link rate flag checked as the run config checks ``field`` (:data:`~vtrain.limits.REAL_BOUNDS`): out of
+    range, the flag is named, not the run config (``--inter-node-gbps 0.001`` was blamed on the YAML: an audit)."""
+    low, high = REAL_BOUNDS[field]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low < value <= high:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be above {low:g} and at most {high:g} (got {text!r})")
+        return value
+
+    return parse
 
 
 def main(argv: Sequence[str]) -> int:

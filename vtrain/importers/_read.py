@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.errors import InputError, warn_input
+from vtrain.limits import MAX_TABLE_TEXT_BYTES
 
 #: the line-number column that :func:`csv_rows` adds (1-based line in the file)
 LINE = "line"
@@ -24,15 +25,17 @@ def file_digest(path: Path) -> str:
     """The sha256 of a file's bytes, or of a folder's files (not its subfolders or hidden files) by name and
     digest: what a profile records of the files it was built from, to know them again."""
     if not path.is_dir():
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with path.open("rb") as handle:  # streamed: a folder may hold a core dump beside its tables
+            return hashlib.file_digest(handle, "sha256").hexdigest()
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     return hashlib.sha256("".join(f"{p.name}\0{file_digest(p)}\n" for p in files).encode()).hexdigest()
 
 
 def read_text(path: Path) -> str:
-    """The file's text (UTF-8, a byte-order mark dropped); an error for a missing, unreadable or empty file."""
+    """The file's text (UTF-8, a byte-order mark dropped); an error for a missing, unreadable or empty file, or one
+    of more than :data:`~vtrain.limits.MAX_TABLE_TEXT_BYTES` (decompressed), read no further."""
     try:
-        data = path.read_bytes()
+        data = _at_most(path, MAX_TABLE_TEXT_BYTES)
     except FileNotFoundError:
         raise InputError("no such file", path) from None
     except IsADirectoryError:
@@ -45,15 +48,25 @@ def read_text(path: Path) -> str:
     return text
 
 
+def _at_most(path: Path, limit: int) -> bytes:
+    """The file's bytes (a gzip file's decompressed), read up to ``limit``: an error beyond it."""
+    with path.open("rb") as handle:
+        packed = handle.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rb") if packed else path.open("rb")) as handle:
+            data = handle.read(limit + 1)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise InputError(f"a gzip file that does not decompress ({exc})", path) from None
+    if len(data) > limit:
+        raise InputError(f"more than {limit >> 20} MiB of text{' once decompressed' if packed else ''}: no measurement "
+                         f"table or training log is (a log can be cut to its runs' lines)", path)
+    return data
+
+
 def _decoded(data: bytes, path: Path) -> str:
     """A file's bytes as text: UTF-8 (a byte-order mark dropped); UTF-16 with its byte-order mark (what Windows
-    PowerShell's ``>`` writes); gzip's, decompressed (a log kept compressed). A few bytes that are no UTF-8 in a
-    long text (a host name in Latin-1) are read as U+FFFD, said; more, an error."""
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"a gzip file that does not decompress ({exc})", path) from None
+    PowerShell's ``>`` writes); a gzip file's come decompressed (:func:`_at_most`: a log kept compressed). A few
+    bytes that are no UTF-8 in a long text (a host name in Latin-1) are read as U+FFFD, said; more, an error."""
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
         try:
             return data.decode("utf-16")
@@ -239,7 +252,7 @@ def _value_reader(text: str, delimiter: str, path: Path) -> Callable[[str], str 
 
 
 #: the line Excel writes first to name a CSV file's separator (``sep=;`` in a locale whose decimal mark is the comma)
-_EXCEL_SEPARATOR = re.compile(r'^\ufeff?"?sep=(.)"?\s*$')  # quoted where a program quoted every line
+_EXCEL_SEPARATOR = re.compile(r'^\ufeff?"?sep=([^\s]|\t)"?\s*$')  # quoted where a program quoted every line
 
 
 def _delimiter(text: str) -> str:

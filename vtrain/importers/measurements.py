@@ -205,6 +205,8 @@ def read_measurements(path: str | Path, recompute: str = RECOMPUTE) -> pl.DataFr
     rows = _read_folder(path, recompute) if path.is_dir() else read_measurements_text(path, read_text(path),
                                                                                       recompute)
     _warn_spread_repeats(rows.filter(pl.col("problem").is_null()), path)  # over a folder's files too (a rerun's log)
+    if path.is_dir():  # a table copied into the folder twice (each file's own repeats are said as it is read)
+        _warn_repeated_rows(rows, [name for name in rows.columns if name not in ("row", "file", LINE)], path)
     return rows
 
 
@@ -735,8 +737,8 @@ def _parse(value: str, dtype: type[pl.DataType], name: str = "") -> Any:
     if name == "stage_layers":
         return " ".join(map(str, _layer_counts(value)))
     if name == "zero_stage":  # 3, ZeRO-3, zero3, stage 3, Z3
-        stage = re.fullmatch(r"(?:zero|z)?[\s\-_]*(?:stage)?[\s\-_]*([0-3])(?:\.0)?(?:[\s\-_,(].*)?",
-                             value.strip().lower())  # ZeRO stage 3, ZeRO-3 offload
+        stage = re.fullmatch(r"(?:(?:zero|z)[\s\-_]*)?(?:stage[\s\-_]*)?([0-3])(?:\.0)?(?:[\s\-_,(].*)?",
+                             value.strip().lower())  # ZeRO stage 3, ZeRO-3 offload; not -1
         if stage is None:
             raise ValueError(value)
         return int(stage.group(1))

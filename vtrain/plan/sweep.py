@@ -253,13 +253,10 @@ def _prune(base: RunConfig, gpus: Iterable[int], memory_gib: float, max_micro_ba
 
 
 def _memory_reason(need: float, over: float, memory_gib: float) -> str:
-    """Why a plan is out of memory: its need over the device's, or, where the memory model puts it just under, the
-    measured peak it stands for over (``needs 67.2 GiB of 67.5 GiB (as measured 0.3 GiB or more over)`` read as a
-    plan that fits: an audit)."""
-    if need > memory_gib:
-        return f"needs {need:.1f} GiB of {memory_gib:g} GiB"
-    return (f"needs {memory_gib + over:.1f} GiB or more of {memory_gib:g} GiB as measured peaks would be (the memory "
-            f"model's {need:.1f} GiB is {-MEASURED_ERROR_PCT[1]:g} % or more under them)")
+    """Why a plan is out of memory: the lowest measured peak its modelled need stands for, over the device's memory
+    (the need alone, to a tenth, read "needs 67.2 GiB of 67.2222 GiB" for a plan pruned: an audit)."""
+    return (f"needs {memory_gib + over:.2f} GiB or more of {memory_gib:g} GiB as measured peaks would be (the memory "
+            f"model's {need:.2f} GiB is {-MEASURED_ERROR_PCT[1]:g} % or more under them)")
 
 
 def _selected(rows: list[dict[str, Any]], to_time: list[tuple[int, Candidate]],
