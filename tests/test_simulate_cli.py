@@ -147,9 +147,6 @@ def test_a_run_over_several_nodes_says_its_network_and_where_each_rate_came_from
     (["--device", "TPUv9"], "unknown device 'TPUv9'"),
     # with a fitted profile, a warning that its device model was not used came first
     (["--device", "TPUv9", "--profile", REPO / "profiles" / "a100"], "unknown device 'TPUv9'"),
-    (["--inter-node-gbps", -5], "inter_node_gbps must be a finite number above 0"),
-    (["--inter-node-gbps", 1e-300], "inter_node_gbps must be a finite number above 0.001"),  # overflowed the schedule
-    (["--intra-node-gbps", 1e-300], "intra_node_gbps must be a finite number above 0.001"),
     (["--gpus-per-node", 0], "gpus_per_node must be between 1 and 1,024 (got 0)"),
     # one stage has nothing to interleave with: it was simulated as three chunks of one stage, with no warning
     (["--pp", 1, "--dp", 420, "--global-batch", 1680, "--schedule", "interleaved", "--virtual-stages", 3],
@@ -162,6 +159,20 @@ def test_inconsistent_config_is_one_line_exit_2(args: list[object], message: str
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(MTNLG) in lines[0] and message in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--inter-node-gbps", -5], "argument --inter-node-gbps: must be above 0.001 and at most 1e+06 (got '-5')"),
+    (["--inter-node-gbps", 1e-300], "argument --inter-node-gbps: must be above 0.001"),  # overflowed the schedule
+    (["--intra-node-gbps", 1e-300], "argument --intra-node-gbps: must be above 0.001 and at most 100000"),
+])
+def test_a_link_rate_out_of_bounds_names_its_flag(args: list[object], message: str) -> None:
+    """A link rate the run config refuses is the flag's error, one line, before the run config is read (it had
+    been blamed on the run config's file)."""
+    result = vtrain_in_process("simulate", MTNLG, *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
