@@ -114,10 +114,23 @@ def readable_trace(path: Path) -> Iterator[None]:
         yield
     except UnicodeDecodeError as exc:
         # msgspec counts the position within the string it was decoding, not the file: not said
-        raise InputError(f"not UTF-8 text ({exc.reason} in a string, {exc.object[exc.start:exc.start + 4]!r}...): "
-                         f"not a Kineto trace", path) from None
+        raise InputError(not_utf8(exc), path) from None
     except RecursionError:
         raise InputError("JSON nested too deep to be a Kineto trace", path) from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """The error of a trace holding bytes that are not UTF-8, showing them (where they are is not said: msgspec
+    counts within the string it decodes)."""
+    return f"not UTF-8 text ({exc.reason} in a string, {exc.object[exc.start:exc.start + 4]!r}...): not a Kineto trace"
+
+
+def raise_if_not_utf8(exc: msgspec.DecodeError, data: Any) -> None:
+    """Raise the :class:`UnicodeDecodeError` of ``data`` where msgspec's ``exc`` is about bytes that are no UTF-8:
+    msgspec 0.23 reports them as a DecodeError (0.22 raised the UnicodeDecodeError itself; the tolerant readers then
+    skipped such an event as malformed, and a trace of it read as "nothing to replay")."""
+    if "utf-8" in str(exc).lower():
+        bytes(data).decode("utf-8")
 
 
 #: a UTF-8 byte-order mark: read as nothing before a trace's text
@@ -332,6 +345,10 @@ def decode_header(data: Text, path: Path, decoder: msgspec.json.Decoder = _HEADE
     except msgspec.ValidationError as exc:
         raise InputError(f"not a Kineto trace: {_describe_validation(exc)}", path) from None
     except msgspec.DecodeError as exc:
+        try:  # msgspec 0.23 checks every string's bytes here (0.22 when decoding events)
+            raise_if_not_utf8(exc, data)
+        except UnicodeDecodeError as bad:
+            raise InputError(not_utf8(bad), path) from None
         raise InputError(f"invalid JSON: {_describe_decode(exc, len(data))}{_unescaped_name_hint(exc, data)}",
                          path) from None
 
@@ -374,7 +391,9 @@ def decode_loose_one_by_one(raw: list[msgspec.Raw]) -> list[LooseEvent | None]:
     for item in raw:
         try:
             events.append(_LOOSE_ONE.decode(item))
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            if isinstance(exc, msgspec.DecodeError):
+                raise_if_not_utf8(exc, item)  # the file's error, not one malformed event
             try:
                 loose = _ARGS_NOT_AN_OBJECT.decode(item)
                 loose.args = None

@@ -241,7 +241,7 @@ def _repeated_steps(path: Path, tables: RankTables) -> str | None:
     # on one thread: a step marked on another thread too is no trace stitched from others (an audit)
     end = pl.col("ts") + pl.col("dur")
     repeated = (steps.group_by("iteration", "tid").agg(spans=pl.len(), apart=pl.col("ts").max() >= end.min())
-                .filter(pl.col("apart")).unique("iteration").sort("iteration"))
+                .filter(pl.col("apart") & (pl.col("spans") > 1)).unique("iteration").sort("iteration"))
     if not repeated.height:
         return None
     shown = ", ".join(f"#{number} x{spans}" for number, spans in repeated.select("iteration", "spans").rows()[:3])

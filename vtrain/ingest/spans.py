@@ -32,7 +32,9 @@ from vtrain.ingest.decode import (
     decode_header,
     decode_loose_one_by_one,
     decode_text,
+    not_utf8,
     one_events_list,
+    raise_if_not_utf8,
 )
 from vtrain.ingest.text import TraceText
 
@@ -209,6 +211,12 @@ def decode_span(text: TraceText, span: Span, decoder: msgspec.json.Decoder) -> A
         return decoder.decode(memoryview(buffer)[start - 1:end + 1])
     except msgspec.ValidationError as exc:
         raise InputError(f"malformed trace event: {_absolute(str(exc), first_event)}", text.path) from None
+    except msgspec.DecodeError as exc:  # msgspec 0.23 says bytes that are no UTF-8 so (0.22: UnicodeDecodeError)
+        try:
+            raise_if_not_utf8(exc, buffer[start:end])
+        except UnicodeDecodeError as bad:
+            raise InputError(not_utf8(bad), text.path) from None
+        raise
     finally:
         buffer[start - 1], buffer[end] = before, after
 

@@ -134,7 +134,8 @@ def stitched_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
                                      start=start, end=start + pl.col(MEASURED.dur))
     repeated = (steps.group_by("rank", "lane", "number").agg(spans=pl.len(), apart=pl.col("start").max()
                                                              >= pl.col("end").min())
-                .filter(pl.col("apart")).unique(["rank", "number"]).sort("rank", "number"))
+                .filter(pl.col("apart") & (pl.col("spans") > 1))  # one span of no length is not "apart" from itself
+                .unique(["rank", "number"]).sort("rank", "number"))
     if repeated.is_empty():
         return None
     rank = repeated["rank"][0]
