@@ -123,3 +123,16 @@ def step_windows(spans: pl.DataFrame, by: Sequence[str] = (), thread: str | None
     numbered = ordered.with_columns(_window=opens.cast(pl.Int64).cum_sum().over(keys))
     return (numbered.group_by(*keys, "_window").agg(pl.col("step_ts").min(), pl.col("step_end").max())
             .drop("_window").sort(*by, "step_ts"))
+
+
+def stitched_numbers(spans: pl.DataFrame, by: Sequence[str] = (), thread: str = "thread") -> pl.DataFrame:
+    """The ``ProfilerStep#N`` numbers that name steps one after another on one thread (a trace stitched from
+    others, or its spans renamed), of spans given as ``*by, thread, iteration, step_ts, step_end``: one row per
+    ``*by, iteration`` with ``spans``, how many that thread has, sorted. A step marked on another thread too is
+    none (spans on two threads), nor is one span of no length (not "apart" from itself)."""
+    import polars as pl
+
+    apart = pl.col("step_ts").max() >= pl.col("step_end").min()
+    return (spans.group_by(*by, thread, "iteration").agg(spans=pl.len(), apart=apart)
+            .filter(pl.col("apart") & (pl.col("spans") > 1))
+            .unique([*by, "iteration"], keep="first").select(*by, "iteration", "spans").sort(*by, "iteration"))

@@ -218,6 +218,11 @@ class HardwareConfig:
     intra_node_gbps: float | None = None  # GB/s per GPU, as vTrain's intra_node_bandwidth
     inter_node_gbps: float | None = None  # Gbit/s per node, all its NICs (vTrain's inter_node_bandwidth x node_size)
 
+    @property
+    def nodes(self) -> int:
+        """The nodes its devices fill (the last one perhaps in part)."""
+        return -(-self.device_count // max(self.gpus_per_node, 1))
+
 
 @dataclass(frozen=True)
 class RunConfig:

@@ -181,9 +181,8 @@ def _say_collectives_timed_on_fewer_nodes(base: RunConfig, gpus: int, profile: P
     measured on (:meth:`~vtrain.devices.model.DeviceModel.unmeasured_nodes`)."""
     from vtrain.fit.device import device_for_run
 
-    nodes = -(-gpus // max(base.hardware.gpus_per_node, 1))
-    line = device_for_run(replace(base, hardware=replace(base.hardware, device_count=gpus)),
-                          profile).unmeasured_nodes(nodes)
+    hardware = replace(base.hardware, device_count=gpus)
+    line = device_for_run(replace(base, hardware=hardware), profile).unmeasured_nodes(hardware.nodes)
     if line:
         warn(f"plans on up to {gpus:,} GPUs: {line}")
 

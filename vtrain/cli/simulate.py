@@ -155,8 +155,7 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
     sim = simulate(run, table, source=str(config))
-    nodes = -(-run.hardware.device_count // max(run.hardware.gpus_per_node, 1))
-    for line in (_memory_warning(sim), _unsharded_warning(run), sim.device.unmeasured_nodes(nodes)):
+    for line in (_memory_warning(sim), _unsharded_warning(run), sim.device.unmeasured_nodes(run.hardware.nodes)):
         if line:
             warn(f"{config}: {line}")
     written = []

@@ -131,8 +131,8 @@ def header_names(text: str) -> list[str]:
     table = _markdown_table(text)
     if table:
         return [cell or "" for cell in _markdown_cells(text.splitlines()[table[0]])]
-    delimiter = _delimiter(text)
-    first = next((line for line in _without_excel_separator(text).splitlines() if line.strip()), "")
+    delimiter, text = _separated(text)
+    first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         return [name.strip() for name in next(csv.reader([first], delimiter=delimiter), [])]
     except csv.Error:
@@ -142,8 +142,7 @@ def header_names(text: str) -> list[str]:
 def _csv_records(text: str, path: Path) -> list[tuple[int, list[str | None]]]:
     """The non-blank records of a CSV text with their line numbers, each value stripped (null when empty), comment
     lines left out (:func:`_without_comments`)."""
-    delimiter = _delimiter(text)
-    text = _without_excel_separator(text)
+    delimiter, text = _separated(text)
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     value_of = _value_reader(text, delimiter, path)
     try:
@@ -255,25 +254,19 @@ def _value_reader(text: str, delimiter: str, path: Path) -> Callable[[str], str 
 _EXCEL_SEPARATOR = re.compile(r'^\ufeff?"?sep=([^\s]|\t)"?\s*$')  # quoted where a program quoted every line
 
 
-def _delimiter(text: str) -> str:
-    """The field separator of a CSV text: the one an Excel ``sep=`` first line names, else a comma, or the semicolon
-    or tab of a first line that has more of them than commas (a spreadsheet saved in a locale whose decimal mark is
-    the comma, a tab-separated export; a column name may hold a comma of its own: ``"time (ms, median)"``)."""
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    if named := _EXCEL_SEPARATOR.match(first):
-        return named.group(1)
-    return max(",;\t", key=first.count)  # the comma on a tie
-
-
-def _without_excel_separator(text: str) -> str:
-    """``text`` with an Excel ``sep=`` first line left blank (read as the separator, :func:`_delimiter`; it had been
-    read as the header, one field wide: "11 fields where the header has 2"), the lines after it keeping their
-    numbers."""
+def _separated(text: str) -> tuple[str, str]:
+    """The field separator of a CSV text, and the text to read with it. The separator is the one an Excel ``sep=``
+    first line names (that line is then left blank, the lines after it keeping their numbers: it had been read as
+    the header, one field wide, "11 fields where the header has 2"), else a comma, or the semicolon or tab of a
+    first line that has more of them than commas (a spreadsheet saved in a locale whose decimal mark is the comma, a
+    tab-separated export; a column name may hold a comma of its own: ``"time (ms, median)"``)."""
     lines = text.split("\n")
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
-    if first is None or not _EXCEL_SEPARATOR.match(lines[first]):
-        return text
-    return "\n".join(lines[:first] + [""] + lines[first + 1:])
+    if first is None:
+        return ",", text
+    if named := _EXCEL_SEPARATOR.match(lines[first]):
+        return named.group(1), "\n".join(lines[:first] + [""] + lines[first + 1:])
+    return max(",;\t", key=lines[first].count), text  # the comma on a tie
 
 
 def unique_names(names: list[str]) -> list[str]:

@@ -636,10 +636,11 @@ def _unmodelled(row: dict[str, Any]) -> str | None:
         if value is not None and value > 1:
             return f"{what.format(value)} is not modelled: vtrain simulates dense models on t x d x p GPUs"
     strategy = _strategy(row.get("sharding_strategy"))
+    optimizer_only = strategy in (*_GRADIENTS_SHARDED, *_NOTHING_SHARDED)
     sharded = (f"ZeRO stage {row['zero_stage']}" if (row.get("zero_stage") or 0) >= 3
-               else "FSDP" if row.get("fsdp") and strategy not in (*_GRADIENTS_SHARDED, *_NOTHING_SHARDED)
+               else "FSDP" if row.get("fsdp") and not optimizer_only
                else f"FSDP's {strategy.upper()}" if strategy in _PARAMETERS_SHARDED else None)
-    if strategy and not sharded and strategy not in (*_GRADIENTS_SHARDED, *_NOTHING_SHARDED):
+    if strategy and not sharded and not optimizer_only:
         return (f"sharding strategy {row['sharding_strategy']!r} is none vtrain knows (FULL_SHARD, HYBRID_SHARD, "
                 f"SHARD_GRAD_OP, NO_SHARD): what it shards is not known")
     if sharded:  # (it had been scored as plain data parallelism, the column unread: an audit, OPT-175B +13 %)

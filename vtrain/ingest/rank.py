@@ -37,7 +37,7 @@ from vtrain.kineto import (
     optimizer_iterations_warning,
     unanswered_launches_warning,
 )
-from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX, iteration_numbers
+from vtrain.naming import COMM_SPAN_PREFIX, ITERATION_PREFIX, iteration_numbers, stitched_numbers
 from vtrain.tables.latency import gpu_op_calls
 
 Progress = Callable[[int], None]
@@ -238,10 +238,8 @@ def _repeated_steps(path: Path, tables: RankTables) -> str | None:
     marked on two threads, which overlap): the steps of a number are read as one iteration."""
     steps = tables.cpu_ops.filter(pl.col("name").cast(pl.String).str.starts_with(ITERATION_PREFIX)
                                   & pl.col("iteration").is_not_null())
-    # on one thread: a step marked on another thread too is no trace stitched from others (an audit)
-    end = pl.col("ts") + pl.col("dur")
-    repeated = (steps.group_by("iteration", "tid").agg(spans=pl.len(), apart=pl.col("ts").max() >= end.min())
-                .filter(pl.col("apart") & (pl.col("spans") > 1)).unique("iteration").sort("iteration"))
+    repeated = stitched_numbers(steps.select("tid", "iteration", step_ts="ts", step_end=pl.col("ts") + pl.col("dur")),
+                                thread="tid")
     if not repeated.height:
         return None
     shown = ", ".join(f"#{number} x{spans}" for number, spans in repeated.select("iteration", "spans").rows()[:3])

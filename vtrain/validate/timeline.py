@@ -33,7 +33,7 @@ import polars as pl
 
 from vtrain.errors import InputError, some_of
 from vtrain.kineto import ATTENTION_OPS, OPTIMIZER_ITERATION, empty_steps_text, fused_attention_dims
-from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers, step_windows
+from vtrain.naming import ITERATION_PREFIX, SPAN_PREFIX, iteration_numbers, step_windows, stitched_numbers
 from vtrain.tables.latency import work_op_mask
 from vtrain.validate.opclass import COMM_PREFIX, comm_class, op_class
 
@@ -130,12 +130,9 @@ def stitched_steps(trace_dir: object, frame: pl.DataFrame) -> str | None:
     the steps between them cut to nothing (a median halved, silently: an audit; ingest says the same of its tables).
     ``None`` when each number names one step on its thread."""
     start = pl.col(MEASURED.start)
-    steps = step_spans(frame).select("rank", "lane", number=iteration_numbers(pl.col("name").cast(pl.String)),
-                                     start=start, end=start + pl.col(MEASURED.dur))
-    repeated = (steps.group_by("rank", "lane", "number").agg(spans=pl.len(), apart=pl.col("start").max()
-                                                             >= pl.col("end").min())
-                .filter(pl.col("apart") & (pl.col("spans") > 1))  # one span of no length is not "apart" from itself
-                .unique(["rank", "number"]).sort("rank", "number"))
+    steps = step_spans(frame).select("rank", "lane", iteration=iteration_numbers(pl.col("name").cast(pl.String)),
+                                     step_ts=start, step_end=start + pl.col(MEASURED.dur))
+    repeated = stitched_numbers(steps, by=["rank"], thread="lane").rename({"iteration": "number"})
     if repeated.is_empty():
         return None
     rank = repeated["rank"][0]
