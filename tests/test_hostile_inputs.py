@@ -205,6 +205,7 @@ def run_config_cases() -> list[Case]:
                              "schedule must be one of"),
         "precision-a-list": (tiny + "precision: [fp32]\n", "precision must be a string"),
         "precision-unknown": (tiny + "precision: fp8\n", "precision must be one of"),
+        "precision-a-yaml-boolean": (tiny + "precision: off\n", "YAML reads an unquoted yes, no, on or off"),
         "dp-overlap-a-word": (tiny.replace("global_batch: 1}", "global_batch: 1, dp_overlap: maybe}"),
                               "dp_overlap must be true or false"),
         "intra-gbps-negative": (tiny + "hardware: {intra_node_gbps: -1}\n", "intra_node_gbps"),

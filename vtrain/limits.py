@@ -98,6 +98,15 @@ def integer_problem(name: str, value: Any, bounds: dict[str, tuple[int, int]] = 
     return None
 
 
+def string_problem(name: str, value: Any) -> str:
+    """The sentence for a field that must be a string and is not; a YAML 1.1 boolean (an unquoted ``no``, ``off``,
+    ``yes``, ``on``) is named as the word YAML read it from."""
+    problem = f"{name} must be a string (got {shown(value)})"
+    if isinstance(value, bool):
+        problem += ": YAML reads an unquoted yes, no, on or off as true or false; quote the word"
+    return problem
+
+
 def shown_count(value: int) -> str:
     """A whole number with thousands separators, or in scientific notation beyond 15 digits (a config's 1e300
     would print 301 of them)."""

@@ -46,6 +46,7 @@ from vtrain.limits import (
     integer_problem,
     real_problem,
     shown,
+    string_problem,
 )
 from vtrain.parallel import SCHEDULES
 
@@ -330,7 +331,7 @@ class RunConfig:
                   for problem in _section_problems(section)]
         for name in ("precision", "attention"):
             if not isinstance(getattr(self, name), str):
-                errors.append(f"{name} must be a string (got {shown(getattr(self, name))})")
+                errors.append(string_problem(name, getattr(self, name)))
         for name in ("cuda_graphs", "fused_kernels"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name} must be true or false (got {shown(getattr(self, name))})")
@@ -441,7 +442,7 @@ def _section_problems(section: Any) -> list[str]:
             whole = isinstance(value, int) and not isinstance(value, bool)
             problem = None if whole else f"{spec.name} must be a whole number (got {shown(value)})"
         elif kind == "str":
-            problem = None if isinstance(value, str) else f"{spec.name} must be a string (got {shown(value)})"
+            problem = None if isinstance(value, str) else string_problem(spec.name, value)
         else:
             problem = None
         if problem:

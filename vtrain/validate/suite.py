@@ -20,7 +20,7 @@ from typing import Any
 
 from vtrain.configfile import read_config_file
 from vtrain.errors import InputError
-from vtrain.limits import MAX_SUITE_SETS
+from vtrain.limits import MAX_SUITE_SETS, string_problem
 
 _SUITE_KEYS = {"name", "description", "sets"}
 _SET_KEYS = {"traces", "name", "config", "profile", "max_replay_error_pct", "max_model_error_pct"}
@@ -63,7 +63,7 @@ def load_suite(path: str | Path) -> Suite:
         raise InputError(f"unknown key(s): {', '.join(sorted(unknown))}", path)
     for key in ("name", "description"):
         if data.get(key) is not None and not isinstance(data[key], str):
-            raise InputError(f"{key} must be a string (got {type(data[key]).__name__})", path)
+            raise InputError(string_problem(key, data[key]), path)
     if "/" in str(data.get("name") or "") or "\0" in str(data.get("name") or ""):
         raise InputError(f"name {data['name']!r} must not be a path (it names the report folder)", path)
     base = path.parent
