@@ -3,8 +3,12 @@ help in `vtrain cluster` and `vtrain size`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import typer
 
+from vtrain.cli.app import COMMANDS
 from vtrain.cli.main import app
 
 SHARED = ("--profile", "--force", "--device", "--gpus-per-node", "--inter-node-gbps", "--device-memory",
@@ -32,3 +36,15 @@ def test_cluster_and_size_share_their_hardware_and_profile_options() -> None:
     # the bounds travel with the definition: above 0.001 (the parser's check, the run config's bound), at most 1e6
     assert cluster["--inter-node-gbps"]["bounds"] == (None, 1e6)
     assert size["--max-micro-batch"]["default"] == 4
+
+
+def test_the_command_list_shows_every_command_whole_at_80_columns() -> None:
+    """`vtrain --help` lists each command with a line of its own, not one cut with '...' (click cuts a docstring's
+    first sentence to fit 80 columns: 'Turn real Kineto traces into kernel, CPU-op, collective and...')."""
+    listed = subprocess.run([sys.executable, "-m", "vtrain.cli.main", "--help"], capture_output=True, text=True,
+                            env={"COLUMNS": "80", "PATH": ""}, check=True).stdout
+    lines = {line.split()[0]: line for line in listed.split("Commands:")[1].splitlines() if line.strip()}
+    assert sorted(lines) == sorted(COMMANDS)
+    for name, line in lines.items():
+        assert not line.rstrip().endswith("..."), line
+        assert COMMANDS[name][2] in line and len(line) <= 80, line

@@ -17,19 +17,20 @@ from typer.core import TyperGroup
 if TYPE_CHECKING:
     from typer import _click  # typer's own copy of click
 
-#: command name -> (module, function)
+#: command name -> (module, function, the line `vtrain --help` lists it with: at most 60 characters, so that click,
+#: which cuts a longer one at 80 columns, shows it whole)
 COMMANDS = {
-    "ingest": ("vtrain.cli.app", "own_arguments_command"),
-    "tables": ("vtrain.cli.tables", "tables_command"),
-    "record": ("vtrain.cli.record", "record_command"),
-    "simulate": ("vtrain.cli.app", "own_arguments_command"),
-    "validate": ("vtrain.cli.validate", "validate_command"),
-    "calibrate": ("vtrain.cli.calibrate", "calibrate_command"),
-    "fit": ("vtrain.cli.fit", "fit_command"),
-    "plan": ("vtrain.cli.plan", "plan_command"),
-    "whatif": ("vtrain.cli.whatif", "whatif_command"),
-    "cluster": ("vtrain.cli.cluster", "cluster_command"),
-    "size": ("vtrain.cli.size", "size_command"),
+    "ingest": ("vtrain.cli.app", "own_arguments_command", "Read Kineto traces (one per rank) into latency tables."),
+    "tables": ("vtrain.cli.tables", "tables_command", "Print a profile's operator and NCCL latency tables."),
+    "record": ("vtrain.cli.record", "record_command", "Train a GPT with real t, p and d parallelism; trace it."),
+    "simulate": ("vtrain.cli.app", "own_arguments_command", "Predict a run's iteration time and timeline."),
+    "validate": ("vtrain.cli.validate", "validate_command", "Replay and model measured traces; report the error."),
+    "calibrate": ("vtrain.cli.calibrate", "calibrate_command", "Make a profile's new version from new traces; drift."),
+    "fit": ("vtrain.cli.fit", "fit_command", "Fit a device model to measurements made elsewhere."),
+    "plan": ("vtrain.cli.plan", "plan_command", "Search parallel plans by time, memory and cost."),
+    "whatif": ("vtrain.cli.whatif", "whatif_command", "Re-time a measured run with changed durations."),
+    "cluster": ("vtrain.cli.cluster", "cluster_command", "Share a GPU cluster among jobs: FIFO against vTrain's."),
+    "size": ("vtrain.cli.size", "size_command", "Find the lowest-loss model shape for a GPU budget."),
 }
 
 #: for a command that parses its own arguments: all of them, help included, are handed to it unparsed
@@ -53,12 +54,12 @@ class _LazyCommands(TyperGroup):
     def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
         if cmd_name not in COMMANDS:
             return None
-        module, function = COMMANDS[cmd_name]
-        settings: dict[str, Any] = {}
+        module, function, short_help = COMMANDS[cmd_name]
+        settings: dict[str, Any] = {"short_help": short_help}
         if module == __name__:  # a command that parses its own arguments
             from vtrain.cli.main import OWN_ARGUMENTS
 
-            settings = {"help": importlib.import_module(OWN_ARGUMENTS[cmd_name]).HELP, **_OWN_ARGUMENTS}
+            settings |= {"help": importlib.import_module(OWN_ARGUMENTS[cmd_name]).HELP, **_OWN_ARGUMENTS}
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
         single.command(cmd_name, **settings)(getattr(importlib.import_module(module), function))
         return typer.main.get_command(single)
