@@ -141,3 +141,24 @@ def test_a_plan_for_a_model_given_by_its_shape_runs_on_the_profiles_gpu(tmp_path
                             tmp_path / "plans", "--json")
     assert ran.returncode == 0, ran.stderr
     assert "the plans run on H100" in ran.stderr
+
+
+@pytest.mark.parametrize("device", ["H20", "H100-PCIe"])
+def test_a_cut_down_variant_is_not_timed_by_the_latencies_measured_on_the_full_part(device: str) -> None:
+    """An H20 (148 TFLOP/s of the H100's 989) with the H100 profile: the H100's measured and interpolated kernels
+    timed 40 % of its work, so a plan of LLaMA-2-7B ran at 200 % MFU, faster than its peak allows (an audit); an
+    H100-PCIe's (756) kernels, likewise. The profile's fitted device, on the variant's roofline, times it, and
+    that is said; an H200 (the H100's peaks) keeps the measured latencies."""
+    profile = ("--profile", REPO / "profiles" / "h100")
+    shape = ("llama-2-7b", "--global-batch", "64", "--tp", "8", "--gpus", "8")
+    ran = vtrain_in_process("simulate", *shape, *profile, "--device", device, "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert f"the run is on {device}, a variant with" in ran.stderr and "measured latencies are not used" in ran.stderr
+    cut = json.loads(ran.stdout)
+    assert cut["coverage"]["measured"] == cut["coverage"]["interpolated"] == 0.0
+    peak = DATASHEET_DEVICES[device].peak_for("c10::BFloat16") * 8
+    flop = 6 * 6.74e9 * 64 * 4096  # LLaMA-2-7B's 6N per token, attention aside: a floor on the iteration's work
+    assert cut["iteration_time_ms"] / 1e3 > flop / peak
+    h200 = vtrain_in_process("simulate", *shape, *profile, "--device", "H200", "--json")
+    assert "measured latencies are not used" not in h200.stderr
+    assert json.loads(h200.stdout)["coverage"]["interpolated"] > 0.2

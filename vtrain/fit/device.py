@@ -221,14 +221,30 @@ def profile_gpu(profile: Profile) -> str | None:
     return traced if traced in DATASHEET_DEVICES else None
 
 
+#: how far apart (a ratio) two variants' datasheet tensor peaks may be for latencies measured on one to time the other
+_ALIKE = 1.05
+
+
 def latencies_apply(profile: Profile | None, device_name: str) -> bool:
     """Whether ``profile``'s measured latencies (operators, collectives, host gaps) time a run on the device
-    ``device_name``: they do on a variant of the GPU they were measured on, and not on another GPU (an A100's
-    kernels and NVLink are not an H100's). A profile of no GPU vtrain knows (a CPU recording, an unknown GPU) or a
-    run on a device that is not a known GPU keeps them: the device type then decides which rows apply."""
+    ``device_name``: they do on a variant of the GPU they were measured on with its tensor peaks (the 40 and 80 GB
+    A100s, the H100, H200 and H800), and not on another GPU (an A100's kernels and NVLink are not an H100's) nor on
+    a variant cut down (an H20 has a seventh of an H100's tensor peak, an H100-PCIe 0.76 of it: the profile's
+    fitted device, moved onto the variant's roofline, times those). A profile of no GPU vtrain knows (a CPU
+    recording, an unknown GPU) or a run on a device that is not a known GPU keeps them: the device type then
+    decides which rows apply."""
     gpu = profile_gpu(profile) if profile is not None else None
     run_gpu = canonical_device_name(device_name)
-    return gpu is None or run_gpu is None or same_die(run_gpu, gpu)
+    return gpu is None or run_gpu is None or (same_die(run_gpu, gpu) and _alike(run_gpu, gpu))
+
+
+def _alike(one: str, other: str) -> bool:
+    """Whether two known GPUs have the same datasheet tensor peaks (within :data:`_ALIKE`)."""
+    first, second = DATASHEET_DEVICES.get(one), DATASHEET_DEVICES.get(canonical_device_name(other) or other)
+    if first is None or second is None:
+        return True
+    peaks = [(first.peak_flops.get(dtype, 0.0), second.peak_flops.get(dtype, 0.0)) for dtype in first.peak_flops]
+    return all(a > 0 and b > 0 and max(a, b) <= _ALIKE * min(a, b) for a, b in peaks)
 
 
 def device_problem(name: str, device: FittedDevice) -> str | None:
@@ -250,6 +266,7 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
     fitted = (profile.metadata.get("fitted") or {}) if profile is not None else {}
     wanted = canonical_device_name(config.hardware.device) or ""
     if fitted.get("device") and same_die(wanted, str(fitted["device"])):
+        _say_variant_unlike(profile, wanted, source)
         return on_run_hardware(_loaded(profile, source), config)
     if fitted.get("device") and wanted and _first_time_unused(profile, wanted):  # an unknown one is refused below
         warn_input(f"the profile {profile.path or ''} was fitted for {fitted['device']} and the run is on "
@@ -259,6 +276,21 @@ def device_for_run(config: RunConfig, profile: Profile | None, source: str | Non
     elif profile is not None and not fitted.get("device"):
         _say_traced_elsewhere(profile, config, source)
     return device_for_config(config, source)
+
+
+def _say_variant_unlike(profile: Profile, wanted: str, source: str | None) -> None:
+    """Say, once per profile and device, that a variant of the profile's GPU with other tensor peaks (an H20 or
+    H100-PCIe run with an H100 profile) is timed by the profile's fitted device on its roofline, without the
+    latencies measured on the profile's GPU (:func:`latencies_apply`)."""
+    gpu = profile_gpu(profile)
+    if gpu is None or latencies_apply(profile, wanted) or not _first_time_unused(profile, wanted):
+        return
+    ours, theirs = DATASHEET_DEVICES.get(wanted), DATASHEET_DEVICES.get(canonical_device_name(gpu) or gpu)
+    if ours is None or theirs is None:
+        return
+    warn_input(f"the profile {profile.path or ''} was measured on {gpu} and the run is on {wanted}, a variant with "
+               f"{ours.peak_for('c10::Half') / theirs.peak_for('c10::Half'):.2g}x its tensor peak: its measured "
+               f"latencies are not used; its fitted device model, on {wanted}'s roofline, times the run", source)
 
 
 def _say_traced_elsewhere(profile: Profile, config: RunConfig, source: str | None) -> None:
