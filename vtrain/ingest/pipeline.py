@@ -28,7 +28,13 @@ import vtrain
 from vtrain import runconfig
 from vtrain.distributed import map_in_order, usable_cores
 from vtrain.errors import InputError
-from vtrain.ingest.clocks import clocks_disagree, iteration_starts
+from vtrain.ingest.clocks import (
+    clocks_disagree,
+    iteration_starts,
+    renumber_steps,
+    renumbered_steps_warning,
+    step_shifts,
+)
 from vtrain.ingest.discover import RankClaims, find_trace_files, missing_ranks_warning
 from vtrain.ingest.inferred_run import INFERRED, infer_run
 from vtrain.ingest.rank import (
@@ -205,6 +211,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         say(line)
     if world_size is None and (line := _world_of_the_collectives(Path(trace_dir), results, sources, spool)):
         say(line)
+    if line := _renumber_shifted_steps(Path(trace_dir), results, spool):
+        say(line)
     for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results),
                  _clocks_line(Path(trace_dir), results, spool)):
         if line:
@@ -359,6 +367,22 @@ def _of_the_traced_job(run: dict[str, Any] | None, world_size: int | None, trace
     warn(f"{trace_dir / 'run.yaml'}: the run config has tp*pp*dp = {ranks} ranks but the traces come from a job of "
          f"{world_size}; the profile is written without the traced run's config")
     return None
+
+
+def _renumber_shifted_steps(trace_dir: Path, results: list[RankResult], spool: Path) -> str | None:
+    """Renumber the steps of the ranks whose ``ProfilerStep#N`` numbers run ahead of or behind the others'
+    (:func:`~vtrain.ingest.clocks.step_shifts`) in their spooled tables, before anything matches ranks by
+    iteration (a send matched with the receive of the step after read 99 ms, not 1.7), and say it."""
+    if len(results) < 2:
+        return None
+    shifts = step_shifts(iteration_starts(pl.scan_ipc([r.spooled(spool, "cpu_ops") for r in results])))
+    for result in results:
+        if result.source is not None and result.source.rank in shifts:
+            for table in SPOOLED:
+                path = result.spooled(spool, table)
+                if path.exists():
+                    renumber_steps(pl.scan_ipc(path).collect(), shifts).write_ipc(path)
+    return renumbered_steps_warning(trace_dir, shifts, {r.source.rank: r.source.path for r in results if r.source})
 
 
 def _clocks_line(trace_dir: Path, results: list[RankResult], spool: Path) -> str | None:

@@ -88,6 +88,8 @@ class RankPart:
     host: dict[int, int]  # cpu collective hosted on a chain thread -> tid
     #: the threads that host collectives (where their wait() is looked up): tid -> (points, their times)
     hosting_chains: dict[int, tuple[np.ndarray, np.ndarray]]
+    #: the rank's ``ProfilerStep#N`` spans, by start: (start, end, N)
+    steps: list[tuple[float, float, int]]
 
     def __len__(self) -> int:
         return len(self.launch)
@@ -106,6 +108,9 @@ class ReplayGraph:
     matches: list[CollectiveMatch]
     calls: list[Collective]  # every collective call, matched or not
     stats: DependencyStats
+    #: ranks whose step numbers run ahead of (or behind) the others' -> by how many; their calls' iterations (what
+    #: collectives are matched by) are renumbered (:func:`vtrain.ingest.clocks.step_shifts`)
+    step_shifts: dict[int, int]
 
 
 def build_graph(traces: list[RankTrace], config: RunConfig | None = None, options: ReplayOptions | None = None,
@@ -164,6 +169,10 @@ class GraphBuilder:
             part.ts = part.dur = np.empty(0)  # the times are in ``measured`` now
             collectives.extend(part.calls)
         stats = self.stats
+        shifts = _step_shifts(parts)
+        for call in collectives:
+            if call.rank in shifts and call.iteration is not None:
+                call.iteration -= shifts[call.rank]
         if match_across_ranks:
             matches, unmatched = match_collectives(collectives, {part.rank for part in parts})
         else:
@@ -179,7 +188,20 @@ class GraphBuilder:
         edges = GroupedEdges.gather(len(measured), [(part.edges, 2 * offset) for part, offset in zip(parts, offsets)]
                                     + [(across, 0)])  # empties the parts' edge lists
         return ReplayGraph(traces=traces, parts=parts, offsets=offsets, edges=edges, measured=measured,
-                           origin=origin, matches=matches, calls=collectives, stats=stats)
+                           origin=origin, matches=matches, calls=collectives, stats=stats, step_shifts=shifts)
+
+
+def _step_shifts(parts: list[RankPart]) -> dict[int, int]:
+    """The ranks whose ``ProfilerStep#N`` numbers run apart from the others' (:func:`vtrain.ingest.clocks.step_shifts`
+    of the parts' steps)."""
+    import polars as pl
+
+    from vtrain.ingest.clocks import step_shifts
+
+    rows = [(part.rank, number, start, end - start) for part in parts for start, end, number in part.steps]
+    if len({rank for rank, *_ in rows}) < 2:
+        return {}
+    return step_shifts(pl.DataFrame(rows, schema=["rank", "iteration", "start", "time_us"], orient="row"))
 
 
 def rank_part(trace: RankTrace, layout: Layout | None, options: ReplayOptions) -> tuple[RankPart, DependencyStats]:
@@ -197,7 +219,8 @@ def rank_part(trace: RankTrace, layout: Layout | None, options: ReplayOptions) -
                     calls=builder.collectives(layout), launch=launch, host=builder.host,
                     hosting_chains={tid: (np.asarray(builder.chain_of[tid].points, dtype=np.int64),
                                           np.asarray(builder.chain_of[tid].times, dtype=np.float64))
-                                    for tid in set(builder.host.values())})
+                                    for tid in set(builder.host.values())},
+                    steps=builder.steps())
     return part, stats
 
 
@@ -324,13 +347,18 @@ class _RankBuilder:
             if anchor is not None:
                 ctx.edges.add(anchor[1], ctx.start(first), trace.ts[first] - anchor[0], ANCHOR)
 
+    def steps(self) -> list[tuple[float, float, int]]:
+        """The rank's ``ProfilerStep#N`` spans, by start: (start, end, N)."""
+        trace = self.ctx.trace
+        return sorted((trace.ts[i], self.ctx.end[i], number) for i, name in enumerate(trace.name)
+                      if trace.kind[i] == CPU and (number := iteration_id(name)) is not None)
+
     def collectives(self, layout: Layout | None) -> list[Collective]:
         """This rank's collective calls with their process group (from metadata, spans or the rank's groups)."""
         trace = self.ctx.trace
         resolver = GroupResolver(trace, layout)
         spans = SpanIndex(trace)
-        steps = sorted((trace.ts[i], self.ctx.end[i], iteration_id(name)) for i, name in enumerate(trace.name)
-                       if trace.kind[i] == CPU and iteration_id(name) is not None)
+        steps = self.steps()
         step_starts = [start for start, _, _ in steps]
         calls: list[Collective] = []
         device_comm = [i for i in self.streams.activities if is_comm_kernel(trace.name[i])]

@@ -33,6 +33,8 @@ class Replay:
     stats: DependencyStats
     edge_counts: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    #: ranks whose step numbers ran apart from the others' -> by how many (their collectives were matched renumbered)
+    step_shifts: dict[int, int] = field(default_factory=dict)
 
 
 def replay_traces(trace_dir: str | Path, config: RunConfig | None = None,
@@ -62,8 +64,7 @@ def replay_graph(graph: ReplayGraph, each_rank: Callable[[pl.DataFrame], pl.Data
                      f"equal timestamps, or collectives matched in an impossible order)")
     release_freed_memory()
     return Replay(traces=graph.traces, events=_event_frame(graph, times, each_rank), origin=graph.origin,
-                  stats=graph.stats, notes=notes,
-                  edge_counts=edge_counts)
+                  stats=graph.stats, notes=notes, edge_counts=edge_counts, step_shifts=graph.step_shifts)
 
 
 def read_timeline(traces: list[RankTrace]) -> pl.DataFrame:

@@ -10,11 +10,13 @@ left out rather than failing the file (`vtrain ingest` itself stays strict and n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import polars as pl
 
 from vtrain.ingest.assemble import RankTables, assemble_rank
+from vtrain.ingest.clocks import renumber_steps
 from vtrain.ingest.decode import LooseEvent, TraceEvent, typed_event
 from vtrain.ingest.extract import EventsPart, JsonText, concat_rank_events, event_frames
 from vtrain.replay.trace import RankTrace
@@ -54,14 +56,13 @@ class RankTablesSink:
         self.parts = []
         self.ranks.append(assemble_rank(trace.rank, events, {"pg_config": trace.process_groups}))
 
-    def profile(self, trace_dir: Path, world_size: int | None) -> Profile:
+    def profile(self, trace_dir: Path, world_size: int | None, shifts: Mapping[int, int]) -> Profile:
         """The tables of every rank read, as a profile (its latency tables are built by
-        :func:`vtrain.validate.model.held_out_profile` from the iterations it keeps)."""
+        :func:`vtrain.validate.model.held_out_profile` from the iterations it keeps), the steps of the ranks in
+        ``shifts`` renumbered (:func:`vtrain.ingest.clocks.step_shifts`)."""
         ranks = sorted(self.ranks, key=lambda r: r.rank)
-        return Profile(tables={"kernels": pl.concat([r.kernels for r in ranks]),
-                               "cpu_ops": pl.concat([r.cpu_ops for r in ranks]),
-                               "collectives": pl.concat([r.collectives for r in ranks]),
-                               "graph_launches": pl.concat([r.graph_launches for r in ranks])},
+        return Profile(tables={name: renumber_steps(pl.concat([getattr(r, name) for r in ranks]), shifts)
+                               for name in ("kernels", "cpu_ops", "collectives", "graph_launches")},
                        metadata={"kind": "profile", "source_dir": str(trace_dir), "world_size": world_size,
                                  "ranks": [r.rank for r in ranks],
                                  "iterations": sorted({i for r in ranks for i in r.iterations})})

@@ -37,7 +37,7 @@ from vtrain.validate.predictions import (
     predict_model,
 )
 from vtrain.validate.profile import RankTablesSink
-from vtrain.validate.rank_checks import rank_warnings
+from vtrain.validate.rank_checks import rank_warnings, renumbered
 from vtrain.validate.ranks import read_for_validation
 from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
@@ -172,7 +172,10 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
         trace.release_columns()
     for line in replayed.notes:
         note(line)
-    frame = without_made_iterations(replayed.events, traces)
+    shifts = replayed.step_shifts
+    frame, line = renumbered(trace_dir, without_made_iterations(replayed.events, traces), traces, shifts)
+    if line:
+        note(line)
     measured = iterations(frame, MEASURED)
     all_iterations = measured_iterations(frame, trace_dir)
     for line in rank_warnings(trace_dir, traces, measured):
@@ -192,7 +195,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     if config_problem:
         model_reason = f"{config_problem}: the run is not simulated, the traces are replayed"
     else:
-        ingested = sink.profile(trace_dir, traces[0].world_size if traces else None) if sink else None
+        ingested = sink.profile(trace_dir, traces[0].world_size if traces else None, shifts) if sink else None
         if ingested is not None:  # the device it was traced on, as ingest's metadata says it
             ingested.metadata["device"] = {"name": _traced_gpu(traces), "type": _accelerator(traces) or "cpu"}
         del sink

@@ -29,6 +29,7 @@ from vtrain.replay.replayer import Replay, timeline
 from vtrain.replay.trace import check_replayable, read_trace_set, trace_set_warnings
 from vtrain.runconfig import RunConfig, described_run
 from vtrain.accuracy import error_pct
+from vtrain.validate.rank_checks import renumbered
 from vtrain.validate.steady import steady_set
 from vtrain.validate.timeline import (
     MEASURED,
@@ -143,7 +144,10 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     if line := _unmatched_collectives(trace_dir, graph.stats.collective_calls_unmatched):
         warn(line)
     owned = own_edges(graph)
-    frame = without_made_iterations(annotate(timeline(graph, graph.measured)), traces)
+    frame, line = renumbered(trace_dir, without_made_iterations(annotate(timeline(graph, graph.measured)), traces),
+                             traces, graph.step_shifts)
+    if line:
+        warn(line)
     if line := clocks_disagree(trace_dir, iterations(frame, MEASURED)):
         warn(f"{line}; the re-timed graph links the ranks' events across those clocks, and its prediction does not "
              "stand either")
