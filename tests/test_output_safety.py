@@ -280,7 +280,8 @@ def test_a_file_of_a_vtrain_folder_a_user_edited_is_not_replaced(tmp_path: Path)
     check_output(target, replaces=REPORT)  # nothing changed: replaceable
     with (target / "tables" / "rows.csv").open("a") as edited:
         edited.write("1,2\n")
-    with pytest.raises(InputError, match=r"1 file\(s\) changed since vtrain wrote them \(tables/rows.csv\)"):
+    with pytest.raises(InputError, match=r"1 file\(s\) changed since vtrain wrote them, or that its marker has no "
+                                         r"stamp of \(tables/rows.csv\)"):
         check_output(target, replaces=REPORT)
     with pytest.raises(InputError, match="changed since vtrain wrote them"):
         check_output(target, force=True)
@@ -433,3 +434,24 @@ def test_outputs_of_an_older_vtrain_keep_their_protection(tmp_path: Path) -> Non
     before = _snapshot(plan)
     _refused(vtrain("validate", RECORDED, "--no-hta", "-o", plan), "holds vtrain's report of `vtrain plan`")
     assert _snapshot(plan) == before
+
+
+def test_a_marker_written_by_hand_never_gets_a_users_file_removed(tmp_path: Path) -> None:
+    """A marker forged to list a user's file, without the stamps vtrain writes (``{"written_by": "vtrain", "kind":
+    "profile", "files": ["thesis.tex"]}``), had `ingest --force` delete ``thesis.tex`` (an audit); one that is a
+    named pipe hung the command. A file whose stamp is missing cannot be told unchanged: refused, kept."""
+    from vtrain.outputs import MARKER
+
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    (forged / "thesis.tex").write_text("my thesis\n")
+    (forged / MARKER).write_text(json.dumps({"written_by": "vtrain", "kind": "profile", "files": ["thesis.tex"]}))
+    ran = vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", forged, "--force")
+    assert ran.returncode == 2 and "thesis.tex" in ran.stderr and "no stamp" in ran.stderr, ran.stderr
+    assert (forged / "thesis.tex").read_text() == "my thesis\n"
+    piped = tmp_path / "piped"
+    piped.mkdir()
+    (piped / "notes.txt").write_text("mine\n")
+    os.mkfifo(piped / MARKER)
+    ran = vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", piped, "--force")
+    assert ran.returncode == 2 and (piped / "notes.txt").read_text() == "mine\n", ran.stderr

@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,9 +149,17 @@ def _stamp(path: Path) -> str:
 def _marker_text(folder: Path) -> str | None:
     """The text of ``folder``'s marker, None without one (or without the folder)."""
     try:
-        return (folder / MARKER).read_text(errors="replace")
+        return _regular_text(folder / MARKER)
     except OSError:
         return None
+
+
+def _regular_text(path: Path) -> str:
+    """The text of a marker that is a regular file; one that is not (a named pipe, whose reading never ends; a
+    device) reads as a marker of no known kind (:func:`marker`)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        return ""
+    return path.read_text(errors="replace")
 
 
 def marker(folder: Path) -> dict[str, Any] | None:
@@ -158,7 +167,7 @@ def marker(folder: Path) -> dict[str, Any] | None:
     said neither: its folder is a report when it holds a report's files and none of a profile's or a recording's
     (a report replaces it without ``--force``, as it did), else of no known kind."""
     try:
-        text = (folder / MARKER).read_text(errors="replace")
+        text = _regular_text(folder / MARKER)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     try:
@@ -391,19 +400,19 @@ def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = 
         raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({some_of(added)}): "
                          "replacing it would remove them; move them out or give another -o", target)
     if changed := _changed_since(target, written):
-        raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when} "
-                         f"({some_of(changed)}): replacing it would lose the changes; move them out or give another "
-                         "-o", target)
+        raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when}, or that its "
+                         f"marker has no stamp of ({some_of(changed)}): replacing it could lose them; move them out "
+                         "or give another -o", target)
 
 
 def _changed_since(folder: Path, written: dict[str, Any]) -> list[str]:
-    """The files of ``folder`` whose content is not what its marker stamped (an edit since); none for a marker
-    without stamps (vtrain's before 2026-11-28)."""
-    stamps = written.get("stamps")
-    if not isinstance(stamps, dict):
-        return []
-    return sorted(name for name, stamp in stamps.items()
-                  if (folder / name).is_file() and _stamp(folder / name) != stamp)
+    """The files of ``folder`` vtrain cannot tell unchanged since it wrote them: a content not what its marker
+    stamped (an edit since), or no stamp at all (a marker of vtrain's before 2026-11-28, or one written by hand: a
+    marker forged to list a user's ``thesis.tex`` had ``--force`` delete it)."""
+    stamps = written.get("stamps") if isinstance(written.get("stamps"), dict) else {}
+    return sorted(name for name in _listing(folder)
+                  if (folder / name).is_file() and not (folder / name).is_symlink()
+                  and (name not in stamps or _stamp(folder / name) != stamps[name]))
 
 
 def _check_writable_parent(target: Path) -> None:
