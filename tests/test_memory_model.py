@@ -248,3 +248,20 @@ def test_megatron_without_dropout_keeps_no_masks_and_runs_no_dropout(fused: bool
                                    "parallelism": {"tp": 4, "pp": 8, "dp": 2, "micro_batch": 1, "global_batch": 128},
                                    "hardware": {"device": "H100", "device_count": 64}})
     assert GptShape.from_config(config).dropout is False
+
+
+def test_the_peak_stage_is_found_where_uneven_stages_hold_more_layers_than_the_first() -> None:
+    """BLOOM's split (5, then ten stages of 6, then 5) of 70 layers on 12 stages: the second stage keeps 11
+    micro-batches of 6 layers in flight against the first's 12 of 5, and needs the most. Only the first and the last
+    stage were looked at, so `plan` called the layout 24.06 GiB and fitting in 26.3 where `simulate` said stage 1
+    needs 26.49 (an audit)."""
+    config = run_config_from_dict({
+        "model": {"layers": 70, "hidden": 1024, "heads": 16, "seq": 2048, "vocab": 1024},
+        "parallelism": {"tp": 1, "pp": 12, "dp": 1, "micro_batch": 1, "global_batch": 64, "recompute": "none",
+                        "stage_layers": [5, *[6] * 10, 5]},
+        "precision": "bf16", "framework": "megatron",
+        "hardware": {"device": "A100-80GB", "device_count": 12}})
+    shape = GptShape.from_config(config)
+    every = [stage_memory(config, shape, stage_chunks).total_bytes for stage_chunks in partition(config)]
+    assert max(every) > every[0] and max(every) > every[-1]
+    assert peak_stage_memory(config).total_bytes == max(every)

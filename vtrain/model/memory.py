@@ -371,9 +371,19 @@ def _peak_activation_bytes(config: RunConfig, shape: GptShape, chunks: list[Chun
 
 
 def peak_stage_memory(config: RunConfig) -> StageMemory:
-    """The stage that needs the most memory in a consistent ``config``. Only the first and the last stage can
-    be it: the others hold no embedding or head, and no more micro-batches in flight than the first."""
+    """The stage that needs the most memory in a consistent ``config``: the first, the last, or one holding more
+    layers than the first (uneven ``stage_layers``: BLOOM's 5 6 ... 6 5 keeps 11 micro-batches of 6 layers on its
+    second stage against 12 of 5 on its first). No other can be it: it holds no embedding or head, no more layers
+    than the first, and no more micro-batches in flight."""
     chunks = partition(config)
     shape = GptShape.from_config(config)
-    ends = [chunks[0]] if len(chunks) == 1 else [chunks[0], chunks[-1]]
-    return max((stage_memory(config, shape, stage_chunks) for stage_chunks in ends), key=lambda m: m.total_bytes)
+    first_layers = _layers(chunks[0])
+    candidates = [stage_chunks for index, stage_chunks in enumerate(chunks)
+                  if index in (0, len(chunks) - 1) or _layers(stage_chunks) > first_layers]
+    return max((stage_memory(config, shape, stage_chunks) for stage_chunks in candidates),
+               key=lambda m: m.total_bytes)
+
+
+def _layers(stage_chunks: list[Chunk]) -> int:
+    """The transformer layers a stage holds, over its chunks."""
+    return sum(chunk.layers for chunk in stage_chunks)
