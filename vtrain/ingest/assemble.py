@@ -21,6 +21,7 @@ from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import (
     BACKEND_ANNOTATION_PREFIXES,
     BACKWARD_OP_PREFIX,
+    C10D_OP_PREFIX,
     OPTIMIZER_ITERATION,
     OPTIMIZER_STEP,
     absurd_host_events,
@@ -37,6 +38,7 @@ from vtrain.kineto import (
 from vtrain.kineto import absurd_activities as absurd_activities_of
 from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES
 from vtrain.naming import ITERATION_PREFIX, iteration_numbers, step_windows
+from vtrain.tables.latency import all_gather_output, input_sized_all_gather
 from vtrain.tables.store import conform
 
 
@@ -151,7 +153,9 @@ def assemble_rank(rank: int, events: RankEvents, dist_info: dict[str, Any] | Non
         raise RuntimeError(f"rank {rank}: {device.height} device activities became {kernels.height} kernel rows")
     collectives = _collectives(rank, kernels, cpu, dist_info)
     impossible = collectives["impossible_size"].fill_null(False)
-    unsized = (collectives["collective"].is_null() | collectives["bytes"].is_null()) & ~impossible
+    # an all-gather sized by its input alone is sized in nccl_latency, which says so where it cannot be
+    input_sized = collectives.select(input_sized_all_gather().fill_null(False)).to_series()
+    unsized = (collectives["collective"].is_null() | collectives["bytes"].is_null()) & ~impossible & ~input_sized
     # a device activity dropped for its duration answers its launch: it is said as dropped, not as missing
     unanswered, launches = unanswered_launches(events.runtime["name"], events.runtime["correlation"],
                                                chain(events.device["correlation"], events.counts.dropped_correlations))
@@ -321,22 +325,25 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     A collective's description depends only on its kernel's (or annotation's) metadata, which repeats from
     iteration to iteration: it is worked out once per distinct metadata and joined back. An annotation names no
     process group; where the rank is in one group of more than one rank (``distributedInfo.pg_config``), or in
-    several with the same members, its calls are among those ranks. The table has the columns of
-    ``collectives`` and ``impossible_size`` (:func:`_description`), to be counted before it is conformed.
+    several with the same members, its calls are among those ranks. An all-gather's size is its output
+    (:func:`vtrain.tables.latency.all_gather_output`), which the rank's c10d all-gather ops give where its own
+    metadata does not (:func:`_gathered_outputs`). The table has the columns of ``collectives`` and
+    ``impossible_size`` (:func:`_description`), to be counted before it is conformed.
     """
     world_size = dist_info.get("world_size") if isinstance(dist_info, dict) else None
     only = only_group(rank, _pg_config(dist_info), world_size)
     group = (only[0], json.dumps(list(only[1]), separators=(",", ":"))) if only else None
     size = _default_group_size(rank, dist_info) or (len(only[1]) if only else None)  # a 2-rank job lists none
+    outputs = _gathered_outputs(cpu)
     on_host = cpu.filter(pl.col("cat") == "user_annotation").filter(
         pl.any_horizontal(pl.col("name").str.starts_with(prefix) for prefix in BACKEND_ANNOTATION_PREFIXES))
     tables = []
     if not kernels.is_empty():
         on_device = kernels.filter(pl.col("kernel_class") == COMMUNICATION)
-        tables.append(_describe(on_device, _KERNEL_METADATA, lambda row: _kernel_collective(row, size))
+        tables.append(_describe(on_device, _KERNEL_METADATA, lambda row: _kernel_collective(row, size, outputs))
                       .with_columns(device_type=pl.lit("cuda"), stream=pl.col("stream")))
         on_host = on_host.filter(~pl.col("name").str.starts_with("nccl:"))  # NCCL's calls are its kernels
-    tables.append(_describe(on_host, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, size, group))
+    tables.append(_describe(on_host, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, size, group, outputs))
                   .with_columns(device_type=pl.lit("cpu"), stream=pl.lit(None, dtype=pl.Int64)))
     tables = [table for table in tables if not table.is_empty()]
     if not tables:
@@ -355,27 +362,33 @@ def _describe(calls: pl.DataFrame, keys: list[str],
     return calls.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left", validate="m:1")
 
 
-def _kernel_collective(row: dict[str, Any], default_group: int | None) -> tuple[Any, ...]:
+def _kernel_collective(row: dict[str, Any], default_group: int | None,
+                       outputs: dict[int, int] | None = None) -> tuple[Any, ...]:
     """The description of an NCCL kernel's collective. The op-level name wins over the kernel's: NCCL runs
     all_to_all, send and recv, and ProcessGroupNCCL an all-gather among many ranks, as SendRecv kernels, and NCCL
-    >= 2.19 runs every collective as ``ncclDevKernel_Generic``."""
+    >= 2.19 runs every collective as ``ncclDevKernel_Generic``. A kernel launched by a c10d all-gather op itself
+    has that op's input and output counts (:func:`_c10d_gather_counts`); ``outputs``: :func:`_gathered_outputs`."""
     impossible = _without_impossible(row)
     kernel_collective, algorithm, protocol = parse_nccl_kernel(row["name"])
     collective = (canonical_collective(row["arg_collective"]) or canonical_collective(row["op_collective"])
                   or canonical_collective(row["cpu_op"]) or kernel_collective)
     dtype = row["arg_dtype"] or row["op_dtype"] or first_dtype(row["input_types"])
-    in_n = _first(row["arg_in_nelems"], row["op_in_nelems"], elements_from_dims(row["input_dims"]))
+    own = _c10d_gather_counts(row["cpu_op"], row["input_dims"])
+    in_n = _first(row["arg_in_nelems"], row["op_in_nelems"], own[1] if own else elements_from_dims(row["input_dims"]))
     source = ("kernel_args" if row["arg_in_nelems"] is not None else "record_param_comms"
               if row["op_in_nelems"] is not None else "annotation" if in_n is not None else None)
     return _description(collective, row["arg_pg_name"] or row["op_pg_name"],
                         row["arg_pg_ranks"] or row["op_pg_ranks"],
                         _first(row["arg_group_size"], row["op_group_size"], default_group), dtype, in_n,
-                        _first(row["arg_out_nelems"], row["op_out_nelems"]), algorithm, protocol, source, impossible)
+                        _first(row["arg_out_nelems"], row["op_out_nelems"], own[0] if own else None), algorithm,
+                        protocol, source, impossible, outputs)
 
 
 def _annotation_collective(row: dict[str, Any], default_group: int | None,
-                           group: tuple[str | None, str] | None = None) -> tuple[Any, ...]:
-    """The description of a collective annotation's call (``gloo:all_reduce``, ...)."""
+                           group: tuple[str | None, str] | None = None,
+                           outputs: dict[int, int] | None = None) -> tuple[Any, ...]:
+    """The description of a collective annotation's call (``gloo:all_reduce``, ...); ``outputs``:
+    :func:`_gathered_outputs`."""
     impossible = _without_impossible(row)
     in_n = _first(row["arg_in_nelems"], elements_from_dims(row["input_dims"]))
     pg_name, pg_ranks = (row["arg_pg_name"], row["arg_pg_ranks"]) if row["arg_pg_ranks"] or row["arg_pg_name"] \
@@ -383,7 +396,7 @@ def _annotation_collective(row: dict[str, Any], default_group: int | None,
     return _description(canonical_collective(row["name"]), pg_name, pg_ranks,
                         _first(row["arg_group_size"], default_group),
                         row["arg_dtype"] or first_dtype(row["input_types"]), in_n, row["arg_out_nelems"], None, None,
-                        "annotation" if in_n is not None else None, impossible)
+                        "annotation" if in_n is not None else None, impossible, outputs)
 
 
 def _first(*values: int | None) -> int | None:
@@ -406,8 +419,14 @@ def _without_impossible(row: dict[str, Any]) -> bool:
 
 def _description(collective: str | None, pg_name: str | None, pg_ranks: str | None, group_size: int | None,
                  dtype: str | None, in_n: int | None, out_n: int | None, algorithm: str | None,
-                 protocol: str | None, source: str | None, impossible: bool) -> tuple[Any, ...]:
+                 protocol: str | None, source: str | None, impossible: bool,
+                 outputs: dict[int, int] | None = None) -> tuple[Any, ...]:
     """The description columns of a collective (see :data:`_DESCRIPTION_SCHEMA`).
+
+    An all-gather's elements are its output's (:func:`vtrain.tables.latency.all_gather_output`): ``out_n``, else the
+    output of the rank's c10d all-gathers of its input (``outputs``, :func:`_gathered_outputs`), else its input times
+    its group size; its group size, where no metadata gives it, its output over its input. Where none of these is
+    known its elements are its input's and it has no bytes (:func:`vtrain.tables.latency.input_sized_all_gather`).
 
     A size beyond :data:`MAX_MESSAGE_BYTES` or below 0 (from ``Input Dims``, or an all-gather's input times its
     group) is left out, as ``impossible`` metadata (read before as absent) is: the call keeps its row and time but
@@ -415,17 +434,51 @@ def _description(collective: str | None, pg_name: str | None, pg_ranks: str | No
     and other collectives are sound, and one corrupt field should not refuse them."""
     if collective in ("send", "recv", "send_recv"):
         group_size = 2
-    given = [n for n in (in_n, out_n) if n is not None]
-    elements = max(given) if given else None
-    if collective == "all_gather" and in_n is not None and out_n is None and group_size:
-        elements = in_n * group_size  # nccl-tests sizes all-gather by its output buffer
     size = dtype_bytes(dtype)
-    nbytes = elements * size if elements is not None and size else None
+    if collective == "all_gather":
+        out_n = _first(out_n, (outputs or {}).get(in_n))
+        output, group_size = all_gather_output(in_n, out_n, group_size)
+        elements = _first(output, in_n)
+        nbytes = output * size if output is not None and size else None
+    else:
+        given = [n for n in (in_n, out_n) if n is not None]
+        elements = max(given) if given else None
+        nbytes = elements * size if elements is not None and size else None
     if elements is not None and not 0 <= max(elements, nbytes or 0) <= MAX_MESSAGE_BYTES:
         elements = nbytes = None
         impossible = True
     return (collective, pg_name, pg_ranks, group_size, dtype, elements, nbytes, algorithm, protocol, source,
             impossible)
+
+
+def _c10d_gather_counts(name: str | None, dims_json: str | None) -> tuple[int, int] | None:
+    """(output, input) elements of a c10d all-gather op (``c10d::_allgather_base_``, ``c10d::allgather_``,
+    ``c10d::allgather_into_tensor_coalesced_`` ...: its first argument is its output, its second its input) from its
+    ``Input Dims``; None for another op, or without the two sizes (tensor lists that Kineto writes as ``[]``)."""
+    if not name or not name.startswith(C10D_OP_PREFIX) or canonical_collective(name) != "all_gather" or not dims_json:
+        return None
+    try:
+        dims = json.loads(dims_json)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    output, given = (elements_from_dims(json.dumps(part)) for part in dims[:2])
+    return (output, given) if output and given else None
+
+
+def _gathered_outputs(cpu: pl.DataFrame) -> dict[int, int]:
+    """Output elements of the rank's all-gathers by input elements, from its c10d all-gather ops' tensors
+    (:func:`_c10d_gather_counts`): the issuing op holds the output where the call's own metadata does not (a gloo
+    annotation, ProcessGroupNCCL's ``nccl:_all_gather_base`` before PyTorch 2.2's ``record_param_comms`` sizes).
+    An input gathered into outputs of several sizes (groups of several sizes) is left out: its calls' are unknown."""
+    ops = cpu.filter(pl.col("name").str.starts_with(C10D_OP_PREFIX) & pl.col("input_dims").is_not_null()) \
+        .select("name", "input_dims").unique()
+    seen: dict[int, set[int]] = {}
+    for name, dims in ops.iter_rows():
+        if counts := _c10d_gather_counts(name, dims):
+            seen.setdefault(counts[1], set()).add(counts[0])
+    return {given: outputs.pop() for given, outputs in seen.items() if len(outputs) == 1}
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:

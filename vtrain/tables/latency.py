@@ -1,5 +1,12 @@
 """The latency tables the simulator reads: ``op_latency`` (per operator signature) and ``nccl_latency``
-(per collective x group size x message size)."""
+(per collective x group size x message size).
+
+A message size is nccl-tests': an all-gather's is its output buffer, its input times its group size
+(:func:`all_gather_output`, the one rule, read by ingest too). An all-gather whose trace says neither its output nor
+its group size has, in ``collectives``, its input's element count, no ``bytes`` and no ``group_size``
+(:func:`input_sized_all_gather`): ``nccl_latency`` sizes it by its input times the members found by matching it
+across ranks, and leaves out, with one warning, those it cannot match.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,8 @@ from collections.abc import Callable, Iterator
 import polars as pl
 
 from vtrain.collective_cost import with_bandwidths
-from vtrain.kineto import COMMUNICATION_OP_PREFIXES
+from vtrain.errors import warn_input
+from vtrain.kineto import COMMUNICATION_OP_PREFIXES, dtype_bytes
 from vtrain.naming import ITERATION_PREFIX
 from vtrain.tables.matching import METADATA, P2P, POINT_TO_POINT, match_calls
 from vtrain.tables.schema import COMMUNICATION, TRACE_SOURCE
@@ -19,6 +27,26 @@ KERNEL_SEPARATOR = " ; "
 #: ``nccl_latency.duration_source``: what a row's times measure
 MATCHED_DURATION = "transfer: end - last arrival"
 RAW_DURATION = "raw: waits included"
+
+
+def all_gather_output(in_n: int | None, out_n: int | None,
+                      group_size: int | None) -> tuple[int | None, int | None]:
+    """(output elements, group size) of an all-gather of ``in_n`` elements per rank: nccl-tests sizes an all-gather
+    by its output buffer. The output is ``out_n`` where the trace gives it, else ``in_n`` x ``group_size``; the group
+    size is ``group_size`` where given, else ``out_n / in_n`` (an all-gather's output is its group's inputs). None
+    where the trace does not say: an output known from neither is unknown, not the input."""
+    if out_n is None and in_n is not None and (group_size or not in_n):  # gathering nothing gives nothing
+        out_n = in_n * (group_size or 1)
+    if group_size is None and in_n and out_n is not None and out_n >= in_n and out_n % in_n == 0:
+        group_size = out_n // in_n
+    return out_n, group_size
+
+
+def input_sized_all_gather() -> pl.Expr:
+    """The ``collectives`` rows of all-gathers whose trace says neither their output nor their group size: their
+    ``elements`` are their input's, ``bytes`` and ``group_size`` are null (:func:`all_gather_output`)."""
+    return ((pl.col("collective") == "all_gather") & pl.col("elements").is_not_null() & pl.col("bytes").is_null()
+            & pl.col("group_size").is_null())
 
 
 def _duration_stats(column: str) -> list[pl.Expr]:
@@ -196,12 +224,16 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None,
     about the transfer. The ``collectives`` table itself keeps every raw duration. ``iterations``: only the calls
     of these count, matched among all of them (a member of a collective that one rank's iteration boundary put in the
     next iteration is still a member: held-out profiles, :func:`vtrain.validate.model.held_out_profile`).
+    An all-gather sized by its input alone (:func:`input_sized_all_gather`) is matched by its input's bytes and
+    sized by its input times its members (:func:`_sized_by_members`).
     """
-    sized = collectives.filter(pl.col("bytes").is_not_null() & pl.col("collective").is_not_null())
+    sized = _with_input_bytes(collectives).filter(pl.col("bytes").is_not_null() & pl.col("collective").is_not_null())
     if sized.is_empty():
         return conform(pl.DataFrame(), "nccl_latency")
     keys = ["collective", "group_size", "bytes", "device_type"]
-    calls = match_calls(sized, cpu_ops)
+    calls = _sized_by_members(match_calls(sized, cpu_ops))
+    if calls.is_empty():
+        return conform(pl.DataFrame(), "nccl_latency")
     if iterations is not None:
         calls = calls.filter(pl.col("iteration").is_in(iterations))
     matched = calls.filter(pl.col("transfer_us").is_not_null()).with_columns(
@@ -230,3 +262,38 @@ def nccl_latency(collectives: pl.DataFrame, cpu_ops: pl.DataFrame | None = None,
         .with_columns(source=pl.lit(TRACE_SOURCE))
     )
     return conform(with_bandwidths(table).sort(keys, nulls_last=True), "nccl_latency")
+
+
+#: the column marking, during :func:`nccl_latency`, the all-gathers whose ``bytes`` are their input's
+_INPUT_SIZED = "_input_sized"
+
+
+def _with_input_bytes(collectives: pl.DataFrame) -> pl.DataFrame:
+    """``collectives`` with the input-sized all-gathers' (:func:`input_sized_all_gather`) ``bytes`` their input's,
+    which every member of one call has, to match them across ranks; :data:`_INPUT_SIZED` marks them."""
+    marked = collectives.with_columns(input_sized_all_gather().fill_null(False).alias(_INPUT_SIZED))
+    if not marked[_INPUT_SIZED].any():
+        return marked
+    sizes = {dtype: dtype_bytes(dtype) for dtype in marked.filter(_INPUT_SIZED)["dtype"].unique().to_list()}
+    item = pl.col("dtype").replace_strict(sizes, default=None, return_dtype=pl.Int64)
+    return marked.with_columns(bytes=pl.when(_INPUT_SIZED).then(pl.col("elements") * item)
+                               .otherwise(pl.col("bytes")))
+
+
+def _sized_by_members(calls: pl.DataFrame) -> pl.DataFrame:
+    """Matched ``calls`` (:func:`vtrain.tables.matching.match_calls`) with the input-sized all-gathers sized as
+    :func:`all_gather_output` sizes one: input bytes x members, the group size the members found. Those matched with
+    no other rank's call have no size: left out, with one warning line."""
+    marked = pl.col(_INPUT_SIZED)
+    unsized = calls.filter(marked & pl.col("members").is_null())
+    if not unsized.is_empty():
+        ranks = sorted(unsized["rank"].unique().to_list())
+        warn_input(f"{unsized.height} all-gather call(s) on {len(ranks)} rank(s) ({', '.join(map(str, ranks[:5]))}"
+                   f"{' ...' if len(ranks) > 5 else ''}) say neither their output size nor their group size, and were "
+                   f"matched with no other rank's call (its trace missing, or the calls not found together): their "
+                   f"message size is unknown, they are left out of nccl_latency")
+    return (calls.filter(~marked | pl.col("members").is_not_null())
+            .with_columns(bytes=pl.when(marked).then(pl.col("bytes") * pl.col("members")).otherwise(pl.col("bytes")),
+                          group_size=pl.when(marked).then(pl.col("members").cast(pl.Int32))
+                          .otherwise(pl.col("group_size")))
+            .drop(_INPUT_SIZED))
