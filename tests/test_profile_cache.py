@@ -127,6 +127,39 @@ def test_an_entry_others_could_have_written_is_not_read(tmp_path: Path, monkeypa
     assert entry.stat().st_mode & 0o777 == 0o600  # replaced by an entry of the user's alone
 
 
+def test_a_planted_link_a_renamed_entry_or_an_open_folder_is_not_read(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry replaced by a link to a user's file of pickle bytes (mode 644, the user's own) was loaded, and its
+    code run; an entry renamed over another's gave another profile's rows, silently; a folder others may write to
+    lets them do both (an audit). None of them is read."""
+    import pickle
+
+    from vtrain import cache
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(folder))
+    cache.keep("profile A", "test", {"rows": "A"})
+    cache.keep("profile B", "test", {"rows": "B"})
+    entries = {key: cache._entry(key, "test") for key in ("profile A", "profile B")}
+    shutil.copyfile(entries["profile B"], entries["profile A"])  # renamed over A's
+    assert cache.lookup("profile A", "test") is None and cache.lookup("profile B", "test") == {"rows": "B"}
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (Path.touch, (tmp_path / "ran",))
+
+    download = tmp_path / "rank-0.json"
+    download.write_bytes(pickle.dumps(("profile A", "test", Payload())))
+    download.chmod(0o644)
+    entries["profile A"].unlink()
+    entries["profile A"].symlink_to(download)
+    assert cache.lookup("profile A", "test") is None and not (tmp_path / "ran").exists()
+    folder.chmod(0o777)
+    assert cache.lookup("profile B", "test") is None
+    folder.chmod(0o1777)  # sticky, as /tmp: others may not take or replace the user's files
+    assert cache.lookup("profile B", "test") == {"rows": "B"}
+
+
 def test_one_entry_per_profile_is_kept_whatever_vtrain_wrote_it(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """vtrain's code is part of an entry's key (an edited kernel model must not be served an old fit); entries of

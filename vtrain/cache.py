@@ -10,9 +10,10 @@ elsewhere with other contents, or another vtrain, finds nothing and derives afre
 ``$VTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/vtrain``, else ``~/.cache/vtrain``; removing it is always safe.
 Where it cannot be written (a read-only home), nothing is kept and every run derives what it needs.
 
-Entries are pickles of vtrain's own objects, written atomically (a temporary file renamed into place, readable
-and writable by the user alone) and read only when the user owns them and no one else may write them; one that
-does not load is derived again and rewritten.
+Entries are pickles of vtrain's own objects with the key they answer, written atomically (a temporary file renamed
+into place, readable and writable by the user alone) and read only when they are regular files (not links) that
+the user owns and no one else may write, in a folder no one else may write to (:func:`lookup`); one that does not
+load is derived again and rewritten.
 """
 
 from __future__ import annotations
@@ -76,25 +77,36 @@ def code_key() -> str:
 
 def lookup(key: str, what: str) -> object | None:
     """What an earlier run kept under ``key`` (a :func:`content_key`) and ``what`` (the kind of result) with this
-    vtrain's code, ``None`` when nothing loads."""
+    vtrain's code, ``None`` when nothing loads. A pickle runs code when loaded, so only an entry the user alone
+    could have written is read: a regular file, not a link (one planted in the folder, pointing at a user's file
+    of pickle bytes, was loaded and its code run: an audit), owned by the user and writable by no one else, in a
+    folder no one else may write to; and it must hold the key it is asked for (an entry renamed over another gave
+    another profile's rows, silently)."""
     file = _entry(key, what)
     try:
-        with open(file, "rb") as handle:
-            if not _own(os.fstat(handle.fileno())):
+        if not _own(os.stat(file.parent), folder=True):
+            return None
+        descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or not _own(info):
                 return None
-            value = pickle.load(handle)
+            kept_key, kept_what, value = pickle.load(handle)
+        if (kept_key, kept_what) != (key, what):
+            return None
         os.utime(file)  # used now: the last to go (:func:`_trim`)
         return value
     except Exception:  # none kept yet, or an entry that does not load (truncated): the caller derives it again
         return None
 
 
-def _own(info: os.stat_result) -> bool:
-    """Whether an entry is the user's own and only the user's to write: a pickle runs code when loaded, so one that
-    someone else could have put in a shared cache folder is not read."""
+def _own(info: os.stat_result, folder: bool = False) -> bool:
+    """Whether an entry (or the ``folder`` of entries) is the user's own and only the user's to write; a folder
+    others may write to but not take files from (sticky, as /tmp) is the user's where it is theirs."""
     if not hasattr(os, "getuid"):  # no owners to compare (Windows): nothing is read, every run derives
         return False
-    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+    shared_safely = folder and bool(info.st_mode & stat.S_ISVTX)
+    return info.st_uid == os.getuid() and (not info.st_mode & 0o022 or shared_safely)
 
 
 def keep(key: str, what: str, value: object) -> None:
@@ -105,7 +117,7 @@ def keep(key: str, what: str, value: object) -> None:
         handle, temporary = tempfile.mkstemp(dir=file.parent, prefix=".", suffix=".tmp")
         try:
             with os.fdopen(handle, "wb") as out:
-                pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((key, what, value), out, protocol=pickle.HIGHEST_PROTOCOL)
             os.replace(temporary, file)
         finally:
             if os.path.exists(temporary):
