@@ -434,9 +434,10 @@ BACKWARD_OP_PREFIX = "autograd::engine::evaluate_function"
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^## Call CompiledFxGraph")
 
 
-def compiled_markers(names: Iterable[str]) -> list[str]:
-    """The ``torch.compile`` regions among operator ``names`` (TorchDynamo's, AOTAutograd's, Inductor's), by kind."""
-    return sorted({found.group(0) for name in names if (found := COMPILED_REGION.search(name))})
+def compiled_markers(names: Iterable[str | None]) -> list[str]:
+    """The ``torch.compile`` regions among operator ``names`` (TorchDynamo's, AOTAutograd's, Inductor's), by kind
+    (a kernel launched by no operator has no name: none)."""
+    return sorted({found.group(0) for name in names if name and (found := COMPILED_REGION.search(name))})
 
 
 def optimizer_iterations(steps: Iterable[tuple[float, float, int]], first_ts: float,

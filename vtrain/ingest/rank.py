@@ -183,6 +183,8 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
                                                          tables.cpu_ops["ts"].to_numpy()]),
                                    tables.kernels["dur"].to_numpy()):
         warnings.append(line)
+    if line := _unlaunched_warning(path, tables.kernels):
+        warnings.append(line)
     if tables.dropped:
         warnings.append(f"{path}: dropped {tables.dropped} events with a missing or negative duration")
     if tables.absurd:
@@ -258,6 +260,22 @@ def _report_collectives(path: Path, tables: RankTables, warnings: list[str]) -> 
         warnings.append(f"{path}: {tables.unsized} of {tables.collectives.height} collectives have no name or no "
                         f"message size in the trace (no element count or dtype in their args, op or annotation): "
                         f"left out of nccl_latency; their time still counts as communication")
+
+
+#: a rank whose kernels are more than this share without a launching operator is said: a profiler's window cuts off
+#: the launches of a few at its start, a trace stripped of its links loses them all
+UNLAUNCHED_SHARE = 0.5
+
+
+def _unlaunched_warning(path: Path, kernels: pl.DataFrame) -> str | None:
+    """One warning line for a rank most of whose kernels have no launching operator (``op_latency`` is built from
+    the operators that launched them: a trace without its ``External id`` links gave an empty one, silently)."""
+    launched = kernels.filter(pl.col("kind") == "kernel")["cpu_op"]
+    if launched.is_empty() or launched.null_count() <= UNLAUNCHED_SHARE * launched.len():
+        return None
+    return (f"{path}: {launched.null_count():,} of {launched.len():,} kernels have no launching operator (no "
+            f"External id or correlation links them to a CPU op: a trace converted or stripped?): they count as device "
+            f"time, but op_latency holds no latency of theirs")
 
 
 def _shapeless(cpu_ops: pl.DataFrame) -> bool:
