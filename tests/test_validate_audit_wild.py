@@ -269,18 +269,31 @@ def _as_rank(document: dict, rank: int, shift: int) -> dict:
 
 
 def test_a_rank_whose_steps_are_numbered_from_a_later_one_has_its_warm_up_said(tmp_path: Path) -> None:
-    """Rank 1's profiler had `step()` called once more (its steps #102-#106 where rank 0's are #101-#105): its
-    first, warm-up step (#102) was measured as a steady iteration of the job, and the report said "the first
-    profiled iteration is excluded" (+2.8 % on the job's slowest iteration in the audit)."""
+    """Rank 1's profiler started a step later (its steps #102-#105 run with rank 0's #102-#105, its #101 never
+    profiled): its first, warm-up step (#102) was measured as a steady iteration of the job, and the report said
+    "the first profiled iteration is excluded" (+2.8 % on the job's slowest iteration in the audit). A rank whose
+    profiler had `step()` called once more (its steps #102-#106 run with rank 0's #101-#105) is renumbered to
+    rank 0's instead (:func:`vtrain.ingest.clocks.step_shifts`), and that is said."""
     document = json.loads(gzip.decompress((V100 / "rank-0.json.gz").read_bytes()))
-    folder = tmp_path / "offset"
+    start = next(e["ts"] for e in document["traceEvents"] if e.get("name") == "ProfilerStep#102")
+    late = copy.deepcopy(document)
+    late["traceEvents"] = [e for e in late["traceEvents"] if not (isinstance(e.get("ts"), (int, float))
+                                                                  and e.get("ph") != "M" and e["ts"] < start)]
+    folder = tmp_path / "late"
     folder.mkdir()
-    for rank in (0, 1):
-        (folder / f"rank-{rank}.json").write_text(json.dumps(_as_rank(document, rank, rank)))
+    (folder / "rank-0.json").write_text(json.dumps(_as_rank(document, 0, 0)))
+    (folder / "rank-1.json").write_text(json.dumps(_as_rank(late, 1, 0)))
     _, lines = validated(folder, tmp_path / "report")
     assert [line for line in lines if "first profiled step" in line] == [
         f"warning: {folder / 'rank-1.json'}: the rank's first profiled step, ProfilerStep#102, is one the set counts "
         "as steady: its steps are numbered from 102, the set's from 101, so its warm-up is measured as an iteration"]
+    folder = tmp_path / "offset"
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"rank-{rank}.json").write_text(json.dumps(_as_rank(document, rank, rank)))
+    _, lines = validated(folder, tmp_path / "report-offset")
+    assert not [line for line in lines if "first profiled step" in line]
+    assert [line for line in lines if "rank 1's ProfilerStep#N numbers run 1 ahead of the other ranks'" in line]
     _, lines = validated(V100, tmp_path / "report-alone")
     assert not [line for line in lines if "first profiled step" in line or "one steady iteration" in line]
 
