@@ -39,8 +39,9 @@ def step_shifts(measured: pl.DataFrame) -> dict[int, int]:
     ``measured``: one row per rank and iteration (``rank``, ``iteration``, ``start``, ``time_us``). A rank is
     shifted only when, as numbered, its steps start more than half an iteration from the reference rank's (the one
     with the most steps) and, renumbered, :data:`CLOSER` times closer: ranks of one job start each step together,
-    so a rank an iteration apart as numbered and together renumbered counted its steps from another start (a clock that is off by a whole iteration or two would read the same, and is told apart by
-    nothing in a trace: the warning says which ranks were renumbered)."""
+    so a rank an iteration apart as numbered and together renumbered counted its steps from another start (a clock
+    off by a whole iteration or two would read the same, and is told apart by nothing in a trace: the warning says
+    which ranks were renumbered)."""
     steps = measured.filter(pl.col("iteration").is_not_null()).sort("rank", "iteration")
     starts = {rank: dict(zip(group["iteration"].to_list(), group["start"].to_list()))
               for (rank,), group in steps.group_by("rank", maintain_order=True)}
