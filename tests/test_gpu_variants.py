@@ -162,3 +162,14 @@ def test_a_cut_down_variant_is_not_timed_by_the_latencies_measured_on_the_full_p
     h200 = vtrain_in_process("simulate", *shape, *profile, "--device", "H200", "--json")
     assert "measured latencies are not used" not in h200.stderr
     assert json.loads(h200.stdout)["coverage"]["interpolated"] > 0.2
+
+
+@pytest.mark.parametrize(("device", "trace"), [("H100", "gpu/h100-small-eager"), ("H200", "gpu/h200-small-eager"),
+                                               ("V100", "hta-v100-1rank")])
+def test_a_gpus_memory_is_what_it_reports_where_a_trace_says_it(device: str, trace: str) -> None:
+    """An "80 GB" H100 reports 79.18 GiB (its trace's deviceProperties.totalGlobalMem): plans at 79.9 GiB were called
+    fitting (an audit). The capacity is the reported one, said as measured."""
+    document = json.loads(gzip.decompress((REPO / "traces" / trace / "rank-0.json.gz").read_bytes()))
+    reported = document["deviceProperties"][0]["totalGlobalMem"]
+    assert DATASHEET_DEVICES[device].memory_bytes == reported
+    assert DATASHEET_DEVICES[device].provenance["memory_bytes"] == "measured"

@@ -33,17 +33,30 @@ _DATASHEET = ("peak_flops", "memory_bandwidth", "intra_node.bandwidth_gbps", "me
 _PROVENANCE = {**{key: "datasheet" for key in _DATASHEET}, **{key: "assumed" for key in _ASSUMED}}
 
 
+#: the memory a GPU reports (``torch.cuda.get_device_properties().total_memory``, Kineto's
+#: ``deviceProperties.totalGlobalMem``), where a real trace in this repository records it: what a run can allocate
+#: at most, a little under the datasheet's (an "80 GB" H100 has 79.18 GiB); other GPUs keep their datasheet's size
+REPORTED_MEMORY_BYTES = {
+    "H100": 85_017_493_504,  # NVIDIA H100 80GB HBM3: traces/gpu/h100-small-eager
+    "H200": 150_109_880_320,  # NVIDIA H200: traces/gpu/h200-small-eager
+    "V100": 34_079_637_504,  # Tesla V100-SXM2-32GB: traces/hta-v100-1rank (HTA's test data)
+}
+
+
 def _gpu(name: str, fp16_tflops: float, fp32_tflops: float, bf16: bool, mem_gbs: float, nvlink_gbs: float,
          nic_gbits: float, memory_gb: int, sm_count: int) -> DeviceModel:
     peaks = {"float": fp32_tflops * TERA, "c10::Half": fp16_tflops * TERA}
     if bf16:
         peaks["c10::BFloat16"] = fp16_tflops * TERA
+    provenance = dict(_PROVENANCE)
+    if name in REPORTED_MEMORY_BYTES:
+        provenance["memory_bytes"] = "measured"
     return DeviceModel(
         name=name, peak_flops=peaks, memory_bandwidth=mem_gbs * GB, launch_overhead_us=4.0,
         gemm_efficiency=0.7, memory_efficiency=0.8,
         intra_node=Link(alpha_us=2.0, bandwidth_gbps=nvlink_gbs),  # NVLink, per direction
         inter_node=Link(alpha_us=6.0, bandwidth_gbps=nic_gbits / 8.0),  # one NIC per GPU
-        memory_bytes=memory_gb * 2**30, sm_count=sm_count, provenance=dict(_PROVENANCE),
+        memory_bytes=REPORTED_MEMORY_BYTES.get(name, memory_gb * 2**30), sm_count=sm_count, provenance=provenance,
     )
 
 
