@@ -357,3 +357,40 @@ def test_plans_over_more_nodes_than_the_profiles_collectives_say_so(tmp_path: Pa
            "curves fitted on 2 nodes (vidur), as on 2" in stretched.stderr, stretched.stderr
     given = runner.invoke(app, [*args, "--inter-node-gbps", "800", "-o", str(tmp_path / "b")])
     assert given.exit_code == 0 and "collectives over nodes" not in given.stderr, given.output
+
+
+def test_plans_across_an_assumed_network_or_beyond_the_gpus_memory_say_so(tmp_path: Path) -> None:
+    """A profile without collectives measured over nodes (profiles/h100) times plans across nodes at an assumed
+    network: `simulate` said so, `plan` said nothing (the network moves such plans by a fifth; an audit); a
+    --device-memory over the GPU's own (800 for 80) was taken silently. Both are said; within one node, or with
+    the network and memory given, nothing is."""
+    config = tmp_path / "small.yaml"
+    config.write_text(json.dumps(SMALL))
+    args = ["plan", str(config), "--max-micro-batch", "1", "--profile", str(REPO / "profiles" / "h100"),
+            "--device", "H100"]
+    across = runner.invoke(app, [*args, "--gpus", "32", "--device-memory", "800", "-o", str(tmp_path / "a")])
+    assert across.exit_code == 0, across.output
+    assert "warning: plans on up to 32 GPUs (4 nodes) cross the network, which is assumed: inter-node " \
+           "3,200 Gbit/s per node of 8 GPUs (assumed: --inter-node-gbps gives yours)" in across.stderr, across.stderr
+    assert "--device-memory 800 GiB is more than the 79.18 GiB each H100 has" in across.stderr
+    within = runner.invoke(app, [*args, "--gpus", "8", "--device-memory", "79", "-o", str(tmp_path / "b")])
+    given = runner.invoke(app, [*args, "--gpus", "32", "--inter-node-gbps", "800", "-o", str(tmp_path / "c")])
+    for ran in (within, given):
+        assert ran.exit_code == 0 and "cross the network" not in ran.stderr and "--device-memory" not in ran.stderr, \
+            ran.stderr
+
+
+def test_a_reference_plan_that_does_not_fit_meets_no_limits(tmp_path: Path) -> None:
+    """The run config's own plan is timed even when it does not fit; it read `fits: false` and `meets_limits: true`
+    at once (MT-NLG's t8 d12 p35 on A100-40GB: an audit). A plan that cannot run meets no limits."""
+    config = tmp_path / "wider.yaml"
+    config.write_text(json.dumps({**SMALL, "model": {**SMALL["model"], "hidden": 2048, "heads": 16}}))
+    args = ["plan", str(config), "--gpus", "8", "--max-micro-batch", "1", "--json", "--max-iteration-s", "1000"]
+    tight = runner.invoke(app, [*args, "--device-memory", "0.5", "-o", str(tmp_path / "a")])
+    roomy = runner.invoke(app, [*args, "-o", str(tmp_path / "b")])
+    for ran in (tight, roomy):
+        assert ran.exit_code == 0, ran.output
+    tight_reference = json.loads(tight.stdout)["reference"]
+    roomy_reference = json.loads(roomy.stdout)["reference"]
+    assert tight_reference["fits"] is False and tight_reference["meets_limits"] is False
+    assert roomy_reference["fits"] is True and roomy_reference["meets_limits"] is True

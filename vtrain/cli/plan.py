@@ -156,7 +156,8 @@ def plan_command(
         warn(f"--tokens {tokens:,.0f} is less than one iteration's {per_iteration:,} (global batch "
              f"{base.parallelism.global_batch} x sequence {base.model.seq}): each plan is priced for "
              f"{tokens / per_iteration:.3g} of an iteration")
-    _say_collectives_timed_on_fewer_nodes(base, max(counts), table_profile)
+    _say_the_network(base, max(counts), table_profile)
+    _say_memory_beyond_the_device(base, device_memory)
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory, divisible=".." in gpus,
@@ -176,15 +177,31 @@ def plan_command(
     _print_summary(table, target)
 
 
-def _say_collectives_timed_on_fewer_nodes(base: RunConfig, gpus: int, profile: Profile | None) -> None:
-    """One warning line when the plans' largest GPU count spans more nodes than the profile's collectives were
-    measured on (:meth:`~vtrain.devices.model.DeviceModel.unmeasured_nodes`)."""
+def _say_the_network(base: RunConfig, gpus: int, profile: Profile | None) -> None:
+    """One warning line when the plans' largest GPU count spans more than a node and the network that times it is
+    not the user's: curves measured on fewer nodes (:meth:`~vtrain.devices.model.DeviceModel.unmeasured_nodes`),
+    or a rate assumed (`simulate` says it on its network line; a plan's table has none)."""
     from vtrain.fit.device import device_for_run
 
     hardware = replace(base.hardware, device_count=gpus)
-    line = device_for_run(replace(base, hardware=hardware), profile).unmeasured_nodes(hardware.nodes)
-    if line:
+    device = device_for_run(replace(base, hardware=hardware), profile)
+    if hardware.nodes < 2:
+        return
+    if line := device.unmeasured_nodes(hardware.nodes):
         warn(f"plans on up to {gpus:,} GPUs: {line}")
+    elif device.provenance.get("inter_node.bandwidth_gbps") == "assumed":
+        warn(f"plans on up to {gpus:,} GPUs ({hardware.nodes:,} nodes) cross the network, which is assumed: "
+             f"{device.describe_network(hardware.gpus_per_node)}")
+
+
+def _say_memory_beyond_the_device(base: RunConfig, device_memory: float | None) -> None:
+    """One warning line for a ``--device-memory`` over the run's GPU's memory (80 typed 800?)."""
+    if device_memory is None or base.hardware.device.lower() == "cpu":
+        return
+    has = device_model(base.hardware.device).memory_bytes / 2**30
+    if device_memory > has:
+        warn(f"--device-memory {device_memory:g} GiB is more than the {has:.2f} GiB each {base.hardware.device} has: "
+             f"plans are kept that need more memory than the GPU has")
 
 
 def _say_a_best_plan_at_the_memory_limit(table: PlanTable) -> None:

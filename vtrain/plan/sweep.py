@@ -369,7 +369,9 @@ def _priced(base: RunConfig, row: dict[str, Any], timing: dict[str, Any], pricin
 def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, memory_gib: float,
                pricing: Pricing, peak: float, max_iteration_s: float | None,
                budget_usd: float | None, shared: SharedResolvers | None = None) -> dict[str, Any] | None:
-    """The base config's own plan, timed and priced like the others (``None`` when it is not consistent)."""
+    """The base config's own plan, timed and priced like the others (``None`` when it is not consistent); timed even
+    when it does not fit, and then meets no limits (a plan that cannot run meets none: it read ``fits: false`` and
+    ``meets_limits: true`` at once)."""
     par = base.parallelism
     if base.constraint_errors():
         return None
@@ -382,4 +384,5 @@ def _reference(base: RunConfig, profile: Profile | None, device: DeviceModel, me
     row.update(fits=fits, memory_gib=need, memory_over_gib=over, micro_batches=par.micro_batches)
     [(_, timing)] = time_group(base, profile, device, [(0, candidate)], shared)
     row.update(_priced(base, row, timing, pricing, peak, max_iteration_s, budget_usd))
+    row["meets_limits"] = row["meets_limits"] and fits
     return row
