@@ -29,6 +29,7 @@ from vtrain.kineto import (
     dtype_bytes,
     early_activities,
     first_dtype,
+    group_ranks,
     is_graph_launch,
     only_group,
     optimizer_iterations,
@@ -36,7 +37,7 @@ from vtrain.kineto import (
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES
+from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES, shown, shown_count
 from vtrain.naming import ITERATION_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.latency import all_gather_output, input_sized_all_gather
 from vtrain.tables.store import conform
@@ -330,8 +331,7 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
     metadata does not (:func:`_gathered_outputs`). The table has the columns of ``collectives`` and
     ``impossible_size`` (:func:`_description`), to be counted before it is conformed.
     """
-    world_size = dist_info.get("world_size") if isinstance(dist_info, dict) else None
-    only = only_group(rank, _pg_config(dist_info), world_size)
+    only = only_group(rank, _pg_config(dist_info), known_world_size(dist_info))
     group = (only[0], json.dumps(list(only[1]), separators=(",", ":"))) if only else None
     size = _default_group_size(rank, dist_info) or (len(only[1]) if only else None)  # a 2-rank job lists none
     outputs = _gathered_outputs(cpu)
@@ -343,8 +343,9 @@ def _collectives(rank: int, kernels: pl.DataFrame, cpu: pl.DataFrame,
         tables.append(_describe(on_device, _KERNEL_METADATA, lambda row: _kernel_collective(row, size, outputs))
                       .with_columns(device_type=pl.lit("cuda"), stream=pl.col("stream")))
         on_host = on_host.filter(~pl.col("name").str.starts_with("nccl:"))  # NCCL's calls are its kernels
-    tables.append(_describe(on_host, _ANNOTATION_METADATA, lambda row: _annotation_collective(row, size, group, outputs))
-                  .with_columns(device_type=pl.lit("cpu"), stream=pl.lit(None, dtype=pl.Int64)))
+    described = _describe(on_host, _ANNOTATION_METADATA,
+                          lambda row: _annotation_collective(row, size, group, outputs))
+    tables.append(described.with_columns(device_type=pl.lit("cpu"), stream=pl.lit(None, dtype=pl.Int64)))
     tables = [table for table in tables if not table.is_empty()]
     if not tables:
         return conform(pl.DataFrame(), "collectives").with_columns(impossible_size=pl.lit(None, dtype=pl.Boolean))
@@ -491,7 +492,51 @@ def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | No
 
 
 def _pg_config(dist_info: Any) -> Any:
-    return dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    """``distributedInfo.pg_config`` as the collectives' groups are read from it: without the process groups that
+    hold ranks the job cannot have (:func:`_beyond_the_job`)."""
+    return _sorted_pg_config(dist_info)[0]
+
+
+def _sorted_pg_config(dist_info: Any) -> tuple[Any, list[tuple[Any, str]]]:
+    """``distributedInfo.pg_config`` (as given where it is no list) without the entries :func:`_beyond_the_job`,
+    and those entries with why each is."""
+    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
+    if not isinstance(groups, list):
+        return groups, []
+    world_size = known_world_size(dist_info)
+    kept: list[Any] = []
+    left_out: list[tuple[Any, str]] = []
+    for pg in groups:
+        if why := _beyond_the_job(pg, world_size):
+            left_out.append((pg, why))
+        else:
+            kept.append(pg)
+    return kept, left_out
+
+
+def known_world_size(dist_info: Any) -> int | None:
+    """``distributedInfo.world_size`` where it is a whole number >= 1 (an integer, or a text of digits, as ingest
+    reads a trace's world size); None where it is not known."""
+    value = dist_info.get("world_size") if isinstance(dist_info, dict) else None
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip())
+    return value if type(value) is int and value >= 1 else None
+
+
+def _beyond_the_job(pg: Any, world_size: int | None) -> str | None:
+    """Why the ``pg_config`` entry ``pg`` is a process group no job has (None where it is not, or is no group):
+    it lists more ranks than the job has, or a rank outside it. The job's ranks are ``world_size`` where the trace
+    says it, else the most any job has (``FITTED_COUNTS['group_size']``). The ranks are counted before they are
+    read, so that a list of millions is not."""
+    ranks = pg.get("ranks") if isinstance(pg, dict) else None
+    if not isinstance(ranks, list):
+        return None
+    most = world_size or FITTED_COUNTS["group_size"][1]
+    job = f"in a world of {shown_count(world_size)}" if world_size else f"beyond the {shown_count(most)} of any job"
+    if len(ranks) > most:
+        return f"{shown_count(len(ranks))} ranks {job}"
+    read = group_ranks(ranks)
+    return f"rank {shown_count(read[-1])} {job}" if read and read[-1] >= most else None
 
 
 def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
@@ -500,14 +545,22 @@ def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[tuple[dict[s
 
 
 def pg_config_problem(dist_info: Any) -> str | None:
-    """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none): entries that
-    are no process group (a number, a text, ranks that are not a list of whole numbers), or no list at all. What
-    is wrong is left out of the collectives' groups; the caller says so."""
-    groups = _pg_config(dist_info)
+    """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none), on one line:
+    entries that are no process group (a number, a text, ranks that are not a list of whole numbers), or no list at
+    all; process groups beyond the job (:func:`_beyond_the_job`). What is wrong is left out of the collectives'
+    groups; the caller says so."""
+    groups, beyond = _sorted_pg_config(dist_info)
     if groups is None:
         return None
     if not isinstance(groups, list):
         return "distributedInfo.pg_config is no list of process groups: left out"
     unread = len(groups) - len(process_groups(groups))
-    return (f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of integer "
-            f"ranks): left out of the collectives' groups") if unread else None
+    problems = [f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of "
+                f"integer ranks)"] if unread else []
+    if beyond:
+        named = "; ".join(f"pg {shown(pg.get('pg_name'), 20)}: {why}" for pg, why in beyond[:3])
+        more = f"; {len(beyond) - 3} more" if len(beyond) > 3 else ""
+        groups_hold = "process group holds" if len(beyond) == 1 else "process groups hold"
+        problems.append(f"{len(beyond)} {groups_hold} ranks the job cannot have in distributedInfo.pg_config "
+                        f"({named}{more})")
+    return f"{'; '.join(problems)}: left out of the collectives' groups" if problems else None
