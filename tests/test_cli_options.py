@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import typer
 
 from vtrain.cli.app import COMMANDS
@@ -48,3 +49,19 @@ def test_the_command_list_shows_every_command_whole_at_80_columns() -> None:
     for name, line in lines.items():
         assert not line.rstrip().endswith("..."), line
         assert COMMANDS[name][2] in line and len(line) <= 80, line
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under a memory limit (`ulimit -v`, a container's) a command ended in a MemoryError traceback, exit 1 (an
+    audit: `ingest` at 400 MB); now one line says what ran out."""
+    from vtrain.cli import main as entry
+
+    def exhausted(argv: list[str]) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(entry, "_run", exhausted)
+    monkeypatch.setattr(sys, "argv", ["vtrain", "tables", "profiles/a100"])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err.startswith("error: out of memory") and err.count("\n") == 1, err

@@ -67,6 +67,10 @@ def main() -> None:
     except (BrokenPipeError, ReaderGone):  # the reader went away (`vtrain simulate ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         sys.exit(_BROKEN_PIPE)
+    except MemoryError:  # the process's memory limit reached (ulimit -v, a container's): a line, not a traceback
+        print("error: out of memory: the process reached its memory limit (ulimit -v, a container's, or the "
+              "machine's); give vtrain more, or less to hold at once (--workers 1)", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:  # where the file system refuses what was asked, wherever it is first touched
         line = _refused_by_the_file_system(exc)
         if line is None:
