@@ -5,6 +5,10 @@ it now use at most one process per usable core, and say so."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +38,54 @@ def test_the_commands_say_it(command: str, monkeypatch: pytest.MonkeyPatch, tmp_
     assert f"warning: --workers {asked}: this process may use 1 CPU core(s); using 1 worker processes\n" in ran.stderr
     if command == "plan":
         assert json.loads(ran.stdout)["simulated"] > 0
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned worker processes whose parent is ``pid`` (Linux's /proc)."""
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()
+            and _stat_parent(entry) == pid and _is_worker(int(entry.name))]
+
+
+def _stat_parent(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether ``pid`` is alive and a multiprocessing worker."""
+    try:
+        return b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_workers_go_silently_with_a_command_killed_at_once(tmp_path: Path) -> None:
+    """A `plan --workers 2` killed at once (kill -9, as an out-of-memory kill) left its workers writing into a closed
+    pipe, each printing two BrokenPipeError tracebacks on the terminal (an audit). They die with it, silently."""
+    err = tmp_path / "stderr"
+    with err.open("w") as stream:
+        command = subprocess.Popen([sys.executable, "-m", "vtrain.cli.main", "plan",
+                                    str(REPO / "examples" / "gpt-1.3b-a100.yaml"), "--gpus", "..256", "--profile",
+                                    str(REPO / "profiles" / "a100"), "--workers", "2", "-o", str(tmp_path / "plans")],
+                                   stdout=subprocess.DEVNULL, stderr=stream)
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while command.poll() is None and len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = _workers_of(command.pid)
+        if command.poll() is not None or len(workers) < 2:
+            command.kill()
+            pytest.skip("the plan ended before its workers were seen")
+        time.sleep(4.0)  # the workers at work (started: a kill while one reads what it starts with is Python's own
+        # traceback, "pickle data was truncated", before any of vtrain's code runs in it)
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+    deadline = time.monotonic() + 30
+    while any(map(_is_worker, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # what a dying worker writes, written
+    assert not any(map(_is_worker, workers))
+    assert "BrokenPipeError" not in err.read_text(), err.read_text()
