@@ -266,3 +266,16 @@ def test_the_padded_vocabulary_is_said() -> None:
         "1024, as Megatron pads it)" in ran.stdout, ran.stdout
     summary = json.loads(vtrain_in_process("simulate", MTNLG, "--json").stdout)
     assert summary["model"]["vocab"] == 50257 and summary["model"]["vocab_rows"] == 51200
+
+
+def test_a_layout_the_flags_break_names_the_flags() -> None:
+    """`simulate run.yaml --dp 4` on a 2-GPU run blamed the file ("run.yaml: inconsistent run config: ... does not
+    equal the number of devices (2)"): the flags that changed it are named with it."""
+    from tests.conftest import vtrain_in_process
+
+    run = REPO / "traces" / "t1p1d2" / "run.yaml"
+    ran = vtrain_in_process("simulate", run, "--dp", "4", "--no-dp-overlap")
+    assert ran.returncode == 2
+    assert ran.stderr.startswith(f"error: {run} with --dp 4 --no-dp-overlap: inconsistent run config: tp*dp*pp"), \
+        ran.stderr
+    assert vtrain_in_process("simulate", run, "--dp", "4", "--gpus", "4").returncode == 0

@@ -110,6 +110,14 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _with_flags(config: str | Path, flags: dict[str, object]) -> str:
+    """The run's name for its errors: ``config``, and the flags given that change it (``run.yaml with --dp 4``: a
+    layout the flags broke was blamed on the file)."""
+    given = [f"--{'no-' if value is False else ''}{name.replace('_', '-')}"
+             + ("" if isinstance(value, bool) else f" {value}") for name, value in flags.items() if value is not None]
+    return f"{config} with {' '.join(given)}" if given else str(config)
+
+
 def simulate_command(config: str | Path, profile: Path | None = None, output: Path | None = None, as_json: bool = False,
                      force: bool = False, gpus: int | None = None, device: str | None = None,
                      gpus_per_node: int | None = None, inter_node_gbps: float | None = None,
@@ -154,7 +162,11 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
         run = replace(run, hardware=replace(run.hardware, **hardware))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
-    sim = simulate(run, table, source=str(config))
+    flags = {**overrides, "seq": seq, "gpus": gpus if not given.model_only else None, "device": device,
+             "gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps, "intra_node_gbps": intra_node_gbps,
+             "cuda_graphs": cuda_graphs, "precision": precision, "framework": framework, "attention": attention,
+             "fused_kernels": fused_kernels}
+    sim = simulate(run, table, source=_with_flags(config, flags))
     for line in (_memory_warning(sim), _unsharded_warning(run), sim.device.unmeasured_nodes(run.hardware.nodes)):
         if line:
             warn(f"{config}: {line}")
