@@ -27,10 +27,20 @@ power loss) its staging folder stays behind, and the next :func:`check_output` i
 recognised by that name, by the marker in it, by its process being gone and by its lock being free (a process id
 says nothing across PID namespaces: containers sharing a volume). Nothing else is ever removed. The new output
 replaces only what :func:`check_output` allowed: a folder another run published meanwhile is left as it is.
+
+A target that is a mount point (``docker run -v out:/out ... -o /out``; :func:`_is_mount`) cannot be renamed, and
+its contents lie on another file system than its parent: its output is written *in place*. The staging folder is
+made inside it (``.vtrain-inplace-staging-<pid>-<token>``, locked and marked as above); once complete, the previous
+output's entries (what :func:`check_output` allowed: vtrain's own, as its marker and stamps prove) are moved into
+``.vtrain-inplace-backup-<pid>-<token>`` in it, marker last, and the staged entries into the folder, marker last; the
+backup is removed only then. Anything else in the folder is never moved or removed (it is refused, as in any
+folder). A run killed (SIGKILL) between those moves leaves them locked by nobody: the next :func:`check_output` of
+that folder finishes or undoes them (:func:`_recover_in_place`), by which marker has moved.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -68,6 +78,11 @@ _REPORT_FILES = {"summary.json": "plan", "schedule.json": "cluster", "size.json"
 
 #: a staging (or, while renaming, backup) folder: ``.<target name>.vtrain-<kind>-<pid>-<token>``
 _STAGING = re.compile(r"^\..+\.vtrain-(staging|backup)-(?P<pid>[1-9][0-9]{0,9})-[0-9a-f]{8}$")
+#: a staging or backup folder inside a mount point written in place: ``.vtrain-inplace-<kind>-<pid>-<token>``
+_IN_PLACE = re.compile(r"^\.vtrain-inplace-(?P<kind>staging|backup)-(?P<pid>[1-9][0-9]{0,9})"
+                       r"-(?P<token>[0-9a-f]{8})$")
+_NOT_RENAMEABLE = ("output folder cannot be renamed (a mount point: a Docker volume?) and was not recognised as one: "
+                   "give a folder inside it as -o")
 
 
 def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = (), force: bool = False,
@@ -81,13 +96,18 @@ def check_output(target: str | Path, *, inputs: Iterable[str | Path | None] = ()
     try:
         _check_not_an_input(target, inputs, what)
         target = followed(target)
+        in_place = _is_mount(target)
+        if in_place:
+            _check_writable_mount(target)
+            _recover_in_place(target)
         if target.exists() or target.is_symlink():
             _check_replaceable(target, force, what, replaces, command)
     except InputError as refused:
         if option == "-o":
             raise
         raise InputError(str(refused).replace("give another -o", f"give another {option}")) from None
-    _check_writable_parent(target)
+    if not in_place:
+        _check_writable_parent(target)
     remove_stale_staging(target.absolute().parent)
     key, seen = target.absolute(), _marker_text(target)
     if _SEEN.get(key, seen) != seen:  # checked again by the writer, and changed since its command's first check
@@ -189,8 +209,10 @@ def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path
     ``target`` (which :func:`check_output` must have allowed), on any error or interrupt it is removed, with the
     parent folders this call created."""
     target = followed(target)
-    created = _make_parents(target.absolute().parent)
-    staging = _sibling(target, "staging")
+    if _is_mount(target):  # written in place: staged inside it, on its file system (see the module docstring)
+        created, staging = [], _inside(target, "staging")
+    else:
+        created, staging = _make_parents(target.absolute().parent), _sibling(target, "staging")
     lock = None
     try:
         staging.mkdir()
@@ -244,6 +266,9 @@ def restored_on_failure(target: Path) -> Iterator[None]:
 def _put_back(target: Path, backup: Path | None) -> None:
     """Remove the output this run published at ``target`` and rename ``backup`` (what it replaced, if anything)
     back; where the user added to or edited the new output since, keep both (the backup beside it) and warn."""
+    if _is_mount(target):
+        _put_back_in_place(target, backup)
+        return
     written = marker(target) or {}
     if _added_since(target, written) or _changed_since(target, written):
         if backup is not None:  # a name no clean-up takes for a dead run's staging
@@ -326,7 +351,7 @@ def _added_since(folder: Path, written: dict[str, Any]) -> list[str]:
         return sorted(set(_listing(folder)) - set(map(str, files)))
     listed = set(map(str, entries)) if isinstance(entries, list) else set()
     return sorted(child.name + ("/ (what is in it is not listed)" if child.name in listed else "")
-                  for child in folder.iterdir() if child.name != MARKER
+                  for child in _entries(folder) if child.name != MARKER
                   and (child.name not in listed or (child.is_dir() and not child.is_symlink())))
 
 
@@ -334,8 +359,12 @@ def _listing(folder: Path) -> list[str]:
     """Every file and folder in ``folder`` at any depth (links not followed), as paths relative to it, but the
     marker."""
     found = []
+    skipped = _temporaries(folder)
     for root, folders, files in os.walk(folder):
         base = Path(root).relative_to(folder)
+        if base == Path("."):
+            folders[:] = [name for name in folders if name not in skipped]
+            files = [name for name in files if name not in skipped]
         found += [(base / name).as_posix() for name in (*folders, *files)]
     return sorted(name for name in found if name != MARKER)
 
@@ -359,7 +388,7 @@ def _check_not_an_input(target: Path, inputs: Iterable[str | Path | None], what:
 def _check_replaceable(target: Path, force: bool, what: str, replaces: str | None, command: str | None) -> None:
     if not target.is_dir():
         raise InputError(f"the {what} exists and is not a folder", target)
-    if not any(target.iterdir()):
+    if not _entries(target):
         return
     written = marker(target)
     if written is None:
@@ -439,6 +468,9 @@ def publish(target: Path, staging: Path) -> None:
     written = marker(staging) or {}
     mark(staging, str(written.get("kind", "")), _listing(staging), written.get("command"))
     with stops_deferred():
+        if _is_mount(target):
+            _publish_in_place(target, staging)
+            return
         if not (target.exists() or target.is_symlink()):
             staging.rename(target)
             _SEEN[target.absolute()] = _marker_text(target)  # this run's own output now
@@ -457,7 +489,12 @@ def publish(target: Path, staging: Path) -> None:
         backup = _sibling(target, "backup")
         lock = _locked(target)  # taken before the rename: no clean-up elsewhere takes the backup for a dead run's
         try:
-            target.rename(backup)
+            try:
+                target.rename(backup)
+            except OSError as failed:  # a mount point /proc/self/mountinfo did not show
+                if failed.errno in (errno.EBUSY, errno.EXDEV):
+                    raise InputError(_NOT_RENAMEABLE, target) from None
+                raise
             try:
                 staging.rename(target)
             except OSError:
@@ -472,6 +509,187 @@ def publish(target: Path, staging: Path) -> None:
         else:
             shutil.rmtree(backup, ignore_errors=True)
             _unlock(lock)
+
+
+def _is_mount(folder: Path) -> bool:
+    """Whether ``folder`` is a mount point (a Docker volume, a bind mount, a tmpfs), which cannot be renamed: by
+    :func:`os.path.ismount`, which does not see a bind mount of a folder of the same file system, or by the
+    mount table (``/proc/self/mountinfo``), which does."""
+    try:
+        if folder.is_symlink() or not folder.is_dir():
+            return False
+        if os.path.ismount(folder):
+            return True
+        place = os.path.realpath(folder)
+    except (OSError, ValueError):
+        return False
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(errors="surrogateescape").splitlines()
+    except OSError:
+        return False
+    return any(_unescaped(fields[4]) == place for fields in (line.split(" ") for line in lines) if len(fields) > 4)
+
+
+def _unescaped(text: str) -> str:
+    """A path of the mount table, whose space, tab, newline and backslash are written as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda found: chr(int(found[1], 8)), text)
+
+
+def _check_writable_mount(target: Path) -> None:
+    """A mount point is written in place: it must be writable itself (its parent, ``/`` in a container, need not)."""
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise InputError("cannot write here (permission denied)", target)
+
+
+def _inside(target: Path, kind: str, token: str | None = None) -> Path:
+    """A staging or backup folder inside the mount point ``target`` (:data:`_IN_PLACE`)."""
+    return target / f".vtrain-inplace-{kind}-{os.getpid()}-{token or secrets.token_hex(4)}"
+
+
+def _temporaries(folder: Path) -> frozenset[str]:
+    """The staging and backup folders of runs writing the mount point ``folder`` in place: no part of its output
+    (nothing where ``folder`` is no mount point)."""
+    try:
+        if not _is_mount(folder):
+            return frozenset()
+        return frozenset(child.name for child in folder.iterdir() if _IN_PLACE.match(child.name))
+    except OSError:
+        return frozenset()
+
+
+def _entries(folder: Path) -> list[Path]:
+    """What ``folder`` holds, but for the staging and backup folders of runs writing it in place."""
+    skipped = _temporaries(folder)
+    return [child for child in folder.iterdir() if child.name not in skipped]
+
+
+def _move(source: Path, destination: Path, names: Iterable[str], moved: list[str]) -> None:
+    """Rename the entries ``names`` of ``source`` into ``destination`` (one file system), the marker last, each
+    appended to ``moved`` once moved; never over an existing entry (a rename would replace it)."""
+    for name in sorted(names, key=lambda name: (name == MARKER, name)):
+        if os.path.lexists(destination / name):
+            raise FileExistsError(errno.EEXIST, "exists", str(destination / name))
+        os.rename(source / name, destination / name)
+        moved.append(name)
+
+
+def _publish_in_place(target: Path, staging: Path) -> None:
+    """:func:`publish` into the mount point ``target``: its previous output (what :func:`check_output` allowed)
+    moved into a backup folder inside it, the staged entries into it, the backup removed after (kept instead for
+    :func:`restored_on_failure`). Called with stops deferred."""
+    key = target.absolute()
+    current = _marker_text(target)
+    if _SEEN.get(key, current) != current:
+        raise InputError(_WRITTEN_MEANWHILE, target)
+    old = [child.name for child in _entries(target)]
+    if old:
+        written = marker(target)
+        if written is None:
+            raise InputError("output folder was written while vtrain ran, by someone else (it holds files vtrain "
+                             "did not write): move them out or give another -o", target)
+        _refuse_added(target, written, "output folder", " (added while vtrain ran)")
+    inner, inner_lock = staging, None
+    if not (_IN_PLACE.match(staging.name) and staging.parent.absolute() == key):  # staged elsewhere (a torchrun
+        inner = _inside(target, "staging")  # recording's, beside it): onto the mount's own file system first
+        inner.mkdir()
+        inner_lock = _locked(inner)
+        try:
+            for child in sorted(staging.iterdir(), key=lambda child: (child.name == MARKER, child.name)):
+                shutil.move(child, inner / child.name)
+        except BaseException:
+            shutil.rmtree(inner, ignore_errors=True)
+            _unlock(inner_lock)
+            raise
+    match = _IN_PLACE.match(inner.name)
+    backup = _inside(target, "backup", match["token"] if match else None)
+    moved_old: list[str] = []
+    moved_new: list[str] = []
+    lock = None
+    try:
+        backup.mkdir()
+        lock = _locked(backup)
+        if not old:  # the backup's marker says the old output is all aside (:func:`_recover_in_place`)
+            mark(backup, "", [])
+        _move(target, backup, old, moved_old)
+        _move(inner, target, [child.name for child in inner.iterdir()], moved_new)
+        inner.rmdir()
+    except BaseException:
+        _move(target, inner, reversed(moved_new), [])
+        _move(backup, target, reversed(moved_old), [])
+        shutil.rmtree(backup, ignore_errors=True)
+        _unlock(lock)
+        if inner is not staging:
+            shutil.rmtree(inner, ignore_errors=True)
+        raise
+    finally:
+        _unlock(inner_lock)
+    _SEEN[key] = _marker_text(target)
+    if _HELD.get(key, "") is None and old:  # the first replaced, kept aside (:func:`restored_on_failure`)
+        _HELD[key] = (backup, lock)
+        return
+    if _HELD.get(key, "") is None:
+        _HELD[key] = (None, None)
+    shutil.rmtree(backup, ignore_errors=True)
+    _unlock(lock)
+
+
+def _put_back_in_place(target: Path, backup: Path | None) -> None:
+    """:func:`_put_back` for a mount point written in place: the new output's entries removed and the backup's
+    moved back; where the user added to or edited the new output since, both kept (the backup in it) and said."""
+    written = marker(target) or {}
+    if _added_since(target, written) or _changed_since(target, written):
+        if backup is not None:
+            kept = backup.rename(target / f"vtrain-replaced-{secrets.token_hex(4)}")
+            warn_input(f"the output this run wrote is kept, for files added to or edited in it since, and the one "
+                       f"it replaced in it, as {kept.name}", target)
+        return
+    for child in _entries(target):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    if backup is not None:
+        _move(backup, target, [child.name for child in backup.iterdir()], [])
+        backup.rmdir()
+
+
+def _recover_in_place(target: Path) -> None:
+    """Finish or undo the in-place publishing (:func:`_publish_in_place`) of runs killed (SIGKILL) while they moved
+    entries in the mount point ``target``, and remove their staging folders; by which marker has moved: old
+    entries half moved aside (the backup has no marker yet) are moved back; a new output half moved in (the
+    backup has the old marker, ``target`` none yet) is moved in whole; once ``target`` has its marker, the backup
+    is removed. A staging or backup folder of a live run (its process running, its lock held), one holding
+    files but no marker, or one whose entries would land on an existing name, is left as it is."""
+    stale: dict[str, dict[str, Path]] = {}
+    try:
+        children = list(target.iterdir())
+    except OSError:
+        return
+    for child in children:
+        match = _IN_PLACE.match(child.name)
+        if match is None or not child.is_dir() or child.is_symlink() or _running(int(match["pid"])) or _in_use(child):
+            continue
+        stale.setdefault(match["token"], {})[match["kind"]] = child
+    for parts in stale.values():
+        backup, staging = parts.get("backup"), parts.get("staging")
+        try:
+            if backup is not None:
+                if not (backup / MARKER).exists():
+                    _move(backup, target, [child.name for child in backup.iterdir()], [])
+                    backup.rmdir()
+                elif (target / MARKER).exists():
+                    shutil.rmtree(backup)
+                elif staging is not None and (staging / MARKER).exists():
+                    _move(staging, target, [child.name for child in staging.iterdir()], [])
+                    shutil.rmtree(backup)
+                else:
+                    continue
+            if staging is not None and staging.exists():
+                names = {child.name for child in staging.iterdir()}
+                if not names or MARKER in names:
+                    shutil.rmtree(staging)
+        except OSError:  # not ours to settle: left as it is
+            continue
 
 
 def _make_parents(folder: Path) -> list[Path]:
