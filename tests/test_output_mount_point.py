@@ -196,3 +196,24 @@ def test_the_repository_is_not_a_mount_point() -> None:
     from vtrain.outputs import _is_mount
 
     assert not _is_mount(REPO / "vtrain") and not _is_mount(REPO / "missing")
+
+
+@pytest.mark.parametrize("options", ["size=600k", "ro,size=1m"])
+def test_a_full_or_read_only_file_system_is_named(options: str, tmp_path: Path) -> None:
+    """A full disk said "the file system refused it: No space left on device" (naming no file; polars' refusal of
+    ingest's tables, an OSError of no number, was a traceback), a read-only one "permission denied" (an audit). The
+    output is named, the read-only file system said, and nothing is left."""
+    point = tmp_path / "small"
+    point.mkdir()
+    if not _mount(["-t", "tmpfs", "-o", options, "tmpfs", str(point)]):
+        pytest.skip("mounting is not permitted here (needs root)")
+    try:
+        for command in (["ingest", REPO / "traces" / "t1p2d1"], ["validate", REPO / "traces" / "t1p1d2", "--no-hta"]):
+            ran = vtrain_in_process(*command, "-o", point / "out")
+            assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+            said = f"error: {point / 'out'}: No space left on device" if "ro" not in options else \
+                f"error: {point}: cannot write here (a read-only file system)"
+            assert ran.stderr.splitlines()[-1] == said, ran.stderr
+            assert not list(point.iterdir())
+    finally:
+        subprocess.run(["umount", str(point)], check=True)

@@ -9,6 +9,7 @@ not finish a stopped run (publishing an output, the command's exit) ask :func:`r
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import warnings
@@ -72,6 +73,17 @@ class InputError(Exception):
 
 class InputWarning(UserWarning):
     """Suspicious but usable input: the command line prints it as one line ``warning: <file>: <problem>``."""
+
+
+def os_error_number(exc: BaseException) -> int | None:
+    """The operating system's error number of an exception: Python's ``OSError``'s, or polars' (Rust's) errors',
+    whose text ends its IO error with ``(os error 28)`` (an ``OSError`` of no number, or a polars error); None for
+    any other exception."""
+    number = exc.errno if isinstance(exc, OSError) else None
+    if number is None and (isinstance(exc, OSError) or type(exc).__module__.startswith("polars")):
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        number = int(found.group(1)) if found else None
+    return number
 
 
 def some_of(names: Sequence[str], shown: int = 3) -> str:

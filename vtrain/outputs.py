@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vtrain.errors import InputError, raise_if_stopped, some_of, stops_deferred, warn_input
+from vtrain.errors import InputError, os_error_number, raise_if_stopped, some_of, stops_deferred, warn_input
 
 #: a file in every folder vtrain writes; ``--force`` replaces only folders that hold it
 MARKER = ".vtrain-output"
@@ -221,10 +221,12 @@ def staged(target: Path, kind: str, command: str | None = None) -> Iterator[Path
         yield staging
         raise_if_stopped()  # a stopped run is never published, even if its stop's exception was dropped
         publish(target, staging)
-    except BaseException:
+    except BaseException as failed:
         shutil.rmtree(staging, ignore_errors=True)
         for folder in created:  # innermost first; only if still empty
             _remove_if_empty(folder)
+        if isinstance(failed, OSError) and failed.filename is None:  # a write's refusal names no file (a full disk,
+            raise _naming(failed, target) from None  # a size limit): the output it was writing is its place
         raise
     finally:
         if lock is not None:
@@ -453,7 +455,7 @@ def _check_writable_parent(target: Path) -> None:
     if not parent.is_dir():
         raise InputError("a parent of the output is a file, not a folder", parent)
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError("cannot write here (permission denied)", parent)
+        raise InputError(_not_writable(parent), parent)
 
 
 def _sibling(target: Path, kind: str) -> Path:
@@ -538,7 +540,23 @@ def _unescaped(text: str) -> str:
 def _check_writable_mount(target: Path) -> None:
     """A mount point is written in place: it must be writable itself (its parent, ``/`` in a container, need not)."""
     if not os.access(target, os.W_OK | os.X_OK):
-        raise InputError("cannot write here (permission denied)", target)
+        raise InputError(_not_writable(target), target)
+
+
+def _naming(failed: OSError, target: Path) -> OSError:
+    """A write's refusal that names no file, naming ``target``: Python's with its number, polars' (whose number is
+    in its text: ``(os error 28)``) as Python's."""
+    number = os_error_number(failed)
+    return failed if number is None else OSError(number, os.strerror(number), str(target))
+
+
+def _not_writable(folder: Path) -> str:
+    """Why a folder cannot be written: its file system mounted read-only, or its permissions."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    return "cannot write here (a read-only file system)" if read_only else "cannot write here (permission denied)"
 
 
 def _inside(target: Path, kind: str, token: str | None = None) -> Path:

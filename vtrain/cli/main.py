@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import importlib
 import os
-import re
 import signal
 import sys
 import warnings
@@ -23,7 +22,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from vtrain.cli.errors import EXIT_BAD_INPUT, ReaderGone
-from vtrain.errors import STOPS, InputWarning, Stopped, raise_if_stopped, stop
+from vtrain.errors import STOPS, InputWarning, Stopped, os_error_number, raise_if_stopped, stop
 from vtrain.outputs import forget_checks
 
 #: commands that parse their own arguments -> their module (its ``main(argv)`` returns the exit code)
@@ -88,10 +87,7 @@ _REFUSED_BY_THE_FILE_SYSTEM = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, e
 def _refused_by_the_file_system(exc: Exception) -> str | None:
     """The error line for an exception that is the file system's refusal: Python's OSError, or polars' (Rust's)
     errors, whose message ends its IO error with ``(os error 28)``; None for any other exception."""
-    number = exc.errno if isinstance(exc, OSError) else None
-    if number is None and (isinstance(exc, OSError) or type(exc).__module__.startswith("polars")):
-        found = re.search(r"\(os error (\d+)\)", str(exc))
-        number = int(found.group(1)) if found else None
+    number = os_error_number(exc)
     if number not in _REFUSED_BY_THE_FILE_SYSTEM:
         return None
     filename = getattr(exc, "filename", None)
