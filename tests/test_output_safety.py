@@ -455,3 +455,25 @@ def test_a_marker_written_by_hand_never_gets_a_users_file_removed(tmp_path: Path
     os.mkfifo(piped / MARKER)
     ran = vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", piped, "--force")
     assert ran.returncode == 2 and (piped / "notes.txt").read_text() == "mine\n", ran.stderr
+
+
+def test_the_shipped_outputs_can_be_rebuilt_and_an_older_vtrains_output_is_said(tmp_path: Path) -> None:
+    """Markers without stamps (vtrain's before 2026-11-28) count their files as not known unchanged: the shipped
+    profiles' had none, so `make profile-a100` (`fit -o profiles/a100 --force`) was refused (a review). Every shipped
+    marker stamps its files now, and an older vtrain's output is refused as such, not as "changed since"."""
+    from vtrain.errors import InputError
+    from vtrain.outputs import MARKER, check_output
+
+    shipped = [REPO / line for line in subprocess.run(["git", "ls-files", f"*{MARKER}"], cwd=REPO, capture_output=True,
+                                                      text=True, check=True).stdout.split()]
+    assert shipped
+    for path in shipped:
+        assert isinstance(json.loads(path.read_text()).get("stamps"), dict), path
+    copy = tmp_path / "a100"
+    shutil.copytree(REPO / "profiles" / "a100", copy)
+    (copy / "README.md").unlink()  # as the Makefile does: put back after
+    check_output(copy, force=True)
+    written = json.loads((copy / MARKER).read_text())
+    (copy / MARKER).write_text(json.dumps({key: value for key, value in written.items() if key != "stamps"}))
+    with pytest.raises(InputError, match="output of a vtrain before 2026-11-28, whose marker stamps none of its"):
+        check_output(copy, force=True)

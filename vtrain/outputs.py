@@ -184,8 +184,8 @@ def _regular_text(path: Path) -> str:
 
 def marker(folder: Path) -> dict[str, Any] | None:
     """What ``folder``'s marker says (``kind``, ``entries``), None when it has none. The marker of an older vtrain
-    said neither: its folder is a report when it holds a report's files and none of a profile's or a recording's
-    (a report replaces it without ``--force``, as it did), else of no known kind."""
+    said neither: its folder is a report when it holds a report's files and none of a profile's or a recording's,
+    else of no known kind (either way it lists nothing vtrain wrote: nothing replaces it)."""
     try:
         text = _regular_text(folder / MARKER)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -430,7 +430,11 @@ def _refuse_added(target: Path, written: dict[str, Any], what: str, when: str = 
     if added := _added_since(target, written):
         raise InputError(f"{what} holds {len(added)} entries vtrain did not write{when} ({some_of(added)}): "
                          "replacing it would remove them; move them out or give another -o", target)
-    if changed := _changed_since(target, written):
+    if (changed := _changed_since(target, written)) and not isinstance(written.get("stamps"), dict):
+        raise InputError(f"{what} is the output of a vtrain before 2026-11-28, whose marker stamps none of its files "
+                         f"({some_of(changed)}): vtrain cannot tell them unchanged since, so it does not replace "
+                         "them; remove the folder yourself or give another -o", target)
+    if changed:
         raise InputError(f"{what} holds {len(changed)} file(s) changed since vtrain wrote them{when}, or that its "
                          f"marker has no stamp of ({some_of(changed)}): replacing it could lose them; move them out "
                          "or give another -o", target)
