@@ -44,9 +44,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_ingest_matches_a_shifted_ranks_collectives_as_recorded(folders: dict[str, Path]) -> None:
     said: dict[str, list[str]] = {"recorded": [], "shifted": []}
-    latency = {name: ingest_traces(folder, warn=said[name].append).tables["nccl_latency"]
-               for name, folder in folders.items()}
-    assert latency["shifted"].equals(latency["recorded"])
+    profiles = {name: ingest_traces(folder, warn=said[name].append) for name, folder in folders.items()}
+    assert profiles["shifted"].tables["nccl_latency"].equals(profiles["recorded"].tables["nccl_latency"])
+    assert profiles["shifted"].metadata["iterations"] == profiles["recorded"].metadata["iterations"]
     assert not [line for line in said["recorded"] if "ProfilerStep" in line or "clocks" in line]
     assert [line for line in said["shifted"] if RENUMBERED in line and "rank-1.json.gz" in line]
     assert not [line for line in said["shifted"] if "clocks disagree" in line]
@@ -86,6 +86,8 @@ def test_steps_numbered_alike_are_left_as_numbered() -> None:
     assert step_shifts(late_stage) == {}
     half_apart = frame([(0, n, 100.0 * n) for n in range(1, 6)] + [(1, n, 100.0 * n + 50) for n in range(1, 6)])
     assert step_shifts(half_apart) == {}
+    apart = frame([(0, 10, 1000.0), (0, 11, 2000.0), (1, 12, 3000.0), (1, 13, 4000.0)])  # no number in common, and
+    assert step_shifts(apart) == {}  # no shift brings them together (a review)
     behind = frame([(0, n, 100.0 * n) for n in range(1, 6)] + [(1, n - 2, 100.0 * n + 3) for n in range(1, 6)]
                    + [(2, n, 100.0 * n + 1) for n in range(1, 6)])
     assert step_shifts(behind) == {1: -2}

@@ -38,7 +38,8 @@ def step_shifts(measured: pl.DataFrame) -> dict[int, int]:
 
     ``measured``: one row per rank and iteration (``rank``, ``iteration``, ``start``, ``time_us``). A rank is
     shifted only when, as numbered, its steps start more than half an iteration from the reference rank's (the one
-    with the most steps) and, renumbered, :data:`CLOSER` times closer: ranks of one job start each step together,
+    with the most steps; or share no number with them) and, renumbered, :data:`CLOSER` times closer (within half an
+    iteration where they share none): ranks of one job start each step together,
     so a rank an iteration apart as numbered and together renumbered counted its steps from another start (a clock
     off by a whole iteration or two would read the same, and is told apart by nothing in a trace: the warning says
     which ranks were renumbered)."""
@@ -65,7 +66,7 @@ def _shift(reference: Mapping[int, float], own: Mapping[int, float], iteration_u
             apart[shift] = statistics.median(abs(own[n + shift] - reference[n]) for n in common)
     best = min(apart, key=lambda shift: (apart[shift], abs(shift)), default=0)
     as_numbered = apart.get(0, float("inf"))
-    if best == 0 or as_numbered <= iteration_us / 2 or apart[best] * CLOSER > as_numbered:
+    if best == 0 or as_numbered <= iteration_us / 2 or apart[best] * CLOSER > min(as_numbered, 2 * iteration_us):
         return 0
     return best
 

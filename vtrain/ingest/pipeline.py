@@ -378,6 +378,7 @@ def _renumber_shifted_steps(trace_dir: Path, results: list[RankResult], spool: P
     shifts = step_shifts(iteration_starts(pl.scan_ipc([r.spooled(spool, "cpu_ops") for r in results])))
     for result in results:
         if result.source is not None and result.source.rank in shifts:
+            result.iterations = [number - shifts[result.source.rank] for number in result.iterations]
             for table in SPOOLED:
                 path = result.spooled(spool, table)
                 if path.exists():

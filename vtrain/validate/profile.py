@@ -61,8 +61,8 @@ class RankTablesSink:
         :func:`vtrain.validate.model.held_out_profile` from the iterations it keeps), the steps of the ranks in
         ``shifts`` renumbered (:func:`vtrain.ingest.clocks.step_shifts`)."""
         ranks = sorted(self.ranks, key=lambda r: r.rank)
+        iterations = sorted({i - shifts.get(r.rank, 0) for r in ranks for i in r.iterations})
         return Profile(tables={name: renumber_steps(pl.concat([getattr(r, name) for r in ranks]), shifts)
                                for name in ("kernels", "cpu_ops", "collectives", "graph_launches")},
                        metadata={"kind": "profile", "source_dir": str(trace_dir), "world_size": world_size,
-                                 "ranks": [r.rank for r in ranks],
-                                 "iterations": sorted({i for r in ranks for i in r.iterations})})
+                                 "ranks": [r.rank for r in ranks], "iterations": iterations})
