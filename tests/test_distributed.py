@@ -5,9 +5,11 @@ it now use at most one process per usable core, and say so."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,3 +91,32 @@ def test_workers_go_silently_with_a_command_killed_at_once(tmp_path: Path) -> No
     time.sleep(1.0)  # what a dying worker writes, written
     assert not any(map(_is_worker, workers))
     assert "BrokenPipeError" not in err.read_text(), err.read_text()
+
+
+def _pid_after_a_while(_: int) -> int:
+    time.sleep(1.5)
+    return os.getpid()
+
+
+def test_a_pool_started_on_a_thread_that_ends_keeps_its_workers() -> None:
+    """Linux's parent-death signal comes when the thread that started a worker ends: a pool started on a thread that
+    then ended lost its workers mid-task (killed, replaced, the tasks never done: a review). Only the main thread's
+    workers ask for it."""
+    from contextlib import ExitStack
+
+    started: dict[str, object] = {}
+    with ExitStack() as stack:
+        def start() -> None:
+            pool = stack.enter_context(distributed.worker_pool(2))
+            started["workers"] = sorted(process.pid for process in pool._pool)  # type: ignore[attr-defined]
+            started["result"] = pool.map_async(_pid_after_a_while, range(2))
+            started["pool"] = pool
+            time.sleep(0.3)
+
+        thread = threading.Thread(target=start)
+        thread.start()
+        thread.join()
+        result = started["result"]
+        result.wait(60)  # type: ignore[attr-defined]
+        assert result.ready()  # type: ignore[attr-defined]
+        assert set(result.get()) <= set(started["workers"])  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ import multiprocessing.pool
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -70,15 +71,17 @@ def worker_pool(workers: int, initializer: Callable[..., None] | None = None,
             with _one_thread_each():
                 before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited by the workers
                 try:
+                    on_main = threading.current_thread() is threading.main_thread()
                     pool = stack.enter_context(context.Pool(workers, initializer=_start_worker,
-                                                            initargs=(initializer, initargs)))
+                                                            initargs=(initializer, initargs, on_main)))
                 finally:
                     signal.pthread_sigmask(signal.SIG_SETMASK, before)
         yield pool  # a stop held while the workers started arrived above: the stack then stopped them
 
 
-def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
-    _die_with_the_parent()
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple[Any, ...], on_main: bool) -> None:
+    if on_main:  # the signal comes when the thread that started the worker ends: only the main one ends with us
+        _die_with_the_parent()
     quiet_input_warnings()
     if initializer is not None:
         initializer(*initargs)
@@ -89,9 +92,11 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_the_parent() -> None:
-    """In a worker process, on Linux: be killed when the calling process dies, however it dies. Killed at once (an
-    out-of-memory kill, ``kill -9``), it left its workers to write their results into a closed pipe, each printing
-    two BrokenPipeError tracebacks on the user's terminal (an audit). Elsewhere nothing changes."""
+    """In a worker process started from the calling process's main thread, on Linux: be killed when the calling
+    process dies, however it dies (Linux signals when the starting thread ends, so a pool started on another thread
+    does not ask). Killed at once (an out-of-memory kill, ``kill -9``), the calling process left its workers to
+    write their results into a closed pipe, each printing two BrokenPipeError tracebacks on the user's terminal
+    (an audit). Elsewhere nothing changes."""
     if not sys.platform.startswith("linux"):
         return
     try:
