@@ -279,3 +279,5 @@ def test_a_layout_the_flags_break_names_the_flags() -> None:
     assert ran.stderr.startswith(f"error: {run} with --dp 4 --no-dp-overlap: inconsistent run config: tp*dp*pp"), \
         ran.stderr
     assert vtrain_in_process("simulate", run, "--dp", "4", "--gpus", "4").returncode == 0
+    model = vtrain_in_process("simulate", "llama-2-7b", "--gpus", "12", "--tp", "8")  # a model without a run: its
+    assert "error: llama-2-7b with --tp 8 --gpus 12: inconsistent run config" in model.stderr, model.stderr  # --gpus

@@ -149,6 +149,9 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
         whole["model"] = replace(run.model, seq=seq)
     if whole:
         run = replace(run, **whole)
+    flags = {**overrides, "seq": seq, "gpus": gpus, "device": device, "gpus_per_node": gpus_per_node,
+             "inter_node_gbps": inter_node_gbps, "intra_node_gbps": intra_node_gbps, "cuda_graphs": cuda_graphs,
+             "precision": precision, "framework": framework, "attention": attention, "fused_kernels": fused_kernels}
     if given.model_only:  # a model without a run of its own: GPUs as its layout needs, the batch as given
         gpus = run.parallelism.world_size if gpus is None else gpus
         if overrides.get("global_batch") is None:
@@ -162,10 +165,6 @@ def simulate_command(config: str | Path, profile: Path | None = None, output: Pa
         run = replace(run, hardware=replace(run.hardware, **hardware))
     if output is not None:
         check_output(output, inputs=[config, profile], force=force)
-    flags = {**overrides, "seq": seq, "gpus": gpus if not given.model_only else None, "device": device,
-             "gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps, "intra_node_gbps": intra_node_gbps,
-             "cuda_graphs": cuda_graphs, "precision": precision, "framework": framework, "attention": attention,
-             "fused_kernels": fused_kernels}
     sim = simulate(run, table, source=_with_flags(config, flags))
     for line in (_memory_warning(sim), _unsharded_warning(run), sim.device.unmeasured_nodes(run.hardware.nodes)):
         if line:
