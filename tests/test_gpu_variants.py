@@ -173,3 +173,12 @@ def test_a_gpus_memory_is_what_it_reports_where_a_trace_says_it(device: str, tra
     reported = document["deviceProperties"][0]["totalGlobalMem"]
     assert DATASHEET_DEVICES[device].memory_bytes == reported
     assert DATASHEET_DEVICES[device].provenance["memory_bytes"] == "measured"
+
+
+def test_a_profiles_device_says_where_its_memory_comes_from() -> None:
+    """The profile's fitted device copied the provenance it was fitted with: an H100's memory, measured, read
+    "datasheet" (a review); an A100-80GB's, moved onto from an A100-40GB profile, is the datasheet's."""
+    h100 = simulate("--profile", REPO / "profiles" / "h100", "--device", "H100")
+    assert h100["device"]["provenance"]["memory_bytes"] == "measured"
+    a100 = simulate("--profile", REPO / "profiles" / "a100", "--device", "A100-80GB")
+    assert a100["device"]["provenance"]["memory_bytes"] == "datasheet"

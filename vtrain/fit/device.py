@@ -133,7 +133,7 @@ def device_from_profile(profile: Profile, source: str | None = None) -> FittedDe
                          source) from None
     gemm, memory = cache.derived(profile.content_key(), f"kernel-models-{base.name}",
                                  lambda: fit_kernels(profile, base))
-    provenance = dict(fitted.get("provenance", {}))
+    provenance = {**fitted.get("provenance", {}), "memory_bytes": base.provenance.get("memory_bytes", "datasheet")}
     for key, model in (("gemm", gemm), ("memory_bound", memory)):
         if model is None and str(provenance.get(key, "")).startswith("fitted"):
             where = profile.path / "op_benchmarks.parquet" if profile.path else source
@@ -343,7 +343,8 @@ def on_gpu(device: FittedDevice, gpu: DeviceModel) -> FittedDevice:
                                            peak_bytes_per_s=gpu.memory_bandwidth, sm_count=gpu.sm_count or
                                            model.model.sm_count, _cache={}))
 
-    provenance = {**device.provenance, "gpu": f"{gpu.name} (datasheet; the profile's {device.name} fits on it)"}
+    provenance = {**device.provenance, "gpu": f"{gpu.name} (datasheet; the profile's {device.name} fits on it)",
+                  "memory_bytes": gpu.provenance.get("memory_bytes", "datasheet")}
     moved = replace(device, name=gpu.name, peak_flops=gpu.peak_flops, memory_bandwidth=gpu.memory_bandwidth,
                     memory_bytes=gpu.memory_bytes, sm_count=gpu.sm_count, gemm=retarget(device.gemm),
                     memory_bound=retarget(device.memory_bound), provenance=provenance)
