@@ -137,6 +137,11 @@ class CollectiveResolver:
             warn_input(f"{unsized} measured collective latency row(s) (nccl_latency) have no group size: no "
                        f"prediction can use them, and their collectives are modelled (traces that list no process "
                        f"group for their calls, of one rank of a larger job, say none)", profile.source)
+        if digest.waits_included:
+            warn_input(f"{digest.waits_included} measured point-to-point latency row(s) (nccl_latency) are timed with "
+                       f"their waits for a peer the traces do not hold (raw: no other rank's call matched them, as in "
+                       f"one stage of a pipeline): they time the other stage's work, not the transfer, so none is "
+                       f"used and the pipeline's transfers are modelled", profile.source)
 
     def resolve(self, collective: str, group_size: int, nbytes: int, rank_stride: int,
                 world_size: int | None = None) -> Resolution:

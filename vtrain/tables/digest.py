@@ -36,6 +36,9 @@ class ProfileDigest:
     timeline: frozenset[Signature]  # the signatures of the operator calls in the timeline (CPU ops, kernels' ops)
     has_timeline: bool  # whether the profile holds a timeline at all (rows of CPU ops or kernels)
     forward_spans: frozenset[tuple[int, str]]  # (rank, name) of its `vtrain/forward ...` spans
+    #: the point-to-point ``nccl_latency`` rows left out of :attr:`nccl_latency` because their times include the
+    #: wait for a peer its traces do not hold (:data:`~vtrain.tables.latency.RAW_DURATION`: one rank of a pipeline)
+    waits_included: int = 0
 
     def op_rows(self, device_type: str) -> list[OpRow]:
         """The ``op_latency`` rows of one device type (``cuda`` or ``cpu``)."""
@@ -50,7 +53,7 @@ def digest_of(tables: Mapping[str, pl.DataFrame]) -> ProfileDigest:
     """The digest of a profile's tables (a table it lacks counts as empty)."""
     op_latency = _rows(tables, "op_latency", ("device_type", "op", "input_dims", "input_types", "median_us",
                                               "kernels"))
-    nccl = tables.get("nccl_latency")
+    nccl, waits_included = _without_waits(tables.get("nccl_latency"))
     nccl_rows = [] if nccl is None or nccl.is_empty() else nccl.sort("bytes", maintain_order=True).select(
         "device_type", "collective", "group_size", "nodes", "bytes", "mean_us", "median_us", "wait_us",
         "source").rows()
@@ -62,7 +65,25 @@ def digest_of(tables: Mapping[str, pl.DataFrame]) -> ProfileDigest:
             has_timeline = True
             timeline.update(table.select(op, "input_dims", "input_types").unique().iter_rows())
     return ProfileDigest(tuple(op_latency), tuple(nccl_rows), frozenset(timeline), has_timeline,
-                         _forward_spans(tables.get("cpu_ops")))
+                         _forward_spans(tables.get("cpu_ops")), waits_included)
+
+
+def _without_waits(nccl: pl.DataFrame | None) -> tuple[pl.DataFrame | None, int]:
+    """The ``nccl_latency`` rows a prediction may read, and how many it may not: a point-to-point row timed raw, its
+    wait for the peer included (no other rank's call matched it: the traces of one stage of a pipeline), times the
+    other stage's work, not the transfer (one rank of a 2x2x2 gloo job read its receives at 109 ms where they take
+    1.7, and a simulation from it put 35 times the pipeline's transfer time: an audit). A collective among
+    replicas timed raw stays: replicas doing the same work wait for each other a little, as a straggler's wait
+    (one rank of four's gloo all-reduces priced its gradient reduction at +7.8 %, the datasheet at -64 %)."""
+    if nccl is None or "duration_source" not in nccl.columns:
+        return nccl, 0
+    import polars as pl
+
+    from vtrain.tables.latency import RAW_DURATION
+    from vtrain.tables.matching import P2P
+
+    waited = ((pl.col("duration_source") == RAW_DURATION) & pl.col("collective").is_in(list(P2P))).fill_null(False)
+    return nccl.filter(~waited), int(nccl.select(waited.sum()).item())
 
 
 def _rows(tables: Mapping[str, pl.DataFrame], name: str, columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
