@@ -42,11 +42,13 @@ def simulate(device: str) -> dict:
 
 
 def test_an_h100_pcie_run_on_the_h100_profile_takes_the_cards_roofline_and_links() -> None:
-    """The profile's kernel efficiencies move onto the card's roofline (compute about 989/756 slower); its
-    tensor-parallel all-reduces run over PCIe Gen5, not on the NVLink curves the profile measured."""
+    """The profile's kernel efficiencies move onto the card's roofline (compute between 989/756 and 3,350/2,000
+    slower: its tensor peak and its memory's bandwidth; the H100's measured kernels no longer time it, its peaks
+    being another's); its tensor-parallel all-reduces run over PCIe Gen5, not on the NVLink curves the profile
+    measured."""
     sxm, pcie = simulate("H100"), simulate("NVIDIA H100 PCIe")
     assert pcie["device"]["name"] == "H100-PCIe"
-    assert 1.2 < pcie["breakdown_ms"]["compute"] / sxm["breakdown_ms"]["compute"] < 989 / 756 * 1.05
+    assert 1.2 < pcie["breakdown_ms"]["compute"] / sxm["breakdown_ms"]["compute"] < 3350 / 2000 * 1.05
     assert pcie["breakdown_ms"]["tp"] > 4 * sxm["breakdown_ms"]["tp"]
     assert pcie["device"]["provenance"]["intra_node.bandwidth_gbps"] == "config"
 

@@ -56,10 +56,11 @@ class RankTablesSink:
         self.parts = []
         self.ranks.append(assemble_rank(trace.rank, events, {"pg_config": trace.process_groups}))
 
-    def profile(self, trace_dir: Path, world_size: int | None, shifts: Mapping[int, int]) -> Profile:
+    def profile(self, trace_dir: Path, world_size: int | None, shifts: Mapping[int, int] | None = None) -> Profile:
         """The tables of every rank read, as a profile (its latency tables are built by
         :func:`vtrain.validate.model.held_out_profile` from the iterations it keeps), the steps of the ranks in
         ``shifts`` renumbered (:func:`vtrain.ingest.clocks.step_shifts`)."""
+        shifts = shifts or {}
         ranks = sorted(self.ranks, key=lambda r: r.rank)
         iterations = sorted({i - shifts.get(r.rank, 0) for r in ranks for i in r.iterations})
         return Profile(tables={name: renumber_steps(pl.concat([getattr(r, name) for r in ranks]), shifts)
