@@ -211,9 +211,11 @@ def test_a_full_or_read_only_file_system_is_named(options: str, tmp_path: Path) 
         for command in (["ingest", REPO / "traces" / "t1p2d1"], ["validate", REPO / "traces" / "t1p1d2", "--no-hta"]):
             ran = vtrain_in_process(*command, "-o", point / "out")
             assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-            said = f"error: {point / 'out'}: No space left on device" if "ro" not in options else \
-                f"error: {point}: cannot write here (a read-only file system)"
-            assert ran.stderr.splitlines()[-1] == said, ran.stderr
+            said = ": No space left on device" if "ro" not in options else \
+                ": cannot write here (a read-only file system)"  # after the place, cut where its name is long
+            line = ran.stderr.splitlines()[-1]
+            assert line.startswith(f"error: {str(point)[:40]}") and line.endswith(said), ran.stderr
+            assert "the file system refused it" not in line
             assert not list(point.iterdir())
     finally:
         subprocess.run(["umount", str(point)], check=True)
