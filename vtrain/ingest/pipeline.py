@@ -211,10 +211,14 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         say(line)
     if world_size is None and (line := _world_of_the_collectives(Path(trace_dir), results, sources, spool)):
         say(line)
-    if line := _renumber_shifted_steps(Path(trace_dir), results, spool):
-        say(line)
+    starts = iteration_starts(pl.scan_ipc([r.spooled(spool, "cpu_ops") for r in results])) if len(results) > 1 \
+        else None  # each rank's steps, read once: for their numbering and their clocks
+    if starts is not None:
+        starts, line = _renumber_shifted_steps(Path(trace_dir), results, spool, starts)
+        if line:
+            say(line)
     for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results),
-                 _clocks_line(Path(trace_dir), results, spool)):
+                 _clocks_line(Path(trace_dir), starts)):
         if line:
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)
@@ -369,13 +373,13 @@ def _of_the_traced_job(run: dict[str, Any] | None, world_size: int | None, trace
     return None
 
 
-def _renumber_shifted_steps(trace_dir: Path, results: list[RankResult], spool: Path) -> str | None:
+def _renumber_shifted_steps(trace_dir: Path, results: list[RankResult], spool: Path,
+                            starts: pl.DataFrame) -> tuple[pl.DataFrame, str | None]:
     """Renumber the steps of the ranks whose ``ProfilerStep#N`` numbers run ahead of or behind the others'
-    (:func:`~vtrain.ingest.clocks.step_shifts`) in their spooled tables, before anything matches ranks by
-    iteration (a send matched with the receive of the step after read 99 ms, not 1.7), and say it."""
-    if len(results) < 2:
-        return None
-    shifts = step_shifts(iteration_starts(pl.scan_ipc([r.spooled(spool, "cpu_ops") for r in results])))
+    (:func:`~vtrain.ingest.clocks.step_shifts` of ``starts``, their steps' starts) in their spooled tables, before
+    anything matches ranks by iteration (a send matched with the receive of the step after read 99 ms, not 1.7);
+    the starts renumbered alike, and the line that says it."""
+    shifts = step_shifts(starts)
     for result in results:
         if result.source is not None and result.source.rank in shifts:
             result.iterations = [number - shifts[result.source.rank] for number in result.iterations]
@@ -383,16 +387,17 @@ def _renumber_shifted_steps(trace_dir: Path, results: list[RankResult], spool: P
                 path = result.spooled(spool, table)
                 if path.exists():
                     renumber_steps(pl.scan_ipc(path).collect(), shifts).write_ipc(path)
-    return renumbered_steps_warning(trace_dir, shifts, {r.source.rank: r.source.path for r in results if r.source})
+    files = {r.source.rank: r.source.path for r in results if r.source}
+    return renumber_steps(starts, shifts), renumbered_steps_warning(trace_dir, shifts, files)
 
 
-def _clocks_line(trace_dir: Path, results: list[RankResult], spool: Path) -> str | None:
-    """The warning for ranks whose clocks disagree (:func:`~vtrain.ingest.clocks.clocks_disagree`): a collective's
-    time is then read across clocks (a 3 s offset made send/recv 3,075 µs where they took 284)."""
-    files = [result.spooled(spool, "cpu_ops") for result in results]
-    if len(files) < 2:
+def _clocks_line(trace_dir: Path, starts: pl.DataFrame | None) -> str | None:
+    """The warning for ranks whose clocks disagree (:func:`~vtrain.ingest.clocks.clocks_disagree` of their steps'
+    ``starts``; ``None`` for one rank): a collective's time is then read across clocks (a 3 s offset made
+    send/recv 3,075 µs where they took 284)."""
+    if starts is None:
         return None
-    line = clocks_disagree(trace_dir, iteration_starts(pl.scan_ipc(files)))
+    line = clocks_disagree(trace_dir, starts)
     return line and line + "; the collectives' latencies, timed across ranks, are not either"
 
 
