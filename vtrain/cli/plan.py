@@ -49,6 +49,7 @@ from vtrain.runconfig import (
 )
 
 if TYPE_CHECKING:
+    from vtrain.devices.model import DeviceModel
     from vtrain.plan.sweep import PlanTable
     from vtrain.tables.store import Profile
 
@@ -137,7 +138,7 @@ def plan_command(
     unplannable = base.model_errors()
     if unplannable:
         raise InputError(f"no plan can train this model: {unplannable[0]}", model)
-    device_model(base.hardware.device, "--device" if device is not None else str(model))  # before any warning on it
+    datasheet = device_model(base.hardware.device, "--device" if device is not None else str(model))  # before warnings
     counts = parse_gpus(gpus, base)
     name = Path(model).stem if model is not None else f"gpt-l{layers}-h{hidden}"
     target = output if output is not None else PLANS / name
@@ -157,7 +158,7 @@ def plan_command(
              f"{base.parallelism.global_batch} x sequence {base.model.seq}): each plan is priced for "
              f"{tokens / per_iteration:.3g} of an iteration")
     _say_the_network(base, max(counts), table_profile)
-    _say_memory_beyond_the_device(base, device_memory)
+    _say_memory_beyond_the_device(datasheet, device_memory)
     workers = workers_within_cores(workers, warn)
     with counting("timing plans") as progress:
         table = sweep(base, counts, table_profile, device_memory_gib=device_memory, divisible=".." in gpus,
@@ -194,13 +195,13 @@ def _say_the_network(base: RunConfig, gpus: int, profile: Profile | None) -> Non
              f"{device.describe_network(hardware.gpus_per_node)}")
 
 
-def _say_memory_beyond_the_device(base: RunConfig, device_memory: float | None) -> None:
-    """One warning line for a ``--device-memory`` over the run's GPU's memory (80 typed 800?)."""
-    if device_memory is None or base.hardware.device.lower() == "cpu":
+def _say_memory_beyond_the_device(gpu: DeviceModel, device_memory: float | None) -> None:
+    """One warning line for a ``--device-memory`` over the run's GPU's memory (80 typed 800?); none for a CPU."""
+    if device_memory is None or gpu.memory_bytes is None or canonical_device_name(gpu.name) in (None, "cpu"):
         return
-    has = device_model(base.hardware.device).memory_bytes / 2**30
+    has = gpu.memory_bytes / 2**30
     if device_memory > has:
-        warn(f"--device-memory {device_memory:g} GiB is more than the {has:.2f} GiB each {base.hardware.device} has: "
+        warn(f"--device-memory {device_memory:g} GiB is more than the {has:.2f} GiB each {gpu.name} has: "
              f"plans are kept that need more memory than the GPU has")
 
 
