@@ -241,3 +241,14 @@ def test_processes_reading_one_profile_at_once_agree(tmp_path: Path) -> None:
     assert sorted(entry.name.split("-")[0] for entry in cache.iterdir()) == ["digest", "kernel", "nccl"]  # no .tmp left
     again, _ = _simulate_process(A100, cache)
     assert again == json.loads(outputs[0])
+
+
+def test_a_cache_made_under_a_group_writable_umask_is_read(tmp_path: Path) -> None:
+    """Under umask 002 (Ubuntu's default for its users) the cache folder was made 775: a folder others may write
+    to, so no entry was ever read back and every run derived again, silently. It is made the user's alone."""
+    script = ("import os, sys; os.umask(0o002); from vtrain import cache; "
+              "cache.keep('contents', 'test', {'derived': 1}); print(cache.lookup('contents', 'test'))")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "VTRAIN_CACHE_DIR": str(tmp_path / "fresh" / "cache")})
+    assert ran.stdout.strip() == "{'derived': 1}", ran.stderr
+    assert (tmp_path / "fresh" / "cache").stat().st_mode & 0o777 == 0o700

@@ -113,7 +113,8 @@ def keep(key: str, what: str, value: object) -> None:
     """Keep ``value`` under ``key`` and ``what``, atomically; nothing when the cache folder cannot be written."""
     file = _entry(key, what)
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the user's alone whatever the umask: under
+        # Ubuntu's 002 a folder made 775 was one others could write to, and no entry was ever read from it
         handle, temporary = tempfile.mkstemp(dir=file.parent, prefix=".", suffix=".tmp")
         try:
             with os.fdopen(handle, "wb") as out:
