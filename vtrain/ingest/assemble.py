@@ -16,6 +16,7 @@ from vtrain.ingest.collectives import (
     elements_from_dims,
     parse_nccl_kernel,
 )
+from vtrain.ingest.discover import json_count
 from vtrain.ingest.enclosing import enclosing_op_ids
 from vtrain.ingest.extract import EventCounts, RankEvents
 from vtrain.kineto import (
@@ -515,12 +516,10 @@ def _sorted_pg_config(dist_info: Any) -> tuple[Any, list[tuple[Any, str]]]:
 
 
 def known_world_size(dist_info: Any) -> int | None:
-    """``distributedInfo.world_size`` where it is a whole number >= 1 (an integer, or a text of digits, as ingest
-    reads a trace's world size); None where it is not known."""
-    value = dist_info.get("world_size") if isinstance(dist_info, dict) else None
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value.strip())
-    return value if type(value) is int and value >= 1 else None
+    """``distributedInfo.world_size`` where it is a whole number >= 1 (as ingest reads a trace's world size:
+    :func:`~vtrain.ingest.discover.json_count`); None where it is not known."""
+    world_size = json_count(dist_info.get("world_size")) if isinstance(dist_info, dict) else None
+    return world_size if world_size else None
 
 
 def _beyond_the_job(pg: Any, world_size: int | None) -> str | None:

@@ -299,7 +299,7 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
     result's warning says so."""
     info = distributed_info or {}
     given = info.get("rank")
-    rank = _count(given)
+    rank = json_count(given)
     named = rank_from_file_name(path)
     warning = None
     if given is None:
@@ -315,7 +315,7 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
                              "file name (name it rank-N.json.gz)", path)
     elif rank is None:
         raise InputError(f"distributedInfo.rank is {given!r}: a rank is an integer >= 0", path)
-    world = _count(info.get("world_size"))
+    world = json_count(info.get("world_size"))
     if info.get("world_size") is not None and not (world is not None and world > 0):
         raise InputError(f"distributedInfo.world_size is {info.get('world_size')!r}: a world size is an integer >= 1",
                          path)
@@ -331,7 +331,7 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
     return RankOfFile(rank, world, warning)
 
 
-def _count(value: Any) -> int | None:
+def json_count(value: Any) -> int | None:
     """A JSON value read as an integer >= 0: an integer, or a string of ASCII digits (``true``, ``1.5``, ``-1`` and
     ``"zero"`` are not); None otherwise."""
     if type(value) is int:
