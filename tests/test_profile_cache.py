@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -252,3 +253,52 @@ def test_a_cache_made_under_a_group_writable_umask_is_read(tmp_path: Path) -> No
                          env={**os.environ, "VTRAIN_CACHE_DIR": str(tmp_path / "fresh" / "cache")})
     assert ran.stdout.strip() == "{'derived': 1}", ran.stderr
     assert (tmp_path / "fresh" / "cache").stat().st_mode & 0o777 == 0o700
+
+
+def test_vtrains_own_folder_left_open_by_an_older_vtrain_is_read_again(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older vtrain made ~/.cache/vtrain 775 under umask 002, and the rule that a folder others may write is
+    not read then kept every run of the user's from it, silently, for good. vtrain's own folder is made the user's
+    alone again (each entry is still checked on its own); nothing is said."""
+    from vtrain import cache
+
+    monkeypatch.delenv("VTRAIN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache.keep("contents", "test", {"derived": 1})
+    folder = tmp_path / "vtrain"
+    folder.chmod(0o775)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert cache.lookup("contents", "test") == {"derived": 1}
+    assert not said and folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_chosen_folder_others_may_write_is_said_once_and_not_read(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder the user chose ($VTRAIN_CACHE_DIR) that others may write is theirs to set: left as it is,
+    nothing read from it, and said once a process (not once a profile table)."""
+    from vtrain import cache
+    from vtrain.errors import InputWarning
+
+    folder = tmp_path / "team-cache"
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(folder))
+    cache.keep("contents", "test", {"derived": 1})
+    folder.chmod(0o775)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert cache.lookup("contents", "test") is None
+        assert cache.lookup("contents", "test") is None
+    assert folder.stat().st_mode & 0o777 == 0o775
+    assert [w.category for w in said] == [InputWarning]
+    assert str(folder) in str(said[0].message) and "chmod go-w" in str(said[0].message)
+
+
+def test_an_entry_with_a_second_name_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hard link made to an entry (or an entry made a hard link to a user's own file) is a file someone else
+    may have named: only an entry of one name is read."""
+    from vtrain import cache
+
+    monkeypatch.setenv("VTRAIN_CACHE_DIR", str(tmp_path))
+    cache.keep("contents", "test", {"derived": 1})
+    os.link(cache._entry("contents", "test"), tmp_path / "elsewhere")
+    assert cache.lookup("contents", "test") is None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import vtrain
+from vtrain.errors import warn_input
 
 T = TypeVar("T")
 
@@ -38,6 +39,8 @@ CACHE_ENV = "VTRAIN_CACHE_DIR"
 MAX_CACHE_BYTES = 256 * 2**20
 _PACKAGE = Path(vtrain.__file__).resolve().parent
 _CODE_KEY: list[str] = []
+#: chosen cache folders others may write to, said once a process (:func:`_readable_folder`)
+_SAID_OPEN: set[Path] = set()
 
 
 def cache_dir() -> Path:
@@ -84,12 +87,12 @@ def lookup(key: str, what: str) -> object | None:
     another profile's rows, silently)."""
     file = _entry(key, what)
     try:
-        if not _own(os.stat(file.parent), folder=True):
+        if not _readable_folder(file.parent):
             return None
         descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(descriptor, "rb") as handle:
             info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or not _own(info):
+            if not stat.S_ISREG(info.st_mode) or not _own(info) or info.st_nlink != 1:
                 return None
             kept_key, kept_what, value = pickle.load(handle)
         if (kept_key, kept_what) != (key, what):
@@ -98,6 +101,27 @@ def lookup(key: str, what: str) -> object | None:
         return value
     except Exception:  # none kept yet, or an entry that does not load (truncated): the caller derives it again
         return None
+
+
+def _readable_folder(folder: Path) -> bool:
+    """Whether entries may be read from ``folder``: one no one else may write to (:func:`_own`). vtrain's own
+    folder (no ``$VTRAIN_CACHE_DIR``) that an older vtrain made under umask 002 (775: others could write to it, so
+    nothing in it was ever read, silently) is made the user's alone: each entry is still checked on its own. A
+    folder the user chose that others may write to is left as it is, and said once."""
+    info = os.stat(folder)
+    if _own(info, folder=True):
+        return True
+    if info.st_uid != os.getuid():
+        return False
+    if not os.environ.get(CACHE_ENV):
+        os.chmod(folder, 0o700)
+        return True
+    if folder not in _SAID_OPEN:
+        _SAID_OPEN.add(folder)
+        warn_input(f"other users may write to this cache folder (mode {stat.S_IMODE(info.st_mode):o}), so nothing "
+                   f"kept in it is read (a kept result is code run when loaded): every run derives afresh; "
+                   f"`chmod go-w` it, or set {CACHE_ENV} to a folder of your own", folder)
+    return False
 
 
 def _own(info: os.stat_result, folder: bool = False) -> bool:
