@@ -2,7 +2,8 @@
 
 The flow: build the replay graph of the trace set once (:func:`vtrain.replay.build.build_graph`), find which
 edges hold each event's own time (:mod:`vtrain.whatif.owners`), give every event a new own time (from another
-recording of the same job, matched op by op, and/or multiplied per class or name pattern), evaluate the graph
+recording of the same job, matched op by op, and/or multiplied per class or name pattern; a collective call not
+matched to its peers' keeps its wait for them, :mod:`vtrain.whatif.unmatched`), evaluate the graph
 with the edited delays (:func:`vtrain.replay.engine.evaluate`: waits, including each collective's wait for its
 last member, follow from the new arrival times), and read iteration times and critical paths off the result.
 Unchanged durations reproduce the replay exactly.
@@ -45,19 +46,22 @@ from vtrain.whatif.changes import HOST, Scale, scale_factors
 from vtrain.whatif.critical import HOST_OPS_LABEL, CriticalPath, PathFinder, mean_by
 from vtrain.whatif.match import Matching, match_events
 from vtrain.whatif.owners import NO_OWNER, OwnedGraph, own_edges
+from vtrain.whatif.unmatched import UnmatchedWaits, unmatched_waits
 
 
 @dataclass
 class TraceSet:
     """One recording: its graph with the holder of every edge, its annotated event frame (measured times), the
-    time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`) and its steady
-    iterations (:func:`vtrain.validate.steady.steady_set`, as `vtrain validate` chooses them)."""
+    time every holder holds (events' own times, then host stretches; :mod:`vtrain.whatif.owners`), the part of it
+    that is a wait for peers, which a scale keeps (:mod:`vtrain.whatif.unmatched`), and its steady iterations
+    (:func:`vtrain.validate.steady.steady_set`, as `vtrain validate` chooses them)."""
 
     path: Path
     config: RunConfig | None
     owned: OwnedGraph
     frame: pl.DataFrame
     held: np.ndarray
+    wait: np.ndarray
     steady: list[int]
 
     @property
@@ -141,9 +145,10 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     for line in trace_set_warnings(trace_dir, traces, world_size):
         warn(line)
     graph = build_graph(traces, config)
-    if line := _unmatched_collectives(trace_dir, graph.stats.collective_calls_unmatched):
-        warn(line)
     owned = own_edges(graph)
+    waits = unmatched_waits(owned)
+    if line := _unmatched_collectives(trace_dir, graph.stats.collective_calls_unmatched, waits):
+        warn(line)
     frame, line = renumbered(trace_dir, without_made_iterations(annotate(timeline(graph, graph.measured)), traces),
                              traces, graph.step_shifts)
     if line:
@@ -157,20 +162,26 @@ def load_trace_set(trace_dir: str | Path, warn: Callable[[str], None] = lambda _
     chosen = steady_set(trace_dir, frame, all_iterations, {trace.rank: trace.path for trace in traces})
     for line in chosen.notes:
         warn(line)
-    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time,
+    return TraceSet(path=trace_dir, config=config, owned=owned, frame=frame, held=owned.held_time, wait=waits.wait,
                     steady=chosen.iterations)
 
 
-def _unmatched_collectives(trace_dir: Path, unmatched: Counter[str]) -> str | None:
+def _unmatched_collectives(trace_dir: Path, unmatched: Counter[str], waits: UnmatchedWaits) -> str | None:
     """The warning for collective calls the replay could not match to their peers' (their process group unknown,
     their peers' traces not in the folder): each keeps its measured duration, its wait for the peers included, so
-    a change before it does not move its end (halving a run's GEMMs read -28 % instead of -43 %)."""
+    a change before it does not move its end (halving a run's GEMMs read -28 % instead of -43 %); a scale of its
+    class multiplies only its transfer (:mod:`vtrain.whatif.unmatched`)."""
     count = sum(unmatched.values())
     if not count:
         return None
     reasons = "; ".join(f"{reason}: {n:,}" for reason, n in unmatched.most_common())
+    at_wait = (f"; {waits.at_thread_wait:,} of them, which ended where their thread waited for them, are all wait "
+               "(their transfer assumed done by then)" if waits.at_thread_wait else "")
     return (f"{trace_dir}: {count:,} collective call(s) not matched to their peers' keep their measured duration, "
-            f"their wait for the peers included ({reasons}): what is re-timed before them does not move their end")
+            f"their wait for the peers included ({reasons}): what is re-timed before them does not move their end, "
+            f"and a --scale of their class multiplies only their transfer, assumed to be the fastest call of the "
+            f"same kind and size on their rank ({waits.transfer_us / 1e3:,.1f} of their "
+            f"{waits.total_us / 1e3:,.1f} ms), the rest, their wait, staying as measured{at_wait}")
 
 
 def what_if(trace_dir: str | Path, scales: list[Scale] | None = None, other_dir: str | Path | None = None,
@@ -189,10 +200,10 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
             warn: Callable[[str], None] = lambda _: None) -> WhatIf:
     """The what-if of already loaded trace sets (see :func:`what_if`)."""
     notes: list[str] = []
-    new_held, matching = base.held, None
+    new_held, new_wait, matching = base.held, base.wait, None
     if other is not None:
         other = _paired_iterations(base, other, notes)
-        new_held, matching = _durations_from(base, other, ops_only, notes)
+        new_held, new_wait, matching = _durations_from(base, other, ops_only, notes)
     factors, hits = scale_factors(scales, *_scalable(base), counted=base.held > 0)
     for label, n in hits.items():
         if n == 0:
@@ -200,7 +211,7 @@ def predict(base: TraceSet, scales: list[Scale], other: TraceSet | None = None, 
     unit = [scale.label for scale in scales if scale.factor == 1]
     if unit:
         notes.append(f"{', '.join(unit)}: a factor of 1 changes nothing")
-    delay = edited_delays(base.owned, base.held, new_held * factors)
+    delay = edited_delays(base.owned, base.held, _scaled_held(new_held, new_wait, factors))
     owned = base.owned
     times, released = evaluate(owned.graph.measured, owned.src, owned.dst, delay)
     replayed, _ = evaluate(owned.graph.measured, owned.src, owned.dst, owned.delay)
@@ -259,8 +270,9 @@ SAME_JOB_SHARE = 0.5
 
 
 def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
-                    notes: list[str]) -> tuple[np.ndarray, Matching]:
-    """Every holder's time taken from ``other`` where it has a partner there (see :func:`what_if`)."""
+                    notes: list[str]) -> tuple[np.ndarray, np.ndarray, Matching]:
+    """Every holder's time, and the wait for peers in it, taken from ``other`` where it has a partner there (see
+    :func:`what_if`)."""
     _check_same_job(base, other)
     graphs = [_replays_graphs(each) for each in (base, other)]
     if graphs[0] != graphs[1]:
@@ -271,6 +283,7 @@ def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
     matching = match_events(base.frame, other.frame, base.own, other.own)
     partner = _partner_holders(matching.other_event, other.owned.events, host=not ops_only)
     new_held = np.where(partner >= 0, other.held[np.maximum(partner, 0)], base.held)
+    new_wait = np.where(partner >= 0, other.wait[np.maximum(partner, 0)], base.wait)
     children, orphans, orphan_us = _unmatched_children_time(matching.other_event, other)
     new_held[:base.owned.events] += children
     counts = matching.counts
@@ -285,7 +298,12 @@ def _durations_from(base: TraceSet, other: TraceSet, ops_only: bool,
     if matched < SAME_JOB_SHARE:
         notes.append(f"only {matched:.0%} of {base.path}'s operator time has a partner in {other.path}: are they "
                      "recordings of the same job? (the rest keeps its own duration)")
-    return new_held, matching
+    return new_held, new_wait, matching
+
+
+def _scaled_held(held: np.ndarray, wait: np.ndarray, factors: np.ndarray) -> np.ndarray:
+    """Every holder's time under the scale ``factors``: the wait for peers in it stays, the rest is multiplied."""
+    return wait + (held - wait) * factors
 
 
 def edited_delays(owned: OwnedGraph, held: np.ndarray, new_held: np.ndarray) -> np.ndarray:
