@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vtrain.limits import MAX_TRACE_US
+from vtrain.limits import FITTED_COUNTS, MAX_TRACE_US, shown, shown_count
 
 #: what an event is: a device activity, a CPU operator or annotation, a runtime/driver call, a CUPTI sync record
 DEVICE, CPU, RUNTIME, SYNC = "device", "cpu", "runtime", "sync"
@@ -99,25 +99,31 @@ def group_ranks(value: object) -> tuple[int, ...] | None:
     group."""
     if not isinstance(value, list) or not value:
         return None
-    ranks = [_rank_number(r) for r in value]
+    ranks = [_whole_number(r) for r in value]
     return tuple(sorted(ranks)) if all(r is not None for r in ranks) else None  # type: ignore[type-var]
 
 
-def process_groups(pg_config: object) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
-    """The entries of a trace's ``distributedInfo.pg_config`` that are process groups, with their ranks: objects
-    whose ``ranks`` are a list of whole numbers (:func:`group_ranks`); anything else in it is no group (the
-    ingest's ``pg_config_problem`` says what)."""
-    found = [(pg, group_ranks(pg.get("ranks"))) for pg in pg_config if isinstance(pg, dict)] \
-        if isinstance(pg_config, list) else []
+def process_groups(pg_config: object, world_size: int | None) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
+    """The process groups of a trace's ``distributedInfo.pg_config``, with their ranks, as ingest and replay both
+    read them: its objects whose ``ranks`` are a list of whole numbers (:func:`group_ranks`) that a job of
+    ``world_size`` ranks (None where the trace does not say it) can have (:func:`_beyond_the_job`). A group is the
+    ranks it lists, whatever its ``pg_size`` says. Anything else in it is no group (:func:`process_groups_problem`
+    says what)."""
+    if not isinstance(pg_config, list):
+        return []
+    found = [(pg, group_ranks(pg.get("ranks"))) for pg in pg_config
+             if isinstance(pg, dict) and not _beyond_the_job(pg, world_size)]
     return [(pg, ranks) for pg, ranks in found if ranks is not None]
 
 
-def only_group(rank: int, pg_config: object, world_size: object = None) -> tuple[str | None, tuple[int, ...]] | None:
+def only_group(rank: int, pg_config: object,
+               world_size: int | None = None) -> tuple[str | None, tuple[int, ...]] | None:
     """The name and ranks of the one process group of more than one rank that holds ``rank`` (its collectives
-    that name no group are among those ranks), if there is exactly one; where several hold it with the same
-    members (a job's default NCCL group and a gloo group of every rank for its CPU-side collectives), their ranks,
-    and a name only when they share one. A job of two ranks that lists no group: ranks 0 and 1."""
-    groups = [(pg, ranks) for pg, ranks in process_groups(pg_config) if rank in ranks and len(ranks) > 1]
+    that name no group are among those ranks), if there is exactly one (:func:`process_groups` of a job of
+    ``world_size`` ranks); where several hold it with the same members (a job's default NCCL group and a gloo group
+    of every rank for its CPU-side collectives), their ranks, and a name only when they share one. A job of two
+    ranks that lists no group: ranks 0 and 1."""
+    groups = [(pg, ranks) for pg, ranks in process_groups(pg_config, world_size) if rank in ranks and len(ranks) > 1]
     members = {ranks for _, ranks in groups}
     if not members and world_size == 2 and rank in (0, 1):
         return None, (0, 1)
@@ -127,7 +133,75 @@ def only_group(rank: int, pg_config: object, world_size: object = None) -> tuple
     return (names.pop() if len(names) == 1 else None), members.pop()
 
 
-def _rank_number(value: object) -> int | None:
+def process_groups_problem(pg_config: object, world_size: int | None) -> str | None:
+    """What is wrong with a trace's ``distributedInfo.pg_config`` (None when nothing is, or there is none), on one
+    line, as ingest and replay say it: no list at all; entries that are no process group (a number, a text, ranks
+    that are not a list of whole numbers) or groups beyond the job (:func:`_beyond_the_job`), which are left out of
+    the collectives' groups; groups whose ``pg_size`` is not the number of ranks they list (they are those ranks)."""
+    if pg_config is None:
+        return None
+    if not isinstance(pg_config, list):
+        return "distributedInfo.pg_config is no list of process groups: left out"
+    groups = process_groups(pg_config, world_size)
+    left_out = _left_out_entries(pg_config, len(groups), world_size)
+    problems = [f"{'; '.join(left_out)}: left out of the collectives' groups"] if left_out else []
+    if sizes := _sizes_unlike_ranks(groups):
+        problems.append(sizes)
+    return "; ".join(problems) or None
+
+
+def _left_out_entries(pg_config: list[Any], groups: int, world_size: int | None) -> list[str]:
+    """The clauses of :func:`process_groups_problem` for the entries of ``pg_config`` that are none of its
+    ``groups`` process groups of a job of ``world_size`` ranks."""
+    beyond = [(pg, why) for pg in pg_config if (why := _beyond_the_job(pg, world_size))]
+    unread = len(pg_config) - len(beyond) - groups
+    clauses = [f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of "
+               f"integer ranks)"] if unread else []
+    if beyond:
+        groups_hold = "process group holds" if len(beyond) == 1 else "process groups hold"
+        clauses.append(f"{len(beyond)} {groups_hold} ranks the job cannot have in distributedInfo.pg_config "
+                       f"({_named(beyond)})")
+    return clauses
+
+
+def _sizes_unlike_ranks(groups: list[tuple[dict[str, Any], tuple[int, ...]]]) -> str | None:
+    """The clause of :func:`process_groups_problem` for the process groups whose ``pg_size`` (a whole number, read
+    as ranks are) is not the number of ranks they list; None where there are none."""
+    unlike = [(pg, f"pg_size {shown_count(size)}, {shown_count(len(ranks))} ranks listed") for pg, ranks in groups
+              if (size := _whole_number(pg.get("pg_size"))) is not None and size != len(ranks)]
+    if not unlike:
+        return None
+    groups_say = "process group says" if len(unlike) == 1 else "process groups say"
+    return (f"{len(unlike)} {groups_say} another pg_size than the ranks listed in distributedInfo.pg_config "
+            f"({_named(unlike)}): the ranks listed are the group")
+
+
+def _named(groups: list[tuple[dict[str, Any], str]]) -> str:
+    """Process groups, each with what is said of it, for a warning line: the first three by name, then how many
+    more."""
+    named = "; ".join(f"pg {shown(pg.get('pg_name'), 20)}: {why}" for pg, why in groups[:3])
+    return named + (f"; {len(groups) - 3} more" if len(groups) > 3 else "")
+
+
+def _beyond_the_job(pg: object, world_size: int | None) -> str | None:
+    """Why the ``pg_config`` entry ``pg`` is a process group no job has (None where it is not, or is no group):
+    it lists more ranks than the job has, or a rank outside it. The job's ranks are ``world_size`` where the trace
+    says it, else the most any job has (``FITTED_COUNTS['group_size']``). The ranks are counted before they are
+    read, so that a list of millions is not."""
+    ranks = pg.get("ranks") if isinstance(pg, dict) else None
+    if not isinstance(ranks, list):
+        return None
+    most = world_size or FITTED_COUNTS["group_size"][1]
+    job = f"in a world of {shown_count(world_size)}" if world_size else f"beyond the {shown_count(most)} of any job"
+    if len(ranks) > most:
+        return f"{shown_count(len(ranks))} ranks {job}"
+    read = group_ranks(ranks)
+    return f"rank {shown_count(read[-1])} {job}" if read and read[-1] >= most else None
+
+
+def _whole_number(value: object) -> int | None:
+    """A rank, or a count, as a trace gives it: a whole number >= 0 (an integer, or a text or float holding one);
+    None for anything else."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     elif isinstance(value, str) and value.strip().isdigit():

@@ -30,15 +30,15 @@ from vtrain.kineto import (
     dtype_bytes,
     early_activities,
     first_dtype,
-    group_ranks,
     is_graph_launch,
     only_group,
     optimizer_iterations,
     process_groups,
+    process_groups_problem,
     unanswered_launches,
 )
 from vtrain.kineto import absurd_activities as absurd_activities_of
-from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES, shown, shown_count
+from vtrain.limits import FITTED_COUNTS, MAX_MESSAGE_BYTES
 from vtrain.naming import ITERATION_PREFIX, iteration_numbers, step_windows
 from vtrain.tables.latency import all_gather_output, input_sized_all_gather
 from vtrain.tables.store import conform
@@ -484,35 +484,16 @@ def _gathered_outputs(cpu: pl.DataFrame) -> dict[int, int]:
 
 
 def _default_group_size(rank: int, dist_info: dict[str, Any] | None) -> int | None:
-    """The group size when every process group of size > 1 holding this rank has the same size (its ``pg_size``
-    where that is a positive whole number, else its ranks counted)."""
-    sizes = {pg["pg_size"] if type(pg.get("pg_size")) is int and pg["pg_size"] >= 1 else len(ranks)
-             for pg, ranks in _groups_of(rank, dist_info)}
+    """The group size when every process group of size > 1 holding this rank has the same size (its ranks
+    counted: a group is the ranks it lists, whatever its ``pg_size`` says)."""
+    sizes = {len(ranks) for _, ranks in _groups_of(rank, dist_info)}
     sizes.discard(1)
     return sizes.pop() if len(sizes) == 1 else None
 
 
 def _pg_config(dist_info: Any) -> Any:
-    """``distributedInfo.pg_config`` as the collectives' groups are read from it: without the process groups that
-    hold ranks the job cannot have (:func:`_beyond_the_job`)."""
-    return _sorted_pg_config(dist_info)[0]
-
-
-def _sorted_pg_config(dist_info: Any) -> tuple[Any, list[tuple[Any, str]]]:
-    """``distributedInfo.pg_config`` (as given where it is no list) without the entries :func:`_beyond_the_job`,
-    and those entries with why each is."""
-    groups = dist_info.get("pg_config") if isinstance(dist_info, dict) else None
-    if not isinstance(groups, list):
-        return groups, []
-    world_size = known_world_size(dist_info)
-    kept: list[Any] = []
-    left_out: list[tuple[Any, str]] = []
-    for pg in groups:
-        if why := _beyond_the_job(pg, world_size):
-            left_out.append((pg, why))
-        else:
-            kept.append(pg)
-    return kept, left_out
+    """``distributedInfo.pg_config`` as the trace gives it (None where there is none)."""
+    return dist_info.get("pg_config") if isinstance(dist_info, dict) else None
 
 
 def known_world_size(dist_info: Any) -> int | None:
@@ -522,44 +503,13 @@ def known_world_size(dist_info: Any) -> int | None:
     return world_size if world_size else None
 
 
-def _beyond_the_job(pg: Any, world_size: int | None) -> str | None:
-    """Why the ``pg_config`` entry ``pg`` is a process group no job has (None where it is not, or is no group):
-    it lists more ranks than the job has, or a rank outside it. The job's ranks are ``world_size`` where the trace
-    says it, else the most any job has (``FITTED_COUNTS['group_size']``). The ranks are counted before they are
-    read, so that a list of millions is not."""
-    ranks = pg.get("ranks") if isinstance(pg, dict) else None
-    if not isinstance(ranks, list):
-        return None
-    most = world_size or FITTED_COUNTS["group_size"][1]
-    job = f"in a world of {shown_count(world_size)}" if world_size else f"beyond the {shown_count(most)} of any job"
-    if len(ranks) > most:
-        return f"{shown_count(len(ranks))} ranks {job}"
-    read = group_ranks(ranks)
-    return f"rank {shown_count(read[-1])} {job}" if read and read[-1] >= most else None
-
-
 def _groups_of(rank: int, dist_info: dict[str, Any] | None) -> list[tuple[dict[str, Any], tuple[int, ...]]]:
-    """The process groups (:func:`process_groups`) that hold ``rank``."""
-    return [(pg, ranks) for pg, ranks in process_groups(_pg_config(dist_info)) if rank in ranks]
+    """The process groups (:func:`~vtrain.kineto.process_groups`) that hold ``rank``."""
+    groups = process_groups(_pg_config(dist_info), known_world_size(dist_info))
+    return [(pg, ranks) for pg, ranks in groups if rank in ranks]
 
 
 def pg_config_problem(dist_info: Any) -> str | None:
-    """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none), on one line:
-    entries that are no process group (a number, a text, ranks that are not a list of whole numbers), or no list at
-    all; process groups beyond the job (:func:`_beyond_the_job`). What is wrong is left out of the collectives'
-    groups; the caller says so."""
-    groups, beyond = _sorted_pg_config(dist_info)
-    if groups is None:
-        return None
-    if not isinstance(groups, list):
-        return "distributedInfo.pg_config is no list of process groups: left out"
-    unread = len(groups) - len(process_groups(groups))
-    problems = [f"{unread} entries of distributedInfo.pg_config are no process group (an object with a list of "
-                f"integer ranks)"] if unread else []
-    if beyond:
-        named = "; ".join(f"pg {shown(pg.get('pg_name'), 20)}: {why}" for pg, why in beyond[:3])
-        more = f"; {len(beyond) - 3} more" if len(beyond) > 3 else ""
-        groups_hold = "process group holds" if len(beyond) == 1 else "process groups hold"
-        problems.append(f"{len(beyond)} {groups_hold} ranks the job cannot have in distributedInfo.pg_config "
-                        f"({named}{more})")
-    return f"{'; '.join(problems)}: left out of the collectives' groups" if problems else None
+    """What is wrong with ``distributedInfo.pg_config`` (None when nothing is, or there is none), on one line
+    (:func:`~vtrain.kineto.process_groups_problem`); the caller says so."""
+    return process_groups_problem(_pg_config(dist_info), known_world_size(dist_info))

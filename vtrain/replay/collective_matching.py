@@ -106,7 +106,8 @@ class GroupResolver:
     def __init__(self, trace: RankTrace, layout: Layout | None) -> None:
         self.rank = trace.rank
         self.layout = layout
-        self.by_name = {str(pg.get("pg_name")): ranks for pg, ranks in kineto.process_groups(trace.process_groups)}
+        groups = kineto.process_groups(trace.process_groups, trace.world_size)
+        self.by_name = {str(pg.get("pg_name")): ranks for pg, ranks in groups}
         only = kineto.only_group(self.rank, trace.process_groups, trace.world_size)
         self.only_group = only[1] if only else None
 

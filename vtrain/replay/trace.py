@@ -169,7 +169,10 @@ class RankTrace:
     events. ``device`` is a device activity's device (its ``device`` arg; -1 for other events and where it has
     none). ``index`` is the event's position in the file's ``traceEvents`` (used to write the predicted trace).
     The numeric columns ``lane``, ``ts``, ``dur``, ``device`` and ``index`` are compact arrays (8 bytes an event).
-    ``source`` is the file's text, compressed (:class:`KeptText`).
+    ``source`` is the file's text, compressed (:class:`KeptText`). ``process_groups`` are the entries of the
+    trace's ``distributedInfo.pg_config`` that are process groups of the job (:func:`vtrain.kineto.process_groups`)
+    and ``pg_config_problem`` what else it holds (:func:`vtrain.kineto.process_groups_problem`), as ingest reads
+    them.
     """
 
     rank: int
@@ -210,6 +213,7 @@ class RankTrace:
     early: kineto.EarlyActivities = kineto.EarlyActivities(0, 0, 0.0)  # activities starting before their launch
     malformed: MalformedEvents = field(default_factory=MalformedEvents)  # events read loosely or left out for it
     rank_warning: str | None = None  # the file's name and its trace disagree on the rank (rank_and_world_size)
+    pg_config_problem: str | None = None  # what its distributedInfo.pg_config holds that is no group of the job
     optimizer_iterations: int = 0  # ProfilerStep#N spans made from its optimizer steps (it had none)
     nanoseconds: str | None = None  # its times look like nanoseconds (kineto.nanoseconds_warning)
     source: KeptText = field(default_factory=KeptText)
@@ -342,7 +346,7 @@ class RankTrace:
                         unreadable_args=self.unreadable_args, begin_end=self.begin_end,
                         bare_numbers=self.bare_numbers, unanswered=self.unanswered,
                         launches=self.launches, early=self.early, malformed=self.malformed,
-                        rank_warning=self.rank_warning,
+                        rank_warning=self.rank_warning, pg_config_problem=self.pg_config_problem,
                         optimizer_iterations=self.optimizer_iterations, nanoseconds=self.nanoseconds,
                         replayable=self.replayable, columns=self.event_columns(), index=self.index,
                         source=self.source)
@@ -396,6 +400,7 @@ class KeptRank:
     early: kineto.EarlyActivities
     malformed: MalformedEvents
     rank_warning: str | None
+    pg_config_problem: str | None
     optimizer_iterations: int
     nanoseconds: str | None
     replayable: bool
@@ -521,7 +526,8 @@ def _empty_trace(path: Path, distributed_info: Any, source: KeptText) -> RankTra
     rank, world_size, rank_warning = rank_and_world_size(path, info)
     groups = info.get("pg_config")
     return RankTrace(rank=rank, path=path, world_size=world_size, rank_warning=rank_warning,
-                     process_groups=[g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [],
+                     process_groups=[pg for pg, _ in kineto.process_groups(groups, world_size)],
+                     pg_config_problem=kineto.process_groups_problem(groups, world_size),
                      kind=[], cat=[], name=[], lane=array("q"), ts=array("d"), dur=array("d"), correlation=[],
                      external_id=[], wait_on_stream=[], wait_on_event_record=[], collective_name=[], elements=[],
                      pg_ranks=[], pg_name=[], input_dims=[], device=array("q"), index=array("q"), source=source)
@@ -760,12 +766,28 @@ def trace_set_warnings(trace_dir: Path, traces: list[RankTrace] | list[KeptRank]
     lines = not_read_warnings(trace_dir)
     if line := missing_ranks_warning(trace_dir, (t.rank for t in traces), world_size):
         lines.append(line)
+    lines += _pg_config_warnings(traces)
     others_marked = not all(trace.optimizer_iterations for trace in traces)
     for trace in traces:
         lines += _rank_trace_warnings(trace)
         if trace.optimizer_iterations:
             lines.append(kineto.optimizer_iterations_warning(trace.path, trace.optimizer_iterations, others_marked))
     return lines
+
+
+def _pg_config_warnings(traces: list[RankTrace] | list[KeptRank]) -> list[str]:
+    """Ingest's warning line on a rank file's ``distributedInfo.pg_config`` (:attr:`RankTrace.pg_config_problem`),
+    once for the trace set: a line for each problem, naming the first file that has it and how many others do."""
+    files: dict[str, list[Path]] = {}
+    for trace in traces:
+        if trace.pg_config_problem:
+            files.setdefault(trace.pg_config_problem, []).append(trace.path)
+    return [f"{paths[0]}{_others(len(paths) - 1)}: {problem}" for problem, paths in files.items()]
+
+
+def _others(count: int) -> str:
+    """`` (and N other rank files)`` after a file's name in a warning line (nothing when ``count`` is 0)."""
+    return f" (and {count} other rank file{'s' if count > 1 else ''})" if count else ""
 
 
 def _rank_trace_warnings(trace: RankTrace | KeptRank) -> list[str]:
