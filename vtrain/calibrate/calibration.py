@@ -57,6 +57,8 @@ def calibrate(trace_dir: str | Path, base: str | Path, output: str | Path, *, re
     for line in _another_job(base_profile.metadata, profile.metadata, base):
         note(line)
     drift = compare_profiles(base_profile, profile)
+    for line in drift.said(base):
+        note(line)
     predicted = None
     if config is not None:
         predicted, reference_reason = predict_reference(config, str(config_source), base_profile, profile)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vtrain.calibrate.drift import GONE, MIN_CHANGE, NEW, Drift, Z
+from vtrain.calibrate.drift import EFFECT, GONE, MIN_CHANGE, NEW, RUN_SPREADS, Drift, Z
 from vtrain.tables.store import Profile
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ class Calibration:
             "profile": str(self.output), "version": self.profile.metadata["version"],
             "parent": str(self.base_path), "parent_sha256": self.profile.metadata["parent"]["sha256"],
             "trace_dir": str(self.trace_dir), "report": str(self.report_dir),
-            "rule": {"min_change": MIN_CHANGE, "z": Z},
+            "rule": {"min_change": MIN_CHANGE, "z": Z, "effect": EFFECT, "run_spreads": RUN_SPREADS,
+                     "run_spread": drift.run_spread},
+            "scope": _scope(drift),
             "counts": drift.counts(), "drifted": [_public(r) for r in drift.drifted()],
             "unmatched": [_public(r) for r in drift.rows((NEW, GONE))],
             "collective_types": drift.collective_types.to_dicts(),
@@ -79,5 +81,13 @@ class Calibration:
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("kind", "key", "label", "ratio", "band", "status", "old_median_us",
+    return {k: row[k] for k in ("kind", "key", "label", "ratio", "band", "threshold", "status", "old_median_us",
                                 "new_median_us", "old_count", "new_count")}
+
+
+def _scope(drift: Drift) -> dict[str, Any]:
+    """The ranks compared, those only one profile holds, and the collectives not compared for waiting on them."""
+    scope = drift.scope
+    return {"ranks": None if scope.compared is None else sorted(scope.compared),
+            "ranks_not_given": list(scope.not_given), "ranks_only_new": list(scope.only_new),
+            "collectives_not_compared": drift.left_out.drop("label").to_dicts()}

@@ -12,7 +12,21 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from vtrain.calibrate.drift import COLLECTIVE, GONE, KERNEL, MIN_CHANGE, MOVED, NEW, OP, STATUSES, Z
+from vtrain.calibrate.drift import (
+    COLLECTIVE,
+    EFFECT,
+    GONE,
+    KERNEL,
+    MIN_CHANGE,
+    MOVED,
+    NEW,
+    OP,
+    RUN_SPREADS,
+    SPREAD_ROWS,
+    STATUSES,
+    Z,
+)
+from vtrain.calibrate.drift.samples import ranks_text
 from vtrain.calibrate.result import Calibration
 from vtrain.outputs import write_json, write_text
 from vtrain.report import document as doc
@@ -29,19 +43,46 @@ _TITLES = {COLLECTIVE: "Collectives (collective x group size x bytes)", KERNEL: 
 _COLOURS = {"slower": "#e45756", "faster": "#54a24b", "unchanged": "#bab0ac"}
 
 
-def rule_lines() -> list[str]:
-    """The drift rule, as the report states it."""
+def rule_lines(run_spread: float) -> list[str]:
+    """The drift rule, as the report states it, with this comparison's run-to-run spread."""
     return [
-        f"ratio = new median / old median; a row drifted (slower/faster) when |ln ratio| > max({Z:g} x max(e_old, "
-        f"e_new), ln(1 + {MIN_CHANGE:g})): each median is more than {Z:g} standard errors outside the other, and "
-        f"the change is at least {100 * MIN_CHANGE:g} %.",
-        "e = 0.978 x (median - p10) / median / sqrt(n), the relative standard error of a median with the spread "
-        "taken from the fast half of the samples (slow outliers barely move a median but stretch p90).",
-        "n is the row's count; for a kernel name, the spread is that of one call site (the k-th launch per "
-        "iteration) and n the iterations it was seen in. Rows seen once borrow the median spread of their table "
-        "(marked *).",
-        "band = exp(the noise half-width): a ratio within [1/band, band] is noise.",
+        "A row's samples are its steps, on the ranks both profiles hold (the calls of one step share its "
+        "conditions): its value in a step is the median of its calls there (a collective's: its fastest call), its "
+        "median the median over steps. ratio = new median / old median.",
+        f"A row drifted (slower/faster) when |ln ratio| is beyond each of: {Z:g} x max(e_old, e_new), the noise "
+        f"band; {EFFECT:g} x max(c_old, c_new), the effect size: more than what the row's calls vary by; "
+        f"{RUN_SPREADS:g} x the run-to-run spread; and ln(1 + {MIN_CHANGE:g}), at least {100 * MIN_CHANGE:g} %. "
+        "'drift beyond' is that threshold.",
+        "A spread is (median - p10) / median / 1.2816 (the fast half: slow outliers barely move a median but "
+        "stretch p90): c that of one call site over the steps (the k-th call of the row in a step of a rank; the "
+        "median over its sites), e = 1.2533 x the steps' spread / sqrt(steps). Rows without a spread of their own "
+        "borrow the median of their table (marked *).",
+        f"Run-to-run spread = 1.4826 x the median absolute deviation of ln ratio over the rows in both profiles "
+        f"(at least {SPREAD_ROWS}): how far apart two recordings of the job lie where nothing changed. Here "
+        f"{_spread(run_spread)}.",
+        "noise band = exp(Z x max(e_old, e_new)): a ratio within [1/band, band] is noise.",
     ]
+
+
+def _spread(run_spread: float) -> str:
+    """This comparison's run-to-run spread and the change it asks of a row, in words."""
+    if run_spread == 0:
+        return "0: the rows in both profiles are alike (or too few to tell)"
+    needed = 100 * math.expm1(RUN_SPREADS * run_spread)
+    return f"±{100 * math.expm1(run_spread):.1f} %, so a row needs ±{needed:.1f} %"
+
+
+def scope(calibration: Calibration) -> list[doc.Block]:
+    """The ranks compared, those only one profile holds and the collectives left out for waiting on them."""
+    c, drift = calibration, calibration.drift
+    compared = drift.scope.compared
+    ranks = "all (a profile holds no calls)" if compared is None else ranks_text(compared) or "none"
+    blocks: list[doc.Block] = [doc.Bullets([f"ranks compared: {ranks}", *drift.said(c.base_path)])]
+    if drift.left_out.height:
+        blocks.append(doc.TableBlock((["collective not compared", "old calls", "new calls", "waits for ranks"],
+                                      [[r["label"], _count(r["old_calls"]), _count(r["new_calls"]), r["waits_for"]]
+                                       for r in drift.left_out.iter_rows(named=True)])))
+    return blocks
 
 
 def counts(calibration: Calibration) -> Table:
@@ -70,11 +111,12 @@ def reference(predicted: dict[str, Any]) -> Table:
 
 def rows(frame: pl.DataFrame, statuses: tuple[str, ...], limit: int = LISTED) -> Table:
     """The rows of ``frame`` with one of ``statuses``, at most ``limit`` of them."""
-    header = ["", "status", "old n", "new n", "old median µs", "new median µs", "ratio", "noise band"]
+    header = ["", "status", "old n", "new n", "old median µs", "new median µs", "ratio", "noise band",
+              "drift beyond"]
     shown = frame.filter(pl.col("status").is_in(statuses)).head(limit)
     return header, [[r["label"], r["status"], _count(r["old_count"]), _count(r["new_count"]), _us(r["old_median_us"]),
-                     _us(r["new_median_us"]), _ratio(r["ratio"]), _band(r["band"], r["pooled_spread"])]
-                    for r in shown.iter_rows(named=True)]
+                     _us(r["new_median_us"]), _ratio(r["ratio"]), _band(r["band"], r["pooled_spread"]),
+                     _band(r["threshold"], None)] for r in shown.iter_rows(named=True)]
 
 
 def collective_types(calibration: Calibration) -> Table:
@@ -120,13 +162,14 @@ def _band(value: float | None, pooled: bool | None) -> str:
 def document(calibration: Calibration, *, with_figures: bool = False) -> doc.Document:
     """The report's sections, in order; with ``with_figures`` the plot of every ratio with its noise band."""
     c, drift = calibration, calibration.drift
-    heading: list[doc.Block] = [doc.Bullets(_heading(c)), doc.Text("Rule:"), doc.Bullets(rule_lines())]
+    heading: list[doc.Block] = [doc.Bullets(_heading(c)), doc.Text("Rule:"), doc.Bullets(rule_lines(drift.run_spread))]
     if with_figures:
         figure = ratio_figure(c)
         heading.append(doc.Figure(figure) if figure is not None
                        else doc.Text("no row is in both profiles: nothing to plot", note=True))
     sections = [
         doc.Section("What moved", [doc.TableBlock(counts(c))]),
+        doc.Section("What was compared", scope(c)),
         doc.Section("Software and device", [doc.TableBlock(software(c)) if drift.software
                                             else doc.Text("no software version or device changed")]),
         doc.Section("Reference run", [doc.TableBlock(reference(c.reference)) if c.reference
@@ -210,11 +253,11 @@ def print_drift(calibration: Calibration, console: Console | None = None) -> Non
     c = calibration
     moved = c.drift.drifted()
     table = RichTable(title=f"{c.output} against {c.base_path}: {len(moved)} row(s) moved")
-    for column in ("kind", "status", "ratio", "band", "old µs", "new µs", ""):
+    for column in ("kind", "status", "ratio", "beyond", "old µs", "new µs", ""):
         table.add_column(column, justify="left" if column in ("kind", "status", "") else "right")
     for row in moved[:PRINTED]:
         label = row["label"] if len(row["label"]) <= LABEL else row["label"][:LABEL - 1] + "…"
-        table.add_row(row["kind"], row["status"], _ratio(row["ratio"]), _band(row["band"], None),
+        table.add_row(row["kind"], row["status"], _ratio(row["ratio"]), _band(row["threshold"], None),
                       _us(row["old_median_us"]), _us(row["new_median_us"]), label)
     console.print(table)
     if len(moved) > PRINTED:
