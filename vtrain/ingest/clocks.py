@@ -1,6 +1,12 @@
-"""Whether the ranks of a trace set were timed on one clock, and numbered their steps alike: the ranks of one job
-meet in their collectives every iteration, so their steps start within an iteration of each other on one clock.
-Said by `vtrain ingest`, `validate` and `whatif` alike."""
+"""Which steps of a trace set are iterations, whether its ranks were timed on one clock, and numbered their steps
+alike: the ranks of one job meet in their collectives every iteration, so their steps start within an iteration of
+each other on one clock. Decided by `vtrain ingest`, `validate` and `whatif` alike.
+
+A step that holds nothing but its own ``ProfilerStep#N`` span(s) is no iteration (:func:`empty_steps`): the profiler
+began it as it stopped (a schedule's cycle that the training loop ended as it began is a file of one such step per
+rank, 31-38 µs long: tests/data/profiler-cycles), so it has nothing to measure, and its start, which no collective
+ties to the other ranks', says nothing of their clocks. Its events are numbered none (:func:`without_steps`)
+before anything reads the iterations."""
 
 from __future__ import annotations
 
@@ -17,10 +23,47 @@ from vtrain.naming import ITERATION_PREFIX, iteration_numbers
 _CLOCK_SLACK_US = 1_000.0
 
 
+def empty_steps(*frames: pl.DataFrame) -> pl.DataFrame:
+    """The steps of ``frames`` (events with ``rank``, ``iteration``, ``name`` and ``dur``: ingest's cpu_ops and
+    kernels of a rank, or a timeline of every rank's events) that are no iteration, as none of their events is
+    anything but a ``ProfilerStep#N`` span (a GPU annotation of the step included): one row per rank and
+    iteration, with ``dur``, the longest of its spans (µs)."""
+    numbered = [frame.lazy().filter(pl.col("iteration").is_not_null()) for frame in frames]
+    key = [pl.col("rank").cast(pl.Int64), pl.col("iteration").cast(pl.Int64)]
+    events = pl.concat([frame.select(key) for frame in numbered]).group_by("rank", "iteration").agg(events=pl.len())
+    spans = pl.concat([_step_spans(frame, key) for frame in numbered])
+    steps = spans.group_by("rank", "iteration").agg(spans=pl.len(), dur=pl.col("dur").max())
+    return (steps.lazy().join(events, on=["rank", "iteration"]).filter(pl.col("events") == pl.col("spans"))
+            .select("rank", "iteration", "dur").sort("rank", "iteration").collect())
+
+
+def _step_spans(frame: pl.LazyFrame, key: list[pl.Expr]) -> pl.DataFrame:
+    """The ``ProfilerStep#N`` spans among ``frame``'s events (its ``name`` text or categories): ``key`` and
+    ``dur``. The few named so are read as text, and numbered (a user's ``ProfilerStep#warmup`` is none)."""
+    name = pl.col("name")
+    categorical = frame.collect_schema()["name"] == pl.Categorical
+    prefixed = name.cat.starts_with(ITERATION_PREFIX) if categorical else name.str.starts_with(ITERATION_PREFIX)
+    spans = frame.filter(prefixed).select(*key, pl.col("dur").cast(pl.Float64), name.cast(pl.String)).collect()
+    return spans.filter(iteration_numbers(pl.col("name")).is_not_null()).drop("name")
+
+
+def without_steps(frame: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` (events with ``rank`` and ``iteration``) with the events of ``steps`` (``rank``, ``iteration``;
+    :func:`empty_steps`) in no iteration."""
+    if steps.is_empty():
+        return frame
+    schema = frame.schema
+    key = pl.struct(pl.col("rank").cast(schema["rank"]), pl.col("iteration").cast(schema["iteration"]))
+    gone = steps.select(key).to_series().implode()
+    return frame.with_columns(iteration=pl.when(pl.struct("rank", "iteration").is_in(gone)).then(None)
+                              .otherwise(pl.col("iteration")))
+
+
 def iteration_starts(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
     """One row per rank and iteration (``rank``, ``iteration``, ``start``, ``time_us``) from the ``ProfilerStep#N``
-    spans of ingest's ``cpu_ops``."""
-    steps = cpu_ops.filter(pl.col("name").str.starts_with(ITERATION_PREFIX))
+    spans of ingest's ``cpu_ops`` that lie in an iteration (not those of a step that is none:
+    :func:`empty_steps`)."""
+    steps = cpu_ops.filter(pl.col("name").str.starts_with(ITERATION_PREFIX) & pl.col("iteration").is_not_null())
     return steps.select("rank", iteration=iteration_numbers(pl.col("name")), start="ts", time_us="dur").collect()
 
 

@@ -41,6 +41,7 @@ from vtrain.ingest.rank import (
     SPOOLED,
     RankResult,
     RankSource,
+    empty_steps_warning,
     ingest_rank,
     rank_row,
     shapeless_warning,
@@ -217,8 +218,8 @@ def ingest_ranks(trace_dir: str | Path, spool: Path, *, warn: Warn = lambda _: N
         starts, line = _renumber_shifted_steps(Path(trace_dir), results, spool, starts)
         if line:
             say(line)
-    for line in (shapeless_warning(Path(trace_dir), results), unmarked_warning(Path(trace_dir), results),
-                 _clocks_line(Path(trace_dir), starts)):
+    for line in (empty_steps_warning(results), shapeless_warning(Path(trace_dir), results),
+                 unmarked_warning(Path(trace_dir), results), _clocks_line(Path(trace_dir), starts)):
         if line:
             say(line)
     metadata = _metadata(Path(trace_dir), results, world_size, missing, started)

@@ -11,7 +11,7 @@ the rank's header when the header was read, so that the checks across ranks stil
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import polars as pl
 from vtrain.errors import InputError
 from vtrain.ingest.assemble import IMPOSSIBLE_SIZE, RankTables, assemble_rank, pg_config_problem
 from vtrain.ingest.classify import COMMUNICATION, COMPUTATION, MEMORY
+from vtrain.ingest.clocks import empty_steps, without_steps
 from vtrain.ingest.decode import MalformedEvents, TraceHeader, bare_numbers_warning, readable_trace
 from vtrain.ingest.discover import rank_and_world_size
 from vtrain.ingest.events import read_rank_events
@@ -80,6 +81,9 @@ class RankResult:
     summary: dict[str, Any] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     shapeless: bool = False  # it has operators, none with its input shapes
+    #: its steps that hold nothing but their own spans, no iteration (:func:`vtrain.ingest.clocks.empty_steps`):
+    #: number and longest span (µs), as its file numbers them
+    empty_steps: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def has_device_activity(self) -> bool:
@@ -114,8 +118,10 @@ def ingest_rank(index: int, path: Path, spool: Path, progress: Progress | None =
             result.warnings.insert(0, result.source.rank_warning)
         if problem := pg_config_problem(result.source.header.distributedInfo):
             result.warnings.append(f"{path}: {problem}")
-        tables = assemble_rank(result.source.rank, events, result.source.header.distributedInfo)
+        tables, empty = without_empty_steps(assemble_rank(result.source.rank, events,
+                                                          result.source.header.distributedInfo))
         del events
+        result.empty_steps = list(empty.select("iteration", "dur").iter_rows())
         _report_rank(path, tables, result.warnings)
         result.shapeless = _shapeless(tables.cpu_ops)
         _keep(result, tables, spool)
@@ -144,6 +150,17 @@ def _read_rank(result: RankResult, text: TraceText, progress: Progress | None) -
 def _rank_source(path: Path, header: TraceHeader) -> RankSource:
     rank, world_size, warning = rank_and_world_size(path, header.distributedInfo)
     return RankSource(path=path, rank=rank, world_size=world_size, header=header, rank_warning=warning)
+
+
+def without_empty_steps(tables: RankTables) -> tuple[RankTables, pl.DataFrame]:
+    """A rank's tables with its steps that hold nothing (:func:`~vtrain.ingest.clocks.empty_steps`) numbered none:
+    their spans in no iteration and their numbers not among the rank's iterations; and those steps."""
+    empty = empty_steps(tables.cpu_ops, tables.kernels)
+    if empty.is_empty():
+        return tables, empty
+    gone = set(empty["iteration"].to_list())
+    return replace(tables, cpu_ops=without_steps(tables.cpu_ops, empty),
+                   iterations=[number for number in tables.iterations if number not in gone]), empty
 
 
 def _check_events(path: Path, events: RankEvents, warnings: list[str]) -> None:
@@ -205,7 +222,7 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
         warnings.append(unanswered_launches_warning(path, tables.unanswered, tables.launches))
     if line := early_activities_warning(path, tables.early):
         warnings.append(line)
-    for line in (_empty_steps(path, tables), _repeated_steps(path, tables)):
+    for line in (_steps_holding_none(path, tables), _repeated_steps(path, tables)):
         if line:
             warnings.append(line)
     if tables.optimizer_iterations:
@@ -223,7 +240,7 @@ def _report_rank(path: Path, tables: RankTables, warnings: list[str]) -> None:
     _report_collectives(path, tables, warnings)
 
 
-def _empty_steps(path: Path, tables: RankTables) -> str | None:
+def _steps_holding_none(path: Path, tables: RankTables) -> str | None:
     """The warning for a rank whose ``ProfilerStep#N`` spans hold none of its other events (spans written without
     their length): it has no iteration to measure, which `validate` and `whatif` refuse."""
     name = pl.col("name").cast(pl.String)
@@ -299,11 +316,33 @@ def unmarked_warning(trace_dir: Path, results: list[RankResult]) -> str | None:
     """One warning line for a folder whose rank files mark no iteration (no ``ProfilerStep#N`` span: profiled
     without a schedule's ``prof.step()``): their tables hold every operator of the whole trace, warm-up included,
     and validate and whatif take the whole trace as one iteration."""
-    which = _which_do_not(sum(not r.iterations for r in results), len(results))
+    which = _which_do_not(sum(not r.iterations and not r.empty_steps for r in results), len(results))
     if which is None:
         return None
     return (f"{trace_dir}: {which} mark iterations (no ProfilerStep#N spans: profiled without prof.step()): the "
             f"tables hold every operator of the whole trace, warm-up included, and 0 iterations are counted")
+
+
+def empty_steps_warning(results: list[RankResult]) -> str | None:
+    """One warning line for the steps that hold nothing but their own spans (:func:`~vtrain.ingest.clocks.empty_steps`)
+    on ranks that have iterations, naming the lowest such rank's file (a rank with no other step is said by its own
+    line: its spans hold none of its events)."""
+    said = sorted((r for r in results if r.empty_steps and r.iterations), key=_rank_of)
+    if not said:
+        return None
+    first = said[0].empty_steps
+    shown = ", ".join(f"{ITERATION_PREFIX}{number}" for number, _ in first[:3]) + (" ..." if len(first) > 3 else "")
+    longest = max(dur for r in said for _, dur in r.empty_steps)
+    also = f"; and on {len(said) - 1} other rank file(s)" if len(said) > 1 else ""
+    one = len(first) == 1
+    return (f"{said[0].path}: {shown} {'holds' if one else 'hold'} nothing but {'its' if one else 'their'} own "
+            f"span{'' if one else 's'} (the longest lasts {longest:g} us{also}): no operator, no device activity "
+            f"(the profiler stopped as {'it' if one else 'they'} began); not counted as "
+            f"{'an iteration' if one else 'iterations'}")
+
+
+def _rank_of(result: RankResult) -> int:
+    return result.source.rank if result.source else -1
 
 
 def _which_do_not(some: int, of: int) -> str | None:
@@ -342,12 +381,14 @@ def activity_counts(tables: RankTables) -> dict[str, int]:
 
 def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
     """One rank's kernel count and time per HTA kernel class (over the whole trace), and its iteration count:
-    distinct ``ProfilerStep#N`` numbers, as a step marked on two threads is one iteration."""
+    distinct numbers of its ``ProfilerStep#N`` spans that lie in an iteration (a step marked on two threads is one
+    iteration; a step that holds nothing is none: :func:`~vtrain.ingest.clocks.empty_steps`)."""
     by_class = dict(kernels.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
     return {
         "kernels": kernels.height,
         "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
         "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
         "memory_us": round(by_class.get(MEMORY, 0.0), 3),
-        "iterations": cpu_ops.select(iteration_numbers(pl.col("name")).drop_nulls().n_unique()).item(),
+        "iterations": cpu_ops.filter(pl.col("iteration").is_not_null())
+                             .select(iteration_numbers(pl.col("name")).drop_nulls().n_unique()).item(),
     }

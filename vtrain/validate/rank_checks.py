@@ -1,6 +1,6 @@
 """What the measured iterations say about the ranks that is worth a warning: a rank in none or only some of the
 iterations the others profiled, ranks whose clocks disagree, and ranks whose steps are numbered apart from the
-others' (renumbered).
+others' (renumbered); and which steps are iterations at all (a step that holds nothing is none).
 
 Both are usable input (the validation goes on) that changes what the figures mean, so each is a warning line and a
 line in the report, never silence.
@@ -12,18 +12,21 @@ from pathlib import Path
 
 import polars as pl
 
-from vtrain.ingest.clocks import clocks_disagree, renumber_steps, renumbered_steps_warning
+from vtrain.ingest.clocks import clocks_disagree, empty_steps, renumber_steps, renumbered_steps_warning, without_steps
 from vtrain.replay.trace import KeptRank
 
 
 def renumbered(trace_dir: Path, frame: pl.DataFrame, traces: list[KeptRank], shifts: dict[int, int]
                ) -> tuple[pl.DataFrame, str | None]:
-    """A timeline frame with the steps of the ranks in ``shifts`` renumbered to the others' (those whose
-    ``ProfilerStep#N`` numbers run apart from the others', as the replay graph found them:
-    :func:`vtrain.ingest.clocks.step_shifts`; `vtrain ingest` renumbers them alike), and the warning line saying
-    so (``None`` when every rank numbers its steps alike)."""
+    """A timeline frame with its steps numbered as the job's iterations, as `vtrain ingest` numbers them: a step that
+    holds nothing numbered none (:func:`vtrain.ingest.clocks.empty_steps`: no iteration, measured and steady
+    nowhere, its start no clock's; said where it is the rank's last, cut short by the profiler's stop:
+    :func:`vtrain.validate.steady.cut_short`), and the steps of the ranks in ``shifts`` renumbered to the others'
+    (those whose ``ProfilerStep#N`` numbers run apart from the others', as the replay graph found them:
+    :func:`vtrain.ingest.clocks.step_shifts`); and the warning line saying they were renumbered (``None`` when
+    every rank numbers its steps alike)."""
     line = renumbered_steps_warning(trace_dir, shifts, {trace.rank: trace.path for trace in traces})
-    return renumber_steps(frame, shifts), line
+    return renumber_steps(without_steps(frame, empty_steps(frame)), shifts), line
 
 
 def rank_warnings(trace_dir: Path, traces: list[KeptRank], measured: pl.DataFrame) -> list[str]:

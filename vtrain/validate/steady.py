@@ -7,7 +7,9 @@ work and the step launched none, when every other step of the rank runs an optim
 profiler stopped before it: a step cut at 60 % of its time read 19 % fast), or when it lasts less than
 :data:`CUT_SHARE` of the median of the rank's other steps *and* holds fewer events than any of them (a step faster
 than the others does the same work). Each step cut short is said in one warning line; steady steps whose times
-spread over more than :data:`SPREAD` times the shortest are said too.
+spread over more than :data:`SPREAD` times the shortest are said too. A step that holds nothing is no iteration at
+all (its timeline numbers it none: :func:`vtrain.validate.rank_checks.renumbered`), and is read here by its own
+number: the last one is said as cut short.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from vtrain.kineto import OPTIMIZER_STEP
-from vtrain.naming import ITERATION_PREFIX
+from vtrain.naming import ITERATION_PREFIX, iteration_numbers
 from vtrain.validate.timeline import step_spans, whole_trace_note
 
 #: a last step lasting less than this share of the median of the rank's other steps (and holding fewer events than
@@ -127,14 +129,26 @@ def cut_short(frame: pl.DataFrame, files: Mapping[int, Path]) -> tuple[set[int],
 def _steps(frame: pl.DataFrame) -> pl.DataFrame:
     """Per rank and step: its start, span, events (host and device) and device activities, and whether the rank has
     device activity at all."""
-    spans = (step_spans(frame).filter(pl.col("iteration").is_not_null())  # a mark on another thread, past the last
-             .group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max()))
+    spans = _step_marks(frame).group_by("rank", "iteration").agg(start=pl.col("ts").min(), span=pl.col("dur").max())
     counts = (frame.lazy().filter(pl.col("iteration").is_not_null()).group_by("rank", "iteration")
               .agg(events=pl.len(), device=(pl.col("kind") == "device").sum(),
                    optimizer=pl.col("name").cast(pl.String).str.contains(OPTIMIZER_STEP.pattern).sum()).collect())
     with_device = frame.lazy().group_by("rank").agg(rank_has_device=(pl.col("kind") == "device").any()).collect()
     return (spans.join(counts, on=["rank", "iteration"], how="left").join(with_device, on="rank", how="left")
             .with_columns(pl.col("events", "device", "optimizer").fill_null(0)))
+
+
+def _step_marks(frame: pl.DataFrame) -> pl.DataFrame:
+    """The ``ProfilerStep#N`` spans of each rank's steps, with their step's number as ``iteration``: the iteration
+    they lie in, or for a step that holds nothing (numbered none) their own. A span numbered none whose number is
+    one of the rank's iterations is none of its steps: a mark on another thread, past the rank's last step."""
+    spans = step_spans(frame).select("rank", "iteration", "ts", "dur",
+                                     number=iteration_numbers(pl.col("name").cast(pl.String)))
+    numbered = spans.filter(pl.col("iteration").is_not_null())
+    nothing = (spans.filter(pl.col("iteration").is_null())
+               .join(numbered.select("rank", number="iteration").unique(), on=["rank", "number"], how="anti"))
+    own = pl.col("number").cast(numbered.schema["iteration"])
+    return pl.concat([numbered, nothing.with_columns(iteration=own)]).drop("number")
 
 
 def _why_cut(last: dict, others: list[dict], has_device: bool) -> str | None:

@@ -19,6 +19,7 @@ from vtrain.distributed import release_freed_memory
 from vtrain.errors import InputError
 from vtrain.parallel import Layout
 from vtrain.ingest.inferred_run import INFERRED, InferredRun, infer_run
+from vtrain.ingest.rank import without_empty_steps
 from vtrain.kineto import traced_gpu_name
 from vtrain.replay.chrome import write_replayed_traces
 from vtrain.replay.replayer import Replay, replay_graph
@@ -195,7 +196,7 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
     if config_problem:
         model_reason = f"{config_problem}: the run is not simulated, the traces are replayed"
     else:
-        ingested = sink.profile(trace_dir, traces[0].world_size if traces else None, shifts) if sink else None
+        ingested = _ingested(sink, trace_dir, traces, shifts) if sink else None
         if ingested is not None:  # the device it was traced on, as ingest's metadata says it
             ingested.metadata["device"] = {"name": _traced_gpu(traces), "type": _accelerator(traces) or "cpu"}
         del sink
@@ -221,6 +222,14 @@ def prepare_validation(trace_dir: str | Path, *, config_path: str | Path | None 
                     replayed=replayed, frame=frame, all_iterations=all_iterations, steady=steady,
                     steady_basis=steady_basis, model=model,
                     model_reason=model_reason, warnings=warnings, text=text, memory=memory)
+
+
+def _ingested(sink: RankTablesSink, trace_dir: Path, traces: list[KeptRank], shifts: dict[int, int]) -> Profile:
+    """Ingest's tables of the traces, as `vtrain ingest` makes them: each rank's steps that hold nothing numbered
+    none (:func:`vtrain.ingest.rank.without_empty_steps`; the run is read off the iterations that hold its
+    operators), the ranks in ``shifts`` renumbered."""
+    sink.ranks = [without_empty_steps(tables)[0] for tables in sink.ranks]
+    return sink.profile(trace_dir, traces[0].world_size if traces else None, shifts)
 
 
 def _graph_warning(trace_dir: Path, launches: int, config: RunConfig,
