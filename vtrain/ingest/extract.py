@@ -31,6 +31,7 @@ from vtrain.kineto import (
     fused_attention_signature,
     parse_stream,
 )
+from vtrain.tables.signature import signatures_without_out
 
 _NO_ARGS = EventArgs()
 
@@ -152,7 +153,9 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
     """A rank's frames from the frames of its parts, in order.
 
     Parts leave out the columns no event of theirs has (collective metadata, mostly), and the columns derived
-    from others are computed here: polars' fixed cost per operation adds up over hundreds of parts.
+    from others are computed here: polars' fixed cost per operation adds up over hundreds of parts. So are the
+    signatures of GEMMs called with an output argument, without it
+    (:func:`~vtrain.tables.signature.signatures_without_out`).
     """
     device: list[pl.DataFrame] = []
     cpu: list[pl.DataFrame] = []
@@ -167,7 +170,7 @@ def concat_rank_events(parts: Iterable[EventsPart]) -> RankEvents:
     calls = _concat(runtime, RUNTIME_SCHEMA)
     return RankEvents(
         device=_finish_device(activities),
-        cpu=_canonical_categories(_concat(cpu, CPU_SCHEMA)),
+        cpu=signatures_without_out(_canonical_categories(_concat(cpu, CPU_SCHEMA)), "name"),
         runtime=calls,
         counts=counts,
         accelerator=accelerator(activities["cat"].unique(), calls["name"].unique()) if activities.height else None,

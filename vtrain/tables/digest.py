@@ -40,6 +40,12 @@ class ProfileDigest:
     #: wait for a peer its traces do not hold (:data:`~vtrain.tables.latency.RAW_DURATION`: one rank of a pipeline)
     waits_included: int = 0
 
+    @property
+    def shapeless(self) -> bool:
+        """Whether the timeline has calls and none with its input shapes (traced without ``record_shapes=True``):
+        no operator can be looked up by its shape."""
+        return self.has_timeline and all(dims is None for _, dims, _ in self.timeline)
+
     def op_rows(self, device_type: str) -> list[OpRow]:
         """The ``op_latency`` rows of one device type (``cuda`` or ``cpu``)."""
         return [row for row in self.op_latency if row[0] == device_type]

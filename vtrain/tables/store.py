@@ -205,11 +205,13 @@ def _folder_key(path: Path) -> str | None:
 
 
 def _read_table(path: Path, name: str) -> pl.DataFrame:
-    """Table ``name`` of the profile folder ``path``, checked (:func:`_with_schema`); an optional table the folder
+    """Table ``name`` of the profile folder ``path``, checked (:func:`_with_schema`), its operator signatures as
+    today's vtrain writes them (:func:`~vtrain.tables.signature.read_signatures`); an optional table the folder
     lacks is empty."""
     import polars as pl
 
     from vtrain.tables.schema import OPTIONAL_TABLES, TABLES
+    from vtrain.tables.signature import read_signatures
 
     if name not in TABLES:
         raise KeyError(name)
@@ -224,7 +226,7 @@ def _read_table(path: Path, name: str) -> pl.DataFrame:
         frame = pl.read_parquet(file)
     except Exception as exc:  # polars raises several error types for corrupt Parquet
         raise InputError(f"corrupt table: {str(exc).splitlines()[0]}", file) from None
-    return _with_schema(frame, name, file)
+    return read_signatures(_with_schema(frame, name, file), name)
 
 
 def _read_metadata(meta_file: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from vtrain.parallel import Layout
 from vtrain.replay.context import KEPT_CAUSES
 from vtrain.replay.replayer import Replay, read_timeline
 from vtrain.runconfig import RunConfig
+from vtrain.tables.signature import signatures_without_out
 from vtrain.tables.store import Profile
 from vtrain.validate import diff
 from vtrain.validate.align import align_events, align_sequences, align_spans
@@ -142,16 +143,7 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
         return None, f"vtrain simulate failed: {type(exc).__name__}: {exc}"  # the replay's results
     measured = prediction.coverage.get("measured", 0.0)
     if profile_dir is None and measured < DESCRIBES_TRACES:
-        compiled = compiled_markers(op for op, _, _ in profile.digest.timeline)
-        why = (f"its model ran compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels where "
-               f"the run config places PyTorch's operators" if compiled
-               else "its run has other operators or shapes than the traced one")
-        question = ": does it describe these traces?"
-        if config_source == INFERRED:  # the run is the traces': what differs is the operators placed for it
-            why, question = ("the run read off them is simulated with the operators vtrain places for its layer, "
-                             "which the traces ran otherwise"), "; the rest is modelled"
-        note(f"{config_source}: only {measured:.0%} of the simulated operators' time was measured in {trace_dir} "
-             f"({why}){question}")
+        note(_unmeasured_warning(profile, trace_dir, config_source, measured))
     if profile_dir is None:
         from vtrain.simulate.run import attention_mismatch, unplaced_kernel_time  # only when a run is described
 
@@ -165,6 +157,27 @@ def predict_model(trace_dir: Path, config: RunConfig, config_source: str, profil
                  f"its own versions of what they did")
     return ModelRun(split=split, test=test, source=source, from_traces=profile_dir is None,
                     prediction=prediction), None
+
+
+def _unmeasured_warning(profile: Profile, trace_dir: Path, config_source: str, measured: float) -> str:
+    """The line said when less than :data:`DESCRIBES_TRACES` of the simulated operators' time (``measured``) was
+    measured in the traces' own ``profile``, with the reason: traces that recorded no input shapes, which the model
+    looks its operators up by (the traces', whatever the run config); a model that ran compiled; a run read off the
+    traces, which vtrain simulates with its own operators; else a run config that may not describe the traces."""
+    share = f"only {measured:.0%} of the simulated operators' time was measured"
+    compiled = compiled_markers(op for op, _, _ in profile.digest.timeline)
+    ran_compiled = (f"its model ran compiled ({', '.join(compiled)}: torch.compile), its layers as fused kernels "
+                    f"where the run config places PyTorch's operators") if compiled else ""
+    if profile.digest.shapeless:
+        return (f"{trace_dir}: {share} in it: its traces recorded no operator's input shapes (profiled without "
+                f"record_shapes=True), by which the model looks its operators up{'; ' if compiled else ''}"
+                f"{ran_compiled}; the rest is modelled")
+    why = ran_compiled or "its run has other operators or shapes than the traced one"
+    question = ": does it describe these traces?"
+    if config_source == INFERRED:  # the run is the traces': what differs is the operators placed for it
+        why, question = ("the run read off them is simulated with the operators vtrain places for its layer, "
+                         "which the traces ran otherwise"), "; the rest is modelled"
+    return f"{config_source}: {share} in {trace_dir} ({why}){question}"
 
 
 def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
@@ -188,8 +201,9 @@ def compare_model(run: ModelRun, config: RunConfig, frame: pl.DataFrame,
     m_spans = with_stage(spans(frame, MEASURED).filter(tested), stage_of_ranks(ranks, layout))
     aligned_spans = align_spans(m_spans, spans(predicted, MEASURED), rank_map, {it: predicted_iteration for it in test})
     measured_ops = ops(frame, MEASURED)
-    aligned_ops = align_sequences(launched_ops(frame, MEASURED).filter(tested), launched_ops(predicted, MEASURED),
-                                  rank_map, predicted_iteration)
+    measured_calls = launched_ops(signatures_without_out(frame, "name"), MEASURED)  # calls as the model places them
+    aligned_ops = align_sequences(measured_calls.filter(tested), launched_ops(predicted, MEASURED), rank_map,
+                                  predicted_iteration)
     n = rank_iterations(m_it)
     measured_ms = median_job(rows, "measured_ms")
     profiled_ms = measured_job_ms(frame, split.profile) if run.from_traces else None
