@@ -4,8 +4,10 @@ of 2026-11-29: the missing ranks' operators were "gone", receives timed with the
 were drift, every call was a sample (a few % of jitter over thousands of calls was drift), and the operators doing
 the work were chosen call by call in each profile (an operator stalled once was new or gone).
 
-The recordings are made here (2 ranks on CPU, 6 steps: some 10 s each); the machine running the tests is shared,
-so two recordings of one job differ in a row or two beyond any threshold that still finds a real change: the
+The two back-to-back recordings are real ones kept in ``tests/data/calibrate-pair`` (its README: how they were made):
+recorded afresh on every run, on CI's two cores with another test process beside them, they lay further apart
+from run to run than the rule can promise anything about (a test made that way failed one CI run in two). Two
+recordings of one job still differ in a row or two beyond any threshold that finds a real change: the
 back-to-back test allows two such rows, where the code before the fix moved a third of them.
 """
 
@@ -15,7 +17,6 @@ import bisect
 import gzip
 import json
 import math
-import os
 import random
 import shutil
 import subprocess
@@ -35,8 +36,6 @@ from vtrain.tables.latency import cpu_op_calls, op_latency
 from vtrain.tables.store import Profile, conform, empty_table, load_profile, write_profile
 
 VTRAIN = Path(sys.executable).with_name("vtrain")
-JOB = ["--layers", "2", "--hidden", "256", "--heads", "4", "--seq", "64", "--vocab", "256", "--tp", "2",
-       "--micro-batch", "2", "--global-batch", "4", "--steps", "6"]
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm")
 #: rows two back-to-back recordings on a busy shared machine may move by more than any threshold that still finds
 #: the real change (an optimizer operator stalled in most steps of one recording)
@@ -141,20 +140,16 @@ def test_steps_not_calls_are_the_samples_and_a_change_must_beat_the_run_to_run_s
     assert moved[0]["threshold"] == pytest.approx(math.exp(5 * drift.run_spread), rel=1e-6)
 
 
-# ------------------------------------------------------------------------------------------------ fresh recordings
+# ------------------------------------------------------------------------------------------- two real recordings
 
-def record(folder: Path) -> Path:
-    done = subprocess.run([str(VTRAIN), "record", *JOB, "-o", str(folder)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, done.stderr
-    return folder
+PAIR = Path(__file__).parent / "data" / "calibrate-pair"
 
 
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """Two back-to-back recordings of one job, A ingested as the base profile, and B."""
+    """Two back-to-back recordings of one job (:data:`PAIR`), A ingested as the base profile, and B."""
     root = tmp_path_factory.mktemp("recordings")
-    first, second = record(root / "a"), record(root / "b")
+    first, second = (Path(shutil.copytree(PAIR / name, root / name)) for name in ("a", "b"))
     ingested = subprocess.run([str(VTRAIN), "ingest", str(first), "-o", str(root / "base")], capture_output=True,
                               text=True, timeout=600)
     assert ingested.returncode == 0, ingested.stderr
