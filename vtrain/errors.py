@@ -13,7 +13,7 @@ import re
 import signal
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -89,6 +89,18 @@ def os_error_number(exc: BaseException) -> int | None:
 def some_of(names: Sequence[str], shown: int = 3) -> str:
     """The first ``shown`` of ``names`` and how many more, as a message lists them: ``"a, b, c and 4 more"``."""
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def number_ranges(numbers: Iterable[int], shortest: int = 2) -> str:
+    """Whole numbers as text, runs of ``shortest`` or more consecutive ones as ranges: ``0-3, 5, 6`` for 0, 1, 2, 3,
+    5, 6 with ``shortest`` 3 (``0-3, 5-6`` with 2)."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(f"{a}-{b}" if b - a + 1 >= shortest else ", ".join(map(str, range(a, b + 1))) for a, b in runs)
 
 
 def warn_input(message: str, path: str | Path | None = None) -> None:

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vtrain.cli.errors import user_errors, warn
+from vtrain.errors import number_ranges
 from vtrain.limits import MAX_KEPT_WARNINGS, MAX_TABLE_ROWS
 from vtrain.report.console import stdout_console
 from vtrain.tables.latency import RAW_DURATION
@@ -56,8 +57,8 @@ def whence(meta: dict) -> str:
     """What a profile's tables were made from: the ranks and iterations of its traces (``ranks 0-7 of 8,
     iterations 1-10``), or the files its device model was fitted to."""
     if meta.get("ranks"):
-        return (f"ranks {_spans(meta['ranks'])} of {meta.get('world_size') or '?'}, "
-                f"iterations {_spans(meta.get('iterations') or []) or 'none'}")
+        return (f"ranks {number_ranges(meta['ranks'])} of {meta.get('world_size') or '?'}, "
+                f"iterations {number_ranges(meta.get('iterations') or []) or 'none'}")
     sources = [each for each in meta.get("sources") or [] if isinstance(each, dict)]
     files = sum("file" in each for each in sources)
     traced = [each for each in sources if "profile" in each]  # `vtrain fit --profile`: a profile of traces
@@ -65,17 +66,6 @@ def whence(meta: dict) -> str:
     said = [f"{files:,} measurement file(s)"] if files else []
     said += [f"the traces of {len(traced)} profile(s) ({ranks} rank file(s))"] if traced else []
     return f"fitted to {' and '.join(said)}" if said else "no traces, no measurements named"
-
-
-def _spans(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2, 5``."""
-    spans: list[list[int]] = []
-    for number in sorted(numbers):
-        if spans and number == spans[-1][1] + 1:
-            spans[-1][1] = number
-        else:
-            spans.append([number, number])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def op_table(op_latency: pl.DataFrame, top: int, wide: bool) -> Table:

@@ -35,6 +35,7 @@ from typing import Any
 
 import polars as pl
 
+from vtrain.errors import number_ranges
 from vtrain.kineto import C10D_OP_PREFIX, group_ranks
 from vtrain.naming import COMM_SPAN_PREFIX
 from vtrain.parallel import Layout
@@ -107,13 +108,7 @@ def held_ranks(profile: Profile) -> frozenset[int] | None:
 
 def ranks_text(ranks: Iterable[int]) -> str:
     """``0-3, 5, 6`` for 0, 1, 2, 3, 5, 6: runs of three or more as ranges."""
-    runs: list[list[int]] = []
-    for rank in sorted(ranks):
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    return ", ".join(f"{a}-{b}" if b > a + 1 else ", ".join(map(str, range(a, b + 1))) for a, b in runs)
+    return number_ranges(ranks, shortest=3)
 
 
 def step_stats(calls: pl.DataFrame, keys: list[str], in_step: pl.Expr = pl.col("dur").median()) -> pl.DataFrame:
