@@ -56,7 +56,8 @@ def test_some_ranks_of_a_pipeline_give_its_layers_said_as_their_stages(traced: l
     ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
     assert ran.returncode == 0, ran.stderr
     profile = load_profile(tmp_path / "profile")
-    inferred = infer_run(profile["cpu_ops"], 8, "cpu", [{"pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "pg_size": 2}])
+    inferred = infer_run(profile["cpu_ops"], 8, "cpu", [{"pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "pg_size": 2,
+                                                        "ranks": [traced[0], traced[0] + 4]}])
     assert inferred.config is not None and inferred.config.model.layers == 4, inferred.reason
     assert "layers" in inferred.unsure and f"holding the 2 layers of the traced ranks' (the traces hold " \
         f"{len(traced)} of the 8 ranks)" in inferred.assumed
@@ -1188,3 +1189,22 @@ def test_a_cpu_trace_set_is_not_said_to_have_been_traced_on_a_gpu(tmp_path: Path
     and the run is on cpu"."""
     ran = vtrain_in_process("validate", TRACES / "t1p2d1", "--no-hta", "-o", tmp_path / "report")
     assert ran.returncode == 0 and "traced on" not in ran.stderr, ran.stderr
+
+
+def test_the_pipeline_group_is_the_ranks_it_lists_not_its_pg_size(tmp_path: Path) -> None:
+    """Ranks 0 and 4 of t2p2d2 (4 layers, 2 a stage), whose pipeline group lists 2 ranks but whose ``pg_size`` says
+    4: the stages were taken from ``pg_size`` (4 stages of 2 layers: 8 layers), unlike ingest's and the replay's
+    reading of the same group (its ranks); a group beyond the job of 8 ranks is no group at all."""
+    folder = tmp_path / "some"
+    folder.mkdir()
+    for rank in (0, 4):
+        shutil.copy(TRACES / "t2p2d2" / f"rank-{rank}.json.gz", folder / f"rank-{rank}.json.gz")
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "profile")
+    assert ran.returncode == 0, ran.stderr
+    profile = load_profile(tmp_path / "profile")
+    pipeline = {"pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP"}
+    claims_4 = infer_run(profile["cpu_ops"], 8, "cpu", [dict(pipeline, pg_size=4, ranks=[0, 4])])
+    assert claims_4.config is not None and claims_4.config.parallelism.pp == 2, claims_4.reason
+    assert claims_4.config.model.layers == 4
+    beyond = infer_run(profile["cpu_ops"], 8, "cpu", [dict(pipeline, pg_size=4, ranks=[0, 4, 8, 12])])
+    assert beyond.config is None or beyond.config.parallelism.pp != 4

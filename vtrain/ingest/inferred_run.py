@@ -48,10 +48,13 @@ from typing import Any
 
 import polars as pl
 
+from vtrain import kineto
 from vtrain.kineto import BACKWARD_OP_PREFIX, COMPILED_REGION, compiled_markers
 from vtrain.runconfig import HardwareConfig, ModelConfig, ParallelConfig, RunConfig
 
 _EMBEDDING, _EMBEDDING_BACKWARD = "aten::embedding", "aten::embedding_dense_backward"
+#: a process group as :func:`vtrain.kineto.process_groups` reads it: its ``pg_config`` entry and the ranks it lists
+_Group = tuple[dict[str, Any], tuple[int, ...]]
 #: forward operators of the norms
 _LAYER_NORM, _RMS_NORM = "aten::native_layer_norm", "aten::_fused_rms_norm"
 #: apex's fused norms (Megatron's), by the names of their autograd functions: no operator records their shapes
@@ -178,17 +181,18 @@ UNNAMED_GPUS = ("cuda", "rocm", "mtia")
 
 
 def infer_run(cpu_ops: pl.DataFrame | pl.LazyFrame, world_size: int | None, device: str | None,
-              process_groups: list[dict[str, Any]] | None = None) -> InferredRun:
+              process_groups: object = None) -> InferredRun:
     """The run the CPU operators of a trace set (ingest's ``cpu_ops`` table, every traced rank; a lazy frame is
     read for the few operators of one iteration a rank that tell the run) show: see the module's description.
     ``device`` is the traces' GPU name (None or ``cpu``: a CPU run; an accelerator's kind, ``cuda``, ``rocm`` or
     ``mtia``: a GPU the traces do not name, whose run is not read); ``process_groups`` the ``pg_config`` of a
-    rank's ``distributedInfo`` (Megatron names its groups)."""
+    rank's ``distributedInfo`` (Megatron names its groups), read as ingest and the replay read it
+    (:func:`vtrain.kineto.process_groups`: a group is the ranks it lists, and one beyond the job is none)."""
     if device in UNNAMED_GPUS:
         return InferredRun(None, reason=f"its device activities ran on a GPU ({device}) the traces do not name (no "
                                         "deviceProperties, which Kineto writes on every GPU): the run's GPU is unknown")
     try:
-        groups = [group for group in process_groups or [] if isinstance(group, dict)]  # a damaged list's others
+        groups = kineto.process_groups(process_groups, world_size)
         ops = _telling(cpu_ops.lazy())
         if ops.is_empty() and _unmarked_embedding(cpu_ops.lazy()):
             raise _NotShown("no iteration marks (ProfilerStep#N spans, which torch.profiler's step() writes): the "
@@ -263,7 +267,7 @@ class _Rank:
         return len(self.ops.get(name, []))
 
 
-def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[dict[str, Any]]) -> InferredRun:
+def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[_Group]) -> InferredRun:
     ranks = _ranks(ops)
     first = [rank for rank in ranks if _word_embedding(rank)]
     if not first:
@@ -318,7 +322,7 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[di
     overlap, bucket, scattered = _gradient_reduction(rank, tp) if dp > 1 else (None, None, False)
     every_micro_batch = _reduced_every_micro_batch(rank, tp, micro_batches) if dp > 1 else ""
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
-        "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group in groups)
+        "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group, _ in groups)
     framework = "megatron" if megatron or not model.is_gpt else "reference"
     tied = _tied(rank, table, hidden) if pp == 1 else None
     if framework == "megatron":
@@ -580,11 +584,11 @@ def _fused(rank: _Rank) -> bool:
     return any(rank.count(name) for name in _HEAD_AXIS)
 
 
-def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[dict[str, Any]]) -> int:
-    """Pipeline stages: Megatron's group of that name, else the rank files over those holding the embedding (every
+def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[_Group]) -> int:
+    """Pipeline stages: the ranks Megatron's group of that name lists, else the rank files over those holding the embedding (every
     rank traced), else one where a rank with the embedding computes the loss too."""
-    named = [group.get("pg_size") for group in groups if group.get("pg_desc") == "PIPELINE_MODEL_PARALLEL_GROUP"]
-    if named and isinstance(named[0], int) and named[0] > 0:
+    named = [len(listed) for group, listed in groups if group.get("pg_desc") == "PIPELINE_MODEL_PARALLEL_GROUP"]
+    if named:
         return named[0]
     if len(ranks) == world and world % len(first) == 0:
         return world // len(first)

@@ -413,7 +413,7 @@ def _run_read_off(trace_dir: Path, cpu_ops: list[Path], sources: list[RankSource
                    if isinstance(s.header.distributedInfo, dict)), None)
     device = metadata.get("device") or {}
     inferred = infer_run(pl.scan_ipc(cpu_ops), metadata.get("world_size"), device.get("name") or device.get("type"),
-                         groups if isinstance(groups, list) else None)
+                         groups)
     if inferred.config is None:
         return None
     warn(f"{trace_dir}: no run.yaml: the traced run, {INFERRED}, is the profile's: {inferred.describe()}; taken as "
