@@ -45,6 +45,16 @@ def test_ingest_writes_tables_and_json_summary(tmp_path: Path) -> None:
     assert shown.returncode == 0 and "op_latency" in shown.stdout and "nccl_latency" in shown.stdout
 
 
+def test_a_cpu_run_is_summed_up_by_its_operators_not_as_zero_device_time(tmp_path: Path) -> None:
+    """A CPU run's ranks read "0 device activities, compute 0.0 ms, comm 0.0 ms, memory 0.0 ms", as if nothing ran;
+    they are summed up by their CPU operators."""
+    result = vtrain_in_process("ingest", REPO / "traces" / "t1p1d2", "-o", tmp_path / "profile")
+    assert result.returncode == 0, result.stderr
+    cpu_ops = pl.read_parquet(tmp_path / "profile" / "cpu_ops.parquet").filter(pl.col("rank") == 0).height
+    assert f"rank 0: {cpu_ops:,} CPU operators, no device activities, 10 iterations" in result.stdout
+    assert "compute 0.0 ms" not in result.stdout
+
+
 def test_schema_variants_give_the_same_tables(tmp_path: Path) -> None:
     """Newer spellings (async_cpu_to_gpu flows, ncclDevKernel names) and no deviceProperties/distributedInfo
     (rank from the file name) change nothing in the per-class kernel time."""

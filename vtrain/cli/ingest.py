@@ -113,7 +113,14 @@ def _print_summary(output: Path, summary: dict[str, Any]) -> None:
     lines = [f"{output}: {len(summary['ranks'])} rank(s) of world size {summary['world_size'] or '?'} on "
              f"{summary['device']}"]
     lines += [f"  {name:<13} {rows:>9,} rows" for name, rows in summary["tables"].items()]
-    lines += [f"  rank {rank}: {row['kernels']:,} device activities, compute {row['computation_us'] / 1e3:.1f} ms,"
-              f" comm {row['communication_us'] / 1e3:.1f} ms, memory {row['memory_us'] / 1e3:.1f} ms,"
-              f" {row['iterations']} iterations" for rank, row in summary["ranks"].items()]
+    lines += [f"  rank {rank}: {_activities(row)}, {row['iterations']} iterations"
+              for rank, row in summary["ranks"].items()]
     print("\n".join(lines))
+
+
+def _activities(row: dict[str, Any]) -> str:
+    """A rank's device activities and their time by class; a rank without any (a CPU run) its CPU operators."""
+    if not row["kernels"]:
+        return f"{row['cpu_ops']:,} CPU operators, no device activities"
+    return (f"{row['kernels']:,} device activities, compute {row['computation_us'] / 1e3:.1f} ms, comm "
+            f"{row['communication_us'] / 1e3:.1f} ms, memory {row['memory_us'] / 1e3:.1f} ms")

@@ -380,7 +380,8 @@ def activity_counts(tables: RankTables) -> dict[str, int]:
 
 
 def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
-    """One rank's kernel count and time per HTA kernel class (over the whole trace), and its iteration count:
+    """One rank's kernel count and time per HTA kernel class (over the whole trace), its CPU operator count and its
+    iteration count:
     distinct numbers of its ``ProfilerStep#N`` spans that lie in an iteration (a step marked on two threads is one
     iteration; a step that holds nothing is none: :func:`~vtrain.ingest.clocks.empty_steps`)."""
     by_class = dict(kernels.group_by("kernel_class").agg(pl.col("dur").sum()).iter_rows())
@@ -389,6 +390,7 @@ def rank_row(kernels: pl.DataFrame, cpu_ops: pl.DataFrame) -> dict[str, Any]:
         "computation_us": round(by_class.get(COMPUTATION, 0.0), 3),
         "communication_us": round(by_class.get(COMMUNICATION, 0.0), 3),
         "memory_us": round(by_class.get(MEMORY, 0.0), 3),
+        "cpu_ops": cpu_ops.height,
         "iterations": cpu_ops.filter(pl.col("iteration").is_not_null())
                              .select(iteration_numbers(pl.col("name")).drop_nulls().n_unique()).item(),
     }
