@@ -30,10 +30,16 @@ def test_report_json_and_max_error(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = vtrain("validate", PIPELINE, "-o", out, "--json", "--no-hta", "--max-error", "5")
     summary = json.loads(result.stdout)
-    assert set(summary["replay"]) == {"measured_ms", "predicted_ms", "error_pct"}
+    shown = {"measured_ms", "predicted_ms", "error_pct", "measured_iterations"}
+    assert set(summary["replay"]) == shown
     assert abs(summary["replay"]["error_pct"]) <= 2.0
     model = summary["model"]
-    assert model is not None and set(model) == {"measured_ms", "predicted_ms", "error_pct"}
+    assert model is not None and set(model) == shown
+    # the two measured times are medians over different iterations: the model's leaves out those it was profiled on
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert summary["replay"]["measured_iterations"] == metrics["steady_iterations"]
+    assert model["measured_iterations"] == metrics["model"]["test_iterations"]
+    assert set(model["measured_iterations"]) < set(summary["replay"]["measured_iterations"])
     expected = 0 if abs(model["error_pct"]) <= 5 else 1
     assert result.returncode == expected, result.stderr
     assert summary["passed"] is (expected == 0)

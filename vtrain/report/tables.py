@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vtrain.errors import number_ranges
 from vtrain.report.document import Table  # header, rows
 from vtrain.validate.diff import Comparison
 
@@ -39,11 +40,10 @@ def peak_memory(rows: list[dict[str, Any]]) -> Table:
 
 def headline(replay: Comparison, model: Comparison | None) -> Table:
     """Iteration time: measured, predicted and error for each prediction."""
-    header = ["prediction", "measured ms", "predicted ms", "error"]
-    rows = [["replay (dependency model)", ms(replay.measured_ms), ms(replay.predicted_ms), pct(replay.error_pct)]]
-    if model is not None:
-        rows.append(["model (vtrain simulate)", ms(model.measured_ms), ms(model.predicted_ms), pct(model.error_pct)])
-    return header, rows
+    header = ["prediction", "measured ms", "iterations measured (median)", "predicted ms", "error"]
+    shown = [("replay (dependency model)", replay), ("model (vtrain simulate)", model)]
+    return header, [[label, ms(one.measured_ms), number_ranges(one.measured_iterations), ms(one.predicted_ms),
+                     pct(one.error_pct)] for label, one in shown if one is not None]
 
 
 def spread(measured: dict[str, Any]) -> Table:

@@ -60,10 +60,16 @@ class Comparison:
     def error_pct(self) -> float:
         return error_pct(self.predicted_ms, self.measured_ms) or 0.0
 
-    def summary(self) -> dict[str, float]:
-        """The three numbers ``--json`` prints."""
+    @property
+    def measured_iterations(self) -> list[int]:
+        """The iterations whose job time's median is ``measured_ms`` (the replay's: every steady one; the model's:
+        those it was not profiled on)."""
+        return [row["iteration"] for row in self.iterations]
+
+    def summary(self) -> dict[str, Any]:
+        """What ``--json`` prints: the three numbers and the iterations measured."""
         return {"measured_ms": round(self.measured_ms, 4), "predicted_ms": round(self.predicted_ms, 4),
-                "error_pct": round(self.error_pct, 3)}
+                "error_pct": round(self.error_pct, 3), "measured_iterations": self.measured_iterations}
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "iterations": self.iterations, "phases": self.phases, "stages": self.stages,
