@@ -85,26 +85,38 @@ def _starts(before: np.ndarray, after: np.ndarray, duration: np.ndarray) -> np.n
 def _successor_table(before: np.ndarray, after: np.ndarray, n: int) -> np.ndarray:
     """The tasks after each of the ``n`` tasks (``before[j]`` before ``after[j]``), two per row: a task with more
     passes the rest on through relay rows (ids from ``n`` up), each holding one more of them and the next relay.
-    Empty places point to the table's last row."""
-    order = np.argsort(before, kind="stable")
-    tail, head = before[order], after[order]
-    bounds = np.searchsorted(tail, np.arange(n + 1))
-    counts = np.diff(bounds)
-    relays: list[tuple[int, list[int]]] = []  # (row, its successors)
+    Empty places point to the table's last row. Which place a successor takes does not matter (a task's start is
+    the latest end of the tasks before it, whatever their order), so no sort is needed: a task's last edge goes in
+    its first place, the other in its second."""
+    counts = np.bincount(before, minlength=n)
+    few = counts[before] <= 2
+    tail, head = before[few], after[few]
+    edge = np.arange(tail.size)
+    last = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last, tail, edge)
+    relays, rows = _relays(before[~few], after[~few], n)
+    table = np.full((rows + 1, 2), rows, dtype=np.int64)
+    table[tail, (last[tail] != edge).astype(np.int64)] = head
+    for row, successors in relays:
+        table[row, :len(successors)] = successors
+    return table
+
+
+def _relays(tail: np.ndarray, head: np.ndarray, n: int) -> tuple[list[tuple[int, list[int]]], int]:
+    """The table rows of the tasks with more than two successors (``tail[j]`` before ``head[j]``), as (row, its
+    successors), relay rows numbered from ``n``; and the number of rows with them."""
+    successors: dict[int, list[int]] = {}
+    for task, successor in zip(tail.tolist(), head.tolist()):
+        successors.setdefault(task, []).append(successor)
+    relays: list[tuple[int, list[int]]] = []
     rows = n
-    for task in np.flatnonzero(counts > 2).tolist():
-        rest = head[bounds[task]:bounds[task + 1]].tolist()
+    for task, rest in successors.items():
         holder = task
         while len(rest) > 2:
             relays.append((holder, [rest.pop(0), rows]))
             holder, rows = rows, rows + 1
         relays.append((holder, rest))
-    table = np.full((rows + 1, 2), rows, dtype=np.int64)
-    few = counts[tail] <= 2
-    table[tail[few], (np.arange(tail.size) - bounds[tail])[few]] = head[few]
-    for row, successors in relays:
-        table[row, :len(successors)] = successors
-    return table
+    return relays, rows
 
 
 def _last_to_finish(sources: np.ndarray, targets: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
