@@ -4,6 +4,7 @@
   read, with a warning line naming it.
 - A rank of the job with no trace file is a warning line in both, and a line in validate's report (validate said
   nothing of it before: its report only listed the ranks it had).
+- Several profiler cycles' files of each rank: the latest whole cycle is read, the rest said.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import os
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 
-from tests.conftest import TRACES, vtrain_in_process
+from tests.conftest import REPO, TRACES, vtrain_in_process
+from vtrain.tables.store import load_profile
 
 SOURCE = TRACES / "hta-a100-2rank-nccl" / "rank-0.json.gz"  # rank 0 of a job of world size 2
 
@@ -51,17 +54,38 @@ def test_validate_says_them_and_reports_them(folder: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("command", ["ingest", "validate"])
-def test_two_profiler_cycles_of_one_rank_are_named_as_such(command: str, tmp_path: Path) -> None:
+def test_of_two_profiler_cycles_of_one_rank_the_latest_is_read(command: str, tmp_path: Path) -> None:
     """A real H100 run profiled with ``schedule(repeat=2)`` and ``tensorboard_trace_handler`` leaves a file per
-    cycle for the same rank (traces/gpu/h100-user-amp-ddp): one line that says they are two cycles and what to do,
-    exit 2, nothing written."""
+    cycle for the same rank (traces/gpu/h100-user-amp-ddp; the default ``repeat=0`` leaves one a cycle for as long as
+    the run lasts): the folder was refused ("rank 0 is claimed by both", exit 2). The latest cycle is read (its
+    ProfilerStep #6, #7), and a warning line says which and what else is in the folder."""
     cycles = TRACES / "gpu" / "h100-user-amp-ddp"
     out = tmp_path / "out"
     ran = vtrain_in_process(command, cycles, "-o", out, *(["--no-hta"] if command == "validate" else []))
-    assert ran.returncode == 2 and "Traceback" not in ran.stderr
-    assert "rank 0 is claimed by both" in ran.stderr and "two profiler cycles of vm_484" in ran.stderr
-    assert "put each cycle's files in a folder of their own" in ran.stderr
-    assert not out.exists()
+    assert ran.returncode == 0, ran.stderr
+    assert (f"warning: {cycles}: 2 profiler cycles (tensorboard_trace_handler writes a file per rank and cycle): "
+            f"cycle 2 is read, not the other cycles' 1 file;") in ran.stderr
+    if command == "ingest":
+        profile = load_profile(out)
+        assert profile["cpu_ops"].filter(pl.col("name").str.starts_with("ProfilerStep#"))["name"].unique().sort() \
+            .to_list() == ["ProfilerStep#6", "ProfilerStep#7"]
+
+
+def test_a_cycle_cut_short_is_not_the_one_read(tmp_path: Path) -> None:
+    """A run that ended as a cycle began leaves that cycle's files with one empty step (tests/data/profiler-cycles):
+    read as the latest cycle, the folder would hold nothing to measure. The latest whole cycle is read and the one
+    cut short is said."""
+    whole = sorted((TRACES / "gpu" / "h100-user-amp-ddp").glob("*.pt.trace.json.gz"))[0]
+    stub = next((REPO / "tests" / "data" / "profiler-cycles" / "empty-second-cycle").glob("rank0.*"))
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    shutil.copy(whole, folder / whole.name)
+    shutil.copy(stub, folder / f"vm_484.{int(whole.name.split('.')[1]) + 10**9}.pt.trace.json.gz")
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "cycle 1 is read, not the other cycles' 1 file; cycle 2 after it was cut short" in ran.stderr
+    steps = load_profile(tmp_path / "out")["cpu_ops"].filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    assert sorted(steps["name"].unique().to_list()) == ["ProfilerStep#2", "ProfilerStep#3"]
 
 
 def test_a_trace_beside_its_gzipped_copy_is_read_once(tmp_path: Path) -> None:

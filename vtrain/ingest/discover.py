@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vtrain.errors import InputError
+from vtrain.ingest.cycles import cycles_warning, one_cycle
 from vtrain.limits import MAX_RANKS, shown_count
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"(?<![a-z])(?<!local[-_])rank[-_]?(\d+)", re.IGNORECASE)  # not local_rank, frank
-#: the name ``torch.profiler.tensorboard_trace_handler`` gives the file of each profiler cycle
-_CYCLE_FILE = re.compile(r"^(?P<worker>.+)\.\d+\.pt\.trace\.json(\.gz)?$")
 
 
 def find_trace_files(trace_dir: str | Path) -> list[Path]:
-    """Every ``*.json`` / ``*.json.gz`` (including ``*.pt.trace.json[.gz]``) directly in ``trace_dir``."""
+    """Every ``*.json`` / ``*.json.gz`` (including ``*.pt.trace.json[.gz]``) directly in ``trace_dir``; of several
+    profiler cycles' files, one cycle's (:func:`vtrain.ingest.cycles.one_cycle`)."""
     folder = Path(trace_dir)
     if not folder.exists():
         raise InputError("no such trace folder", folder)
@@ -36,7 +36,7 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
     if not kept:
         raise InputError(f"no trace files in the folder: its {len(files)} JSON file(s) are no Kineto trace (no "
                          f"traceEvents)", folder)
-    return kept
+    return one_cycle(kept).read
 
 
 def other_json_files(trace_dir: str | Path) -> list[Path]:
@@ -200,12 +200,17 @@ def unreadable_trace_names(trace_dir: str | Path) -> list[Path]:
 
 def not_read_warnings(trace_dir: str | Path) -> list[str]:
     """The warning lines for the entries of a trace folder that are not read: named like a trace but no file
-    (:func:`unreadable_trace_names`), a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`) and
-    JSON files that are no trace (:func:`other_json_files`)."""
+    (:func:`unreadable_trace_names`), a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`),
+    JSON files that are no trace (:func:`other_json_files`) and other profiler cycles' files than the one read
+    (:func:`vtrain.ingest.cycles.one_cycle`)."""
     copies = duplicate_trace_files(trace_dir)
+    left_out = {plain for plain, _ in copies} | set(other_json_files(trace_dir))
+    traces = sorted(p for p in Path(trace_dir).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    cycles = cycles_warning(Path(trace_dir), one_cycle([path for path in traces if path not in left_out]))
     return ([f"{path}: not read: named like a trace but not a file" for path in unreadable_trace_names(trace_dir)]
             + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies]
-            + [f"{path}: not read: {not_a_trace(path)}" for path in other_json_files(trace_dir)])
+            + [f"{path}: not read: {not_a_trace(path)}" for path in other_json_files(trace_dir)]
+            + ([cycles] if cycles else []))
 
 
 def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_size: int | None) -> str | None:
@@ -216,37 +221,6 @@ def missing_ranks_warning(trace_dir: str | Path, ranks: Iterable[int], world_siz
         return None
     shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
     return f"{Path(trace_dir)}: {len(missing)} of {world_size} ranks have no trace file (missing: {shown})"
-
-
-def _rank_claimed_twice(rank: int, first: Path, second: Path) -> InputError:
-    """The error for two trace files of one rank. Where both are files ``tensorboard_trace_handler`` wrote for
-    one worker (``WORKER.TIMESTAMP.pt.trace.json``), they are two cycles of one profiler (``schedule(repeat=2)``):
-    the error says so and what to do."""
-    worker = _cycle_worker(first)
-    hint = f": {_cycles_advice(worker)}" if worker and worker == _cycle_worker(second) else ""
-    return InputError(f"rank {rank} is claimed by both {first.name} and {second.name}{hint}", second)
-
-
-def _cycles_advice(worker: str) -> str:
-    """What to do with the files of several profiler cycles of one worker in one folder."""
-    return (f"two profiler cycles of {worker} (tensorboard_trace_handler writes a file per cycle); put each "
-            f"cycle's files in a folder of their own")
-
-
-def _other_cycle(path: Path) -> Path | None:
-    """Another file of the folder of ``path`` that ``tensorboard_trace_handler`` wrote for the same worker (another
-    profiler cycle of the same process), else ``None``."""
-    worker = _cycle_worker(path)
-    if worker is None:
-        return None
-    return next((other for other in find_trace_files(path.parent) if other != path and _cycle_worker(other) == worker),
-                None)
-
-
-def _cycle_worker(path: Path) -> str | None:
-    """The worker of a file named as ``tensorboard_trace_handler`` names a cycle's file, else ``None``."""
-    match = _CYCLE_FILE.match(path.name)
-    return match["worker"] if match else None
 
 
 class RankClaims:
@@ -262,7 +236,7 @@ class RankClaims:
         """Take the claim of ``path`` (its rank and world size, if it says one); an error where it conflicts with
         a file taken before."""
         if rank in self.files:
-            raise _rank_claimed_twice(rank, self.files[rank], path)
+            raise InputError(f"rank {rank} is claimed by both {self.files[rank].name} and {path.name}", path)
         if world_size:
             if self.world is not None and self.world[0] != world_size:
                 raise InputError(f"world size {world_size} here but {self.world[0]} in {self.world[1].name}: the "
@@ -307,9 +281,6 @@ def rank_and_world_size(path: Path, distributed_info: dict[str, Any] | None) -> 
         if rank is None and is_only_trace(path):
             rank = 0
             warning = f"{path}: no rank in the trace or its name; the only trace of its folder is taken as rank 0"
-        if rank is None and (cycle := _other_cycle(path)) is not None:
-            raise InputError(f"no rank in the trace or its name, and {cycle.name} beside it: "
-                             f"{_cycles_advice(_cycle_worker(path) or '')}", path)
         if rank is None:
             raise InputError("cannot tell the rank: no distributedInfo.rank in the trace and no rank number in the "
                              "file name (name it rank-N.json.gz)", path)
