@@ -3,8 +3,10 @@
 A GPT-style training step leaves its shape in the ``Input Dims`` of a few operators of every iteration:
 
 - the word embedding, ``aten::embedding`` on the largest table: its tokens are ``[micro-batch, sequence]``, its
-  table ``[vocabulary's share of one tensor-parallel rank, hidden]``, and its calls per iteration the micro-batches
-  (of an iteration whose every lookup is back-propagated: an evaluation's forwards are no micro-batches);
+  table ``[vocabulary's share of one tensor-parallel rank, hidden]`` where its output is reduced over those ranks
+  before the first attention (Megatron's vocabulary-parallel embedding), else ``[vocabulary, hidden]`` (a table
+  whole on every rank, said), and its calls per iteration the micro-batches (of an iteration whose every lookup is
+  back-propagated: an evaluation's forwards are no micro-batches);
 - the attention: the scores ``[b, a, s, s]`` (or ``[b x a, s, s]``) and their product with the values ``[b x a, s,
   d]``, or a fused attention's query and key ``[b, a, s, d]`` (``[b, s, a, d]`` for
   ``aten::_flash_attention_forward`` and the flash-attn package's ``flash_attn::_flash_attn_forward``, ``[tokens,
@@ -26,13 +28,15 @@ virtual stages where the first stage sends 2v - 1 times a micro-batch, GPipe whe
 backward, else 1F1B. The gradients' all-reduces (flat buckets; a tensor-parallel all-reduce is an activation), or
 their reduce-scatters (Megatron's distributed optimizer; ZeRO's stages 1 and 2, which the reference model prices as
 all-reduces: as many bytes), are overlapped with the backward pass where one is issued before the embedding's
-backward (the last computed) begins, and their buckets are the median's MiB. The output layer is the word
+backward (the last computed) begins, and their buckets are the median's MiB (PyTorch DDP's: the smallest but its
+first, closed at 1 MiB, and the last). The output layer is the word
 embedding's where the optimizer's lists of parameters hold one matrix of its shape, its own where they hold two.
 What the shapes do not show is said: the gradient all-reduce is taken as not overlapped where no all-reduce's dims
 were recorded, the output layer as tied (Megatron's default; the reference model's own) where no list shows it,
 positions as learned unless a rotary operator runs, Megatron's kernels for a layer other than GPT's where the
 traces do not show Megatron's (vtrain's reference model has GPT's layer only); so is what is placed otherwise than
-it ran (some layers or only the MLPs recomputed, gradients reduced in every micro-batch). Traces of anything else
+it ran (some layers or only the MLPs recomputed, gradients reduced in every micro-batch, PyTorch's
+ZeroRedundancyOptimizer's broadcasts not simulated). Traces of anything else
 (no word embedding, no attention, shapes that do not divide, FSDP's sharded data parallelism, layers compiled by
 torch.compile into fused kernels that record none of their shapes) give no run, with the reason.
 """
@@ -85,6 +89,11 @@ _FUSED_KERNELS = re.compile(r"ScaledUpperTriangMaskedSoftmax|ScaledMaskedSoftmax
 _MEGATRON = re.compile(rf"LinearWithGradAccumulation|{_FUSED_KERNELS.pattern}")
 #: sharded data parallelism (PyTorch's FSDP, FSDP2's fully_shard): its all-gathers are not simulated
 _SHARDED = re.compile(r"FullyShardedDataParallel|^FSDP::|fully_shard")
+#: PyTorch's ZeroRedundancyOptimizer, by the span its step records (``Optimizer.step#ZeroRedundancyOptimizer.step``):
+#: each rank updates its share of the parameters and broadcasts it to the others, which vtrain does not simulate
+_ZERO_OPTIMIZER = re.compile(r"ZeroRedundancyOptimizer")
+#: a broadcast: a backend's event (its time spent), else c10d's
+_BACKEND_BROADCAST, _BROADCAST = r"^(?:nccl|gloo|ucc|mpi|xccl):broadcast$", r"^c10d::broadcast_$"
 _ROTARY = re.compile(r"(?i:rotary|\brope\b|fused_?rope)")
 #: rotary positions written out of element-wise operators (Hugging Face's LLaMA, its ``rotate_half``): each head's
 #: two halves concatenated, swapped, ``aten::cat`` of two ``[b, a, s, d / 2]`` tensors; where only part of the head
@@ -259,6 +268,9 @@ class _Rank:
     last_embedding_backward: float | None  # when the iteration's last embedding backward began
     first_embedding_backward: float | None  # when its first began
     gathers_in_backward: bool  # whether flat tensors (parameters) are all-gathered during the backward pass
+    first_lookup: float | None  # when the iteration's first embedding lookup began
+    first_attention: float | None  # when its first attention's forward began (scores, their product or fused)
+    broadcasts: list[float]  # each broadcast's time (µs): a backend's, else c10d's
 
     def calls(self, name: str) -> list[tuple[list[Any], list[Any]]]:
         return self.ops.get(name, [])
@@ -311,7 +323,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[_G
     position = _positions(rank, table, width)
     norm_kind = _norm(rank, hidden)
     norm = _LAYER_NORM if norm_kind == "layernorm" else _RMS_NORM
-    model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp,
+    split = tp == 1 or _vocabulary_parallel(rank)  # the table a share of the vocabulary, else all of it
+    model = ModelConfig(layers=layers, hidden=hidden, heads=heads_here * tp, seq=seq, vocab=table * tp if split
+                        else table,
                         ffn_hidden=ffn_share * tp if ffn_share * tp != 4 * hidden else None, mlp=mlp,
                         norm=norm_kind or "rmsnorm",
                         kv_heads=kv_here * tp if kv_here != heads_here else None, bias=_biased(rank),
@@ -319,11 +333,12 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[_G
     normed = [dims[0] for dims, _ in rank.calls(norm) if dims and _shape(dims[0], 2, 3)]
     schedule, virtual = _schedule(rank, micro_batches, pp)
     recompute, recomputed = _recompute(rank, norm, micro_batches, activations)
-    overlap, bucket, scattered = _gradient_reduction(rank, tp) if dp > 1 else (None, None, False)
-    every_micro_batch = _reduced_every_micro_batch(rank, tp, micro_batches) if dp > 1 else ""
     megatron = any(_MEGATRON.search(name) for one in ranks for name in one.names) or any(
         "TENSOR_MODEL_PARALLEL" in str(group.get("pg_desc")) for group, _ in groups)
     framework = "megatron" if megatron or not model.is_gpt else "reference"
+    overlap, bucket, scattered = (_gradient_reduction(rank, tp, ddp=framework == "reference") if dp > 1
+                                  else (None, None, False))
+    every_micro_batch = _reduced_every_micro_batch(rank, tp, micro_batches) if dp > 1 else ""
     tied = _tied(rank, table, hidden) if pp == 1 else None
     if framework == "megatron":
         model = replace(model, tie_embeddings=tied)
@@ -348,6 +363,9 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[_G
                         + (["its gradients reduce-scattered and parameters all-gathered (ZeRO's stages 1 and 2) taken "
                             "as all-reduced, as many bytes (the reference model's optimizer is not sharded)"]
                            if scattered and framework != "megatron" else [])
+                        + ([] if split else [_whole_vocabulary(table, tp)])
+                        + ([_zero_optimizer(rank, dp)] if any(_ZERO_OPTIMIZER.search(name) for name in rank.names)
+                           else [])
                         + ([] if norm_kind else [_unknown_norm(ranks)])
                         + ([] if position else ["learned positions (none seen: no position embedding looked up, no "
                                                 "rotary operator)"])
@@ -363,17 +381,18 @@ def _inferred(ops: pl.DataFrame, world: int, device: str | None, groups: list[_G
 
 #: operator names searched for (the others of an iteration are not read)
 _SEARCHED = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in (_MEGATRON, _ROTARY, _LOSS, _SHARDED,
+                                                                          _ZERO_OPTIMIZER,
                                                                           _ALL_TO_ALL, COMPILED_REGION,
                                                                           *(apex for apex, _ in _APEX_NORMS)))
                        + rf"|^c10d::send$|{_BACKEND_SEND}|{_BACKEND_ALL_REDUCE}|{_ALL_REDUCE}|{_ALL_GATHER}"
-                       + rf"|{_REDUCE_SCATTER}|^{_BIASED_GEMM}$"
+                       + rf"|{_REDUCE_SCATTER}|{_BACKEND_BROADCAST}|{_BROADCAST}|^{_BIASED_GEMM}$"
                        + rf"|^{BACKWARD_OP_PREFIX}")
 
 
 def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
     """The operators that tell the run, of each rank's middle training iteration (its first may hold the start-up;
     :func:`_training_iterations`): those whose shapes are read, and those searched by name; columns ``rank, name,
-    input_dims, input_types, ts``."""
+    input_dims, input_types, ts, dur``."""
     timed = cpu_ops.filter(pl.col("iteration").is_not_null())
     middle = (_training_iterations(timed).sort("rank", "iteration").group_by("rank")
               .agg(pl.col("iteration").get(pl.len() // 2)))
@@ -381,7 +400,7 @@ def _telling(cpu_ops: pl.LazyFrame) -> pl.DataFrame:
     return (timed.join(middle, on=["rank", "iteration"])
             .filter(name.is_in(list(_READ)) | name.str.contains(_SEARCHED.pattern))
             .select("rank", name.alias("name"), pl.col("input_dims").cast(pl.String),
-                    pl.col("input_types").cast(pl.String), "ts")
+                    pl.col("input_types").cast(pl.String), "ts", "dur")
             .collect(engine="streaming"))
 
 
@@ -420,8 +439,23 @@ def _ranks(ops: pl.DataFrame) -> list[_Rank]:
         last, first = backward.max(), backward.min()
         ranks.append(_Rank(int(rank), by_name, frozenset(names.unique().to_list()), order, sends,
                            _all_reduces(one), _reduce_scatters(one), float(last) if last is not None else None,
-                           float(first) if first is not None else None, _gathers_in_backward(one, last)))
+                           float(first) if first is not None else None, _gathers_in_backward(one, last),
+                           _first(read, [_EMBEDDING]), _first(read, [*_SCORES, *_HEAD_AXIS, *_PRODUCTS]),
+                           _broadcasts(one)))
     return ranks
+
+
+def _first(read: pl.DataFrame, names: list[str]) -> float | None:
+    """When the first of the operators ``names`` began (``read``: a rank's, with their dims), if any ran."""
+    began = read.filter(pl.col("name").is_in(names))["ts"].min()
+    return float(began) if began is not None else None  # type: ignore[arg-type]
+
+
+def _broadcasts(one: pl.DataFrame) -> list[float]:
+    """Each of a rank's broadcasts' time (µs): its backend's events, else c10d's."""
+    backend = one.filter(pl.col("name").str.contains(_BACKEND_BROADCAST))
+    calls = backend if backend.height else one.filter(pl.col("name").str.contains(_BROADCAST))
+    return [float(dur or 0.0) for dur in calls["dur"].to_list()]
 
 
 def _all_reduces(one: pl.DataFrame) -> list[tuple[float, list[Any] | None, int]]:
@@ -683,28 +717,50 @@ def _schedule(rank: _Rank, micro_batches: int, pp: int) -> tuple[str, int]:
 _SCALARS = 1024
 
 
-def _gradient_reduction(rank: _Rank, tp: int) -> tuple[bool | None, float | None, bool]:
+def _gradient_reduction(rank: _Rank, tp: int, ddp: bool) -> tuple[bool | None, float | None, bool]:
     """(whether the gradients are reduced during the backward pass, the buckets' MiB, whether they are
     reduce-scattered, as Megatron's distributed optimizer and ZeRO's stages 1 and 2 do: a rank that reduce-scatters
-    flat tensors): overlapped where a
-    gradient bucket is all-reduced before the last embedding backward begins (the embedding's gradient is the last
-    computed), each complete bucket then one issued before it (the median: DDP's first is smaller), else one after
-    it (the median but the last; one bucket alone says its limit is at least its size). A bucket is a flat tensor
-    (DDP's, Megatron's gradient buffer), a tensor-parallel all-reduce an activation's ``[s, b, h]``; without
-    tensor parallelism an all-reduce whose dims are not recorded is a bucket too. ``None`` for what the rank does
-    not show."""
+    flat tensors): overlapped where a gradient bucket is all-reduced before the last embedding backward begins (the
+    embedding's gradient is the last computed). The buckets' MiB: PyTorch DDP's (``ddp``: the reference framework,
+    all-reducing during the backward pass) as :func:`_ddp_bucket_cap` reads them; else the median complete bucket,
+    one issued before that embedding backward, else one after it but the last (one bucket alone says its limit is at
+    least its size: :func:`_alone`). A bucket is a flat tensor (DDP's, Megatron's gradient buffer), a
+    tensor-parallel all-reduce an activation's ``[s, b, h]``; without tensor parallelism an all-reduce whose dims are
+    not recorded is a bucket too. ``None`` for what the rank does not show."""
     begun = rank.last_embedding_backward
     buckets, scattered = _buckets(rank, tp)
     if begun is None or not buckets:
         return None, None, False
     before = [mib for ts, mib in buckets if ts < begun]
     after = [mib for ts, mib in buckets if ts >= begun]
+    if ddp and before and not scattered:
+        return True, _ddp_bucket_cap(rank, buckets, after), False
     sizes = sorted(mib for mib in (before or after[:-1]) if mib is not None)
     if sizes:
         return bool(before), round(sizes[len(sizes) // 2], 3), bool(scattered)
-    alone = after[-1] if after else None  # one bucket held every gradient: its limit is at least their size
-    return (bool(before), round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None,
-            bool(scattered))
+    return bool(before), _alone(after), bool(scattered)
+
+
+def _ddp_bucket_cap(rank: _Rank, buckets: list[tuple[float, float | None]], after: list[float | None]) -> float | None:
+    """PyTorch DDP's ``bucket_cap_mb`` as its buckets of one backward pass show it (``after``: those issued once the
+    last embedding backward began). DDP closes its first bucket once it holds 1 MiB
+    (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), which says nothing of the cap; every other bucket but the
+    embedding's (the last) closed once it held the cap, so the cap is at most the smallest of them: that, rounded
+    down (a bucket of it still closes). The backward pass is the first micro-batch's where the gradients are reduced
+    in every micro-batch's (buckets issued before the first embedding backward), else the last's. ``None`` (the
+    default) where no bucket but the first and the last says it, as :func:`_alone` reads the last."""
+    first, last = rank.first_embedding_backward, rank.last_embedding_backward
+    one_pass = [mib for ts, mib in buckets if first is not None and ts < first] or \
+        [mib for ts, mib in buckets if last is not None and ts < last]
+    complete = [mib for mib in one_pass[1:] if mib is not None]
+    return math.floor(min(complete) * 1000) / 1000 if complete else _alone(after)
+
+
+def _alone(after: list[float | None]) -> float | None:
+    """The buckets' MiB where no complete bucket says it: the last bucket's where it is larger than the default (one
+    bucket held every gradient left: the limit is at least their size), else ``None`` (the default)."""
+    alone = after[-1] if after else None
+    return round(alone, 3) if alone is not None and alone > ParallelConfig.dp_bucket_mb else None
 
 
 def _buckets(rank: _Rank, tp: int) -> tuple[list[tuple[float, float | None]], bool]:
@@ -729,6 +785,35 @@ def _reduced_every_micro_batch(rank: _Rank, tp: int, micro_batches: int) -> str:
         return ""
     return (f"its gradients reduced in every micro-batch's backward pass ({len(buckets)} buckets for {micro_batches} "
             f"micro-batches: no no_sync) simulated as reduced once an iteration")
+
+
+def _vocabulary_parallel(rank: _Rank) -> bool:
+    """Whether the rank's word embedding is a share of the vocabulary (Megatron's vocabulary-parallel embedding, and
+    vtrain's reference model's): its lookup's output is all-reduced over the tensor-parallel ranks (reduce-scattered
+    with sequence parallelism) before the first attention runs. A whole table (PyTorch's ``parallelize_module``
+    with the blocks split and the embedding left whole) is reduced first after the attention's output projection."""
+    begun, attended = rank.first_lookup, rank.first_attention
+    if begun is None:
+        return False
+    return any(begun <= ts and (attended is None or ts < attended)
+               for ts, _, _ in (*rank.all_reduces, *rank.reduce_scatters))
+
+
+def _whole_vocabulary(table: int, tp: int) -> str:
+    """What is said of a word embedding whole on every tensor-parallel rank (:func:`_vocabulary_parallel`)."""
+    return (f"its word embedding whole on each of the {tp} tensor-parallel ranks ({table} rows; no all-reduce after "
+            f"the lookup) placed as a vocabulary-parallel one, as vtrain's model splits it: {table // tp} rows a rank, "
+            f"its output layer and loss likewise, with the all-reduces that splitting takes")
+
+
+def _zero_optimizer(rank: _Rank, dp: int) -> str:
+    """What is said of PyTorch's ZeroRedundancyOptimizer, which vtrain does not simulate: its parameters' broadcasts
+    as the rank measured them, and its step over every parameter where each rank updates its share."""
+    calls = rank.broadcasts
+    return (f"its optimizer sharded over the {dp} data-parallel ranks (PyTorch's ZeroRedundancyOptimizer) simulated "
+            f"as data parallelism without it: the parameters' broadcasts ({len(calls)} calls, {sum(calls) / 1e3:.1f} "
+            f"ms a step as measured on rank {rank.rank}) not simulated, and each rank's optimizer step placed over "
+            f"every parameter, not its share")
 
 
 def _fused_kernels(ranks: list[_Rank]) -> bool:

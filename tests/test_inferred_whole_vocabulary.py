@@ -1,0 +1,48 @@
+"""The vocabulary of a run whose word embedding is whole on every tensor-parallel rank (``tests/data/audit-ddp/tp2``:
+PyTorch's ``parallelize_module`` splits the blocks' linear layers over 2 ranks and leaves the embedding and the
+output layer whole, a ``[512, 256]`` table on each).
+
+On one rank it looks like Megatron's vocabulary-parallel embedding of a 1,024-word vocabulary, and it was read as
+that. Megatron's (and vtrain's reference model's) vocabulary-parallel embedding all-reduces its lookup's output over
+the tensor-parallel ranks (reduce-scatters it, with sequence parallelism) before the first attention; a whole table
+is reduced first after the attention's output projection. The vocabulary is then the table's, and its placement as
+a vocabulary-parallel one (vtrain's model splits it) is said."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TRACES
+from vtrain.ingest.inferred_run import InferredRun, infer_run
+from vtrain.tables.store import Profile
+
+
+def _inferred(profile: Profile, folder: Path) -> InferredRun:
+    """The run ``folder``'s traces (ingested: ``profile``) show, read as ingest reads it."""
+    first = sorted(folder.glob("rank-*.json.gz"))[0]
+    groups = (json.loads(gzip.decompress(first.read_bytes())).get("distributedInfo") or {}).get("pg_config")
+    return infer_run(profile["cpu_ops"], profile.metadata["world_size"], "cpu", groups)
+
+
+def test_a_whole_table_is_the_vocabulary(shipped_profile: Callable[[Path], Profile]) -> None:
+    folder = REPO / "tests" / "data" / "audit-ddp" / "tp2"
+    inferred = _inferred(shipped_profile(folder), folder)
+    assert inferred.config is not None, inferred.reason
+    assert (inferred.config.parallelism.tp, inferred.config.model.vocab) == (2, 512)
+    assert ("its word embedding whole on each of the 2 tensor-parallel ranks (512 rows; no all-reduce after the "
+            "lookup) placed as a vocabulary-parallel one") in inferred.assumed
+
+
+@pytest.mark.parametrize("name", ["t2p1d1", "t2p2d2"])
+def test_a_vocabulary_parallel_table_is_a_share(name: str, shipped_profile: Callable[[Path], Profile]) -> None:
+    """vtrain's own tensor-parallel recordings (a vocabulary-parallel embedding, all-reduced after the lookup): the
+    vocabulary is the table's rows times t, nothing said of it."""
+    inferred = _inferred(shipped_profile(TRACES / name), TRACES / name)
+    assert inferred.config is not None, inferred.reason
+    assert (inferred.config.parallelism.tp, inferred.config.model.vocab) == (2, 512)
+    assert "word embedding whole" not in inferred.assumed
