@@ -619,8 +619,8 @@ def _fused(rank: _Rank) -> bool:
 
 
 def _stages(ranks: list[_Rank], first: list[_Rank], world: int, groups: list[_Group]) -> int:
-    """Pipeline stages: the ranks Megatron's group of that name lists, else the rank files over those holding the embedding (every
-    rank traced), else one where a rank with the embedding computes the loss too."""
+    """Pipeline stages: the ranks Megatron's group of that name lists, else the rank files over those holding the
+    embedding (every rank traced), else one where a rank with the embedding computes the loss too."""
     named = [len(listed) for group, listed in groups if group.get("pg_desc") == "PIPELINE_MODEL_PARALLEL_GROUP"]
     if named:
         return named[0]
