@@ -40,7 +40,7 @@ def peak_memory(rows: list[dict[str, Any]]) -> Table:
 
 def headline(replay: Comparison, model: Comparison | None) -> Table:
     """Iteration time: measured, predicted and error for each prediction."""
-    header = ["prediction", "measured ms", "iterations measured (median)", "predicted ms", "error"]
+    header = ["prediction", "measured ms", "median of iterations", "predicted ms", "error"]
     shown = [("replay (dependency model)", replay), ("model (vtrain simulate)", model)]
     return header, [[label, ms(one.measured_ms), number_ranges(one.measured_iterations), ms(one.predicted_ms),
                      pct(one.error_pct)] for label, one in shown if one is not None]

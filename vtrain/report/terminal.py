@@ -14,9 +14,9 @@ def print_summary(v: Validation, report_dir: str, console: Console | None = None
     """Iteration time of both predictions, the largest per-class errors, and where the report is."""
     console = console or stdout_console()
     header, rows = tables.headline(v.replay, v.model)
-    table = Table(title=f"{v.trace_dir}: iteration time over steady iterations {v.steady}")
-    for k, column in enumerate(header):
-        table.add_column(column, justify="left" if k == 0 else "right")
+    table = Table(title=f"{v.trace_dir}: iteration time")
+    for k, column in enumerate(header):  # the prediction's name whole: the other columns wrap first
+        table.add_column(column, justify="left" if k == 0 else "right", no_wrap=k == 0)
     for row in rows:
         table.add_row(*row)
     console.print(table)
