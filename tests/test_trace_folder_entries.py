@@ -88,6 +88,26 @@ def test_a_cycle_cut_short_is_not_the_one_read(tmp_path: Path) -> None:
     assert sorted(steps["name"].unique().to_list()) == ["ProfilerStep#2", "ProfilerStep#3"]
 
 
+def test_a_first_cycle_swollen_by_warm_up_is_not_the_one_read(tmp_path: Path) -> None:
+    """A first cycle much larger than the later ones (warm-up: autotuning, CUDA graph capture) is no reason to read
+    it: the cut-short rule measured every cycle against the largest, so of three cycles the first, 4.5x the others,
+    was read. Only the last is measured, against the one before it: the latest (ProfilerStep #6, #7) is read."""
+    large = TRACES / "gpu" / "h100-user-ckpt-accum" / "rank-0.json.gz"  # 1.7 MB: a real trace, standing in for cycle 1
+    later = sorted((TRACES / "gpu" / "h100-user-amp-ddp").glob("*.pt.trace.json.gz"))  # 0.39 MB each
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    first = int(later[0].name.split(".")[1]) - 10**9
+    shutil.copy(large, folder / f"vm_484.{first}.pt.trace.json.gz")
+    for path in later:
+        shutil.copy(path, folder / path.name)
+    ran = vtrain_in_process("ingest", folder, "-o", tmp_path / "out")
+    assert ran.returncode == 0, ran.stderr
+    assert "3 profiler cycles (tensorboard_trace_handler writes a file per rank and cycle): cycle 3 is read" \
+        in ran.stderr
+    steps = load_profile(tmp_path / "out")["cpu_ops"].filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    assert sorted(steps["name"].unique().to_list()) == ["ProfilerStep#6", "ProfilerStep#7"]
+
+
 def test_a_trace_beside_its_gzipped_copy_is_read_once(tmp_path: Path) -> None:
     """A user gzipped a trace and kept the original: the same rank twice was an error ("rank 0 is claimed by both
     rank-0.json and rank-0.json.gz"); the plain copy is now left out with a warning. A plain file that differs from

@@ -4,9 +4,10 @@
 ``WORKER.TIME_NS.pt.trace.json[.gz]``. A ``schedule`` with ``repeat=N`` writes N cycles, and its default
 ``repeat=0`` a cycle after every ``wait + warmup + active`` steps for as long as the run lasts: a folder of such a
 run holds many files of each rank. One cycle is read, the latest whole one: every worker's n-th file (by the time in
-its name) is cycle n, and a cycle whose files hold less than :data:`WHOLE_SHARE` of the largest cycle's bytes was
-cut short (the run ended in it: an empty or partial last step) and is read only where no cycle is whole. The others
-are left out, and said (:func:`cycles_warning`).
+its name) is cycle n. Only the last cycle can have been cut short (the run ended in it: an empty or partial last
+step): where its files hold less than :data:`WHOLE_SHARE` of the bytes of the cycle before it, that one is read. It
+is not measured against the largest cycle: a first cycle swollen by warm-up (autotuning, CUDA graph capture) would
+then be read instead of every later one. The others are left out, and said (:func:`cycles_warning`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 #: the name ``tensorboard_trace_handler`` gives the file of each profiler cycle
 CYCLE_FILE = re.compile(r"^(?P<worker>.+)\.(?P<time>\d+)\.pt\.trace\.json(\.gz)?$")
-#: a cycle whose files hold less than this share of the bytes of the largest cycle's was cut short
+#: the last cycle was cut short where its files hold less than this share of the bytes of the cycle before it
 WHOLE_SHARE = 0.8
 
 
@@ -46,13 +47,18 @@ def one_cycle(files: list[Path]) -> Cycles:
     if all(len(each) < 2 for each in workers.values()):
         return Cycles(read=files)
     common = min(len(each) for each in workers.values())
-    sizes = [sum(each[n].stat().st_size for each in workers.values()) for n in range(common)]
-    chosen = max(n for n in range(common) if sizes[n] >= WHOLE_SHARE * max(sizes))
+    chosen = common - 2 if common > 1 and _bytes(workers, common - 1) < WHOLE_SHARE * _bytes(workers, common - 2) \
+        else common - 1
     kept = {each[chosen] for each in workers.values()}
     cycle_files = {path for each in workers.values() for path in each}
     return Cycles(read=[path for path in files if path not in cycle_files or path in kept],
                   left_out=sorted(cycle_files - kept), count=max(len(each) for each in workers.values()),
                   chosen=chosen + 1, cut_short=[n + 1 for n in range(chosen + 1, common)])
+
+
+def _bytes(workers: dict[str, list[Path]], cycle: int) -> int:
+    """The bytes of the files of cycle ``cycle`` (from 0) of every worker."""
+    return sum(each[cycle].stat().st_size for each in workers.values())
 
 
 def _cycles_by_worker(files: list[Path]) -> dict[str, list[Path]]:
@@ -74,7 +80,7 @@ def cycles_warning(folder: Path, cycles: Cycles) -> str | None:
     if not cycles.left_out:
         return None
     cut = (f"; cycle {', '.join(map(str, cycles.cut_short))} after it was cut short (its files hold under "
-           f"{WHOLE_SHARE:.0%} of the largest cycle's bytes)") if cycles.cut_short else ""
+           f"{WHOLE_SHARE:.0%} of the bytes of the cycle before it)") if cycles.cut_short else ""
     return (f"{folder}: {cycles.count} profiler cycles (tensorboard_trace_handler writes a file per rank and "
             f"cycle): cycle {cycles.chosen} is read, not the other cycles' {len(cycles.left_out)} "
             f"file{'s' if len(cycles.left_out) > 1 else ''}"
