@@ -27,16 +27,27 @@ def find_trace_files(trace_dir: str | Path) -> list[Path]:
         raise InputError("no such trace folder", folder)
     if not folder.is_dir():
         raise InputError("not a folder (give the folder that holds one trace file per rank)", folder)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    files = _trace_named_files(folder)
     if not files:
         raise InputError("no trace files (*.json, *.json.gz) in the folder" + _compressed_hint(folder)
                          + _nested_hint(folder), folder)
-    left_out = {plain for plain, _ in duplicate_trace_files(folder)} | set(other_json_files(folder))
-    kept = [path for path in files if path not in left_out]
+    kept = _traces(folder, files)
     if not kept:
         raise InputError(f"no trace files in the folder: its {len(files)} JSON file(s) are no Kineto trace (no "
                          f"traceEvents)", folder)
     return one_cycle(kept).read
+
+
+def _trace_named_files(folder: Path) -> list[Path]:
+    """The files of ``folder`` named ``*.json`` / ``*.json.gz``, sorted."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+
+
+def _traces(folder: Path, files: list[Path]) -> list[Path]:
+    """Of ``files`` (:func:`_trace_named_files`), those read as traces: not a gzipped trace's plain copy
+    (:func:`duplicate_trace_files`), not plainly another JSON file (:func:`other_json_files`)."""
+    left_out = {plain for plain, _ in duplicate_trace_files(folder)} | set(other_json_files(folder))
+    return [path for path in files if path not in left_out]
 
 
 def other_json_files(trace_dir: str | Path) -> list[Path]:
@@ -203,10 +214,9 @@ def not_read_warnings(trace_dir: str | Path) -> list[str]:
     (:func:`unreadable_trace_names`), a trace whose gzipped copy lies beside it (:func:`duplicate_trace_files`),
     JSON files that are no trace (:func:`other_json_files`) and other profiler cycles' files than the one read
     (:func:`vtrain.ingest.cycles.one_cycle`)."""
-    copies = duplicate_trace_files(trace_dir)
-    left_out = {plain for plain, _ in copies} | set(other_json_files(trace_dir))
-    traces = sorted(p for p in Path(trace_dir).iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-    cycles = cycles_warning(Path(trace_dir), one_cycle([path for path in traces if path not in left_out]))
+    folder = Path(trace_dir)
+    copies = duplicate_trace_files(folder)
+    cycles = cycles_warning(folder, one_cycle(_traces(folder, _trace_named_files(folder))))
     return ([f"{path}: not read: named like a trace but not a file" for path in unreadable_trace_names(trace_dir)]
             + [f"{plain}: not read: the same trace as {packed.name}" for plain, packed in copies]
             + [f"{path}: not read: {not_a_trace(path)}" for path in other_json_files(trace_dir)]
