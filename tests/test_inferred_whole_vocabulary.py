@@ -46,3 +46,22 @@ def test_a_vocabulary_parallel_table_is_a_share(name: str, shipped_profile: Call
     assert inferred.config is not None, inferred.reason
     assert (inferred.config.parallelism.tp, inferred.config.model.vocab) == (2, 512)
     assert "word embedding whole" not in inferred.assumed
+
+
+def test_a_trace_without_collective_events_says_nothing_of_a_whole_table(tmp_path: Path) -> None:
+    """t2p1d1 (a vocabulary-parallel table, 256 rows a rank) with every collective event taken out, as a trace of a
+    PyTorch that records none, or a filtered one, has it: no all-reduce after the lookup is no evidence of a whole
+    table (it read 256 words, half the vocabulary); the table is taken as split, as Megatron's is."""
+    folder = tmp_path / "t2p1d1"
+    folder.mkdir()
+    collective = ("all_reduce", "allreduce", "record_param_comms", "reduce_scatter", "nccl:", "gloo:")
+    for path in sorted((TRACES / "t2p1d1").glob("rank-*.json.gz")):
+        trace = json.loads(gzip.decompress(path.read_bytes()))
+        trace["traceEvents"] = [e for e in trace["traceEvents"]
+                                if not any(word in str(e.get("name", "")) for word in collective)]
+        (folder / path.name).write_bytes(gzip.compress(json.dumps(trace).encode(), 1))
+    from vtrain.ingest.pipeline import ingest_traces
+    inferred = _inferred(ingest_traces(folder), folder)
+    assert inferred.config is not None, inferred.reason
+    assert (inferred.config.parallelism.tp, inferred.config.model.vocab) == (2, 512)
+    assert "word embedding whole" not in inferred.assumed

@@ -791,12 +791,16 @@ def _vocabulary_parallel(rank: _Rank) -> bool:
     """Whether the rank's word embedding is a share of the vocabulary (Megatron's vocabulary-parallel embedding, and
     vtrain's reference model's): its lookup's output is all-reduced over the tensor-parallel ranks (reduce-scattered
     with sequence parallelism) before the first attention runs. A whole table (PyTorch's ``parallelize_module``
-    with the blocks split and the embedding left whole) is reduced first after the attention's output projection."""
+    with the blocks split and the embedding left whole) is reduced first after the attention's output projection.
+    A rank that records no all-reduce or reduce-scatter at all (a trace without collective events: an older
+    PyTorch's, or one whose collectives were filtered out) does not say, and is taken as split, as Megatron's is."""
     begun, attended = rank.first_lookup, rank.first_attention
+    reductions = (*rank.all_reduces, *rank.reduce_scatters)
+    if not reductions:
+        return True
     if begun is None:
         return False
-    return any(begun <= ts and (attended is None or ts < attended)
-               for ts, _, _ in (*rank.all_reduces, *rank.reduce_scatters))
+    return any(begun <= ts and (attended is None or ts < attended) for ts, _, _ in reductions)
 
 
 def _whole_vocabulary(table: int, tp: int) -> str:
